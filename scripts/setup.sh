@@ -16,7 +16,9 @@ PACKAGES=(
   libyaml-cpp-dev
   libgloo-dev
   libopenblas-dev
+  libssl-dev
   openssl
+  libcpp-httplib-dev
 )
 
 missing=()

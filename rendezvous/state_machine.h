@@ -1,0 +1,167 @@
+// The rendezvous service's state: jobs, members, rounds, leases and each
+// round's key-value store, as a plain class.
+//
+// No threads, no gRPC, no clock of its own: every call that depends on time
+// takes `now` (a monotonic instant from rendezvous/clock.h), so tests drive
+// it with a fake clock. The gRPC layer (service.h) owns one StateMachine,
+// serialises calls to it under one mutex, and translates.
+//
+// Thread-safety: none. The caller serialises every call.
+//
+// Errors (absl::StatusCode, mapped 1:1 to gRPC codes by the service):
+//   INVALID_ARGUMENT     malformed request: empty or oversized id or key,
+//                        min_nodes > max_nodes, nproc == 0, ...
+//   NOT_FOUND            unknown job or member; absent key (Get)
+//   FAILED_PRECONDITION  join settings that conflict with the job's (the
+//                        message names the setting); job closed or failed;
+//                        a round that has not started; an expired lease
+//   ABORTED              a round that is over (stale caller: change nothing)
+//   RESOURCE_EXHAUSTED   a Limits cap would be exceeded
+//   PERMISSION_DENIED    wrong job secret
+//
+// Invariants (CheckInvariants, asserted by the tests after every event):
+//   - ranks of a RUNNING round are unique and cover 0..nodes-1; rank
+//     offsets are the prefix sums of nproc in group-rank order;
+//   - rounds only increase; min_nodes <= nodes <= max_nodes when RUNNING;
+//   - a member whose lease lapsed at t is gone once Tick(t') ran, t' >= t.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/rendezvous.pb.h"
+#include "rendezvous/state.pb.h"
+
+namespace muster::rdzv {
+
+namespace pb = ::muster::rendezvous::v1;
+
+// Caps that keep one client from exhausting the server. Exceeding one gets
+// RESOURCE_EXHAUSTED; nothing is changed.
+struct Limits {
+  size_t max_id_bytes = 256;             // job ids, member ids
+  size_t max_key_bytes = 4096;
+  size_t max_value_bytes = 1 << 20;      // 1 MiB
+  size_t max_keys_per_job = 100000;
+  size_t max_members_per_job = 10000;
+  size_t max_jobs = 10000;
+  // Closed, succeeded and failed jobs are dropped after this long; until
+  // then they answer joins with FAILED_PRECONDITION ("job ... is closed").
+  absl::Duration closed_retention = absl::Minutes(10);
+};
+
+class StateMachine {
+ public:
+  explicit StateMachine(Limits limits = Limits());
+  ~StateMachine();
+
+  StateMachine(const StateMachine&) = delete;
+  StateMachine& operator=(const StateMachine&) = delete;
+
+  // ---- membership
+
+  // The first join creates the job with request.config and, when `secret`
+  // is non-empty, a job secret every later call must present. A join with
+  // an empty member_id adds a new member (lease starts now); with a known
+  // member_id it renews that member and puts it in the round being
+  // gathered. A member of a RUNNING round that joins again ends that round
+  // (MEMBER_REJOINED; no restart is counted) so a bigger world can form.
+  absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request,
+                                        const std::string& secret,
+                                        absl::Time now);
+
+  // Renews the member's lease to now + lease_ttl.
+  absl::StatusOr<pb::KeepAliveResponse> KeepAlive(
+      const pb::KeepAliveRequest& request, absl::Time now);
+
+  // Removes the member. If it was in the RUNNING round, the round ends
+  // (MEMBER_LEFT; no restart counted).
+  absl::Status Leave(const pb::LeaveRequest& request, absl::Time now);
+
+  // Ends the running round at once (MEMBER_FAILED) and counts one restart;
+  // once restarts exceed max_restarts the job is FAILED.
+  absl::StatusOr<pb::JobState> ReportFailure(
+      const pb::ReportFailureRequest& request, absl::Time now);
+
+  // Marks the member done. When every member of the round is done the job
+  // is SUCCEEDED.
+  absl::StatusOr<pb::JobState> ReportDone(const pb::ReportDoneRequest& request,
+                                          absl::Time now);
+
+  // ---- store: keys of (job, round). None of these block; the service
+  // implements waiting by retrying when the job shows up in
+  // TakeChangedJobs().
+
+  absl::Status Set(const pb::SetRequest& request);
+  // NOT_FOUND when the key is absent.
+  absl::StatusOr<std::string> Get(const std::string& job_id, uint64_t round,
+                                  const std::string& key) const;
+  absl::StatusOr<pb::AddResponse> Add(const pb::AddRequest& request);
+  absl::StatusOr<pb::CompareAndSetResponse> CompareAndSet(
+      const pb::CompareAndSetRequest& request);
+  absl::StatusOr<pb::DeleteResponse> Delete(const pb::DeleteRequest& request);
+  absl::StatusOr<pb::MultiGetResponse> MultiGet(
+      const pb::MultiGetRequest& request) const;
+
+  // ---- admin and watch
+
+  pb::ListJobsResponse ListJobs() const;
+  // The watch view of a job (what Watch streams). NOT_FOUND if unknown.
+  absl::StatusOr<pb::JobState> State(const std::string& job_id) const;
+  // State plus lease ages and the waiting/pending members.
+  absl::StatusOr<pb::JobState> Describe(const std::string& job_id,
+                                        absl::Time now) const;
+  // Closes the job (phase CLOSED) with the reason as status_message.
+  absl::StatusOr<pb::JobState> Close(const pb::CloseJobRequest& request,
+                                     absl::Time now);
+
+  // OK when the job does not exist, has no secret, or `secret` matches it;
+  // PERMISSION_DENIED otherwise. Compared in constant time.
+  absl::Status Authorize(const std::string& job_id,
+                         const std::string& secret) const;
+
+  // ---- time
+
+  // Applies every deadline at or before `now`: lapsed leases, last-call
+  // windows, join timeouts, retention of finished jobs.
+  void Tick(absl::Time now);
+  // The earliest instant at which Tick would change something, or
+  // absl::InfiniteFuture().
+  absl::Time NextDeadline() const;
+
+  // Jobs whose state or store changed since the last call (a job that was
+  // dropped is included), each once. The service wakes their watchers and
+  // waiters.
+  std::vector<std::string> TakeChangedJobs();
+
+  // True if durable state (anything in Snapshot) changed since the last
+  // call. Lease renewals alone do not count.
+  bool TakeDirty();
+
+  // ---- persistence
+
+  // Everything that must survive a server restart. Lease deadlines are not
+  // saved: Restore grants every member now + lease_ttl, and restarts
+  // last-call and join windows from `now`.
+  state::ServerState Snapshot(absl::Time now) const;
+  absl::Status Restore(const state::ServerState& snapshot, absl::Time now);
+
+  // Checks the invariants above; returns INTERNAL naming the first broken.
+  absl::Status CheckInvariants(absl::Time now) const;
+
+  size_t job_count() const;
+  size_t member_count() const;  // across all jobs
+
+ private:
+  struct Impl;
+  // Plain value semantics hidden behind a pointer so the header does not
+  // leak the bookkeeping (and its includes) to the service.
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace muster::rdzv
