@@ -1,0 +1,157 @@
+#include "launcher/log_pump.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+
+namespace muster::launcher {
+namespace {
+
+void WriteFully(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t wrote = write(fd, data, size);
+    if (wrote < 0) {
+      if (errno == EINTR) continue;
+      return;  // a closed console or a full disk must not stop the pump
+    }
+    data += wrote;
+    size -= static_cast<size_t>(wrote);
+  }
+}
+
+struct Stream {
+  int read_fd;
+  LogSink sink;
+  std::string partial_line;  // console text after the last newline
+
+  void Consume(const char* data, size_t size) {
+    if (sink.file_fd >= 0) WriteFully(sink.file_fd, data, size);
+    if (sink.console_fd < 0) return;
+    partial_line.append(data, size);
+    size_t start = 0, newline;
+    std::string out;
+    while ((newline = partial_line.find('\n', start)) != std::string::npos) {
+      out.assign(sink.prefix);
+      out.append(partial_line, start, newline - start + 1);
+      WriteFully(sink.console_fd, out.data(), out.size());
+      start = newline + 1;
+    }
+    partial_line.erase(0, start);
+  }
+
+  void Finish() {
+    if (sink.console_fd >= 0 && !partial_line.empty()) {
+      std::string out = sink.prefix + partial_line + "\n";
+      WriteFully(sink.console_fd, out.data(), out.size());
+    }
+    close(read_fd);
+    if (sink.file_fd >= 0) {
+      fsync(sink.file_fd);
+      close(sink.file_fd);
+    }
+  }
+};
+
+}  // namespace
+
+struct LogPump::Impl {
+  absl::Mutex mu;
+  std::vector<Stream> incoming ABSL_GUARDED_BY(mu);
+  int open_streams ABSL_GUARDED_BY(mu) = 0;  // added and not yet at EOF
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  std::thread thread;
+
+  void Wake() {
+    uint64_t one = 1;
+    ssize_t ignored = write(wake_fd, &one, sizeof(one));
+    (void)ignored;
+  }
+
+  void Run() {
+    std::vector<Stream> streams;
+    std::vector<pollfd> fds;
+    char buffer[1 << 16];
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu);
+        for (Stream& stream : incoming) streams.push_back(std::move(stream));
+        incoming.clear();
+        if (stopping && streams.empty()) return;
+      }
+      fds.assign(1, pollfd{wake_fd, POLLIN, 0});
+      for (const Stream& stream : streams) fds.push_back(pollfd{stream.read_fd, POLLIN, 0});
+      if (poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR) return;
+      if (fds[0].revents & POLLIN) {
+        uint64_t count;
+        ssize_t ignored = read(wake_fd, &count, sizeof(count));
+        (void)ignored;
+      }
+      int finished = 0;
+      for (size_t i = streams.size(); i-- > 0;) {
+        if (fds[i + 1].revents == 0) continue;
+        ssize_t got = read(streams[i].read_fd, buffer, sizeof(buffer));
+        if (got > 0) {
+          streams[i].Consume(buffer, static_cast<size_t>(got));
+        } else if (got == 0 || (errno != EINTR && errno != EAGAIN)) {
+          streams[i].Finish();
+          streams.erase(streams.begin() + static_cast<long>(i));
+          ++finished;
+        }
+      }
+      if (finished > 0) {
+        absl::MutexLock lock(&mu);
+        open_streams -= finished;
+      }
+      // On stop, streams still open belong to children that outlived their
+      // agent's interest; they are closed below.
+      absl::MutexLock lock(&mu);
+      if (stopping) {
+        for (Stream& stream : streams) stream.Finish();
+        open_streams = 0;
+        return;
+      }
+    }
+  }
+};
+
+LogPump::LogPump() : impl_(std::make_unique<Impl>()) {
+  impl_->thread = std::thread([this] { impl_->Run(); });
+}
+
+LogPump::~LogPump() {
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->Wake();
+  impl_->thread.join();
+  for (Stream& stream : impl_->incoming) stream.Finish();
+  close(impl_->wake_fd);
+}
+
+void LogPump::Add(int read_fd, LogSink sink) {
+  {
+    absl::MutexLock lock(&impl_->mu);
+    impl_->incoming.push_back(Stream{read_fd, std::move(sink), {}});
+    ++impl_->open_streams;
+  }
+  impl_->Wake();
+}
+
+bool LogPump::WaitDrained(absl::Duration timeout) {
+  absl::MutexLock lock(&impl_->mu);
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mu) {
+    return impl_->open_streams == 0;
+  };
+  return impl_->mu.AwaitWithTimeout(absl::Condition(&drained), timeout);
+}
+
+}  // namespace muster::launcher

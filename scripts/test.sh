@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs every test: installs what is missing, then `bazel test //...`, then,
+# when nvcc is on this machine, builds the CUDA path (--config=cuda) so CI
+# proves it compiles and links. Exits non-zero on any failure.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh || { echo "test: set-up failed" >&2; exit 1; }
+
+status=0
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+
+bazel test --keep_going //... 2>&1 | tee "$log"
+test_rc=${PIPESTATUS[0]}
+[ "$test_rc" -eq 0 ] || status=1
+
+passed=$(grep -cE '^//[^ ]+ +PASSED' "$log" || true)
+failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|INCOMPLETE)' "$log" || true)
+if [ "$test_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  failed=1  # the build itself failed
+fi
+
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  echo "test: building the CUDA path (--config=cuda)"
+  if bazel build --config=cuda //... //kernels:cuda_link_check; then
+    passed=$((passed + 1))
+  else
+    echo "test: --config=cuda build FAILED" >&2
+    failed=$((failed + 1))
+    status=1
+  fi
+else
+  echo "test: no nvcc at /usr/local/cuda/bin/nvcc; skipping the CUDA build"
+fi
+
+echo "${passed} passed, ${failed} failed"
+exit $status

@@ -1,0 +1,139 @@
+#include "launcher/options.h"
+
+#include <catch2/catch.hpp>
+#include <csignal>
+
+namespace muster::launcher {
+namespace {
+
+absl::StatusOr<LaunchOptions> Parse(std::vector<std::string> args,
+                                    std::map<std::string, std::string> env = {}) {
+  args.insert(args.begin(), "launch");
+  return ParseLaunchOptions(args, env);
+}
+
+TEST_CASE("torchrun's defaults hold when only a target is given") {
+  auto options = Parse({"--standalone", "train.yaml"});
+  REQUIRE(options.ok());
+  CHECK(options->min_nodes == 1);
+  CHECK(options->max_nodes == 1);
+  CHECK(options->nproc_per_node == "1");
+  CHECK(options->master_addr == "127.0.0.1");
+  CHECK(options->master_port == 29500);
+  CHECK(options->max_restarts == 0);
+  CHECK(options->monitor_interval == absl::Milliseconds(100));
+  CHECK(options->role == "default");
+  CHECK(options->shutdown_timeout == absl::Seconds(30));
+  CHECK(options->rdzv_conf.join_timeout == absl::Seconds(600));
+  CHECK(options->rdzv_conf.last_call_timeout == absl::Seconds(30));
+  CHECK(options->rdzv_conf.close_timeout == absl::Seconds(30));
+  CHECK(options->signals_to_handle ==
+        std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+  CHECK(options->target_kind == TargetKind::kYamlConfig);
+}
+
+TEST_CASE("both spellings of a flag, and = or space") {
+  auto underscored = Parse({"--nproc_per_node=4", "--rdzv_endpoint", "h:1", "x.py"});
+  auto dashed = Parse({"--nproc-per-node", "4", "--rdzv-endpoint=h:1", "x.py"});
+  REQUIRE(underscored.ok());
+  REQUIRE(dashed.ok());
+  CHECK(underscored->nproc_per_node == "4");
+  CHECK(dashed->nproc_per_node == "4");
+  CHECK(dashed->rdzv_endpoint == "h:1");
+  CHECK(dashed->target_kind == TargetKind::kPythonScript);
+}
+
+TEST_CASE("PET_ variables are defaults that flags override") {
+  std::map<std::string, std::string> env = {{"PET_NNODES", "2:4"},
+                                            {"PET_MAX_RESTARTS", "3"},
+                                            {"PET_STANDALONE", "1"}};
+  auto from_env = Parse({"t.yaml"}, env);
+  REQUIRE(from_env.ok());
+  CHECK(from_env->min_nodes == 2);
+  CHECK(from_env->max_nodes == 4);
+  CHECK(from_env->max_restarts == 3);
+  CHECK(from_env->standalone);
+  auto overridden = Parse({"--max_restarts", "5", "t.yaml"}, env);
+  REQUIRE(overridden.ok());
+  CHECK(overridden->max_restarts == 5);
+}
+
+TEST_CASE("arguments after the target pass through untouched") {
+  auto options = Parse({"--standalone", "--no_python", "/bin/echo", "--nnodes", "7", "-x"});
+  REQUIRE(options.ok());
+  CHECK(options->target == "/bin/echo");
+  CHECK(options->target_args == std::vector<std::string>{"--nnodes", "7", "-x"});
+  CHECK(options->target_kind == TargetKind::kExecutable);
+  CHECK(options->min_nodes == 1);
+}
+
+TEST_CASE("rdzv_conf keys") {
+  auto options = Parse({"--standalone",
+                        "--rdzv_conf=join_timeout=5,last_call_timeout=0.5,lease_ttl=2s,"
+                        "token_file=/t,keep_alive_max_attempt=4",
+                        "t.yaml"});
+  REQUIRE(options.ok());
+  CHECK(options->rdzv_conf.join_timeout == absl::Seconds(5));
+  CHECK(options->rdzv_conf.last_call_timeout == absl::Milliseconds(500));
+  CHECK(options->rdzv_conf.lease_ttl == absl::Seconds(2));
+  CHECK(options->rdzv_conf.token_file == "/t");
+  CHECK(options->rdzv_conf.keep_alive_max_attempt == 4);
+}
+
+TEST_CASE("redirects, tee and the local rank filter") {
+  auto options = Parse({"--standalone", "-r", "3", "--tee", "0:1,2:3",
+                        "--local_ranks_filter", "0,2", "t.yaml"});
+  REQUIRE(options.ok());
+  CHECK(StreamsFor(options->redirects, 5) == 3);
+  CHECK(StreamsFor(options->tee, 0) == 1);
+  CHECK(StreamsFor(options->tee, 1) == 0);
+  CHECK(StreamsFor(options->tee, 2) == 3);
+  CHECK(options->local_ranks_filter == std::vector<int>{0, 2});
+}
+
+TEST_CASE("bad flags name the flag") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string mentions;
+  };
+  std::vector<Case> cases = {
+      {{"--nnodes", "3:2", "--standalone", "t.yaml"}, "--nnodes 3:2"},
+      {{"--nnodes", "0", "--standalone", "t.yaml"}, "--nnodes"},
+      {{"--rdzv_backend", "etcd", "--rdzv_endpoint", "h", "t.yaml"}, "--rdzv_backend etcd"},
+      {{"--standalone"}, "missing target"},
+      {{"--rdzv_endpoint", "h"}, "missing target"},
+      {{"t.yaml"}, "--rdzv_endpoint is required"},
+      {{"--standalone", "--nproc_per_node", "zero", "t.yaml"}, "--nproc_per_node zero"},
+      {{"--standalone", "--rdzv_conf", "bogus=1", "t.yaml"}, "unknown key 'bogus'"},
+      {{"--standalone", "--rdzv_conf", "join_timeout=soon", "t.yaml"}, "join_timeout"},
+      {{"--standalone", "--tee", "7", "t.yaml"}, "--tee"},
+      {{"--standalone", "--max_restarts", "-1", "t.yaml"}, "--max_restarts"},
+      {{"--standalone", "--signals_to_handle", "SIGFOO", "t.yaml"}, "SIGFOO"},
+      {{"--standalone", "--bogus", "t.yaml"}, "--bogus"},
+  };
+  for (const Case& c : cases) {
+    auto options = Parse(c.args);
+    INFO(c.mentions);
+    REQUIRE_FALSE(options.ok());
+    CHECK(options.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(options.status().message()).find(c.mentions) != std::string::npos);
+  }
+}
+
+TEST_CASE("nproc_per_node resolution") {
+  CHECK(*ResolveNprocPerNode("auto", 0, 6) == 6);
+  CHECK(*ResolveNprocPerNode("auto", 8, 6) == 8);
+  CHECK(*ResolveNprocPerNode("cpu", 8, 6) == 6);
+  CHECK(*ResolveNprocPerNode("3", 8, 6) == 3);
+  CHECK(ResolveNprocPerNode("gpu", 0, 6).status().code() ==
+        absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("help is reported, not an error") {
+  auto options = Parse({"--help"});
+  REQUIRE(options.status().code() == absl::StatusCode::kCancelled);
+  CHECK(std::string(options.status().message()).find("--nproc_per_node") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace muster::launcher
