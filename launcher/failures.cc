@@ -1,0 +1,49 @@
+#include "launcher/failures.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+
+namespace muster::launcher {
+
+std::string ReadErrorFileMessage(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return "";
+  std::stringstream text;
+  text << in.rdbuf();
+  if (absl::StripAsciiWhitespace(text.str()).empty()) return "";
+  // JSON is YAML, and yaml-cpp is already a dependency of ours.
+  try {
+    YAML::Node root = YAML::Load(text.str());
+    YAML::Node message = root["message"];
+    if (message.IsScalar()) return message.as<std::string>();
+    if (message.IsMap() && message["message"].IsScalar()) {
+      return message["message"].as<std::string>();
+    }
+  } catch (const YAML::Exception&) {
+  }
+  return absl::StrCat("(unreadable error file ", path, ")");
+}
+
+std::string FormatFailureTable(const std::vector<WorkerFailure>& failures) {
+  std::string table = absl::StrFormat("%-24s %-20s %6s %-22s %8s  %s\n", "time", "host",
+                                      "rank", "exit", "pid", "message");
+  for (const WorkerFailure& failure : failures) {
+    // First line of the message only: tracebacks belong in the log files.
+    std::string message = failure.message.empty()
+                              ? "(no error file; see the worker's stderr)"
+                              : failure.message.substr(0, failure.message.find('\n'));
+    table += absl::StrFormat(
+        "%-24s %-20s %6d %-22s %8d  %s\n",
+        absl::FormatTime("%Y-%m-%d %H:%M:%E3S", failure.time, absl::LocalTimeZone()),
+        failure.host, failure.global_rank, failure.exit.Describe(), failure.pid, message);
+  }
+  return table;
+}
+
+}  // namespace muster::launcher

@@ -1,0 +1,47 @@
+#include "launcher/failures.h"
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+
+namespace muster::launcher {
+namespace {
+
+std::string WriteTemp(const std::string& text) {
+  char path[] = "/tmp/error_fileXXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  REQUIRE(write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  close(fd);
+  return path;
+}
+
+TEST_CASE("torch's error file shapes") {
+  std::string nested = WriteTemp(
+      R"({"message": {"message": "RuntimeError: boom", "extraInfo": {"py_callstack": "x", "timestamp": "1"}}})");
+  std::string flat = WriteTemp(R"({"message": "ValueError: bad"})");
+  std::string broken = WriteTemp("{not json");
+  std::string empty = WriteTemp("");
+  CHECK(ReadErrorFileMessage(nested) == "RuntimeError: boom");
+  CHECK(ReadErrorFileMessage(flat) == "ValueError: bad");
+  CHECK(ReadErrorFileMessage(broken).find("unreadable error file") != std::string::npos);
+  CHECK(ReadErrorFileMessage(empty).empty());
+  CHECK(ReadErrorFileMessage("/nonexistent/error.json").empty());
+  for (const auto& path : {nested, flat, broken, empty}) std::remove(path.c_str());
+}
+
+TEST_CASE("the failure table names rank, host, exit and message") {
+  WorkerFailure signalled{absl::Now(), "node-a", 3, 1, 4242, ExitInfo{0, 9}, ""};
+  WorkerFailure failed{absl::Now(), "node-b", 0, 0, 17, ExitInfo{2, 0}, "Boom\ntraceback"};
+  std::string table = FormatFailureTable({signalled, failed});
+  CHECK(table.find("node-a") != std::string::npos);
+  CHECK(table.find("signal 9 (SIGKILL)") != std::string::npos);
+  CHECK(table.find("4242") != std::string::npos);
+  CHECK(table.find("exit code 2") != std::string::npos);
+  CHECK(table.find("Boom") != std::string::npos);
+  CHECK(table.find("traceback") == std::string::npos);
+  CHECK(table.find("no error file") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace muster::launcher
