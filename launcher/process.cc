@@ -207,18 +207,18 @@ void Child::SignalGroup(int signal) {
   if (kill(-pid_, signal) != 0 && running()) kill(pid_, signal);
 }
 
-void StopAll(std::vector<Child>& children, absl::Duration timeout, int signal) {
-  for (Child& child : children) {
-    if (child.running()) child.SignalGroup(signal);
+void StopAll(const std::vector<Child*>& children, absl::Duration timeout, int signal) {
+  for (Child* child : children) {
+    if (child->running()) child->SignalGroup(signal);
   }
   absl::Time deadline = absl::Now() + timeout;
-  for (Child& child : children) {
-    if (child.running()) child.WaitFor(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  for (Child* child : children) {
+    if (child->running()) child->WaitFor(std::max(deadline - absl::Now(), absl::ZeroDuration()));
   }
-  for (Child& child : children) {
+  for (Child* child : children) {
     // SIGKILL what is left, leaders and any grandchildren in their groups.
-    child.SignalGroup(SIGKILL);
-    if (child.running()) child.WaitFor(absl::Seconds(10));
+    child->SignalGroup(SIGKILL);
+    if (child->running()) child->WaitFor(absl::Seconds(10));
   }
 }
 

@@ -89,7 +89,7 @@ class Child {
 // for all of them, then SIGKILL the rest and reap them. Returns when every
 // child is reaped. `signal` replaces SIGTERM for the first stage (the agent
 // forwards the signal it received).
-void StopAll(std::vector<Child>& children, absl::Duration timeout,
+void StopAll(const std::vector<Child*>& children, absl::Duration timeout,
              int signal);
 
 }  // namespace muster::launcher

@@ -34,8 +34,8 @@ struct ServerOptions {
   std::string tls_key_file;
   std::string tls_client_ca_file;
 
-  // Prometheus text format on http://<metrics_address>:<metrics_port>/metrics;
-  // 0 disables it.
+  // Prometheus text format on http://<metrics_address>:<metrics_port>/metrics.
+  // 0 disables it; a negative port picks a free one (see metrics_port()).
   int metrics_port = 0;
   std::string metrics_address = "0.0.0.0";
 

@@ -9,7 +9,7 @@
 // Thread-safety: none. The caller serialises every call.
 //
 // Errors (absl::StatusCode, mapped 1:1 to gRPC codes by the service):
-//   INVALID_ARGUMENT     malformed request: empty or oversized id or key,
+//   INVALID_ARGUMENT     malformed request: empty or oversized id, empty key,
 //                        min_nodes > max_nodes, nproc == 0, ...
 //   NOT_FOUND            unknown job or member; absent key (Get)
 //   FAILED_PRECONDITION  join settings that conflict with the job's (the
@@ -18,6 +18,12 @@
 //   ABORTED              a round that is over (stale caller: change nothing)
 //   RESOURCE_EXHAUSTED   a Limits cap would be exceeded
 //   PERMISSION_DENIED    wrong job secret
+//   DATA_LOSS            Restore of a snapshot that is inconsistent
+//
+// Time: every call that takes `now` first applies the deadlines at or before
+// `now` (as Tick(now) would), then acts. So a member whose lease lapsed is
+// gone (NOT_FOUND, "join without a member_id") even if the service's timer
+// has not fired yet, and a round whose last call passed has closed.
 //
 // Invariants (CheckInvariants, asserted by the tests after every event):
 //   - ranks of a RUNNING round are unique and cover 0..nodes-1; rank
@@ -40,6 +46,7 @@
 namespace muster::rdzv {
 
 namespace pb = ::muster::rendezvous::v1;
+namespace state = ::muster::rendezvous::state;  // rendezvous/state.proto
 
 // Caps that keep one client from exhausting the server. Exceeding one gets
 // RESOURCE_EXHAUSTED; nothing is changed.
@@ -71,6 +78,9 @@ class StateMachine {
   // member_id it renews that member and puts it in the round being
   // gathered. A member of a RUNNING round that joins again ends that round
   // (MEMBER_REJOINED; no restart is counted) so a bigger world can form.
+  // Any other join while a round RUNS waits for the next round
+  // (JoinResponse.round = round + 1, counted in nodes_waiting). A join on a
+  // finished job gets FAILED_PRECONDITION ("job ... is closed (...)").
   absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request,
                                         const std::string& secret,
                                         absl::Time now);
@@ -113,6 +123,8 @@ class StateMachine {
   pb::ListJobsResponse ListJobs() const;
   // The watch view of a job (what Watch streams). NOT_FOUND if unknown.
   absl::StatusOr<pb::JobState> State(const std::string& job_id) const;
+  // The version of State(job_id), without building it.
+  absl::StatusOr<uint64_t> Version(const std::string& job_id) const;
   // State plus lease ages and the waiting/pending members.
   absl::StatusOr<pb::JobState> Describe(const std::string& job_id,
                                         absl::Time now) const;
@@ -147,7 +159,10 @@ class StateMachine {
 
   // Everything that must survive a server restart. Lease deadlines are not
   // saved: Restore grants every member now + lease_ttl, and restarts
-  // last-call and join windows from `now`.
+  // last-call and join windows and finished jobs' retention from `now`.
+  // Restore needs an empty machine (FAILED_PRECONDITION otherwise); an
+  // inconsistent snapshot gets DATA_LOSS and leaves the machine empty. A
+  // default-constructed ServerState restores to an empty machine.
   state::ServerState Snapshot(absl::Time now) const;
   absl::Status Restore(const state::ServerState& snapshot, absl::Time now);
 

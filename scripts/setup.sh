@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, when missing, the Debian packages muster builds and tests against.
 # Idempotent: a second run installs nothing and exits 0.
+# Usage: setup.sh [--test]
 set -euo pipefail
 
 PACKAGES=(
@@ -20,6 +21,12 @@ PACKAGES=(
   openssl
   libcpp-httplib-dev
 )
+
+# Tests also run unmodified PyTorch scripts under `launch`, and compare with
+# torchrun, so `setup.sh --test` adds Debian's PyTorch (/usr/bin/python3).
+if [ "${1:-}" = "--test" ]; then
+  PACKAGES+=(python3-torch)
+fi
 
 missing=()
 for pkg in "${PACKAGES[@]}"; do

@@ -5,7 +5,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-bash scripts/setup.sh || { echo "test: set-up failed" >&2; exit 1; }
+bash scripts/setup.sh --test || { echo "test: set-up failed" >&2; exit 1; }
 
 status=0
 log=$(mktemp)

@@ -101,7 +101,7 @@ TEST_CASE("StopAll escalates to SIGKILL and takes the worker's children along") 
   children.push_back(std::move(*parent));
 
   absl::Time start = absl::Now();
-  StopAll(children, absl::Milliseconds(300), SIGTERM);
+  StopAll({&children[0], &children[1]}, absl::Milliseconds(300), SIGTERM);
   absl::Duration took = absl::Now() - start;
   CHECK(took >= absl::Milliseconds(300));
   CHECK(took < absl::Seconds(5));

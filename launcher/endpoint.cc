@@ -1,0 +1,212 @@
+#include "launcher/endpoint.h"
+
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "spdlog/spdlog.h"
+
+namespace muster::launcher {
+namespace {
+
+std::string RandomRunId() {
+  std::random_device entropy;
+  std::uniform_int_distribution<uint32_t> word;
+  return absl::StrCat("run-", absl::Hex(word(entropy), absl::kZeroPad8),
+                      absl::Hex(word(entropy), absl::kZeroPad8));
+}
+
+std::string HostOf(const std::string& endpoint) {
+  if (!endpoint.empty() && endpoint[0] == '[') {
+    size_t close = endpoint.find(']');
+    return endpoint.substr(1, close == std::string::npos ? std::string::npos : close - 1);
+  }
+  return endpoint.substr(0, endpoint.rfind(':'));
+}
+
+// CUDA devices visible to this process, through the CUDA runtime if one
+// is installed; 0 without it. dlopen keeps `launch` free of a link-time
+// CUDA dependency.
+int VisibleGpuCount() {
+  void* runtime = dlopen("libcudart.so", RTLD_LAZY | RTLD_LOCAL);
+  if (runtime == nullptr) runtime = dlopen("/usr/local/cuda/lib64/libcudart.so", RTLD_LAZY | RTLD_LOCAL);
+  if (runtime == nullptr) return 0;
+  using GetDeviceCount = int (*)(int*);
+  auto get_count = reinterpret_cast<GetDeviceCount>(dlsym(runtime, "cudaGetDeviceCount"));
+  int count = 0;
+  if (get_count == nullptr || get_count(&count) != 0) count = 0;
+  dlclose(runtime);
+  return count;
+}
+
+std::string Hostname() {
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
+  return name;
+}
+
+absl::StatusOr<std::string> MakeLogRoot(const LaunchOptions& options, const std::string& job_id) {
+  std::error_code error;
+  if (!options.log_dir.empty()) {
+    std::string root = absl::StrCat(options.log_dir, "/", job_id);
+    std::filesystem::create_directories(root, error);
+    if (error) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--log_dir: cannot create ", root, ": ", error.message()));
+    }
+    return root;
+  }
+  // Error files need a home even without --log_dir, as in torchrun.
+  std::string pattern = (std::filesystem::temp_directory_path() /
+                         absl::StrCat("muster_", job_id, "_XXXXXX")).string();
+  if (mkdtemp(pattern.data()) == nullptr) {
+    return absl::InternalError(absl::StrCat("cannot create a log directory: ", strerror(errno)));
+  }
+  return pattern;
+}
+
+}  // namespace
+
+absl::StatusOr<int> PickFreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t length = sizeof(address);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    int error = errno;
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot find a free port: ", strerror(error)));
+  }
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+std::string LocalAddressToward(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) return "";
+  std::string result;
+  int fd = socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage local{};
+  socklen_t length = sizeof(local);
+  if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* raw = local.ss_family == AF_INET
+                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+    if (inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) result = text;
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  return result;
+}
+
+absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options) {
+  RendezvousSetup setup;
+  const RdzvConf& conf = options.rdzv_conf;
+  std::string endpoint = options.rdzv_endpoint;
+  setup.job_id = options.rdzv_id;
+
+  if (options.standalone) {
+    rdzv::ServerOptions server;
+    server.listen_address = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<rdzv::Server>> started = rdzv::Server::Start(server);
+    if (!started.ok()) return started.status();
+    setup.server = *std::move(started);
+    endpoint = absl::StrCat("127.0.0.1:", setup.server->port());
+    if (setup.job_id == "none") setup.job_id = RandomRunId();
+  } else if (options.rdzv_backend == "static") {
+    endpoint = absl::StrCat(options.master_addr, ":", options.master_port);
+    if (options.node_rank <= 0) {
+      rdzv::ServerOptions server;
+      server.listen_address = absl::StrCat("0.0.0.0:", options.master_port);
+      server.token_file = conf.token_file;
+      absl::StatusOr<std::unique_ptr<rdzv::Server>> started = rdzv::Server::Start(server);
+      if (!started.ok()) {
+        return absl::UnavailableError(absl::StrCat("static rendezvous on port ",
+                                                   options.master_port, ": ",
+                                                   started.status().message()));
+      }
+      setup.server = *std::move(started);
+    }
+  }
+
+  rdzv::ClientOptions client;
+  client.endpoint = endpoint;
+  client.token_file = conf.token_file;
+  client.tls_ca_file = conf.tls_ca;
+  client.tls_cert_file = conf.tls_cert;
+  client.tls_key_file = conf.tls_key;
+  if (!conf.job_secret_file.empty()) {
+    absl::StatusOr<std::string> secret =
+        rdzv::ReadFileToString(conf.job_secret_file, "--rdzv_conf job_secret_file");
+    if (!secret.ok()) return secret.status();
+    client.job_secret = std::string(absl::StripAsciiWhitespace(*secret));
+  }
+  absl::StatusOr<std::unique_ptr<rdzv::Client>> connected = rdzv::Client::Connect(client);
+  if (!connected.ok()) return connected.status();
+  setup.client = *std::move(connected);
+
+  // One cheap call proves the service is there and takes our credentials.
+  rendezvous::v1::DescribeJobRequest probe;
+  probe.set_job_id(setup.job_id);
+  rdzv::CallOptions call;
+  call.timeout = std::min(conf.join_timeout, absl::Seconds(30));
+  absl::Status reached = setup.client->DescribeJob(probe, call).status();
+  if (!reached.ok() && !absl::IsNotFound(reached)) {
+    return absl::Status(reached.code(), absl::StrCat("cannot use the rendezvous service at ",
+                                                     endpoint, ": ", reached.message()));
+  }
+
+  setup.access.endpoint = endpoint;
+  setup.access.token_file = conf.token_file;
+  setup.access.tls_ca = conf.tls_ca;
+  setup.access.tls_cert = conf.tls_cert;
+  setup.access.tls_key = conf.tls_key;
+  setup.access.job_secret_file = conf.job_secret_file;
+  setup.hostname = Hostname();
+
+  absl::StatusOr<int> nproc = ResolveNprocPerNode(
+      options.nproc_per_node, VisibleGpuCount(),
+      static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))));
+  if (!nproc.ok()) return nproc.status();
+
+  rendezvous::v1::JoinRequest& join = setup.join;
+  join.set_job_id(setup.job_id);
+  join.set_hostname(setup.hostname);
+  std::string address = options.local_addr;
+  if (address.empty()) address = LocalAddressToward(HostOf(endpoint));
+  if (address.empty()) address = setup.hostname;
+  join.set_address(address);
+  join.set_nproc(static_cast<uint32_t>(*nproc));
+  join.set_requested_rank(options.rdzv_backend == "static" ? std::max(options.node_rank, 0) : -1);
+  rendezvous::v1::JobConfig* config = join.mutable_config();
+  config->set_min_nodes(options.min_nodes);
+  config->set_max_nodes(options.max_nodes);
+  config->set_join_timeout_ms(absl::ToInt64Milliseconds(conf.join_timeout));
+  config->set_last_call_timeout_ms(absl::ToInt64Milliseconds(conf.last_call_timeout));
+  config->set_lease_ttl_ms(absl::ToInt64Milliseconds(conf.lease_ttl));
+  config->set_max_restarts(options.max_restarts);
+
+  absl::StatusOr<std::string> log_root = MakeLogRoot(options, setup.job_id);
+  if (!log_root.ok()) return log_root.status();
+  setup.log_root = *log_root;
+  return setup;
+}
+
+}  // namespace muster::launcher

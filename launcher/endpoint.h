@@ -1,0 +1,46 @@
+// Everything an agent needs before its first join: the rendezvous service
+// (an embedded one for --standalone and for node 0 of --rdzv_backend
+// static), a client with the right credentials, this node's identity, and
+// where logs go.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "launcher/options.h"
+#include "launcher/worker_env.h"
+#include "proto/rendezvous.pb.h"
+#include "rendezvous/client.h"
+#include "rendezvous/server.h"
+
+namespace muster::launcher {
+
+struct RendezvousSetup {
+  // Declared before `client`, so the client goes first on destruction.
+  std::unique_ptr<rdzv::Server> server;  // embedded, or null
+  std::unique_ptr<rdzv::Client> client;
+  std::string job_id;
+  rendezvous::v1::JoinRequest join;  // this node's join (member_id unset)
+  RendezvousAccess access;           // passed on to the workers
+  std::string hostname;
+  std::string log_root;              // <log_dir>/<run_id>, or a temp dir
+};
+
+// Starts the embedded server if the mode needs one, connects, and checks
+// the service answers within min(join_timeout, 30 s). Errors carry one line
+// for the user: INVALID_ARGUMENT (bad option or file), UNAVAILABLE (cannot
+// reach the service), UNAUTHENTICATED / PERMISSION_DENIED.
+absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options);
+
+// A TCP port that was free a moment ago on every interface. Racy by nature
+// (another process may take it before the worker binds it); the window is
+// the time to spawn rank 0.
+absl::StatusOr<int> PickFreePort();
+
+// The local IP address this node uses to reach `host` (a UDP connect
+// reveals the route without sending anything); "" if unknown.
+std::string LocalAddressToward(const std::string& host);
+
+}  // namespace muster::launcher

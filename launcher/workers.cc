@@ -1,0 +1,173 @@
+#include "launcher/workers.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace muster::launcher {
+namespace {
+
+constexpr int kStdoutBit = 1;
+constexpr int kStderrBit = 2;
+
+bool IsExecutable(const std::string& path) { return access(path.c_str(), X_OK) == 0; }
+
+std::string FindOnPath(const std::string& name, const std::map<std::string, std::string>& env) {
+  auto path = env.find("PATH");
+  if (path == env.end()) return "";
+  for (absl::string_view dir : absl::StrSplit(path->second, ':', absl::SkipEmpty())) {
+    std::string candidate = absl::StrCat(dir, "/", name);
+    if (IsExecutable(candidate)) return candidate;
+  }
+  return "";
+}
+
+int OpenLog(const std::string& path) {
+  return open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> WorkerCommand(
+    const LaunchOptions& options, const std::map<std::string, std::string>& env) {
+  std::vector<std::string> command;
+  switch (options.target_kind) {
+    case TargetKind::kYamlConfig: {
+      std::error_code error;
+      std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+      std::vector<std::string> candidates;
+      if (!error) {
+        candidates.push_back((self.parent_path() / "worker").string());
+        candidates.push_back((self.parent_path().parent_path() / "worker" / "worker").string());
+      }
+      std::string found;
+      for (const std::string& candidate : candidates) {
+        if (IsExecutable(candidate)) {
+          found = candidate;
+          break;
+        }
+      }
+      if (found.empty()) found = FindOnPath("worker", env);
+      if (found.empty()) {
+        return absl::NotFoundError(absl::StrCat(
+            "cannot find the `worker` binary to run ", options.target,
+            ": looked next to launch and on PATH"));
+      }
+      command = {found, options.target};
+      break;
+    }
+    case TargetKind::kPythonScript: {
+      auto python = env.find("PYTHON_EXEC");
+      command = {python != env.end() ? python->second : "python3", "-u"};
+      if (options.run_module) command.push_back("-m");
+      command.push_back(options.target);
+      break;
+    }
+    case TargetKind::kExecutable:
+      command = {options.target};
+      break;
+  }
+  if (options.target_kind != TargetKind::kExecutable && !options.run_module &&
+      access(options.target.c_str(), R_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("target ", options.target, " is not readable"));
+  }
+  command.insert(command.end(), options.target_args.begin(), options.target_args.end());
+  return command;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupSpec& spec,
+                                                                 LogPump* pump) {
+  auto group = std::unique_ptr<WorkerGroup>(new WorkerGroup());
+  group->host_ = spec.host;
+  for (int local_rank = 0; local_rank < spec.round.local_world_size; ++local_rank) {
+    int global_rank = spec.round.rank_offset + local_rank;
+    std::string dir = absl::StrCat(spec.attempt_dir, "/", global_rank);
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    if (error) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot create log directory ", dir, ": ", error.message()));
+    }
+    std::string error_file = dir + "/error.json";
+    unlink(error_file.c_str());  // a stale report must not blame this attempt
+
+    SpawnSpec process;
+    process.argv = spec.command;
+    process.env = WorkerEnvironment(spec.base_env, spec.round, spec.access, local_rank, error_file);
+    process.pipe_stdout = process.pipe_stderr = true;
+    absl::StatusOr<Child> child = Child::Spawn(process);
+    if (!child.ok()) {
+      group->Stop(absl::Seconds(5), SIGTERM);
+      return child.status();
+    }
+
+    bool on_console = spec.local_ranks_filter.empty() ||
+                      std::count(spec.local_ranks_filter.begin(),
+                                 spec.local_ranks_filter.end(), local_rank) > 0;
+    int redirects = StreamsFor(spec.redirects, local_rank);
+    int tee = StreamsFor(spec.tee, local_rank);
+    std::string prefix = absl::StrCat("[", spec.host, " rank", global_rank, "]: ");
+    for (auto [bit, fd, console, name] :
+         {std::tuple{kStdoutBit, child->TakeStdout(), STDOUT_FILENO, "stdout.log"},
+          std::tuple{kStderrBit, child->TakeStderr(), STDERR_FILENO, "stderr.log"}}) {
+      LogSink sink;
+      bool to_file = (redirects & bit) || (tee & bit);
+      if (to_file) sink.file_fd = OpenLog(absl::StrCat(dir, "/", name));
+      // Redirected without tee: file only, as torchrun does.
+      if (on_console && !((redirects & bit) && !(tee & bit))) {
+        sink.console_fd = console;
+        sink.prefix = prefix;
+      }
+      pump->Add(fd, std::move(sink));
+    }
+    group->workers_.push_back(Worker{std::move(*child), local_rank, global_rank, error_file});
+  }
+  return group;
+}
+
+WorkerGroup::~WorkerGroup() { Stop(absl::ZeroDuration(), SIGKILL); }
+
+std::vector<int> WorkerGroup::RunningPidfds() const {
+  std::vector<int> fds;
+  for (const Worker& worker : workers_) {
+    if (worker.child.running()) fds.push_back(worker.child.pidfd());
+  }
+  return fds;
+}
+
+void WorkerGroup::Reap() {
+  for (Worker& worker : workers_) {
+    std::optional<ExitInfo> exit = worker.child.TryReap();
+    if (!exit.has_value() || exit->Succeeded() || worker.reported) continue;
+    worker.reported = true;
+    failures_.push_back(WorkerFailure{absl::Now(), host_, worker.global_rank, worker.local_rank,
+                                      worker.child.pid(), *exit,
+                                      ReadErrorFileMessage(worker.error_file)});
+  }
+}
+
+int WorkerGroup::running() const {
+  return static_cast<int>(std::count_if(workers_.begin(), workers_.end(),
+                                        [](const Worker& w) { return w.child.running(); }));
+}
+
+bool WorkerGroup::all_succeeded() const {
+  return std::all_of(workers_.begin(), workers_.end(), [](const Worker& worker) {
+    return worker.child.exit_info().has_value() && worker.child.exit_info()->Succeeded();
+  });
+}
+
+void WorkerGroup::Stop(absl::Duration timeout, int signal) {
+  std::vector<Child*> children;
+  for (Worker& worker : workers_) children.push_back(&worker.child);
+  StopAll(children, timeout, signal);
+}
+
+}  // namespace muster::launcher

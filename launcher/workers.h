@@ -1,0 +1,88 @@
+// One attempt's workers on this node: spawned together, watched together,
+// stopped together.
+//
+// Each worker gets torchrun's environment (worker_env.h), its stdout and
+// stderr go through the LogPump to
+//   <attempt_dir>/<global_rank>/{stdout.log,stderr.log}
+// (as --redirects / --tee ask) and to the console with a
+// "[<host> rank<N>]: " prefix, and its TORCHELASTIC_ERROR_FILE is
+//   <attempt_dir>/<global_rank>/error.json.
+//
+// Thread-safety: one thread (the agent's main thread: see process.h on
+// PR_SET_PDEATHSIG) owns a WorkerGroup.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "launcher/failures.h"
+#include "launcher/log_pump.h"
+#include "launcher/options.h"
+#include "launcher/process.h"
+#include "launcher/worker_env.h"
+
+namespace muster::launcher {
+
+struct WorkerGroupSpec {
+  std::vector<std::string> command;  // program and arguments, same for all
+  std::map<std::string, std::string> base_env;
+  RoundAssignment round;
+  RendezvousAccess access;
+  std::string attempt_dir;  // created if missing
+  std::string host;         // this node's name, for prefixes and reports
+  std::map<int, int> redirects;
+  std::map<int, int> tee;
+  std::vector<int> local_ranks_filter;  // empty: every rank on the console
+};
+
+class WorkerGroup {
+ public:
+  // Spawns round.local_world_size workers. If one cannot be spawned, the
+  // ones already started are stopped and the error is returned.
+  static absl::StatusOr<std::unique_ptr<WorkerGroup>> Start(
+      const WorkerGroupSpec& spec, LogPump* pump);
+
+  // Stops whatever still runs (SIGKILL) before going away.
+  ~WorkerGroup();
+
+  // pidfds of the workers still running, to poll on.
+  std::vector<int> RunningPidfds() const;
+
+  // Reaps the workers that exited. Failures are recorded once each, in the
+  // order they were seen.
+  void Reap();
+
+  int running() const;
+  bool all_succeeded() const;  // every worker exited 0
+  const std::vector<WorkerFailure>& failures() const { return failures_; }
+
+  // SIGTERM (or `signal`) to every worker, SIGKILL after `timeout`.
+  void Stop(absl::Duration timeout, int signal);
+
+ private:
+  WorkerGroup() = default;
+
+  struct Worker {
+    Child child;
+    int local_rank;
+    int global_rank;
+    std::string error_file;
+    bool reported = false;
+  };
+  std::vector<Worker> workers_;
+  std::vector<WorkerFailure> failures_;
+  std::string host_;
+};
+
+// Finds the program that runs the target: our `worker` binary for a yaml
+// config (next to `launch`, in bazel-bin's ../worker/, or on PATH),
+// python3 -u (or $PYTHON_EXEC) for a script or module, the target itself
+// with --no_python. NOT_FOUND names what is missing.
+absl::StatusOr<std::vector<std::string>> WorkerCommand(
+    const LaunchOptions& options, const std::map<std::string, std::string>& env);
+
+}  // namespace muster::launcher

@@ -1,0 +1,123 @@
+// The `rendezvous` binary: one rendezvous server until SIGTERM or SIGINT.
+//
+// Prints "rendezvous: listening on <host>:<port>" once it serves (tools and
+// tests wait for that line). Exit codes: 0 after a graceful shutdown, 2 for
+// bad flags or a server that cannot start (one line on stderr says why).
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/time/time.h"
+#include "rendezvous/server.h"
+#include "spdlog/spdlog.h"
+
+namespace {
+
+constexpr int kExitUsage = 2;
+
+// The host part of host:port, as the listening line shows it.
+std::string HostOf(const std::string& listen_address) {
+  size_t colon = listen_address.rfind(':');
+  return colon == std::string::npos ? listen_address
+                                    : listen_address.substr(0, colon);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  muster::rdzv::ServerOptions options;
+  muster::rdzv::Limits defaults;
+  std::string log_level = "info";
+  double closed_retention_s = absl::ToDoubleSeconds(defaults.closed_retention);
+
+  CLI::App app("muster rendezvous server", "rendezvous");
+  app.add_option("--listen", options.listen_address,
+                 "host:port to serve gRPC on (port 0 picks one)")
+      ->capture_default_str();
+  app.add_option("--state-dir", options.state_dir,
+                 "directory for durable state (empty: memory only)");
+  app.add_option("--token-file", options.token_file,
+                 "file holding the bearer token every call must present");
+  app.add_option("--tls-cert", options.tls_cert_file, "PEM server certificate");
+  app.add_option("--tls-key", options.tls_key_file, "PEM server private key");
+  app.add_option("--tls-client-ca", options.tls_client_ca_file,
+                 "PEM CA that client certificates must chain to (mTLS)");
+  app.add_option("--metrics-port", options.metrics_port,
+                 "port for Prometheus /metrics (0: off)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off")
+      ->capture_default_str()
+      ->check(CLI::IsMember(
+          {"trace", "debug", "info", "warn", "error", "critical", "off"}));
+  app.add_option("--max-value-bytes", options.limits.max_value_bytes,
+                 "largest store value")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-key-bytes", options.limits.max_key_bytes,
+                 "largest store key")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-keys-per-job", options.limits.max_keys_per_job,
+                 "keys in one job's round store")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-members-per-job", options.limits.max_members_per_job,
+                 "members of one job")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-jobs", options.limits.max_jobs, "jobs on this server")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--closed-retention", closed_retention_s,
+                 "seconds a finished job is kept before it is dropped")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::CallForAllHelp& help) {
+    return app.exit(help);
+  } catch (const CLI::ParseError& error) {
+    std::cerr << "rendezvous: " << error.what() << " (see --help)\n";
+    return kExitUsage;
+  }
+  spdlog::set_level(spdlog::level::from_str(log_level));
+  options.limits.closed_retention = absl::Seconds(closed_retention_s);
+
+  // Block the stop signals in every thread (gRPC's threads inherit this
+  // mask) so that this thread alone receives them through sigwait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  absl::StatusOr<std::unique_ptr<muster::rdzv::Server>> server =
+      muster::rdzv::Server::Start(options);
+  if (!server.ok()) {
+    std::cerr << "rendezvous: cannot start: " << server.status().message()
+              << "\n";
+    return kExitUsage;
+  }
+  std::printf("rendezvous: listening on %s:%d\n",
+              HostOf(options.listen_address).c_str(), (*server)->port());
+  if ((*server)->metrics_port() != 0) {
+    std::printf("rendezvous: metrics on %s:%d/metrics\n",
+                options.metrics_address.c_str(), (*server)->metrics_port());
+  }
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  spdlog::info("rendezvous: signal {} received, shutting down",
+               signal_number);
+  (*server)->Shutdown(absl::Seconds(2));
+  return 0;
+}

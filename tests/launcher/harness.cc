@@ -1,0 +1,130 @@
+#include "tests/launcher/harness.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "launcher/worker_env.h"
+
+namespace muster::testing {
+
+std::string RunfilePath(const std::string& workspace_relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  std::string path = absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "muster",
+                                  "/", workspace_relative);
+  REQUIRE(access(path.c_str(), R_OK) == 0);
+  return path;
+}
+
+std::string BinaryPath(const std::string& workspace_relative) {
+  std::string path = RunfilePath(workspace_relative);
+  REQUIRE(access(path.c_str(), X_OK) == 0);
+  return path;
+}
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string pattern = absl::StrCat(base ? base : "/tmp", "/muster_test_XXXXXX");
+  REQUIRE(mkdtemp(pattern.data()) != nullptr);
+  path_ = pattern;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (!condition()) {
+    if (absl::Now() > deadline) return false;
+    usleep(10000);
+  }
+  return true;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary);
+    out << text;
+  }
+  std::filesystem::rename(temporary, path);
+}
+
+std::vector<std::string> ReadLines(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> lines;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || name.rfind(prefix, 0) != 0) continue;
+    for (absl::string_view line : absl::StrSplit(ReadFile(entry.path()), '\n', absl::SkipEmpty())) {
+      lines.emplace_back(line);
+    }
+  }
+  return lines;
+}
+
+bool ProcessGone(int pid) {
+  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  if (stat.empty()) return true;
+  size_t close_paren = stat.rfind(')');
+  return close_paren != std::string::npos && stat.size() > close_paren + 2 &&
+         stat[close_paren + 2] == 'Z';
+}
+
+ServerProcess StartServer(const std::vector<std::string>& extra_args) {
+  launcher::SpawnSpec spec;
+  spec.argv = {BinaryPath("rendezvous/rendezvous"), "--listen", "127.0.0.1:0", "--log-level",
+               "warn"};
+  spec.argv.insert(spec.argv.end(), extra_args.begin(), extra_args.end());
+  for (const auto& [key, value] : launcher::CurrentEnvironment()) spec.env.push_back(key + "=" + value);
+  spec.pipe_stdout = true;
+  absl::StatusOr<launcher::Child> child = launcher::Child::Spawn(spec);
+  REQUIRE(child.ok());
+  ServerProcess server{std::move(*child), 0};
+  // Read the "listening on host:port" line; the read blocks until the
+  // server prints it or exits (end of file), so no deadline is needed
+  // beyond the test's own.
+  int out = server.child.TakeStdout();
+  std::string line;
+  char c;
+  while (read(out, &c, 1) == 1 && c != '\n') line += c;
+  close(out);
+  size_t colon = line.rfind(':');
+  REQUIRE(line.find("listening on") != std::string::npos);
+  REQUIRE(absl::SimpleAtoi(line.substr(colon + 1), &server.port));
+  return server;
+}
+
+launcher::Child StartLaunch(const std::vector<std::string>& args, const std::string& log_path,
+                            const std::vector<std::string>& extra_env) {
+  // `launch` runs through a shell only to send its output to a file.
+  std::string command = "exec \"$0\" \"$@\" >>" + log_path + " 2>&1";
+  launcher::SpawnSpec spec;
+  spec.argv = {"/bin/sh", "-c", command, BinaryPath("launcher/launch")};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  for (const auto& [key, value] : launcher::CurrentEnvironment()) spec.env.push_back(key + "=" + value);
+  spec.env.insert(spec.env.end(), extra_env.begin(), extra_env.end());
+  absl::StatusOr<launcher::Child> child = launcher::Child::Spawn(spec);
+  REQUIRE(child.ok());
+  return std::move(*child);
+}
+
+}  // namespace muster::testing

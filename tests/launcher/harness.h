@@ -1,0 +1,58 @@
+// Helpers for tests that run the real `launch` and `rendezvous` binaries as
+// processes on 127.0.0.1.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "launcher/process.h"
+
+namespace muster::testing {
+
+// Path of a binary built by Bazel and listed in the test's `data`, e.g.
+// "launcher/launch".
+std::string BinaryPath(const std::string& workspace_relative);
+// Path of any file in the test's runfiles (data files, scripts).
+std::string RunfilePath(const std::string& workspace_relative);
+
+// A fresh directory, removed when the object goes.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Polls `condition` every 10 ms until it holds or `timeout` passes. For
+// conditions no event announces (files written by other processes, /proc).
+bool WaitUntil(const std::function<bool()>& condition, absl::Duration timeout);
+
+std::string ReadFile(const std::string& path);
+void WriteFile(const std::string& path, const std::string& text);
+// Lines of every regular file in `dir` whose name starts with `prefix`.
+std::vector<std::string> ReadLines(const std::string& dir, const std::string& prefix);
+
+// True once `pid` is gone or a zombie.
+bool ProcessGone(int pid);
+
+// A `rendezvous` server child on a free loopback port.
+struct ServerProcess {
+  launcher::Child child;
+  int port = 0;
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port); }
+};
+// Starts the server and waits (bounded) for its "listening on" line.
+ServerProcess StartServer(const std::vector<std::string>& extra_args = {});
+
+// Starts `launch` with `args`; stdout and stderr go to `log_path`.
+launcher::Child StartLaunch(const std::vector<std::string>& args, const std::string& log_path,
+                            const std::vector<std::string>& extra_env = {});
+
+}  // namespace muster::testing

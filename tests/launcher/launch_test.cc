@@ -1,0 +1,284 @@
+// `launch` as users run it: real agents, real workers (shell scripts), a
+// real `rendezvous` server, all on 127.0.0.1. Processes are killed for
+// real and /proc is checked for leftovers.
+#include <signal.h>
+
+#include <cstdlib>
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "tests/launcher/harness.h"
+
+namespace muster::testing {
+namespace {
+
+using launcher::Child;
+
+std::map<std::string, std::string> ParseEnv(const std::string& text) {
+  std::map<std::string, std::string> env;
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
+    env[kv.first] = kv.second;
+  }
+  return env;
+}
+
+int ExitCodeWithin(Child& child, absl::Duration timeout) {
+  auto exit = child.WaitFor(timeout);
+  REQUIRE(exit.has_value());
+  return exit->ShellCode();
+}
+
+// Worker scripts run by `launch --no_python /bin/sh -c SCRIPT`.
+std::vector<std::string> ShellWorker(const std::string& script) {
+  return {"--no_python", "/bin/sh", "-c", script};
+}
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST_CASE("two agents with two workers each give every worker torchrun's environment") {
+  TempDir dir;
+  WriteFile(dir.File("token"), "s3cret-token\n");
+  ServerProcess server = StartServer({"--token-file", dir.File("token")});
+  std::vector<std::string> args = {
+      "--nnodes=2", "--nproc-per-node=2", "--rdzv_endpoint", server.endpoint(),
+      "--rdzv_id=envjob", "--rdzv_conf=token_file=" + dir.File("token"),
+      "--log_dir", dir.File("logs"), "--tee=3"};
+  std::string script = "env > " + dir.path() + "/env.$RANK; echo hello from $RANK";
+  Child first = StartLaunch(Concat(args, ShellWorker(script)), dir.File("agent0.log"),
+                            {"CUDA_VISIBLE_DEVICES=0,1"});
+  Child second = StartLaunch(Concat(args, ShellWorker(script)), dir.File("agent1.log"),
+                             {"CUDA_VISIBLE_DEVICES=0,1"});
+  CHECK(ExitCodeWithin(first, absl::Seconds(60)) == 0);
+  CHECK(ExitCodeWithin(second, absl::Seconds(60)) == 0);
+
+  std::set<std::string> master_ports;
+  for (int rank = 0; rank < 4; ++rank) {
+    INFO("rank " << rank);
+    std::string text = ReadFile(dir.File(absl::StrCat("env.", rank)));
+    REQUIRE_FALSE(text.empty());
+    CHECK(text.find("s3cret-token") == std::string::npos);  // token files, not tokens
+    auto env = ParseEnv(text);
+    int group_rank = rank / 2;
+    CHECK(env["RANK"] == absl::StrCat(rank));
+    CHECK(env["LOCAL_RANK"] == absl::StrCat(rank % 2));
+    CHECK(env["WORLD_SIZE"] == "4");
+    CHECK(env["LOCAL_WORLD_SIZE"] == "2");
+    CHECK(env["GROUP_RANK"] == absl::StrCat(group_rank));
+    CHECK(env["GROUP_WORLD_SIZE"] == "2");
+    CHECK(env["ROLE_RANK"] == absl::StrCat(rank));
+    CHECK(env["ROLE_WORLD_SIZE"] == "4");
+    CHECK(env["ROLE_NAME"] == "default");
+    CHECK(env["MASTER_ADDR"] == "127.0.0.1");
+    master_ports.insert(env["MASTER_PORT"]);
+    CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
+    CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "0");
+    CHECK(env["TORCHELASTIC_RUN_ID"] == "envjob");
+    CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+    CHECK(env["TORCHELASTIC_ERROR_FILE"] ==
+          absl::StrCat(dir.File("logs"), "/envjob/attempt_0/", rank, "/error.json"));
+    CHECK(env["OMP_NUM_THREADS"] == "1");
+    CHECK(env["CUDA_VISIBLE_DEVICES"] == "0,1");
+    CHECK(env["MUSTER_RDZV_ENDPOINT"] == server.endpoint());
+    CHECK(env["MUSTER_JOB"] == "envjob");
+    CHECK(env["MUSTER_ROUND"] == "0");
+    CHECK(env["MUSTER_TOKEN_FILE"] == dir.File("token"));
+    CHECK(ReadFile(absl::StrCat(dir.File("logs"), "/envjob/attempt_0/", rank, "/stdout.log")) ==
+          absl::StrCat("hello from ", rank, "\n"));
+  }
+  CHECK(master_ports.size() == 1);
+  std::string console = ReadFile(dir.File("agent0.log")) + ReadFile(dir.File("agent1.log"));
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(console.find(absl::StrCat(" rank", rank, "]: hello from ", rank)) != std::string::npos);
+  }
+}
+
+TEST_CASE("a failed worker restarts the job until the budget is spent") {
+  TempDir dir;
+  SECTION("a failure in attempt 0, success in attempt 1: exit 0") {
+    Child agent = StartLaunch(
+        Concat({"--standalone", "--nproc_per_node=2", "--max_restarts=1"},
+               ShellWorker("echo $TORCHELASTIC_RESTART_COUNT >> " + dir.path() + "/runs.$RANK; "
+                           "[ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 1 ] && exit 5; exit 0")),
+        dir.File("agent.log"));
+    CHECK(ExitCodeWithin(agent, absl::Seconds(60)) == 0);
+    // Rank 0 of attempt 0 may be stopped before it writes; attempt 1 ran
+    // to the end on both ranks.
+    std::string rank0 = ReadFile(dir.File("runs.0"));
+    CHECK((rank0 == "0\n1\n" || rank0 == "1\n"));
+    CHECK(ReadFile(dir.File("runs.1")) == "0\n1\n");
+  }
+  SECTION("the budget spent: the agent exits with the worker's own code and its message") {
+    std::string error_json =
+        R"({"message": {"message": "ValueError: rank one is unhappy", "extraInfo": {}}})";
+    Child agent = StartLaunch(
+        Concat({"--standalone", "--nproc_per_node=2", "--max_restarts=1"},
+               ShellWorker("echo run >> " + dir.path() + "/runs.$RANK; "
+                           "if [ $RANK = 1 ]; then echo '" + error_json +
+                           "' > $TORCHELASTIC_ERROR_FILE; exit 7; fi; exec sleep 30")),
+        dir.File("agent.log"));
+    CHECK(ExitCodeWithin(agent, absl::Seconds(60)) == 7);
+    CHECK(ReadFile(dir.File("runs.1")) == "run\nrun\n");
+    std::string console = ReadFile(dir.File("agent.log"));
+    CHECK(console.find("ValueError: rank one is unhappy") != std::string::npos);
+    CHECK(console.find("exit code 7") != std::string::npos);
+  }
+}
+
+std::vector<int> Pids(const TempDir& dir, int count) {
+  std::vector<int> pids;
+  REQUIRE(WaitUntil([&] { return ReadLines(dir.path(), "pid.").size() == static_cast<size_t>(count); },
+                    absl::Seconds(30)));
+  for (const std::string& line : ReadLines(dir.path(), "pid.")) {
+    int pid = 0;
+    REQUIRE(absl::SimpleAtoi(line, &pid));
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+TEST_CASE("signals to the agent reach every worker, and nothing outlives it") {
+  TempDir dir;
+  SECTION("SIGTERM: forwarded, SIGKILL after the shutdown timeout, exit 128+15") {
+    // Rank 1 ignores SIGTERM, so only the escalation stops it.
+    Child agent = StartLaunch(
+        Concat({"--standalone", "--nproc_per_node=2", "--shutdown_timeout=0.5"},
+               ShellWorker("echo $$ > " + dir.path() + "/pid.$RANK; "
+                           "[ $RANK = 1 ] && trap '' TERM; exec sleep 60")),
+        dir.File("agent.log"));
+    std::vector<int> workers = Pids(dir, 2);
+    absl::Time sent = absl::Now();
+    kill(agent.pid(), SIGTERM);
+    CHECK(ExitCodeWithin(agent, absl::Seconds(20)) == 128 + SIGTERM);
+    CHECK(absl::Now() - sent < absl::Seconds(10));
+    for (int pid : workers) CHECK(ProcessGone(pid));
+  }
+  SECTION("SIGKILL: the workers die with their agent") {
+    Child agent = StartLaunch(
+        Concat({"--standalone", "--nproc_per_node=2"},
+               ShellWorker("echo $$ > " + dir.path() + "/pid.$RANK; exec sleep 60")),
+        dir.File("agent.log"));
+    std::vector<int> workers = Pids(dir, 2);
+    kill(agent.pid(), SIGKILL);
+    agent.WaitFor(absl::Seconds(10));
+    for (int pid : workers) {
+      CHECK(WaitUntil([&] { return ProcessGone(pid); }, absl::Seconds(10)));
+    }
+  }
+}
+
+// Workers that record "<round> <world size>" and run until told to stop.
+std::string ElasticWorker(const TempDir& dir) {
+  return "echo $MUSTER_ROUND $WORLD_SIZE >> " + dir.path() + "/rounds.$GROUP_RANK.$LOCAL_RANK.$$; "
+         "echo $$ > " + dir.path() + "/pid.$RANK.$MUSTER_ROUND; "
+         "while [ ! -e " + dir.path() + "/stop ]; do sleep 0.05; done";
+}
+
+// How many workers have reported running in a world of `world` workers.
+size_t WorkersInWorld(const TempDir& dir, int world) {
+  size_t count = 0;
+  for (const std::string& line : ReadLines(dir.path(), "rounds.")) {
+    std::vector<std::string> fields = absl::StrSplit(line, ' ');
+    if (fields.size() == 2 && fields[1] == absl::StrCat(world)) ++count;
+  }
+  return count;
+}
+
+TEST_CASE("elastic membership: nodes join and leave a running job") {
+  TempDir dir;
+  ServerProcess server = StartServer();
+  std::vector<std::string> args = {"--nnodes=2:3", "--nproc_per_node=2", "--rdzv_endpoint",
+                                   server.endpoint(), "--rdzv_id=elastic", "--max_restarts=3",
+                                   "--rdzv_conf=last_call_timeout=0.3,lease_ttl=1",
+                                   "--shutdown_timeout=2"};
+  std::vector<std::string> command = Concat(args, ShellWorker(ElasticWorker(dir)));
+  Child a = StartLaunch(command, dir.File("a.log"));
+  Child b = StartLaunch(command, dir.File("b.log"));
+  REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 4) == 4; }, absl::Seconds(30)));
+
+  SECTION("scale-up: a third agent joins and everyone restarts into 3 nodes") {
+    Child c = StartLaunch(command, dir.File("c.log"));
+    REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 6) == 6; }, absl::Seconds(30)));
+    WriteFile(dir.File("stop"), "");
+    CHECK(ExitCodeWithin(a, absl::Seconds(30)) == 0);
+    CHECK(ExitCodeWithin(b, absl::Seconds(30)) == 0);
+    CHECK(ExitCodeWithin(c, absl::Seconds(30)) == 0);
+  }
+  SECTION("scale-down: SIGKILL one of 3 agents; the other 2 run again within ttl + 2 s") {
+    Child c = StartLaunch(command, dir.File("c.log"));
+    REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 6) == 6; }, absl::Seconds(30)));
+    absl::Time killed = absl::Now();
+    kill(c.pid(), SIGKILL);
+    c.WaitFor(absl::Seconds(10));
+    REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 4) == 8; }, absl::Seconds(10)));
+    absl::Duration recovery = absl::Now() - killed;
+    INFO("recovered in " << absl::FormatDuration(recovery));
+    CHECK(recovery < absl::Seconds(3));  // lease ttl 1 s + 2 s
+    WriteFile(dir.File("stop"), "");
+    CHECK(ExitCodeWithin(a, absl::Seconds(30)) == 0);
+    CHECK(ExitCodeWithin(b, absl::Seconds(30)) == 0);
+  }
+}
+
+TEST_CASE("an unmodified PyTorch gloo DDP script runs under 2 agents x 2 workers") {
+  // Debian's python3-torch lives under /usr/bin/python3 (scripts/test.sh
+  // installs it); the pyenv python3 on PATH has no torch.
+  REQUIRE(system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") == 0);
+  TempDir dir;
+  ServerProcess server = StartServer();
+  std::vector<std::string> args = {"--nnodes=2", "--nproc_per_node=2", "--rdzv_endpoint",
+                                   server.endpoint(), "--rdzv_id=torchjob",
+                                   RunfilePath("tests/launcher/ddp_allreduce.py"), dir.path()};
+  std::vector<std::string> env = {"PYTHON_EXEC=/usr/bin/python3"};
+  Child first = StartLaunch(args, dir.File("agent0.log"), env);
+  Child second = StartLaunch(args, dir.File("agent1.log"), env);
+  int first_code = ExitCodeWithin(first, absl::Seconds(120));
+  int second_code = ExitCodeWithin(second, absl::Seconds(120));
+  INFO(ReadFile(dir.File("agent0.log")) << ReadFile(dir.File("agent1.log")));
+  CHECK(first_code == 0);
+  CHECK(second_code == 0);
+  std::set<std::string> gradients;
+  for (int rank = 0; rank < 4; ++rank) {
+    std::vector<std::string> fields =
+        absl::StrSplit(ReadFile(dir.File(absl::StrCat("result.", rank))), ' ');
+    REQUIRE(fields.size() == 4);
+    CHECK(fields[0] == "4");     // world size
+    CHECK(fields[1] == "10.0");  // 1 + 2 + 3 + 4: every rank took part
+    gradients.insert(fields[2]);
+  }
+  CHECK(gradients.size() == 1);  // DDP averaged the gradients across ranks
+}
+
+TEST_CASE("bad command lines and unreachable services fail fast with exit 2") {
+  TempDir dir;
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {{"--nnodes", "3:2", "--standalone", "x.yaml"}, "--nnodes 3:2"},
+      {{"--rdzv_backend", "etcd", "--rdzv_endpoint", "h", "x.yaml"}, "--rdzv_backend etcd"},
+      {{"--standalone"}, "missing target"},
+      {{"--standalone", "missing.py"}, "missing.py"},
+      {{"--rdzv_endpoint", "127.0.0.1:1", "--rdzv_conf", "join_timeout=1", "--no_python", "true"},
+       "cannot use the rendezvous service at 127.0.0.1:1"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    INFO(cases[i].message);
+    std::string log = dir.File(absl::StrCat("case", i, ".log"));
+    Child agent = StartLaunch(cases[i].args, log);
+    CHECK(ExitCodeWithin(agent, absl::Seconds(20)) == 2);
+    CHECK(ReadFile(log).find(cases[i].message) != std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace muster::testing

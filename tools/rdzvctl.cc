@@ -1,0 +1,193 @@
+// rdzvctl: inspect and administer a rendezvous server.
+//
+//   rdzvctl [--endpoint host:port] [--token-file F] [--tls-ca F]
+//           [--tls-cert F --tls-key F] [--job-secret-file F] [--timeout S]
+//           list | describe JOB | close JOB [--reason TEXT] | health
+//
+// Exit codes: 0 success; 1 the call failed (one line: status code name and
+// message); 2 bad usage or unusable options.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "rendezvous/client.h"
+
+namespace muster::rdzv {
+namespace {
+
+constexpr int kExitCallFailed = 1;
+constexpr int kExitUsage = 2;
+
+int Fail(const absl::Status& status, int exit_code) {
+  std::fprintf(stderr, "rdzvctl: %s: %s\n",
+               absl::StatusCodeToString(status.code()).c_str(),
+               std::string(status.message()).c_str());
+  return exit_code;
+}
+
+std::string PhaseName(pb::Phase phase) {
+  std::string name = pb::Phase_Name(phase);
+  return name.empty() ? absl::StrCat(static_cast<int>(phase)) : name;
+}
+
+std::string FormatAge(int64_t millis) {
+  if (millis < 0) return "-";
+  return absl::StrFormat("%.1fs", millis / 1000.0);
+}
+
+int List(Client& client) {
+  absl::StatusOr<pb::ListJobsResponse> jobs = client.ListJobs();
+  if (!jobs.ok()) return Fail(jobs.status(), kExitCallFailed);
+  std::printf("%-24s %-10s %6s %6s %6s %8s %9s\n", "JOB", "PHASE", "ROUND",
+              "NODES", "WORLD", "WAITING", "RESTARTS");
+  for (const pb::JobSummary& job : jobs->jobs()) {
+    std::printf("%-24s %-10s %6llu %6u %6u %8u %9s\n", job.job_id().c_str(),
+                PhaseName(job.phase()).c_str(),
+                static_cast<unsigned long long>(job.round()), job.nodes(),
+                job.world_size(), job.nodes_waiting(),
+                absl::StrCat(job.restart_count(), "/", job.max_restarts())
+                    .c_str());
+  }
+  if (jobs->jobs().empty()) std::printf("(no jobs)\n");
+  return 0;
+}
+
+void PrintState(const pb::JobState& state) {
+  std::printf("job:        %s\n", state.job_id().c_str());
+  std::printf("phase:      %s\n", PhaseName(state.phase()).c_str());
+  std::printf("round:      %llu (version %llu)\n",
+              static_cast<unsigned long long>(state.round()),
+              static_cast<unsigned long long>(state.version()));
+  std::printf("nodes:      %d of min %u, max %u; world size %u\n",
+              state.members_size(), state.config().min_nodes(),
+              state.config().max_nodes(), state.world_size());
+  std::printf("restarts:   %d/%d\n", state.restart_count(),
+              state.config().max_restarts());
+  if (state.last_end_reason() != pb::END_REASON_UNSPECIFIED) {
+    std::printf("last end:   %s\n",
+                pb::RoundEndReason_Name(state.last_end_reason()).c_str());
+  }
+  if (!state.status_message().empty()) {
+    std::printf("status:     %s\n", state.status_message().c_str());
+  }
+  std::printf("\nmembers (%d):\n", state.members_size());
+  std::printf("  %5s %7s %5s %-20s %-16s %-36s %9s\n", "RANK", "OFFSET",
+              "NPROC", "ADDRESS", "HOSTNAME", "MEMBER", "LEASE AGE");
+  for (const pb::Member& member : state.members()) {
+    std::printf("  %5d %7u %5u %-20s %-16s %-36s %9s\n", member.group_rank(),
+                member.rank_offset(), member.nproc(), member.address().c_str(),
+                member.hostname().c_str(), member.member_id().c_str(),
+                FormatAge(member.lease_age_ms()).c_str());
+  }
+  std::printf("\nwaiting (%u waiting, %u pending):\n", state.nodes_waiting(),
+              state.nodes_pending());
+  for (const pb::Member& member : state.waiting()) {
+    std::printf("  %-36s %-20s %-16s nproc %u, lease age %s\n",
+                member.member_id().c_str(), member.address().c_str(),
+                member.hostname().c_str(), member.nproc(),
+                FormatAge(member.lease_age_ms()).c_str());
+  }
+  if (state.failures_size() > 0) {
+    std::printf("\nfailures (%d):\n", state.failures_size());
+    for (const pb::Failure& failure : state.failures()) {
+      std::printf("  round %llu member %s exit %d: %s\n",
+                  static_cast<unsigned long long>(failure.round()),
+                  failure.member_id().c_str(), failure.exit_code(),
+                  failure.message().c_str());
+    }
+  }
+}
+
+int Describe(Client& client, const std::string& job_id) {
+  pb::DescribeJobRequest request;
+  request.set_job_id(job_id);
+  absl::StatusOr<pb::DescribeJobResponse> response =
+      client.DescribeJob(request);
+  if (!response.ok()) return Fail(response.status(), kExitCallFailed);
+  PrintState(response->state());
+  return 0;
+}
+
+int Close(Client& client, const std::string& job_id,
+          const std::string& reason) {
+  pb::CloseJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason(reason);
+  absl::StatusOr<pb::CloseJobResponse> response = client.CloseJob(request);
+  if (!response.ok()) return Fail(response.status(), kExitCallFailed);
+  std::printf("job %s: %s\n", job_id.c_str(),
+              PhaseName(response->state().phase()).c_str());
+  return 0;
+}
+
+int Health(Client& client) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<pb::ListJobsResponse> jobs = client.ListJobs();
+  if (!jobs.ok()) return Fail(jobs.status(), kExitCallFailed);
+  std::printf("ok: %s serving, %d jobs, %.1f ms\n",
+              client.options().endpoint.c_str(), jobs->jobs_size(),
+              absl::ToDoubleMilliseconds(absl::Now() - start));
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app{"Inspect and administer a muster rendezvous server"};
+  app.require_subcommand(1);
+  ClientOptions options;
+  std::string job_secret_file;
+  double timeout_seconds = 5;
+  app.add_option("--endpoint", options.endpoint, "server host[:port]")
+      ->capture_default_str();
+  app.add_option("--token-file", options.token_file, "bearer token file");
+  app.add_option("--tls-ca", options.tls_ca_file, "CA to verify the server");
+  app.add_option("--tls-cert", options.tls_cert_file, "client cert (mTLS)");
+  app.add_option("--tls-key", options.tls_key_file, "client key (mTLS)");
+  app.add_option("--job-secret-file", job_secret_file, "the job's secret");
+  app.add_option("--timeout", timeout_seconds, "seconds per call")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+
+  std::string job_id, reason = "closed by rdzvctl";
+  CLI::App* list = app.add_subcommand("list", "list jobs");
+  CLI::App* describe = app.add_subcommand("describe", "show one job");
+  describe->add_option("JOB", job_id, "job id")->required();
+  CLI::App* close = app.add_subcommand("close", "close a job");
+  close->add_option("JOB", job_id, "job id")->required();
+  close->add_option("--reason", reason, "why (shown to the job's agents)");
+  CLI::App* health = app.add_subcommand("health", "check the server answers");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    int code = app.exit(error);
+    return code == 0 ? 0 : kExitUsage;
+  }
+
+  options.rpc_timeout = absl::Seconds(timeout_seconds);
+  if (!job_secret_file.empty()) {
+    absl::StatusOr<std::string> secret =
+        ReadFileToString(job_secret_file, "job secret file");
+    if (!secret.ok()) return Fail(secret.status(), kExitUsage);
+    options.job_secret = std::string(absl::StripAsciiWhitespace(*secret));
+  }
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
+  if (!client.ok()) return Fail(client.status(), kExitUsage);
+
+  if (*list) return List(**client);
+  if (*describe) return Describe(**client, job_id);
+  if (*close) return Close(**client, job_id, reason);
+  if (*health) return Health(**client);
+  return kExitUsage;
+}
+
+}  // namespace
+}  // namespace muster::rdzv
+
+int main(int argc, char** argv) { return muster::rdzv::Main(argc, argv); }
