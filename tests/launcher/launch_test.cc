@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "launcher/endpoint.h"
 #include "tests/launcher/harness.h"
 
 namespace muster::testing {
@@ -255,6 +256,42 @@ TEST_CASE("an unmodified PyTorch gloo DDP script runs under 2 agents x 2 workers
     gradients.insert(fields[2]);
   }
   CHECK(gradients.size() == 1);  // DDP averaged the gradients across ranks
+}
+
+TEST_CASE("static backend: node 0 hosts the rendezvous, node ranks are kept") {
+  TempDir dir;
+  absl::StatusOr<int> port = launcher::PickFreePort();
+  REQUIRE(port.ok());
+  std::string script = "echo $GROUP_RANK $RANK > " + dir.path() + "/static.$RANK";
+  std::vector<Child> agents;
+  // Node 1 starts first: it waits (with backoff) for node 0's server.
+  for (int node_rank : {1, 0}) {
+    agents.push_back(StartLaunch(
+        Concat({"--rdzv_backend=static", "--nnodes=2", "--nproc_per_node=2",
+                absl::StrCat("--node_rank=", node_rank), "--master_addr=127.0.0.1",
+                absl::StrCat("--master_port=", *port), "--rdzv_conf=join_timeout=30"},
+               ShellWorker(script)),
+        dir.File(absl::StrCat("node", node_rank, ".log"))));
+  }
+  for (Child& agent : agents) CHECK(ExitCodeWithin(agent, absl::Seconds(60)) == 0);
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(ReadFile(dir.File(absl::StrCat("static.", rank))) ==
+          absl::StrCat(rank / 2, " ", rank, "\n"));
+  }
+}
+
+TEST_CASE("--local_ranks_filter limits the console, not the log files") {
+  TempDir dir;
+  Child agent = StartLaunch(
+      Concat({"--standalone", "--nproc_per_node=2", "--local_ranks_filter=1", "--tee=1",
+              "--log_dir", dir.File("logs"), "--rdzv_id=filtered"},
+             ShellWorker("echo line from $RANK")),
+      dir.File("agent.log"));
+  CHECK(ExitCodeWithin(agent, absl::Seconds(30)) == 0);
+  std::string console = ReadFile(dir.File("agent.log"));
+  CHECK(console.find("rank1]: line from 1") != std::string::npos);
+  CHECK(console.find("line from 0") == std::string::npos);
+  CHECK(ReadFile(dir.File("logs") + "/filtered/attempt_0/0/stdout.log") == "line from 0\n");
 }
 
 TEST_CASE("bad command lines and unreachable services fail fast with exit 2") {
