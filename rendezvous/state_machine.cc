@@ -31,6 +31,7 @@ absl::Status UnknownJob(const std::string& job_id) {
   return absl::NotFoundError(absl::StrFormat("job \"%s\" not found", job_id));
 }
 
+
 absl::Status ValidateJoin(const pb::JoinRequest& request,
                           const Limits& limits) {
   MUSTER_RETURN_IF_ERROR(ValidateId("job_id", request.job_id(), limits));
@@ -180,23 +181,29 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(
   return response;
 }
 
+absl::StatusOr<std::pair<Job*, MemberRecord*>> StateMachine::Impl::LiveMember(
+    const std::string& job_id, const std::string& member_id, absl::Time now) {
+  Impl& s = *this;
+  MUSTER_RETURN_IF_ERROR(ValidateId("job_id", job_id, s.limits));
+  MUSTER_RETURN_IF_ERROR(ValidateId("member_id", member_id, s.limits));
+  s.TickUntil(now);
+  Job* job = s.FindJob(job_id);
+  if (job == nullptr) return UnknownJob(job_id);
+  if (job->finished()) return JobClosedError(*job);
+  auto it = job->members.find(member_id);
+  if (it == job->members.end()) return UnknownMember(job_id, member_id);
+  return std::make_pair(job, &it->second);
+}
+
 absl::StatusOr<pb::KeepAliveResponse> StateMachine::KeepAlive(
     const pb::KeepAliveRequest& request, absl::Time now) {
-  Impl& s = *impl_;
-  MUSTER_RETURN_IF_ERROR(ValidateId("job_id", request.job_id(), s.limits));
-  MUSTER_RETURN_IF_ERROR(
-      ValidateId("member_id", request.member_id(), s.limits));
-  s.TickUntil(now);
-  Job* job = s.FindJob(request.job_id());
-  if (job == nullptr) return UnknownJob(request.job_id());
-  if (job->finished()) return JobClosedError(*job);
-  auto it = job->members.find(request.member_id());
-  if (it == job->members.end()) {
-    return UnknownMember(request.job_id(), request.member_id());
-  }
+  absl::StatusOr<std::pair<Job*, MemberRecord*>> found =
+      impl_->LiveMember(request.job_id(), request.member_id(), now);
+  if (!found.ok()) return found.status();
+  auto [job, member] = *found;
   // Deliberately neither dirty nor changed: renewals are not durable and do
   // not change the watch view.
-  s.RenewLease(*job, it->second, now);
+  impl_->RenewLease(*job, *member, now);
   pb::KeepAliveResponse response;
   response.set_lease_ttl_ms(job->config.lease_ttl_ms());
   response.set_version(job->version);
@@ -206,18 +213,11 @@ absl::StatusOr<pb::KeepAliveResponse> StateMachine::KeepAlive(
 absl::Status StateMachine::Leave(const pb::LeaveRequest& request,
                                  absl::Time now) {
   Impl& s = *impl_;
-  MUSTER_RETURN_IF_ERROR(ValidateId("job_id", request.job_id(), s.limits));
-  MUSTER_RETURN_IF_ERROR(
-      ValidateId("member_id", request.member_id(), s.limits));
-  s.TickUntil(now);
-  Job* job = s.FindJob(request.job_id());
-  if (job == nullptr) return UnknownJob(request.job_id());
-  if (job->finished()) return JobClosedError(*job);
-  auto it = job->members.find(request.member_id());
-  if (it == job->members.end()) {
-    return UnknownMember(request.job_id(), request.member_id());
-  }
-  MemberRecord& member = it->second;
+  absl::StatusOr<std::pair<Job*, MemberRecord*>> found =
+      s.LiveMember(request.job_id(), request.member_id(), now);
+  if (!found.ok()) return found.status();
+  Job* job = found->first;
+  MemberRecord& member = *found->second;
   if (member.group_rank >= 0) {
     if (member.done) {
       // A done member may exit; it stays on the round's roster so the round

@@ -152,6 +152,10 @@ struct StateMachine::Impl {
   // A member's lease lapsed (Tick).
   void ExpireMember(Job& job, const std::string& member_id, absl::Time now);
   void TickUntil(absl::Time now);
+  // The live member a KeepAlive or Leave names, after applying due
+  // deadlines (so a lapsed lease is NOT_FOUND before the timer fires).
+  absl::StatusOr<std::pair<Job*, MemberRecord*>> LiveMember(
+      const std::string& job_id, const std::string& member_id, absl::Time now);
 
   // ---- persistence (state_machine_persist.cc)
 
