@@ -24,10 +24,12 @@ bool IsTerminalPhase(pb::Phase phase) {
   return phase == pb::SUCCEEDED || phase == pb::FAILED || phase == pb::CLOSED;
 }
 
-JobWatcher::JobWatcher(Client* client, std::string job_id, Callback on_state)
+JobWatcher::JobWatcher(Client* client, std::string job_id, Callback on_state,
+                       bool wait_for_job)
     : client_(client),
       job_id_(std::move(job_id)),
       on_state_(std::move(on_state)),
+      wait_for_job_(wait_for_job),
       thread_([this] { Run(); }) {}
 
 JobWatcher::~JobWatcher() { Stop(); }
@@ -89,7 +91,9 @@ void JobWatcher::Run() {
       ended_ = true;
       return;
     }
-    if (!status.ok() && !IsTransient(status.error_code())) {
+    bool job_not_created_yet = wait_for_job_ && received_ == 0 &&
+                               status.error_code() == grpc::StatusCode::NOT_FOUND;
+    if (!status.ok() && !IsTransient(status.error_code()) && !job_not_created_yet) {
       error_ = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                             absl::StrCat("watch of job ", job_id_, ": ",
                                          status.error_message()));

@@ -39,8 +39,12 @@ class JobWatcher {
   using Callback = std::function<void(const pb::JobState&)>;
 
   // Starts watching `job_id` at once. `on_state`, if set, is called for
-  // every state received.
-  JobWatcher(Client* client, std::string job_id, Callback on_state = nullptr);
+  // every state received. With `wait_for_job`, a job that does not exist
+  // yet is waited for: NOT_FOUND before the first state is retried with
+  // backoff, so a watcher may start before the join that creates its job.
+  // (After a first state, NOT_FOUND means the job was dropped: permanent.)
+  JobWatcher(Client* client, std::string job_id, Callback on_state = nullptr,
+             bool wait_for_job = false);
   ~JobWatcher();
 
   JobWatcher(const JobWatcher&) = delete;
@@ -80,6 +84,7 @@ class JobWatcher {
   Client* const client_;
   const std::string job_id_;
   const Callback on_state_;
+  const bool wait_for_job_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

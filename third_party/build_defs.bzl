@@ -51,6 +51,9 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
             outs = [obj],
             cmd = (NVCC + " -std=c++17 -O3 -Xcompiler -fPIC -I. " +
                    "-arch=sm_80 -c $(location " + src + ") -o $@"),
+            # Built only when a --config=cuda target depends on it, so
+            # `bazel build //...` needs no nvcc.
+            tags = ["manual"],
         )
         objs.append(obj)
     native.cc_library(
@@ -58,5 +61,6 @@ def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
         srcs = objs,
         hdrs = hdrs,
         deps = deps + ["//third_party:cuda"],
+        tags = ["manual"],
         visibility = visibility,
     )

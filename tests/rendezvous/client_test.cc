@@ -185,10 +185,14 @@ TEST_CASE("JobWatcher sees round changes", "[client][watch]") {
   const pb::JobConfig config = testing::Config(1, 1, 5000);
   int callbacks = 0;
   absl::Mutex callbacks_mu;
-  JobWatcher watcher(client.get(), "rounds", [&](const pb::JobState&) {
-    absl::MutexLock lock(&callbacks_mu);
-    ++callbacks;
-  });
+  // Started before the join that creates the job: it waits for the job.
+  JobWatcher watcher(
+      client.get(), "rounds",
+      [&](const pb::JobState&) {
+        absl::MutexLock lock(&callbacks_mu);
+        ++callbacks;
+      },
+      /*wait_for_job=*/true);
   auto first = JoinAndWaitForRound(*client, JoinRequestFor("rounds", config, 0, 1),
                                    &watcher, absl::Now() + absl::Seconds(10));
   REQUIRE(first.ok());
