@@ -15,8 +15,8 @@ bazel test --keep_going //... 2>&1 | tee "$log"
 test_rc=${PIPESTATUS[0]}
 [ "$test_rc" -eq 0 ] || status=1
 
-passed=$(grep -cE '^//[^ ]+ +PASSED' "$log" || true)
-failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|INCOMPLETE)' "$log" || true)
+passed=$(grep -cE '^//[^ ]+ .*PASSED' "$log" || true)
+failed=$(grep -cE '^//[^ ]+ .*(FAILED|TIMEOUT|NO STATUS|INCOMPLETE)' "$log" || true)
 if [ "$test_rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build itself failed
 fi

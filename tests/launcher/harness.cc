@@ -89,28 +89,16 @@ bool ProcessGone(int pid) {
          stat[close_paren + 2] == 'Z';
 }
 
-ServerProcess StartServer(const std::vector<std::string>& extra_args) {
-  launcher::SpawnSpec spec;
-  spec.argv = {BinaryPath("rendezvous/rendezvous"), "--listen", "127.0.0.1:0", "--log-level",
-               "warn"};
-  spec.argv.insert(spec.argv.end(), extra_args.begin(), extra_args.end());
-  for (const auto& [key, value] : launcher::CurrentEnvironment()) spec.env.push_back(key + "=" + value);
-  spec.pipe_stdout = true;
-  absl::StatusOr<launcher::Child> child = launcher::Child::Spawn(spec);
-  REQUIRE(child.ok());
-  ServerProcess server{std::move(*child), 0};
-  // Read the "listening on host:port" line; the read blocks until the
-  // server prints it or exits (end of file), so no deadline is needed
-  // beyond the test's own.
-  int out = server.child.TakeStdout();
-  std::string line;
-  char c;
-  while (read(out, &c, 1) == 1 && c != '\n') line += c;
-  close(out);
-  size_t colon = line.rfind(':');
-  REQUIRE(line.find("listening on") != std::string::npos);
-  REQUIRE(absl::SimpleAtoi(line.substr(colon + 1), &server.port));
-  return server;
+std::unique_ptr<tools::ServerProcess> StartServer(const std::vector<std::string>& extra_args) {
+  tools::ServerProcessOptions options;
+  options.binary = BinaryPath("rendezvous/rendezvous");
+  options.extra_args = {"--log-level", "warn"};
+  options.extra_args.insert(options.extra_args.end(), extra_args.begin(), extra_args.end());
+  absl::StatusOr<std::unique_ptr<tools::ServerProcess>> server =
+      tools::ServerProcess::Start(options);
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+  return *std::move(server);
 }
 
 launcher::Child StartLaunch(const std::vector<std::string>& args, const std::string& log_path,

@@ -3,12 +3,14 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/time/time.h"
 #include "launcher/process.h"
+#include "tools/server_process.h"
 
 namespace muster::testing {
 
@@ -42,14 +44,8 @@ std::vector<std::string> ReadLines(const std::string& dir, const std::string& pr
 // True once `pid` is gone or a zombie.
 bool ProcessGone(int pid);
 
-// A `rendezvous` server child on a free loopback port.
-struct ServerProcess {
-  launcher::Child child;
-  int port = 0;
-  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port); }
-};
-// Starts the server and waits (bounded) for its "listening on" line.
-ServerProcess StartServer(const std::vector<std::string>& extra_args = {});
+// A `rendezvous` server child on a free loopback port (REQUIREs it starts).
+std::unique_ptr<tools::ServerProcess> StartServer(const std::vector<std::string>& extra_args = {});
 
 // Starts `launch` with `args`; stdout and stderr go to `log_path`.
 launcher::Child StartLaunch(const std::vector<std::string>& args, const std::string& log_path,

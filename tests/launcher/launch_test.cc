@@ -48,9 +48,9 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
 TEST_CASE("two agents with two workers each give every worker torchrun's environment") {
   TempDir dir;
   WriteFile(dir.File("token"), "s3cret-token\n");
-  ServerProcess server = StartServer({"--token-file", dir.File("token")});
+  auto server = StartServer({"--token-file", dir.File("token")});
   std::vector<std::string> args = {
-      "--nnodes=2", "--nproc-per-node=2", "--rdzv_endpoint", server.endpoint(),
+      "--nnodes=2", "--nproc-per-node=2", "--rdzv_endpoint", server->endpoint(),
       "--rdzv_id=envjob", "--rdzv_conf=token_file=" + dir.File("token"),
       "--log_dir", dir.File("logs"), "--tee=3"};
   std::string script = "env > " + dir.path() + "/env.$RANK; echo hello from $RANK";
@@ -88,7 +88,7 @@ TEST_CASE("two agents with two workers each give every worker torchrun's environ
           absl::StrCat(dir.File("logs"), "/envjob/attempt_0/", rank, "/error.json"));
     CHECK(env["OMP_NUM_THREADS"] == "1");
     CHECK(env["CUDA_VISIBLE_DEVICES"] == "0,1");
-    CHECK(env["MUSTER_RDZV_ENDPOINT"] == server.endpoint());
+    CHECK(env["MUSTER_RDZV_ENDPOINT"] == server->endpoint());
     CHECK(env["MUSTER_JOB"] == "envjob");
     CHECK(env["MUSTER_ROUND"] == "0");
     CHECK(env["MUSTER_TOKEN_FILE"] == dir.File("token"));
@@ -195,9 +195,9 @@ size_t WorkersInWorld(const TempDir& dir, int world) {
 
 TEST_CASE("elastic membership: nodes join and leave a running job") {
   TempDir dir;
-  ServerProcess server = StartServer();
+  auto server = StartServer();
   std::vector<std::string> args = {"--nnodes=2:3", "--nproc_per_node=2", "--rdzv_endpoint",
-                                   server.endpoint(), "--rdzv_id=elastic", "--max_restarts=3",
+                                   server->endpoint(), "--rdzv_id=elastic", "--max_restarts=3",
                                    "--rdzv_conf=last_call_timeout=0.3,lease_ttl=1",
                                    "--shutdown_timeout=2"};
   std::vector<std::string> command = Concat(args, ShellWorker(ElasticWorker(dir)));
@@ -234,9 +234,9 @@ TEST_CASE("an unmodified PyTorch gloo DDP script runs under 2 agents x 2 workers
   // installs it); the pyenv python3 on PATH has no torch.
   REQUIRE(system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") == 0);
   TempDir dir;
-  ServerProcess server = StartServer();
+  auto server = StartServer();
   std::vector<std::string> args = {"--nnodes=2", "--nproc_per_node=2", "--rdzv_endpoint",
-                                   server.endpoint(), "--rdzv_id=torchjob",
+                                   server->endpoint(), "--rdzv_id=torchjob",
                                    RunfilePath("tests/launcher/ddp_allreduce.py"), dir.path()};
   std::vector<std::string> env = {"PYTHON_EXEC=/usr/bin/python3"};
   Child first = StartLaunch(args, dir.File("agent0.log"), env);

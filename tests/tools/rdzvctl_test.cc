@@ -1,0 +1,83 @@
+// rdzvctl against a real server holding a real job: two `launch` agents.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "tests/launcher/harness.h"
+
+namespace muster::testing {
+namespace {
+
+struct Output {
+  int exit_code;
+  std::string text;
+};
+
+Output Rdzvctl(const std::string& endpoint, std::vector<std::string> args) {
+  launcher::SpawnSpec spec;
+  spec.argv = {BinaryPath("tools/rdzvctl"), "--endpoint", endpoint};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.pipe_stdout = spec.pipe_stderr = true;
+  absl::StatusOr<launcher::Child> child = launcher::Child::Spawn(spec);
+  REQUIRE(child.ok());
+  Output output{-1, ""};
+  for (int fd : {child->TakeStdout(), child->TakeStderr()}) {
+    char buffer[4096];
+    ssize_t got;
+    while ((got = read(fd, buffer, sizeof(buffer))) > 0) output.text.append(buffer, got);
+    close(fd);
+  }
+  auto exit = child->WaitFor(absl::Seconds(30));
+  REQUIRE(exit.has_value());
+  output.exit_code = exit->ShellCode();
+  return output;
+}
+
+TEST_CASE("rdzvctl lists, describes and closes a running job") {
+  TempDir dir;
+  auto server = StartServer();
+  std::vector<std::string> args = {"--nnodes=2", "--nproc_per_node=2", "--rdzv_endpoint",
+                                   server->endpoint(), "--rdzv_id=ctl", "--no_python",
+                                   "/bin/sh", "-c",
+                                   "echo up > " + dir.path() + "/up.$RANK; exec sleep 60"};
+  launcher::Child first = StartLaunch(args, dir.File("a.log"));
+  launcher::Child second = StartLaunch(args, dir.File("b.log"));
+  REQUIRE(WaitUntil([&] { return ReadLines(dir.path(), "up.").size() == 4; },
+                    absl::Seconds(30)));
+
+  Output health = Rdzvctl(server->endpoint(), {"health"});
+  CHECK(health.exit_code == 0);
+  CHECK(health.text.find("serving") != std::string::npos);
+
+  Output list = Rdzvctl(server->endpoint(), {"list"});
+  CHECK(list.exit_code == 0);
+  CHECK(list.text.find("ctl") != std::string::npos);
+  CHECK(list.text.find("RUNNING") != std::string::npos);
+
+  Output describe = Rdzvctl(server->endpoint(), {"describe", "ctl"});
+  CHECK(describe.exit_code == 0);
+  CHECK(describe.text.find("world size 4") != std::string::npos);
+  CHECK(describe.text.find("members (2)") != std::string::npos);
+
+  Output missing = Rdzvctl(server->endpoint(), {"describe", "nope"});
+  CHECK(missing.exit_code == 1);
+  CHECK(missing.text.find("NOT_FOUND") != std::string::npos);
+
+  Output usage = Rdzvctl(server->endpoint(), {"frobnicate"});
+  CHECK(usage.exit_code == 2);
+
+  // An administrator's close ends the job: every agent stops its workers
+  // and exits 1.
+  Output closed = Rdzvctl(server->endpoint(), {"close", "ctl", "--reason", "maintenance"});
+  CHECK(closed.exit_code == 0);
+  for (launcher::Child* agent : {&first, &second}) {
+    auto exit = agent->WaitFor(absl::Seconds(60));
+    REQUIRE(exit.has_value());
+    CHECK(exit->ShellCode() == 1);
+  }
+  CHECK(ReadFile(dir.File("a.log")).find("maintenance") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace muster::testing
