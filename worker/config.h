@@ -1,0 +1,94 @@
+// train.yaml: what the worker trains, on what data, how.
+//
+// Every field has a default (see docs/yaml-schema.md); a yaml file sets
+// what it needs. LoadConfig validates everything: an unknown key, a wrong
+// type or an impossible value is INVALID_ARGUMENT whose message names the
+// key path and the line, e.g.
+//   train.yaml:7: model.heads: 5 does not divide model.dim 768
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace muster::worker {
+
+struct ModelConfig {
+  int layers = 4;        // L
+  int heads = 4;         // NH
+  int dim = 256;         // C; heads must divide it
+  int vocab = 256;       // V; padded to a multiple of 128 (Vp) in memory
+  int seq_len = 128;     // T, the longest context (maxT)
+  int padded_vocab() const { return (vocab + 127) / 128 * 128; }
+};
+
+struct DataConfig {
+  std::string train;              // glob of llm.c token shards
+  std::string val;                // glob; empty: no validation
+  int micro_batch = 8;            // B, sequences per rank per micro-step
+  int grad_accumulation = 1;      // micro-steps per optimizer step
+};
+
+struct OptimConfig {
+  double lr = 3e-4;
+  int warmup_steps = 0;
+  std::string schedule = "cosine";  // cosine | constant
+  double min_lr = 0.0;              // cosine decays to this
+  double weight_decay = 0.0;        // decoupled; not on biases, LayerNorm, wpe
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;           // global-norm clip; 0 disables
+};
+
+struct TrainLoopConfig {
+  int steps = 100;
+  uint64_t seed = 1337;
+  int log_every = 10;
+  int eval_every = 0;      // 0: no evaluation
+  int eval_batches = 4;
+  std::string metrics_file;  // JSONL; empty: none
+};
+
+struct ParallelConfig {
+  std::string strategy = "ddp";  // ddp (single process = world of 1)
+  double bucket_mb = 25.0;
+};
+
+struct CheckpointConfig {
+  std::string dir;             // empty: no checkpoints
+  int every = 0;               // steps between saves; 0: never
+  int keep_last = 3;
+  int keep_every = 0;
+  std::string resume = "auto"; // auto | never | <path>
+};
+
+struct TrainConfig {
+  std::string source;  // the file it came from ("" if built in code)
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  TrainLoopConfig train;
+  std::string device = "auto";  // cpu | cuda | auto
+  ParallelConfig parallel;
+  CheckpointConfig checkpoint;
+};
+
+// Reads and validates a yaml file. Relative data globs and paths resolve
+// against the yaml file's directory.
+absl::StatusOr<TrainConfig> LoadConfig(const std::string& path);
+// The same from text; `name` is used in messages.
+absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text,
+                                        const std::string& name,
+                                        const std::string& base_dir);
+
+// The resolved config, every field, as yaml (worker --print-config).
+std::string ConfigToYaml(const TrainConfig& config);
+
+// A stable hash of the fields that fix the model's shape (checkpoints
+// record it to refuse a checkpoint of another model).
+uint64_t ModelConfigHash(const ModelConfig& model);
+
+}  // namespace muster::worker

@@ -1,0 +1,150 @@
+// GPT-2, as llm.c lays it out, with the memory layout the parallel
+// strategies need (docs/architecture.md, "Worker"):
+//
+//   stage 0        "embedding"  wte (Vp, C), wpe (maxT, C)
+//   stage 1..L     "block<i>"   ln1w ln1b (C), qkvw (3C, C) qkvb (3C),
+//                               attprojw (C, C) attprojb (C), ln2w ln2b (C),
+//                               fcw (4C, C) fcb (4C), fcprojw (C, 4C) fcprojb (C)
+//   stage L+1      "head"       lnfw lnfb (C); the LM head is wte (tied)
+//
+// Each stage owns ONE contiguous fp32 parameter buffer and one gradient
+// buffer of the same layout; tensors are named views into them. DDP buckets
+// are slices of these buffers, FSDP shards them, pipeline parallelism
+// assigns whole stages to ranks.
+//
+// B batch, T time (<= maxT), C channels, NH heads, V vocab, Vp V padded to
+// a multiple of 128, L layers.
+//
+// Thread-safety: none; one thread drives a model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/config.h"
+
+namespace muster::worker {
+
+enum class Device { kCpu, kCuda };
+
+// Resolves "cpu" | "cuda" | "auto". "cuda" without a usable GPU (or in a
+// build without --config=cuda) is FAILED_PRECONDITION; "auto" falls back
+// to the CPU.
+absl::StatusOr<Device> ResolveDevice(const std::string& name);
+
+struct TensorView {
+  std::string name;          // "wte", "qkvw", ...
+  std::vector<int> shape;    // e.g. {3 * C, C}
+  size_t offset = 0;         // floats from the start of the stage buffer
+  size_t size = 0;           // floats
+  bool decay = false;        // AdamW weight decay applies (matrices, not
+                             // biases, LayerNorm or wpe)
+};
+
+struct Stage {
+  std::string name;                // "embedding", "block0", ..., "head"
+  std::vector<TensorView> tensors;
+  size_t size = 0;                 // floats in the buffer
+  float* params = nullptr;         // device memory (host memory on CPU)
+  float* grads = nullptr;          // same layout
+};
+
+class GptModel {
+ public:
+  // Allocates parameters, gradients and activations for micro-batches of
+  // up to `max_batch` sequences of up to config.seq_len tokens.
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const ModelConfig& config,
+                                                          int max_batch, Device device);
+  virtual ~GptModel() = default;
+
+  const ModelConfig& config() const { return config_; }
+  Device device() const { return device_; }
+
+  // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, with
+  // the residual projections (attprojw, fcprojw) scaled by 1/sqrt(2L);
+  // zeros for biases; ones for LayerNorm weights. Same seed, same weights,
+  // on any device.
+  virtual void InitWeights(uint64_t seed) = 0;
+
+  std::vector<Stage>& stages() { return stages_; }
+  const std::vector<Stage>& stages() const { return stages_; }
+  size_t num_parameters() const;  // counts Vp rows of wte, as llm.c does
+
+  // Forward pass. inputs, targets: host arrays (B, T) of token ids < V;
+  // targets may be nullptr (no loss). Returns the mean cross-entropy over
+  // the B*T positions (0 without targets). REQUIRES: B <= max_batch,
+  // T <= seq_len.
+  virtual float Forward(const int* inputs, const int* targets, int B, int T) = 0;
+
+  // Backward pass of the last Forward (which had targets). Adds into the
+  // gradient buffers, with d(loss)/d(loss) = loss_scale (1/grad_accumulation
+  // for gradient accumulation). Calls the grad-ready callback for each
+  // stage, in reverse order (head, block L-1, ..., embedding), as soon as
+  // that stage's gradients are final for this micro-step; the embedding's
+  // come last because the tied wte gets gradient from the head and the
+  // encoder.
+  virtual void Backward(float loss_scale) = 0;
+  void SetGradReadyCallback(std::function<void(int stage_index)> callback) {
+    grad_ready_ = std::move(callback);
+  }
+
+  virtual void ZeroGrad() = 0;
+
+  // Logits of the last Forward at position t of sequence b: (Vp,) copied to
+  // host; entries >= V are padding.
+  virtual std::vector<float> Logits(int b, int t) const = 0;
+
+  // Parameters as one host copy (stage order) and back: checkpoints,
+  // tests, broadcast from rank 0.
+  std::vector<float> CopyParamsToHost() const;
+  void CopyParamsFromHost(const std::vector<float>& host);
+  std::vector<float> CopyGradsToHost() const;
+
+  // llm.c's model file (version 3, fp32); see docs/checkpoint-format.md.
+  absl::Status SaveLlmc(const std::string& path) const;
+  absl::Status LoadLlmc(const std::string& path);
+
+ protected:
+  GptModel(const ModelConfig& config, Device device) : config_(config), device_(device) {}
+
+  ModelConfig config_;
+  Device device_;
+  std::vector<Stage> stages_;
+  std::function<void(int)> grad_ready_;
+};
+
+// AdamW over every stage's buffers: moments of the same layout, decay per
+// TensorView::decay, bias correction with a 1-based step.
+class AdamW {
+ public:
+  AdamW(GptModel* model, const OptimConfig& config);
+  ~AdamW();
+  // One update with learning rate `lr`; `step` counts from 1.
+  void Step(float lr, int step);
+  // Moments as host copies (checkpoints) and back.
+  std::vector<float> CopyMomentsToHost(bool second) const;
+  void CopyMomentsFromHost(bool second, const std::vector<float>& host);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Global L2 norm of every gradient buffer (computed in double), and the
+// clip: scales all gradients by min(1, max_norm / norm) when max_norm > 0.
+// Returns the norm before clipping.
+float ClipGradNorm(GptModel* model, float max_norm);
+
+// Learning rate at `step` (0-based): linear warmup over warmup_steps, then
+// cosine from lr to min_lr at total_steps (or constant).
+float LearningRate(const OptimConfig& config, int step, int total_steps);
+
+// Model FLOPs per token for one forward+backward (6N + attention, as in
+// llm.c's MFU estimate).
+double FlopsPerToken(const ModelConfig& config, int T);
+
+}  // namespace muster::worker
