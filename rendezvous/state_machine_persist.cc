@@ -13,45 +13,9 @@ namespace {
 
 constexpr uint32_t kFormatVersion = 1;
 
-void SaveConfig(const pb::JobConfig& config, state::JobConfigRecord* out) {
-  out->set_min_nodes(config.min_nodes());
-  out->set_max_nodes(config.max_nodes());
-  out->set_join_timeout_ms(config.join_timeout_ms());
-  out->set_last_call_timeout_ms(config.last_call_timeout_ms());
-  out->set_lease_ttl_ms(config.lease_ttl_ms());
-  out->set_max_restarts(config.max_restarts());
-}
-
-pb::JobConfig LoadConfig(const state::JobConfigRecord& saved) {
-  pb::JobConfig config;
-  config.set_min_nodes(saved.min_nodes());
-  config.set_max_nodes(saved.max_nodes());
-  config.set_join_timeout_ms(saved.join_timeout_ms());
-  config.set_last_call_timeout_ms(saved.last_call_timeout_ms());
-  config.set_lease_ttl_ms(saved.lease_ttl_ms());
-  config.set_max_restarts(saved.max_restarts());
-  return config;
-}
-
-void SaveFailure(const pb::Failure& failure, state::FailureRecord* out) {
-  out->set_member_id(failure.member_id());
-  out->set_round(failure.round());
-  out->set_exit_code(failure.exit_code());
-  out->set_message(failure.message());
-}
-
-pb::Failure LoadFailure(const state::FailureRecord& saved) {
-  pb::Failure failure;
-  failure.set_member_id(saved.member_id());
-  failure.set_round(saved.round());
-  failure.set_exit_code(saved.exit_code());
-  failure.set_message(saved.message());
-  return failure;
-}
-
 void SaveJob(const Job& job, state::JobRecord* record) {
   record->set_job_id(job.id);
-  SaveConfig(job.config, record->mutable_config());
+  *record->mutable_config() = job.config;
   record->set_secret_sha256(job.secret_digest);
   record->set_phase(job.phase);
   record->set_round(job.round);
@@ -75,7 +39,7 @@ void SaveJob(const Job& job, state::JobRecord* record) {
   for (const auto& [seq, id] : job.waiting) record->add_waiting(id);
   record->set_restart_count(job.restart_count);
   for (const pb::Failure& failure : job.failures) {
-    SaveFailure(failure, record->add_failures());
+    *record->add_failures() = failure;
   }
   record->set_status_message(job.status_message);
   record->set_last_end_reason(job.last_end_reason);
@@ -110,7 +74,7 @@ absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record,
   const std::string& job_id = record.job_id();
   if (!ValidateId("job_id", job_id, s.limits).ok()) return Bad(job_id, "id");
   if (s.jobs.count(job_id) > 0) return Bad(job_id, "listed twice");
-  const pb::JobConfig config = LoadConfig(record.config());
+  const pb::JobConfig& config = record.config();
   if (auto status = ValidateJobConfig(config); !status.ok()) {
     return Bad(job_id, std::string(status.message()));
   }
@@ -138,8 +102,8 @@ absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record,
   job.round = record.round();
   job.version = std::max<uint64_t>(record.version(), 1);
   job.restart_count = record.restart_count();
-  for (const state::FailureRecord& failure : record.failures()) {
-    job.failures.push_back(LoadFailure(failure));
+  for (const pb::Failure& failure : record.failures()) {
+    job.failures.push_back(failure);
   }
   job.status_message = record.status_message();
   job.last_end_reason =

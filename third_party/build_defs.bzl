@@ -7,8 +7,13 @@ cuda_library: nvcc from /usr/local/cuda through a genrule; the object it
     makes is linked into a cc_library. Only built under --config=cuda.
 """
 
-def cc_grpc_proto(name, src, grpc = True, deps = [], visibility = None):
-    """A cc_library for one .proto file, with its gRPC stubs if `grpc`."""
+def cc_grpc_proto(name, src, grpc = True, deps = [], proto_imports = [],
+                  visibility = None):
+    """A cc_library for one .proto file, with its gRPC stubs if `grpc`.
+
+    `proto_imports`: the .proto files `src` imports (by workspace path);
+    their cc libraries go in `deps`.
+    """
     base = src[:-len(".proto")]
     outs = [base + ".pb.h", base + ".pb.cc"]
     if grpc:
@@ -20,7 +25,7 @@ def cc_grpc_proto(name, src, grpc = True, deps = [], visibility = None):
     cmd += "$(location " + src + ")"
     native.genrule(
         name = name + "_gen",
-        srcs = [src],
+        srcs = [src] + proto_imports,
         outs = outs,
         cmd = cmd,
     )
