@@ -1,59 +1,44 @@
 #!/usr/bin/env bash
-# The demo job: a rendezvous service, two `launch` agents acting as two
-# nodes with two workers each, inspected live with `rdzvctl`. Everything
-# runs on 127.0.0.1 and stops by itself. (The GPT training demo replaces the
-# shell workers once the `worker` binary lands.)
+# The demo job, about two minutes on 2 CPU cores:
+#   1. set-up: Debian packages (scripts/setup.sh) and the demo data,
+#      data/tiny/*.bin, byte-level shards of fortune-cookie text
+#      (scripts/make_demo_data.sh; skipped when present);
+#   2. `launch --standalone --nproc_per_node=1 examples/tiny.yaml`: one
+#      worker trains a 0.8M-parameter byte-level GPT for 250 steps, logging
+#      loss, throughput and MFU, and writing out/tiny/metrics.jsonl;
+#   3. `worker generate`: samples text from that model. There are no
+#      checkpoints yet, so generate trains it again first; training is
+#      deterministic, so it is bit for bit the model step 2 trained;
+#   4. scripts/demo_rendezvous.sh: two `launch` agents as two nodes against
+#      a rendezvous service, inspected with `rdzvctl` (a few seconds).
+# BAZEL (default "bazel") and BAZEL_BUILD_FLAGS choose how things are built;
+# DEMO_PROMPT changes the prompt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+BAZEL=${BAZEL:-bazel}
+read -r -a build_flags <<< "${BAZEL_BUILD_FLAGS:-}"
+prompt=${DEMO_PROMPT:-"The secret of life is "}
+
+echo "== set-up"
 bash scripts/setup.sh
-bazel build //rendezvous:rendezvous //tools:rdzvctl //launcher:launch
-BIN=$(bazel info bazel-bin 2>/dev/null)
+if ! ls data/tiny/train_*.bin data/tiny/val_*.bin >/dev/null 2>&1; then
+  BAZEL="$BAZEL" bash scripts/make_demo_data.sh data/tiny
+fi
+$BAZEL build "${build_flags[@]}" //launcher:launch //worker:worker
+BIN=$($BAZEL info "${build_flags[@]}" bazel-bin 2>/dev/null)
 
-work=$(mktemp -d /tmp/muster-demo.XXXXXX)
-cleanup() {
-  [ -n "${server_pid:-}" ] && kill "$server_pid" 2>/dev/null && wait "$server_pid" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
+echo "== launch --standalone --nproc_per_node=1 examples/tiny.yaml"
+"$BIN/launcher/launch" --standalone --nproc_per_node=1 examples/tiny.yaml
+echo "   metrics: out/tiny/metrics.jsonl ($(wc -l < out/tiny/metrics.jsonl) lines)"
 
-echo "== starting the rendezvous service (state in $work/state)"
-"$BIN/rendezvous/rendezvous" --listen 127.0.0.1:0 --state-dir "$work/state" \
-  --log-level warn > "$work/server.out" &
-server_pid=$!
-for _ in $(seq 100); do
-  grep -q "listening on" "$work/server.out" 2>/dev/null && break
-  sleep 0.1
-done
-endpoint=$(sed -n 's/^rendezvous: listening on //p' "$work/server.out")
-echo "   listening on $endpoint"
-rdzvctl() { "$BIN/tools/rdzvctl" --endpoint "$endpoint" "$@"; }
-rdzvctl health
+echo "== worker generate --config examples/tiny.yaml --prompt \"$prompt\""
+echo "   (retraining first; its log goes to out/tiny/generate.log)"
+if ! "$BIN/worker/worker" generate --config examples/tiny.yaml --prompt "$prompt" \
+    --tokens 300 --temperature 0.8 --seed 1 2> out/tiny/generate.log; then
+  cat out/tiny/generate.log >&2
+  exit 1
+fi
 
-# Each worker says hello, waits for the demo to look at it, and finishes.
-worker='echo "rank $RANK of $WORLD_SIZE on node $GROUP_RANK, master $MASTER_ADDR:$MASTER_PORT";
-        while [ ! -e '"$work"'/go ]; do sleep 0.1; done; echo "rank $RANK done"'
-
-echo "== two agents (nodes) with two workers each join job 'demo'"
-for node in 0 1; do
-  "$BIN/launcher/launch" --nnodes=2 --nproc_per_node=2 --rdzv_endpoint="$endpoint" \
-    --rdzv_id=demo --no_python /bin/sh -c "$worker" &
-  agents[$node]=$!
-done
-
-for _ in $(seq 100); do
-  rdzvctl describe demo 2>/dev/null | grep -q RUNNING && break
-  sleep 0.1
-done
-echo "== rdzvctl list"
-rdzvctl list
-echo "== rdzvctl describe demo"
-rdzvctl describe demo
-
-touch "$work/go"
-status=0
-for pid in "${agents[@]}"; do wait "$pid" || status=$?; done
-echo "== after the job: rdzvctl list"
-rdzvctl list
-echo "== demo finished: agents exited with status $status"
-exit $status
+echo "== the rendezvous service with two nodes (scripts/demo_rendezvous.sh)"
+bash scripts/demo_rendezvous.sh

@@ -91,4 +91,14 @@ std::string ConfigToYaml(const TrainConfig& config);
 // record it to refuse a checkpoint of another model).
 uint64_t ModelConfigHash(const ModelConfig& model);
 
+// Field-by-field equality (every field, `source` included), e.g. to check
+// that ConfigToYaml's output parses back to the same config.
+bool operator==(const ModelConfig& a, const ModelConfig& b);
+bool operator==(const DataConfig& a, const DataConfig& b);
+bool operator==(const OptimConfig& a, const OptimConfig& b);
+bool operator==(const TrainLoopConfig& a, const TrainLoopConfig& b);
+bool operator==(const ParallelConfig& a, const ParallelConfig& b);
+bool operator==(const CheckpointConfig& a, const CheckpointConfig& b);
+bool operator==(const TrainConfig& a, const TrainConfig& b);
+
 }  // namespace muster::worker

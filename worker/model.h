@@ -31,6 +31,8 @@ namespace muster::worker {
 
 enum class Device { kCpu, kCuda };
 
+class Ops;  // worker/ops.h: the device back end (memory, copies, kernels)
+
 // Resolves "cpu" | "cuda" | "auto". "cuda" without a usable GPU (or in a
 // build without --config=cuda) is FAILED_PRECONDITION; "auto" falls back
 // to the CPU.
@@ -63,6 +65,12 @@ class GptModel {
 
   const ModelConfig& config() const { return config_; }
   Device device() const { return device_; }
+  // The back end that owns this model's device memory; AdamW and
+  // ClipGradNorm run their kernels through it.
+  Ops& ops() const { return *ops_; }
+  // The first error of the device back end (a failed CUDA launch or copy),
+  // sticky; always OK on the CPU. Check it once per step.
+  absl::Status DeviceStatus() const;
 
   // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, with
   // the residual projections (attprojw, fcprojw) scaled by 1/sqrt(2L);
@@ -104,7 +112,8 @@ class GptModel {
   void CopyParamsFromHost(const std::vector<float>& host);
   std::vector<float> CopyGradsToHost() const;
 
-  // llm.c's model file (version 3, fp32); see docs/checkpoint-format.md.
+  // llm.c's model file (version 3, fp32): the header and tensor order in
+  // model_llmc.cc.
   absl::Status SaveLlmc(const std::string& path) const;
   absl::Status LoadLlmc(const std::string& path);
 
@@ -115,10 +124,12 @@ class GptModel {
   Device device_;
   std::vector<Stage> stages_;
   std::function<void(int)> grad_ready_;
+  std::shared_ptr<Ops> ops_;
 };
 
 // AdamW over every stage's buffers: moments of the same layout, decay per
 // TensorView::decay, bias correction with a 1-based step.
+// REQUIRES: the model outlives its AdamW (the moments are its device memory).
 class AdamW {
  public:
   AdamW(GptModel* model, const OptimConfig& config);

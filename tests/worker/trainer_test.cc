@@ -1,0 +1,283 @@
+// The training loop on tiny models and tiny shards: it learns, gradient
+// accumulation is exact, runs are deterministic, evaluation and logging
+// happen at the documented steps, and the JSONL file says what happened.
+#include "worker/trainer.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "worker/data.h"
+#include "worker/generate.h"
+
+namespace muster::worker {
+namespace {
+
+// Each byte names the next. The period (13) is prime to T (16), so windows
+// start at every phase and the model must learn the bigrams, not positions.
+constexpr char kPattern[] = "abcdefghijklm";
+
+std::string FreshDir(const std::string& name) {
+  static int counter = 0;
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(base ? base : "/tmp", "/trainer_test_", name, "_", ++counter);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// Train and val shards of kPattern repeated (val starts mid-pattern so its
+// windows differ from train's).
+void WritePatternShards(const std::string& dir) {
+  std::vector<uint16_t> train, val;
+  const int period = sizeof(kPattern) - 1;
+  for (int i = 0; i < 8000; ++i) train.push_back(kPattern[i % period]);
+  for (int i = 0; i < 2000; ++i) val.push_back(kPattern[(i + 5) % period]);
+  REQUIRE(WriteTokenShard(dir + "/train_000.bin", train).ok());
+  REQUIRE(WriteTokenShard(dir + "/val_000.bin", val).ok());
+}
+
+// L=2, C=32, NH=2, T=16, B=4, byte vocabulary, constant lr.
+TrainConfig TinyConfig(const std::string& dir) {
+  TrainConfig config;
+  config.model.layers = 2;
+  config.model.heads = 2;
+  config.model.dim = 32;
+  config.model.vocab = 256;
+  config.model.seq_len = 16;
+  config.data.train = dir + "/train_*.bin";
+  config.data.val = dir + "/val_*.bin";
+  config.data.micro_batch = 4;
+  config.optim.lr = 1e-2;
+  config.optim.schedule = "constant";
+  config.optim.grad_clip = 1.0;
+  config.train.steps = 10;
+  config.train.log_every = 5;
+  config.train.eval_every = 0;
+  config.train.eval_batches = 2;
+  config.device = "cpu";
+  return config;
+}
+
+// Human lines go to a scratch file, not the test log.
+TrainerOptions QuietOptions() {
+  TrainerOptions options;
+  options.log = std::tmpfile();
+  options.progress_bar = false;
+  return options;
+}
+
+std::unique_ptr<Trainer> MakeTrainer(const TrainConfig& config,
+                                     TrainerOptions options = QuietOptions()) {
+  auto trainer = Trainer::Create(config, std::move(options));
+  INFO(trainer.status().ToString());
+  REQUIRE(trainer.ok());
+  return *std::move(trainer);
+}
+
+std::vector<float> StepLosses(Trainer* trainer, int steps) {
+  std::vector<float> losses;
+  for (int i = 0; i < steps; ++i) {
+    auto metrics = trainer->Step();
+    REQUIRE(metrics.ok());
+    losses.push_back(metrics->loss);
+  }
+  return losses;
+}
+
+std::vector<std::string> ReadLines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The value of "key" in a flat JSON object line, as written.
+std::string JsonField(const std::string& line, const std::string& key) {
+  std::smatch match;
+  std::regex field("\"" + key + "\":([^,}]+)");
+  if (!std::regex_search(line, match, field)) return "";
+  return match[1];
+}
+
+TEST_CASE("the loss falls in 40 steps on a pattern, and greedy sampling continues it") {
+  std::string dir = FreshDir("learns");
+  WritePatternShards(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.train.steps = 40;
+  auto trainer = MakeTrainer(config);
+  std::vector<float> losses = StepLosses(trainer.get(), config.train.steps);
+  CHECK(losses.front() > 4.5f);  // about ln(256) = 5.55 at initialisation
+  float last = (losses[35] + losses[36] + losses[37] + losses[38] + losses[39]) / 5;
+  INFO("first " << losses.front() << " last " << last);
+  CHECK(last < 0.5f);
+  CHECK(trainer->state().step == 40);
+  CHECK(trainer->state().sample_index == 40u * 4);
+
+  GenerateOptions sample;
+  sample.prompt = "efg";
+  sample.tokens = 8;
+  sample.temperature = 0;
+  auto text = GenerateText(trainer->model(), sample);
+  REQUIRE(text.ok());
+  CHECK(*text == "efghijklmab");
+}
+
+TEST_CASE("grad accumulation A with micro-batch B equals batch A*B") {
+  std::string dir = FreshDir("accum");
+  WritePatternShards(dir);
+  TrainConfig accumulated = TinyConfig(dir);
+  accumulated.data.micro_batch = 2;
+  accumulated.data.grad_accumulation = 2;
+  TrainConfig whole = TinyConfig(dir);
+  whole.data.micro_batch = 4;
+  whole.data.grad_accumulation = 1;
+  auto a = MakeTrainer(accumulated);
+  auto b = MakeTrainer(whole);
+  std::vector<float> la = StepLosses(a.get(), 4);
+  std::vector<float> lb = StepLosses(b.get(), 4);
+  for (int i = 0; i < 4; ++i) {
+    INFO("step " << i << ": " << la[i] << " vs " << lb[i]);
+    CHECK(std::fabs(la[i] - lb[i]) <= 1e-5 * std::fabs(lb[i]));
+  }
+  CHECK(a->state().sample_index == b->state().sample_index);
+}
+
+TEST_CASE("two runs of one config write bitwise-identical losses") {
+  std::string dir = FreshDir("determinism");
+  WritePatternShards(dir);
+  std::vector<std::vector<std::string>> runs;
+  for (int run = 0; run < 2; ++run) {
+    TrainConfig config = TinyConfig(dir);
+    config.train.steps = 12;
+    config.train.log_every = 1;
+    config.train.eval_every = 4;
+    config.train.metrics_file = absl::StrCat(dir, "/run", run, "/metrics.jsonl");
+    auto trainer = MakeTrainer(config);
+    REQUIRE(trainer->Run().ok());
+    trainer.reset();  // closes the file
+    runs.push_back(ReadLines(config.train.metrics_file));
+  }
+  REQUIRE(runs[0].size() == 12 + 3);
+  REQUIRE(runs[0].size() == runs[1].size());
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    INFO(runs[0][i] << "\n" << runs[1][i]);
+    for (const char* key : {"step", "loss", "lr", "grad_norm", "val_loss"}) {
+      CHECK(JsonField(runs[0][i], key) == JsonField(runs[1][i], key));
+    }
+  }
+}
+
+TEST_CASE("evaluation and log lines come at the documented steps") {
+  CHECK(ShouldLog(1, 7, 3));
+  CHECK_FALSE(ShouldLog(2, 7, 3));
+  CHECK(ShouldLog(6, 7, 3));
+  CHECK(ShouldLog(7, 7, 3));
+  CHECK_FALSE(ShouldEvaluate(7, 7, 0));
+  CHECK(ShouldEvaluate(7, 7, 3));
+
+  std::string dir = FreshDir("eval");
+  WritePatternShards(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.train.steps = 7;
+  config.train.log_every = 3;
+  config.train.eval_every = 3;
+  std::vector<int> evals, steps;
+  TrainerOptions options = QuietOptions();
+  options.on_eval = [&](const EvalMetrics& eval) {
+    evals.push_back(eval.step);
+    CHECK(std::isfinite(eval.val_loss));
+    CHECK(eval.val_loss > 0);
+  };
+  options.on_step = [&](const StepMetrics& step) { steps.push_back(step.step); };
+  auto trainer = MakeTrainer(config, options);
+  REQUIRE(trainer->has_validation());
+  REQUIRE(trainer->Run().ok());
+  CHECK(evals == std::vector<int>{3, 6, 7});
+  CHECK(steps == std::vector<int>{1, 2, 3, 4, 5, 6, 7});
+
+  // Evaluation reads fixed samples and changes nothing: twice, same loss.
+  auto first = trainer->Evaluate();
+  auto second = trainer->Evaluate();
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  CHECK(*first == *second);
+
+  config.data.val.clear();
+  auto without_val = MakeTrainer(config);
+  CHECK_FALSE(without_val->has_validation());
+  CHECK(without_val->Evaluate().status().code() == absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("the metrics file holds one object per logged step and per evaluation") {
+  std::string dir = FreshDir("jsonl");
+  WritePatternShards(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.train.steps = 10;
+  config.train.log_every = 5;
+  config.train.eval_every = 5;
+  config.train.metrics_file = dir + "/out/metrics.jsonl";  // out/ does not exist yet
+  TrainerOptions options = QuietOptions();
+  std::string log_path = dir + "/log.txt";
+  options.log = std::fopen(log_path.c_str(), "w");
+  auto trainer = MakeTrainer(config, options);
+  REQUIRE(trainer->Run().ok());
+  trainer.reset();
+  std::fclose(options.log);
+
+  std::vector<std::string> lines = ReadLines(config.train.metrics_file);
+  // steps 1, 5, eval 5, 10, eval 10
+  REQUIRE(lines.size() == 5);
+  std::regex step_line(
+      R"(\{"step":\d+,"loss":[-0-9.e+]+,"lr":[-0-9.e+]+,"grad_norm":[-0-9.e+]+,"ms":[-0-9.e+]+,"tokens_per_s":[-0-9.e+]+,"mfu":[-0-9.e+]+\})");
+  std::regex eval_line(R"(\{"step":\d+,"val_loss":[-0-9.e+]+\})");
+  CHECK(std::regex_match(lines[0], step_line));
+  CHECK(JsonField(lines[0], "step") == "1");
+  CHECK(JsonField(lines[1], "step") == "5");
+  CHECK(std::regex_match(lines[2], eval_line));
+  CHECK(JsonField(lines[2], "step") == "5");
+  CHECK(std::regex_match(lines[3], step_line));
+  CHECK(std::regex_match(lines[4], eval_line));
+  CHECK(std::stof(JsonField(lines[0], "lr")) == Approx(1e-2));
+  CHECK(std::stof(JsonField(lines[3], "tokens_per_s")) > 0);
+  CHECK(std::stof(JsonField(lines[3], "mfu")) > 0);
+  CHECK(std::stof(JsonField(lines[3], "mfu")) < 1);
+
+  std::vector<std::string> human = ReadLines(log_path);
+  REQUIRE(human.size() == 5);
+  std::regex human_step(
+      R"(step 10/10 \| loss \d+\.\d{4} \| lr 1\.0e-02 \| norm \d+\.\d\d \| \d+ ms \| \d+ tok/s \| MFU \d+\.\d%)");
+  CHECK(std::regex_match(human[3], human_step));
+}
+
+TEST_CASE("sampling is reproducible and byte-level only") {
+  std::string dir = FreshDir("generate");
+  WritePatternShards(dir);
+  auto trainer = MakeTrainer(TinyConfig(dir));
+  GenerateOptions sample;
+  sample.prompt = "";
+  sample.tokens = 40;  // more than seq_len: the window slides
+  sample.temperature = 1.0f;
+  sample.seed = 7;
+  auto a = GenerateText(trainer->model(), sample);
+  auto b = GenerateText(trainer->model(), sample);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(a->size() == 40);
+  CHECK(*a == *b);
+
+  TrainConfig big_vocab = TinyConfig(dir);
+  big_vocab.model.vocab = 512;
+  auto other = MakeTrainer(big_vocab);
+  CHECK(GenerateText(other->model(), sample).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace muster::worker

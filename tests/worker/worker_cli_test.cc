@@ -1,0 +1,222 @@
+// The `worker` binary as users run it: exit codes and messages for bad
+// configs, data and environments, --print-config, a short training run and
+// `worker generate`.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "launcher/process.h"
+#include "worker/config.h"
+#include "worker/data.h"
+
+extern char** environ;
+
+namespace muster::worker {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void WriteAll(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  REQUIRE(out.good());
+}
+
+std::string FreshDir(const std::string& name) {
+  static int counter = 0;
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(base ? base : "/tmp", "/worker_cli_", name, "_", ++counter);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string WorkerBinary() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  std::string path = absl::StrCat(srcdir ? srcdir : ".", "/muster/worker/worker");
+  REQUIRE(std::filesystem::exists(path));
+  return path;
+}
+
+// Runs `worker args...` with this test's environment plus `extra_env`
+// (minus the launcher's variables), stdout and stderr captured in files
+// under `dir`. Bounded: a worker that hangs fails the test after 60 s.
+RunResult RunWorker(const std::string& dir, const std::vector<std::string>& args,
+                    const std::vector<std::string>& extra_env = {}) {
+  launcher::SpawnSpec spec;
+  // The shell only redirects; "$0" "$@" pass the arguments unquoted-safe.
+  spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >\"$CLI_OUT\" 2>\"$CLI_ERR\"",
+               WorkerBinary()};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  for (char** var = environ; *var != nullptr; ++var) {
+    std::string entry = *var;
+    if (entry.rfind("WORLD_SIZE=", 0) == 0 || entry.rfind("RANK=", 0) == 0) continue;
+    spec.env.push_back(entry);
+  }
+  spec.env.push_back("CLI_OUT=" + dir + "/stdout");
+  spec.env.push_back("CLI_ERR=" + dir + "/stderr");
+  spec.env.insert(spec.env.end(), extra_env.begin(), extra_env.end());
+  auto child = launcher::Child::Spawn(spec);
+  REQUIRE(child.ok());
+  auto exit = child->WaitFor(absl::Seconds(60));
+  REQUIRE(exit.has_value());
+  RunResult result;
+  result.exit_code = exit->ShellCode();
+  result.out = ReadAll(dir + "/stdout");
+  result.err = ReadAll(dir + "/stderr");
+  return result;
+}
+
+// A byte-level model small enough to train 5 steps in well under a second.
+std::string WriteTinyJob(const std::string& dir, int steps) {
+  std::vector<uint16_t> tokens;
+  const std::string text = "the quick brown fox jumps over the lazy dog. ";
+  for (int i = 0; i < 6000; ++i) tokens.push_back(static_cast<unsigned char>(text[i % text.size()]));
+  REQUIRE(WriteTokenShard(dir + "/train_000.bin", tokens).ok());
+  REQUIRE(WriteTokenShard(dir + "/val_000.bin", tokens).ok());
+  std::string yaml = absl::StrCat(R"(model:
+  layers: 2
+  heads: 2
+  dim: 32
+  vocab: 256
+  seq_len: 16
+data:
+  train: train_*.bin
+  val: val_*.bin
+  micro_batch: 4
+optim:
+  lr: 1.0e-2
+train:
+  steps: )", steps, R"(
+  log_every: 1
+  eval_every: 5
+  eval_batches: 2
+  metrics_file: out/metrics.jsonl
+device: cpu
+)");
+  std::string path = dir + "/tiny.yaml";
+  WriteAll(path, yaml);
+  return path;
+}
+
+std::string WithoutComments(const std::string& yaml) {
+  std::stringstream in(yaml);
+  std::string kept;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("#", 0) != 0) kept += line + "\n";
+  }
+  return kept;
+}
+
+bool Contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST_CASE("a bad config exits 2 with a one-line message naming the key") {
+  std::string dir = FreshDir("bad");
+  WriteAll(dir + "/bad.yaml", "model:\n  layerz: 4\n");
+  RunResult run = RunWorker(dir, {dir + "/bad.yaml"});
+  CHECK(run.exit_code == 2);
+  INFO(run.err);
+  CHECK(Contains(run.err, "layerz"));
+  CHECK(run.err.rfind("worker: ", 0) == 0);
+  CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
+
+  RunResult missing = RunWorker(dir, {dir + "/missing.yaml"});
+  CHECK(missing.exit_code == 2);
+}
+
+TEST_CASE("data that is not there exits 2") {
+  std::string dir = FreshDir("nodata");
+  std::string config = WriteTinyJob(dir, 5);
+  std::filesystem::remove(dir + "/train_000.bin");
+  RunResult run = RunWorker(dir, {config});
+  INFO(run.err);
+  CHECK(run.exit_code == 2);
+  CHECK(Contains(run.err, "train_*.bin"));
+}
+
+TEST_CASE("--print-config prints yaml that loads back to the same config") {
+  std::string dir = FreshDir("print");
+  std::string config = WriteTinyJob(dir, 5);
+  RunResult run = RunWorker(dir, {"--print-config", config});
+  INFO(run.err);
+  REQUIRE(run.exit_code == 0);
+  WriteAll(dir + "/printed.yaml", run.out);
+  auto printed = LoadConfig(dir + "/printed.yaml");
+  INFO(printed.status().ToString());
+  REQUIRE(printed.ok());
+  auto original = LoadConfig(config);
+  REQUIRE(original.ok());
+  CHECK(printed->model.dim == 32);
+  CHECK(printed->train.steps == 5);
+  CHECK(printed->data.train == original->data.train);
+  // Printing it again gives the same yaml, apart from the comment naming
+  // the file it was resolved from.
+  CHECK(WithoutComments(ConfigToYaml(*printed)) == WithoutComments(run.out));
+}
+
+TEST_CASE("a 5-step run exits 0 and writes its metrics") {
+  std::string dir = FreshDir("train");
+  std::string config = WriteTinyJob(dir, 5);
+  RunResult run = RunWorker(dir, {config});
+  INFO(run.out << run.err);
+  REQUIRE(run.exit_code == 0);
+  CHECK(Contains(run.out, "step 5/5 | loss "));
+  CHECK(Contains(run.out, "val loss"));
+  CHECK_FALSE(Contains(run.err, "\r"));  // no progress bar into a file
+  std::string metrics = ReadAll(dir + "/out/metrics.jsonl");
+  CHECK(std::count(metrics.begin(), metrics.end(), '\n') == 5 + 1);
+  CHECK(Contains(metrics, "{\"step\":5,\"val_loss\":"));
+}
+
+TEST_CASE("generate trains, then prints the prompt and sampled bytes") {
+  std::string dir = FreshDir("generate");
+  std::string config = WriteTinyJob(dir, 5);
+  RunResult run = RunWorker(dir, {"generate", "--config", config, "--prompt", "the quick",
+                                  "--tokens", "30", "--steps-before", "3", "--seed", "5"});
+  INFO(run.err);
+  REQUIRE(run.exit_code == 0);
+  CHECK(run.out.rfind("the quick", 0) == 0);
+  CHECK(run.out.size() == 9 + 30 + 1);
+  CHECK(Contains(run.err, "step 3/3"));  // training logs go to stderr
+  CHECK_FALSE(std::filesystem::exists(dir + "/out/metrics.jsonl"));
+
+  RunResult again = RunWorker(dir, {"generate", "--config", config, "--prompt", "the quick",
+                                    "--tokens", "30", "--steps-before", "3", "--seed", "5"});
+  CHECK(again.out == run.out);
+}
+
+TEST_CASE("a world of more than one is refused until DDP exists") {
+  std::string dir = FreshDir("world");
+  std::string config = WriteTinyJob(dir, 5);
+  std::string error_file = dir + "/error.json";
+  RunResult run = RunWorker(dir, {config},
+                            {"WORLD_SIZE=2", "RANK=0", "TORCHELASTIC_ERROR_FILE=" + error_file});
+  INFO(run.err);
+  CHECK(run.exit_code == 2);
+  CHECK(Contains(run.err, "DDP"));
+  CHECK(Contains(ReadAll(error_file), "WORLD_SIZE=2"));
+
+  RunResult one = RunWorker(dir, {config}, {"WORLD_SIZE=1", "RANK=0"});
+  CHECK(one.exit_code == 0);
+}
+
+}  // namespace
+}  // namespace muster::worker

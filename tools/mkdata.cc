@@ -1,0 +1,163 @@
+// mkdata: turns text files into llm.c token shards with a byte-level
+// tokenizer (vocab 256, token = byte), for demos and tests that need real
+// data without a GPT-2 tokenizer.
+//
+//   mkdata --out DIR [--val-fraction 0.1] [--shard-tokens N] [--name NAME] FILE...
+//
+// Writes DIR/[NAME_]train_000000.bin ... and DIR/[NAME_]val_000000.bin ...
+// (llm.c's naming); validation takes the last val-fraction of the
+// concatenated text. Exit 0 on success, 2 on any error (one line on stderr).
+#include <glob.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "worker/data.h"
+
+namespace {
+
+constexpr int kExitError = 2;
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "mkdata: %s\n", message.c_str());
+  return kExitError;
+}
+
+absl::Status AppendFile(const std::string& path, std::vector<uint16_t>* tokens) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    return absl::NotFoundError(absl::StrCat(
+        "cannot read ", path, ": ",
+        std::filesystem::exists(path, error) ? "not a regular file" : "no such file"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot open ", path));
+  // Byte-level tokenizer: each byte is its own token.
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
+  for (char byte : bytes) tokens->push_back(static_cast<unsigned char>(byte));
+  return absl::OkStatus();
+}
+
+std::string ShardPath(const std::string& dir, const std::string& prefix,
+                      const std::string& split, size_t index) {
+  return absl::StrFormat("%s/%s%s_%06d.bin", dir, prefix, split, index);
+}
+
+// Writes tokens[begin, end) as shards of at most shard_tokens; returns the paths.
+absl::StatusOr<std::vector<std::string>> WriteSplit(const std::vector<uint16_t>& tokens,
+                                                    size_t begin, size_t end,
+                                                    size_t shard_tokens, const std::string& dir,
+                                                    const std::string& prefix,
+                                                    const std::string& split) {
+  std::vector<std::string> paths;
+  for (size_t start = begin; start < end; start += shard_tokens) {
+    size_t stop = std::min(end, start + shard_tokens);
+    std::string path = ShardPath(dir, prefix, split, paths.size());
+    std::vector<uint16_t> shard(tokens.begin() + start, tokens.begin() + stop);
+    absl::Status written = muster::worker::WriteTokenShard(path, shard);
+    if (!written.ok()) return written;
+    paths.push_back(path);
+  }
+  return paths;
+}
+
+// Shards of an earlier, larger run would still match the trainer's glob and
+// silently join this data set, so remove any this run did not write.
+std::vector<std::string> RemoveStaleShards(const std::string& dir, const std::string& prefix,
+                                           const std::set<std::string>& written) {
+  std::vector<std::string> removed;
+  for (const char* split : {"train", "val"}) {
+    std::string pattern = absl::StrCat(dir, "/", prefix, split,
+                                       "_[0-9][0-9][0-9][0-9][0-9][0-9].bin");
+    glob_t matches;
+    if (::glob(pattern.c_str(), 0, nullptr, &matches) == 0) {
+      for (size_t i = 0; i < matches.gl_pathc; ++i) {
+        std::string path = matches.gl_pathv[i];
+        if (written.count(path) == 0 && std::remove(path.c_str()) == 0) removed.push_back(path);
+      }
+    }
+    ::globfree(&matches);
+  }
+  return removed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Byte-level tokenizer: text files -> llm.c token shards (vocab 256)"};
+  std::string out_dir;
+  double val_fraction = 0.1;
+  int64_t shard_tokens = 100'000'000;  // llm.c's fineweb shards hold 1e8 tokens
+  std::string name;
+  std::vector<std::string> inputs;
+  app.add_option("--out", out_dir, "output directory (created if missing)")->required();
+  app.add_option("--val-fraction", val_fraction,
+                 "fraction of the tokens, from the end, that go to validation")
+      ->check(CLI::Range(0.0, 0.999999));
+  app.add_option("--shard-tokens", shard_tokens, "at most this many tokens per shard")
+      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+  app.add_option("--name", name,
+                 "file name prefix: NAME_train_000000.bin (empty: train_000000.bin)");
+  app.add_option("FILE", inputs, "text files, concatenated in order")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    int code = app.exit(error);
+    return code == 0 ? 0 : kExitError;
+  }
+
+  std::vector<uint16_t> tokens;
+  for (const std::string& input : inputs) {
+    absl::Status read = AppendFile(input, &tokens);
+    if (!read.ok()) return Fail(std::string(read.message()));
+  }
+  if (tokens.empty()) return Fail("the input files are empty: nothing to tokenize");
+
+  std::error_code error;
+  std::filesystem::create_directories(out_dir, error);
+  if (error) return Fail(absl::StrCat("cannot create ", out_dir, ": ", error.message()));
+
+  size_t total = tokens.size();
+  size_t val_tokens = static_cast<size_t>(static_cast<double>(total) * val_fraction);
+  size_t train_tokens = total - val_tokens;
+  if (train_tokens == 0) {
+    return Fail(absl::StrCat("--val-fraction ", val_fraction, " leaves no training tokens of ",
+                             total));
+  }
+  std::string prefix = name.empty() ? "" : name + "_";
+  auto train = WriteSplit(tokens, 0, train_tokens, static_cast<size_t>(shard_tokens), out_dir,
+                          prefix, "train");
+  if (!train.ok()) return Fail(std::string(train.status().message()));
+  auto val = WriteSplit(tokens, train_tokens, total, static_cast<size_t>(shard_tokens), out_dir,
+                        prefix, "val");
+  if (!val.ok()) return Fail(std::string(val.status().message()));
+
+  std::set<std::string> written(train->begin(), train->end());
+  written.insert(val->begin(), val->end());
+  for (const std::string& path : RemoveStaleShards(out_dir, prefix, written)) {
+    std::printf("removed stale shard %s\n", path.c_str());
+  }
+  std::printf("%zu tokens (vocab 256, one per byte) from %zu file(s)\n", total, inputs.size());
+  std::printf("train: %zu tokens in %zu shard(s): %s%s\n", train_tokens, train->size(),
+              train->front().c_str(), train->size() > 1 ? " ..." : "");
+  if (val->empty()) {
+    std::printf("val: 0 tokens (no shard written)\n");
+  } else {
+    std::printf("val: %zu tokens in %zu shard(s): %s%s\n", val_tokens, val->size(),
+                val->front().c_str(), val->size() > 1 ? " ..." : "");
+  }
+  return 0;
+}

@@ -1,0 +1,196 @@
+// `worker`: trains a train.yaml (usually started by `launch`), prints the
+// resolved config, or samples text from a freshly trained model.
+//
+// Exit codes: 0 success; 2 a usage, config or data error (the message is
+// one line on stderr); 1 any other failure. A failure's message also goes
+// to TORCHELASTIC_ERROR_FILE when the launcher set it.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "worker/config.h"
+#include "worker/generate.h"
+#include "worker/trainer.h"
+
+namespace muster::worker {
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// Config and data mistakes are the user's to fix: exit 2, like a usage
+// error. Anything else (out of memory, a diverged loss) is 1.
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+      return kExitUsage;
+    default:
+      return kExitFailure;
+  }
+}
+
+void WriteErrorFile(const std::string& message) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (path == nullptr || *path == '\0') return;
+  std::string escaped = absl::StrReplaceAll(
+      message, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}, {"\t", "\\t"}});
+  if (FILE* file = std::fopen(path, "w")) {
+    std::fprintf(file, "{\"message\": {\"message\": \"%s\", \"extraInfo\": {}}}\n",
+                 escaped.c_str());
+    std::fclose(file);
+  }
+}
+
+int Fail(int code, const std::string& message) {
+  std::fprintf(stderr, "worker: %s\n", message.c_str());
+  WriteErrorFile(message);
+  return code;
+}
+
+int Fail(const absl::Status& status) {
+  return Fail(ExitCodeFor(status), std::string(status.message()));
+}
+
+// The launcher's environment. Data parallelism arrives with parallel/; a
+// world of more than one must not silently train N identical copies.
+absl::Status CheckWorld() {
+  const char* world = std::getenv("WORLD_SIZE");
+  if (world == nullptr || *world == '\0') return absl::OkStatus();
+  int size = 0;
+  if (!absl::SimpleAtoi(world, &size) || size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WORLD_SIZE=", world, " is not a positive integer"));
+  }
+  if (size > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WORLD_SIZE=", size, ": this worker trains in a single process; multi-process "
+        "data parallelism (DDP) arrives with the parallel/ issue. Use --nproc_per_node=1 "
+        "--nnodes=1"));
+  }
+  return absl::OkStatus();
+}
+
+void PrintBanner(Trainer& trainer, FILE* out) {
+  const TrainConfig& config = trainer.config();
+  const ModelConfig& m = config.model;
+  std::fprintf(out,
+               "worker: GPT-2 L=%d C=%d NH=%d T=%d V=%d (%.2fM parameters), B=%d x %d "
+               "micro-steps, %d steps on %s\n",
+               m.layers, m.dim, m.heads, m.seq_len, m.vocab,
+               trainer.model()->num_parameters() / 1e6,
+               config.data.micro_batch, config.data.grad_accumulation, config.train.steps,
+               trainer.model()->device() == Device::kCuda ? "cuda"
+                                                                                : "cpu");
+  std::fprintf(out, "worker: MFU peak %s\n", trainer.peak_flops_description().c_str());
+  std::fflush(out);
+}
+
+int Train(const std::string& config_path) {
+  auto config = LoadConfig(config_path);
+  if (!config.ok()) return Fail(config.status());
+  TrainerOptions options;
+  options.progress_bar = isatty(STDERR_FILENO) == 1;
+  auto trainer = Trainer::Create(*config, options);
+  if (!trainer.ok()) return Fail(trainer.status());
+  PrintBanner(**trainer, stdout);
+  absl::Status status = (*trainer)->Run();
+  if (!status.ok()) return Fail(status);
+  return 0;
+}
+
+struct GenerateArgs {
+  std::string config;
+  GenerateOptions sample;
+  int steps_before = -1;  // -1: the config's train.steps
+};
+
+int Generate(const GenerateArgs& args) {
+  auto config = LoadConfig(args.config);
+  if (!config.ok()) return Fail(config.status());
+  // Until checkpoints exist the model is trained here first. Its log goes
+  // to stderr so stdout carries only the text, and it writes no metrics
+  // file (that belongs to the training run).
+  if (args.steps_before >= 0) config->train.steps = args.steps_before;
+  config->train.metrics_file.clear();
+  config->train.eval_every = 0;
+  TrainerOptions options;
+  options.log = stderr;
+  options.progress_bar = isatty(STDERR_FILENO) == 1;
+  auto trainer = Trainer::Create(*config, options);
+  if (!trainer.ok()) return Fail(trainer.status());
+  PrintBanner(**trainer, stderr);
+  absl::Status status = (*trainer)->Run();
+  if (!status.ok()) return Fail(status);
+  auto text = GenerateText((*trainer)->model(), args.sample);
+  if (!text.ok()) return Fail(text.status());
+  std::fwrite(text->data(), 1, text->size(), stdout);
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app("worker: train a GPT-2 from a train.yaml (usually started by `launch`)");
+  std::string config_path;
+  bool print_config = false;
+  app.add_option("config", config_path, "train.yaml to train");
+  app.add_flag("--print-config", print_config, "Print the resolved config as yaml and exit");
+
+  GenerateArgs gen;
+  CLI::App* generate = app.add_subcommand(
+      "generate", "Train the config's model (no checkpoints yet), then sample text from it");
+  generate->add_option("--config", gen.config, "train.yaml")->required();
+  generate->add_option("--prompt", gen.sample.prompt, "Text to continue");
+  generate->add_option("--tokens", gen.sample.tokens, "Bytes to sample")->capture_default_str();
+  generate->add_option("--temperature", gen.sample.temperature, "0: greedy")
+      ->capture_default_str();
+  generate->add_option("--seed", gen.sample.seed, "Sampling seed")->capture_default_str();
+  generate->add_option("--steps-before", gen.steps_before,
+                       "Training steps before sampling (default: the config's train.steps)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    int code = app.exit(error);
+    return code == 0 ? 0 : kExitUsage;
+  }
+
+  if (absl::Status world = CheckWorld(); !world.ok()) return Fail(world);
+  if (generate->parsed()) return Generate(gen);
+  if (config_path.empty()) {
+    return Fail(kExitUsage, "missing CONFIG.yaml; run `worker --help`");
+  }
+  if (print_config) {
+    auto config = LoadConfig(config_path);
+    if (!config.ok()) return Fail(config.status());
+    std::fputs(ConfigToYaml(*config).c_str(), stdout);
+    return 0;
+  }
+  return Train(config_path);
+}
+
+}  // namespace
+}  // namespace muster::worker
+
+// OpenMP's idle threads spin by default. Spinning threads of two processes
+// (or of a worker and its OpenBLAS threads) on shared cores slowed a step
+// 3x to 100x here, so the worker waits passively unless the user chose.
+// libgomp reads OMP_WAIT_POLICY when it is loaded, before main(), hence the
+// one re-exec with the variable set.
+void WaitPassivelyUnlessChosen(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);
+  // exec failed: carry on with spinning threads.
+}
+
+int main(int argc, char** argv) {
+  WaitPassivelyUnlessChosen(argv);
+  return muster::worker::Main(argc, argv);
+}

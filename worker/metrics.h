@@ -1,0 +1,91 @@
+// What the trainer reports: the human log line, the progress bar and the
+// JSONL metrics file, plus the peak-FLOP/s estimate behind MFU.
+//
+// Thread-safety: none; the training thread owns these objects.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/model.h"
+
+namespace muster::worker {
+
+// One logged optimizer step. `step` counts completed steps (1-based).
+struct StepMetrics {
+  int step = 0;
+  int total_steps = 0;
+  float loss = 0;          // mean over the step's micro-batches
+  float lr = 0;
+  float grad_norm = 0;     // before clipping
+  double ms = 0;           // wall time of the step
+  double tokens_per_s = 0; // every rank's tokens
+  double mfu = 0;          // fraction of peak, 0 when the peak is unknown
+};
+
+// One evaluation, after `step` completed steps.
+struct EvalMetrics {
+  int step = 0;
+  float val_loss = 0;
+};
+
+// `step 40/300 | loss 2.4312 | lr 2.9e-04 | norm 0.83 | 212 ms |
+//  4830 tok/s | MFU 3.1%` (one line, no newline).
+std::string FormatStepLine(const StepMetrics& metrics);
+std::string FormatEvalLine(const EvalMetrics& metrics);
+
+// JSONL objects. Floats use %.9g, enough digits to round-trip an fp32, so
+// two runs' files compare bitwise.
+std::string StepJson(const StepMetrics& metrics);
+std::string EvalJson(const EvalMetrics& metrics);
+
+// Appends one JSON object per line to a file, flushed after every line so
+// a killed run keeps what it logged. An empty path writes nothing.
+class MetricsWriter {
+ public:
+  // Truncates the file. INVALID_ARGUMENT naming the path if it cannot be
+  // opened.
+  static absl::StatusOr<std::unique_ptr<MetricsWriter>> Open(const std::string& path);
+  ~MetricsWriter();
+  absl::Status Write(const std::string& json_line);
+
+ private:
+  explicit MetricsWriter(FILE* file, std::string path) : file_(file), path_(std::move(path)) {}
+  FILE* file_;
+  std::string path_;
+};
+
+// A one-line bar with ETA, redrawn in place with \r on a terminal. Draw and
+// Clear do nothing when disabled (stderr piped to a file).
+class ProgressBar {
+ public:
+  ProgressBar(FILE* out, bool enabled) : out_(out), enabled_(enabled) {}
+  // `done` of `total` steps after `elapsed_s` seconds of this run's
+  // `done - first` steps.
+  void Draw(int done, int first, int total, double elapsed_s);
+  // Erases the bar so a log line can take its place.
+  void Clear();
+  bool enabled() const { return enabled_; }
+
+ private:
+  FILE* out_;
+  bool enabled_;
+  bool shown_ = false;
+};
+
+// Peak fp32 FLOP/s of the hardware this process trains on, the denominator
+// of MFU (docs/worker.md says where the figures come from):
+//   MUSTER_PEAK_FLOPS (environment, FLOP/s) overrides everything;
+//   CPU: threads x per-core peak, where threads is OMP_NUM_THREADS or the
+//     cores this process may run on, and the per-core peak is clock x FLOPs
+//     per cycle from the vector units /proc/cpuinfo reports (AVX-512: 2 FMA
+//     x 16 lanes x 2 = 64; AVX2+FMA: 32; otherwise SSE: 8);
+//   CUDA: 0 (unknown) unless overridden.
+// `description` (may be nullptr) receives how the figure was obtained.
+double PeakFlops(Device device, std::string* description);
+
+}  // namespace muster::worker

@@ -1,0 +1,128 @@
+// The model's memory layout (stages of named tensors), device selection,
+// and the host copies every GptModel shares.
+#include "worker/model.h"
+
+#include <cassert>
+
+#include "absl/strings/str_cat.h"
+#include "worker/model_layout.h"
+#include "worker/ops.h"
+
+namespace muster::worker {
+namespace layout {
+namespace {
+
+// Appends a tensor at the end of the stage.
+void AddTensor(Stage* stage, std::string name, std::vector<int> shape, bool decay) {
+  TensorView view;
+  view.name = std::move(name);
+  view.shape = std::move(shape);
+  view.offset = stage->size;
+  view.size = 1;
+  for (int extent : view.shape) view.size *= static_cast<size_t>(extent);
+  view.decay = decay;
+  stage->size += view.size;
+  stage->tensors.push_back(std::move(view));
+}
+
+}  // namespace
+
+std::vector<Stage> PlanStages(const ModelConfig& config) {
+  const int C = config.dim, Vp = config.padded_vocab(), maxT = config.seq_len;
+  std::vector<Stage> stages;
+
+  Stage embedding;
+  embedding.name = "embedding";
+  AddTensor(&embedding, "wte", {Vp, C}, true);
+  AddTensor(&embedding, "wpe", {maxT, C}, false);
+  stages.push_back(std::move(embedding));
+
+  for (int layer = 0; layer < config.layers; ++layer) {
+    Stage block;
+    block.name = absl::StrCat("block", layer);
+    AddTensor(&block, "ln1w", {C}, false);
+    AddTensor(&block, "ln1b", {C}, false);
+    AddTensor(&block, "qkvw", {3 * C, C}, true);
+    AddTensor(&block, "qkvb", {3 * C}, false);
+    AddTensor(&block, "attprojw", {C, C}, true);
+    AddTensor(&block, "attprojb", {C}, false);
+    AddTensor(&block, "ln2w", {C}, false);
+    AddTensor(&block, "ln2b", {C}, false);
+    AddTensor(&block, "fcw", {4 * C, C}, true);
+    AddTensor(&block, "fcb", {4 * C}, false);
+    AddTensor(&block, "fcprojw", {C, 4 * C}, true);
+    AddTensor(&block, "fcprojb", {C}, false);
+    stages.push_back(std::move(block));
+  }
+
+  Stage head;
+  head.name = "head";
+  AddTensor(&head, "lnfw", {C}, false);
+  AddTensor(&head, "lnfb", {C}, false);
+  stages.push_back(std::move(head));
+  return stages;
+}
+
+size_t StageOffsets(const std::vector<Stage>& stages, std::vector<size_t>* offsets) {
+  offsets->clear();
+  size_t end = 0;
+  for (const Stage& stage : stages) {
+    offsets->push_back(end);
+    end += (stage.size + kStageAlignFloats - 1) / kStageAlignFloats * kStageAlignFloats;
+  }
+  return end;
+}
+
+size_t TotalFloats(const std::vector<Stage>& stages) {
+  size_t total = 0;
+  for (const Stage& stage : stages) total += stage.size;
+  return total;
+}
+
+}  // namespace layout
+
+absl::StatusOr<Device> ResolveDevice(const std::string& name) {
+  if (name == "cpu") return Device::kCpu;
+  if (name == "cuda") {
+    if (absl::Status available = CudaAvailable(); !available.ok()) return available;
+    return Device::kCuda;
+  }
+  if (name == "auto") return CudaAvailable().ok() ? Device::kCuda : Device::kCpu;
+  return absl::InvalidArgumentError(
+      absl::StrCat("device: unknown device '", name, "' (expected cpu, cuda or auto)"));
+}
+
+absl::Status GptModel::DeviceStatus() const { return ops_->status(); }
+
+size_t GptModel::num_parameters() const { return layout::TotalFloats(stages_); }
+
+std::vector<float> GptModel::CopyParamsToHost() const {
+  std::vector<float> host(layout::TotalFloats(stages_));
+  size_t offset = 0;
+  for (const Stage& stage : stages_) {
+    ops_->ToHost(host.data() + offset, stage.params, stage.size * sizeof(float));
+    offset += stage.size;
+  }
+  return host;
+}
+
+void GptModel::CopyParamsFromHost(const std::vector<float>& host) {
+  assert(host.size() == layout::TotalFloats(stages_));
+  size_t offset = 0;
+  for (Stage& stage : stages_) {
+    ops_->ToDevice(stage.params, host.data() + offset, stage.size * sizeof(float));
+    offset += stage.size;
+  }
+}
+
+std::vector<float> GptModel::CopyGradsToHost() const {
+  std::vector<float> host(layout::TotalFloats(stages_));
+  size_t offset = 0;
+  for (const Stage& stage : stages_) {
+    ops_->ToHost(host.data() + offset, stage.grads, stage.size * sizeof(float));
+    offset += stage.size;
+  }
+  return host;
+}
+
+}  // namespace muster::worker

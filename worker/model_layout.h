@@ -1,0 +1,58 @@
+// Internal to the model library: where each tensor lives, and the
+// activations of the forward pass.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "worker/config.h"
+#include "worker/model.h"
+
+namespace muster::worker::layout {
+
+// The stages' tensor views as model.h lists them; params/grads unset.
+// Stage::size is the exact sum of its tensors' sizes.
+std::vector<Stage> PlanStages(const ModelConfig& config);
+
+// A block stage's tensors, in llm.c's order (also their order in the stage).
+enum BlockTensor {
+  kLn1w,
+  kLn1b,
+  kQkvw,
+  kQkvb,
+  kAttprojw,
+  kAttprojb,
+  kLn2w,
+  kLn2b,
+  kFcw,
+  kFcb,
+  kFcprojw,
+  kFcprojb,
+  kNumBlockTensors
+};
+enum EmbeddingTensor { kWte, kWpe };
+enum HeadTensor { kLnfw, kLnfb };
+
+// Stage indices: 0 embedding, 1..L blocks, L+1 head.
+inline int BlockStage(int layer) { return 1 + layer; }
+inline int HeadStage(const ModelConfig& config) { return config.layers + 1; }
+
+// Where each stage's buffer starts in one allocation holding all stages:
+// offsets rounded up to kStageAlignFloats so every stage starts on a
+// 256-byte boundary. Returns the allocation's size in floats.
+constexpr size_t kStageAlignFloats = 64;
+size_t StageOffsets(const std::vector<Stage>& stages, std::vector<size_t>* offsets);
+
+// Sum of every stage's size (what CopyParamsToHost returns).
+size_t TotalFloats(const std::vector<Stage>& stages);
+
+// GPT-2's initial parameters in CopyParamsToHost's layout (model.h,
+// InitWeights), from a generator of our own so that a seed gives the same
+// bits with any compiler and standard library. Each tensor draws from its
+// own stream, keyed by (seed, stage, tensor), so no tensor's values depend
+// on another's size.
+std::vector<float> InitialParams(const ModelConfig& config, const std::vector<Stage>& stages,
+                                 uint64_t seed);
+
+}  // namespace muster::worker::layout

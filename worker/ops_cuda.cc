@@ -1,0 +1,183 @@
+// The CUDA back end: cudaMalloc'd memory, the kernels' ...Cuda launchers
+// on the default stream, and one cuBLAS handle. Compiled only under
+// --config=cuda (worker/ops_nocuda.cc stands in otherwise).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/encoder.h"
+#include "kernels/gelu.h"
+#include "kernels/grad_norm.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+#include "worker/ops.h"
+
+namespace muster::worker {
+namespace {
+
+namespace k = ::muster::kernels;
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(cublasHandle_t blas) : blas_(blas) {}
+  ~CudaOps() override {
+    cudaFree(norm_scratch_);
+    cublasDestroy(blas_);
+  }
+
+  Device device() const override { return Device::kCuda; }
+  absl::Status status() const override { return status_; }
+
+  absl::StatusOr<void*> Alloc(size_t bytes) override {
+    void* ptr = nullptr;
+    const cudaError_t error = cudaMalloc(&ptr, bytes == 0 ? 1 : bytes);
+    if (error != cudaSuccess) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorString(error)));
+    }
+    Check("cudaMemset", cudaMemset(ptr, 0, bytes));
+    return ptr;
+  }
+  void Free(void* ptr) override { cudaFree(ptr); }
+  void ToDevice(void* dst, const void* src, size_t bytes) override {
+    Check("cudaMemcpy to device", cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  }
+  void ToHost(void* dst, const void* src, size_t bytes) const override {
+    Check("cudaMemcpy to host", cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  }
+  void Zero(void* dst, size_t bytes) override { Check("cudaMemset", cudaMemset(dst, 0, bytes)); }
+
+  void EncoderForward(float* out, const int* tokens, const float* wte, const float* wpe, int B,
+                      int T, int C) override {
+    Check("encoder forward", k::EncoderForwardCuda(out, tokens, wte, wpe, B, T, C, kStream));
+  }
+  void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T,
+                       int C) override {
+    Check("encoder backward", k::EncoderBackwardCuda(dwte, dwpe, dout, tokens, B, T, C, kStream));
+  }
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, size_t N, int C) override {
+    Check("layernorm forward",
+          k::LayerNormForwardCuda(out, mean, rstd, inp, weight, bias, N, C, kStream));
+  }
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, size_t N, int C) override {
+    Check("layernorm backward", k::LayerNormBackwardCuda(dinp, dweight, dbias, dout, inp, weight,
+                                                         mean, rstd, N, C, kStream));
+  }
+  void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
+                     size_t BT, int C, int OC) override {
+    Check("matmul forward",
+          k::MatmulForwardCuda(out, inp, weight, bias, BT, C, OC, blas_, kStream));
+  }
+  void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                      const float* inp, const float* weight, size_t BT, int C, int OC) override {
+    Check("matmul backward", k::MatmulBackwardCuda(dinp, dweight, dbias, dout, inp, weight, BT, C,
+                                                   OC, blas_, kStream));
+  }
+  void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
+                        int NH) override {
+    Check("attention forward", k::AttentionForwardCuda(out, att, qkv, B, T, C, NH, kStream));
+  }
+  void AttentionBackward(float* dqkv, float* dpreatt, const float* dout, const float* qkv,
+                         const float* att, int B, int T, int C, int NH) override {
+    Check("attention backward",
+          k::AttentionBackwardCuda(dqkv, dpreatt, dout, qkv, att, B, T, C, NH, kStream));
+  }
+  void GeluForward(float* out, const float* inp, size_t n) override {
+    Check("gelu forward", k::GeluForwardCuda(out, inp, n, kStream));
+  }
+  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    Check("gelu backward", k::GeluBackwardCuda(dinp, inp, dout, n, kStream));
+  }
+  void ResidualForward(float* out, const float* inp1, const float* inp2, size_t n) override {
+    Check("residual forward", k::ResidualForwardCuda(out, inp1, inp2, n, kStream));
+  }
+  void CrossEntropyForward(float* losses, float* lse, const float* logits, const int* targets,
+                           size_t N, int V, int Vp) override {
+    Check("crossentropy forward",
+          k::CrossEntropyForwardCuda(losses, lse, logits, targets, N, V, Vp, kStream));
+  }
+  void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
+                            const int* targets, float dloss, size_t N, int V, int Vp) override {
+    Check("crossentropy backward",
+          k::CrossEntropyBackwardCuda(dlogits, logits, lse, targets, dloss, N, V, Vp, kStream));
+  }
+  void AdamWUpdate(float* params, float* m, float* v, const float* grads, size_t n,
+                   const k::AdamWHyper& hyper, int step) override {
+    Check("adamw", k::AdamWUpdateCuda(params, m, v, grads, n, hyper, step, kStream));
+  }
+  double SumOfSquares(const float* x, size_t n) override {
+    // One device result double followed by the kernel's scratch, grown to
+    // the largest buffer seen and then reused.
+    const size_t doubles = 1 + k::SumOfSquaresCudaScratch(n);
+    if (doubles > norm_scratch_doubles_) {
+      cudaFree(norm_scratch_);
+      norm_scratch_ = nullptr;
+      norm_scratch_doubles_ = 0;
+      if (!Check("cudaMalloc",
+                 cudaMalloc(reinterpret_cast<void**>(&norm_scratch_), doubles * sizeof(double)))) {
+        return 0.0;
+      }
+      norm_scratch_doubles_ = doubles;
+    }
+    Check("sum of squares", k::SumOfSquaresCuda(norm_scratch_, norm_scratch_ + 1, x, n, kStream));
+    double sum = 0.0;
+    ToHost(&sum, norm_scratch_, sizeof(double));
+    return sum;
+  }
+  void Scale(float* x, size_t n, float scale) override {
+    Check("scale", k::ScaleCuda(x, n, scale, kStream));
+  }
+
+ private:
+  static constexpr void* kStream = nullptr;  // the default stream orders all work
+
+  // Records the first failure; `code` is a cudaError_t, or for matmuls
+  // kCublasErrorBase + a cublasStatus_t.
+  bool Check(const char* what, int code) const {
+    if (code == 0) return true;
+    if (status_.ok()) {
+      std::string detail = code >= k::kCublasErrorBase
+                               ? absl::StrCat("cuBLAS status ", code - k::kCublasErrorBase)
+                               : cudaGetErrorString(static_cast<cudaError_t>(code));
+      status_ = absl::InternalError(absl::StrCat("CUDA ", what, " failed: ", detail));
+    }
+    return false;
+  }
+
+  cublasHandle_t blas_;
+  double* norm_scratch_ = nullptr;
+  size_t norm_scratch_doubles_ = 0;
+  mutable absl::Status status_;
+};
+
+}  // namespace
+
+absl::Status CudaAvailable() {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device cuda: no usable GPU (cudaGetDeviceCount: ",
+                     error != cudaSuccess ? cudaGetErrorString(error) : "0 devices", ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps() {
+  if (absl::Status available = CudaAvailable(); !available.ok()) return available;
+  cublasHandle_t blas = nullptr;
+  const cublasStatus_t created = cublasCreate(&blas);
+  if (created != CUBLAS_STATUS_SUCCESS) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device cuda: cublasCreate failed with status ", created));
+  }
+  return std::unique_ptr<Ops>(new CudaOps(blas));
+}
+
+}  // namespace muster::worker

@@ -1,0 +1,137 @@
+// AdamW, global-norm gradient clipping, the learning-rate schedule and
+// the FLOPs estimate, over GptModel's stage buffers.
+#include <cassert>
+#include <cmath>
+
+#include "kernels/grad_norm.h"
+#include "worker/model.h"
+#include "worker/model_layout.h"
+#include "worker/ops.h"
+
+namespace muster::worker {
+
+// m and v mirror the parameters: one allocation each, stages at the same
+// offsets as in the parameter allocation.
+struct AdamW::Impl {
+  GptModel* model;
+  OptimConfig config;
+  std::vector<size_t> offsets;  // each stage's start in m and v
+  float* m = nullptr;
+  float* v = nullptr;
+};
+
+AdamW::AdamW(GptModel* model, const OptimConfig& config) : impl_(std::make_unique<Impl>()) {
+  impl_->model = model;
+  impl_->config = config;
+  const size_t floats = layout::StageOffsets(model->stages(), &impl_->offsets);
+  // Moments are small next to the activations; failing to allocate them
+  // is treated like running out of memory anywhere else in the step.
+  absl::StatusOr<void*> m = model->ops().Alloc(floats * sizeof(float));
+  absl::StatusOr<void*> v = model->ops().Alloc(floats * sizeof(float));
+  assert(m.ok() && v.ok());
+  impl_->m = static_cast<float*>(m.value());
+  impl_->v = static_cast<float*>(v.value());
+}
+
+AdamW::~AdamW() {
+  impl_->model->ops().Free(impl_->m);
+  impl_->model->ops().Free(impl_->v);
+}
+
+void AdamW::Step(float lr, int step) {
+  kernels::AdamWHyper hyper;
+  hyper.learning_rate = lr;
+  hyper.beta1 = static_cast<float>(impl_->config.beta1);
+  hyper.beta2 = static_cast<float>(impl_->config.beta2);
+  hyper.eps = static_cast<float>(impl_->config.eps);
+  const float weight_decay = static_cast<float>(impl_->config.weight_decay);
+  Ops& ops = impl_->model->ops();
+  std::vector<Stage>& stages = impl_->model->stages();
+  for (size_t s = 0; s < stages.size(); ++s) {
+    const Stage& stage = stages[s];
+    float* m = impl_->m + impl_->offsets[s];
+    float* v = impl_->v + impl_->offsets[s];
+    // One kernel call per run of neighbouring tensors that share the decay
+    // setting (tensors are contiguous within a stage).
+    size_t run = 0;
+    while (run < stage.tensors.size()) {
+      size_t end = run + 1;
+      while (end < stage.tensors.size() && stage.tensors[end].decay == stage.tensors[run].decay) {
+        ++end;
+      }
+      const size_t begin = stage.tensors[run].offset;
+      const size_t count = stage.tensors[end - 1].offset + stage.tensors[end - 1].size - begin;
+      hyper.weight_decay = stage.tensors[run].decay ? weight_decay : 0.0f;
+      ops.AdamWUpdate(stage.params + begin, m + begin, v + begin, stage.grads + begin, count, hyper,
+                      step);
+      run = end;
+    }
+  }
+}
+
+std::vector<float> AdamW::CopyMomentsToHost(bool second) const {
+  const std::vector<Stage>& stages = impl_->model->stages();
+  const float* moments = second ? impl_->v : impl_->m;
+  std::vector<float> host(layout::TotalFloats(stages));
+  size_t offset = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    impl_->model->ops().ToHost(host.data() + offset, moments + impl_->offsets[s],
+                               stages[s].size * sizeof(float));
+    offset += stages[s].size;
+  }
+  return host;
+}
+
+void AdamW::CopyMomentsFromHost(bool second, const std::vector<float>& host) {
+  const std::vector<Stage>& stages = impl_->model->stages();
+  assert(host.size() == layout::TotalFloats(stages));
+  float* moments = second ? impl_->v : impl_->m;
+  size_t offset = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    impl_->model->ops().ToDevice(moments + impl_->offsets[s], host.data() + offset,
+                                 stages[s].size * sizeof(float));
+    offset += stages[s].size;
+  }
+}
+
+float ClipGradNorm(GptModel* model, float max_norm) {
+  Ops& ops = model->ops();
+  double sum_of_squares = 0.0;  // stages in order: deterministic
+  for (const Stage& stage : model->stages()) {
+    sum_of_squares += ops.SumOfSquares(stage.grads, stage.size);
+  }
+  const double norm = std::sqrt(sum_of_squares);
+  if (max_norm > 0.0f) {
+    const float scale = kernels::ClipScale(norm, max_norm);
+    if (scale != 1.0f) {
+      for (Stage& stage : model->stages()) ops.Scale(stage.grads, stage.size, scale);
+    }
+  }
+  return static_cast<float>(norm);
+}
+
+float LearningRate(const OptimConfig& config, int step, int total_steps) {
+  if (step < config.warmup_steps) {
+    return static_cast<float>(config.lr * (step + 1) / config.warmup_steps);
+  }
+  if (config.schedule == "constant") return static_cast<float>(config.lr);
+  const int decay_steps = total_steps - config.warmup_steps;
+  if (decay_steps <= 0) return static_cast<float>(config.lr);
+  double progress = static_cast<double>(step - config.warmup_steps) / decay_steps;
+  progress = std::fmin(1.0, std::fmax(0.0, progress));
+  const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));  // 1 -> 0
+  return static_cast<float>(config.min_lr + cosine * (config.lr - config.min_lr));
+}
+
+double FlopsPerToken(const ModelConfig& config, int T) {
+  // llm.c's gpt2_estimate_mfu: 6 FLOPs per parameter per token (forward 2,
+  // backward 4), counting wte once as the tied LM head, plus attention's
+  // scores and weighted sums, 6 * L * C * T.
+  const double C = config.dim, L = config.layers;
+  const double parameters = static_cast<double>(config.padded_vocab()) * C +
+                            static_cast<double>(config.seq_len) * C +
+                            L * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+  return 6.0 * parameters + 6.0 * L * C * T;
+}
+
+}  // namespace muster::worker

@@ -1,0 +1,175 @@
+#include "worker/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace muster::worker {
+
+bool ShouldLog(int step, int total_steps, int log_every) {
+  if (step == 1 || step == total_steps) return true;
+  return log_every > 0 && step % log_every == 0;
+}
+
+bool ShouldEvaluate(int step, int total_steps, int eval_every) {
+  if (eval_every <= 0) return false;
+  return step % eval_every == 0 || step == total_steps;
+}
+
+Trainer::Trainer(const TrainConfig& config, TrainerOptions options)
+    : config_(config),
+      options_(std::move(options)),
+      progress_(options_.progress, options_.progress_bar) {
+  parallel_ = options_.parallel != nullptr ? options_.parallel : &single_process_;
+}
+
+Trainer::~Trainer() { progress_.Clear(); }
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
+                                                         TrainerOptions options) {
+  std::unique_ptr<Trainer> trainer(new Trainer(config, std::move(options)));
+  const ModelConfig& model = config.model;
+  const int B = config.data.micro_batch, T = model.seq_len;
+
+  // Data first: a wrong glob is the most common mistake and the cheapest
+  // to report.
+  auto train = TokenStream::Open(config.data.train, T, model.vocab, config.train.seed);
+  if (!train.ok()) return train.status();
+  trainer->train_ = *std::move(train);
+  if (!config.data.val.empty() && config.train.eval_every > 0) {
+    auto val = TokenStream::Open(config.data.val, T, model.vocab, config.train.seed);
+    if (!val.ok()) return val.status();
+    trainer->val_ = *std::move(val);
+  }
+
+  auto device = ResolveDevice(config.device);
+  if (!device.ok()) return device.status();
+  auto gpt = GptModel::Create(model, B, *device);
+  if (!gpt.ok()) return gpt.status();
+  trainer->model_ = *std::move(gpt);
+  trainer->model_->InitWeights(config.train.seed);
+  trainer->optimizer_ = std::make_unique<AdamW>(trainer->model_.get(), config.optim);
+
+  if (!config.train.metrics_file.empty()) {
+    auto writer = MetricsWriter::Open(config.train.metrics_file);
+    if (!writer.ok()) return writer.status();
+    trainer->metrics_ = *std::move(writer);
+  }
+  trainer->inputs_.resize(static_cast<size_t>(B) * T);
+  trainer->targets_.resize(static_cast<size_t>(B) * T);
+  trainer->peak_flops_ = PeakFlops(*device, &trainer->peak_description_);
+  return trainer;
+}
+
+absl::StatusOr<StepMetrics> Trainer::Step() {
+  using Clock = std::chrono::steady_clock;
+  const int B = config_.data.micro_batch, T = config_.model.seq_len;
+  const int A = config_.data.grad_accumulation;
+  const int world = parallel_->world_size();
+  const int step = state_.step;  // 0-based index of this step
+  auto start = Clock::now();
+
+  double loss_sum = 0;
+  for (int micro = 0; micro < A; ++micro) {
+    uint64_t first = RankFirstSample(state_.sample_index, parallel_->rank(), B);
+    train_->Batch(first, B, inputs_.data(), targets_.data());
+    // inputs, targets (B, T)
+    loss_sum += model_->Forward(inputs_.data(), targets_.data(), B, T);
+    model_->Backward(1.0f / A);
+    state_.sample_index += static_cast<uint64_t>(world) * B;
+  }
+  absl::Status reduced = parallel_->ReduceGradients(model_.get());
+  if (!reduced.ok()) return reduced;
+  float norm = ClipGradNorm(model_.get(), static_cast<float>(config_.optim.grad_clip));
+  float lr = LearningRate(config_.optim, step, config_.train.steps);
+  optimizer_->Step(lr, step + 1);
+  model_->ZeroGrad();
+  state_.step = step + 1;
+  auto loss = parallel_->MeanOverRanks(static_cast<float>(loss_sum / A));
+  if (!loss.ok()) return loss.status();
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+
+  StepMetrics metrics;
+  metrics.step = state_.step;
+  metrics.total_steps = config_.train.steps;
+  metrics.loss = *loss;
+  metrics.lr = lr;
+  metrics.grad_norm = norm;
+  metrics.ms = seconds * 1e3;
+  double tokens = static_cast<double>(world) * A * B * T;
+  metrics.tokens_per_s = seconds > 0 ? tokens / seconds : 0;
+  if (peak_flops_ > 0) {
+    metrics.mfu = FlopsPerToken(config_.model, T) * metrics.tokens_per_s / peak_flops_;
+  }
+  return metrics;
+}
+
+absl::StatusOr<float> Trainer::Evaluate() {
+  if (val_ == nullptr) {
+    return absl::FailedPreconditionError("evaluation needs data.val and train.eval_every > 0");
+  }
+  const int B = config_.data.micro_batch, T = config_.model.seq_len;
+  const int world = parallel_->world_size();
+  double loss_sum = 0;
+  for (int batch = 0; batch < config_.train.eval_batches; ++batch) {
+    uint64_t global_first = static_cast<uint64_t>(batch) * world * B;
+    val_->Batch(RankFirstSample(global_first, parallel_->rank(), B), B, inputs_.data(),
+                targets_.data());
+    loss_sum += model_->Forward(inputs_.data(), targets_.data(), B, T);
+  }
+  int batches = config_.train.eval_batches > 0 ? config_.train.eval_batches : 1;
+  return parallel_->MeanOverRanks(static_cast<float>(loss_sum / batches));
+}
+
+absl::Status Trainer::Log(const StepMetrics& metrics) {
+  progress_.Clear();
+  std::fprintf(options_.log, "%s\n", FormatStepLine(metrics).c_str());
+  std::fflush(options_.log);
+  if (metrics_ != nullptr) return metrics_->Write(StepJson(metrics));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LogEval(const EvalMetrics& metrics) {
+  progress_.Clear();
+  std::fprintf(options_.log, "%s\n", FormatEvalLine(metrics).c_str());
+  std::fflush(options_.log);
+  if (metrics_ != nullptr) return metrics_->Write(EvalJson(metrics));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Run() {
+  using Clock = std::chrono::steady_clock;
+  const int total = config_.train.steps;
+  const int first = state_.step;
+  auto start = Clock::now();
+  while (state_.step < total) {
+    auto metrics = Step();
+    if (!metrics.ok()) return metrics.status();
+    if (!std::isfinite(metrics->loss)) {
+      return absl::InternalError(
+          absl::StrCat("step ", metrics->step, ": the loss is ", metrics->loss,
+                       "; lower optim.lr or check the data"));
+    }
+    if (options_.on_step) options_.on_step(*metrics);
+    if (ShouldLog(metrics->step, total, config_.train.log_every)) {
+      absl::Status logged = Log(*metrics);
+      if (!logged.ok()) return logged;
+    }
+    if (val_ != nullptr && ShouldEvaluate(metrics->step, total, config_.train.eval_every)) {
+      auto val_loss = Evaluate();
+      if (!val_loss.ok()) return val_loss.status();
+      EvalMetrics eval{metrics->step, *val_loss};
+      if (options_.on_eval) options_.on_eval(eval);
+      absl::Status logged = LogEval(eval);
+      if (!logged.ok()) return logged;
+    }
+    double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    progress_.Draw(state_.step, first, total, elapsed);
+  }
+  progress_.Clear();
+  return absl::OkStatus();
+}
+
+}  // namespace muster::worker

@@ -1,0 +1,127 @@
+// The training loop: data stream -> GptModel forward/backward -> gradient
+// clip -> AdamW, with evaluation, the log line, the progress bar and the
+// JSONL metrics file (docs/worker.md).
+//
+// One optimizer step s (0-based) of grad_accumulation (A) micro-steps:
+//   for m in [0, A): the rank reads samples
+//       RankFirstSample(sample_index, rank, B) .. + B - 1,
+//     Forward, Backward(1/A); sample_index += world_size * B
+//   ReduceGradients; ClipGradNorm(grad_clip); AdamW.Step(LearningRate(s), s+1);
+//   ZeroGrad.
+// For a world of 1 the batch of micro-step m starts at (s*A + m)*B. The
+// global sample index is part of the state, so a resumed job (any world
+// size) continues the same stream.
+//
+// Thread-safety: none; one thread drives a Trainer.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/config.h"
+#include "worker/data.h"
+#include "worker/metrics.h"
+#include "worker/model.h"
+
+namespace muster::worker {
+
+// How this process takes part in data parallelism. The base class is a
+// world of one, where every call is the identity; the parallel/ issue
+// supplies a ProcessGroup-backed subclass.
+class DataParallel {
+ public:
+  virtual ~DataParallel() = default;
+  virtual int rank() const { return 0; }
+  virtual int world_size() const { return 1; }
+  // Averages the gradient buffers over ranks, after the last micro-step of
+  // an optimizer step.
+  virtual absl::Status ReduceGradients(GptModel* model) { return absl::OkStatus(); }
+  // Averages a scalar (the step's loss, a validation loss) over ranks.
+  virtual absl::StatusOr<float> MeanOverRanks(float value) { return value; }
+};
+
+// The first sample this rank reads in a micro-step that starts at global
+// sample `global_first`: ranks read consecutive blocks of B samples.
+inline uint64_t RankFirstSample(uint64_t global_first, int rank, int micro_batch) {
+  return global_first + static_cast<uint64_t>(rank) * micro_batch;
+}
+
+// What a checkpoint must save to resume exactly.
+struct TrainState {
+  int step = 0;               // optimizer steps completed
+  uint64_t sample_index = 0;  // global index of the next training sample
+};
+
+struct TrainerOptions {
+  FILE* log = stdout;                  // human log lines
+  FILE* progress = stderr;             // progress bar, when enabled
+  bool progress_bar = false;           // main() sets isatty(stderr)
+  DataParallel* parallel = nullptr;    // nullptr: a world of one
+  // Called after every completed step and evaluation (tests, tools).
+  std::function<void(const StepMetrics&)> on_step;
+  std::function<void(const EvalMetrics&)> on_eval;
+};
+
+class Trainer {
+ public:
+  // Opens the streams (data errors are INVALID_ARGUMENT / NOT_FOUND from
+  // worker/data.h), resolves the device, builds the model with
+  // InitWeights(train.seed) and the optimizer, and opens the metrics file.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
+                                                         TrainerOptions options = {});
+  ~Trainer();
+
+  // Trains steps [state().step, train.steps), evaluating every eval_every
+  // steps and after the last one.
+  absl::Status Run();
+  // One optimizer step; returns its metrics (also logged when due).
+  absl::StatusOr<StepMetrics> Step();
+  // Mean loss over eval_batches batches of the validation stream, samples
+  // 0.. in order (this rank's share), with no backward. FAILED_PRECONDITION
+  // without a validation stream.
+  absl::StatusOr<float> Evaluate();
+
+  const TrainConfig& config() const { return config_; }
+  const TrainState& state() const { return state_; }
+  TrainState* mutable_state() { return &state_; }
+  GptModel* model() { return model_.get(); }
+  AdamW* optimizer() { return optimizer_.get(); }
+  bool has_validation() const { return val_ != nullptr; }
+  double peak_flops() const { return peak_flops_; }
+  const std::string& peak_flops_description() const { return peak_description_; }
+
+ private:
+  Trainer(const TrainConfig& config, TrainerOptions options);
+  absl::Status Log(const StepMetrics& metrics);
+  absl::Status LogEval(const EvalMetrics& metrics);
+
+  TrainConfig config_;
+  TrainerOptions options_;
+  DataParallel single_process_;  // used when options_.parallel is nullptr
+  DataParallel* parallel_ = nullptr;
+  std::unique_ptr<TokenStream> train_;
+  std::unique_ptr<TokenStream> val_;  // nullptr without data.val
+  std::unique_ptr<GptModel> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  ProgressBar progress_;
+  TrainState state_;
+  std::vector<int> inputs_, targets_;  // (B, T)
+  double peak_flops_ = 0;
+  std::string peak_description_;
+};
+
+// Whether optimizer step `step` (1-based, completed) is logged / followed
+// by an evaluation: the first and last steps and every `every`-th are
+// logged; evaluations run every eval_every steps and after the last step
+// (never with eval_every 0).
+bool ShouldLog(int step, int total_steps, int log_every);
+bool ShouldEvaluate(int step, int total_steps, int eval_every);
+
+}  // namespace muster::worker
