@@ -77,6 +77,7 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
     train_->Batch(first, B, inputs_.data(), targets_.data());
     // inputs, targets (B, T)
     loss_sum += model_->Forward(inputs_.data(), targets_.data(), B, T);
+    parallel_->BeginBackward(model_.get(), micro == A - 1);
     model_->Backward(1.0f / A);
     state_.sample_index += static_cast<uint64_t>(world) * B;
   }

@@ -32,18 +32,27 @@
 namespace muster::worker {
 
 // How this process takes part in data parallelism. The base class is a
-// world of one, where every call is the identity; the parallel/ issue
-// supplies a ProcessGroup-backed subclass.
+// world of one, where every call is the identity; worker/data_parallel.h
+// supplies the ProcessGroup-backed DDP.
 class DataParallel {
  public:
   virtual ~DataParallel() = default;
   virtual int rank() const { return 0; }
   virtual int world_size() const { return 1; }
-  // Averages the gradient buffers over ranks, after the last micro-step of
-  // an optimizer step.
+  // Called before each micro-step's Backward. `last` is set on the last
+  // micro-step of an optimizer step: only then may an implementation start
+  // reducing gradients, during that backward pass (through the model's
+  // grad-ready callback). Earlier micro-steps only accumulate locally.
+  virtual void BeginBackward(GptModel* model, bool last) {}
+  // After the last micro-step's Backward: returns when the gradient
+  // buffers hold the mean over ranks.
   virtual absl::Status ReduceGradients(GptModel* model) { return absl::OkStatus(); }
   // Averages a scalar (the step's loss, a validation loss) over ranks.
   virtual absl::StatusOr<float> MeanOverRanks(float value) { return value; }
+  // Makes every rank's parameters equal to rank 0's (start-up, resume).
+  virtual absl::Status SyncParameters(GptModel* model) { return absl::OkStatus(); }
+  // Returns once every rank has called it (a checkpoint's commit).
+  virtual absl::Status Barrier() { return absl::OkStatus(); }
 };
 
 // The first sample this rank reads in a micro-step that starts at global

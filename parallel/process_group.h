@@ -1,0 +1,99 @@
+// Collective communication among the ranks of one job round: the one
+// interface DDP (and later FSDP and pipeline parallelism) talk through.
+// Back ends: Gloo over TCP (parallel/gloo_group.h, CPU memory) and NCCL
+// (parallel/nccl_group.h, device memory, --config=cuda only).
+//
+// Ordering. Operations run asynchronously, one at a time, in the order
+// they were issued. Every rank must issue the same collectives in the same
+// order (as with NCCL); send/recv pairs must match in order too. Issuing
+// returns at once with a Work handle; the buffers must stay valid and
+// untouched until that Work has finished.
+//
+// Timeouts. Every operation is bounded by the group's timeout, counted from
+// when it starts running. Work::Wait() waits at most until that operation's
+// deadline plus the time the operations queued before it may take.
+//
+// Errors, as the status of a Work:
+//   UNAVAILABLE        a peer closed its connection (it died or left)
+//   DEADLINE_EXCEEDED  the operation's timeout passed
+//   INVALID_ARGUMENT   bad sizes or ranks (reported without communicating)
+//   INTERNAL           anything else from the back end
+// After a communication error the group is broken for good: the running
+// operation, everything queued behind it and everything issued later fail
+// with the first error (style.md item 4). The job's restart takes over.
+//
+// Thread-safety: a ProcessGroup may be used from several threads, but the
+// ORDER of issue must be the same on every rank, which in practice means
+// one thread issues (the training thread, or DDP's backward callback on
+// it). Work handles may be waited on from any thread.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+
+namespace muster::parallel {
+
+enum class ReduceOp { kSum, kAvg };
+
+// One issued operation.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation has finished (or failed) and returns its
+  // status. Bounded: see "Timeouts" above.
+  virtual absl::Status Wait() = 0;
+  // Whether it has finished, without blocking.
+  virtual bool Done() const = 0;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual absl::Duration timeout() const = 0;
+
+  // In place: every rank's `data` becomes the element-wise sum (or mean)
+  // over ranks. Every rank passes the same length (may be 0).
+  virtual std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) = 0;
+
+  // `input` is split into size() consecutive chunks of counts[0],
+  // counts[1], ... elements (counts.size() == size(), sum == input.size());
+  // rank r receives the reduction of every rank's chunk r in `output`
+  // (output.size() == counts[rank]). Counts may differ and may be 0.
+  virtual std::shared_ptr<Work> ReduceScatter(absl::Span<const float> input,
+                                              absl::Span<float> output,
+                                              std::vector<size_t> counts,
+                                              ReduceOp op) = 0;
+
+  // Every rank contributes `input` (counts[rank] elements); `output` (sum of
+  // counts) becomes the concatenation in rank order on every rank.
+  virtual std::shared_ptr<Work> AllGather(absl::Span<const float> input,
+                                          absl::Span<float> output,
+                                          std::vector<size_t> counts) = 0;
+
+  // Every rank's `data` becomes root's.
+  virtual std::shared_ptr<Work> Broadcast(absl::Span<float> data, int root) = 0;
+
+  // Point to point. `tag` tells apart several messages in flight between
+  // the same pair; a Recv matches the Send with the same tag from `source`,
+  // and the two must have the same length.
+  virtual std::shared_ptr<Work> Send(absl::Span<const float> data, int destination,
+                                     int tag) = 0;
+  virtual std::shared_ptr<Work> Recv(absl::Span<float> data, int source, int tag) = 0;
+
+  // Finishes when every rank has reached it.
+  virtual std::shared_ptr<Work> Barrier() = 0;
+};
+
+// The chunk sizes that split `total` elements as evenly as possible over
+// `parts` ranks: the first total % parts chunks get one more element.
+std::vector<size_t> EvenCounts(size_t total, int parts);
+
+}  // namespace muster::parallel
