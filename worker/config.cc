@@ -234,7 +234,8 @@ absl::Status ConfigReader::Read(const YAML::Node& root, TrainConfig* config) {
                          {"metrics_file", String(&t.metrics_file)}})},
       {"device", String(&config->device)},
       {"parallel", Section({{"strategy", String(&p.strategy)},
-                            {"bucket_mb", Double(&p.bucket_mb)}})},
+                            {"bucket_mb", Double(&p.bucket_mb)},
+                            {"timeout_s", Double(&p.timeout_s)}})},
       {"checkpoint", Section({{"dir", String(&c.dir)},
                               {"every", Int(&c.every)},
                               {"keep_last", Int(&c.keep_last)},
@@ -279,6 +280,7 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
            non_negative("train.eval_every", t.eval_every),
            positive("train.eval_batches", t.eval_batches),
            positive("parallel.bucket_mb", config.parallel.bucket_mb),
+           positive("parallel.timeout_s", config.parallel.timeout_s),
            non_negative("checkpoint.every", c.every),
            non_negative("checkpoint.keep_last", c.keep_last),
            non_negative("checkpoint.keep_every", c.keep_every)}) {
@@ -438,7 +440,8 @@ std::string ConfigToYaml(const TrainConfig& config) {
                   "  metrics_file: ", Quoted(t.metrics_file), "\n");
   absl::StrAppend(&out, "device: ", Quoted(config.device), "\n");
   absl::StrAppend(&out, "parallel:\n", "  strategy: ", Quoted(config.parallel.strategy), "\n",
-                  "  bucket_mb: ", ExactDouble(config.parallel.bucket_mb), "\n");
+                  "  bucket_mb: ", ExactDouble(config.parallel.bucket_mb), "\n",
+                  "  timeout_s: ", ExactDouble(config.parallel.timeout_s), "\n");
   absl::StrAppend(&out, "checkpoint:\n", "  dir: ", Quoted(c.dir), "\n", "  every: ", c.every,
                   "\n", "  keep_last: ", c.keep_last, "\n", "  keep_every: ", c.keep_every, "\n",
                   "  resume: ", Quoted(c.resume), "\n");
@@ -464,7 +467,8 @@ bool operator==(const TrainLoopConfig& a, const TrainLoopConfig& b) {
          std::tie(b.steps, b.seed, b.log_every, b.eval_every, b.eval_batches, b.metrics_file);
 }
 bool operator==(const ParallelConfig& a, const ParallelConfig& b) {
-  return std::tie(a.strategy, a.bucket_mb) == std::tie(b.strategy, b.bucket_mb);
+  return std::tie(a.strategy, a.bucket_mb, a.timeout_s) ==
+         std::tie(b.strategy, b.bucket_mb, b.timeout_s);
 }
 bool operator==(const CheckpointConfig& a, const CheckpointConfig& b) {
   return std::tie(a.dir, a.every, a.keep_last, a.keep_every, a.resume) ==

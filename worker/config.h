@@ -55,6 +55,10 @@ struct TrainLoopConfig {
 struct ParallelConfig {
   std::string strategy = "ddp";  // ddp (single process = world of 1)
   double bucket_mb = 25.0;
+  // Bound on every collective (and on joining the peers): a peer that
+  // hangs turns into an error after this long, and the launcher restarts
+  // the job. A peer that dies is noticed at once (its sockets close).
+  double timeout_s = 300.0;
 };
 
 struct CheckpointConfig {

@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -15,7 +16,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "parallel/bootstrap.h"
 #include "worker/config.h"
+#include "worker/data_parallel.h"
 #include "worker/generate.h"
 #include "worker/trainer.h"
 
@@ -59,23 +62,41 @@ int Fail(const absl::Status& status) {
   return Fail(ExitCodeFor(status), std::string(status.message()));
 }
 
-// The launcher's environment. Data parallelism arrives with parallel/; a
-// world of more than one must not silently train N identical copies.
-absl::Status CheckWorld() {
-  const char* world = std::getenv("WORLD_SIZE");
-  if (world == nullptr || *world == '\0') return absl::OkStatus();
-  int size = 0;
-  if (!absl::SimpleAtoi(world, &size) || size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("WORLD_SIZE=", world, " is not a positive integer"));
+// How this process trains: alone (a world of one) or as one DDP rank whose
+// peers it finds through the launcher's rendezvous round. Owns the
+// communicator, which must outlive the trainer that uses `parallel`.
+struct Parallelism {
+  std::unique_ptr<parallel::Communicator> communicator;
+  std::unique_ptr<DdpDataParallel> ddp;
+  DataParallel* parallel() const { return ddp.get(); }  // nullptr: alone
+};
+
+absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
+  auto world = parallel::WorldFromEnvironment();
+  if (!world.ok()) return world.status();
+  Parallelism result;
+  if (world->world_size == 1) return result;
+  auto device = ResolveDevice(config.device);
+  if (!device.ok()) return device.status();
+  if (*device == Device::kCuda) {
+    // parallel/nccl_group.h compiles and links, but has never run on a
+    // GPU; it is not wired in until it can be tested on one.
+    return absl::FailedPreconditionError(
+        "DDP on CUDA is not available yet: multi-process training runs on the CPU "
+        "(device: cpu) over Gloo");
   }
-  if (size > 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "WORLD_SIZE=", size, ": this worker trains in a single process; multi-process "
-        "data parallelism (DDP) arrives with the parallel/ issue. Use --nproc_per_node=1 "
-        "--nnodes=1"));
+  parallel::CommunicatorOptions options;
+  options.timeout = absl::Seconds(config.parallel.timeout_s);
+  auto communicator = parallel::Communicator::Connect(*world, options);
+  if (!communicator.ok()) {
+    return absl::Status(communicator.status().code(),
+                        absl::StrCat("rank ", world->rank, " of ", world->world_size,
+                                     ": joining the peers: ", communicator.status().message()));
   }
-  return absl::OkStatus();
+  result.communicator = *std::move(communicator);
+  result.ddp = std::make_unique<DdpDataParallel>(&result.communicator->group(),
+                                                 BucketOptionsFor(config.parallel));
+  return result;
 }
 
 void PrintBanner(Trainer& trainer, FILE* out) {
@@ -96,11 +117,16 @@ void PrintBanner(Trainer& trainer, FILE* out) {
 int Train(const std::string& config_path) {
   auto config = LoadConfig(config_path);
   if (!config.ok()) return Fail(config.status());
+  auto parallelism = JoinPeers(*config);
+  if (!parallelism.ok()) return Fail(parallelism.status());
   TrainerOptions options;
   options.progress_bar = isatty(STDERR_FILENO) == 1;
+  options.parallel = parallelism->parallel();
   auto trainer = Trainer::Create(*config, options);
   if (!trainer.ok()) return Fail(trainer.status());
-  PrintBanner(**trainer, stdout);
+  if (options.parallel == nullptr || options.parallel->rank() == 0) {
+    PrintBanner(**trainer, stdout);
+  }
   absl::Status status = (*trainer)->Run();
   if (!status.ok()) return Fail(status);
   return 0;
@@ -161,8 +187,15 @@ int Main(int argc, char** argv) {
     return code == 0 ? 0 : kExitUsage;
   }
 
-  if (absl::Status world = CheckWorld(); !world.ok()) return Fail(world);
-  if (generate->parsed()) return Generate(gen);
+  if (generate->parsed()) {
+    auto world = parallel::WorldFromEnvironment();
+    if (!world.ok()) return Fail(world.status());
+    if (world->world_size > 1) {
+      return Fail(kExitUsage, absl::StrCat("generate runs in one process, not under WORLD_SIZE=",
+                                           world->world_size));
+    }
+    return Generate(gen);
+  }
   if (config_path.empty()) {
     return Fail(kExitUsage, "missing CONFIG.yaml; run `worker --help`");
   }

@@ -21,7 +21,9 @@ bool ShouldEvaluate(int step, int total_steps, int eval_every) {
 Trainer::Trainer(const TrainConfig& config, TrainerOptions options)
     : config_(config),
       options_(std::move(options)),
-      progress_(options_.progress, options_.progress_bar) {
+      progress_(options_.progress,
+                options_.progress_bar &&
+                    (options_.parallel == nullptr || options_.parallel->rank() == 0)) {
   parallel_ = options_.parallel != nullptr ? options_.parallel : &single_process_;
 }
 
@@ -52,7 +54,14 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   trainer->model_->InitWeights(config.train.seed);
   trainer->optimizer_ = std::make_unique<AdamW>(trainer->model_.get(), config.optim);
 
-  if (!config.train.metrics_file.empty()) {
+  // Every rank starts from rank 0's weights.
+  if (absl::Status synced = trainer->parallel_->SyncParameters(trainer->model_.get());
+      !synced.ok()) {
+    return synced;
+  }
+  // Rank 0 speaks for the job: the loss it logs is already the mean over
+  // ranks, and one metrics file has one writer.
+  if (!config.train.metrics_file.empty() && trainer->parallel_->rank() == 0) {
     auto writer = MetricsWriter::Open(config.train.metrics_file);
     if (!writer.ok()) return writer.status();
     trainer->metrics_ = *std::move(writer);
@@ -125,6 +134,7 @@ absl::StatusOr<float> Trainer::Evaluate() {
 }
 
 absl::Status Trainer::Log(const StepMetrics& metrics) {
+  if (parallel_->rank() != 0) return absl::OkStatus();
   progress_.Clear();
   std::fprintf(options_.log, "%s\n", FormatStepLine(metrics).c_str());
   std::fflush(options_.log);
@@ -133,6 +143,7 @@ absl::Status Trainer::Log(const StepMetrics& metrics) {
 }
 
 absl::Status Trainer::LogEval(const EvalMetrics& metrics) {
+  if (parallel_->rank() != 0) return absl::OkStatus();
   progress_.Clear();
   std::fprintf(options_.log, "%s\n", FormatEvalLine(metrics).c_str());
   std::fflush(options_.log);

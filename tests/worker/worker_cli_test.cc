@@ -203,7 +203,7 @@ TEST_CASE("generate trains, then prints the prompt and sampled bytes") {
   CHECK(again.out == run.out);
 }
 
-TEST_CASE("a world of more than one is refused until DDP exists") {
+TEST_CASE("a world of more than one without the launcher's rendezvous exits 2") {
   std::string dir = FreshDir("world");
   std::string config = WriteTinyJob(dir, 5);
   std::string error_file = dir + "/error.json";
@@ -211,8 +211,12 @@ TEST_CASE("a world of more than one is refused until DDP exists") {
                             {"WORLD_SIZE=2", "RANK=0", "TORCHELASTIC_ERROR_FILE=" + error_file});
   INFO(run.err);
   CHECK(run.exit_code == 2);
-  CHECK(Contains(run.err, "DDP"));
-  CHECK(Contains(ReadAll(error_file), "WORLD_SIZE=2"));
+  CHECK(Contains(run.err, "MUSTER_RDZV_ENDPOINT"));
+  CHECK(Contains(ReadAll(error_file), "MUSTER_RDZV_ENDPOINT"));
+
+  RunResult bad = RunWorker(dir, {config}, {"WORLD_SIZE=two", "RANK=0"});
+  CHECK(bad.exit_code == 2);
+  CHECK(Contains(bad.err, "WORLD_SIZE"));
 
   RunResult one = RunWorker(dir, {config}, {"WORLD_SIZE=1", "RANK=0"});
   CHECK(one.exit_code == 0);

@@ -1,0 +1,200 @@
+#include "parallel/bootstrap.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <utility>
+
+extern char** environ;
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "parallel/gloo_group.h"
+#include "rendezvous/client_rpc.h"
+
+namespace muster::parallel {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+const std::string* Find(const Env& env, const std::string& name) {
+  auto it = env.find(name);
+  return it == env.end() ? nullptr : &it->second;
+}
+
+// Parses env[name] as an integer; `fallback` if unset.
+template <typename Int>
+absl::StatusOr<Int> ParseInt(const Env& env, const std::string& name, Int fallback) {
+  const std::string* text = Find(env, name);
+  if (text == nullptr) return fallback;
+  Int value;
+  if (!absl::SimpleAtoi(*text, &value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", *text, "' is not an integer"));
+  }
+  return value;
+}
+
+absl::StatusOr<std::string> Required(const Env& env, const std::string& name, int world_size) {
+  const std::string* value = Find(env, name);
+  if (value == nullptr || value->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, " is not set; a worker of a world of ", world_size,
+        " needs the environment `launch` gives it"));
+  }
+  return *value;
+}
+
+std::string Optional(const Env& env, const std::string& name) {
+  const std::string* value = Find(env, name);
+  return value == nullptr ? "" : *value;
+}
+
+}  // namespace
+
+absl::StatusOr<WorldInfo> WorldFromEnvironment(const Env& env) {
+  WorldInfo world;
+  absl::StatusOr<int> world_size = ParseInt<int>(env, "WORLD_SIZE", 1);
+  if (!world_size.ok()) return world_size.status();
+  if (*world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WORLD_SIZE=", *world_size, " must be at least 1"));
+  }
+  world.world_size = *world_size;
+  world.local_addr = Optional(env, "MUSTER_LOCAL_ADDR");
+  if (const std::string* text = Find(env, "MUSTER_COMM_TIMEOUT_S")) {
+    double seconds = 0;
+    if (!absl::SimpleAtod(*text, &seconds) || !(seconds > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MUSTER_COMM_TIMEOUT_S='", *text, "' must be a positive number of seconds"));
+    }
+    world.comm_timeout = absl::Seconds(seconds);
+  }
+  if (world.world_size == 1) return world;  // needs nothing else
+
+  absl::StatusOr<int> rank = ParseInt<int>(env, "RANK", -1);
+  if (!rank.ok()) return rank.status();
+  if (*rank < 0 || *rank >= world.world_size) {
+    return absl::InvalidArgumentError(
+        Find(env, "RANK") == nullptr
+            ? absl::StrCat("RANK is not set but WORLD_SIZE is ", world.world_size)
+            : absl::StrCat("RANK=", *rank, " is outside [0, WORLD_SIZE=", world.world_size,
+                           ")"));
+  }
+  world.rank = *rank;
+  absl::StatusOr<int> local_rank = ParseInt<int>(env, "LOCAL_RANK", 0);
+  if (!local_rank.ok()) return local_rank.status();
+  world.local_rank = *local_rank;
+  world.master_addr = Optional(env, "MASTER_ADDR");
+
+  absl::StatusOr<std::string> endpoint = Required(env, "MUSTER_RDZV_ENDPOINT", world.world_size);
+  if (!endpoint.ok()) return endpoint.status();
+  world.rdzv_endpoint = *endpoint;
+  absl::StatusOr<std::string> job = Required(env, "MUSTER_JOB", world.world_size);
+  if (!job.ok()) return job.status();
+  world.job_id = *job;
+  if (Find(env, "MUSTER_ROUND") == nullptr) {
+    return Required(env, "MUSTER_ROUND", world.world_size).status();
+  }
+  absl::StatusOr<uint64_t> round = ParseInt<uint64_t>(env, "MUSTER_ROUND", 0);
+  if (!round.ok()) return round.status();
+  world.round = *round;
+
+  world.token_file = Optional(env, "MUSTER_TOKEN_FILE");
+  world.tls_ca = Optional(env, "MUSTER_TLS_CA");
+  world.tls_cert = Optional(env, "MUSTER_TLS_CERT");
+  world.tls_key = Optional(env, "MUSTER_TLS_KEY");
+  world.job_secret_file = Optional(env, "MUSTER_JOB_SECRET_FILE");
+  return world;
+}
+
+absl::StatusOr<WorldInfo> WorldFromEnvironment() {
+  Env env;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    std::string text(*entry);
+    size_t equals = text.find('=');
+    if (equals != std::string::npos) env[text.substr(0, equals)] = text.substr(equals + 1);
+  }
+  return WorldFromEnvironment(env);
+}
+
+std::string LocalAddressToward(const std::string& host) {
+  const std::string fallback = "127.0.0.1";
+  if (host.empty()) return fallback;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  // Any port will do: connect() on UDP only picks the route.
+  if (getaddrinfo(host.c_str(), "9", &hints, &found) != 0 || found == nullptr) return fallback;
+  std::string address = fallback;
+  int fd = socket(found->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    sockaddr_storage local{};
+    socklen_t length = sizeof(local);
+    char text[INET6_ADDRSTRLEN] = {};
+    if (connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+      const void* raw = local.ss_family == AF_INET6
+                            ? static_cast<const void*>(
+                                  &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+                            : static_cast<const void*>(
+                                  &reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      if (inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) address = text;
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return address;
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
+    const WorldInfo& world, const CommunicatorOptions& options) {
+  std::unique_ptr<Communicator> comm(new Communicator());
+  comm->world_ = world;
+  comm->local_address_ =
+      !world.local_addr.empty() ? world.local_addr : LocalAddressToward(world.master_addr);
+  GlooOptions gloo;
+  gloo.address = comm->local_address_;
+  gloo.timeout = world.comm_timeout.value_or(options.timeout);
+
+  if (world.world_size == 1) {
+    comm->store_ = std::make_unique<rdzv::InMemoryStore>();
+  } else {
+    rdzv::ClientOptions client;
+    client.endpoint = world.rdzv_endpoint;
+    client.token_file = world.token_file;
+    client.tls_ca_file = world.tls_ca;
+    client.tls_cert_file = world.tls_cert;
+    client.tls_key_file = world.tls_key;
+    if (!world.job_secret_file.empty()) {
+      absl::StatusOr<std::string> secret =
+          rdzv::ReadFileToString(world.job_secret_file, "MUSTER_JOB_SECRET_FILE");
+      if (!secret.ok()) return secret.status();
+      client.job_secret = std::string(absl::StripAsciiWhitespace(*secret));
+    }
+    absl::StatusOr<std::unique_ptr<rdzv::Client>> connected = rdzv::Client::Connect(client);
+    if (!connected.ok()) return connected.status();
+    comm->client_ = *std::move(connected);
+    comm->store_ =
+        std::make_unique<rdzv::RemoteStore>(comm->client_.get(), world.job_id, world.round);
+  }
+  comm->scoped_store_ = std::make_unique<rdzv::PrefixStore>(comm->store_.get(), options.key_prefix);
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
+      CreateGlooGroup(comm->scoped_store_.get(), world.rank, world.world_size, gloo);
+  if (!group.ok()) {
+    return absl::Status(group.status().code(),
+                        absl::StrCat("joining the process group of job '", world.job_id,
+                                     "' round ", world.round, " at ", comm->local_address_,
+                                     ": ", group.status().message()));
+  }
+  comm->group_ = *std::move(group);
+  return comm;
+}
+
+Communicator::~Communicator() { group_.reset(); }
+
+}  // namespace muster::parallel

@@ -1,0 +1,386 @@
+#include "parallel/gloo_group.h"
+
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <signal.h>
+
+#include <chrono>
+#include <functional>
+#include <numeric>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "parallel/gloo_ops.h"
+#include "parallel/gloo_store.h"
+#include "parallel/work_queue.h"
+
+namespace muster::parallel {
+namespace {
+
+using gloo_ops::Millis;
+
+Millis ToMillis(absl::Duration duration) {
+  return Millis(std::max<int64_t>(1, absl::ToInt64Milliseconds(duration)));
+}
+
+// tcp addresses print as "[ip]:port$seq"; the sequence number tells pairs
+// apart on one listener and is noise for naming a peer.
+std::string WithoutSequence(std::string address) {
+  return address.substr(0, address.find('$'));
+}
+
+// What a gloo exception message means, as process_group.h's codes.
+// `peer_addresses[r]` is rank r's listening address (may be empty).
+absl::Status StatusFromGlooError(absl::string_view message, absl::Duration timeout,
+                                 const std::vector<std::string>& peer_addresses) {
+  std::string lower = absl::AsciiStrToLower(message);
+  if (absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout")) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "timed out (timeout ", absl::FormatDuration(timeout), "): ", message));
+  }
+  // The side of a pair that accepted the connection knows its peer only by
+  // the peer's ephemeral port, so not every message can name a rank.
+  for (size_t peer = 0; peer < peer_addresses.size(); ++peer) {
+    if (!peer_addresses[peer].empty() && absl::StrContains(message, peer_addresses[peer])) {
+      return absl::UnavailableError(absl::StrCat(
+          "connection to rank ", peer, " at ", peer_addresses[peer],
+          " failed (that process died or closed the group): ", message));
+    }
+  }
+  return absl::UnavailableError(absl::StrCat("a peer connection failed (a peer process died or closed "
+                                              "the group): ", message));
+}
+
+// What a running operation needs, shared with it: a stuck operation may
+// outlive its GlooGroup (see WorkQueue's destructor).
+struct Shared {
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  std::vector<std::string> peer_addresses;
+  absl::Duration timeout;
+};
+
+// Runs gloo calls, mapping what they throw to process_group.h's codes.
+absl::Status RunGloo(const Shared& shared, const std::function<void()>& body) {
+  try {
+    body();
+    return absl::OkStatus();
+  } catch (const gloo::IoException& error) {
+    return StatusFromGlooError(error.what(), shared.timeout, shared.peer_addresses);
+  } catch (const gloo::EnforceNotMet& error) {
+    return absl::InternalError(absl::StrCat("gloo: ", error.what()));
+  } catch (const std::exception& error) {
+    return absl::InternalError(absl::StrCat("gloo: ", error.what()));
+  }
+}
+
+// Broken for good: closing our end makes the peers blocked on us fail now
+// rather than after their timeout.
+void CloseConnections(const Shared& shared) {
+  try {
+    shared.context->closeConnections();
+  } catch (const std::exception&) {
+    // Already broken; the first error is what the caller needs.
+  }
+}
+
+void Scale(absl::Span<float> data, int ranks) {
+  for (float& value : data) value /= static_cast<float>(ranks);
+}
+
+class GlooGroup : public ProcessGroup {
+ public:
+  explicit GlooGroup(std::shared_ptr<const Shared> shared)
+      : shared_(std::move(shared)),
+        context_(shared_->context),
+        queue_(std::make_unique<WorkQueue>(shared_->timeout)),
+        monitor_([this] { Monitor(); }) {}
+
+  ~GlooGroup() override {
+    {
+      absl::MutexLock lock(&monitor_mu_);
+      stopping_ = true;
+    }
+    monitor_.join();
+    queue_.reset();
+  }
+
+  int rank() const override { return context_->rank; }
+  int size() const override { return context_->size; }
+  absl::Duration timeout() const override { return shared_->timeout; }
+
+  std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
+    return Issue(absl::StrCat("allreduce of ", data.size(), " floats"),
+                 [context = context_, data, op](uint32_t tag, Millis timeout) {
+                   if (!data.empty()) gloo_ops::AllReduceSum(context, data, tag, timeout);
+                   if (op == ReduceOp::kAvg) Scale(data, context->size);
+                 });
+  }
+
+  std::shared_ptr<Work> ReduceScatter(absl::Span<const float> input, absl::Span<float> output,
+                                      std::vector<size_t> counts, ReduceOp op) override {
+    if (absl::Status bad = CheckCounts("reduce_scatter", counts, input.size(), output.size());
+        !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("reduce_scatter of ", input.size(), " floats"),
+                 [context = context_, input, output, counts = std::move(counts), op](
+                     uint32_t tag, Millis timeout) {
+                   gloo_ops::ReduceScatterSum(context, input, output, counts, tag, timeout);
+                   if (op == ReduceOp::kAvg) Scale(output, context->size);
+                 });
+  }
+
+  std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
+                                  std::vector<size_t> counts) override {
+    if (absl::Status bad = CheckCounts("allgather", counts, output.size(), input.size());
+        !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("allgather of ", output.size(), " floats"),
+                 [context = context_, input, output, counts = std::move(counts)](
+                     uint32_t tag, Millis timeout) {
+                   if (!output.empty()) {
+                     gloo_ops::AllGather(context, input, output, counts, tag, timeout);
+                   }
+                 });
+  }
+
+  std::shared_ptr<Work> Broadcast(absl::Span<float> data, int root) override {
+    if (absl::Status bad = CheckPeer("broadcast root", root, /*self_ok=*/true); !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("broadcast of ", data.size(), " floats from rank ", root),
+                 [context = context_, data, root](uint32_t tag, Millis timeout) {
+                   if (!data.empty()) gloo_ops::Broadcast(context, data, root, tag, timeout);
+                 });
+  }
+
+  std::shared_ptr<Work> Send(absl::Span<const float> data, int destination, int tag) override {
+    if (absl::Status bad = CheckPointToPoint("send destination", destination, tag); !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("send of ", data.size(), " floats to rank ", destination,
+                              " with tag ", tag),
+                 [context = context_, data, destination, tag](uint32_t, Millis timeout) {
+                   gloo_ops::Send(context, data, destination, tag, timeout);
+                 });
+  }
+
+  std::shared_ptr<Work> Recv(absl::Span<float> data, int source, int tag) override {
+    if (absl::Status bad = CheckPointToPoint("recv source", source, tag); !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("recv of ", data.size(), " floats from rank ", source,
+                              " with tag ", tag),
+                 [context = context_, data, source, tag](uint32_t, Millis timeout) {
+                   gloo_ops::Recv(context, data, source, tag, timeout);
+                 });
+  }
+
+  std::shared_ptr<Work> Barrier() override {
+    return Issue("barrier", [context = context_](uint32_t tag, Millis timeout) {
+      if (context->size > 1) gloo_ops::Barrier(context, tag, timeout);
+    });
+  }
+
+ private:
+  static constexpr absl::Duration kMonitorInterval = absl::Milliseconds(50);
+
+  // The gloo calls of one operation; may throw what gloo throws. `tag`
+  // keeps concurrent collectives apart (it is the same on every rank, since
+  // every rank issues the same sequence).
+  using Body = std::function<void(uint32_t tag, Millis timeout)>;
+
+  std::shared_ptr<Work> Issue(std::string what, Body body) {
+    absl::MutexLock lock(&issue_mu_);  // tag order == queue order
+    uint32_t tag = next_tag_++;
+    return queue_->Enqueue(
+        absl::StrCat(what, " (op #", tag, " on rank ", rank(), " of ", size(), ")"),
+        [shared = shared_, tag, body = std::move(body)](absl::Time deadline) {
+          absl::Duration left = deadline - absl::Now();
+          if (left <= absl::ZeroDuration()) {
+            return absl::DeadlineExceededError("its deadline passed before it could start");
+          }
+          absl::Status status = RunGloo(*shared, [&] { body(tag, ToMillis(left)); });
+          if (!status.ok()) CloseConnections(*shared);
+          return status;
+        });
+  }
+
+  // This gloo's tcp transport wakes a pending receive when its connection
+  // fails, but not a pending send (it waits out the timeout). So every
+  // kMonitorInterval the pairs are probed: tryRecv on a slot no operation
+  // uses throws the pair's error and otherwise does nothing. A failed pair
+  // fails the group at once, naming the peer, and closes our connections
+  // so the other peers fail too.
+  void Monitor() {
+    absl::MutexLock lock(&monitor_mu_);
+    while (!monitor_mu_.AwaitWithTimeout(absl::Condition(&stopping_), kMonitorInterval)) {
+      if (!queue_->first_error().ok()) continue;
+      for (int peer = 0; peer < size(); ++peer) {
+        try {
+          gloo_ops::ProbeConnection(*context_, peer);
+        } catch (const std::exception& error) {
+          // A pair also breaks when one of our own waits timed out on it
+          // ("Application timeout caused pair closure"): that stays
+          // DEADLINE_EXCEEDED.
+          absl::Status status = StatusFromGlooError(error.what(), shared_->timeout, {});
+          queue_->Fail(absl::Status(
+              status.code(),
+              status.code() == absl::StatusCode::kUnavailable
+                  ? absl::StrCat("connection to rank ", peer,
+                                 " failed (that process died or closed the group): ",
+                                 error.what())
+                  : absl::StrCat("connection to rank ", peer, ": ", status.message())));
+          CloseConnections(*shared_);
+          break;
+        }
+      }
+    }
+  }
+
+  // counts: one per rank, summing to `total`, with counts[rank] == `mine`.
+  absl::Status CheckCounts(const char* op, const std::vector<size_t>& counts, size_t total,
+                           size_t mine) const {
+    if (counts.size() != static_cast<size_t>(size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": counts has ", counts.size(), " entries; expected one per rank (", size(), ")"));
+    }
+    size_t sum = std::accumulate(counts.begin(), counts.end(), size_t{0});
+    if (sum != total) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": counts sum to ", sum, " but the full buffer holds ", total, " floats"));
+    }
+    if (counts[rank()] != mine) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": this rank's buffer holds ", mine, " floats but counts[", rank(), "] is ",
+          counts[rank()]));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckPeer(const char* what, int peer, bool self_ok) const {
+    if (peer < 0 || peer >= size() || (!self_ok && peer == rank())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " is ", peer, "; expected a rank in [0, ", size(), ")",
+          self_ok ? "" : " other than this rank"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CheckPointToPoint(const char* what, int peer, int tag) const {
+    if (tag < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tag is ", tag, "; expected >= 0"));
+    }
+    return CheckPeer(what, peer, /*self_ok=*/false);
+  }
+
+  const std::shared_ptr<const Shared> shared_;
+  const std::shared_ptr<gloo::rendezvous::Context> context_;
+  absl::Mutex issue_mu_;
+  uint32_t next_tag_ ABSL_GUARDED_BY(issue_mu_) = 0;
+  std::unique_ptr<WorkQueue> queue_;
+  absl::Mutex monitor_mu_;
+  bool stopping_ ABSL_GUARDED_BY(monitor_mu_) = false;
+  std::thread monitor_;  // last: starts once everything above exists
+};
+
+// After the mesh is up: every rank's listening address, so an error that
+// names an address can name the rank.
+absl::StatusOr<std::vector<std::string>> ExchangeAddresses(rdzv::Store* store,
+                                                           gloo::Context& context,
+                                                           absl::Time deadline) {
+  std::vector<std::string> addresses(context.size);
+  if (context.size == 1) return addresses;
+  const int rank = context.rank;
+  addresses[rank] =
+      WithoutSequence(context.getPair((rank + 1) % context.size)->address().str());
+  absl::Status set = store->Set(absl::StrCat("address/", rank), addresses[rank]);
+  if (!set.ok()) return set;
+  for (int peer = 0; peer < context.size; ++peer) {
+    if (peer == rank) continue;
+    absl::StatusOr<std::string> address =
+        store->Get(absl::StrCat("address/", peer),
+                   std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    if (!address.ok()) return address.status();
+    addresses[peer] = *std::move(address);
+  }
+  return addresses;
+}
+
+// gloo writes to its sockets with writev(2), which raises SIGPIPE when the
+// peer has gone; with the default action that kills this process instead of
+// failing the operation with UNAVAILABLE. Python ignores SIGPIPE at startup,
+// which is why PyTorch's gloo never meets this. A handler someone installed
+// on purpose is left alone.
+void IgnoreSigpipeIfDefault() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(rdzv::Store* store, int rank,
+                                                              int size,
+                                                              const GlooOptions& options) {
+  if (store == nullptr) return absl::InvalidArgumentError("CreateGlooGroup: store is null");
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CreateGlooGroup: rank ", rank, " and size ", size, "; expected 0 <= rank < size"));
+  }
+  if (options.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CreateGlooGroup: timeout must be positive, got ", absl::FormatDuration(options.timeout)));
+  }
+  IgnoreSigpipeIfDefault();
+  const absl::Time deadline = absl::Now() + options.timeout;
+  const std::string where = absl::StrCat("connecting rank ", rank, " of ", size, ": ");
+
+  std::shared_ptr<gloo::transport::Device> device;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.address;
+    device = gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& error) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "cannot listen on address '", options.address, "': ", error.what()));
+  }
+
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  context->setTimeout(ToMillis(options.timeout));
+  GlooStore gloo_store(store, options.timeout);
+  try {
+    context->connectFullMesh(gloo_store, device);
+  } catch (const std::exception& error) {
+    absl::Status store_error = gloo_store.first_error();
+    if (!store_error.ok()) {
+      return absl::Status(store_error.code(), absl::StrCat(where, store_error.message()));
+    }
+    absl::Status status = StatusFromGlooError(error.what(), options.timeout, {});
+    return absl::Status(status.code(), absl::StrCat(where, status.message()));
+  }
+
+  absl::StatusOr<std::vector<std::string>> addresses =
+      ExchangeAddresses(store, *context, deadline);
+  if (!addresses.ok()) {
+    return absl::Status(addresses.status().code(),
+                        absl::StrCat(where, addresses.status().message()));
+  }
+  auto shared = std::make_shared<Shared>();
+  shared->context = std::move(context);
+  shared->peer_addresses = *std::move(addresses);
+  shared->timeout = options.timeout;
+  return std::unique_ptr<ProcessGroup>(new GlooGroup(std::move(shared)));
+}
+
+}  // namespace muster::parallel

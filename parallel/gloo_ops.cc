@@ -1,0 +1,176 @@
+#include "parallel/gloo_ops.h"
+
+#include <gloo/allgatherv.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include <typeinfo>
+
+// Debian's libgloo-dev ships gloo/transport/tcp/pair.h without the
+// gloo/common/memory.h it includes, so that header cannot be compiled. The
+// probe needs one non-virtual member of tcp::Pair: declare just that (same
+// mangled name as in libgloo). Nothing here touches the class's layout.
+namespace gloo::transport::tcp {
+class Pair {
+ public:
+  bool tryRecv(::gloo::transport::UnboundBuffer* buffer, uint64_t slot, size_t offset,
+               size_t nbytes);
+};
+}  // namespace gloo::transport::tcp
+
+namespace muster::parallel::gloo_ops {
+namespace {
+
+void SumFloats(void* out, const void* a, const void* b, size_t n) {
+  float* c = static_cast<float*>(out);
+  const float* x = static_cast<const float*>(a);
+  const float* y = static_cast<const float*>(b);
+  for (size_t i = 0; i < n; ++i) c[i] = x[i] + y[i];
+}
+
+// gloo reads inputs through non-const pointers but never writes them.
+float* Mutable(absl::Span<const float> data) { return const_cast<float*>(data.data()); }
+
+// waitSend/waitRecv return false only when aborted, which we never do;
+// treat it as a broken connection all the same.
+void Check(bool completed, const char* what) {
+  if (!completed) throw gloo::IoException(std::string(what) + " was aborted");
+}
+
+}  // namespace
+
+void AllReduceSum(const std::shared_ptr<gloo::Context>& context,
+                  absl::Span<float> data, uint32_t tag, Millis timeout) {
+  gloo::AllreduceOptions options(context);
+  options.setOutput(data.data(), data.size());
+  options.setReduceFunction(&SumFloats);
+  options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+  options.setTag(tag);
+  options.setTimeout(timeout);
+  gloo::allreduce(options);
+}
+
+void AllGather(const std::shared_ptr<gloo::Context>& context,
+               absl::Span<const float> input, absl::Span<float> output,
+               const std::vector<size_t>& counts, uint32_t tag, Millis timeout) {
+  gloo::AllgathervOptions options(context);
+  options.setInput(Mutable(input), input.size());
+  options.setOutput(output.data(), counts);
+  options.setTag(tag);
+  options.setTimeout(timeout);
+  gloo::allgatherv(options);
+}
+
+void Broadcast(const std::shared_ptr<gloo::Context>& context,
+               absl::Span<float> data, int root, uint32_t tag, Millis timeout) {
+  gloo::BroadcastOptions options(context);
+  options.setOutput(data.data(), data.size());
+  options.setRoot(root);
+  options.setTag(tag);
+  options.setTimeout(timeout);
+  gloo::broadcast(options);
+}
+
+void Barrier(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
+             Millis timeout) {
+  gloo::BarrierOptions options(context);
+  options.setTag(tag);
+  options.setTimeout(timeout);
+  gloo::barrier(options);
+}
+
+void Send(const std::shared_ptr<gloo::Context>& context,
+          absl::Span<const float> data, int destination, uint32_t tag,
+          Millis timeout) {
+  auto buffer = context->createUnboundBuffer(Mutable(data), data.size() * sizeof(float));
+  buffer->send(destination, gloo::Slot::build(kSendRecvSlotPrefix, tag));
+  Check(buffer->waitSend(timeout), "send");
+}
+
+void Recv(const std::shared_ptr<gloo::Context>& context, absl::Span<float> data,
+          int source, uint32_t tag, Millis timeout) {
+  auto buffer = context->createUnboundBuffer(data.data(), data.size() * sizeof(float));
+  buffer->recv(source, gloo::Slot::build(kSendRecvSlotPrefix, tag));
+  Check(buffer->waitRecv(timeout), "recv");
+}
+
+void ProbeConnection(gloo::Context& context, int peer) {
+  if (peer == context.rank) return;
+  std::unique_ptr<gloo::transport::Pair>& pair = context.getPair(peer);
+  // tcp::Pair's first base is transport::Pair (it has a vtable, so it is
+  // the primary base at offset 0): the pointer converts without adjusting.
+  if (pair == nullptr || std::string(typeid(*pair).name()) != "N4gloo9transport3tcp4PairE") {
+    return;
+  }
+  static char unused;
+  auto probe = context.createUnboundBuffer(&unused, 0);
+  // tryRecv throws the pair's error if it has one; on a slot nothing ever
+  // sends to, it otherwise returns false without posting anything.
+  reinterpret_cast<gloo::transport::tcp::Pair*>(pair.get())
+      ->tryRecv(probe.get(), gloo::Slot::build(kProbeSlotPrefix, 0), 0, 0);
+}
+
+// gloo (this version) has no options-style reduce_scatter. Its only one is
+// the old bound-buffer ReduceScatterHalvingDoubling: an Algorithm object
+// whose constructor registers per-pair buffers for one fixed pointer (a
+// handshake per call), works in place on the whole input and has no
+// timeout per call. A ring on unbound buffers handles any counts
+// (zeros included) and moves each element once per step: P-1 steps, in step
+// s rank r sends its running sum of chunk (r-s-1) to r+1 and adds the chunk
+// (r-s-2) received from r-1, so after P-1 steps it holds the full sum of
+// chunk r. Chunks are matched by order on one slot: a pair's messages on a
+// slot are delivered in the order posted.
+void ReduceScatterSum(const std::shared_ptr<gloo::Context>& context,
+                      absl::Span<const float> input, absl::Span<float> output,
+                      const std::vector<size_t>& counts, uint32_t tag,
+                      Millis timeout) {
+  const int P = context->size;
+  const int r = context->rank;
+  std::vector<size_t> offsets(P + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
+  if (P == 1 || input.empty()) {
+    std::copy_n(input.begin() + offsets[r], counts[r], output.begin());
+    return;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&] {
+    return std::max(Millis(1), std::chrono::duration_cast<Millis>(
+                                   deadline - std::chrono::steady_clock::now()));
+  };
+  std::vector<float> sums(input.begin(), input.end());                     // (total)
+  std::vector<float> incoming(*std::max_element(counts.begin(), counts.end()));  // (max count)
+  auto sums_buffer = context->createUnboundBuffer(sums.data(), sums.size() * sizeof(float));
+  auto incoming_buffer =
+      context->createUnboundBuffer(incoming.data(), incoming.size() * sizeof(float));
+  const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+  const int next = (r + 1) % P;
+  const int prev = (r + P - 1) % P;
+  for (int step = 0; step < P - 1; ++step) {
+    const int send_chunk = (r - step - 1 + 2 * P) % P;
+    const int recv_chunk = (r - step - 2 + 2 * P) % P;
+    const size_t send_bytes = counts[send_chunk] * sizeof(float);
+    const size_t recv_bytes = counts[recv_chunk] * sizeof(float);
+    // Post the receive before the send: the transport sends only into a
+    // posted receive, so every rank sending first would deadlock.
+    if (recv_bytes > 0) incoming_buffer->recv(prev, slot, 0, recv_bytes);
+    if (send_bytes > 0) {
+      sums_buffer->send(next, slot, offsets[send_chunk] * sizeof(float), send_bytes);
+    }
+    if (recv_bytes > 0) {
+      Check(incoming_buffer->waitRecv(left()), "reduce_scatter recv");
+      float* sum = sums.data() + offsets[recv_chunk];
+      for (size_t i = 0; i < counts[recv_chunk]; ++i) sum[i] += incoming[i];
+    }
+    if (send_bytes > 0) Check(sums_buffer->waitSend(left()), "reduce_scatter send");
+  }
+  std::copy_n(sums.begin() + offsets[r], counts[r], output.begin());
+}
+
+}  // namespace muster::parallel::gloo_ops

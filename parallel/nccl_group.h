@@ -1,0 +1,56 @@
+// ProcessGroup over NCCL, on device memory (the contract is
+// parallel/process_group.h). Built only with --config=cuda; without it,
+// CreateNcclGroup returns FAILED_PRECONDITION. Status: compiles and links;
+// untested, as no GPU is available to the project's CI.
+//
+// Bootstrap: rank 0 calls ncclGetUniqueId and publishes it in the store
+// under "nccl_id"; the others read it (the store is scoped to the (job,
+// round), so a restarted job never sees a stale id). The communicator is
+// initialised non-blocking and polled until the timeout; on timeout or
+// error it is aborted.
+//
+// Execution: operations run on the group's own CUDA stream, one at a time
+// from the communication thread. Each waits for an event recorded on the
+// issuing thread's compute stream at issue time, so it sees every kernel
+// issued before it. A Work finishes when the GPU has finished the
+// operation; past the timeout the communicator is aborted and the Work
+// fails with DEADLINE_EXCEEDED. ncclRemoteError / ncclSystemError (a peer
+// or the network failed) are UNAVAILABLE.
+//
+// Differences from Gloo: Send/Recv tags are not transmitted (NCCL matches
+// point-to-point operations by order); uneven ReduceScatter and AllGather
+// are grouped ncclReduce / ncclBroadcast calls, even ones the native
+// collectives.
+//
+// REQUIRES: the caller's current CUDA device is options.device when
+// creating the group and when issuing operations.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "parallel/process_group.h"
+#include "rendezvous/store.h"
+
+namespace muster::parallel {
+
+struct NcclOptions {
+  int device = 0;
+  // Bounds creating the communicator and then each operation.
+  absl::Duration timeout = absl::Seconds(60);
+  // The cudaStream_t the caller's kernels run on (nullptr: the legacy
+  // default stream). Operations wait for it at issue time.
+  void* compute_stream = nullptr;
+};
+
+// Every rank calls this with the same `size` and a distinct `rank`, and a
+// store scoped to this group. Errors: INVALID_ARGUMENT for bad arguments;
+// DEADLINE_EXCEEDED if the id or the peers did not arrive in time;
+// UNAVAILABLE / INTERNAL from NCCL and CUDA; FAILED_PRECONDITION in a build
+// without CUDA.
+absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclGroup(rdzv::Store* store, int rank,
+                                                              int size,
+                                                              const NcclOptions& options = {});
+
+}  // namespace muster::parallel

@@ -1,0 +1,190 @@
+// Every operation of the Gloo ProcessGroup, as threads-as-ranks over an
+// InMemoryStore, checked exactly (integer-valued floats make sums exact).
+#include <numeric>
+
+#include "tests/parallel/group_test_util.h"
+
+namespace muster::parallel::testing {
+namespace {
+
+using Works = std::vector<std::shared_ptr<Work>>;
+
+TEST_CASE("EvenCounts splits as evenly as possible, the first chunks larger") {
+  CHECK(EvenCounts(7, 3) == std::vector<size_t>{3, 2, 2});
+  CHECK(EvenCounts(2, 3) == std::vector<size_t>{1, 1, 0});
+  CHECK(EvenCounts(0, 2) == std::vector<size_t>{0, 0});
+}
+
+TEST_CASE("collectives give exact results for uneven and empty sizes") {
+  const int size = GENERATE(2, 3);
+  const size_t n = GENERATE(size_t{0}, size_t{1}, size_t{7}, size_t{1000003});
+  INFO("size " << size << ", n " << n);
+  rdzv::InMemoryStore store;
+  Groups groups = ConnectGroups(store, size);
+  const std::vector<float> sum = SumOverRanks(size, n);
+  const std::vector<size_t> counts = EvenCounts(n, size);
+  std::vector<size_t> offsets(size + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
+
+  SECTION("allreduce sum and avg") {
+    std::vector<std::vector<float>> summed(size), averaged(size);
+    Works works;
+    for (int r = 0; r < size; ++r) {
+      summed[r] = RankData(r, n);
+      averaged[r] = RankData(r, n);
+      works.push_back(groups[r]->AllReduce(absl::MakeSpan(summed[r]), ReduceOp::kSum));
+    }
+    for (int r = 0; r < size; ++r) {
+      works.push_back(groups[r]->AllReduce(absl::MakeSpan(averaged[r]), ReduceOp::kAvg));
+    }
+    WaitAll(works);
+    std::vector<float> mean = sum;
+    for (float& value : mean) value /= static_cast<float>(size);
+    for (int r = 0; r < size; ++r) {
+      CHECK(summed[r] == sum);
+      CHECK(averaged[r] == mean);
+    }
+  }
+
+  SECTION("reduce_scatter sum and avg") {
+    const ReduceOp op = GENERATE(ReduceOp::kSum, ReduceOp::kAvg);
+    std::vector<std::vector<float>> inputs(size), outputs(size);
+    Works works;
+    for (int r = 0; r < size; ++r) {
+      inputs[r] = RankData(r, n);
+      outputs[r].assign(counts[r], -1.0f);
+      works.push_back(groups[r]->ReduceScatter(inputs[r], absl::MakeSpan(outputs[r]), counts, op));
+    }
+    WaitAll(works);
+    for (int r = 0; r < size; ++r) {
+      std::vector<float> expected(sum.begin() + offsets[r], sum.begin() + offsets[r + 1]);
+      if (op == ReduceOp::kAvg) {
+        for (float& value : expected) value /= static_cast<float>(size);
+      }
+      CHECK(outputs[r] == expected);
+      CHECK(inputs[r] == RankData(r, n));  // input untouched
+    }
+  }
+
+  SECTION("allgather") {
+    std::vector<std::vector<float>> inputs(size), outputs(size);
+    std::vector<float> expected;
+    Works works;
+    for (int r = 0; r < size; ++r) {
+      std::vector<float> data = RankData(r, n);
+      inputs[r].assign(data.begin() + offsets[r], data.begin() + offsets[r + 1]);
+      expected.insert(expected.end(), inputs[r].begin(), inputs[r].end());
+      outputs[r].assign(n, -1.0f);
+      works.push_back(groups[r]->AllGather(inputs[r], absl::MakeSpan(outputs[r]), counts));
+    }
+    WaitAll(works);
+    for (int r = 0; r < size; ++r) CHECK(outputs[r] == expected);
+  }
+
+  SECTION("broadcast from a non-zero root") {
+    const int root = size - 1;
+    std::vector<std::vector<float>> data(size);
+    Works works;
+    for (int r = 0; r < size; ++r) {
+      data[r] = RankData(r, n);
+      works.push_back(groups[r]->Broadcast(absl::MakeSpan(data[r]), root));
+    }
+    WaitAll(works);
+    for (int r = 0; r < size; ++r) CHECK(data[r] == RankData(root, n));
+  }
+}
+
+TEST_CASE("send and recv match by source and tag, in order") {
+  rdzv::InMemoryStore store;
+  Groups groups = ConnectGroups(store, 3);
+  // Ranks 0 and 2 each send two tagged messages to rank 1; rank 1 receives
+  // them in the order they were sent.
+  std::vector<float> a = RankData(0, 5), b = RankData(0, 1000), c = RankData(2, 9);
+  std::vector<float> got_a(5), got_b(1000), got_c(9), empty_out, empty_in;
+  Works works = {
+      groups[0]->Send(a, 1, /*tag=*/4),
+      groups[0]->Send(b, 1, /*tag=*/17),
+      groups[2]->Send(c, 1, /*tag=*/4),
+      groups[2]->Send(empty_out, 1, /*tag=*/0),
+      groups[1]->Recv(absl::MakeSpan(got_a), 0, 4),
+      groups[1]->Recv(absl::MakeSpan(got_b), 0, 17),
+      groups[1]->Recv(absl::MakeSpan(got_c), 2, 4),
+      groups[1]->Recv(absl::MakeSpan(empty_in), 2, 0),
+  };
+  WaitAll(works);
+  CHECK(got_a == a);
+  CHECK(got_b == b);
+  CHECK(got_c == c);
+}
+
+TEST_CASE("many operations queued before any wait run in issue order") {
+  const int size = 3;
+  rdzv::InMemoryStore store;
+  Groups groups = ConnectGroups(store, size);
+  const int kRounds = 40;
+  const size_t n = 101;
+  // buffers[r][k]: rank r's buffer of round k; round k alternates ops that
+  // feed each other (broadcast, then allreduce of the broadcast value).
+  std::vector<std::vector<std::vector<float>>> buffers(size);
+  Works works;
+  for (int r = 0; r < size; ++r) buffers[r].resize(kRounds);
+  for (int k = 0; k < kRounds; ++k) {
+    for (int r = 0; r < size; ++r) {
+      buffers[r][k] = RankData(r + k, n);
+      works.push_back(groups[r]->Broadcast(absl::MakeSpan(buffers[r][k]), k % size));
+      works.push_back(groups[r]->AllReduce(absl::MakeSpan(buffers[r][k]), ReduceOp::kSum));
+      if (k % 10 == 0) works.push_back(groups[r]->Barrier());
+    }
+  }
+  WaitAll(works);
+  for (int k = 0; k < kRounds; ++k) {
+    std::vector<float> expected = RankData(k % size + k, n);
+    for (float& value : expected) value *= size;
+    for (int r = 0; r < size; ++r) CHECK(buffers[r][k] == expected);
+  }
+}
+
+TEST_CASE("bad arguments fail at once with INVALID_ARGUMENT and leave the group usable") {
+  rdzv::InMemoryStore store;
+  Groups groups = ConnectGroups(store, 2);
+  std::vector<float> data(4, 1.0f), out(2);
+  CHECK(groups[0]->ReduceScatter(data, absl::MakeSpan(out), {2}, ReduceOp::kSum)->Wait().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(groups[0]->ReduceScatter(data, absl::MakeSpan(out), {1, 1}, ReduceOp::kSum)->Wait().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(groups[0]->AllGather(data, absl::MakeSpan(out), {2, 2})->Wait().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(groups[0]->Broadcast(absl::MakeSpan(data), 2)->Wait().code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(groups[0]->Send(data, 0, 1)->Wait().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(groups[0]->Recv(absl::MakeSpan(data), 1, -1)->Wait().code() ==
+        absl::StatusCode::kInvalidArgument);
+  std::vector<float> other(4, 2.0f);
+  WaitAll({groups[0]->AllReduce(absl::MakeSpan(data), ReduceOp::kSum),
+           groups[1]->AllReduce(absl::MakeSpan(other), ReduceOp::kSum)});
+  CHECK(data == std::vector<float>(4, 3.0f));
+}
+
+TEST_CASE("a group of one needs no peers") {
+  rdzv::InMemoryStore store;
+  Groups groups = ConnectGroups(store, 1);
+  std::vector<float> data = RankData(0, 7), out(7);
+  WaitAll({groups[0]->AllReduce(absl::MakeSpan(data), ReduceOp::kAvg),
+           groups[0]->ReduceScatter(RankData(0, 7), absl::MakeSpan(out), {7}, ReduceOp::kSum),
+           groups[0]->Barrier()});
+  CHECK(data == RankData(0, 7));
+  CHECK(out == RankData(0, 7));
+}
+
+TEST_CASE("CreateGlooGroup rejects bad arguments") {
+  rdzv::InMemoryStore store;
+  CHECK(CreateGlooGroup(&store, 2, 2).status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(CreateGlooGroup(nullptr, 0, 1).status().code() == absl::StatusCode::kInvalidArgument);
+  GlooOptions options;
+  options.address = "192.0.2.1";  // TEST-NET: not a local address
+  CHECK(CreateGlooGroup(&store, 0, 1, options).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace muster::parallel::testing

@@ -1,0 +1,192 @@
+// DDP as users run it: the real `worker` under the real `launch
+// --standalone`, ranks as processes talking Gloo over loopback.
+//   - equivalence: 2 and 3 ranks follow the 1-process loss curve, with the
+//     global batch held constant;
+//   - failure: SIGKILL one rank mid-run; the survivors leave their
+//     collective with an error by themselves, and launch restarts the job.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "tests/launcher/harness.h"
+#include "worker/data.h"
+
+namespace muster::testing {
+namespace {
+
+using launcher::Child;
+
+// A byte-level corpus with some structure (so the loss moves) and no
+// period short enough to repeat within a global batch.
+void WriteCorpus(const std::string& dir) {
+  std::vector<uint16_t> tokens;
+  uint64_t state = 42;
+  const std::string words[] = {"alpha ", "beta ", "gamma ", "delta ", "sigma ", "omega. "};
+  while (tokens.size() < 20000) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    for (char c : words[(state >> 33) % 6]) tokens.push_back(static_cast<unsigned char>(c));
+  }
+  REQUIRE(worker::WriteTokenShard(dir + "/train_000.bin", tokens).ok());
+}
+
+std::string JobYaml(int micro_batch, int accumulation, int steps, const std::string& metrics) {
+  return absl::StrCat(R"(model: {layers: 2, heads: 2, dim: 32, vocab: 256, seq_len: 16}
+data:
+  train: train_*.bin
+  micro_batch: )", micro_batch, R"(
+  grad_accumulation: )", accumulation, R"(
+optim: {lr: 1.0e-2, warmup_steps: 2}
+train:
+  steps: )", steps, R"(
+  log_every: 1
+  metrics_file: )", metrics, R"(
+device: cpu
+parallel: {strategy: ddp, bucket_mb: 0.01, timeout_s: 30}
+)");
+}
+
+// step -> loss, from a worker's JSONL metrics file.
+std::map<int, double> ReadLosses(const std::string& path) {
+  std::map<int, double> losses;
+  for (absl::string_view line : absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty())) {
+    int step = 0;
+    double loss = 0;
+    // {"step":N,"loss":X,...}: step lines only (eval lines have val_loss).
+    size_t s = line.find("\"step\":"), l = line.find("\"loss\":");
+    if (s == absl::string_view::npos || l == absl::string_view::npos) continue;
+    absl::string_view step_text = line.substr(s + 7, line.find(',', s) - s - 7);
+    absl::string_view loss_text = line.substr(l + 7, line.find(',', l) - l - 7);
+    REQUIRE(absl::SimpleAtoi(step_text, &step));
+    REQUIRE(absl::SimpleAtod(loss_text, &loss));
+    losses[step] = loss;
+  }
+  return losses;
+}
+
+int ExitCodeWithin(Child& child, absl::Duration timeout) {
+  auto exit = child.WaitFor(timeout);
+  REQUIRE(exit.has_value());
+  return exit->ShellCode();
+}
+
+TEST_CASE("2 and 3 DDP ranks follow the 1-process loss curve at the same global batch") {
+  TempDir dir;
+  WriteCorpus(dir.path());
+  const int kSteps = 20;
+  // Global batch 12 every time: 1 x 12, 2 ranks x 3 x 2 micro-steps (the
+  // accumulation path), 3 ranks x 4.
+  WriteFile(dir.File("one.yaml"), JobYaml(12, 1, kSteps, "one.jsonl"));
+  WriteFile(dir.File("two.yaml"), JobYaml(3, 2, kSteps, "two.jsonl"));
+  WriteFile(dir.File("three.yaml"), JobYaml(4, 1, kSteps, "three.jsonl"));
+  const std::string worker = BinaryPath("worker/worker");
+
+  Child single = StartLaunch({"--standalone", "--nproc_per_node=1", worker, dir.File("one.yaml")},
+                             dir.File("one.log"));
+  REQUIRE(ExitCodeWithin(single, absl::Seconds(120)) == 0);
+  std::map<int, double> reference = ReadLosses(dir.File("one.jsonl"));
+  REQUIRE(reference.size() == kSteps);
+
+  for (int world : {2, 3}) {
+    std::string name = world == 2 ? "two" : "three";
+    Child job = StartLaunch({"--standalone", absl::StrCat("--nproc_per_node=", world),
+                             "--log_dir", dir.File("logs"), worker, dir.File(name + ".yaml")},
+                            dir.File(name + ".log"));
+    int code = ExitCodeWithin(job, absl::Seconds(120));
+    INFO(ReadFile(dir.File(name + ".log")));
+    REQUIRE(code == 0);
+    std::map<int, double> losses = ReadLosses(dir.File(name + ".jsonl"));
+    REQUIRE(losses.size() == kSteps);
+    for (int step = 1; step <= kSteps; ++step) {
+      INFO("world " << world << " step " << step << ": " << losses[step] << " vs "
+                    << reference[step]);
+      CHECK(std::abs(losses[step] - reference[step]) <= 1e-5 * std::abs(reference[step]));
+    }
+  }
+  // The loss moved: the comparison is not between two flat lines.
+  CHECK(reference[kSteps] < reference[1] - 0.5);
+}
+
+// The pid of the process whose parent is `parent` and whose environment
+// has exactly `entry` (e.g. "RANK=1"), or -1.
+int ChildWithEnv(int parent, const std::string& entry) {
+  for (const auto& proc : std::filesystem::directory_iterator("/proc")) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(proc.path().filename().string(), &pid)) continue;
+    std::string status = ReadFile(proc.path().string() + "/status");
+    size_t at = status.find("PPid:\t");
+    if (at == std::string::npos || std::atoi(status.c_str() + at + 6) != parent) continue;
+    std::string environ = ReadFile(proc.path().string() + "/environ");
+    for (absl::string_view var : absl::StrSplit(environ, '\0')) {
+      if (var == entry) return pid;
+    }
+  }
+  return -1;
+}
+
+TEST_CASE("SIGKILL of one rank: the others fail out of their collective and launch restarts") {
+  TempDir dir;
+  WriteCorpus(dir.path());
+  // Attempt 0 trains "forever"; the restarted attempt 1 a few steps.
+  WriteFile(dir.File("long.yaml"), JobYaml(2, 1, 1000000, "long.jsonl"));
+  WriteFile(dir.File("short.yaml"), JobYaml(2, 1, 3, "short.jsonl"));
+  const std::string worker = BinaryPath("worker/worker");
+  // The workers ignore SIGTERM (kept across exec), so when launch stops the
+  // job the survivors still have to leave their collective by themselves:
+  // the test then sees whether they do, and how fast.
+  std::string script = absl::StrCat(
+      "trap '' TERM; if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec ", worker, " ",
+      dir.File("long.yaml"), "; else exec ", worker, " ", dir.File("short.yaml"), "; fi");
+  Child job = StartLaunch({"--standalone", "--nproc_per_node=3", "--max_restarts=1",
+                           "--shutdown_timeout=60", "--log_dir", dir.File("logs"),
+                           "--rdzv_id=ddpkill", "--no_python", "/bin/sh", "-c", script},
+                          dir.File("launch.log"));
+  // Training is under way once rank 0 has logged a few steps.
+  REQUIRE(WaitUntil([&] { return ReadLosses(dir.File("long.jsonl")).size() >= 3; },
+                    absl::Seconds(60)));
+  int victim = ChildWithEnv(job.pid(), "RANK=1");
+  int survivor0 = ChildWithEnv(job.pid(), "RANK=0");
+  int survivor2 = ChildWithEnv(job.pid(), "RANK=2");
+  REQUIRE(victim > 0);
+  REQUIRE(survivor0 > 0);
+  REQUIRE(survivor2 > 0);
+  absl::Time killed = absl::Now();
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  // Well inside parallel.timeout_s (30 s): a dead peer's sockets close.
+  REQUIRE(WaitUntil([&] { return ProcessGone(survivor0) && ProcessGone(survivor2); },
+                    absl::Seconds(20)));
+  absl::Duration took = absl::Now() - killed;
+  WARN("the survivors left their collective " << absl::FormatDuration(took)
+                                              << " after the SIGKILL");
+  CHECK(took < absl::Seconds(10));
+
+  int code = ExitCodeWithin(job, absl::Seconds(120));
+  INFO(ReadFile(dir.File("launch.log")));
+  CHECK(code == 0);
+  CHECK(ReadLosses(dir.File("short.jsonl")).size() == 3);
+  // Each survivor said which collective failed and why (console lines
+  // carry launch's "[host rankN]:" prefix).
+  std::string console = ReadFile(dir.File("launch.log"));
+  for (int rank : {0, 2}) {
+    bool reported = false;
+    for (absl::string_view line : absl::StrSplit(console, '\n')) {
+      reported |= absl::StrContains(line, absl::StrCat(" rank", rank, "]: worker: ")) &&
+                  absl::StrContains(line, "connection");
+    }
+    INFO("rank " << rank);
+    CHECK(reported);
+  }
+}
+
+}  // namespace
+}  // namespace muster::testing
