@@ -2,19 +2,22 @@
 //   1. allreduce bus bandwidth over loopback, 1 KB .. 64 MB, 2 and 3 ranks
 //      (threads): our Gloo ProcessGroup against gloo's ring allreduce
 //      called directly;
-//   2. scaling: global tokens/s of the `worker` with N ranks under
-//      `launch --standalone` against 1 rank, on a small GPT;
+//   2. throughput of a small GPT: our `worker` and PyTorch DDP (gloo, when
+//      /usr/bin/python3 has torch) at 1 rank and at N ranks under
+//      `launch --standalone`: global tokens/s, scaling efficiency, and
+//      ours/theirs;
 //   3. overlap: the fraction of the gradient allreduce hidden behind the
-//      backward pass (tools/bench_ddp_overlap.h says how it is measured);
-//   4. PyTorch DDP (gloo) on the same model and micro-batch under the same
-//      launcher when /usr/bin/python3 has torch, and ours/theirs.
+//      backward pass (tools/bench_ddp_overlap.h says how it is measured).
 // Every rank computes with one thread (launch's OMP_NUM_THREADS=1).
 //
-//   bazel run //tools:bench_ddp -- [--steps 10] [--nproc 2] [--bucket-mb 25]
+//   bazel run //tools:bench_ddp -- [--steps 10] [--rounds 3] [--nproc 2]
+//                                   [--bucket-mb 25] [--skip-allreduce]
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -83,8 +86,111 @@ void PrintAllreduce(int ranks, double max_mb) {
   std::fflush(stdout);
 }
 
+// One measured configuration of the throughput table.
+struct Job {
+  std::string name;
+  std::function<absl::StatusOr<Throughput>()> run;
+  std::vector<Throughput> results;  // one per round
+  absl::Status error;               // the first failure
+};
+
+// The round with the median tokens/s of `job` (its results are non-empty).
+Throughput MedianRound(const Job& job) {
+  std::vector<Throughput> sorted = job.results;
+  std::sort(sorted.begin(), sorted.end(), [](const Throughput& a, const Throughput& b) {
+    return a.tokens_per_s < b.tokens_per_s;
+  });
+  return sorted[sorted.size() / 2];
+}
+
+// Our worker and PyTorch DDP at 1 and `nproc` ranks. The jobs run in
+// rounds, each round all of them in turn, so load from elsewhere on the
+// machine lands on every job alike; each figure is the median round.
+int PrintThroughput(const JobPaths& paths, const worker::TrainConfig& config, int nproc,
+                    int warmup, int steps, int rounds, bool skip_torch) {
+  std::vector<Job> jobs;
+  for (int ranks : {1, nproc}) {
+    jobs.push_back({absl::StrCat("muster worker, ", ranks, ranks == 1 ? " rank" : " ranks"),
+                    [=] { return RunWorkerJob(paths, config, ranks, warmup, steps); }});
+  }
+  const std::string script = BuiltFile("tools/bench_ddp_torch.py");
+  for (int ranks : {1, nproc}) {
+    if (skip_torch) break;
+    jobs.push_back({absl::StrCat("PyTorch DDP (gloo), ", ranks, ranks == 1 ? " rank" : " ranks"),
+                    [=] { return RunTorchDdpJob(paths, script, config, ranks, warmup, steps); }});
+  }
+  for (int round = 0; round < rounds; ++round) {
+    for (Job& job : jobs) {
+      auto result = job.run();
+      if (result.ok()) {
+        job.results.push_back(*result);
+      } else if (job.error.ok()) {
+        job.error = result.status();
+      }
+    }
+  }
+  int status = 0;
+  std::vector<double> tokens_per_s;  // per job; 0: failed
+  for (const Job& job : jobs) {
+    if (job.results.empty()) {
+      // No torch is not a failure of this benchmark.
+      const bool absent = absl::IsNotFound(job.error);
+      if (!absent) status = 1;
+      std::printf("  %-30s %s: %s\n", job.name.c_str(), absent ? "not measured" : "failed",
+                  job.error.ToString().c_str());
+      tokens_per_s.push_back(0);
+      continue;
+    }
+    const Throughput median = MedianRound(job);
+    std::printf("  %-30s %9.0f tok/s %9.1f ms/step  (median of %zu rounds)\n", job.name.c_str(),
+                median.tokens_per_s, median.ms_per_step, job.results.size());
+    tokens_per_s.push_back(median.tokens_per_s);
+  }
+  for (size_t one = 0; one + 1 < jobs.size(); one += 2) {
+    if (tokens_per_s[one] > 0 && tokens_per_s[one + 1] > 0) {
+      std::printf("  %s: scaling efficiency %.2f (tok/s at %d ranks / (%d x tok/s at 1))\n",
+                  one == 0 ? "muster" : "PyTorch",
+                  tokens_per_s[one + 1] / (nproc * tokens_per_s[one]), nproc, nproc);
+    }
+  }
+  if (jobs.size() == 4 && tokens_per_s[1] > 0 && tokens_per_s[3] > 0) {
+    std::printf("  muster / PyTorch tokens/s at %d ranks: %.2f (goal >= 1.5)\n", nproc,
+                tokens_per_s[1] / tokens_per_s[3]);
+  }
+  std::fflush(stdout);
+  return status;
+}
+
+int PrintOverlap(worker::TrainConfig config, const std::vector<double>& bucket_mbs, int nproc,
+                 int warmup, int steps) {
+  std::printf("\noverlap (%d ranks as threads, Trainer + DdpDataParallel; medians over "
+              "steps):\n", nproc);
+  std::printf("%10s %8s %12s %10s %10s %12s %10s %8s\n", "bucket_mb", "buckets", "gradient MB",
+              "step ms", "skew ms", "exposed ms", "bare ms", "hidden");
+  int status = 0;
+  for (double bucket_mb : bucket_mbs) {
+    config.parallel.bucket_mb = bucket_mb;
+    auto overlap = MeasureOverlap(config, nproc, warmup, steps);
+    if (!overlap.ok()) {
+      std::printf("%10g failed: %s\n", bucket_mb, overlap.status().ToString().c_str());
+      status = 1;
+      continue;
+    }
+    std::printf("%10g %8d %12.2f %10.1f %10.2f %12.2f %10.2f %7.0f%%\n", bucket_mb,
+                overlap->buckets, overlap->gradient_floats * 4 / 1048576.0, overlap->step_ms,
+                overlap->skew_ms, overlap->exposed_ms, overlap->bare_ms, 100 * overlap->hidden);
+    std::fflush(stdout);
+  }
+  std::printf("  skew: between the ranks' ends of backward; exposed: the wait for the "
+              "reduction after backward\n"
+              "  (GradientReducer::last_exposed_wait) of the rank that ended backward last;\n"
+              "  bare: the same buckets reduced with nothing else running; "
+              "hidden = 1 - exposed / bare\n");
+  return status;
+}
+
 int Main(int argc, char** argv) {
-  int steps = 10, warmup = 2, nproc = 2, micro_batch = 8;
+  int steps = 10, warmup = 2, nproc = 2, micro_batch = 8, rounds = 3;
   double bucket_mb = 25.0, max_mb = 64.0;
   std::vector<int> allreduce_ranks = {2, 3};
   // The config's buckets, and buckets of about one stage each (this
@@ -95,6 +201,8 @@ int Main(int argc, char** argv) {
   app.add_option("--steps", steps, "Timed training steps per job")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
   app.add_option("--nproc", nproc, "Ranks of the DDP jobs")->capture_default_str();
+  app.add_option("--rounds", rounds, "Rounds of the throughput jobs (median)")
+      ->capture_default_str();
   app.add_option("--micro-batch", micro_batch, "B per rank")->capture_default_str();
   app.add_option("--bucket-mb", bucket_mb, "parallel.bucket_mb (and PyTorch's bucket_cap_mb)")
       ->capture_default_str();
@@ -127,71 +235,10 @@ int Main(int argc, char** argv) {
               "%d timed steps after %d; one thread per rank\n",
               m.layers, m.dim, m.heads, m.seq_len, m.vocab, micro_batch, bucket_mb, steps,
               warmup);
-  int status = 0;
-  auto one = RunWorkerJob(paths, config, 1, warmup, steps);
-  auto many = RunWorkerJob(paths, config, nproc, warmup, steps);
-  auto report = [&](const char* name, const absl::StatusOr<Throughput>& run) {
-    if (run.ok()) {
-      std::printf("  %-34s %10.0f tok/s %9.1f ms/step\n", name, run->tokens_per_s,
-                  run->ms_per_step);
-    } else {
-      std::printf("  %-34s failed: %s\n", name, run.status().ToString().c_str());
-      status = 1;
-    }
-    std::fflush(stdout);
-  };
-  report("muster worker, 1 rank", one);
-  report(absl::StrCat("muster worker, ", nproc, " ranks (launch)").c_str(), many);
-  if (one.ok() && many.ok()) {
-    std::printf("  scaling efficiency: %.2f (tok/s at %d ranks / (%d x tok/s at 1))\n",
-                many->tokens_per_s / (nproc * one->tokens_per_s), nproc, nproc);
-  }
-
+  int status = PrintThroughput(paths, config, nproc, warmup, steps, rounds, skip_torch);
   worker::TrainConfig in_process = config;
   in_process.data.train = paths.dir + "/train_*.bin";
-  std::printf("\noverlap (%d ranks as threads, Trainer + DdpDataParallel; medians over "
-              "steps):\n", nproc);
-  std::printf("%10s %8s %12s %10s %10s %12s %10s %8s\n", "bucket_mb", "buckets", "gradient MB",
-              "step ms", "skew ms", "exposed ms", "bare ms", "hidden");
-  for (double overlap_mb : overlap_bucket_mb) {
-    in_process.parallel.bucket_mb = overlap_mb;
-    auto overlap = MeasureOverlap(in_process, nproc, warmup, steps);
-    if (!overlap.ok()) {
-      std::printf("%10g failed: %s\n", overlap_mb, overlap.status().ToString().c_str());
-      status = 1;
-      continue;
-    }
-    std::printf("%10g %8d %12.2f %10.1f %10.2f %12.2f %10.2f %7.0f%%\n", overlap_mb,
-                overlap->buckets, overlap->gradient_floats * 4 / 1048576.0, overlap->step_ms,
-                overlap->skew_ms, overlap->exposed_ms, overlap->bare_ms, 100 * overlap->hidden);
-    std::fflush(stdout);
-  }
-  std::printf("  skew: between the ranks' ends of backward; exposed: the wait for the "
-              "reduction after backward\n"
-              "  (GradientReducer::last_exposed_wait) of the rank that ended backward last;\n"
-              "  bare: the same buckets reduced with nothing else running; "
-              "hidden = 1 - exposed / bare\n");
-
-  if (!skip_torch) {
-    const std::string script = BuiltFile("tools/bench_ddp_torch.py");
-    auto torch_one = RunTorchDdpJob(paths, script, config, 1, warmup, steps);
-    if (absl::IsNotFound(torch_one.status())) {
-      std::printf("\nPyTorch: %s; not compared\n", torch_one.status().ToString().c_str());
-    } else {
-      auto torch_many = RunTorchDdpJob(paths, script, config, nproc, warmup, steps);
-      std::printf("\n");
-      report("PyTorch DDP (gloo), 1 rank", torch_one);
-      report(absl::StrCat("PyTorch DDP (gloo), ", nproc, " ranks").c_str(), torch_many);
-      if (torch_one.ok() && torch_many.ok()) {
-        std::printf("  PyTorch scaling efficiency: %.2f\n",
-                    torch_many->tokens_per_s / (nproc * torch_one->tokens_per_s));
-      }
-      if (torch_many.ok() && many.ok()) {
-        std::printf("  muster / PyTorch tokens/s at %d ranks: %.2f (goal >= 1.5)\n", nproc,
-                    many->tokens_per_s / torch_many->tokens_per_s);
-      }
-    }
-  }
+  status |= PrintOverlap(in_process, overlap_bucket_mb, nproc, warmup, steps);
   std::filesystem::remove_all(paths.dir);
   return status;
 }
