@@ -31,6 +31,16 @@ uint64_t StateFloats(const std::vector<StateTensor>& tensors) {
   return end;
 }
 
+std::vector<StateTensor> ManifestStateTensors(const Manifest& manifest) {
+  std::vector<StateTensor> tensors;
+  uint64_t flat = 0;
+  for (const TensorRecord& record : manifest.tensors) {
+    tensors.push_back({record.name, record.shape, flat, record.elements()});
+    flat += record.elements();
+  }
+  return tensors;
+}
+
 std::vector<FlatRange> EvenShards(uint64_t total, int world) {
   std::vector<FlatRange> ranges;
   uint64_t begin = 0;

@@ -31,6 +31,10 @@ struct StateTensor {
 std::vector<StateTensor> StateTensors(const std::vector<Stage>& stages);
 uint64_t StateFloats(const std::vector<StateTensor>& tensors);
 
+// A manifest's tensors laid end to end in its order: a flat state to load
+// a checkpoint whole without a model (tools).
+std::vector<StateTensor> ManifestStateTensors(const Manifest& manifest);
+
 // A contiguous range of the flat state, in floats.
 struct FlatRange {
   uint64_t begin = 0;
