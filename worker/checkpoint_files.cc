@@ -144,9 +144,12 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
   return text;
 }
 
-absl::Status CheckpointTestPause(const char* phase) {
+absl::Status CheckpointTestPause(const char* phase, int step) {
   const char* wanted = std::getenv("MUSTER_CKPT_TEST_PAUSE");
-  if (wanted == nullptr || std::strcmp(wanted, phase) != 0) return absl::OkStatus();
+  if (wanted == nullptr) return absl::OkStatus();
+  if (wanted != std::string(phase) && wanted != absl::StrCat(phase, "@", step)) {
+    return absl::OkStatus();
+  }
   if (const char* marker = std::getenv("MUSTER_CKPT_TEST_MARKER")) {
     Fd fd(::open(marker, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   }

@@ -40,10 +40,12 @@ absl::Status ReadExactly(int fd, uint64_t offset, void* dst, size_t bytes, const
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path);
 
 // Test-only fault injection. When the environment has
-// MUSTER_CKPT_TEST_PAUSE=<phase>, a save reaching `phase` (data, manifest,
-// rename) creates the file named by MUSTER_CKPT_TEST_MARKER (if set) and
+// MUSTER_CKPT_TEST_PAUSE=<phase> or <phase>@<step>, a save (of that step)
+// reaching `phase` (data: a rank's file is half written; manifest: every
+// file is durable, no manifest yet; rename: the manifest is durable, the
+// directory not yet renamed) creates the file named by MUSTER_CKPT_TEST_MARKER (if set) and
 // blocks, so a test can SIGKILL the process mid-save. The block is bounded:
 // after 120 s it returns DEADLINE_EXCEEDED instead of hanging a test run.
-absl::Status CheckpointTestPause(const char* phase);
+absl::Status CheckpointTestPause(const char* phase, int step);
 
 }  // namespace muster::worker

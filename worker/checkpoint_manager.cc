@@ -190,7 +190,7 @@ absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& op
       [&](bool second, uint64_t in_part, uint64_t in_range, uint64_t floats) {
         optimizer.CopyMomentsRangeToHost(second, in_part, floats, host + in_range);
       });
-  writer_.Start(tmp, RankFileName(parallel_->rank()));
+  writer_.Start(tmp, RankFileName(parallel_->rank()), state.step);
   pending_step_ = state.step;
   last_started_ = state.step;
   sample_index_ = state.sample_index;
@@ -233,7 +233,7 @@ absl::Status CheckpointManager::Commit(bool wait) {
 
 absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) {
   const CheckpointConfig& c = config_.checkpoint;
-  absl::Status paused = CheckpointTestPause("manifest");
+  absl::Status paused = CheckpointTestPause("manifest", step);
   if (!paused.ok()) return paused;
   Manifest manifest;
   manifest.step = step;
@@ -258,7 +258,7 @@ absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) 
   uint32_t crc;
   absl::Status status = WriteFileDurably(tmp + "/" + kManifestName, json.data(), json.size(), &crc);
   if (status.ok()) status = SyncDirectory(tmp);
-  if (status.ok()) status = CheckpointTestPause("rename");
+  if (status.ok()) status = CheckpointTestPause("rename", step);
   if (!status.ok()) return status;
 
   // A checkpoint of the same step may exist (a resumed run reaching it

@@ -39,14 +39,14 @@ absl::StatusOr<float*> ShardWriter::Buffer(size_t floats) {
   return buffer_.data();
 }
 
-void ShardWriter::Start(const std::string& dir, const std::string& file_name) {
+void ShardWriter::Start(const std::string& dir, const std::string& file_name, int step) {
   if (thread_.joinable()) thread_.join();
   {
     absl::MutexLock lock(&mu_);
     busy_ = true;
     result_ = FileRecord{};
   }
-  thread_ = std::thread(&ShardWriter::Write, this, dir, file_name);
+  thread_ = std::thread(&ShardWriter::Write, this, dir, file_name, step);
 }
 
 bool ShardWriter::Idle() const {
@@ -62,14 +62,14 @@ absl::StatusOr<FileRecord> ShardWriter::Wait() {
   return result;
 }
 
-void ShardWriter::Write(std::string dir, std::string file_name) {
+void ShardWriter::Write(std::string dir, std::string file_name, int step) {
   FileRecord record;
   record.name = file_name;
   record.bytes = buffer_.size() * sizeof(float);
   auto write = [&]() -> absl::Status {
     absl::Status status =
         WriteFileDurably(dir + "/" + file_name, buffer_.data(), record.bytes, &record.crc32,
-                         [] { return CheckpointTestPause("data"); });
+                         [step] { return CheckpointTestPause("data", step); });
     if (!status.ok()) return status;
     std::string sidecar = absl::StrFormat("%" PRIu64 " %08x\n", record.bytes, record.crc32);
     uint32_t ignored;

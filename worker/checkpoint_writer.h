@@ -43,8 +43,9 @@ class ShardWriter {
 
   // Starts writing the buffer to dir/file_name (then fsync, then the
   // sidecar, then fsync of the directory) on a background thread.
+  // `step` only names the save for the test pause hook (checkpoint_files.h).
   // REQUIRES: Buffer() was called since the last Start().
-  void Start(const std::string& dir, const std::string& file_name);
+  void Start(const std::string& dir, const std::string& file_name, int step);
 
   // True when no write is in flight (done or never started). Never blocks.
   bool Idle() const;
@@ -53,7 +54,7 @@ class ShardWriter {
   absl::StatusOr<FileRecord> Wait();
 
  private:
-  void Write(std::string dir, std::string file_name);
+  void Write(std::string dir, std::string file_name, int step);
 
   std::vector<float> buffer_;  // touched by the writer thread only while busy_
   std::thread thread_;

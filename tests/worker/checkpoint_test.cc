@@ -339,13 +339,13 @@ TEST_CASE("a failed background write is reported once, by the next call") {
   ShardWriter writer;
   auto buffer = writer.Buffer(1000);
   REQUIRE(buffer.ok());
-  writer.Start(dir + "/missing", "rank_00000.bin");
+  writer.Start(dir + "/missing", "rank_00000.bin", 1);
   auto result = writer.Wait();
   CHECK(result.status().code() == absl::StatusCode::kNotFound);
   CHECK(absl::StrContains(result.status().message(), dir + "/missing/rank_00000.bin"));
 
   REQUIRE(writer.Buffer(1000).ok());
-  writer.Start(dir, "rank_00000.bin");
+  writer.Start(dir, "rank_00000.bin", 2);
   CHECK(writer.Buffer(10).ok());  // waits for that write, which succeeds
   auto record = ReadSidecar(dir, "rank_00000.bin");
   REQUIRE(record.ok());
