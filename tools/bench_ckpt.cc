@@ -45,12 +45,13 @@ int Fail(const absl::Status& status) {
 int Main(int argc, char** argv) {
   CLI::App app("bench_ckpt: checkpoint save/load GB/s vs dd, and the async-save step stall");
   std::string model_name = "gpt2_124m", dir = "/tmp/bench_ckpt";
-  int stall_steps = 3;
+  int stall_steps = 2;
   app.add_option("--model", model_name, "gpt2_124m | small | tiny")->capture_default_str();
   app.add_option("--dir", dir, "scratch directory on the disk to measure")->capture_default_str();
   app.add_option("--stall-steps", stall_steps, "baseline steps for the stall measure")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // figures appear as they come
 
   TrainConfig config;
   if (model_name == "gpt2_124m") {
