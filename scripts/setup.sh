@@ -15,6 +15,7 @@ PACKAGES=(
   libcli11-dev
   catch2
   libyaml-cpp-dev
+  zlib1g-dev
   libgloo-dev
   libopenblas-dev
   libssl-dev

@@ -136,15 +136,21 @@ struct GenerateArgs {
   std::string config;
   GenerateOptions sample;
   int steps_before = -1;  // -1: the config's train.steps
+  std::string checkpoint;  // load this instead of training
 };
 
 int Generate(const GenerateArgs& args) {
   auto config = LoadConfig(args.config);
   if (!config.ok()) return Fail(config.status());
-  // Until checkpoints exist the model is trained here first. Its log goes
+  // Without --checkpoint the model is trained here first. Its log goes
   // to stderr so stdout carries only the text, and it writes no metrics
   // file (that belongs to the training run).
   if (args.steps_before >= 0) config->train.steps = args.steps_before;
+  if (!args.checkpoint.empty()) {  // load it; train no steps, save nothing
+    config->checkpoint.resume = args.checkpoint;
+    config->checkpoint.every = 0;
+    config->train.steps = 0;
+  }
   config->train.metrics_file.clear();
   config->train.eval_every = 0;
   TrainerOptions options;
@@ -171,7 +177,7 @@ int Main(int argc, char** argv) {
 
   GenerateArgs gen;
   CLI::App* generate = app.add_subcommand(
-      "generate", "Train the config's model (no checkpoints yet), then sample text from it");
+      "generate", "Sample text from a checkpoint, or from the config's model trained first");
   generate->add_option("--config", gen.config, "train.yaml")->required();
   generate->add_option("--prompt", gen.sample.prompt, "Text to continue");
   generate->add_option("--tokens", gen.sample.tokens, "Bytes to sample")->capture_default_str();
@@ -180,6 +186,9 @@ int Main(int argc, char** argv) {
   generate->add_option("--seed", gen.sample.seed, "Sampling seed")->capture_default_str();
   generate->add_option("--steps-before", gen.steps_before,
                        "Training steps before sampling (default: the config's train.steps)");
+  generate->add_option("--checkpoint", gen.checkpoint,
+                       "Sample from this checkpoint (a step_XXXXXXXX directory) instead of "
+                       "training first");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

@@ -36,12 +36,13 @@ std::string EvalJson(const EvalMetrics& m) {
   return absl::StrFormat("{\"step\":%d,\"val_loss\":%.9g}", m.step, m.val_loss);
 }
 
-absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::string& path,
+                                                                  bool append) {
   // The yaml may name a directory no one made yet (out/tiny/...).
   std::error_code ignored;
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
-  FILE* file = std::fopen(path.c_str(), "w");
+  FILE* file = std::fopen(path.c_str(), append ? "a" : "w");
   if (file == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.metrics_file: cannot open ", path, " for writing"));

@@ -47,9 +47,11 @@ std::string EvalJson(const EvalMetrics& metrics);
 // a killed run keeps what it logged. An empty path writes nothing.
 class MetricsWriter {
  public:
-  // Truncates the file. INVALID_ARGUMENT naming the path if it cannot be
+  // Truncates the file, or appends to it with `append` (a resumed run
+  // continues its file). INVALID_ARGUMENT naming the path if it cannot be
   // opened.
-  static absl::StatusOr<std::unique_ptr<MetricsWriter>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<MetricsWriter>> Open(const std::string& path,
+                                                             bool append = false);
   ~MetricsWriter();
   absl::Status Write(const std::string& json_line);
 

@@ -125,4 +125,20 @@ std::vector<float> GptModel::CopyGradsToHost() const {
   return host;
 }
 
+void GptModel::CopyParamsRangeToHost(size_t first, size_t count, float* host) const {
+  layout::ForEachStagePiece(stages_, first, count,
+                            [&](size_t s, size_t in_stage, size_t in_range, size_t floats) {
+                              ops_->ToHost(host + in_range, stages_[s].params + in_stage,
+                                           floats * sizeof(float));
+                            });
+}
+
+void GptModel::CopyParamsRangeFromHost(size_t first, size_t count, const float* host) {
+  layout::ForEachStagePiece(stages_, first, count,
+                            [&](size_t s, size_t in_stage, size_t in_range, size_t floats) {
+                              ops_->ToDevice(stages_[s].params + in_stage, host + in_range,
+                                             floats * sizeof(float));
+                            });
+}
+
 }  // namespace muster::worker

@@ -111,6 +111,11 @@ class GptModel {
   std::vector<float> CopyParamsToHost() const;
   void CopyParamsFromHost(const std::vector<float>& host);
   std::vector<float> CopyGradsToHost() const;
+  // Floats [first, first + count) of CopyParamsToHost's layout, to and
+  // from `host` (checkpoints copy only the slice a rank writes or needs).
+  // REQUIRES: first + count <= TotalFloats.
+  void CopyParamsRangeToHost(size_t first, size_t count, float* host) const;
+  void CopyParamsRangeFromHost(size_t first, size_t count, const float* host);
 
   // llm.c's model file (version 3, fp32): the header and tensor order in
   // model_llmc.cc.
@@ -139,6 +144,10 @@ class AdamW {
   // Moments as host copies (checkpoints) and back.
   std::vector<float> CopyMomentsToHost(bool second) const;
   void CopyMomentsFromHost(bool second, const std::vector<float>& host);
+  // Floats [first, first + count) of that layout (GptModel's
+  // CopyParamsRangeToHost, for the moments).
+  void CopyMomentsRangeToHost(bool second, size_t first, size_t count, float* host) const;
+  void CopyMomentsRangeFromHost(bool second, size_t first, size_t count, const float* host);
 
  private:
   struct Impl;

@@ -47,6 +47,22 @@ size_t StageOffsets(const std::vector<Stage>& stages, std::vector<size_t>* offse
 // Sum of every stage's size (what CopyParamsToHost returns).
 size_t TotalFloats(const std::vector<Stage>& stages);
 
+// Calls fn(stage_index, offset_in_stage, offset_in_range, floats) for each
+// piece of the range [first, first + count) of the stages laid end to end
+// (CopyParamsToHost's layout).
+template <typename Fn>
+void ForEachStagePiece(const std::vector<Stage>& stages, size_t first, size_t count, Fn fn) {
+  size_t stage_start = 0;
+  const size_t end = first + count;
+  for (size_t s = 0; s < stages.size() && stage_start < end; ++s) {
+    const size_t stage_end = stage_start + stages[s].size;
+    const size_t begin = first > stage_start ? first : stage_start;
+    const size_t stop = end < stage_end ? end : stage_end;
+    if (begin < stop) fn(s, begin - stage_start, begin - first, stop - begin);
+    stage_start = stage_end;
+  }
+}
+
 // GPT-2's initial parameters in CopyParamsToHost's layout (model.h,
 // InitWeights), from a generator of our own so that a seed gives the same
 // bits with any compiler and standard library. Each tensor draws from its

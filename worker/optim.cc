@@ -94,6 +94,25 @@ void AdamW::CopyMomentsFromHost(bool second, const std::vector<float>& host) {
   }
 }
 
+void AdamW::CopyMomentsRangeToHost(bool second, size_t first, size_t count, float* host) const {
+  const float* moments = second ? impl_->v : impl_->m;
+  layout::ForEachStagePiece(impl_->model->stages(), first, count,
+                            [&](size_t s, size_t in_stage, size_t in_range, size_t floats) {
+                              impl_->model->ops().ToHost(host + in_range,
+                                                         moments + impl_->offsets[s] + in_stage,
+                                                         floats * sizeof(float));
+                            });
+}
+
+void AdamW::CopyMomentsRangeFromHost(bool second, size_t first, size_t count, const float* host) {
+  float* moments = second ? impl_->v : impl_->m;
+  layout::ForEachStagePiece(impl_->model->stages(), first, count,
+                            [&](size_t s, size_t in_stage, size_t in_range, size_t floats) {
+                              impl_->model->ops().ToDevice(moments + impl_->offsets[s] + in_stage,
+                                                           host + in_range, floats * sizeof(float));
+                            });
+}
+
 float ClipGradNorm(GptModel* model, float max_norm) {
   Ops& ops = model->ops();
   double sum_of_squares = 0.0;  // stages in order: deterministic

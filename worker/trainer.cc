@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "worker/checkpoint_manager.h"
 
 namespace muster::worker {
 
@@ -54,15 +55,22 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   trainer->model_->InitWeights(config.train.seed);
   trainer->optimizer_ = std::make_unique<AdamW>(trainer->model_.get(), config.optim);
 
-  // Every rank starts from rank 0's weights.
+  // Every rank starts from rank 0's weights; a resumed run then loads the
+  // same checkpoint on every rank.
   if (absl::Status synced = trainer->parallel_->SyncParameters(trainer->model_.get());
       !synced.ok()) {
     return synced;
   }
+  trainer->checkpoints_ = std::make_unique<CheckpointManager>(config, trainer->parallel_,
+                                                              trainer->options_.log);
+  auto resumed = trainer->checkpoints_->Resume(trainer->model_.get(), trainer->optimizer_.get(),
+                                               &trainer->state_);
+  if (!resumed.ok()) return resumed.status();
+
   // Rank 0 speaks for the job: the loss it logs is already the mean over
   // ranks, and one metrics file has one writer.
   if (!config.train.metrics_file.empty() && trainer->parallel_->rank() == 0) {
-    auto writer = MetricsWriter::Open(config.train.metrics_file);
+    auto writer = MetricsWriter::Open(config.train.metrics_file, /*append=*/*resumed);
     if (!writer.ok()) return writer.status();
     trainer->metrics_ = *std::move(writer);
   }
@@ -177,11 +185,13 @@ absl::Status Trainer::Run() {
       absl::Status logged = LogEval(eval);
       if (!logged.ok()) return logged;
     }
+    absl::Status saved = checkpoints_->AfterStep(*model_, *optimizer_, state_);
+    if (!saved.ok()) return saved;
     double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     progress_.Draw(state_.step, first, total, elapsed);
   }
   progress_.Clear();
-  return absl::OkStatus();
+  return checkpoints_->SaveFinal(*model_, *optimizer_, state_);
 }
 
 }  // namespace muster::worker

@@ -77,17 +77,22 @@ struct TrainerOptions {
   std::function<void(const EvalMetrics&)> on_eval;
 };
 
+class CheckpointManager;  // worker/checkpoint_manager.h
+
 class Trainer {
  public:
   // Opens the streams (data errors are INVALID_ARGUMENT / NOT_FOUND from
   // worker/data.h), resolves the device, builds the model with
-  // InitWeights(train.seed) and the optimizer, and opens the metrics file.
+  // InitWeights(train.seed) and the optimizer, resumes from a checkpoint
+  // per checkpoint.resume (worker/checkpoint_manager.h; its errors), and
+  // opens the metrics file (appending after a resume).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                          TrainerOptions options = {});
   ~Trainer();
 
   // Trains steps [state().step, train.steps), evaluating every eval_every
-  // steps and after the last one.
+  // steps and after the last one, saving a checkpoint every
+  // checkpoint.every steps and after the last one (waiting for its commit).
   absl::Status Run();
   // One optimizer step; returns its metrics (also logged when due).
   absl::StatusOr<StepMetrics> Step();
@@ -119,6 +124,7 @@ class Trainer {
   std::unique_ptr<GptModel> model_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<CheckpointManager> checkpoints_;
   ProgressBar progress_;
   TrainState state_;
   std::vector<int> inputs_, targets_;  // (B, T)

@@ -1,0 +1,122 @@
+// `ckpt` as users run it, on checkpoints written by two thread-ranks:
+// ls, verify (and a flipped byte), consolidate to llm.c's format, diff.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "launcher/worker_env.h"
+#include "tests/launcher/harness.h"
+#include "tests/worker/thread_ranks.h"
+#include "worker/data.h"
+#include "worker/trainer.h"
+
+namespace muster::testing {
+namespace {
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+Result RunCkpt(const TempDir& dir, const std::vector<std::string>& args) {
+  launcher::SpawnSpec spec;
+  spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >" + dir.File("out") + " 2>" + dir.File("err"),
+               BinaryPath("tools/ckpt")};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  for (const auto& [key, value] : launcher::CurrentEnvironment()) spec.env.push_back(key + "=" + value);
+  auto child = launcher::Child::Spawn(spec);
+  REQUIRE(child.ok());
+  auto exit = child->WaitFor(absl::Seconds(60));
+  REQUIRE(exit.has_value());
+  return {exit->ShellCode(), ReadFile(dir.File("out")), ReadFile(dir.File("err"))};
+}
+
+// Trains 8 steps at world 2 with checkpoints at 4 and 8; returns the final
+// parameters.
+std::vector<float> TrainTwoRanks(const TempDir& dir) {
+  std::vector<uint16_t> tokens;
+  for (int i = 0; i < 4000; ++i) tokens.push_back("abcdefghijklm"[i % 13]);
+  REQUIRE(worker::WriteTokenShard(dir.File("train_000.bin"), tokens).ok());
+  worker::TrainConfig config;
+  config.model = {2, 2, 32, 256, 16};
+  config.data.train = dir.File("train_*.bin");
+  config.data.micro_batch = 4;
+  config.train.steps = 8;
+  config.train.log_every = 1000;
+  config.device = "cpu";
+  config.checkpoint.dir = dir.File("ckpt");
+  config.checkpoint.every = 4;
+  std::vector<std::vector<float>> params(2);
+  std::vector<absl::Status> statuses(2);
+  worker::testing::RunRanks(2, [&](int rank, worker::DataParallel* parallel) {
+    worker::TrainerOptions options;
+    options.log = std::tmpfile();
+    options.parallel = parallel;
+    auto trainer = worker::Trainer::Create(config, options);
+    statuses[rank] = trainer.ok() ? (*trainer)->Run() : trainer.status();
+    if (trainer.ok()) params[rank] = (*trainer)->model()->CopyParamsToHost();
+  });
+  REQUIRE(statuses[0].ok());
+  REQUIRE(statuses[1].ok());
+  return params[0];
+}
+
+TEST_CASE("ckpt ls, verify, consolidate and diff") {
+  TempDir dir;
+  std::vector<float> params = TrainTwoRanks(dir);
+  const std::string step4 = dir.File("ckpt/step_00000004"), step8 = dir.File("ckpt/step_00000008");
+
+  Result ls = RunCkpt(dir, {"ls", dir.File("ckpt")});
+  CHECK(ls.exit_code == 0);
+  CHECK(absl::StrContains(ls.out, "step_00000004"));
+  CHECK(absl::StrContains(ls.out, "step_00000008"));
+  Result missing = RunCkpt(dir, {"ls", dir.File("nowhere")});
+  CHECK(missing.exit_code == 1);
+  CHECK(absl::StrContains(missing.err, dir.File("nowhere")));
+
+  Result verify = RunCkpt(dir, {"verify", step8});
+  INFO(verify.err);
+  CHECK(verify.exit_code == 0);
+  CHECK(absl::StrContains(verify.out, "OK (step 8"));
+  CHECK(absl::StrContains(verify.out, "saved by 2 ranks"));
+
+  Result consolidate = RunCkpt(dir, {"consolidate", step8, "-o", dir.File("model.bin")});
+  INFO(consolidate.err);
+  REQUIRE(consolidate.exit_code == 0);
+  auto model = worker::GptModel::Create({2, 2, 32, 256, 16}, 1, worker::Device::kCpu);
+  REQUIRE(model.ok());
+  REQUIRE((*model)->LoadLlmc(dir.File("model.bin")).ok());
+  CHECK((*model)->CopyParamsToHost() == params);
+
+  Result same = RunCkpt(dir, {"diff", step8, step8});
+  CHECK(same.exit_code == 0);
+  CHECK(absl::StrContains(same.out, "params/block1.qkvw"));
+  CHECK(absl::StrContains(same.out, "(all)                                         0"));
+  Result differ = RunCkpt(dir, {"diff", step4, step8});
+  CHECK(differ.exit_code == 0);
+  CHECK_FALSE(absl::StrContains(differ.out, "(all)                                         0\n"));
+
+  // Flip one byte of rank 1's file.
+  const std::string data = step8 + "/rank_00001.bin";
+  {
+    std::fstream file(data, std::ios::in | std::ios::out | std::ios::binary);
+    char byte = 0;
+    file.seekg(12);
+    file.read(&byte, 1);
+    byte ^= 1;
+    file.seekp(12);
+    file.write(&byte, 1);
+  }
+  Result corrupt = RunCkpt(dir, {"verify", step8});
+  CHECK(corrupt.exit_code == 1);
+  CHECK(absl::StrContains(corrupt.err, data + ": CRC-32"));
+  Result usage = RunCkpt(dir, {"frobnicate"});
+  CHECK(usage.exit_code == 2);
+}
+
+}  // namespace
+}  // namespace muster::testing

@@ -1,0 +1,172 @@
+// Checkpoints with real processes: a worker SIGKILLed mid-training under
+// `launch --max_restarts=1` resumes and ends bitwise where an uninterrupted
+// run ends; a worker SIGKILLed in each phase of a save resumes from the
+// previous checkpoint. Every wait has a deadline; nothing sleeps.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "launcher/worker_env.h"
+#include "tests/launcher/harness.h"
+#include "worker/data.h"
+
+namespace muster::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// L=2, C=64, T=32, B=8: a few ms a step, enough steps to kill one mid-run.
+void WriteSetup(const TempDir& dir, const std::string& name, int steps, int every) {
+  std::vector<uint16_t> tokens;
+  for (int i = 0; i < 20000; ++i) tokens.push_back("abcdefghijklm"[i % 13]);
+  if (!fs::exists(dir.File("train_000.bin"))) {
+    REQUIRE(worker::WriteTokenShard(dir.File("train_000.bin"), tokens).ok());
+  }
+  WriteFile(dir.File(name + ".yaml"),
+            absl::StrCat("model: {layers: 2, heads: 2, dim: 64, vocab: 256, seq_len: 32}\n",
+                         "data: {train: \"", dir.File("train_*.bin"), "\", micro_batch: 8}\n",
+                         "optim: {lr: 0.003}\n", "train: {steps: ", steps,
+                         ", log_every: 1, metrics_file: \"", dir.File(name + ".jsonl"), "\"}\n",
+                         "device: cpu\n", "checkpoint: {dir: \"", dir.File(name + "_ckpt"),
+                         "\", every: ", every, ", keep_last: 2}\n"));
+}
+
+std::vector<std::string> Environment(const std::vector<std::string>& extra) {
+  std::vector<std::string> env;
+  for (const auto& [key, value] : launcher::CurrentEnvironment()) {
+    if (key == "WORLD_SIZE" || key == "RANK") continue;
+    env.push_back(key + "=" + value);
+  }
+  env.push_back("OMP_WAIT_POLICY=passive");
+  env.insert(env.end(), extra.begin(), extra.end());
+  return env;
+}
+
+launcher::Child StartWorker(const TempDir& dir, const std::string& name,
+                            const std::vector<std::string>& extra_env = {}) {
+  launcher::SpawnSpec spec;
+  spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >>" + dir.File(name + ".log") + " 2>&1",
+               BinaryPath("worker/worker"), dir.File(name + ".yaml")};
+  spec.env = Environment(extra_env);
+  auto child = launcher::Child::Spawn(spec);
+  REQUIRE(child.ok());
+  return std::move(*child);
+}
+
+int ExitCode(launcher::Child& child) {
+  auto exit = child.WaitFor(absl::Seconds(120));
+  REQUIRE(exit.has_value());
+  return exit->ShellCode();
+}
+
+// step -> the loss as written, the last record of each step winning (a
+// resumed run repeats the steps after its checkpoint).
+std::map<int, std::string> Losses(const std::string& path) {
+  std::map<int, std::string> losses;
+  for (absl::string_view line : absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty())) {
+    std::vector<std::string> fields = absl::StrSplit(line, absl::ByAnyChar(":,"));
+    int step = 0;
+    if (fields.size() >= 4 && fields[0] == "{\"step\"" && absl::SimpleAtoi(fields[1], &step)) {
+      losses[step] = fields[3];
+    }
+  }
+  return losses;
+}
+
+int LastStep(const std::string& path) {
+  auto losses = Losses(path);
+  return losses.empty() ? 0 : losses.rbegin()->first;
+}
+
+// A child of `parent` whose command name is `comm`, or 0.
+int FindChild(int parent, const std::string& comm) {
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+    std::string stat = ReadFile(entry.path().string() + "/stat");
+    size_t close = stat.rfind(')');
+    size_t open = stat.find('(');
+    if (close == std::string::npos || open == std::string::npos) continue;
+    std::vector<std::string> rest = absl::StrSplit(stat.substr(close + 2), ' ');
+    int ppid = 0;
+    if (rest.size() > 1 && absl::SimpleAtoi(rest[1], &ppid) && ppid == parent &&
+        stat.substr(open + 1, close - open - 1) == comm) {
+      return pid;
+    }
+  }
+  return 0;
+}
+
+TEST_CASE("SIGKILLed mid-run under launch, the worker resumes and ends bitwise identical") {
+  TempDir dir;
+  const int steps = 60, every = 10;
+  WriteSetup(dir, "reference", steps, steps);
+  launcher::Child reference = StartWorker(dir, "reference");
+  REQUIRE(ExitCode(reference) == 0);
+
+  WriteSetup(dir, "killed", steps, every);
+  launcher::Child launch = StartLaunch(
+      {"--standalone", "--nproc_per_node=1", "--max_restarts=1", "--monitor_interval=0.05",
+       "--no_python", BinaryPath("worker/worker"), dir.File("killed.yaml")},
+      dir.File("launch.log"), {"OMP_WAIT_POLICY=passive"});
+  // Kill partway through the step after step 22 (N = 20 checkpointed, k = 3).
+  REQUIRE(WaitUntil([&] { return LastStep(dir.File("killed.jsonl")) >= 22; }, absl::Seconds(60)));
+  const int worker = FindChild(launch.pid(), "worker");
+  INFO(ReadFile(dir.File("launch.log")));
+  REQUIRE(worker > 0);
+  const int killed_after = LastStep(dir.File("killed.jsonl"));
+  REQUIRE(kill(worker, SIGKILL) == 0);
+  REQUIRE(ExitCode(launch) == 0);
+
+  const std::string log = ReadFile(dir.File("launch.log"));
+  INFO("killed after step " << killed_after);
+  CHECK(killed_after < steps);
+  CHECK(absl::StrContains(log, "checkpoint: resumed from " + dir.File("killed_ckpt/step_000000")));
+  CHECK(Losses(dir.File("killed.jsonl")) == Losses(dir.File("reference.jsonl")));
+  CHECK(Losses(dir.File("reference.jsonl")).size() == steps);
+  // Weights and both AdamW moments: the final checkpoints' bytes.
+  const std::string a = ReadFile(dir.File("reference_ckpt/step_00000060/rank_00000.bin"));
+  const std::string b = ReadFile(dir.File("killed_ckpt/step_00000060/rank_00000.bin"));
+  CHECK(!a.empty());
+  CHECK(a == b);
+}
+
+TEST_CASE("SIGKILLed in any phase of a save, the worker resumes from the previous checkpoint") {
+  for (const char* phase : {"data", "manifest", "rename"}) {
+    DYNAMIC_SECTION("phase " << phase) {
+      TempDir dir;
+      WriteSetup(dir, "run", 12, 4);
+      launcher::Child paused = StartWorker(
+          dir, "run",
+          {absl::StrCat("MUSTER_CKPT_TEST_PAUSE=", phase, "@8"),
+           "MUSTER_CKPT_TEST_MARKER=" + dir.File("paused")});
+      REQUIRE(WaitUntil([&] { return fs::exists(dir.File("paused")); }, absl::Seconds(60)));
+      paused.SignalGroup(SIGKILL);
+      REQUIRE(ExitCode(paused) == 128 + SIGKILL);
+      CHECK(fs::exists(dir.File("run_ckpt/step_00000004/manifest.json")));
+      CHECK_FALSE(fs::exists(dir.File("run_ckpt/step_00000008")));
+      CHECK(fs::exists(dir.File("run_ckpt/.tmp_step_00000008")));
+
+      launcher::Child resumed = StartWorker(dir, "run");
+      REQUIRE(ExitCode(resumed) == 0);
+      const std::string log = ReadFile(dir.File("run.log"));
+      INFO(log);
+      CHECK(absl::StrContains(log, "checkpoint: resumed from " +
+                                       dir.File("run_ckpt/step_00000004") + " (step 4"));
+      CHECK(fs::exists(dir.File("run_ckpt/step_00000012/manifest.json")));
+      CHECK_FALSE(fs::exists(dir.File("run_ckpt/.tmp_step_00000008")));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace muster::testing

@@ -1,0 +1,356 @@
+// Checkpoints in one process: the manifest and retention rules, exact
+// resume at the same world size, resharding across world sizes with
+// threads as ranks, corrupt and torn checkpoints, bad input, and failed
+// background writes.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/worker/thread_ranks.h"
+#include "worker/checkpoint_layout.h"
+#include "worker/checkpoint_manifest.h"
+#include "worker/checkpoint_reader.h"
+#include "worker/checkpoint_retention.h"
+#include "worker/checkpoint_writer.h"
+#include "worker/data.h"
+#include "worker/trainer.h"
+
+namespace muster::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string FreshDir(const std::string& name) {
+  static int counter = 0;
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = absl::StrCat(base ? base : "/tmp", "/checkpoint_test_", name, "_", ++counter);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+// A byte pattern with period 13 (prime to T = 16): a tiny model learns it.
+void WriteShard(const std::string& dir) {
+  std::vector<uint16_t> tokens;
+  for (int i = 0; i < 8000; ++i) tokens.push_back("abcdefghijklm"[i % 13]);
+  REQUIRE(WriteTokenShard(dir + "/train_000.bin", tokens).ok());
+}
+
+// L=2, C=32, NH=2, T=16, B=4; checkpoints every 4 of 12 steps.
+TrainConfig TinyConfig(const std::string& dir) {
+  TrainConfig config;
+  config.model = {2, 2, 32, 256, 16};
+  config.data.train = dir + "/train_*.bin";
+  config.data.micro_batch = 4;
+  config.optim.lr = 1e-2;
+  config.optim.schedule = "cosine";
+  config.train.steps = 12;
+  config.train.log_every = 1000;
+  config.device = "cpu";
+  config.checkpoint.dir = dir + "/ckpt";
+  config.checkpoint.every = 4;
+  config.checkpoint.keep_last = 10;
+  return config;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+struct RunResult {
+  absl::Status status;
+  std::vector<float> losses;      // of the steps this run took
+  std::vector<float> params;      // at the end
+  std::vector<float> m, v;        // at the end
+  std::vector<float> params_at4;  // after step 4 (when it was taken)
+  TrainState resumed_at;          // the state right after Create
+  std::string log;
+};
+
+// Creates a Trainer (resuming per config) and runs it; `parallel` may be
+// nullptr. Never REQUIREs: it may run on a rank thread.
+RunResult RunTrainer(const TrainConfig& config, DataParallel* parallel = nullptr) {
+  RunResult result;
+  TrainerOptions options;
+  FILE* log = std::tmpfile();
+  options.log = log;
+  options.parallel = parallel;
+  Trainer* trainer_ptr = nullptr;
+  options.on_step = [&](const StepMetrics& step) {
+    result.losses.push_back(step.loss);
+    if (step.step == 4) result.params_at4 = trainer_ptr->model()->CopyParamsToHost();
+  };
+  auto trainer = Trainer::Create(config, options);
+  if (trainer.ok()) {
+    trainer_ptr = trainer->get();
+    result.resumed_at = (*trainer)->state();
+    result.status = (*trainer)->Run();
+    result.params = (*trainer)->model()->CopyParamsToHost();
+    result.m = (*trainer)->optimizer()->CopyMomentsToHost(false);
+    result.v = (*trainer)->optimizer()->CopyMomentsToHost(true);
+  } else {
+    result.status = trainer.status();
+  }
+  std::fflush(log);
+  std::rewind(log);
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), log)) > 0;) result.log.append(buffer, n);
+  std::fclose(log);
+  return result;
+}
+
+TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refused") {
+  Manifest m;
+  m.step = 7;
+  m.optimizer_step = 7;
+  m.sample_index = 1ull << 40;
+  m.data_seed = 1337;
+  m.config_hash = 0xfedcba9876543210ull;
+  m.world_size = 2;
+  m.files = {{"rank_00000.bin", 12, 0xdeadbeef}, {"rank_00001.bin", 12, 1}};
+  std::vector<StateTensor> tensors = {{"params/a", {2, 3}, 0, 6}};
+  m.tensors = SliceTensors(tensors, EvenShards(6, 2));
+  REQUIRE(m.tensors[0].slices.size() == 2);
+  auto parsed = ParseManifest(ManifestToJson(m), "test");
+  INFO(parsed.status().ToString());
+  REQUIRE(parsed.ok());
+  CHECK(parsed->sample_index == m.sample_index);
+  CHECK(parsed->config_hash == m.config_hash);
+  CHECK(parsed->files[0].crc32 == 0xdeadbeef);
+  CHECK(parsed->tensors[0].slices[1].offset == 0);
+  CHECK(parsed->tensors[0].slices[1].start == 3);
+  CHECK(ManifestToJson(*parsed) == ManifestToJson(m));
+
+  Manifest gap = m;
+  gap.tensors[0].slices[1].start = 4;
+  CHECK(ParseManifest(ManifestToJson(gap), "gap").status().code() == absl::StatusCode::kDataLoss);
+  Manifest past_end = m;
+  past_end.files[1].bytes = 8;
+  auto bad = ParseManifest(ManifestToJson(past_end), "past_end");
+  CHECK(absl::StrContains(bad.status().message(), "rank_00001.bin"));
+  CHECK(ParseManifest("{\"format_version\": 1", "cut").status().code() ==
+        absl::StatusCode::kDataLoss);
+  CHECK(ParseStepDirName("step_00000012") == 12);
+  CHECK_FALSE(ParseStepDirName(".tmp_step_00000012").has_value());
+  CHECK_FALSE(ParseStepDirName("step_12").has_value());
+}
+
+TEST_CASE("retention keeps the newest keep_last and the multiples of keep_every") {
+  CHECK(StepsToDelete({4, 8, 12, 16, 20}, 3, 0) == std::vector<int>{4, 8});
+  CHECK(StepsToDelete({20, 4, 16, 8, 12}, 2, 8) == std::vector<int>{4, 12});
+  CHECK(StepsToDelete({4}, 3, 0).empty());
+}
+
+TEST_CASE("same world size: a resumed run continues bitwise, losses and weights") {
+  std::string dir = FreshDir("exact");
+  WriteShard(dir);
+  TrainConfig plain = TinyConfig(dir);
+  plain.checkpoint.dir.clear();
+  plain.checkpoint.every = 0;
+  RunResult reference = RunTrainer(plain);
+  REQUIRE(reference.status.ok());
+
+  TrainConfig config = TinyConfig(dir);
+  RunResult saving = RunTrainer(config);
+  REQUIRE(saving.status.ok());
+  CHECK(saving.losses == reference.losses);  // saving does not perturb training
+  auto listed = ListCheckpoints(config.checkpoint.dir);
+  REQUIRE(listed.ok());
+  REQUIRE(listed->size() == 3);  // 4, 8, 12
+  CHECK(saving.log.find("resumed") == std::string::npos);
+
+  // The crash: everything after step 4 is lost.
+  fs::remove_all(config.checkpoint.dir + "/step_00000008");
+  fs::remove_all(config.checkpoint.dir + "/step_00000012");
+  RunResult resumed = RunTrainer(config);
+  INFO(resumed.log);
+  REQUIRE(resumed.status.ok());
+  CHECK(resumed.resumed_at.step == 4);
+  CHECK(resumed.resumed_at.sample_index == 4u * 4);
+  REQUIRE(resumed.losses.size() == 8);
+  CHECK(resumed.losses == std::vector<float>(reference.losses.begin() + 4, reference.losses.end()));
+  CHECK(resumed.params == reference.params);
+  CHECK(resumed.m == reference.m);
+  CHECK(resumed.v == reference.v);
+}
+
+// Runs `config` on `world` thread-ranks; returns rank 0's result and
+// checks every rank succeeded.
+RunResult RunWorld(const TrainConfig& config, int world) {
+  std::vector<RunResult> results(world);
+  testing::RunRanks(world, [&](int rank, DataParallel* parallel) {
+    results[rank] = RunTrainer(config, parallel);
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r << ": " << results[r].status.ToString());
+    CHECK(results[r].status.ok());
+    CHECK(results[r].params == results[0].params);  // DDP: every rank holds the same state
+  }
+  return results[0];
+}
+
+TEST_CASE("reshard: saved by 2 thread-ranks, resumed by 1 and by 3") {
+  std::string dir = FreshDir("reshard");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  RunResult two = RunWorld(config, 2);
+  REQUIRE(two.status.ok());
+  const std::string step4 = config.checkpoint.dir + "/step_00000004";
+  auto manifest = VerifyCheckpoint(step4);
+  REQUIRE(manifest.ok());
+  CHECK(manifest->world_size == 2);
+  REQUIRE(manifest->files.size() == 2);
+  // Each rank wrote half of the flat state (params, m, v), to a float.
+  CHECK(manifest->files[0].bytes - manifest->files[1].bytes <= sizeof(float));
+  CHECK(manifest->sample_index == 4u * 2 * 4);
+
+  for (int world : {1, 3}) {
+    DYNAMIC_SECTION("resumed by " << world) {
+      TrainConfig resume = config;
+      resume.checkpoint.dir = absl::StrCat(dir, "/ckpt_world", world);
+      resume.checkpoint.resume = step4;
+      // Hold the global batch: B * world stays 8 for world 1; world 3 has 12.
+      if (world == 1) resume.data.micro_batch = 8;
+      RunResult result = RunWorld(resume, world);
+      REQUIRE(result.status.ok());
+      CHECK(result.resumed_at.step == 4);
+      CHECK(result.resumed_at.sample_index == 32);
+      // The state is restored exactly...
+      auto loaded = GptModel::Create(config.model, 1, Device::kCpu);
+      REQUIRE(loaded.ok());
+      std::vector<StateTensor> tensors = StateTensors((*loaded)->stages());
+      std::vector<float> flat(StateFloats(tensors));
+      REQUIRE(LoadFlatRange(step4, *manifest, tensors, 0, flat.size(), flat.data()).ok());
+      CHECK(std::vector<float>(flat.begin(), flat.begin() + flat.size() / 3) == two.params_at4);
+      // ...and the loss continues where world 2 left it.
+      REQUIRE(result.losses.size() == 8);
+      for (int i = 0; i < 8; ++i) {
+        INFO("step " << 5 + i << ": world 2 " << two.losses[4 + i] << ", world " << world << " "
+                     << result.losses[i]);
+        CHECK(std::fabs(result.losses[i] - two.losses[4 + i]) < 0.1f * two.losses[4 + i] + 0.05f);
+      }
+      if (world == 1) {
+        // Same global batch and the same samples: equal up to summation order.
+        CHECK(std::fabs(result.losses[0] - two.losses[4]) < 1e-4f);
+      }
+    }
+  }
+}
+
+TEST_CASE("a corrupt or torn newest checkpoint is skipped with a message naming it") {
+  std::string dir = FreshDir("corrupt");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  REQUIRE(RunTrainer(config).status.ok());
+  const std::string data = config.checkpoint.dir + "/step_00000012/rank_00000.bin";
+  {
+    std::fstream file(data, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(100);
+    char byte = 0;
+    file.read(&byte, 1);
+    file.seekp(100);
+    byte ^= 0x40;
+    file.write(&byte, 1);
+  }
+  auto verified = VerifyCheckpoint(config.checkpoint.dir + "/step_00000012");
+  CHECK(verified.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(absl::StrContains(verified.status().message(), data));
+  // A torn one: a directory whose manifest was never written.
+  fs::create_directories(config.checkpoint.dir + "/step_00000016");
+  std::ofstream(config.checkpoint.dir + "/step_00000016/rank_00000.bin") << "partial";
+
+  TrainConfig resume = config;
+  resume.train.steps = 14;
+  RunResult result = RunTrainer(resume);
+  INFO(result.log);
+  REQUIRE(result.status.ok());
+  CHECK(result.resumed_at.step == 8);
+  CHECK(absl::StrContains(result.log, "skipping " + config.checkpoint.dir +
+                                          "/step_00000016: no manifest.json"));
+  CHECK(absl::StrContains(result.log, "skipping " + data + ": CRC-32"));
+}
+
+TEST_CASE("bad input gets a clear error and deletes nothing") {
+  std::string dir = FreshDir("bad");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.train.steps = 4;
+  REQUIRE(RunTrainer(config).status.ok());
+  const std::string saved = config.checkpoint.dir + "/step_00000004";
+  REQUIRE(fs::exists(saved + "/manifest.json"));
+
+  SECTION("a resume path that does not exist") {
+    TrainConfig bad = config;
+    bad.checkpoint.resume = dir + "/nowhere/step_00000004";
+    RunResult result = RunTrainer(bad);
+    CHECK(result.status.code() == absl::StatusCode::kNotFound);
+    CHECK(absl::StrContains(result.status.message(), dir + "/nowhere/step_00000004"));
+  }
+  SECTION("a checkpoint of another model config") {
+    TrainConfig other = config;
+    other.model.dim = 64;
+    RunResult result = RunTrainer(other);
+    CHECK(result.status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(result.status.message(), "another model"));
+    CHECK(absl::StrContains(result.status.message(), "dim 32"));
+  }
+  SECTION("a checkpoint directory under a regular file") {
+    TrainConfig bad = config;
+    std::ofstream(dir + "/plain_file") << "x";
+    bad.checkpoint.dir = dir + "/plain_file/ckpt";
+    RunResult result = RunTrainer(bad);
+    CHECK(result.status.code() == absl::StatusCode::kUnavailable);
+    CHECK(absl::StrContains(result.status.message(), "checkpoint.dir"));
+    CHECK(absl::StrContains(result.status.message(), dir + "/plain_file/ckpt"));
+  }
+  SECTION("a read-only checkpoint directory") {
+    if (geteuid() == 0) {
+      WARN("running as root, where chmod does not stop writes: sub-case skipped");
+    } else {
+      fs::permissions(config.checkpoint.dir, fs::perms::owner_read | fs::perms::owner_exec);
+      TrainConfig more = config;
+      more.train.steps = 8;
+      RunResult result = RunTrainer(more);
+      fs::permissions(config.checkpoint.dir, fs::perms::owner_all);
+      CHECK(result.status.code() == absl::StatusCode::kUnavailable);
+      CHECK(absl::StrContains(result.status.message(), config.checkpoint.dir));
+    }
+  }
+  CHECK(VerifyCheckpoint(saved).ok());  // still there, still good
+}
+
+TEST_CASE("a failed background write is reported once, by the next call") {
+  std::string dir = FreshDir("writer");
+  ShardWriter writer;
+  auto buffer = writer.Buffer(1000);
+  REQUIRE(buffer.ok());
+  writer.Start(dir + "/missing", "rank_00000.bin", 1);
+  auto result = writer.Wait();
+  CHECK(result.status().code() == absl::StatusCode::kNotFound);
+  CHECK(absl::StrContains(result.status().message(), dir + "/missing/rank_00000.bin"));
+
+  REQUIRE(writer.Buffer(1000).ok());
+  writer.Start(dir, "rank_00000.bin", 2);
+  CHECK(writer.Buffer(10).ok());  // waits for that write, which succeeds
+  auto record = ReadSidecar(dir, "rank_00000.bin");
+  REQUIRE(record.ok());
+  CHECK(record->bytes == 4000);
+}
+
+}  // namespace
+}  // namespace muster::worker

@@ -1,0 +1,180 @@
+// ckpt: inspect, check and convert muster checkpoints
+// (docs/checkpoint-format.md).
+//
+//   ckpt ls DIR                      every checkpoint in DIR, oldest first
+//   ckpt verify PATH                 manifest and every file's size and CRC-32
+//   ckpt consolidate PATH -o FILE    the weights as one llm.c model file (v3, fp32)
+//   ckpt diff A B                    the largest |a - b| of every tensor
+//
+// Exit codes: 0 success (diff: whatever the differences); 1 a checkpoint is
+// missing, torn or corrupt, or a write failed; 2 bad usage.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "worker/checkpoint_layout.h"
+#include "worker/checkpoint_reader.h"
+#include "worker/model.h"
+
+namespace muster::worker {
+namespace {
+
+constexpr int kExitBad = 1;
+constexpr int kExitUsage = 2;
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "ckpt: %s\n", std::string(status.message()).c_str());
+  return kExitBad;
+}
+
+uint64_t TotalBytes(const Manifest& manifest) {
+  uint64_t bytes = 0;
+  for (const FileRecord& file : manifest.files) bytes += file.bytes;
+  return bytes;
+}
+
+int List(const std::string& dir) {
+  auto entries = ListCheckpoints(dir);
+  if (!entries.ok()) return Fail(entries.status());
+  std::printf("%-14s %8s %12s %6s %10s  %s\n", "CHECKPOINT", "STEP", "SAMPLE", "WORLD", "MiB",
+              "STATE");
+  for (const CheckpointEntry& entry : *entries) {
+    const std::string name = std::filesystem::path(entry.path).filename().string();
+    auto manifest = ReadManifest(entry.path);
+    if (!manifest.ok()) {
+      std::printf("%-14s %8d %12s %6s %10s  %s\n", name.c_str(), entry.step, "-", "-", "-",
+                  std::string(manifest.status().message()).c_str());
+      continue;
+    }
+    std::printf("%-14s %8d %12llu %6d %10.1f  committed (ckpt verify checks the data)\n",
+                name.c_str(), manifest->step,
+                static_cast<unsigned long long>(manifest->sample_index), manifest->world_size,
+                TotalBytes(*manifest) / 1048576.0);
+  }
+  if (entries->empty()) std::printf("(no checkpoints)\n");
+  return 0;
+}
+
+int Verify(const std::string& path) {
+  auto manifest = VerifyCheckpoint(path);
+  if (!manifest.ok()) return Fail(manifest.status());
+  std::printf("%s: OK (step %d, %zu tensors, %zu files, %.1f MiB, saved by %d rank%s)\n",
+              path.c_str(), manifest->step, manifest->tensors.size(), manifest->files.size(),
+              TotalBytes(*manifest) / 1048576.0, manifest->world_size,
+              manifest->world_size == 1 ? "" : "s");
+  return 0;
+}
+
+int Consolidate(const std::string& path, const std::string& out) {
+  auto manifest = ReadManifest(path);
+  if (!manifest.ok()) return Fail(manifest.status());
+  auto model = GptModel::Create(manifest->model, 1, Device::kCpu);
+  if (!model.ok()) return Fail(model.status());
+  // Only the parameters: the files holding just moments are not read.
+  std::vector<StateTensor> params;
+  for (StateTensor& tensor : StateTensors((*model)->stages())) {
+    if (tensor.name.rfind("params/", 0) == 0) params.push_back(tensor);
+  }
+  const uint64_t floats = StateFloats(params);
+  std::vector<float> host(floats);
+  absl::Status loaded = LoadFlatRange(path, *manifest, params, 0, floats, host.data());
+  if (!loaded.ok()) return Fail(loaded);
+  (*model)->CopyParamsFromHost(host);
+  absl::Status saved = (*model)->SaveLlmc(out);
+  if (!saved.ok()) return Fail(saved);
+  std::printf("%s: wrote %s (llm.c model v3 fp32, step %d, %.2fM parameters)\n", path.c_str(),
+              out.c_str(), manifest->step, (*model)->num_parameters() / 1e6);
+  return 0;
+}
+
+absl::StatusOr<std::vector<float>> LoadWhole(const std::string& path, Manifest* manifest) {
+  auto read = ReadManifest(path);
+  if (!read.ok()) return read.status();
+  *manifest = *std::move(read);
+  std::vector<StateTensor> tensors = ManifestStateTensors(*manifest);
+  std::vector<float> host(StateFloats(tensors));
+  absl::Status loaded = LoadFlatRange(path, *manifest, tensors, 0, host.size(), host.data());
+  if (!loaded.ok()) return loaded;
+  return host;
+}
+
+int Diff(const std::string& a_path, const std::string& b_path) {
+  Manifest a, b;
+  auto a_data = LoadWhole(a_path, &a);
+  if (!a_data.ok()) return Fail(a_data.status());
+  auto b_data = LoadWhole(b_path, &b);
+  if (!b_data.ok()) return Fail(b_data.status());
+  std::vector<StateTensor> a_tensors = ManifestStateTensors(a), b_tensors = ManifestStateTensors(b);
+  std::printf("step %d vs step %d, sample index %llu vs %llu\n", a.step, b.step,
+              static_cast<unsigned long long>(a.sample_index),
+              static_cast<unsigned long long>(b.sample_index));
+  std::printf("%-32s %14s\n", "TENSOR", "MAX |A-B|");
+  double overall = 0;
+  for (const StateTensor& ta : a_tensors) {
+    auto tb = std::find_if(b_tensors.begin(), b_tensors.end(),
+                           [&](const StateTensor& t) { return t.name == ta.name; });
+    if (tb == b_tensors.end()) {
+      std::printf("%-32s %14s\n", ta.name.c_str(), "only in A");
+      continue;
+    }
+    if (tb->shape != ta.shape) {
+      std::printf("%-32s %14s [%s] vs [%s]\n", ta.name.c_str(), "shapes differ",
+                  absl::StrJoin(ta.shape, ",").c_str(), absl::StrJoin(tb->shape, ",").c_str());
+      continue;
+    }
+    double largest = 0;
+    for (uint64_t i = 0; i < ta.count; ++i) {
+      double d = std::fabs(static_cast<double>((*a_data)[ta.flat_begin + i]) -
+                           (*b_data)[tb->flat_begin + i]);
+      if (std::isnan(d)) d = INFINITY;
+      largest = std::max(largest, d);
+    }
+    overall = std::max(overall, largest);
+    std::printf("%-32s %14.6g\n", ta.name.c_str(), largest);
+  }
+  for (const StateTensor& tb : b_tensors) {
+    if (a.Find(tb.name) == nullptr) std::printf("%-32s %14s\n", tb.name.c_str(), "only in B");
+  }
+  std::printf("%-32s %14.6g\n", "(all)", overall);
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  CLI::App app("ckpt: inspect, verify and convert muster checkpoints");
+  app.require_subcommand(1);
+  std::string dir, path, out, a, b;
+  CLI::App* ls = app.add_subcommand("ls", "List the checkpoints in a directory");
+  ls->add_option("dir", dir, "checkpoint.dir")->required();
+  CLI::App* verify = app.add_subcommand("verify", "Check a checkpoint's manifest and checksums");
+  verify->add_option("path", path, "a step_XXXXXXXX directory")->required();
+  CLI::App* consolidate =
+      app.add_subcommand("consolidate", "Write the weights as one llm.c model file (v3, fp32)");
+  consolidate->add_option("path", path, "a step_XXXXXXXX directory")->required();
+  consolidate->add_option("-o,--output", out, "model file to write")->required();
+  CLI::App* diff = app.add_subcommand("diff", "Largest absolute difference of every tensor");
+  diff->add_option("a", a, "a checkpoint")->required();
+  diff->add_option("b", b, "another checkpoint")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    int code = app.exit(error);
+    return code == 0 ? 0 : kExitUsage;
+  }
+  if (ls->parsed()) return List(dir);
+  if (verify->parsed()) return Verify(path);
+  if (consolidate->parsed()) return Consolidate(path, out);
+  return Diff(a, b);
+}
+
+}  // namespace
+}  // namespace muster::worker
+
+int main(int argc, char** argv) { return muster::worker::Main(argc, argv); }

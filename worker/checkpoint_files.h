@@ -1,0 +1,51 @@
+// Durable file primitives for checkpoints: write-and-fsync with a running
+// checksum, fsync of a directory, streaming checksums, and the test-only
+// pause hook used to kill a save at a chosen phase.
+//
+// Errors are UNAVAILABLE (the disk or the OS said no: permissions, space,
+// I/O) or NOT_FOUND (a file to read is missing), each naming the path and
+// the errno text. Thread-safe: no shared state.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace muster::worker {
+
+// zlib's CRC-32 of `bytes` at `data`, continuing from `crc` (0 to start).
+uint32_t Crc32(uint32_t crc, const void* data, size_t bytes);
+
+// Creates (or truncates) `path`, writes `bytes` from `data`, fsyncs and
+// closes it. Sets *crc to the data's CRC-32. `between_chunks`, when set,
+// is called after the first chunk is written (the test pause hook).
+absl::Status WriteFileDurably(const std::string& path, const void* data, size_t bytes,
+                              uint32_t* crc, const std::function<absl::Status()>& between_chunks = {});
+
+// fsync of a directory: makes a rename or create inside it durable.
+absl::Status SyncDirectory(const std::string& path);
+
+// The CRC-32 and size of a whole file.
+absl::Status FileCrc(const std::string& path, uint32_t* crc, uint64_t* bytes);
+
+// Reads `bytes` at `offset` of an open descriptor into `dst`; DATA_LOSS if
+// the file ends first.
+absl::Status ReadExactly(int fd, uint64_t offset, void* dst, size_t bytes, const std::string& path);
+
+// A small file's whole contents.
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path);
+
+// Test-only fault injection. When the environment has
+// MUSTER_CKPT_TEST_PAUSE=<phase> or <phase>@<step>, a save (of that step)
+// reaching `phase` (data: a rank's file is half written; manifest: every
+// file is durable, no manifest yet; rename: the manifest is durable, the
+// directory not yet renamed) creates the file named by MUSTER_CKPT_TEST_MARKER (if set) and
+// blocks, so a test can SIGKILL the process mid-save. The block is bounded:
+// after 120 s it returns DEADLINE_EXCEEDED instead of hanging a test run.
+absl::Status CheckpointTestPause(const char* phase, int step);
+
+}  // namespace muster::worker

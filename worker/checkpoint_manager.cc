@@ -1,0 +1,290 @@
+#include "worker/checkpoint_manager.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "worker/checkpoint_files.h"
+#include "worker/checkpoint_layout.h"
+#include "worker/checkpoint_reader.h"
+#include "worker/checkpoint_retention.h"
+
+namespace muster::worker {
+namespace {
+
+// Copies [first, first + count) of the flat state (params | m | v) between
+// the model and optimizer and host memory.
+template <typename ParamsFn, typename MomentsFn>
+void ForEachStatePart(uint64_t params, uint64_t first, uint64_t count, ParamsFn on_params,
+                      MomentsFn on_moments) {
+  for (int part = 0; part < 3; ++part) {
+    const uint64_t lo = std::max(first, part * params);
+    const uint64_t hi = std::min(first + count, (part + 1) * params);
+    if (lo >= hi) continue;
+    const uint64_t in_part = lo - part * params, in_range = lo - first, floats = hi - lo;
+    if (part == 0) {
+      on_params(in_part, in_range, floats);
+    } else {
+      on_moments(part == 2, in_part, in_range, floats);
+    }
+  }
+}
+
+}  // namespace
+
+CheckpointManager::CheckpointManager(const TrainConfig& config, DataParallel* parallel,
+                                     FILE* log)
+    : config_(config), parallel_(parallel), log_(log), local_result_(FileRecord{}) {}
+
+void CheckpointManager::Log(const std::string& line) {
+  if (parallel_->rank() != 0 || log_ == nullptr) return;
+  std::fprintf(log_, "checkpoint: %s\n", line.c_str());
+  std::fflush(log_);
+}
+
+absl::Status CheckpointManager::Agree(absl::Status local, const std::string& what) {
+  auto failed = parallel_->MeanOverRanks(local.ok() ? 0.0f : 1.0f);
+  if (!failed.ok()) return failed.status();
+  if (!local.ok()) return local;
+  if (*failed > 0) {
+    return absl::AbortedError(absl::StrCat(what, " failed on another rank (see its log)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CheckpointManager::Broadcast(int64_t value) {
+  // DataParallel has no broadcast; a mean where only rank 0 contributes
+  // value * world is one, exact in float while value * world < 2^24. Hence
+  // base-4096 digits, exact for any world below 4096.
+  const int world = parallel_->world_size();
+  int64_t result = 0;
+  for (int digit = 2; digit >= 0; --digit) {
+    const int64_t mine = (value >> (12 * digit)) & 4095;
+    auto mean = parallel_->MeanOverRanks(
+        parallel_->rank() == 0 ? static_cast<float>(mine * world) : 0.0f);
+    if (!mean.ok()) return mean.status();
+    result = (result << 12) | static_cast<int64_t>(*mean + 0.5f);
+  }
+  return result;
+}
+
+absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer,
+                                               TrainState* state) {
+  const CheckpointConfig& c = config_.checkpoint;
+  if (c.resume == "never" || (c.resume == "auto" && c.dir.empty())) return false;
+  std::string path = c.resume;
+  if (c.resume == "auto") {
+    // 0: rank 0 failed, 1: nothing to resume, step + 2: that step.
+    int64_t choice = 0;
+    absl::Status rank0_status;
+    if (parallel_->rank() == 0) {
+      std::vector<std::string> skipped;
+      auto latest = FindLatestValid(c.dir, &skipped);
+      for (const std::string& why : skipped) Log("skipping " + why);
+      if (latest.ok()) {
+        choice = latest->step + 2;
+      } else if (absl::IsNotFound(latest.status())) {
+        choice = 1;
+        Log(absl::StrCat("nothing to resume in ", c.dir, "; starting at step 0"));
+      } else {
+        rank0_status = latest.status();
+      }
+    }
+    auto agreed = Broadcast(choice);
+    if (!agreed.ok()) return agreed.status();
+    if (!rank0_status.ok()) return rank0_status;
+    if (*agreed == 0) return absl::AbortedError("rank 0 could not choose a checkpoint to resume");
+    if (*agreed == 1) return false;
+    path = c.dir + "/" + StepDirName(static_cast<int>(*agreed - 2));
+  }
+
+  auto load = [&]() -> absl::Status {
+    auto manifest = ReadManifest(path);
+    if (!manifest.ok()) return manifest.status();
+    const uint64_t hash = ModelConfigHash(config_.model);
+    if (manifest->config_hash != hash) {
+      const ModelConfig& m = manifest->model;
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": a checkpoint of another model (layers ", m.layers, ", heads ", m.heads,
+          ", dim ", m.dim, ", vocab ", m.vocab, ", seq_len ", m.seq_len, "); the config has layers ",
+          config_.model.layers, ", heads ", config_.model.heads, ", dim ", config_.model.dim,
+          ", vocab ", config_.model.vocab, ", seq_len ", config_.model.seq_len));
+    }
+    if (manifest->data_seed != config_.train.seed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": saved with train.seed ", manifest->data_seed, ", the config has ",
+                       config_.train.seed, "; the data stream would not continue"));
+    }
+    const std::vector<StateTensor> tensors = StateTensors(model->stages());
+    const uint64_t total = StateFloats(tensors), params = total / 3;
+    std::vector<float> host(total);
+    absl::Status loaded = LoadFlatRange(path, *manifest, tensors, 0, total, host.data());
+    if (!loaded.ok()) return loaded;
+    model->CopyParamsRangeFromHost(0, params, host.data());
+    optimizer->CopyMomentsRangeFromHost(false, 0, params, host.data() + params);
+    optimizer->CopyMomentsRangeFromHost(true, 0, params, host.data() + 2 * params);
+    state->step = manifest->step;
+    state->sample_index = manifest->sample_index;
+    Log(absl::StrCat("resumed from ", path, " (step ", manifest->step, ", sample index ",
+                     manifest->sample_index, ", saved by ", manifest->world_size, " rank",
+                     manifest->world_size == 1 ? "" : "s", ")"));
+    return absl::OkStatus();
+  };
+  absl::Status status = Agree(load(), "loading checkpoint " + path);
+  if (!status.ok()) return status;
+  last_committed_ = state->step;
+  last_started_ = state->step;
+  return true;
+}
+
+absl::Status CheckpointManager::AfterStep(const GptModel& model, const AdamW& optimizer,
+                                          const TrainState& state) {
+  if (!enabled()) return absl::OkStatus();
+  if (absl::Status committed = Commit(/*wait=*/false); !committed.ok()) return committed;
+  if (state.step % config_.checkpoint.every != 0) return absl::OkStatus();
+  return StartSave(model, optimizer, state);
+}
+
+absl::Status CheckpointManager::SaveFinal(const GptModel& model, const AdamW& optimizer,
+                                          const TrainState& state) {
+  if (!enabled()) return absl::OkStatus();
+  if (last_started_ != state.step) {
+    if (absl::Status started = StartSave(model, optimizer, state); !started.ok()) return started;
+  }
+  return Finish();
+}
+
+absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& optimizer,
+                                          const TrainState& state) {
+  if (absl::Status previous = Finish(); !previous.ok()) return previous;
+  const std::string& dir = config_.checkpoint.dir;
+  const std::string tmp = dir + "/" + TempStepDirName(state.step);
+  absl::Status prepared;
+  if (parallel_->rank() == 0) {
+    std::error_code error;
+    std::filesystem::create_directories(dir, error);
+    if (!error) std::filesystem::remove_all(tmp, error);
+    if (!error) std::filesystem::create_directory(tmp, error);
+    if (error) {
+      prepared = absl::UnavailableError(absl::StrCat(
+          "checkpoint.dir: cannot create ", tmp, ": ", error.message(),
+          " (expected a writable directory)"));
+    }
+  }
+  if (absl::Status agreed = Agree(prepared, "preparing " + tmp); !agreed.ok()) return agreed;
+
+  tensors_ = StateTensors(model.stages());
+  const uint64_t total = StateFloats(tensors_), params = total / 3;
+  const FlatRange mine = EvenShards(total, parallel_->world_size())[parallel_->rank()];
+  auto buffer = writer_.Buffer(mine.count);
+  if (!buffer.ok()) return buffer.status();
+  float* host = *buffer;
+  ForEachStatePart(
+      params, mine.begin, mine.count,
+      [&](uint64_t in_part, uint64_t in_range, uint64_t floats) {
+        model.CopyParamsRangeToHost(in_part, floats, host + in_range);
+      },
+      [&](bool second, uint64_t in_part, uint64_t in_range, uint64_t floats) {
+        optimizer.CopyMomentsRangeToHost(second, in_part, floats, host + in_range);
+      });
+  writer_.Start(tmp, RankFileName(parallel_->rank()), state.step);
+  pending_step_ = state.step;
+  last_started_ = state.step;
+  sample_index_ = state.sample_index;
+  local_done_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointManager::Commit(bool wait) {
+  if (pending_step_ < 0) return absl::OkStatus();
+  if (!local_done_ && (wait || writer_.Idle())) {
+    local_result_ = writer_.Wait();
+    local_done_ = true;
+  }
+  // 0 still writing, 1 written, 2 failed: the mean is exactly 1 only when
+  // every rank's file is durable, and above 1 when any rank failed.
+  const float mine = !local_done_ ? 0.0f : local_result_.ok() ? 1.0f : 2.0f;
+  auto mean = parallel_->MeanOverRanks(mine);
+  if (!mean.ok()) return mean.status();
+  const int step = pending_step_;
+  const std::string tmp = config_.checkpoint.dir + "/" + TempStepDirName(step);
+  if (*mean == 1.0f) {
+    pending_step_ = -1;
+    absl::Status committed = parallel_->rank() == 0 ? WriteManifest(step, tmp) : absl::OkStatus();
+    committed = Agree(committed, "committing " + tmp);
+    if (committed.ok()) last_committed_ = step;
+    return committed;
+  }
+  if (*mean > 1.0f) {
+    pending_step_ = -1;
+    if (!local_result_.ok()) {
+      return absl::Status(local_result_.status().code(),
+                          absl::StrCat("saving checkpoint step ", step, ": ",
+                                       local_result_.status().message()));
+    }
+    return absl::AbortedError(absl::StrCat("saving checkpoint step ", step,
+                                           " failed on another rank (see its log)"));
+  }
+  return absl::OkStatus();  // some rank is still writing
+}
+
+absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) {
+  const CheckpointConfig& c = config_.checkpoint;
+  absl::Status paused = CheckpointTestPause("manifest", step);
+  if (!paused.ok()) return paused;
+  Manifest manifest;
+  manifest.step = step;
+  manifest.optimizer_step = step;
+  manifest.sample_index = sample_index_;
+  manifest.data_seed = config_.train.seed;
+  manifest.config_hash = ModelConfigHash(config_.model);
+  manifest.model = config_.model;
+  manifest.world_size = parallel_->world_size();
+  manifest.strategy = config_.parallel.strategy;
+  for (int rank = 0; rank < manifest.world_size; ++rank) {
+    auto record = ReadSidecar(tmp, RankFileName(rank));
+    if (!record.ok()) return record.status();
+    manifest.files.push_back(*record);
+  }
+  manifest.tensors = SliceTensors(tensors_, EvenShards(StateFloats(tensors_), manifest.world_size));
+  for (const FileRecord& file : manifest.files) {
+    std::error_code ignored;  // a leftover sidecar is harmless
+    std::filesystem::remove(tmp + "/" + SidecarName(file.name), ignored);
+  }
+  const std::string json = ManifestToJson(manifest);
+  uint32_t crc;
+  absl::Status status = WriteFileDurably(tmp + "/" + kManifestName, json.data(), json.size(), &crc);
+  if (status.ok()) status = SyncDirectory(tmp);
+  if (status.ok()) status = CheckpointTestPause("rename", step);
+  if (!status.ok()) return status;
+
+  // A checkpoint of the same step may exist (a resumed run reaching it
+  // again, or a corrupt one). Move it aside first: rename cannot replace a
+  // non-empty directory. A crash between the renames leaves an older
+  // checkpoint to resume from.
+  const std::string final_path = c.dir + "/" + StepDirName(step);
+  const std::string aside = c.dir + "/.old_" + StepDirName(step);
+  std::error_code error;
+  std::filesystem::remove_all(aside, error);
+  if (std::filesystem::exists(final_path)) std::filesystem::rename(final_path, aside, error);
+  if (!error) std::filesystem::rename(tmp, final_path, error);
+  if (error) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot rename ", tmp, " to ", final_path, ": ", error.message()));
+  }
+  if (status = SyncDirectory(c.dir); !status.ok()) return status;
+  std::filesystem::remove_all(aside, error);
+  uint64_t bytes = 0;
+  for (const FileRecord& file : manifest.files) bytes += file.bytes;
+  Log(absl::StrCat("saved ", final_path, " (", bytes >> 20, " MiB in ", manifest.files.size(),
+                   " file", manifest.files.size() == 1 ? "" : "s", ")"));
+  std::vector<std::string> deleted;
+  status = ApplyRetention(c.dir, c.keep_last, c.keep_every, step, &deleted);
+  for (const std::string& path : deleted) Log("deleted " + path + " (retention)");
+  return status;
+}
+
+}  // namespace muster::worker

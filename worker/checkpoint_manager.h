@@ -1,0 +1,95 @@
+// The trainer's side of checkpoints: resume at start-up, an asynchronous
+// save every checkpoint.every steps and at the end, and the atomic commit
+// across ranks (docs/checkpoint-format.md).
+//
+// A save at step s, called by every rank after the same step:
+//   1. the previous save is finished and committed first (one in flight);
+//   2. rank 0 makes dir/.tmp_step_s (removing a stale one); every rank
+//      agrees it exists (a collective, so it is also the barrier);
+//   3. each rank snapshots its even share of the flat state
+//      (checkpoint_layout.h) to host memory and a background thread writes
+//      it, fsyncs it and leaves a sidecar with its size and CRC-32;
+//   4. after each later step the ranks agree (one MeanOverRanks) whether
+//      every rank's file is durable; once they are, rank 0 writes the
+//      manifest, fsyncs it, renames the directory to dir/step_s, fsyncs
+//      dir, and applies retention.
+// A crash before the rename leaves only a .tmp_ directory, which resume
+// ignores; after it, a complete checkpoint.
+//
+// Collectives only run on the calling (trainer) thread, in the same order
+// on every rank: the background thread touches files only. The decision of
+// which checkpoint to resume is rank 0's and is broadcast, so all ranks
+// load the same one even if their views of the disk differ.
+//
+// Errors: a failed background write, commit or load is returned by the
+// next call on every rank (the failing rank with its own message).
+// Thread-safety: one thread (the trainer's) calls every method.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/checkpoint_layout.h"
+#include "worker/checkpoint_writer.h"
+#include "worker/config.h"
+#include "worker/model.h"
+#include "worker/trainer.h"
+
+namespace muster::worker {
+
+class CheckpointManager {
+ public:
+  // REQUIRES: `parallel` outlives the manager. `log` gets one line per
+  // resume, skipped checkpoint and commit (rank 0 only).
+  CheckpointManager(const TrainConfig& config, DataParallel* parallel, FILE* log);
+
+  // Follows checkpoint.resume: "never"; "auto", the newest checkpoint in
+  // checkpoint.dir that verifies (none: a fresh start, returns false); or
+  // a path, which must load. Fills the model, the optimizer and *state.
+  // INVALID_ARGUMENT for a checkpoint of another model config or data
+  // seed; NOT_FOUND / DATA_LOSS for a missing or corrupt explicit path.
+  absl::StatusOr<bool> Resume(GptModel* model, AdamW* optimizer, TrainState* state);
+
+  // After every optimizer step, on every rank: commits a finished save and
+  // starts one when state.step is a multiple of checkpoint.every.
+  absl::Status AfterStep(const GptModel& model, const AdamW& optimizer, const TrainState& state);
+
+  // Saves the current state (unless it was just saved) and waits for its
+  // commit: the end of training. A no-op while checkpoint.every is 0.
+  absl::Status SaveFinal(const GptModel& model, const AdamW& optimizer, const TrainState& state);
+
+  // Starts a save of the current state (step 1-3 above).
+  absl::Status StartSave(const GptModel& model, const AdamW& optimizer, const TrainState& state);
+  // Waits for the save in flight and commits it.
+  absl::Status Finish() { return Commit(/*wait=*/true); }
+
+  bool enabled() const { return !config_.checkpoint.dir.empty() && config_.checkpoint.every > 0; }
+  int last_committed_step() const { return last_committed_; }
+
+ private:
+  absl::Status Commit(bool wait);
+  absl::Status WriteManifest(int step, const std::string& tmp);
+  // Every rank learns whether all ranks' `local` is OK; returns `local`, or
+  // an error naming the failed collective step when another rank failed.
+  absl::Status Agree(absl::Status local, const std::string& what);
+  // Rank 0's `value` (0 <= value < 2^36), on every rank.
+  absl::StatusOr<int64_t> Broadcast(int64_t value);
+  void Log(const std::string& line);
+
+  TrainConfig config_;
+  DataParallel* parallel_;
+  FILE* log_;
+  ShardWriter writer_;
+  int pending_step_ = -1;      // save in flight, -1: none
+  int last_started_ = -1;
+  int last_committed_ = -1;
+  absl::StatusOr<FileRecord> local_result_;  // this rank's finished write
+  bool local_done_ = false;
+  uint64_t sample_index_ = 0;         // of the save in flight
+  std::vector<StateTensor> tensors_;  // the model's flat state
+};
+
+}  // namespace muster::worker

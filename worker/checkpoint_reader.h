@@ -1,0 +1,51 @@
+// Finding, verifying and loading checkpoints (docs/checkpoint-format.md).
+//
+// Errors: NOT_FOUND for a missing directory or manifest (a torn checkpoint
+// has no manifest), DATA_LOSS for a manifest that does not parse or a data
+// file whose size or CRC-32 differs from the manifest's, UNAVAILABLE for
+// I/O errors. Every message names the file. Thread-safe: no shared state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/checkpoint_layout.h"
+#include "worker/checkpoint_manifest.h"
+
+namespace muster::worker {
+
+struct CheckpointEntry {
+  int step = 0;
+  std::string path;  // dir/step_XXXXXXXX
+};
+
+// Committed-looking checkpoint directories in `dir` (names step_<8 digits>;
+// temporary directories are skipped), oldest first. NOT_FOUND if `dir`
+// does not exist.
+absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& dir);
+
+// Reads and parses path/manifest.json.
+absl::StatusOr<Manifest> ReadManifest(const std::string& path);
+
+// Reads the manifest and every data file in full, checking sizes and CRCs.
+absl::StatusOr<Manifest> VerifyCheckpoint(const std::string& path);
+
+// The newest checkpoint in `dir` that verifies. Each newer one that does
+// not is appended to *skipped as "<path>: <why>". NOT_FOUND if none does
+// (or `dir` is missing).
+absl::StatusOr<CheckpointEntry> FindLatestValid(const std::string& dir,
+                                                std::vector<std::string>* skipped);
+
+// Loads floats [first, first + count) of the flat state `tensors` from the
+// checkpoint at `path` into `dst` (count floats). Every data file holding
+// any of it is read in full, so its CRC-32 is checked on the way.
+// INVALID_ARGUMENT if the manifest lacks a wanted tensor or has it in
+// another shape.
+absl::Status LoadFlatRange(const std::string& path, const Manifest& manifest,
+                           const std::vector<StateTensor>& tensors, uint64_t first,
+                           uint64_t count, float* dst);
+
+}  // namespace muster::worker

@@ -1,0 +1,91 @@
+#include "worker/checkpoint_writer.h"
+
+#include <cinttypes>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "worker/checkpoint_files.h"
+
+namespace muster::worker {
+
+std::string SidecarName(const std::string& data_file) { return data_file + ".done"; }
+
+absl::StatusOr<FileRecord> ReadSidecar(const std::string& dir, const std::string& data_file) {
+  const std::string path = dir + "/" + SidecarName(data_file);
+  auto text = ReadSmallFile(path);
+  if (!text.ok()) return text.status();
+  std::vector<std::string> words = absl::StrSplit(absl::StripAsciiWhitespace(*text), ' ');
+  FileRecord record;
+  record.name = data_file;
+  if (words.size() != 2 || !absl::SimpleAtoi(words[0], &record.bytes) ||
+      !absl::SimpleHexAtoi(words[1], &record.crc32)) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": expected \"<bytes> <crc32 hex>\", got \"", *text, "\""));
+  }
+  return record;
+}
+
+ShardWriter::~ShardWriter() {
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::StatusOr<float*> ShardWriter::Buffer(size_t floats) {
+  auto previous = Wait();
+  if (!previous.ok()) return previous.status();
+  buffer_.resize(floats);
+  return buffer_.data();
+}
+
+void ShardWriter::Start(const std::string& dir, const std::string& file_name, int step) {
+  if (thread_.joinable()) thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    busy_ = true;
+    result_ = FileRecord{};
+  }
+  thread_ = std::thread(&ShardWriter::Write, this, dir, file_name, step);
+}
+
+bool ShardWriter::Idle() const {
+  absl::MutexLock lock(&mu_);
+  return !busy_;
+}
+
+absl::StatusOr<FileRecord> ShardWriter::Wait() {
+  if (thread_.joinable()) thread_.join();
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<FileRecord> result = result_;
+  result_ = FileRecord{};  // reported once; the caller now owns the error
+  return result;
+}
+
+void ShardWriter::Write(std::string dir, std::string file_name, int step) {
+  FileRecord record;
+  record.name = file_name;
+  record.bytes = buffer_.size() * sizeof(float);
+  auto write = [&]() -> absl::Status {
+    absl::Status status =
+        WriteFileDurably(dir + "/" + file_name, buffer_.data(), record.bytes, &record.crc32,
+                         [step] { return CheckpointTestPause("data", step); });
+    if (!status.ok()) return status;
+    std::string sidecar = absl::StrFormat("%" PRIu64 " %08x\n", record.bytes, record.crc32);
+    uint32_t ignored;
+    status = WriteFileDurably(dir + "/" + SidecarName(file_name), sidecar.data(), sidecar.size(),
+                              &ignored);
+    if (!status.ok()) return status;
+    return SyncDirectory(dir);
+  };
+  absl::Status status = write();
+  absl::MutexLock lock(&mu_);
+  if (status.ok()) {
+    result_ = record;
+  } else {
+    result_ = status;
+  }
+  busy_ = false;
+}
+
+}  // namespace muster::worker
