@@ -40,7 +40,9 @@ void WriteCorpus(const std::string& dir) {
   REQUIRE(worker::WriteTokenShard(dir + "/train_000.bin", tokens).ok());
 }
 
-std::string JobYaml(int micro_batch, int accumulation, int steps, const std::string& metrics) {
+// `checkpoint`: the yaml's checkpoint section, or "" for none.
+std::string JobYaml(int micro_batch, int accumulation, int steps, const std::string& metrics,
+                    const std::string& checkpoint = "") {
   return absl::StrCat(R"(model: {layers: 2, heads: 2, dim: 32, vocab: 256, seq_len: 16}
 data:
   train: train_*.bin
@@ -53,7 +55,7 @@ train:
   metrics_file: )", metrics, R"(
 device: cpu
 parallel: {strategy: ddp, bucket_mb: 0.01, timeout_s: 30}
-)");
+)", checkpoint.empty() ? "" : absl::StrCat("checkpoint: ", checkpoint, "\n"));
 }
 
 // step -> loss, from a worker's JSONL metrics file.
@@ -185,6 +187,92 @@ TEST_CASE("SIGKILL of one rank: the others fail out of their collective and laun
     }
     INFO("rank " << rank);
     CHECK(reported);
+  }
+}
+
+TEST_CASE("a 2-rank DDP job SIGKILLed mid-run resumes under launch and ends bitwise identical") {
+  TempDir dir;
+  WriteCorpus(dir.path());
+  const int kSteps = 60;
+  auto checkpoint = [&](const std::string& name, int every) {
+    return absl::StrCat("{dir: \"", dir.File(name), "\", every: ", every, ", keep_last: 2}");
+  };
+  WriteFile(dir.File("reference.yaml"),
+            JobYaml(3, 1, kSteps, "reference.jsonl", checkpoint("reference_ckpt", kSteps)));
+  WriteFile(dir.File("killed.yaml"),
+            JobYaml(3, 1, kSteps, "killed.jsonl", checkpoint("killed_ckpt", 5)));
+  const std::string worker = BinaryPath("worker/worker");
+  Child reference = StartLaunch({"--standalone", "--nproc_per_node=2", worker,
+                                 dir.File("reference.yaml")},
+                                dir.File("reference.log"));
+  REQUIRE(ExitCodeWithin(reference, absl::Seconds(120)) == 0);
+
+  Child job = StartLaunch({"--standalone", "--nproc_per_node=2", "--max_restarts=1",
+                           "--rdzv_id=ddpresume", worker, dir.File("killed.yaml")},
+                          dir.File("killed.log"));
+  // Partway through a step after step 17 (checkpointed at 15).
+  REQUIRE(WaitUntil([&] { return ReadLosses(dir.File("killed.jsonl")).size() >= 17; },
+                    absl::Seconds(60)));
+  int victim = ChildWithEnv(job.pid(), "RANK=1");
+  REQUIRE(victim > 0);
+  int killed_after = ReadLosses(dir.File("killed.jsonl")).rbegin()->first;
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  int code = ExitCodeWithin(job, absl::Seconds(120));
+  INFO(ReadFile(dir.File("killed.log")));
+  REQUIRE(code == 0);
+  INFO("killed after step " << killed_after);
+  CHECK(killed_after < kSteps);
+  CHECK(absl::StrContains(ReadFile(dir.File("killed.log")), "resumed from"));
+  // Every step's loss, and the final weights and AdamW moments (both
+  // ranks' files of the last checkpoint), bit for bit.
+  CHECK(ReadLosses(dir.File("killed.jsonl")) == ReadLosses(dir.File("reference.jsonl")));
+  for (const char* file : {"rank_00000.bin", "rank_00001.bin"}) {
+    std::string a = ReadFile(dir.File("reference_ckpt/step_00000060/") + file);
+    std::string b = ReadFile(dir.File("killed_ckpt/step_00000060/") + file);
+    CHECK(!a.empty());
+    CHECK(a == b);
+  }
+}
+
+TEST_CASE("a 2-rank checkpoint resumes at 3 ranks and at 1, continuing the same loss curve") {
+  TempDir dir;
+  WriteCorpus(dir.path());
+  const int kSteps = 30, kSaved = 15;
+  const std::string worker = BinaryPath("worker/worker");
+  // The 2-rank run, global batch 6, saving at step 15 (and 30).
+  WriteFile(dir.File("two.yaml"),
+            JobYaml(3, 1, kSteps, "two.jsonl",
+                    absl::StrCat("{dir: \"", dir.File("two_ckpt"), "\", every: ", kSaved, "}")));
+  Child two = StartLaunch({"--standalone", "--nproc_per_node=2", worker, dir.File("two.yaml")},
+                          dir.File("two.log"));
+  REQUIRE(ExitCodeWithin(two, absl::Seconds(120)) == 0);
+  std::map<int, double> reference = ReadLosses(dir.File("two.jsonl"));
+  REQUIRE(reference.size() == kSteps);
+  const std::string saved = dir.File("two_ckpt/step_00000015");
+  REQUIRE(std::filesystem::exists(saved + "/manifest.json"));
+
+  // Resume that checkpoint at 3 ranks x 2 and at 1 rank x 6: the same
+  // global batch, so the same samples in every step.
+  for (int world : {3, 1}) {
+    std::string name = absl::StrCat("world", world);
+    WriteFile(dir.File(name + ".yaml"),
+              JobYaml(6 / world, 1, kSteps, name + ".jsonl",
+                      absl::StrCat("{dir: \"", dir.File(name + "_ckpt"), "\", resume: \"", saved,
+                                   "\"}")));
+    Child job = StartLaunch({"--standalone", absl::StrCat("--nproc_per_node=", world), worker,
+                             dir.File(name + ".yaml")},
+                            dir.File(name + ".log"));
+    int code = ExitCodeWithin(job, absl::Seconds(120));
+    INFO(ReadFile(dir.File(name + ".log")));
+    REQUIRE(code == 0);
+    std::map<int, double> losses = ReadLosses(dir.File(name + ".jsonl"));
+    // It trained steps 16..30 only, and each matches the 2-rank run.
+    REQUIRE(losses.size() == kSteps - kSaved);
+    CHECK(losses.begin()->first == kSaved + 1);
+    for (const auto& [step, loss] : losses) {
+      INFO("world " << world << " step " << step << ": " << loss << " vs " << reference[step]);
+      CHECK(std::abs(loss - reference[step]) <= 1e-5 * std::abs(reference[step]));
+    }
   }
 }
 
