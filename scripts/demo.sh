@@ -3,13 +3,13 @@
 #   1. set-up: Debian packages (scripts/setup.sh) and the demo data,
 #      data/tiny/*.bin, byte-level shards of fortune-cookie text
 #      (scripts/make_demo_data.sh; skipped when present);
-#   2. `launch --standalone --nproc_per_node=1 examples/tiny.yaml`: one
-#      worker trains a 0.8M-parameter byte-level GPT for 250 steps, logging
-#      loss, throughput and MFU, and writing out/tiny/metrics.jsonl;
-#   3. `worker generate`: samples text from that model. There are no
-#      checkpoints yet, so generate trains it again first; training is
-#      deterministic, so it is bit for bit the model step 2 trained;
-#   4. scripts/demo_rendezvous.sh: two `launch` agents as two nodes against
+#   2. `launch --standalone --nproc_per_node=2 examples/tiny.yaml`: two
+#      workers train a 0.8M-parameter byte-level GPT data-parallel (DDP over
+#      Gloo) for 250 steps, logging loss, throughput and MFU, writing
+#      out/tiny/metrics.jsonl and sharded checkpoints (steps 100, 200, 250);
+#   3. `ckpt ls` and `ckpt verify` on those checkpoints;
+#   4. `worker generate --checkpoint`: samples text from the last one;
+#   5. scripts/demo_rendezvous.sh: two `launch` agents as two nodes against
 #      a rendezvous service, inspected with `rdzvctl` (a few seconds).
 # BAZEL (default "bazel") and BAZEL_BUILD_FLAGS choose how things are built;
 # DEMO_PROMPT changes the prompt.
@@ -25,16 +25,23 @@ bash scripts/setup.sh
 if ! ls data/tiny/train_*.bin data/tiny/val_*.bin >/dev/null 2>&1; then
   BAZEL="$BAZEL" bash scripts/make_demo_data.sh data/tiny
 fi
-$BAZEL build "${build_flags[@]}" //launcher:launch //worker:worker
+$BAZEL build "${build_flags[@]}" //launcher:launch //worker:worker //tools:ckpt
 BIN=$($BAZEL info "${build_flags[@]}" bazel-bin 2>/dev/null)
 
-echo "== launch --standalone --nproc_per_node=1 examples/tiny.yaml"
-"$BIN/launcher/launch" --standalone --nproc_per_node=1 examples/tiny.yaml
+# A fresh run each time: with checkpoint.resume auto, a second demo would
+# otherwise resume from step 250 and have nothing left to train.
+rm -rf out/tiny
+echo "== launch --standalone --nproc_per_node=2 examples/tiny.yaml"
+"$BIN/launcher/launch" --standalone --nproc_per_node=2 examples/tiny.yaml
 echo "   metrics: out/tiny/metrics.jsonl ($(wc -l < out/tiny/metrics.jsonl) lines)"
 
-echo "== worker generate --config examples/tiny.yaml --prompt \"$prompt\""
-echo "   (retraining first; its log goes to out/tiny/generate.log)"
-if ! "$BIN/worker/worker" generate --config examples/tiny.yaml --prompt "$prompt" \
+echo "== ckpt ls out/tiny/checkpoints; ckpt verify the last one"
+"$BIN/tools/ckpt" ls out/tiny/checkpoints
+"$BIN/tools/ckpt" verify out/tiny/checkpoints/step_00000250
+
+echo "== worker generate --checkpoint out/tiny/checkpoints/step_00000250 --prompt \"$prompt\""
+if ! "$BIN/worker/worker" generate --config examples/tiny.yaml \
+    --checkpoint out/tiny/checkpoints/step_00000250 --prompt "$prompt" \
     --tokens 300 --temperature 0.8 --seed 1 2> out/tiny/generate.log; then
   cat out/tiny/generate.log >&2
   exit 1

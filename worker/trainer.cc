@@ -119,7 +119,10 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   double tokens = static_cast<double>(world) * A * B * T;
   metrics.tokens_per_s = seconds > 0 ? tokens / seconds : 0;
   if (peak_flops_ > 0) {
-    metrics.mfu = FlopsPerToken(config_.model, T) * metrics.tokens_per_s / peak_flops_;
+    // tokens/s is the whole job's and peak_flops_ one process's (its
+    // threads' cores), so the job's peak is world times that.
+    metrics.mfu =
+        FlopsPerToken(config_.model, T) * metrics.tokens_per_s / (peak_flops_ * world);
   }
   return metrics;
 }

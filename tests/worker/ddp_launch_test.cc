@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -274,6 +275,71 @@ TEST_CASE("a 2-rank checkpoint resumes at 3 ranks and at 1, continuing the same 
       CHECK(std::abs(loss - reference[step]) <= 1e-5 * std::abs(reference[step]));
     }
   }
+}
+
+// The newest committed checkpoint in `dir` whose manifest says it was
+// saved by `world` ranks: its step, or 0.
+int NewestCheckpointOfWorld(const std::string& dir, int world) {
+  int newest = 0;
+  if (!std::filesystem::exists(dir)) return 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::string name = entry.path().filename().string();
+    int step = 0;
+    if (name.rfind("step_", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+    std::string manifest = ReadFile(entry.path().string() + "/manifest.json");
+    if (absl::StrContains(manifest, absl::StrCat("\"world_size\": ", world, ","))) {
+      newest = std::max(newest, step);
+    }
+  }
+  return newest;
+}
+
+TEST_CASE("scale-up and scale-down under launch resume from the last checkpoint") {
+  TempDir dir;
+  WriteCorpus(dir.path());
+  auto server = StartServer();
+  const std::string checkpoints = dir.File("ckpt");
+  auto yaml = [&](int steps) {
+    return JobYaml(3, 1, steps, "metrics.jsonl",
+                   absl::StrCat("{dir: \"", checkpoints, "\", every: 10, keep_last: 3}"));
+  };
+  // Long enough never to finish before the test has scaled the job.
+  WriteFile(dir.File("job.yaml"), yaml(1000000));
+  std::vector<std::string> command = {
+      "--nnodes=1:2", "--nproc_per_node=1", "--rdzv_endpoint", server->endpoint(),
+      "--rdzv_id=elastic_ckpt", "--max_restarts=3",
+      "--rdzv_conf=last_call_timeout=0.3,lease_ttl=1", "--shutdown_timeout=2",
+      BinaryPath("worker/worker"), dir.File("job.yaml")};
+  Child a = StartLaunch(command, dir.File("a.log"));
+  REQUIRE(WaitUntil([&] { return NewestCheckpointOfWorld(checkpoints, 1) >= 10; },
+                    absl::Seconds(60)));
+
+  // Scale-up: a second node joins; the job restarts at world 2 from the
+  // world-1 checkpoint and goes on saving.
+  Child b = StartLaunch(command, dir.File("b.log"));
+  REQUIRE(WaitUntil([&] { return NewestCheckpointOfWorld(checkpoints, 2) > 0; },
+                    absl::Seconds(60)));
+  CHECK(absl::StrContains(ReadFile(dir.File("a.log")), "resumed from"));
+
+  // Scale-down: the second node dies. After the lease ttl the job restarts
+  // at world 1 from a world-2 checkpoint, and this time it finishes soon:
+  // the restarted worker reads the shorter run from the yaml.
+  int total = NewestCheckpointOfWorld(checkpoints, 2) + 200;
+  WriteFile(dir.File("job.yaml"), yaml(total));
+  REQUIRE(::kill(b.pid(), SIGKILL) == 0);
+  b.WaitFor(absl::Seconds(10));
+  int code = ExitCodeWithin(a, absl::Seconds(120));
+  std::string log = ReadFile(dir.File("a.log"));
+  INFO(log);
+  REQUIRE(code == 0);
+  // Resumed twice: at world 2 and back at world 1.
+  size_t first = log.find("resumed from");
+  REQUIRE(first != std::string::npos);
+  CHECK(log.find("resumed from", first + 1) != std::string::npos);
+  std::map<int, double> losses = ReadLosses(dir.File("metrics.jsonl"));
+  REQUIRE(!losses.empty());
+  CHECK(losses.rbegin()->first == total);
+  CHECK(NewestCheckpointOfWorld(checkpoints, 1) == total);
 }
 
 }  // namespace
