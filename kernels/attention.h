@@ -17,6 +17,13 @@
 // query row's score gradient (into dpreatt), then each position's dq, dk
 // and dv, which sum over the rows they appear in, in a fixed order.
 // Aliasing: no output may alias an input. REQUIRES: C % NH == 0.
+//
+// Who runs what: the products (q k^T, att v and their backward) are GEMMs
+// per (b, h); the CPU back end runs them on OpenBLAS, and the CUDA kernels
+// run them as the per-row loops below. The softmax and its gradient, the
+// rows between the products, are AttentionSoftmaxRow and
+// AttentionScoreGradRow, which both back ends run. The per-row loops are
+// tested on the CPU against the GEMM path (tests/kernels/attention_test.cc).
 #pragma once
 
 #include <cmath>
@@ -39,21 +46,12 @@ MUSTER_HD size_t AttentionMapOffset(int b, int h, int NH, int T) {
   return (static_cast<size_t>(b) * NH + h) * T * T;
 }
 
-// Query row t of one (b, h): writes att[t, :] (T) and out(t) (hs).
-MUSTER_HD void AttentionRowForward(float* out, float* att, const float* qkv,
-                                   int t, int T, int C, int hs) {
-  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
-  const float* query = qkv + static_cast<size_t>(t) * 3 * C;
-  float* att_row = att + static_cast<size_t>(t) * T;
+// Softmax of query row t, in place: att_row (T) holds the scaled scores
+// q(t) . k(t2) * scale for t2 <= t on entry (later entries are ignored),
+// and on return the probabilities, zero for t2 > t.
+MUSTER_HD void AttentionSoftmaxRow(float* att_row, int t, int T) {
   float max_score = -INFINITY;
-  for (int t2 = 0; t2 <= t; ++t2) {
-    const float* key = qkv + static_cast<size_t>(t2) * 3 * C + C;
-    float score = 0.0f;
-    for (int i = 0; i < hs; ++i) score += query[i] * key[i];
-    score *= scale;
-    att_row[t2] = score;
-    max_score = fmaxf(max_score, score);
-  }
+  for (int t2 = 0; t2 <= t; ++t2) max_score = fmaxf(max_score, att_row[t2]);
   float sum = 0.0f;  // shifted by the max so expf cannot overflow
   for (int t2 = 0; t2 <= t; ++t2) {
     att_row[t2] = expf(att_row[t2] - max_score);
@@ -62,6 +60,37 @@ MUSTER_HD void AttentionRowForward(float* out, float* att, const float* qkv,
   const float inv_sum = 1.0f / sum;
   for (int t2 = 0; t2 <= t; ++t2) att_row[t2] *= inv_sum;
   for (int t2 = t + 1; t2 < T; ++t2) att_row[t2] = 0.0f;
+}
+
+// Gradient of query row t's pre-softmax scores, in place: dpreatt_row (T)
+// holds datt[t, t2] = dout(t) . v(t2) for t2 <= t on entry (later entries
+// are ignored), and on return dpreatt[t, t2] = att[t, t2] * (datt[t, t2] -
+// sum_j att[t, j] * datt[t, j]), zero for t2 > t. att_row (T).
+MUSTER_HD void AttentionScoreGradRow(float* dpreatt_row, const float* att_row,
+                                     int t, int T) {
+  float weighted_sum = 0.0f;
+  for (int t2 = 0; t2 <= t; ++t2) weighted_sum += att_row[t2] * dpreatt_row[t2];
+  for (int t2 = 0; t2 <= t; ++t2) {
+    dpreatt_row[t2] = att_row[t2] * (dpreatt_row[t2] - weighted_sum);
+  }
+  for (int t2 = t + 1; t2 < T; ++t2) dpreatt_row[t2] = 0.0f;
+}
+
+// The per-row loops (the CUDA kernels' products; the CPU runs GEMMs).
+
+// Query row t of one (b, h): writes att[t, :] (T) and out(t) (hs).
+MUSTER_HD void AttentionRowForward(float* out, float* att, const float* qkv,
+                                   int t, int T, int C, int hs) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(hs));
+  const float* query = qkv + static_cast<size_t>(t) * 3 * C;
+  float* att_row = att + static_cast<size_t>(t) * T;
+  for (int t2 = 0; t2 <= t; ++t2) {
+    const float* key = qkv + static_cast<size_t>(t2) * 3 * C + C;
+    float score = 0.0f;
+    for (int i = 0; i < hs; ++i) score += query[i] * key[i];
+    att_row[t2] = score * scale;
+  }
+  AttentionSoftmaxRow(att_row, t, T);
 
   float* out_row = out + static_cast<size_t>(t) * C;
   for (int i = 0; i < hs; ++i) out_row[i] = 0.0f;
@@ -71,27 +100,20 @@ MUSTER_HD void AttentionRowForward(float* out, float* att, const float* qkv,
   }
 }
 
-// Pass 1, query row t of one (b, h): the gradient of the pre-softmax
-// scores, dpreatt[t, t2] = att[t, t2] * (datt[t, t2] - sum_j att[t, j] *
-// datt[t, j]) with datt[t, t2] = dout(t) . v(t2); zero for t2 > t.
+// Pass 1, query row t of one (b, h): dpreatt[t, :] (see
+// AttentionScoreGradRow).
 MUSTER_HD void AttentionRowBackwardScores(float* dpreatt, const float* att,
                                           const float* qkv, const float* dout,
                                           int t, int T, int C, int hs) {
-  const float* att_row = att + static_cast<size_t>(t) * T;
   float* dpreatt_row = dpreatt + static_cast<size_t>(t) * T;
   const float* dout_row = dout + static_cast<size_t>(t) * C;
-  float weighted_sum = 0.0f;
   for (int t2 = 0; t2 <= t; ++t2) {
     const float* value = qkv + static_cast<size_t>(t2) * 3 * C + 2 * C;
     float datt = 0.0f;
     for (int i = 0; i < hs; ++i) datt += dout_row[i] * value[i];
     dpreatt_row[t2] = datt;
-    weighted_sum += att_row[t2] * datt;
   }
-  for (int t2 = 0; t2 <= t; ++t2) {
-    dpreatt_row[t2] = att_row[t2] * (dpreatt_row[t2] - weighted_sum);
-  }
-  for (int t2 = t + 1; t2 < T; ++t2) dpreatt_row[t2] = 0.0f;
+  AttentionScoreGradRow(dpreatt_row, att + static_cast<size_t>(t) * T, t, T);
 }
 
 // Pass 2, position t of one (b, h): accumulates into dq(t), dk(t), dv(t)

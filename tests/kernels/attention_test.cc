@@ -94,6 +94,51 @@ TEST_CASE("attention's first position attends only to itself") {
   }
 }
 
+// The CUDA kernels run the per-row loops of attention.h; the CPU runs GEMMs
+// around the same softmax rows. Both must agree to float rounding.
+TEST_CASE("the per-row loops the CUDA kernels run match the CPU path") {
+  const int batch = 2, time = 70, channels = 48, heads = 3;
+  const int head_size = channels / heads;
+  auto qkv = RandomFloats(batch * time * 3 * channels, 10, -2.0f, 2.0f);
+  auto dout = RandomFloats(batch * time * channels, 11);
+  const size_t map_size = static_cast<size_t>(batch) * heads * time * time;
+  std::vector<float> out(batch * time * channels), att(map_size),
+      dpreatt(map_size), dqkv(qkv.size(), 0.25f);
+  AttentionForwardCpu(out.data(), att.data(), qkv.data(), batch, time,
+                      channels, heads);
+  AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(),
+                       att.data(), batch, time, channels, heads);
+
+  std::vector<float> row_out(out.size()), row_att(map_size, 7.0f),
+      row_dpreatt(map_size, -9.0f), row_dqkv(qkv.size(), 0.25f);
+  for (int b = 0; b < batch; ++b) {
+    for (int h = 0; h < heads; ++h) {
+      const size_t qkv_at = AttentionQkvOffset(b, h, time, channels, head_size);
+      const size_t out_at = AttentionOutOffset(b, h, time, channels, head_size);
+      const size_t map_at = AttentionMapOffset(b, h, heads, time);
+      for (int t = 0; t < time; ++t) {
+        AttentionRowForward(row_out.data() + out_at, row_att.data() + map_at,
+                            qkv.data() + qkv_at, t, time, channels, head_size);
+      }
+      for (int t = 0; t < time; ++t) {
+        AttentionRowBackwardScores(row_dpreatt.data() + map_at,
+                                   row_att.data() + map_at, qkv.data() + qkv_at,
+                                   dout.data() + out_at, t, time, channels,
+                                   head_size);
+      }
+      for (int t = 0; t < time; ++t) {
+        AttentionRowBackwardInputs(
+            row_dqkv.data() + qkv_at, row_dpreatt.data() + map_at,
+            row_att.data() + map_at, qkv.data() + qkv_at, dout.data() + out_at,
+            t, time, channels, head_size);
+      }
+    }
+  }
+  RequireClose(out, ToDouble(row_out), 1e-5, 1e-6, "out");
+  RequireClose(att, ToDouble(row_att), 1e-5, 1e-7, "att");
+  RequireClose(dqkv, ToDouble(row_dqkv), 1e-4, 1e-5, "dqkv");
+}
+
 TEST_CASE("attention is bitwise deterministic") {
   const int batch = 2, time = 48, channels = 64, heads = 4;
   auto qkv = RandomFloats(batch * time * 3 * channels, 5);

@@ -19,6 +19,20 @@ TEST_CASE("gelu forward matches the double-precision definition") {
   }
 }
 
+TEST_CASE("gelu's tanh and sech^2 are within float rounding of double") {
+  // Every 2^-12 on [-12, 12], where tanh goes from -1 to 1 in float.
+  for (double u = -12.0; u <= 12.0; u += 1.0 / 4096) {
+    const float x = static_cast<float>(u);
+    const GeluTanhSech got = GeluTanhAndSechSq(x);
+    const double cosh_x = std::cosh(double{x});
+    INFO("u = " << u);
+    // Absolute: gelu uses 1 + tanh. 2^-23 is 2 ulps of tanh near 1.
+    REQUIRE(std::fabs(got.tanh_u - std::tanh(double{x})) <= 0x1p-23);
+    // Relative: sech^2 is tiny where |u| is large.
+    REQUIRE(std::fabs(got.sech_sq * cosh_x * cosh_x - 1.0) <= 1e-6);
+  }
+}
+
 TEST_CASE("gelu backward matches central finite differences") {
   const double h = 1e-4;
   for (double x = -5.0; x <= 5.0; x += 0.25) {

@@ -1,6 +1,7 @@
 // The CPU back end promises more than run-to-run determinism: every
 // reduction has a fixed order, so 1, 2 or 3 threads give the same bits.
-// (Matmul is left out: OpenBLAS splits its GEMMs by its own thread count.)
+// That includes the GEMMs: OpenBLAS runs single-threaded on tasks whose
+// shapes do not depend on the thread count (kernels/cpu_gemm.h).
 #include <omp.h>
 
 #include <functional>
@@ -11,6 +12,7 @@
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/layernorm.h"
+#include "kernels/matmul.h"
 #include "kernels/residual.h"
 #include "tests/kernels/test_util.h"
 
@@ -88,6 +90,23 @@ TEST_CASE("attention bits do not depend on the thread count") {
                          att.data(), B, T, C, NH);
     Append(&out, att);
     Append(&out, dqkv);
+    return out;
+  });
+}
+
+TEST_CASE("matmul bits do not depend on the thread count") {
+  // More rows and output channels than one GEMM task holds.
+  const int OC = 130;
+  auto inp = RandomFloats(N * C, 13), weight = RandomFloats(OC * C, 14),
+       bias = RandomFloats(OC, 15), dout = RandomFloats(N * OC, 16);
+  RequireSameForAnyThreadCount([&] {
+    std::vector<float> out(N * OC), dinp(N * C, 0.5f), dweight(OC * C, 0.5f),
+        dbias(OC, 0.5f);
+    MatmulForwardCpu(out.data(), inp.data(), weight.data(), bias.data(), N, C,
+                     OC);
+    MatmulBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(),
+                      inp.data(), weight.data(), N, C, OC);
+    for (const auto* part : {&dinp, &dweight, &dbias}) Append(&out, *part);
     return out;
   });
 }

@@ -1,0 +1,67 @@
+// Row-major sgemm for the CPU back end (kernels/*_cpu.cc only), run in
+// OpenMP's threads:
+//   c (M, N) = alpha * op(a) (M, K) @ op(b) (K, N) + beta * c
+// op(x) is x or x^T per trans_x; lda, ldb, ldc are row strides as in
+// cblas_sgemm.
+//
+// Why not let OpenBLAS thread its own GEMMs: Debian's OpenBLAS is the
+// pthreads build, whose thread pool knows nothing of OpenMP's. Between
+// parallel loops the OpenMP threads spin while OpenBLAS's threads work, and
+// on a 2-core machine the two pools took turns starving each other (a third
+// of the CPU time went to libgomp's spin loop). So OpenBLAS is set to one
+// thread, once, and every parallel GEMM is split here into tasks of fixed
+// shape. The split depends only on the matrix shape, never on the thread
+// count, so each output element is computed by the same single-threaded
+// call with any number of threads: GEMM results are bitwise independent of
+// OMP_NUM_THREADS too.
+#pragma once
+
+#include <cblas.h>
+
+#include <algorithm>
+
+namespace muster::kernels::cpu {
+
+// Output rows per GEMM task: small enough to give two threads several
+// tasks each at BT = 1024, large enough for OpenBLAS's kernels to run at
+// full speed.
+constexpr int kGemmRowsPerTask = 64;
+
+// Sets OpenBLAS to one thread the first time any CPU kernel runs. The
+// setting is process-wide; the CPU kernels are OpenBLAS's only callers.
+inline void UseSingleThreadedBlas() {
+  static const bool done = (openblas_set_num_threads(1), true);
+  (void)done;
+}
+
+// One single-threaded GEMM; safe to call from inside a parallel loop.
+inline void Sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                  const float* a, int lda, const float* b, int ldb, float beta,
+                  float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, a, lda, b,
+              ldb, beta, c, ldc);
+}
+
+// One GEMM, its M rows split in blocks of kGemmRowsPerTask across OpenMP
+// threads. Must not be called from inside a parallel loop.
+inline void ParallelSgemm(bool trans_a, bool trans_b, int M, int N, int K,
+                          float alpha, const float* a, int lda, const float* b,
+                          int ldb, float beta, float* c, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  UseSingleThreadedBlas();
+  const int tasks = (M + kGemmRowsPerTask - 1) / kGemmRowsPerTask;
+  // Dynamic: on shared cores a thread may lose its core for a while.
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int task = 0; task < tasks; ++task) {
+    const int row = task * kGemmRowsPerTask;
+    const int rows = std::min(kGemmRowsPerTask, M - row);
+    // Row `row` of op(a) starts at row `row` of a, or column `row` if a is
+    // transposed.
+    const float* a_rows = trans_a ? a + row : a + static_cast<long>(row) * lda;
+    Sgemm(trans_a, trans_b, rows, N, K, alpha, a_rows, lda, b, ldb, beta,
+          c + static_cast<long>(row) * ldc, ldc);
+  }
+}
+
+}  // namespace muster::kernels::cpu
