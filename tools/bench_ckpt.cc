@@ -3,21 +3,27 @@
 // while an asynchronous save is in flight. A program, not a test:
 //
 //   bazel run -c opt //tools:bench_ckpt -- [--model gpt2_124m|small|tiny] [--dir D]
+//                                          [--rounds 3] [--stall-steps 2]
 //
 // State = weights + AdamW m + v (fp32): about 1.5 GB for GPT-2 124M.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "worker/checkpoint_layout.h"
 #include "worker/checkpoint_manager.h"
+#include "worker/checkpoint_manifest.h"
+#include "worker/checkpoint_reader.h"
 #include "worker/data.h"
 #include "worker/trainer.h"
 
@@ -45,11 +51,14 @@ int Fail(const absl::Status& status) {
 int Main(int argc, char** argv) {
   CLI::App app("bench_ckpt: checkpoint save/load GB/s vs dd, and the async-save step stall");
   std::string model_name = "gpt2_124m", dir = "/tmp/bench_ckpt";
-  int stall_steps = 2;
+  int stall_steps = 2, rounds = 3;
   app.add_option("--model", model_name, "gpt2_124m | small | tiny")->capture_default_str();
   app.add_option("--dir", dir, "scratch directory on the disk to measure")->capture_default_str();
   app.add_option("--stall-steps", stall_steps, "baseline steps for the stall measure")
       ->capture_default_str();
+  app.add_option("--rounds", rounds, "repetitions of each throughput figure (median reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   CLI11_PARSE(app, argc, argv);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // figures appear as they come
 
@@ -89,39 +98,86 @@ int Main(int argc, char** argv) {
   std::printf("model %s: %.1fM parameters, state (weights + AdamW m, v) %.2f GB, dir %s\n",
               model_name.c_str(), model.num_parameters() / 1e6, bytes / 1e9, dir.c_str());
 
+  // Each figure is the median of `rounds`; within a round the yardstick
+  // and the measured operation run back to back, so load from elsewhere on
+  // the machine falls on both alike.
+  auto median = [](std::vector<double> values) {
+    std::sort(values.begin(), values.end());
+    return values[values.size() / 2];
+  };
+  auto time_command = [](const std::string& command) -> absl::StatusOr<double> {
+    auto start = Clock::now();
+    if (std::system(command.c_str()) != 0) return absl::InternalError("failed: " + command);
+    return Since(start);
+  };
   // dd: the same number of bytes, written sequentially and fsynced.
   const long mib = static_cast<long>(bytes / (1 << 20)) + 1;
-  std::string dd = absl::StrCat("dd if=/dev/zero of=", dir, "/dd.bin bs=1M count=", mib,
-                                " conv=fsync status=none");
-  auto start = Clock::now();
-  if (std::system(dd.c_str()) != 0) return Fail(absl::InternalError("dd failed: " + dd));
-  const double dd_gbs = mib * 1048576.0 / Since(start) / 1e9;
-  std::filesystem::remove(dir + "/dd.bin");
-  std::printf("dd write (conv=fsync)         %6.2f GB/s\n", dd_gbs);
-
+  const std::string dd_file = dir + "/dd.bin";
+  const std::string dd_write = absl::StrCat("dd if=/dev/zero of=", dd_file, " bs=1M count=", mib,
+                                            " conv=fsync status=none");
   TrainState state = (*trainer)->state();
-  double best_save = 0;
-  for (int rep = 0; rep < 3; ++rep) {
-    state.step = rep + 1;
-    start = Clock::now();
+  std::vector<double> dd_write_gbs, save_gbs;
+  for (int round = 0; round < rounds; ++round) {
+    auto seconds = time_command(dd_write);
+    if (!seconds.ok()) return Fail(seconds.status());
+    dd_write_gbs.push_back(mib * 1048576.0 / *seconds / 1e9);
+    std::filesystem::remove(dd_file);
+    state.step = round + 1;
+    auto start = Clock::now();
     if (absl::Status s = manager.StartSave(model, optimizer, state); !s.ok()) return Fail(s);
     if (absl::Status s = manager.Finish(); !s.ok()) return Fail(s);
-    best_save = std::max(best_save, bytes / Since(start) / 1e9);
+    save_gbs.push_back(bytes / Since(start) / 1e9);
   }
-  std::printf("save (snapshot+write+commit)  %6.2f GB/s  = %3.0f%% of dd (best of 3)\n",
-              best_save, 100 * best_save / dd_gbs);
+  const double dd_write_median = median(dd_write_gbs), save_median = median(save_gbs);
+  std::printf("dd write (conv=fsync)         %6.2f GB/s\n", dd_write_median);
+  std::printf("save (snapshot+write+commit)  %6.2f GB/s  = %3.0f%% of dd write (best %.2f)\n",
+              save_median, 100 * save_median / dd_write_median,
+              *std::max_element(save_gbs.begin(), save_gbs.end()));
 
-  const bool dropped = DropPageCache();
+  // Load: dd reading the checkpoint's data file, the reader alone (read +
+  // CRC into a host buffer) and a whole Resume (that plus the copy into
+  // the model and optimizer), each after the same drop of the page cache.
+  const std::string step_dir = config.checkpoint.dir + "/" + StepDirName(rounds);
+  const std::string dd_read =
+      absl::StrCat("dd if=", step_dir, "/", RankFileName(0), " of=/dev/null bs=1M status=none");
   TrainConfig load_config = config;
-  load_config.checkpoint.resume = config.checkpoint.dir + "/step_00000003";
-  CheckpointManager loader(load_config, &world_of_one, nullptr);
-  TrainState loaded;
-  start = Clock::now();
-  auto resumed = loader.Resume(&model, &optimizer, &loaded);
-  if (!resumed.ok()) return Fail(resumed.status());
-  const double load_gbs = bytes / Since(start) / 1e9;
-  std::printf("load (read+CRC+copy in)       %6.2f GB/s  (%s)\n", load_gbs,
-              dropped ? "page cache dropped first" : "page cache NOT dropped: cannot");
+  load_config.checkpoint.resume = step_dir;
+  auto manifest = ReadManifest(step_dir);
+  if (!manifest.ok()) return Fail(manifest.status());
+  const std::vector<StateTensor> tensors = StateTensors(model.stages());
+  const uint64_t floats = StateFloats(tensors);
+  std::unique_ptr<float[]> host(new float[floats]);
+  bool dropped = true;
+  std::vector<double> dd_read_gbs, read_gbs, load_gbs;
+  for (int round = 0; round < rounds; ++round) {
+    dropped = DropPageCache() && dropped;
+    auto seconds = time_command(dd_read);
+    if (!seconds.ok()) return Fail(seconds.status());
+    dd_read_gbs.push_back(bytes / *seconds / 1e9);
+    dropped = DropPageCache() && dropped;
+    auto start = Clock::now();
+    if (absl::Status s = LoadFlatRange(step_dir, *manifest, tensors, 0, floats, host.get());
+        !s.ok()) {
+      return Fail(s);
+    }
+    read_gbs.push_back(bytes / Since(start) / 1e9);
+    dropped = DropPageCache() && dropped;
+    CheckpointManager loader(load_config, &world_of_one, nullptr);
+    TrainState loaded;
+    start = Clock::now();
+    auto resumed = loader.Resume(&model, &optimizer, &loaded);
+    if (!resumed.ok()) return Fail(resumed.status());
+    load_gbs.push_back(bytes / Since(start) / 1e9);
+  }
+  host.reset();
+  const double dd_read_median = median(dd_read_gbs), load_median = median(load_gbs);
+  const char* cache = dropped ? "page cache dropped first" : "page cache NOT dropped: cannot";
+  std::printf("dd read (bs=1M)               %6.2f GB/s  (%s)\n", dd_read_median, cache);
+  std::printf("read + CRC (LoadFlatRange)    %6.2f GB/s  = %3.0f%% of dd read\n",
+              median(read_gbs), 100 * median(read_gbs) / dd_read_median);
+  std::printf("load (read+CRC+copy in)       %6.2f GB/s  = %3.0f%% of dd read, %3.0f%% of dd "
+              "write\n",
+              load_median, 100 * load_median / dd_read_median, 100 * load_median / dd_write_median);
 
   // Stall: mean step time alone, then the step(s) that overlap a save.
   auto step_seconds = [&]() -> double {
@@ -134,7 +190,7 @@ int Main(int argc, char** argv) {
   for (int i = 0; i < stall_steps; ++i) baseline += step_seconds();
   baseline /= stall_steps;
   state.step = 100;
-  start = Clock::now();
+  auto start = Clock::now();
   if (absl::Status s = manager.StartSave(model, optimizer, state); !s.ok()) return Fail(s);
   const double snapshot = Since(start);
   int overlapped = 0;

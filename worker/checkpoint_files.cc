@@ -10,10 +10,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace muster::worker {
 namespace {
@@ -42,7 +44,88 @@ class Fd {
   int fd_;
 };
 
+// Scratch buffers for checksum-only reads: two, so one is read into while
+// the checksum thread works on the other.
+constexpr int kScratchSlots = 2;
+
+// The CRC-32 of a sequence of chunks, computed in order on its own thread.
+// zlib's crc32 runs at about the disk's speed here, so done in series with
+// the reads it halved load throughput (docs/benchmarks.md).
+class ChunkChecksummer {
+ public:
+  ChunkChecksummer() : thread_([this] { Run(); }) {}
+  // Checksums what was queued, then joins.
+  ~ChunkChecksummer() { Close(); }
+  ChunkChecksummer(const ChunkChecksummer&) = delete;
+  ChunkChecksummer& operator=(const ChunkChecksummer&) = delete;
+
+  // Queues [data, data + bytes). The memory must stay valid and unchanged
+  // until WaitUntilDone(the chunk's number) or Finish() returns.
+  void Push(const char* data, size_t bytes) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back({data, bytes});
+    ++pushed_;
+    work_.Signal();
+  }
+  // Chunks pushed so far; the next one pushed is number pushed() + 1.
+  uint64_t pushed() const {
+    absl::MutexLock lock(&mu_);
+    return pushed_;
+  }
+  // Waits until chunks 1..`chunk` are checksummed (0: returns at once).
+  void WaitUntilDone(uint64_t chunk) {
+    absl::MutexLock lock(&mu_);
+    while (done_ < chunk) done_changed_.Wait(&mu_);
+  }
+  // The CRC-32 of every chunk pushed.
+  uint32_t Finish() {
+    Close();
+    return crc_;
+  }
+
+ private:
+  void Close() {
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      work_.Signal();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  void Run() {
+    while (true) {
+      std::pair<const char*, size_t> chunk;
+      {
+        absl::MutexLock lock(&mu_);
+        while (!closed_ && queue_.empty()) work_.Wait(&mu_);
+        if (queue_.empty()) return;  // closed and drained
+        chunk = queue_.front();
+        queue_.pop_front();
+      }
+      crc_ = Crc32(crc_, chunk.first, chunk.second);
+      absl::MutexLock lock(&mu_);
+      ++done_;
+      done_changed_.SignalAll();
+    }
+  }
+
+  mutable absl::Mutex mu_;
+  std::deque<std::pair<const char*, size_t>> queue_ ABSL_GUARDED_BY(mu_);
+  uint64_t pushed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar work_;          // queue_ or closed_ changed
+  absl::CondVar done_changed_;  // done_ grew
+  uint32_t crc_ = 0;  // the checksum thread's until it is joined
+  std::thread thread_;  // last: starts once the fields above exist
+};
+
 }  // namespace
+
+void AdviseSequential(int fd) {
+  // Larger kernel readahead; only a hint, so a refusal changes nothing.
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+}
 
 uint32_t Crc32(uint32_t crc, const void* data, size_t bytes) {
   const Bytef* p = static_cast<const Bytef*>(data);
@@ -119,22 +202,50 @@ absl::Status ReadExactly(int fd, uint64_t offset, void* dst, size_t bytes,
   return absl::OkStatus();
 }
 
+absl::Status ReadChecksummed(int fd, const std::string& path, const std::vector<FileSpan>& spans,
+                             uint32_t* crc) {
+  // Declared before the checksummer: queued chunks may point into it, and
+  // the checksummer's destructor (which joins) must run first.
+  std::vector<char> scratch[kScratchSlots];
+  uint64_t scratch_chunk[kScratchSlots] = {};  // the chunk that last used each slot
+  int next_slot = 0;
+  ChunkChecksummer checksummer;
+  for (const FileSpan& span : spans) {
+    for (uint64_t done = 0; done < span.bytes;) {
+      const size_t chunk = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, span.bytes - done));
+      char* into = span.dst == nullptr ? nullptr : span.dst + done;
+      if (into == nullptr) {
+        // Reuse a slot only once the checksum has finished with it.
+        checksummer.WaitUntilDone(scratch_chunk[next_slot]);
+        scratch[next_slot].resize(kChunkBytes);
+        into = scratch[next_slot].data();
+        scratch_chunk[next_slot] = checksummer.pushed() + 1;
+        next_slot = (next_slot + 1) % kScratchSlots;
+      }
+      if (absl::Status status = ReadExactly(fd, span.offset + done, into, chunk, path);
+          !status.ok()) {
+        return status;
+      }
+      checksummer.Push(into, chunk);
+      done += chunk;
+    }
+  }
+  *crc = checksummer.Finish();
+  return absl::OkStatus();
+}
+
 absl::Status FileCrc(const std::string& path, uint32_t* crc, uint64_t* bytes) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return Errno("cannot open", path);
-  std::vector<char> buffer(kChunkBytes);
-  uint32_t running = 0;
-  uint64_t total = 0;
-  while (true) {
-    ssize_t n = ::read(fd.get(), buffer.data(), buffer.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Errno("read failed", path);
-    if (n == 0) break;
-    running = Crc32(running, buffer.data(), static_cast<size_t>(n));
-    total += static_cast<uint64_t>(n);
+  struct stat info;
+  if (::fstat(fd.get(), &info) != 0) return Errno("cannot stat", path);
+  AdviseSequential(fd.get());
+  const uint64_t size = static_cast<uint64_t>(info.st_size);
+  if (absl::Status status = ReadChecksummed(fd.get(), path, {{0, size, nullptr}}, crc);
+      !status.ok()) {
+    return status;
   }
-  *crc = running;
-  *bytes = total;
+  *bytes = size;
   return absl::OkStatus();
 }
 

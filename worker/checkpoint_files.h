@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -29,12 +30,34 @@ absl::Status WriteFileDurably(const std::string& path, const void* data, size_t 
 // fsync of a directory: makes a rename or create inside it durable.
 absl::Status SyncDirectory(const std::string& path);
 
-// The CRC-32 and size of a whole file.
+// The CRC-32 and size of a whole file (read as ReadChecksummed does).
 absl::Status FileCrc(const std::string& path, uint32_t* crc, uint64_t* bytes);
 
 // Reads `bytes` at `offset` of an open descriptor into `dst`; DATA_LOSS if
 // the file ends first.
 absl::Status ReadExactly(int fd, uint64_t offset, void* dst, size_t bytes, const std::string& path);
+
+// Asks the kernel for a larger readahead window on `fd` (a hint: errors
+// are ignored).
+void AdviseSequential(int fd);
+
+// A run of bytes of a file, read into `dst` (which must hold `bytes`), or,
+// when dst is nullptr, only checksummed (through internal scratch memory).
+struct FileSpan {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  char* dst = nullptr;
+};
+
+// Reads `spans` of the open file `fd` (named `path` in errors) in order and
+// sets *crc to the CRC-32 of all the bytes read, in that order.
+// REQUIRES: the spans are sorted and contiguous (each starts where the
+// previous ended), so *crc is the CRC of the file's first bytes. The
+// checksum of each chunk runs on a second thread while the next chunk is
+// read; both are done when this returns, also on error. DATA_LOSS if the
+// file ends first, UNAVAILABLE for a failed read; *crc is then unset.
+absl::Status ReadChecksummed(int fd, const std::string& path, const std::vector<FileSpan>& spans,
+                             uint32_t* crc);
 
 // A small file's whole contents.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path);

@@ -15,42 +15,16 @@
 namespace muster::worker {
 namespace {
 
-// A run of bytes of one data file, read either into the destination or
-// only for the checksum (dst == nullptr).
-struct Piece {
-  uint64_t offset = 0;
-  uint64_t bytes = 0;
-  char* dst = nullptr;
-};
-
-constexpr uint64_t kScratchBytes = 8 << 20;
-
-// Reads `pieces` (sorted, covering the file exactly) and checks the CRC.
+// Reads `spans` (sorted, covering the file exactly) and checks the CRC.
 absl::Status ReadFileChecked(const std::string& path, const FileRecord& record,
-                             const std::vector<Piece>& pieces) {
+                             const std::vector<FileSpan>& spans) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open checkpoint data file"));
   }
-  std::vector<char> scratch;
+  AdviseSequential(fd);
   uint32_t crc = 0;
-  absl::Status status;
-  for (const Piece& piece : pieces) {
-    for (uint64_t done = 0; done < piece.bytes && status.ok();) {
-      char* into = piece.dst;
-      uint64_t bytes = piece.bytes - done;
-      if (into == nullptr) {
-        scratch.resize(kScratchBytes);
-        into = scratch.data();
-        bytes = std::min(bytes, kScratchBytes);
-      } else {
-        into += done;
-      }
-      status = ReadExactly(fd, piece.offset + done, into, bytes, path);
-      crc = Crc32(crc, into, bytes);
-      done += bytes;
-    }
-  }
+  absl::Status status = ReadChecksummed(fd, path, spans, &crc);
   char extra;
   if (status.ok() && ::pread(fd, &extra, 1, static_cast<off_t>(record.bytes)) > 0) {
     status = absl::DataLossError(
@@ -133,7 +107,7 @@ absl::Status LoadFlatRange(const std::string& path, const Manifest& manifest,
                            const std::vector<StateTensor>& tensors, uint64_t first,
                            uint64_t count, float* dst) {
   // Per file: where each of its bytes goes (or nullptr: checksum only).
-  std::map<int, std::vector<Piece>> wanted;
+  std::map<int, std::vector<FileSpan>> wanted;
   for (const StateTensor& tensor : tensors) {
     const uint64_t lo = std::max(first, tensor.flat_begin);
     const uint64_t hi = std::min(first + count, tensor.flat_begin + tensor.count);
@@ -162,11 +136,11 @@ absl::Status LoadFlatRange(const std::string& path, const Manifest& manifest,
   for (auto& [file, pieces] : wanted) {
     const FileRecord& record = manifest.files[file];
     std::sort(pieces.begin(), pieces.end(),
-              [](const Piece& x, const Piece& y) { return x.offset < y.offset; });
+              [](const FileSpan& x, const FileSpan& y) { return x.offset < y.offset; });
     // Fill the gaps with checksum-only pieces so the whole file is read.
-    std::vector<Piece> all;
+    std::vector<FileSpan> all;
     uint64_t at = 0;
-    for (const Piece& piece : pieces) {
+    for (const FileSpan& piece : pieces) {
       if (piece.offset > at) all.push_back({at, piece.offset - at, nullptr});
       all.push_back(piece);
       at = piece.offset + piece.bytes;
