@@ -22,10 +22,21 @@
 
 namespace muster::kernels::cpu {
 
-// Output rows per GEMM task: small enough to give two threads several
-// tasks each at BT = 1024, large enough for OpenBLAS's kernels to run at
-// full speed.
-constexpr int kGemmRowsPerTask = 64;
+// Output rows per GEMM task, a function of M alone. OpenBLAS packs both
+// operands in every call, so each task re-packs the whole of op(b): with
+// one thread (a DDP rank) small tasks spent a quarter of the step packing.
+// About kGemmRowsPerTask rows per task keeps that to a few percent, and at
+// least two tasks (four at BT = 1024) keep two threads busy. Rounded up to
+// 16 rows, a multiple of OpenBLAS's micro-tile, so only a task's last
+// rows can fall in a partial tile.
+constexpr int kGemmRowsPerTask = 256;
+
+inline int GemmRowsPerTask(int M) {
+  int tasks = (M + kGemmRowsPerTask - 1) / kGemmRowsPerTask;
+  tasks = std::max(2, tasks + (tasks & 1));  // even, for two threads
+  const int rows = (M + tasks - 1) / tasks;
+  return (rows + 15) / 16 * 16;
+}
 
 // Sets OpenBLAS to one thread the first time any CPU kernel runs. The
 // setting is process-wide; the CPU kernels are OpenBLAS's only callers.
@@ -43,19 +54,20 @@ inline void Sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
               ldb, beta, c, ldc);
 }
 
-// One GEMM, its M rows split in blocks of kGemmRowsPerTask across OpenMP
+// One GEMM, its M rows split in blocks of GemmRowsPerTask(M) across OpenMP
 // threads. Must not be called from inside a parallel loop.
 inline void ParallelSgemm(bool trans_a, bool trans_b, int M, int N, int K,
                           float alpha, const float* a, int lda, const float* b,
                           int ldb, float beta, float* c, int ldc) {
   if (M <= 0 || N <= 0) return;
   UseSingleThreadedBlas();
-  const int tasks = (M + kGemmRowsPerTask - 1) / kGemmRowsPerTask;
+  const int rows_per_task = GemmRowsPerTask(M);
+  const int tasks = (M + rows_per_task - 1) / rows_per_task;
   // Dynamic: on shared cores a thread may lose its core for a while.
 #pragma omp parallel for schedule(dynamic, 1)
   for (int task = 0; task < tasks; ++task) {
-    const int row = task * kGemmRowsPerTask;
-    const int rows = std::min(kGemmRowsPerTask, M - row);
+    const int row = task * rows_per_task;
+    const int rows = std::min(rows_per_task, M - row);
     // Row `row` of op(a) starts at row `row` of a, or column `row` if a is
     // transposed.
     const float* a_rows = trans_a ? a + row : a + static_cast<long>(row) * lda;

@@ -67,6 +67,7 @@ MUSTER_HD void LayerNormRowBackwardInput(float* dinp_row, const float* dout_row,
 // Channels [c_begin, c_end) of d loss / d weight and d loss / d bias, over
 // N rows in order: dweight[c] += dout * norm, dbias[c] += dout. Rows are
 // the outer loop so the CPU streams through memory.
+// (layernorm_cpu.cc has a vectorized copy: keep the two in step.)
 MUSTER_HD void LayerNormChannelsBackwardParams(float* dweight, float* dbias,
                                                const float* dout,
                                                const float* inp,

@@ -17,15 +17,10 @@
 
 namespace muster::kernels {
 
-// out_row (OC): out_row[o] += bias[o]. bias may be nullptr (no bias).
-MUSTER_HD void MatmulAddBiasRow(float* out_row, const float* bias, int OC) {
-  if (bias == nullptr) return;
-  for (int o = 0; o < OC; ++o) out_row[o] += bias[o];
-}
-
 // Output channels [o_begin, o_end) of dbias: dbias[o] += dout[row, o] for
 // every row, rows in order, so the result does not depend on how channels
-// are split among threads. dout (BT, OC).
+// are split among threads. dout (BT, OC). (matmul_cpu.cc has a vectorized
+// copy: keep the two in step.)
 MUSTER_HD void MatmulBiasGradChannels(float* dbias, const float* dout,
                                       size_t BT, int OC, int o_begin,
                                       int o_end) {

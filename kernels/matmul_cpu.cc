@@ -1,8 +1,35 @@
+#include <algorithm>
+
 #include "kernels/cpu_gemm.h"
 #include "kernels/cpu_parallel.h"
 #include "kernels/matmul.h"
 
 namespace muster::kernels {
+namespace {
+
+// out rows [row_begin, row_end) (OC each) += bias.
+MUSTER_CPU_CLONES void AddBiasRows(float* out, const float* bias, long OC,
+                                   long row_begin, long row_end) {
+  for (long row = row_begin; row < row_end; ++row) {
+    float* out_row = out + row * OC;
+#pragma omp simd
+    for (long o = 0; o < OC; ++o) out_row[o] += bias[o];
+  }
+}
+
+// MatmulBiasGradChannels, vectorized across the channels: each channel
+// still adds its rows in order, so the bits are the same.
+MUSTER_CPU_CLONES void BiasGradChannels(float* dbias, const float* dout,
+                                        long BT, long OC, int o_begin,
+                                        int o_end) {
+  for (long row = 0; row < BT; ++row) {
+    const float* dout_row = dout + row * OC;
+#pragma omp simd
+    for (int o = o_begin; o < o_end; ++o) dbias[o] += dout_row[o];
+  }
+}
+
+}  // namespace
 
 // The GEMMs run in OpenMP's threads, split by output rows (cpu_gemm.h).
 
@@ -14,8 +41,10 @@ void MatmulForwardCpu(float* out, const float* inp, const float* weight,
   cpu::ParallelSgemm(false, true, rows, OC, C, 1.0f, inp, C, weight, C, 0.0f,
                      out, OC);
   if (bias == nullptr) return;
-  cpu::ParallelFor(static_cast<long>(BT), [=](long row) {
-    MatmulAddBiasRow(out + row * OC, bias, OC);
+  // About cpu::kElementsPerTask elements per task.
+  const long rows_per_task = std::max(1L, cpu::kElementsPerTask / OC);
+  cpu::ParallelForBlocks(rows, rows_per_task, [=](long begin, long end) {
+    AddBiasRows(out, bias, OC, begin, end);
   });
 }
 
@@ -34,7 +63,7 @@ void MatmulBackwardCpu(float* dinp, float* dweight, float* dbias,
                      dweight, C);
   if (dbias == nullptr) return;
   cpu::ParallelForChannelRanges(OC, [=](int begin, int end) {
-    MatmulBiasGradChannels(dbias, dout, BT, OC, begin, end);
+    BiasGradChannels(dbias, dout, static_cast<long>(BT), OC, begin, end);
   });
 }
 
