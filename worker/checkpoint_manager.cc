@@ -1,6 +1,5 @@
 #include "worker/checkpoint_manager.h"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -8,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "worker/checkpoint_files.h"
@@ -36,32 +36,27 @@ void ForEachStatePart(uint64_t params, uint64_t first, uint64_t count, ParamsFn 
   }
 }
 
-struct FreeFloats {
-  void operator()(float* p) const { std::free(p); }
-};
-
-// Host memory for `floats` floats that a load fills completely, so it is
-// left uninitialized (zeroing it, as std::vector does, is a pass over 1.5 GB
-// for GPT-2 124M). It is asked to be backed by transparent huge pages
-// (this machine's THP mode is "madvise"): the read then faults it in 2 MiB
-// at a time instead of 4 KiB. RESOURCE_EXHAUSTED if it cannot be had.
-absl::StatusOr<std::unique_ptr<float[], FreeFloats>> StagingBuffer(uint64_t floats) {
-  constexpr size_t kHugePage = 2 << 20;
-  const size_t bytes = (floats * sizeof(float) + kHugePage - 1) / kHugePage * kHugePage;
-  void* memory = bytes == 0 ? nullptr : std::aligned_alloc(kHugePage, bytes);
-  if (memory == nullptr && bytes > 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", bytes, " bytes of host memory to load a checkpoint"));
-  }
-  if (memory != nullptr) (void)::madvise(memory, bytes, MADV_HUGEPAGE);  // a hint
-  return std::unique_ptr<float[], FreeFloats>(static_cast<float*>(memory));
-}
-
 }  // namespace
 
 CheckpointManager::CheckpointManager(const TrainConfig& config, DataParallel* parallel,
                                      FILE* log)
     : config_(config), parallel_(parallel), log_(log), local_result_(FileRecord{}) {}
+
+CheckpointManager::~CheckpointManager() {
+  if (retention_.joinable()) retention_.join();
+}
+
+absl::Status CheckpointManager::JoinRetention() {
+  if (!retention_.joinable()) return absl::OkStatus();
+  retention_.join();
+  for (const std::string& path : retention_deleted_) Log("deleted " + path + " (retention)");
+  retention_deleted_.clear();
+  return std::exchange(retention_status_, absl::OkStatus());
+}
+
+absl::Status CheckpointManager::WaitForRetention() {
+  return Agree(JoinRetention(), "checkpoint retention");
+}
 
 void CheckpointManager::Log(const std::string& line) {
   if (parallel_->rank() != 0 || log_ == nullptr) return;
@@ -144,7 +139,7 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
     }
     const std::vector<StateTensor> tensors = StateTensors(model->stages());
     const uint64_t total = StateFloats(tensors), params = total / 3;
-    auto host = StagingBuffer(total);
+    auto host = AllocateHostFloats(total);
     if (!host.ok()) return host.status();
     absl::Status loaded = LoadFlatRange(path, *manifest, tensors, 0, total, host->get());
     if (!loaded.ok()) return loaded;
@@ -179,7 +174,8 @@ absl::Status CheckpointManager::SaveFinal(const GptModel& model, const AdamW& op
   if (last_started_ != state.step) {
     if (absl::Status started = StartSave(model, optimizer, state); !started.ok()) return started;
   }
-  return Finish();
+  if (absl::Status finished = Finish(); !finished.ok()) return finished;
+  return WaitForRetention();
 }
 
 absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& optimizer,
@@ -187,8 +183,9 @@ absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& op
   if (absl::Status previous = Finish(); !previous.ok()) return previous;
   const std::string& dir = config_.checkpoint.dir;
   const std::string tmp = dir + "/" + TempStepDirName(state.step);
-  absl::Status prepared;
-  if (parallel_->rank() == 0) {
+  // The previous save's retention first: it lists and deletes in `dir`.
+  absl::Status prepared = JoinRetention();
+  if (parallel_->rank() == 0 && prepared.ok()) {
     std::error_code error;
     std::filesystem::create_directories(dir, error);
     if (!error) std::filesystem::remove_all(tmp, error);
@@ -306,10 +303,14 @@ absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) 
   for (const FileRecord& file : manifest.files) bytes += file.bytes;
   Log(absl::StrCat("saved ", final_path, " (", bytes >> 20, " MiB in ", manifest.files.size(),
                    " file", manifest.files.size() == 1 ? "" : "s", ")"));
-  std::vector<std::string> deleted;
-  status = ApplyRetention(c.dir, c.keep_last, c.keep_every, step, &deleted);
-  for (const std::string& path : deleted) Log("deleted " + path + " (retention)");
-  return status;
+  // Committed. Deleting old checkpoints is not part of the save: it runs
+  // beside the training steps that follow.
+  if (status = JoinRetention(); !status.ok()) return status;  // none in flight, normally
+  retention_ = std::thread([this, dir = c.dir, keep_last = c.keep_last,
+                            keep_every = c.keep_every, step] {
+    retention_status_ = ApplyRetention(dir, keep_last, keep_every, step, &retention_deleted_);
+  });
+  return absl::OkStatus();
 }
 
 }  // namespace muster::worker

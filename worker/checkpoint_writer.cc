@@ -1,13 +1,14 @@
 #include "worker/checkpoint_writer.h"
 
 #include <cinttypes>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "worker/checkpoint_files.h"
 
 namespace muster::worker {
 
@@ -35,8 +36,16 @@ ShardWriter::~ShardWriter() {
 absl::StatusOr<float*> ShardWriter::Buffer(size_t floats) {
   auto previous = Wait();
   if (!previous.ok()) return previous.status();
-  buffer_.resize(floats);
-  return buffer_.data();
+  if (floats > capacity_) {
+    buffer_.reset();  // the old one first: at most one snapshot in memory
+    capacity_ = 0;
+    auto grown = AllocateHostFloats(floats);
+    if (!grown.ok()) return grown.status();
+    buffer_ = std::move(*grown);
+    capacity_ = floats;
+  }
+  size_ = floats;
+  return buffer_.get();
 }
 
 void ShardWriter::Start(const std::string& dir, const std::string& file_name, int step) {
@@ -65,10 +74,10 @@ absl::StatusOr<FileRecord> ShardWriter::Wait() {
 void ShardWriter::Write(std::string dir, std::string file_name, int step) {
   FileRecord record;
   record.name = file_name;
-  record.bytes = buffer_.size() * sizeof(float);
+  record.bytes = size_ * sizeof(float);
   auto write = [&]() -> absl::Status {
     absl::Status status =
-        WriteFileDurably(dir + "/" + file_name, buffer_.data(), record.bytes, &record.crc32,
+        WriteFileDurably(dir + "/" + file_name, buffer_.get(), record.bytes, &record.crc32,
                          [step] { return CheckpointTestPause("data", step); });
     if (!status.ok()) return status;
     std::string sidecar = absl::StrFormat("%" PRIu64 " %08x\n", record.bytes, record.crc32);

@@ -4,8 +4,10 @@
 // while training goes on.
 //
 // Memory is bounded to one snapshot: Buffer() waits for the write in
-// flight before handing the buffer out again. A failed write is kept and
-// returned by the next Wait() (or Buffer()); it is never dropped.
+// flight before handing the buffer out again. The buffer is kept from one
+// save to the next (huge pages, never zeroed): only the first save pays
+// for faulting it in. A failed write is kept and returned by the next
+// Wait() (or Buffer()); it is never dropped.
 //
 // Thread-safety: one thread (the trainer's) calls every method; the
 // writer's own thread only runs the write.
@@ -14,12 +16,12 @@
 #include <cstdint>
 #include <string>
 #include <thread>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "worker/checkpoint_files.h"
 #include "worker/checkpoint_manifest.h"
 
 namespace muster::worker {
@@ -37,8 +39,9 @@ class ShardWriter {
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   // Waits for the write in flight, then returns the snapshot buffer sized
-  // to `floats`, for the caller to fill. Returns that write's error, if it
-  // failed (and then hands out no buffer).
+  // to `floats` (uninitialized), for the caller to fill completely. Returns
+  // that write's error, if it failed (and then hands out no buffer), or
+  // RESOURCE_EXHAUSTED if the memory cannot be had.
   absl::StatusOr<float*> Buffer(size_t floats);
 
   // Starts writing the buffer to dir/file_name (then fsync, then the
@@ -56,7 +59,11 @@ class ShardWriter {
  private:
   void Write(std::string dir, std::string file_name, int step);
 
-  std::vector<float> buffer_;  // touched by the writer thread only while busy_
+  // Touched by the writer thread only while busy_. buffer_ holds
+  // capacity_ floats, of which the first size_ are the snapshot.
+  HostFloats buffer_;
+  size_t capacity_ = 0;
+  size_t size_ = 0;
   std::thread thread_;
   mutable absl::Mutex mu_;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
