@@ -1,5 +1,9 @@
 #include "worker/checkpoint_writer.h"
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cinttypes>
 #include <utility>
 #include <vector>
@@ -72,6 +76,12 @@ absl::StatusOr<FileRecord> ShardWriter::Wait() {
 }
 
 void ShardWriter::Write(std::string dir, std::string file_name, int step) {
+  // Training comes first. On a machine whose cores the training threads
+  // fill, the writer and its checksum thread (which inherits this nice
+  // value) otherwise take cores from the step in flight: one GPT-2 124M
+  // step overlapping a save stalled 19% at nice 0. The save only has to
+  // finish before the next one starts.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
   FileRecord record;
   record.name = file_name;
   record.bytes = size_ * sizeof(float);
