@@ -36,6 +36,26 @@ void ForEachStatePart(uint64_t params, uint64_t first, uint64_t count, ParamsFn 
   }
 }
 
+// The parameters as one host array in the flat state's order, or nullptr
+// (device memory, or stages that are not back to back).
+float* HostParams(GptModel& model) {
+  if (model.device() != Device::kCpu) return nullptr;
+  std::vector<Stage>& stages = model.stages();
+  float* const base = stages.empty() ? nullptr : stages.front().params;
+  size_t offset = 0;
+  for (const Stage& stage : stages) {
+    if (stage.params != base + offset) return nullptr;
+    offset += stage.size;
+  }
+  return base;
+}
+
+std::string ResumedLine(const std::string& path, const Manifest& manifest) {
+  return absl::StrCat("resumed from ", path, " (step ", manifest.step, ", sample index ",
+                      manifest.sample_index, ", saved by ", manifest.world_size, " rank",
+                      manifest.world_size == 1 ? "" : "s", ")");
+}
+
 }  // namespace
 
 CheckpointManager::CheckpointManager(const TrainConfig& config, DataParallel* parallel,
@@ -139,6 +159,21 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
     }
     const std::vector<StateTensor> tensors = StateTensors(model->stages());
     const uint64_t total = StateFloats(tensors), params = total / 3;
+    // On the CPU the state is read straight into the parameters and the
+    // moments, each one array in the flat state's order: no staging
+    // buffer, no 1.5 GB copy (docs/benchmarks.md).
+    float* const direct[3] = {HostParams(*model), optimizer->HostMoments(false),
+                              optimizer->HostMoments(true)};
+    if (direct[0] != nullptr && direct[1] != nullptr && direct[2] != nullptr) {
+      absl::Status loaded = LoadFlatRange(path, *manifest, tensors, 0, total, [&](uint64_t i) {
+        return direct[i / params] + i % params;
+      });
+      if (!loaded.ok()) return loaded;
+      state->step = manifest->step;
+      state->sample_index = manifest->sample_index;
+      Log(ResumedLine(path, *manifest));
+      return absl::OkStatus();
+    }
     auto host = AllocateHostFloats(total);
     if (!host.ok()) return host.status();
     absl::Status loaded = LoadFlatRange(path, *manifest, tensors, 0, total, host->get());
@@ -148,9 +183,7 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
     optimizer->CopyMomentsRangeFromHost(true, 0, params, host->get() + 2 * params);
     state->step = manifest->step;
     state->sample_index = manifest->sample_index;
-    Log(absl::StrCat("resumed from ", path, " (step ", manifest->step, ", sample index ",
-                     manifest->sample_index, ", saved by ", manifest->world_size, " rank",
-                     manifest->world_size == 1 ? "" : "s", ")"));
+    Log(ResumedLine(path, *manifest));
     return absl::OkStatus();
   };
   absl::Status status = Agree(load(), "loading checkpoint " + path);

@@ -106,6 +106,13 @@ absl::StatusOr<CheckpointEntry> FindLatestValid(const std::string& dir,
 absl::Status LoadFlatRange(const std::string& path, const Manifest& manifest,
                            const std::vector<StateTensor>& tensors, uint64_t first,
                            uint64_t count, float* dst) {
+  return LoadFlatRange(path, manifest, tensors, first, count,
+                       [dst, first](uint64_t i) { return dst + (i - first); });
+}
+
+absl::Status LoadFlatRange(const std::string& path, const Manifest& manifest,
+                           const std::vector<StateTensor>& tensors, uint64_t first,
+                           uint64_t count, const std::function<float*(uint64_t)>& where) {
   // Per file: where each of its bytes goes (or nullptr: checksum only).
   std::map<int, std::vector<FileSpan>> wanted;
   for (const StateTensor& tensor : tensors) {
@@ -128,7 +135,7 @@ absl::Status LoadFlatRange(const std::string& path, const Manifest& manifest,
       const uint64_t a = std::max(want_lo, slice.start);
       const uint64_t b = std::min(want_hi, slice.start + slice.count);
       if (a >= b) continue;
-      char* into = reinterpret_cast<char*>(dst + (tensor.flat_begin + a - first));
+      char* into = reinterpret_cast<char*>(where(tensor.flat_begin + a));
       wanted[slice.file].push_back({slice.offset + (a - slice.start) * sizeof(float),
                                     (b - a) * sizeof(float), into});
     }

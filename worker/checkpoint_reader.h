@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,5 +48,11 @@ absl::StatusOr<CheckpointEntry> FindLatestValid(const std::string& dir,
 absl::Status LoadFlatRange(const std::string& path, const Manifest& manifest,
                            const std::vector<StateTensor>& tensors, uint64_t first,
                            uint64_t count, float* dst);
+// The same, into memory that is contiguous within each tensor but not
+// across them: `where(i)` is the address of flat element i, called with
+// the first element of each piece, which runs on within the tensor.
+absl::Status LoadFlatRange(const std::string& path, const Manifest& manifest,
+                           const std::vector<StateTensor>& tensors, uint64_t first,
+                           uint64_t count, const std::function<float*(uint64_t)>& where);
 
 }  // namespace muster::worker

@@ -148,6 +148,10 @@ class AdamW {
   // CopyParamsRangeToHost, for the moments).
   void CopyMomentsRangeToHost(bool second, size_t first, size_t count, float* host) const;
   void CopyMomentsRangeFromHost(bool second, size_t first, size_t count, const float* host);
+  // The moments as one host array in CopyParamsToHost's layout, for
+  // reading a checkpoint straight into them; nullptr unless the model is
+  // on the CPU.
+  float* HostMoments(bool second);
 
  private:
   struct Impl;

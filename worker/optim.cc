@@ -104,6 +104,11 @@ void AdamW::CopyMomentsRangeToHost(bool second, size_t first, size_t count, floa
                             });
 }
 
+float* AdamW::HostMoments(bool second) {
+  if (impl_->model->device() != Device::kCpu) return nullptr;
+  return second ? impl_->v : impl_->m;  // one allocation, stages in order
+}
+
 void AdamW::CopyMomentsRangeFromHost(bool second, size_t first, size_t count, const float* host) {
   float* moments = second ? impl_->v : impl_->m;
   layout::ForEachStagePiece(impl_->model->stages(), first, count,
