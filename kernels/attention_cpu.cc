@@ -14,7 +14,7 @@ namespace {
 // (forward, dq) or key columns (dk, dv), each multiplying only the part of
 // the (T, T) map that is not masked, up to the block's edge. Masked entries
 // inside a block are exact zeros in att and dpreatt, so they add nothing.
-constexpr int kBlock = 32;
+constexpr int kBlock = 64;
 
 template <typename Fn>
 void ForEachHead(int B, int NH, Fn fn) {

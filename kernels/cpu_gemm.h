@@ -26,10 +26,11 @@ namespace muster::kernels::cpu {
 // operands in every call, so each task re-packs the whole of op(b): with
 // one thread (a DDP rank) small tasks spent a quarter of the step packing.
 // About kGemmRowsPerTask rows per task keeps that to a few percent, and at
-// least two tasks (four at BT = 1024) keep two threads busy. Rounded up to
+// least two tasks keep two threads busy (512 rather than 256: at BT = 1024
+// two tasks instead of four halve the re-packing of op(b)). Rounded up to
 // 16 rows, a multiple of OpenBLAS's micro-tile, so only a task's last
 // rows can fall in a partial tile.
-constexpr int kGemmRowsPerTask = 256;
+constexpr int kGemmRowsPerTask = 512;
 
 inline int GemmRowsPerTask(int M) {
   int tasks = (M + kGemmRowsPerTask - 1) / kGemmRowsPerTask;

@@ -65,13 +65,6 @@ TrainConfig TinyConfig(const std::string& dir) {
   return config;
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 struct RunResult {
   absl::Status status;
   std::vector<float> losses;      // of the steps this run took
