@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstddef>
 
+#include "kernels/exp_math.h"
 #include "kernels/hd.h"
 
 namespace muster::kernels {
@@ -50,14 +51,18 @@ MUSTER_HD size_t AttentionMapOffset(int b, int h, int NH, int T) {
 // q(t) . k(t2) * scale for t2 <= t on entry (later entries are ignored),
 // and on return the probabilities, zero for t2 > t.
 MUSTER_HD void AttentionSoftmaxRow(float* att_row, int t, int T) {
-  float max_score = -INFINITY;
-  for (int t2 = 0; t2 <= t; ++t2) max_score = fmaxf(max_score, att_row[t2]);
-  float sum = 0.0f;  // shifted by the max so expf cannot overflow
-  for (int t2 = 0; t2 <= t; ++t2) {
-    att_row[t2] = expf(att_row[t2] - max_score);
-    sum += att_row[t2];
+  float max_score = att_row[0];
+  MUSTER_SIMD_MAX(max_score)
+  for (int t2 = 1; t2 <= t; ++t2) {
+    max_score = att_row[t2] > max_score ? att_row[t2] : max_score;
   }
+  // Shifted by the max: every exponent is <= 0, so none can overflow.
+  MUSTER_SIMD
+  for (int t2 = 0; t2 <= t; ++t2) att_row[t2] = ExpNonPositive(att_row[t2] - max_score);
+  float sum = 0.0f;  // in t2 order, on every back end
+  for (int t2 = 0; t2 <= t; ++t2) sum += att_row[t2];
   const float inv_sum = 1.0f / sum;
+  MUSTER_SIMD
   for (int t2 = 0; t2 <= t; ++t2) att_row[t2] *= inv_sum;
   for (int t2 = t + 1; t2 < T; ++t2) att_row[t2] = 0.0f;
 }
@@ -70,6 +75,7 @@ MUSTER_HD void AttentionScoreGradRow(float* dpreatt_row, const float* att_row,
                                      int t, int T) {
   float weighted_sum = 0.0f;
   for (int t2 = 0; t2 <= t; ++t2) weighted_sum += att_row[t2] * dpreatt_row[t2];
+  MUSTER_SIMD
   for (int t2 = 0; t2 <= t; ++t2) {
     dpreatt_row[t2] = att_row[t2] * (dpreatt_row[t2] - weighted_sum);
   }

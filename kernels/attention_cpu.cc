@@ -2,6 +2,7 @@
 
 #include "kernels/attention.h"
 #include "kernels/cpu_gemm.h"
+#include "kernels/cpu_parallel.h"
 
 namespace muster::kernels {
 namespace {
@@ -15,6 +16,23 @@ namespace {
 // the (T, T) map that is not masked, up to the block's edge. Masked entries
 // inside a block are exact zeros in att and dpreatt, so they add nothing.
 constexpr int kBlock = 64;
+
+// The rows between the products, [first, last) of one (b, h)'s (T, T)
+// map, in clones so that their loops use the widest vectors there are.
+MUSTER_CPU_CLONES void SoftmaxRows(float* head_att, int first, int last,
+                                   int T) {
+  for (int t = first; t < last; ++t) {
+    AttentionSoftmaxRow(head_att + static_cast<size_t>(t) * T, t, T);
+  }
+}
+
+MUSTER_CPU_CLONES void ScoreGradRows(float* head_dpreatt, const float* head_att,
+                                     int first, int last, int T) {
+  for (int t = first; t < last; ++t) {
+    AttentionScoreGradRow(head_dpreatt + static_cast<size_t>(t) * T,
+                          head_att + static_cast<size_t>(t) * T, t, T);
+  }
+}
 
 template <typename Fn>
 void ForEachHead(int B, int NH, Fn fn) {
@@ -44,9 +62,7 @@ void AttentionForwardCpu(float* out, float* att, const float* qkv, int B, int T,
       cpu::Sgemm(false, true, rows, keys, hs, scale,
                  q + static_cast<size_t>(row) * 3 * C, 3 * C, k, 3 * C, 0.0f,
                  att_rows, T);
-      for (int t = row; t < row + rows; ++t) {
-        AttentionSoftmaxRow(head_att + static_cast<size_t>(t) * T, t, T);
-      }
+      SoftmaxRows(head_att, row, row + rows, T);
       // out[rows] = att[rows, :keys] (rows, keys) @ v[:keys] (keys, hs)
       cpu::Sgemm(false, false, rows, hs, keys, 1.0f, att_rows, T, v, 3 * C,
                  0.0f, head_out + static_cast<size_t>(row) * C, C);
@@ -82,10 +98,7 @@ void AttentionBackwardCpu(float* dqkv, float* dpreatt, const float* dout,
       cpu::Sgemm(false, true, rows, keys, hs, 1.0f,
                  head_dout + static_cast<size_t>(row) * C, C, v, ld, 0.0f,
                  dpreatt_rows, T);
-      for (int t = row; t < row + rows; ++t) {
-        AttentionScoreGradRow(head_dpreatt + static_cast<size_t>(t) * T,
-                              head_att + static_cast<size_t>(t) * T, t, T);
-      }
+      ScoreGradRows(head_dpreatt, head_att, row, row + rows, T);
       // dq[rows] += scale * dpreatt[rows, :keys] (rows, keys) @ k[:keys]
       cpu::Sgemm(false, false, rows, hs, keys, scale, dpreatt_rows, T, k, ld,
                  1.0f, dq + static_cast<size_t>(row) * ld, ld);

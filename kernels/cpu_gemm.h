@@ -13,10 +13,12 @@
 // shape. The split depends only on the matrix shape, never on the thread
 // count, so each output element is computed by the same single-threaded
 // call with any number of threads: GEMM results are bitwise independent of
-// OMP_NUM_THREADS too.
+// OMP_NUM_THREADS too. (One thread runs a large GEMM as one call, where
+// OpenBLAS computes the same bits that way: GemmAsOneCall.)
 #pragma once
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 
@@ -37,6 +39,24 @@ inline int GemmRowsPerTask(int M) {
   tasks = std::max(2, tasks + (tasks & 1));  // even, for two threads
   const int rows = (M + tasks - 1) / tasks;
   return (rows + 15) / 16 * 16;
+}
+
+// Below this many multiply-adds (M*N*K) OpenBLAS 0.3.21 may leave its
+// blocked path for a kernel chosen by size: the "small matrix" kernels
+// (M*N*K <= 1e6 on SkylakeX) or sgemm_direct (< 28*512*512, row-major NN).
+// On the blocked path, C(i, j) is the same chain of FMAs whatever M is:
+// K is split in blocks that depend on K alone, and each block's products
+// are added in k order by the micro-kernel. So splitting rows there cannot
+// change a bit, and tests/kernels/thread_count_test.cc checks it.
+constexpr double kBlockedPathMinMadds = 8.0 * 1024 * 1024;
+
+// Whether a GEMM runs as one call instead of GemmRowsPerTask(M) tasks:
+// with one thread the tasks buy nothing and each re-packs op(b) (3-18%
+// slower per GEMM at GPT block shapes). Only where the whole and every
+// task take OpenBLAS's blocked path, so the bits stay those of the tasks.
+inline bool GemmAsOneCall(int M, int N, int K, int threads) {
+  const double task_madds = static_cast<double>(GemmRowsPerTask(M)) * N * K;
+  return threads == 1 && task_madds >= kBlockedPathMinMadds;
 }
 
 // Sets OpenBLAS to one thread the first time any CPU kernel runs. The
@@ -62,6 +82,10 @@ inline void ParallelSgemm(bool trans_a, bool trans_b, int M, int N, int K,
                           int ldb, float beta, float* c, int ldc) {
   if (M <= 0 || N <= 0) return;
   UseSingleThreadedBlas();
+  if (GemmAsOneCall(M, N, K, omp_get_max_threads())) {
+    Sgemm(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
   const int rows_per_task = GemmRowsPerTask(M);
   const int tasks = (M + rows_per_task - 1) / rows_per_task;
   // Dynamic: on shared cores a thread may lose its core for a while.

@@ -19,8 +19,10 @@ constexpr long kElementsPerTask = 1 << 14;
 
 // Clones of a hot loop for AVX-512, AVX2 and baseline x86-64, chosen when
 // the program loads (the binary must run on any x86-64, so no -march).
-// None of the clones has FMA, and the loops given clones reduce nothing
-// across their vector lanes, so every clone computes the same bits.
+// No clone fuses a multiply and an add (kernels/BUILD.bazel builds with
+// -ffp-contract=off: the AVX-512 clone could), and no loop given clones
+// reduces across its vector lanes in an order of the vector width's
+// (LaneSum's lanes are fixed), so every clone computes the same bits.
 #define MUSTER_CPU_CLONES \
   __attribute__((target_clones("avx512f", "avx2", "default")))
 

@@ -18,17 +18,34 @@
 #include <cmath>
 #include <cstddef>
 
+#include "kernels/exp_math.h"
 #include "kernels/hd.h"
 
 namespace muster::kernels {
+
+// Exponentials per chunk of a row: computed side by side, then summed in
+// column order.
+constexpr int kCrossEntropyChunk = 64;
 
 // One row: logits_row (Vp, only :V read). Writes *lse, returns the loss.
 MUSTER_HD float CrossEntropyRowForward(float* lse, const float* logits_row,
                                        int V, int target) {
   float max_logit = logits_row[0];
-  for (int v = 1; v < V; ++v) max_logit = fmaxf(max_logit, logits_row[v]);
-  float sum = 0.0f;  // shifted by the max so expf cannot overflow
-  for (int v = 0; v < V; ++v) sum += expf(logits_row[v] - max_logit);
+  MUSTER_SIMD_MAX(max_logit)
+  for (int v = 1; v < V; ++v) {
+    max_logit = logits_row[v] > max_logit ? logits_row[v] : max_logit;
+  }
+  // Shifted by the max: every exponent is <= 0, so none can overflow.
+  float sum = 0.0f;
+  for (int first = 0; first < V; first += kCrossEntropyChunk) {
+    const int count = V - first < kCrossEntropyChunk ? V - first : kCrossEntropyChunk;
+    float exps[kCrossEntropyChunk];
+    MUSTER_SIMD
+    for (int i = 0; i < count; ++i) {
+      exps[i] = ExpNonPositive(logits_row[first + i] - max_logit);
+    }
+    for (int i = 0; i < count; ++i) sum += exps[i];
+  }
   const float row_lse = max_logit + logf(sum);
   *lse = row_lse;
   return row_lse - logits_row[target];
@@ -36,13 +53,13 @@ MUSTER_HD float CrossEntropyRowForward(float* lse, const float* logits_row,
 
 // One logit in column v of a row: d loss / d logit, times dloss (the
 // gradient of the objective with respect to this row's loss, e.g. 1/(B*T)
-// for a mean). Zero in the padding.
+// for a mean). Zero in the padding. logit <= lse (lse is the row's max
+// plus the log of a sum >= 1), so the exponent is <= 0.
 MUSTER_HD float CrossEntropyBackwardElem(float logit, float lse, int v, int V,
                                          int target, float dloss) {
-  if (v >= V) return 0.0f;
-  const float prob = expf(logit - lse);
+  const float prob = ExpNonPositive(logit - lse);
   const float indicator = v == target ? 1.0f : 0.0f;
-  return (prob - indicator) * dloss;
+  return v < V ? (prob - indicator) * dloss : 0.0f;
 }
 
 // ---- CPU back end (host pointers) ----

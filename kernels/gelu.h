@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstring>
 
+#include "kernels/exp_math.h"
 #include "kernels/hd.h"
 
 namespace muster::kernels {
@@ -17,39 +18,17 @@ constexpr float kGeluCubic = 0.044715f;
 // tanh and sech^2 of u from z = e^{-2|u|}:
 //   tanh u = sign(u) (1 - z) / (1 + z),  sech^2 u = 4 z / (1 + z)^2.
 // sech^2 keeps its relative precision where it is tiny (|u| large), which
-// 1 - tanh^2 would not. The exponential is our own (Cephes' expf: Cody-Waite
-// reduction to |r| <= ln2 / 2 and a degree-7 polynomial), free of calls and
-// branches so that the CPU loops vectorize; libm's tanhf and coshf do not.
-// Both back ends run it. Accuracy against double: tests/kernels/gelu_test.cc.
+// 1 - tanh^2 would not. The exponential is kernels/exp_math.h's, free of
+// calls and branches so that the CPU loops vectorize; libm's tanhf and
+// coshf do not. Accuracy against double: tests/kernels/gelu_test.cc.
 struct GeluTanhSech {
   float tanh_u;
   float sech_sq;
 };
 
-// e^w for w <= 0 (w below -87 is taken as -87: e^-87 ~ 1.6e-38).
-MUSTER_HD float GeluExpNonPositive(float w) {
-  w = w > -87.0f ? w : -87.0f;  // ternaries, not fmaxf: they vectorize
-  // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer.
-  const float round_magic = 12582912.0f;
-  const float n = (w * 1.44269504088896341f + round_magic) - round_magic;
-  const float r = (w - n * 0.693359375f) - n * -2.12194440e-4f;  // w - n ln2
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float exp_r = p * r * r + r + 1.0f;
-  // 2^n from its exponent bits; n is in [-126, 0], a normal float.
-  const int bits = (static_cast<int>(n) + 127) << 23;
-  float two_to_n;
-  memcpy(&two_to_n, &bits, sizeof(two_to_n));
-  return exp_r * two_to_n;
-}
-
 MUSTER_HD GeluTanhSech GeluTanhAndSechSq(float u) {
   const float abs_u = u < 0.0f ? -u : u;
-  const float z = GeluExpNonPositive(-2.0f * abs_u);
+  const float z = ExpNonPositive(-2.0f * abs_u);
   const float inv_one_plus_z = 1.0f / (1.0f + z);
   const float tanh_abs = (1.0f - z) * inv_one_plus_z;
   return GeluTanhSech{u < 0.0f ? -tanh_abs : tanh_abs,

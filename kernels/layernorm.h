@@ -22,19 +22,19 @@ namespace muster::kernels {
 
 constexpr float kLayerNormEps = 1e-5f;
 
-// One row: inp_row, out_row (C); writes *mean and *rstd of the row.
+// One row: inp_row, out_row (C); writes *mean and *rstd of the row. The
+// row sums are LaneSums (hd.h).
 MUSTER_HD void LayerNormRowForward(float* out_row, float* mean, float* rstd,
                                    const float* inp_row, const float* weight,
                                    const float* bias, int C) {
-  float sum = 0.0f;
-  for (int c = 0; c < C; ++c) sum += inp_row[c];
-  const float row_mean = sum / C;
-  float sum_sq = 0.0f;  // two passes: var from centred values is stable
-  for (int c = 0; c < C; ++c) {
+  const float row_mean = LaneSum(C, [=](int c) { return inp_row[c]; }) / C;
+  // Two passes: the variance of centred values is stable.
+  const float sum_sq = LaneSum(C, [=](int c) {
     const float centred = inp_row[c] - row_mean;
-    sum_sq += centred * centred;
-  }
+    return centred * centred;
+  });
   const float row_rstd = 1.0f / sqrtf(sum_sq / C + kLayerNormEps);
+  MUSTER_SIMD
   for (int c = 0; c < C; ++c) {
     const float norm = (inp_row[c] - row_mean) * row_rstd;
     out_row[c] = norm * weight[c] + bias[c];
@@ -49,14 +49,14 @@ MUSTER_HD void LayerNormRowBackwardInput(float* dinp_row, const float* dout_row,
                                          const float* inp_row,
                                          const float* weight, float mean,
                                          float rstd, int C) {
-  float g_sum = 0.0f, g_norm_sum = 0.0f;
-  for (int c = 0; c < C; ++c) {
-    const float norm = (inp_row[c] - mean) * rstd;
-    const float g = weight[c] * dout_row[c];
-    g_sum += g;
-    g_norm_sum += g * norm;
-  }
-  const float g_mean = g_sum / C, g_norm_mean = g_norm_sum / C;
+  const float g_mean =
+      LaneSum(C, [=](int c) { return weight[c] * dout_row[c]; }) / C;
+  const float g_norm_mean = LaneSum(C, [=](int c) {
+                              const float norm = (inp_row[c] - mean) * rstd;
+                              return weight[c] * dout_row[c] * norm;
+                            }) /
+                            C;
+  MUSTER_SIMD
   for (int c = 0; c < C; ++c) {
     const float norm = (inp_row[c] - mean) * rstd;
     const float g = weight[c] * dout_row[c];

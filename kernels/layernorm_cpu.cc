@@ -25,25 +25,53 @@ MUSTER_CPU_CLONES void ChannelsBackwardParams(float* dweight, float* dbias,
   }
 }
 
+// Rows [begin, end), in clones so that their loops use the widest vectors
+// there are.
+MUSTER_CPU_CLONES void ForwardRows(float* out, float* mean, float* rstd,
+                                   const float* inp, const float* weight,
+                                   const float* bias, long begin, long end,
+                                   int C) {
+  for (long row = begin; row < end; ++row) {
+    LayerNormRowForward(out + row * C, mean + row, rstd + row, inp + row * C,
+                        weight, bias, C);
+  }
+}
+
+MUSTER_CPU_CLONES void BackwardInputRows(float* dinp, const float* dout,
+                                         const float* inp, const float* weight,
+                                         const float* mean, const float* rstd,
+                                         long begin, long end, int C) {
+  for (long row = begin; row < end; ++row) {
+    LayerNormRowBackwardInput(dinp + row * C, dout + row * C, inp + row * C,
+                              weight, mean[row], rstd[row], C);
+  }
+}
+
+// Rows per task: each row's work is its own, so the split cannot change a
+// bit.
+constexpr long kRowsPerTask = 16;
+
 }  // namespace
 
 void LayerNormForwardCpu(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, size_t N,
                          int C) {
-  cpu::ParallelFor(static_cast<long>(N), [=](long row) {
-    LayerNormRowForward(out + row * C, mean + row, rstd + row, inp + row * C,
-                        weight, bias, C);
-  });
+  cpu::ParallelForBlocks(static_cast<long>(N), kRowsPerTask,
+                         [=](long begin, long end) {
+                           ForwardRows(out, mean, rstd, inp, weight, bias,
+                                       begin, end, C);
+                         });
 }
 
 void LayerNormBackwardCpu(float* dinp, float* dweight, float* dbias,
                           const float* dout, const float* inp,
                           const float* weight, const float* mean,
                           const float* rstd, size_t N, int C) {
-  cpu::ParallelFor(static_cast<long>(N), [=](long row) {
-    LayerNormRowBackwardInput(dinp + row * C, dout + row * C, inp + row * C,
-                              weight, mean[row], rstd[row], C);
-  });
+  cpu::ParallelForBlocks(static_cast<long>(N), kRowsPerTask,
+                         [=](long begin, long end) {
+                           BackwardInputRows(dinp, dout, inp, weight, mean,
+                                             rstd, begin, end, C);
+                         });
   cpu::ParallelForChannelRanges(C, [=](int begin, int end) {
     ChannelsBackwardParams(dweight, dbias, dout, inp, mean, rstd,
                            static_cast<long>(N), C, begin, end);

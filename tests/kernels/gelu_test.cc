@@ -12,6 +12,18 @@ double GeluReference(double x) {
   return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
 }
 
+TEST_CASE("ExpNonPositive is within 2^-23 relative of e^w on [-87, 0]") {
+  // Every 2^-10 over the whole range softmax and cross-entropy use.
+  for (double w = -87.0; w <= 0.0; w += 1.0 / 1024) {
+    const float x = static_cast<float>(w);
+    const double want = std::exp(double{x});
+    INFO("w = " << w);
+    REQUIRE(std::fabs(ExpNonPositive(x) - want) <= 0x1p-23 * want);
+  }
+  REQUIRE(ExpNonPositive(0.0f) == 1.0f);
+  REQUIRE(ExpNonPositive(-1000.0f) == ExpNonPositive(-87.0f));  // clamped, not 0
+}
+
 TEST_CASE("gelu forward matches the double-precision definition") {
   for (double x = -6.0; x <= 6.0; x += 0.125) {
     REQUIRE(GeluForwardElem(static_cast<float>(x)) ==

@@ -111,6 +111,25 @@ TEST_CASE("matmul bits do not depend on the thread count") {
   });
 }
 
+TEST_CASE("a GPT block's matmuls give the same bits as one call or as tasks") {
+  // Large enough for kernels/cpu_gemm.h's GemmAsOneCall (each task at
+  // least 8M multiply-adds): one thread runs each GEMM as one OpenBLAS
+  // call, more threads as row tasks.
+  const int rows = 1024, in = 256, out = 768;
+  auto inp = RandomFloats(rows * in, 17), weight = RandomFloats(out * in, 18),
+       bias = RandomFloats(out, 19), dout = RandomFloats(rows * out, 20);
+  RequireSameForAnyThreadCount([&] {
+    std::vector<float> y(rows * out), dinp(rows * in, 0.5f),
+        dweight(out * in, 0.5f), dbias(out, 0.5f);
+    MatmulForwardCpu(y.data(), inp.data(), weight.data(), bias.data(), rows,
+                     in, out);
+    MatmulBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(),
+                      inp.data(), weight.data(), rows, in, out);
+    for (const auto* part : {&dinp, &dweight, &dbias}) Append(&y, *part);
+    return y;
+  });
+}
+
 TEST_CASE("cross-entropy and adamw bits do not depend on the thread count") {
   auto logits = RandomFloats(N * Vp, 10, -4.0f, 4.0f);
   std::vector<int> targets(N);
