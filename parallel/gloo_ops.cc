@@ -28,10 +28,13 @@ class Pair {
 namespace muster::parallel::gloo_ops {
 namespace {
 
+// gloo calls it with out == a; element i reads only inputs i, so the loop
+// vectorizes all the same.
 void SumFloats(void* out, const void* a, const void* b, size_t n) {
   float* c = static_cast<float*>(out);
   const float* x = static_cast<const float*>(a);
   const float* y = static_cast<const float*>(b);
+#pragma omp simd
   for (size_t i = 0; i < n; ++i) c[i] = x[i] + y[i];
 }
 
