@@ -11,7 +11,6 @@
 #include <filesystem>
 #include <random>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
@@ -152,12 +151,7 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options) {
   client.tls_ca_file = conf.tls_ca;
   client.tls_cert_file = conf.tls_cert;
   client.tls_key_file = conf.tls_key;
-  if (!conf.job_secret_file.empty()) {
-    absl::StatusOr<std::string> secret =
-        rdzv::ReadFileToString(conf.job_secret_file, "--rdzv_conf job_secret_file");
-    if (!secret.ok()) return secret.status();
-    client.job_secret = std::string(absl::StripAsciiWhitespace(*secret));
-  }
+  client.job_secret_file = conf.job_secret_file;
   absl::StatusOr<std::unique_ptr<rdzv::Client>> connected = rdzv::Client::Connect(client);
   if (!connected.ok()) return connected.status();
   setup.client = *std::move(connected);

@@ -9,7 +9,6 @@
 
 extern char** environ;
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "parallel/gloo_group.h"
@@ -170,12 +169,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
     client.tls_ca_file = world.tls_ca;
     client.tls_cert_file = world.tls_cert;
     client.tls_key_file = world.tls_key;
-    if (!world.job_secret_file.empty()) {
-      absl::StatusOr<std::string> secret =
-          rdzv::ReadFileToString(world.job_secret_file, "MUSTER_JOB_SECRET_FILE");
-      if (!secret.ok()) return secret.status();
-      client.job_secret = std::string(absl::StripAsciiWhitespace(*secret));
-    }
+    client.job_secret_file = world.job_secret_file;
     absl::StatusOr<std::unique_ptr<rdzv::Client>> connected = rdzv::Client::Connect(client);
     if (!connected.ok()) return connected.status();
     comm->client_ = *std::move(connected);

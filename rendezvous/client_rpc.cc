@@ -16,6 +16,25 @@ absl::Status ToAbsl(const grpc::Status& status) {
                       status.error_message());
 }
 
+// A secret given directly (`value`) or as a file (`file`, whitespace
+// trimmed), not both; an empty file is an error.
+absl::StatusOr<std::string> SecretFromFile(const std::string& value, const std::string& file,
+                                           const char* what, const char* file_what) {
+  if (file.empty()) return value;
+  if (!value.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("give the ", what, " or a ", file_what,
+                                                   ", not both"));
+  }
+  absl::StatusOr<std::string> contents = ReadFileToString(file, file_what);
+  if (!contents.ok()) return contents.status();
+  std::string secret(absl::StripAsciiWhitespace(*contents));
+  if (secret.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_what, " \"", file, "\" is empty; expected a ", what));
+  }
+  return secret;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- Client
@@ -28,21 +47,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     return absl::InvalidArgumentError("rpc_timeout must be positive");
   }
 
-  std::string token = options.token;
-  if (!options.token_file.empty()) {
-    if (!options.token.empty()) {
-      return absl::InvalidArgumentError(
-          "give the bearer token or a token file, not both");
-    }
-    absl::StatusOr<std::string> contents =
-        ReadFileToString(options.token_file, "token file");
-    if (!contents.ok()) return contents.status();
-    token = std::string(absl::StripAsciiWhitespace(*contents));
-    if (token.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "token file \"", options.token_file, "\" is empty; expected a token"));
-    }
-  }
+  absl::StatusOr<std::string> token =
+      SecretFromFile(options.token, options.token_file, "bearer token", "token file");
+  if (!token.ok()) return token.status();
+  absl::StatusOr<std::string> job_secret = SecretFromFile(
+      options.job_secret, options.job_secret_file, "job secret", "job secret file");
+  if (!job_secret.ok()) return job_secret.status();
 
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   const bool tls = options.use_tls || !options.tls_ca_file.empty() ||
@@ -90,8 +100,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     args.SetSslTargetNameOverride(options.tls_server_name);
   }
   auto channel = grpc::CreateCustomChannel(*target, credentials, args);
-  return std::unique_ptr<Client>(
-      new Client(options, std::move(token), std::move(channel)));
+  ClientOptions kept = options;
+  kept.job_secret = *std::move(job_secret);
+  return std::unique_ptr<Client>(new Client(std::move(kept), *std::move(token), std::move(channel)));
 }
 
 Client::Client(ClientOptions options, std::string token,

@@ -80,8 +80,10 @@ struct ClientOptions {
   std::string tls_key_file;
   std::string tls_server_name;
 
-  // Sent as x-muster-job-secret on every call when non-empty.
+  // Sent as x-muster-job-secret on every call when non-empty: give it
+  // directly or as a file (whitespace trimmed), not both.
   std::string job_secret;
+  std::string job_secret_file;
 
   // Default deadline of one call, retries included. Blocking store calls
   // get their wait time on top.

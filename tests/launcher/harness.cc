@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -87,6 +88,61 @@ bool ProcessGone(int pid) {
   size_t close_paren = stat.rfind(')');
   return close_paren != std::string::npos && stat.size() > close_paren + 2 &&
          stat[close_paren + 2] == 'Z';
+}
+
+int FindChild(int parent, const std::function<bool(int pid)>& match) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    int pid = 0;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
+    std::string status = ReadFile(entry.path().string() + "/status");
+    size_t at = status.find("PPid:\t");
+    int ppid = 0;
+    if (at == std::string::npos ||
+        !absl::SimpleAtoi(status.substr(at + 6, status.find('\n', at) - at - 6), &ppid) ||
+        ppid != parent || ProcessGone(pid)) {
+      continue;
+    }
+    if (match(pid)) return pid;
+  }
+  return -1;
+}
+
+std::string ProcessName(int pid) {
+  return std::string(
+      absl::StripTrailingAsciiWhitespace(ReadFile(absl::StrCat("/proc/", pid, "/comm"))));
+}
+
+bool HasEnvironmentEntry(int pid, const std::string& entry) {
+  for (absl::string_view var :
+       absl::StrSplit(ReadFile(absl::StrCat("/proc/", pid, "/environ")), '\0')) {
+    if (var == entry) return true;
+  }
+  return false;
+}
+
+std::map<int, std::string> LossTexts(const std::string& metrics_path) {
+  std::map<int, std::string> losses;
+  for (absl::string_view line : absl::StrSplit(ReadFile(metrics_path), '\n', absl::SkipEmpty())) {
+    // {"step":N,"loss":X,...}; eval lines have "val_loss" instead.
+    size_t s = line.find("\"step\":"), l = line.find("\"loss\":");
+    int step = 0;
+    if (s == absl::string_view::npos || l == absl::string_view::npos ||
+        !absl::SimpleAtoi(line.substr(s + 7, line.find(',', s) - s - 7), &step)) {
+      continue;
+    }
+    losses[step] = std::string(line.substr(l + 7, line.find(',', l) - l - 7));
+  }
+  return losses;
+}
+
+std::map<int, double> Losses(const std::string& metrics_path) {
+  std::map<int, double> losses;
+  for (const auto& [step, text] : LossTexts(metrics_path)) {
+    double loss = 0;
+    REQUIRE(absl::SimpleAtod(text, &loss));
+    losses[step] = loss;
+  }
+  return losses;
 }
 
 std::unique_ptr<tools::ServerProcess> StartServer(const std::vector<std::string>& extra_args) {

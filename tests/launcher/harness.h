@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,6 +44,20 @@ std::vector<std::string> ReadLines(const std::string& dir, const std::string& pr
 
 // True once `pid` is gone or a zombie.
 bool ProcessGone(int pid);
+
+// The pid of a live child of `parent` for which `match(pid)` holds, or -1.
+int FindChild(int parent, const std::function<bool(int pid)>& match);
+// A process's command name (/proc/PID/comm), "" once it is gone.
+std::string ProcessName(int pid);
+// Whether a process's environment holds exactly `entry`, e.g. "RANK=1".
+bool HasEnvironmentEntry(int pid, const std::string& entry);
+
+// step -> the loss as written in a worker's metrics JSONL (eval lines
+// skipped). A step written twice (a resumed run repeats the steps after
+// its checkpoint) keeps its last record.
+std::map<int, std::string> LossTexts(const std::string& metrics_path);
+// The same, as numbers.
+std::map<int, double> Losses(const std::string& metrics_path);
 
 // A `rendezvous` server child on a free loopback port (REQUIREs it starts).
 std::unique_ptr<tools::ServerProcess> StartServer(const std::vector<std::string>& extra_args = {});

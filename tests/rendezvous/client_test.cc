@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "rendezvous/server.h"
 #include "rendezvous/store.h"
@@ -48,6 +49,24 @@ TEST_CASE("Connect names an unreadable token file", "[client]") {
   half_tls.tls_cert_file = "/nonexistent/cert.pem";
   CHECK(Client::Connect(half_tls).status().code() ==
         absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Connect reads the job secret file, and names a bad one", "[client]") {
+  const std::string path = absl::StrCat(testing::TempDir(), "/client_test_job_secret");
+  std::ofstream(path) << "\n  j0b-secret \n";
+  ClientOptions options;
+  options.job_secret_file = path;
+  auto client = Client::Connect(options);
+  REQUIRE(client.ok());
+  CHECK((*client)->options().job_secret == "j0b-secret");
+
+  std::ofstream(path) << " \t\n";  // only whitespace
+  auto empty = Client::Connect(options);
+  CHECK(empty.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(empty.status().message(), path));
+
+  options.job_secret = "given-too";
+  CHECK(Client::Connect(options).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("Bearer token is sent from the token file", "[client]") {

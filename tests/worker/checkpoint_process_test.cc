@@ -68,42 +68,9 @@ int ExitCode(launcher::Child& child) {
   return exit->ShellCode();
 }
 
-// step -> the loss as written, the last record of each step winning (a
-// resumed run repeats the steps after its checkpoint).
-std::map<int, std::string> Losses(const std::string& path) {
-  std::map<int, std::string> losses;
-  for (absl::string_view line : absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty())) {
-    std::vector<std::string> fields = absl::StrSplit(line, absl::ByAnyChar(":,"));
-    int step = 0;
-    if (fields.size() >= 4 && fields[0] == "{\"step\"" && absl::SimpleAtoi(fields[1], &step)) {
-      losses[step] = fields[3];
-    }
-  }
-  return losses;
-}
-
 int LastStep(const std::string& path) {
-  auto losses = Losses(path);
+  auto losses = LossTexts(path);
   return losses.empty() ? 0 : losses.rbegin()->first;
-}
-
-// A child of `parent` whose command name is `comm`, or 0.
-int FindChild(int parent, const std::string& comm) {
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid)) continue;
-    std::string stat = ReadFile(entry.path().string() + "/stat");
-    size_t close = stat.rfind(')');
-    size_t open = stat.find('(');
-    if (close == std::string::npos || open == std::string::npos) continue;
-    std::vector<std::string> rest = absl::StrSplit(stat.substr(close + 2), ' ');
-    int ppid = 0;
-    if (rest.size() > 1 && absl::SimpleAtoi(rest[1], &ppid) && ppid == parent &&
-        stat.substr(open + 1, close - open - 1) == comm) {
-      return pid;
-    }
-  }
-  return 0;
 }
 
 TEST_CASE("SIGKILLed mid-run under launch, the worker resumes and ends bitwise identical") {
@@ -120,7 +87,8 @@ TEST_CASE("SIGKILLed mid-run under launch, the worker resumes and ends bitwise i
       dir.File("launch.log"), {"OMP_WAIT_POLICY=passive"});
   // Kill partway through the step after step 22 (N = 20 checkpointed, k = 3).
   REQUIRE(WaitUntil([&] { return LastStep(dir.File("killed.jsonl")) >= 22; }, absl::Seconds(60)));
-  const int worker = FindChild(launch.pid(), "worker");
+  const int worker =
+      FindChild(launch.pid(), [](int pid) { return ProcessName(pid) == "worker"; });
   INFO(ReadFile(dir.File("launch.log")));
   REQUIRE(worker > 0);
   const int killed_after = LastStep(dir.File("killed.jsonl"));
@@ -131,8 +99,8 @@ TEST_CASE("SIGKILLed mid-run under launch, the worker resumes and ends bitwise i
   INFO("killed after step " << killed_after);
   CHECK(killed_after < steps);
   CHECK(absl::StrContains(log, "checkpoint: resumed from " + dir.File("killed_ckpt/step_000000")));
-  CHECK(Losses(dir.File("killed.jsonl")) == Losses(dir.File("reference.jsonl")));
-  CHECK(Losses(dir.File("reference.jsonl")).size() == steps);
+  CHECK(LossTexts(dir.File("killed.jsonl")) == LossTexts(dir.File("reference.jsonl")));
+  CHECK(LossTexts(dir.File("reference.jsonl")).size() == steps);
   // Weights and both AdamW moments: the final checkpoints' bytes.
   const std::string a = ReadFile(dir.File("reference_ckpt/step_00000060/rank_00000.bin"));
   const std::string b = ReadFile(dir.File("killed_ckpt/step_00000060/rank_00000.bin"));

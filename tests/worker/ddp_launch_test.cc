@@ -59,24 +59,6 @@ parallel: {strategy: ddp, bucket_mb: 0.01, timeout_s: 30}
 )", checkpoint.empty() ? "" : absl::StrCat("checkpoint: ", checkpoint, "\n"));
 }
 
-// step -> loss, from a worker's JSONL metrics file.
-std::map<int, double> ReadLosses(const std::string& path) {
-  std::map<int, double> losses;
-  for (absl::string_view line : absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty())) {
-    int step = 0;
-    double loss = 0;
-    // {"step":N,"loss":X,...}: step lines only (eval lines have val_loss).
-    size_t s = line.find("\"step\":"), l = line.find("\"loss\":");
-    if (s == absl::string_view::npos || l == absl::string_view::npos) continue;
-    absl::string_view step_text = line.substr(s + 7, line.find(',', s) - s - 7);
-    absl::string_view loss_text = line.substr(l + 7, line.find(',', l) - l - 7);
-    REQUIRE(absl::SimpleAtoi(step_text, &step));
-    REQUIRE(absl::SimpleAtod(loss_text, &loss));
-    losses[step] = loss;
-  }
-  return losses;
-}
-
 int ExitCodeWithin(Child& child, absl::Duration timeout) {
   auto exit = child.WaitFor(timeout);
   REQUIRE(exit.has_value());
@@ -97,7 +79,7 @@ TEST_CASE("2 and 3 DDP ranks follow the 1-process loss curve at the same global 
   Child single = StartLaunch({"--standalone", "--nproc_per_node=1", worker, dir.File("one.yaml")},
                              dir.File("one.log"));
   REQUIRE(ExitCodeWithin(single, absl::Seconds(120)) == 0);
-  std::map<int, double> reference = ReadLosses(dir.File("one.jsonl"));
+  std::map<int, double> reference = Losses(dir.File("one.jsonl"));
   REQUIRE(reference.size() == kSteps);
 
   for (int world : {2, 3}) {
@@ -108,7 +90,7 @@ TEST_CASE("2 and 3 DDP ranks follow the 1-process loss curve at the same global 
     int code = ExitCodeWithin(job, absl::Seconds(120));
     INFO(ReadFile(dir.File(name + ".log")));
     REQUIRE(code == 0);
-    std::map<int, double> losses = ReadLosses(dir.File(name + ".jsonl"));
+    std::map<int, double> losses = Losses(dir.File(name + ".jsonl"));
     REQUIRE(losses.size() == kSteps);
     for (int step = 1; step <= kSteps; ++step) {
       INFO("world " << world << " step " << step << ": " << losses[step] << " vs "
@@ -120,21 +102,10 @@ TEST_CASE("2 and 3 DDP ranks follow the 1-process loss curve at the same global 
   CHECK(reference[kSteps] < reference[1] - 0.5);
 }
 
-// The pid of the process whose parent is `parent` and whose environment
-// has exactly `entry` (e.g. "RANK=1"), or -1.
-int ChildWithEnv(int parent, const std::string& entry) {
-  for (const auto& proc : std::filesystem::directory_iterator("/proc")) {
-    int pid = 0;
-    if (!absl::SimpleAtoi(proc.path().filename().string(), &pid)) continue;
-    std::string status = ReadFile(proc.path().string() + "/status");
-    size_t at = status.find("PPid:\t");
-    if (at == std::string::npos || std::atoi(status.c_str() + at + 6) != parent) continue;
-    std::string environ = ReadFile(proc.path().string() + "/environ");
-    for (absl::string_view var : absl::StrSplit(environ, '\0')) {
-      if (var == entry) return pid;
-    }
-  }
-  return -1;
+// The pid of `launch`'s worker with `RANK=rank` in its environment, or -1.
+int RankPid(int launch, int rank) {
+  const std::string entry = absl::StrCat("RANK=", rank);
+  return FindChild(launch, [&](int pid) { return HasEnvironmentEntry(pid, entry); });
 }
 
 TEST_CASE("SIGKILL of one rank: the others fail out of their collective and launch restarts") {
@@ -155,11 +126,11 @@ TEST_CASE("SIGKILL of one rank: the others fail out of their collective and laun
                            "--rdzv_id=ddpkill", "--no_python", "/bin/sh", "-c", script},
                           dir.File("launch.log"));
   // Training is under way once rank 0 has logged a few steps.
-  REQUIRE(WaitUntil([&] { return ReadLosses(dir.File("long.jsonl")).size() >= 3; },
+  REQUIRE(WaitUntil([&] { return Losses(dir.File("long.jsonl")).size() >= 3; },
                     absl::Seconds(60)));
-  int victim = ChildWithEnv(job.pid(), "RANK=1");
-  int survivor0 = ChildWithEnv(job.pid(), "RANK=0");
-  int survivor2 = ChildWithEnv(job.pid(), "RANK=2");
+  int victim = RankPid(job.pid(), 1);
+  int survivor0 = RankPid(job.pid(), 0);
+  int survivor2 = RankPid(job.pid(), 2);
   REQUIRE(victim > 0);
   REQUIRE(survivor0 > 0);
   REQUIRE(survivor2 > 0);
@@ -176,7 +147,7 @@ TEST_CASE("SIGKILL of one rank: the others fail out of their collective and laun
   int code = ExitCodeWithin(job, absl::Seconds(120));
   INFO(ReadFile(dir.File("launch.log")));
   CHECK(code == 0);
-  CHECK(ReadLosses(dir.File("short.jsonl")).size() == 3);
+  CHECK(Losses(dir.File("short.jsonl")).size() == 3);
   // Each survivor said which collective failed and why (console lines
   // carry launch's "[host rankN]:" prefix).
   std::string console = ReadFile(dir.File("launch.log"));
@@ -212,11 +183,11 @@ TEST_CASE("a 2-rank DDP job SIGKILLed mid-run resumes under launch and ends bitw
                            "--rdzv_id=ddpresume", worker, dir.File("killed.yaml")},
                           dir.File("killed.log"));
   // Partway through a step after step 17 (checkpointed at 15).
-  REQUIRE(WaitUntil([&] { return ReadLosses(dir.File("killed.jsonl")).size() >= 17; },
+  REQUIRE(WaitUntil([&] { return Losses(dir.File("killed.jsonl")).size() >= 17; },
                     absl::Seconds(60)));
-  int victim = ChildWithEnv(job.pid(), "RANK=1");
+  int victim = RankPid(job.pid(), 1);
   REQUIRE(victim > 0);
-  int killed_after = ReadLosses(dir.File("killed.jsonl")).rbegin()->first;
+  int killed_after = Losses(dir.File("killed.jsonl")).rbegin()->first;
   REQUIRE(::kill(victim, SIGKILL) == 0);
   int code = ExitCodeWithin(job, absl::Seconds(120));
   INFO(ReadFile(dir.File("killed.log")));
@@ -226,7 +197,7 @@ TEST_CASE("a 2-rank DDP job SIGKILLed mid-run resumes under launch and ends bitw
   CHECK(absl::StrContains(ReadFile(dir.File("killed.log")), "resumed from"));
   // Every step's loss, and the final weights and AdamW moments (both
   // ranks' files of the last checkpoint), bit for bit.
-  CHECK(ReadLosses(dir.File("killed.jsonl")) == ReadLosses(dir.File("reference.jsonl")));
+  CHECK(Losses(dir.File("killed.jsonl")) == Losses(dir.File("reference.jsonl")));
   for (const char* file : {"rank_00000.bin", "rank_00001.bin"}) {
     std::string a = ReadFile(dir.File("reference_ckpt/step_00000060/") + file);
     std::string b = ReadFile(dir.File("killed_ckpt/step_00000060/") + file);
@@ -247,7 +218,7 @@ TEST_CASE("a 2-rank checkpoint resumes at 3 ranks and at 1, continuing the same 
   Child two = StartLaunch({"--standalone", "--nproc_per_node=2", worker, dir.File("two.yaml")},
                           dir.File("two.log"));
   REQUIRE(ExitCodeWithin(two, absl::Seconds(120)) == 0);
-  std::map<int, double> reference = ReadLosses(dir.File("two.jsonl"));
+  std::map<int, double> reference = Losses(dir.File("two.jsonl"));
   REQUIRE(reference.size() == kSteps);
   const std::string saved = dir.File("two_ckpt/step_00000015");
   REQUIRE(std::filesystem::exists(saved + "/manifest.json"));
@@ -266,7 +237,7 @@ TEST_CASE("a 2-rank checkpoint resumes at 3 ranks and at 1, continuing the same 
     int code = ExitCodeWithin(job, absl::Seconds(120));
     INFO(ReadFile(dir.File(name + ".log")));
     REQUIRE(code == 0);
-    std::map<int, double> losses = ReadLosses(dir.File(name + ".jsonl"));
+    std::map<int, double> losses = Losses(dir.File(name + ".jsonl"));
     // It trained steps 16..30 only, and each matches the 2-rank run.
     REQUIRE(losses.size() == kSteps - kSaved);
     CHECK(losses.begin()->first == kSaved + 1);
@@ -336,7 +307,7 @@ TEST_CASE("scale-up and scale-down under launch resume from the last checkpoint"
   size_t first = log.find("resumed from");
   REQUIRE(first != std::string::npos);
   CHECK(log.find("resumed from", first + 1) != std::string::npos);
-  std::map<int, double> losses = ReadLosses(dir.File("metrics.jsonl"));
+  std::map<int, double> losses = Losses(dir.File("metrics.jsonl"));
   REQUIRE(!losses.empty());
   CHECK(losses.rbegin()->first == total);
   CHECK(NewestCheckpointOfWorld(checkpoints, 1) == total);
