@@ -14,6 +14,10 @@ namespace muster::kernels::cpu {
 // change the bits.
 constexpr int kChannelsPerTask = 64;
 
+// Rows per task in the row loops (LayerNorm, cross-entropy): each row's
+// work is its own, so the split cannot change a bit.
+constexpr long kRowsPerTask = 16;
+
 // Elements per task in ParallelForRanges: 64 KiB of floats.
 constexpr long kElementsPerTask = 1 << 14;
 

@@ -29,14 +29,11 @@ MUSTER_CPU_CLONES void BackwardRows(float* dlogits, const float* logits, const f
   }
 }
 
-// Rows per task: each row's work is its own, so the split cannot change a bit.
-constexpr long kRowsPerTask = 16;
-
 }  // namespace
 
 void CrossEntropyForwardCpu(float* losses, float* lse, const float* logits,
                             const int* targets, size_t N, int V, int Vp) {
-  cpu::ParallelForBlocks(static_cast<long>(N), kRowsPerTask, [=](long begin, long end) {
+  cpu::ParallelForBlocks(static_cast<long>(N), cpu::kRowsPerTask, [=](long begin, long end) {
     ForwardRows(losses, lse, logits, targets, begin, end, V, Vp);
   });
 }
@@ -44,7 +41,7 @@ void CrossEntropyForwardCpu(float* losses, float* lse, const float* logits,
 void CrossEntropyBackwardCpu(float* dlogits, const float* logits,
                              const float* lse, const int* targets, float dloss,
                              size_t N, int V, int Vp) {
-  cpu::ParallelForBlocks(static_cast<long>(N), kRowsPerTask, [=](long begin, long end) {
+  cpu::ParallelForBlocks(static_cast<long>(N), cpu::kRowsPerTask, [=](long begin, long end) {
     BackwardRows(dlogits, logits, lse, targets, dloss, begin, end, V, Vp);
   });
 }

@@ -47,16 +47,12 @@ MUSTER_CPU_CLONES void BackwardInputRows(float* dinp, const float* dout,
   }
 }
 
-// Rows per task: each row's work is its own, so the split cannot change a
-// bit.
-constexpr long kRowsPerTask = 16;
-
 }  // namespace
 
 void LayerNormForwardCpu(float* out, float* mean, float* rstd, const float* inp,
                          const float* weight, const float* bias, size_t N,
                          int C) {
-  cpu::ParallelForBlocks(static_cast<long>(N), kRowsPerTask,
+  cpu::ParallelForBlocks(static_cast<long>(N), cpu::kRowsPerTask,
                          [=](long begin, long end) {
                            ForwardRows(out, mean, rstd, inp, weight, bias,
                                        begin, end, C);
@@ -67,7 +63,7 @@ void LayerNormBackwardCpu(float* dinp, float* dweight, float* dbias,
                           const float* dout, const float* inp,
                           const float* weight, const float* mean,
                           const float* rstd, size_t N, int C) {
-  cpu::ParallelForBlocks(static_cast<long>(N), kRowsPerTask,
+  cpu::ParallelForBlocks(static_cast<long>(N), cpu::kRowsPerTask,
                          [=](long begin, long end) {
                            BackwardInputRows(dinp, dout, inp, weight, mean,
                                              rstd, begin, end, C);
