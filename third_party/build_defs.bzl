@@ -40,22 +40,26 @@ def cc_grpc_proto(name, src, grpc = True, deps = [], proto_imports = [],
 
 NVCC = "/usr/local/cuda/bin/nvcc"
 
-def cuda_library(name, srcs, hdrs = [], deps = [], visibility = None):
+def cuda_library(name, srcs, hdrs = [], includes = [], deps = [], visibility = None):
     """Compiles .cu files with nvcc into a cc_library.
 
-    `hdrs` are this library's headers; headers the .cu files include from
-    elsewhere in the workspace must be listed in `deps` targets' hdrs and
-    also passed through `hdrs` of this rule's genrule inputs.
+    `hdrs` are this library's headers; `includes` are the other workspace
+    headers the .cu files include (inputs of the nvcc genrule only; their
+    own cc_library must be in `deps`). Code is built for sm_80 (A100) and
+    sm_90a (H100, H200), with PTX for compute_90 so a newer GPU can JIT it.
     """
     objs = []
     for src in srcs:
         obj = src[:-len(".cu")] + ".cu.o"
         native.genrule(
             name = name + "_" + src.replace("/", "_").replace(".", "_"),
-            srcs = [src] + hdrs,
+            srcs = [src] + hdrs + includes,
             outs = [obj],
-            cmd = (NVCC + " -std=c++17 -O3 -Xcompiler -fPIC -I. " +
-                   "-arch=sm_80 -c $(location " + src + ") -o $@"),
+            cmd = (NVCC + " -std=c++17 -O3 -lineinfo -Xcompiler -fPIC -I. " +
+                   "-gencode=arch=compute_80,code=sm_80 " +
+                   "-gencode=arch=compute_90a,code=sm_90a " +
+                   "-gencode=arch=compute_90,code=compute_90 " +
+                   "-c $(location " + src + ") -o $@"),
             # Built only when a --config=cuda target depends on it, so
             # `bazel build //...` needs no nvcc.
             tags = ["manual"],

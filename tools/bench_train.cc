@@ -139,7 +139,7 @@ int Main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   std::string peak_description;
-  double peak = PeakFlops(Device::kCpu, &peak_description);
+  double peak = PeakFlops(Device::kCpu, Precision::kFp32, &peak_description);
   std::printf("bench_train: peak for MFU: %s\n", peak_description.c_str());
 
   ModelConfig small;  // (a)

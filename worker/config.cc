@@ -233,6 +233,7 @@ absl::Status ConfigReader::Read(const YAML::Node& root, TrainConfig* config) {
                          {"eval_batches", Int(&t.eval_batches)},
                          {"metrics_file", String(&t.metrics_file)}})},
       {"device", String(&config->device)},
+      {"precision", String(&config->precision)},
       {"parallel", Section({{"strategy", String(&p.strategy)},
                             {"bucket_mb", Double(&p.bucket_mb)},
                             {"timeout_s", Double(&p.timeout_s)}})},
@@ -315,6 +316,18 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
   }
   if (config.device != "cpu" && config.device != "cuda" && config.device != "auto") {
     return fail("device", absl::StrCat("expected cpu, cuda or auto, got '", config.device, "'"));
+  }
+  if (config.precision != "auto" && config.precision != "fp32" && config.precision != "tf32" &&
+      config.precision != "bf16") {
+    return fail("precision", absl::StrCat("expected auto, fp32, tf32 or bf16, got '",
+                                          config.precision, "'"));
+  }
+  // Only an explicit cpu is known here; with device auto the same mistake
+  // surfaces when the trainer resolves both (ResolvePrecision).
+  if (config.device == "cpu" && (config.precision == "tf32" || config.precision == "bf16")) {
+    return fail("precision",
+                absl::StrCat(config.precision, " needs device cuda; the CPU computes in fp32 only"),
+                {"device"});
   }
   if (config.parallel.strategy != "ddp") {
     return fail("parallel.strategy", absl::StrCat("unknown strategy '",
@@ -439,6 +452,7 @@ std::string ConfigToYaml(const TrainConfig& config) {
                   "  eval_batches: ", t.eval_batches, "\n",
                   "  metrics_file: ", Quoted(t.metrics_file), "\n");
   absl::StrAppend(&out, "device: ", Quoted(config.device), "\n");
+  absl::StrAppend(&out, "precision: ", Quoted(config.precision), "\n");
   absl::StrAppend(&out, "parallel:\n", "  strategy: ", Quoted(config.parallel.strategy), "\n",
                   "  bucket_mb: ", ExactDouble(config.parallel.bucket_mb), "\n",
                   "  timeout_s: ", ExactDouble(config.parallel.timeout_s), "\n");
@@ -475,9 +489,10 @@ bool operator==(const CheckpointConfig& a, const CheckpointConfig& b) {
          std::tie(b.dir, b.every, b.keep_last, b.keep_every, b.resume);
 }
 bool operator==(const TrainConfig& a, const TrainConfig& b) {
-  return std::tie(a.source, a.model, a.data, a.optim, a.train, a.device, a.parallel,
-                  a.checkpoint) == std::tie(b.source, b.model, b.data, b.optim, b.train,
-                                            b.device, b.parallel, b.checkpoint);
+  return std::tie(a.source, a.model, a.data, a.optim, a.train, a.device, a.precision,
+                  a.parallel, a.checkpoint) == std::tie(b.source, b.model, b.data, b.optim,
+                                                        b.train, b.device, b.precision,
+                                                        b.parallel, b.checkpoint);
 }
 
 uint64_t ModelConfigHash(const ModelConfig& model) {

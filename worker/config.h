@@ -76,6 +76,7 @@ struct TrainConfig {
   OptimConfig optim;
   TrainLoopConfig train;
   std::string device = "auto";  // cpu | cuda | auto
+  std::string precision = "auto";  // auto | fp32 | tf32 | bf16 (worker/model.h)
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
 };

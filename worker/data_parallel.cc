@@ -69,6 +69,7 @@ absl::Status DdpDataParallel::SyncParameters(GptModel* model) {
     absl::Status status = work->Wait();
     if (!status.ok() && first_error.ok()) first_error = status;
   }
+  model->ParamsChanged();  // written behind the model's back
   return first_error;
 }
 

@@ -104,12 +104,12 @@ void PrintBanner(Trainer& trainer, FILE* out) {
   const ModelConfig& m = config.model;
   std::fprintf(out,
                "worker: GPT-2 L=%d C=%d NH=%d T=%d V=%d (%.2fM parameters), B=%d x %d "
-               "micro-steps, %d steps on %s\n",
+               "micro-steps, %d steps on %s in %s\n",
                m.layers, m.dim, m.heads, m.seq_len, m.vocab,
                trainer.model()->num_parameters() / 1e6,
                config.data.micro_batch, config.data.grad_accumulation, config.train.steps,
-               trainer.model()->device() == Device::kCuda ? "cuda"
-                                                                                : "cpu");
+               trainer.model()->device() == Device::kCuda ? "cuda" : "cpu",
+               PrecisionName(trainer.model()->precision()));
   std::fprintf(out, "worker: MFU peak %s\n", trainer.peak_flops_description().c_str());
   std::fflush(out);
 }

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "worker/ops.h"
 
 namespace muster::worker {
 
@@ -132,7 +133,7 @@ void CpuCoreFigures(double* hz, int* flops_per_cycle, std::string* vector_unit) 
 
 }  // namespace
 
-double PeakFlops(Device device, std::string* description) {
+double PeakFlops(Device device, Precision precision, std::string* description) {
   double peak = 0;
   if (const char* env = std::getenv("MUSTER_PEAK_FLOPS")) {
     if (absl::SimpleAtod(env, &peak) && peak > 0) {
@@ -141,7 +142,23 @@ double PeakFlops(Device device, std::string* description) {
     }
   }
   if (device == Device::kCuda) {
-    if (description) *description = "unknown for CUDA (set MUSTER_PEAK_FLOPS)";
+    absl::StatusOr<CudaDeviceInfo> info = GetCudaDeviceInfo(precision);
+    if (info.ok() && info->peak_flops > 0) {
+      if (description) {
+        // 989 TFLOP/s, but 19.5 for an A100's fp32: three digits either way.
+        const double tflops = info->peak_flops / 1e12;
+        *description = absl::StrFormat("%s, %s dense peak %.*f TFLOP/s", info->name,
+                                       PrecisionName(precision), tflops >= 100 ? 0 : 1, tflops);
+      }
+      return info->peak_flops;
+    }
+    if (description) {
+      *description = info.ok() && !info->name.empty()
+                         ? absl::StrCat("unknown for ", info->name,
+                                        " (not in the table of known GPUs; set "
+                                        "MUSTER_PEAK_FLOPS)")
+                         : "unknown for CUDA (set MUSTER_PEAK_FLOPS)";
+    }
     return 0;
   }
   double hz = 0;

@@ -79,15 +79,18 @@ class ProgressBar {
   bool shown_ = false;
 };
 
-// Peak fp32 FLOP/s of the hardware this process trains on, the denominator
-// of MFU (docs/worker.md says where the figures come from):
+// Peak FLOP/s of the hardware this process trains on at `precision`, the
+// denominator of MFU (docs/worker.md says where the figures come from):
 //   MUSTER_PEAK_FLOPS (environment, FLOP/s) overrides everything;
-//   CPU: threads x per-core peak, where threads is OMP_NUM_THREADS or the
-//     cores this process may run on, and the per-core peak is clock x FLOPs
-//     per cycle from the vector units /proc/cpuinfo reports (AVX-512: 2 FMA
-//     x 16 lanes x 2 = 64; AVX2+FMA: 32; otherwise SSE: 8);
-//   CUDA: 0 (unknown) unless overridden.
+//   CPU: the fp32 peak (the only precision there): threads x per-core peak,
+//     where threads is OMP_NUM_THREADS or the cores this process may run
+//     on, and the per-core peak is clock x FLOPs per cycle from the vector
+//     units /proc/cpuinfo reports (AVX-512: 2 FMA x 16 lanes x 2 = 64;
+//     AVX2+FMA: 32; otherwise SSE: 8);
+//   CUDA: the dense peak for `precision` of the current GPU from the table
+//     of known GPUs (GetCudaDeviceInfo, worker/ops.h); 0 (unknown) for a
+//     GPU not in it, unless overridden.
 // `description` (may be nullptr) receives how the figure was obtained.
-double PeakFlops(Device device, std::string* description);
+double PeakFlops(Device device, Precision precision, std::string* description);
 
 }  // namespace muster::worker

@@ -92,6 +92,32 @@ absl::StatusOr<Device> ResolveDevice(const std::string& name) {
       absl::StrCat("device: unknown device '", name, "' (expected cpu, cuda or auto)"));
 }
 
+absl::StatusOr<Precision> ResolvePrecision(const std::string& name, Device device) {
+  if (name == "auto") return device == Device::kCuda ? Precision::kBf16 : Precision::kFp32;
+  if (name == "fp32") return Precision::kFp32;
+  if (name == "tf32" || name == "bf16") {
+    if (device != Device::kCuda) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "precision: ", name, " needs device cuda; the CPU computes in fp32 only"));
+    }
+    return name == "tf32" ? Precision::kTf32 : Precision::kBf16;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "precision: unknown precision '", name, "' (expected auto, fp32, tf32 or bf16)"));
+}
+
+const char* PrecisionName(Precision precision) {
+  switch (precision) {
+    case Precision::kFp32:
+      return "fp32";
+    case Precision::kTf32:
+      return "tf32";
+    case Precision::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
 absl::Status GptModel::DeviceStatus() const { return ops_->status(); }
 
 size_t GptModel::num_parameters() const { return layout::TotalFloats(stages_); }
@@ -113,6 +139,7 @@ void GptModel::CopyParamsFromHost(const std::vector<float>& host) {
     ops_->ToDevice(stage.params, host.data() + offset, stage.size * sizeof(float));
     offset += stage.size;
   }
+  ParamsChanged();
 }
 
 std::vector<float> GptModel::CopyGradsToHost() const {
@@ -139,6 +166,7 @@ void GptModel::CopyParamsRangeFromHost(size_t first, size_t count, const float* 
                               ops_->ToDevice(stages_[s].params + in_stage, host + in_range,
                                              floats * sizeof(float));
                             });
+  ParamsChanged();
 }
 
 }  // namespace muster::worker

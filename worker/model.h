@@ -31,6 +31,20 @@ namespace muster::worker {
 
 enum class Device { kCpu, kCuda };
 
+// How the model computes (train.yaml `precision`):
+//   kFp32  fp32 storage and fp32 math everywhere (the only one on the CPU);
+//   kTf32  fp32 storage, GEMMs on the tensor cores in TF32 (CUDA only);
+//   kBf16  fp32 master weights, gradients and AdamW state; bf16 weight copy
+//          and bf16 activations, fp32 accumulation, softmax, LayerNorm
+//          statistics and loss (CUDA only).
+enum class Precision { kFp32, kTf32, kBf16 };
+
+// Resolves "auto" | "fp32" | "tf32" | "bf16" for `device`: auto is bf16 on
+// CUDA and fp32 on the CPU. tf32 or bf16 on the CPU is INVALID_ARGUMENT
+// naming the `precision` field.
+absl::StatusOr<Precision> ResolvePrecision(const std::string& name, Device device);
+const char* PrecisionName(Precision precision);
+
 class Ops;  // worker/ops.h: the device back end (memory, copies, kernels)
 
 // Resolves "cpu" | "cuda" | "auto". "cuda" without a usable GPU (or in a
@@ -58,19 +72,24 @@ struct Stage {
 class GptModel {
  public:
   // Allocates parameters, gradients and activations for micro-batches of
-  // up to `max_batch` sequences of up to config.seq_len tokens.
+  // up to `max_batch` sequences of up to config.seq_len tokens. On the CPU
+  // the precision must be kFp32 (INVALID_ARGUMENT otherwise). On CUDA the
+  // model is the fused engine of worker/model_cuda.cc; memory it cannot get
+  // is RESOURCE_EXHAUSTED naming the bytes asked for and the bytes free.
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(const ModelConfig& config,
-                                                          int max_batch, Device device);
+                                                          int max_batch, Device device,
+                                                          Precision precision = Precision::kFp32);
   virtual ~GptModel() = default;
 
   const ModelConfig& config() const { return config_; }
   Device device() const { return device_; }
+  Precision precision() const { return precision_; }
   // The back end that owns this model's device memory; AdamW and
   // ClipGradNorm run their kernels through it.
   Ops& ops() const { return *ops_; }
   // The first error of the device back end (a failed CUDA launch or copy),
-  // sticky; always OK on the CPU. Check it once per step.
-  absl::Status DeviceStatus() const;
+  // sticky; always OK on the CPU.
+  virtual absl::Status DeviceStatus() const;
 
   // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, with
   // the residual projections (attprojw, fcprojw) scaled by 1/sqrt(2L);
@@ -103,7 +122,9 @@ class GptModel {
   virtual void ZeroGrad() = 0;
 
   // Logits of the last Forward at position t of sequence b: (Vp,) copied to
-  // host; entries >= V are padding.
+  // host; entries >= V are padding. REQUIRES: that Forward had no targets
+  // (with targets, the CUDA engine overwrites the logits with their
+  // gradient as it computes the loss).
   virtual std::vector<float> Logits(int b, int t) const = 0;
 
   // Parameters as one host copy (stage order) and back: checkpoints,
@@ -111,6 +132,14 @@ class GptModel {
   std::vector<float> CopyParamsToHost() const;
   void CopyParamsFromHost(const std::vector<float>& host);
   std::vector<float> CopyGradsToHost() const;
+  // Call after writing stage.params other than through the methods here
+  // or AdamW (e.g. a broadcast into the buffers): the bf16 engine then
+  // refreshes its bf16 weight copy before the next Forward.
+  virtual void ParamsChanged() {}
+  // The bf16 copy of stage `stage`'s parameters (same layout as
+  // Stage::params), which AdamW writes as it updates the fp32 weights;
+  // nullptr unless the precision is kBf16.
+  virtual uint16_t* ParamsBf16(int stage) { return nullptr; }
   // Floats [first, first + count) of CopyParamsToHost's layout, to and
   // from `host` (checkpoints copy only the slice a rank writes or needs).
   // REQUIRES: first + count <= TotalFloats.
@@ -123,10 +152,12 @@ class GptModel {
   absl::Status LoadLlmc(const std::string& path);
 
  protected:
-  GptModel(const ModelConfig& config, Device device) : config_(config), device_(device) {}
+  GptModel(const ModelConfig& config, Device device, Precision precision = Precision::kFp32)
+      : config_(config), device_(device), precision_(precision) {}
 
   ModelConfig config_;
   Device device_;
+  Precision precision_;
   std::vector<Stage> stages_;
   std::function<void(int)> grad_ready_;
   std::shared_ptr<Ops> ops_;

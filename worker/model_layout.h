@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "worker/config.h"
@@ -43,6 +44,34 @@ inline int HeadStage(const ModelConfig& config) { return config.layers + 1; }
 // 256-byte boundary. Returns the allocation's size in floats.
 constexpr size_t kStageAlignFloats = 64;
 size_t StageOffsets(const std::vector<Stage>& stages, std::vector<size_t>* offsets);
+
+// Hands out 256-byte-aligned slices of one allocation: first every
+// request is recorded, then Assign() points them into the allocation.
+class MemoryPlanner {
+ public:
+  // `count` elements of T at *slot.
+  template <typename T>
+  void Request(T** slot, size_t count) {
+    RequestBytes(count * sizeof(T), [slot](char* at) { *slot = reinterpret_cast<T*>(at); });
+  }
+  // `bytes` at *slot (tensors whose element type is chosen at run time).
+  void Request(void** slot, size_t bytes) {
+    RequestBytes(bytes, [slot](char* at) { *slot = at; });
+  }
+  size_t total_bytes() const { return total_; }
+  void Assign(void* base) {
+    for (const auto& [offset, assign] : requests_) assign(static_cast<char*>(base) + offset);
+  }
+
+ private:
+  static constexpr size_t kAlign = kStageAlignFloats * sizeof(float);
+  void RequestBytes(size_t bytes, std::function<void(char*)> assign) {
+    requests_.emplace_back(total_, std::move(assign));
+    total_ += (bytes + kAlign - 1) / kAlign * kAlign;
+  }
+  std::vector<std::pair<size_t, std::function<void(char*)>>> requests_;
+  size_t total_ = 0;
+};
 
 // Sum of every stage's size (what CopyParamsToHost returns).
 size_t TotalFloats(const std::vector<Stage>& stages);

@@ -9,7 +9,10 @@
 // (B, T) at the start of a slot sized for (max_batch, seq_len).
 #include <cassert>
 
+#include "absl/strings/str_cat.h"
+
 #include "worker/model.h"
+#include "worker/model_cuda.h"
 #include "worker/model_layout.h"
 #include "worker/ops.h"
 
@@ -33,25 +36,6 @@ struct LayerActivations {
   float* fch;        // (B, T, 4C) before GELU
   float* fch_gelu;   // (B, T, 4C)
   float* residual3;  // (B, T, C) the block's output
-};
-
-// Hands out 256-byte-aligned slices of one allocation: first every
-// request is recorded, then Assign() points them into the allocation.
-class Planner {
- public:
-  void Request(float** slot, size_t floats) {
-    requests_.push_back({slot, total_});
-    total_ += (floats + layout::kStageAlignFloats - 1) / layout::kStageAlignFloats *
-              layout::kStageAlignFloats;
-  }
-  size_t total_floats() const { return total_; }
-  void Assign(float* base) {
-    for (const auto& [slot, offset] : requests_) *slot = base + offset;
-  }
-
- private:
-  std::vector<std::pair<float**, size_t>> requests_;
-  size_t total_ = 0;
 };
 
 class GptModelImpl final : public GptModel {
@@ -146,7 +130,7 @@ absl::Status GptModelImpl::Allocate() {
 
   const size_t B = max_batch_, T = config_.seq_len, C = config_.dim;
   const size_t NH = config_.heads, Vp = config_.padded_vocab(), BT = B * T;
-  Planner plan;
+  layout::MemoryPlanner plan;
   plan.Request(&encoded_, BT * C);
   layers_.resize(config_.layers);
   for (LayerActivations& layer : layers_) {
@@ -175,10 +159,10 @@ absl::Status GptModelImpl::Allocate() {
   plan.Request(&dnarrow_, BT * C);
   plan.Request(&dwide_, BT * 4 * C);
   plan.Request(&dpreatt_, B * NH * T * T);
-  absl::StatusOr<void*> activations = ops_->Alloc(plan.total_floats() * sizeof(float));
+  absl::StatusOr<void*> activations = ops_->Alloc(plan.total_bytes());
   if (!activations.ok()) return activations.status();
   allocations_.push_back(*activations);
-  plan.Assign(static_cast<float*>(*activations));
+  plan.Assign(*activations);
 
   absl::StatusOr<void*> tokens = ops_->Alloc(2 * BT * sizeof(int));
   if (!tokens.ok()) return tokens.status();
@@ -319,7 +303,7 @@ void GptModelImpl::Backward(float loss_scale) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& config, int max_batch,
-                                                           Device device) {
+                                                           Device device, Precision precision) {
   if (config.layers < 1 || config.dim < 1 || config.heads < 1 || config.dim % config.heads != 0 ||
       config.vocab < 1 || config.seq_len < 1) {
     return absl::InvalidArgumentError(
@@ -327,6 +311,12 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& co
         "divide dim");
   }
   if (max_batch < 1) return absl::InvalidArgumentError("model: max_batch must be positive");
+  if (device == Device::kCpu && precision != Precision::kFp32) {
+    return absl::InvalidArgumentError(absl::StrCat("precision: ", PrecisionName(precision),
+                                                   " needs device cuda; the CPU computes in "
+                                                   "fp32 only"));
+  }
+  if (device == Device::kCuda) return CreateCudaModel(config, max_batch, precision);
   absl::StatusOr<std::unique_ptr<Ops>> ops = MakeOps(device);
   if (!ops.ok()) return ops.status();
   auto model = std::make_unique<GptModelImpl>(config, max_batch, device, std::move(*ops));

@@ -16,7 +16,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -65,8 +67,11 @@ class Ops {
                                    const int* targets, size_t N, int V, int Vp) = 0;
   virtual void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                                     const int* targets, float dloss, size_t N, int V, int Vp) = 0;
+  // params_bf16: nullptr, or n bf16 values (raw bits) that get the
+  // updated parameters rounded to nearest even (CUDA only).
   virtual void AdamWUpdate(float* params, float* m, float* v, const float* grads, size_t n,
-                           const kernels::AdamWHyper& hyper, int step) = 0;
+                           const kernels::AdamWHyper& hyper, int step,
+                           uint16_t* params_bf16 = nullptr) = 0;
   // Sum of x[i]^2 in double, returned to the host.
   virtual double SumOfSquares(const float* x, size_t n) = 0;
   virtual void Scale(float* x, size_t n, float scale) = 0;
@@ -79,6 +84,19 @@ std::unique_ptr<Ops> MakeCpuOps();
 absl::Status CudaAvailable();
 // The CUDA back end on the current device; FAILED_PRECONDITION as above.
 absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps();
+
+// What the current CUDA device is, for MFU: its name, and its dense peak
+// FLOP/s for `precision` from a table of known GPUs (0 when the GPU is not
+// in the table or there is none).
+struct CudaDeviceInfo {
+  std::string name;
+  double peak_flops = 0;
+  size_t memory_total = 0;  // bytes
+};
+absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(Precision precision);
+// Bytes of device memory in use on the current GPU, by every process
+// (cudaMemGetInfo: total - free).
+absl::StatusOr<size_t> CudaMemoryInUse();
 
 // The back end for `device`.
 absl::StatusOr<std::unique_ptr<Ops>> MakeOps(Device device);

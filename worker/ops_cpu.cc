@@ -1,4 +1,5 @@
 // The CPU back end: host memory and the kernels' ...Cpu loops.
+#include <cassert>
 #include <cstdlib>
 #include <cstring>
 
@@ -97,7 +98,8 @@ class CpuOps final : public Ops {
     k::CrossEntropyBackwardCpu(dlogits, logits, lse, targets, dloss, N, V, Vp);
   }
   void AdamWUpdate(float* params, float* m, float* v, const float* grads, size_t n,
-                   const k::AdamWHyper& hyper, int step) override {
+                   const k::AdamWHyper& hyper, int step, uint16_t* params_bf16) override {
+    assert(params_bf16 == nullptr);  // the CPU computes in fp32 only
     k::AdamWUpdateCpu(params, m, v, grads, n, hyper, step);
   }
   double SumOfSquares(const float* x, size_t n) override { return k::SumOfSquaresCpu(x, n); }

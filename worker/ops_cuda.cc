@@ -4,10 +4,13 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/attention.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
+#include "kernels/fast/adamw.h"
 #include "kernels/gelu.h"
 #include "kernels/grad_norm.h"
 #include "kernels/layernorm.h"
@@ -35,8 +38,15 @@ class CudaOps final : public Ops {
     void* ptr = nullptr;
     const cudaError_t error = cudaMalloc(&ptr, bytes == 0 ? 1 : bytes);
     if (error != cudaSuccess) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cudaMalloc of ", bytes, " bytes failed: ", cudaGetErrorString(error)));
+      cudaGetLastError();  // an allocation failure is not sticky: clear it
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "out of GPU memory: asked for ", bytes, " bytes (", absl::StrFormat("%.2f", bytes / 1e9),
+          " GB) with ", free_bytes, " bytes (", absl::StrFormat("%.2f", free_bytes / 1e9),
+          " GB) free of ", absl::StrFormat("%.2f", total_bytes / 1e9),
+          " GB (cudaMalloc: ", cudaGetErrorString(error),
+          "); lower data.micro_batch or model.seq_len"));
     }
     Check("cudaMemset", cudaMemset(ptr, 0, bytes));
     return ptr;
@@ -108,8 +118,8 @@ class CudaOps final : public Ops {
           k::CrossEntropyBackwardCuda(dlogits, logits, lse, targets, dloss, N, V, Vp, kStream));
   }
   void AdamWUpdate(float* params, float* m, float* v, const float* grads, size_t n,
-                   const k::AdamWHyper& hyper, int step) override {
-    Check("adamw", k::AdamWUpdateCuda(params, m, v, grads, n, hyper, step, kStream));
+                   const k::AdamWHyper& hyper, int step, uint16_t* params_bf16) override {
+    Check("adamw", k::fast::AdamWUpdate(params, m, v, grads, params_bf16, n, hyper, step, kStream));
   }
   double SumOfSquares(const float* x, size_t n) override {
     // One device result double followed by the kernel's scratch, grown to
@@ -167,6 +177,59 @@ absl::Status CudaAvailable() {
                      error != cudaSuccess ? cudaGetErrorString(error) : "0 devices", ")"));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// Dense (no sparsity) peak FLOP/s by GPU name, from NVIDIA's data sheets:
+// bf16, tf32 and fp32 (non-tensor) rates. The first entry whose every
+// name part the device name contains wins, so specific names come first.
+struct PeakEntry {
+  const char* parts[2];
+  double bf16, tf32, fp32;
+};
+constexpr PeakEntry kPeaks[] = {
+    {{"H100", "PCIe"}, 756e12, 378e12, 51.2e12},
+    {{"H100", "NVL"}, 835e12, 418e12, 60e12},
+    {{"H100", ""}, 989.4e12, 494.7e12, 66.9e12},  // SXM ("H100 80GB HBM3")
+    {{"H200", ""}, 989.4e12, 494.7e12, 66.9e12},
+    {{"A100", ""}, 312e12, 156e12, 19.5e12},
+};
+
+}  // namespace
+
+absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(Precision precision) {
+  if (absl::Status available = CudaAvailable(); !available.ok()) return available;
+  int device = 0;
+  cudaDeviceProp properties;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&properties, device) != cudaSuccess) {
+    return absl::InternalError("cudaGetDeviceProperties failed");
+  }
+  CudaDeviceInfo info;
+  info.name = properties.name;
+  info.memory_total = properties.totalGlobalMem;
+  for (const PeakEntry& entry : kPeaks) {
+    if (!absl::StrContains(info.name, entry.parts[0]) ||
+        !absl::StrContains(info.name, entry.parts[1])) {
+      continue;
+    }
+    info.peak_flops = precision == Precision::kBf16   ? entry.bf16
+                      : precision == Precision::kTf32 ? entry.tf32
+                                                      : entry.fp32;
+    break;
+  }
+  return info;
+}
+
+absl::StatusOr<size_t> CudaMemoryInUse() {
+  if (absl::Status available = CudaAvailable(); !available.ok()) return available;
+  size_t free_bytes = 0, total_bytes = 0;
+  const cudaError_t error = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (error != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaMemGetInfo: ", cudaGetErrorString(error)));
+  }
+  return total_bytes - free_bytes;
 }
 
 absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps() {

@@ -1,5 +1,6 @@
 // The CUDA entry points of a build without --config=cuda: there is no GPU
 // back end to make.
+#include "worker/model_cuda.h"
 #include "worker/ops.h"
 
 namespace muster::worker {
@@ -16,5 +17,15 @@ absl::Status CudaAvailable() { return absl::FailedPreconditionError(kNoCuda); }
 absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps() {
   return absl::FailedPreconditionError(kNoCuda);
 }
+
+absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(Precision) {
+  return absl::FailedPreconditionError(kNoCuda);
+}
+
+absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig&, int, Precision) {
+  return absl::FailedPreconditionError(kNoCuda);
+}
+
+absl::StatusOr<size_t> CudaMemoryInUse() { return absl::FailedPreconditionError(kNoCuda); }
 
 }  // namespace muster::worker

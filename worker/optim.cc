@@ -62,8 +62,9 @@ void AdamW::Step(float lr, int step) {
       const size_t begin = stage.tensors[run].offset;
       const size_t count = stage.tensors[end - 1].offset + stage.tensors[end - 1].size - begin;
       hyper.weight_decay = stage.tensors[run].decay ? weight_decay : 0.0f;
+      uint16_t* const params_bf16 = impl_->model->ParamsBf16(static_cast<int>(s));
       ops.AdamWUpdate(stage.params + begin, m + begin, v + begin, stage.grads + begin, count, hyper,
-                      step);
+                      step, params_bf16 == nullptr ? nullptr : params_bf16 + begin);
       run = end;
     }
   }

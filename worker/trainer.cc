@@ -49,7 +49,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
 
   auto device = ResolveDevice(config.device);
   if (!device.ok()) return device.status();
-  auto gpt = GptModel::Create(model, B, *device);
+  // After the device: "auto" depends on it, and with device auto a tf32 or
+  // bf16 on a machine without a GPU is only found out here.
+  auto precision = ResolvePrecision(config.precision, *device);
+  if (!precision.ok()) return precision.status();
+  auto gpt = GptModel::Create(model, B, *device, *precision);
   if (!gpt.ok()) return gpt.status();
   trainer->model_ = *std::move(gpt);
   trainer->model_->InitWeights(config.train.seed);
@@ -76,7 +80,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   }
   trainer->inputs_.resize(static_cast<size_t>(B) * T);
   trainer->targets_.resize(static_cast<size_t>(B) * T);
-  trainer->peak_flops_ = PeakFlops(*device, &trainer->peak_description_);
+  trainer->peak_flops_ = PeakFlops(*device, *precision, &trainer->peak_description_);
   return trainer;
 }
 

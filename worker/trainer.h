@@ -82,10 +82,12 @@ class CheckpointManager;  // worker/checkpoint_manager.h
 class Trainer {
  public:
   // Opens the streams (data errors are INVALID_ARGUMENT / NOT_FOUND from
-  // worker/data.h), resolves the device, builds the model with
-  // InitWeights(train.seed) and the optimizer, resumes from a checkpoint
-  // per checkpoint.resume (worker/checkpoint_manager.h; its errors), and
-  // opens the metrics file (appending after a resume).
+  // worker/data.h), resolves the device and then the precision (one the
+  // device cannot do, bf16 on the CPU, is INVALID_ARGUMENT naming
+  // `precision`), builds the model with InitWeights(train.seed) and the
+  // optimizer, resumes from a checkpoint per checkpoint.resume
+  // (worker/checkpoint_manager.h; its errors), and opens the metrics file
+  // (appending after a resume).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                          TrainerOptions options = {});
   ~Trainer();

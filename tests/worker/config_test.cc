@@ -45,6 +45,7 @@ TEST_CASE("a minimal file gets every default") {
   CHECK(config->optim.lr == 3e-4);
   CHECK(config->train.seed == 1337);
   CHECK(config->device == "auto");
+  CHECK(config->precision == "auto");
   CHECK(config->parallel.strategy == "ddp");
   CHECK(config->checkpoint.resume == "auto");
   CHECK(config->checkpoint.dir.empty());
@@ -139,6 +140,13 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "optim:\n  schedule: linear\n",
        "t.yaml:4: optim.schedule: expected cosine or constant, got 'linear'"},
       {train + "device: tpu\n", "t.yaml:3: device: expected cpu, cuda or auto, got 'tpu'"},
+      {train + "precision: fp16\n",
+       "t.yaml:3: precision: expected auto, fp32, tf32 or bf16, got 'fp16'"},
+      {train + "device: cpu\nprecision: bf16\n",
+       "t.yaml:4: precision: bf16 needs device cuda; the CPU computes in fp32 only"},
+      // The line is precision's whichever comes first.
+      {train + "precision: tf32\ndevice: cpu\n",
+       "t.yaml:3: precision: tf32 needs device cuda; the CPU computes in fp32 only"},
       {train + "parallel:\n  strategy: fsdp\n",
        "t.yaml:4: parallel.strategy: unknown strategy 'fsdp'; known strategies: ddp"},
       {train + "checkpoint:\n  dir: ckpt\n  every: 10\n  keep_last: 1\n",
@@ -155,6 +163,26 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
   for (const Case& c : cases) {
     INFO("yaml:\n" << c.yaml);
     CHECK_THAT(ErrorOf(c.yaml), Catch::Contains(c.message));
+  }
+}
+
+TEST_CASE("precision reads every value; tf32 and bf16 need more than an explicit cpu") {
+  for (const char* value : {"auto", "fp32", "tf32", "bf16"}) {
+    INFO(value);
+    // device auto (the default) may turn out to be cuda: the trainer
+    // decides, once it has resolved the device.
+    std::string text = std::string(kMinimal) + "precision: " + value + "\n";
+    absl::StatusOr<TrainConfig> parsed = ParseConfig(text, "t.yaml", "");
+    REQUIRE(parsed.ok());
+    CHECK(parsed->precision == value);
+    absl::StatusOr<TrainConfig> on_cuda = ParseConfig(text + "device: cuda\n", "t.yaml", "");
+    REQUIRE(on_cuda.ok());
+    CHECK(on_cuda->precision == value);
+  }
+  for (const char* value : {"auto", "fp32"}) {
+    INFO(value);
+    std::string text = std::string(kMinimal) + "device: cpu\nprecision: " + value + "\n";
+    CHECK(ParseConfig(text, "t.yaml", "").ok());
   }
 }
 
@@ -183,11 +211,16 @@ TEST_CASE("ConfigToYaml parses back to an equal config") {
   odd.train.seed = 18446744073709551615ull;
   odd.train.eval_every = 7;
   odd.device = "cpu";
+  odd.precision = "fp32";
   odd.parallel.bucket_mb = 0.125;
   odd.checkpoint.dir = "/ckpt dir";
   odd.checkpoint.every = 3;
   odd.checkpoint.resume = "/ckpt dir/step_00000003";
   configs.push_back(odd);
+  TrainConfig on_cuda = odd;
+  on_cuda.device = "cuda";
+  on_cuda.precision = "bf16";
+  configs.push_back(on_cuda);
 
   for (const TrainConfig& config : configs) {
     std::string yaml = ConfigToYaml(config);
@@ -205,9 +238,9 @@ TEST_CASE("ConfigToYaml prints every field") {
        {"model:", "layers:", "heads:", "dim:", "vocab:", "seq_len:", "data:", "train:", "val:",
         "micro_batch:", "grad_accumulation:", "optim:", "lr:", "warmup_steps:", "schedule:",
         "min_lr:", "weight_decay:", "beta1:", "beta2:", "eps:", "grad_clip:", "steps:", "seed:",
-        "log_every:", "eval_every:", "eval_batches:", "metrics_file:", "device:", "parallel:",
-        "strategy:", "bucket_mb:", "checkpoint:", "dir:", "every:", "keep_last:", "keep_every:",
-        "resume:"}) {
+        "log_every:", "eval_every:", "eval_batches:", "metrics_file:", "device:", "precision:",
+        "parallel:", "strategy:", "bucket_mb:", "checkpoint:", "dir:", "every:", "keep_last:",
+        "keep_every:", "resume:"}) {
     CHECK_THAT(yaml, Catch::Contains(key));
   }
 }

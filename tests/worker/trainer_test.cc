@@ -279,5 +279,35 @@ TEST_CASE("sampling is reproducible and byte-level only") {
         absl::StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("a precision the device cannot do is INVALID_ARGUMENT naming precision") {
+  std::string dir = FreshDir("precision");
+  WritePatternShards(dir);
+  TrainConfig config = TinyConfig(dir);  // device: cpu
+  // ParseConfig refuses cpu with tf32 or bf16 already; a config built in
+  // code (or device auto on a machine without a GPU) meets the trainer's
+  // check.
+  std::vector<std::string> devices = {"cpu"};
+  if (auto resolved = ResolveDevice("auto"); resolved.ok() && *resolved == Device::kCpu) {
+    devices.push_back("auto");
+  }
+  for (const std::string& device : devices) {
+    for (const char* precision : {"tf32", "bf16"}) {
+      INFO("device " << device << ", precision " << precision);
+      config.device = device;
+      config.precision = precision;
+      auto trainer = Trainer::Create(config, QuietOptions());
+      REQUIRE_FALSE(trainer.ok());
+      CHECK(trainer.status().code() == absl::StatusCode::kInvalidArgument);
+      CHECK_THAT(std::string(trainer.status().message()),
+                 Catch::StartsWith(absl::StrCat("precision: ", precision, " needs device cuda")));
+    }
+  }
+
+  // auto on the CPU is fp32, the precision the CPU model computes in.
+  config.device = "cpu";
+  config.precision = "auto";
+  CHECK(MakeTrainer(config)->model()->precision() == Precision::kFp32);
+}
+
 }  // namespace
 }  // namespace muster::worker

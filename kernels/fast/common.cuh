@@ -1,0 +1,84 @@
+// Device helpers of the fused CUDA kernels (kernels/fast/*.cu); not part of
+// the API. Activations are stored as `float` (fp32, tf32) or
+// __nv_bfloat16 (bf16); every kernel is a template over that storage type
+// and does its arithmetic in fp32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "kernels/fast/fast.h"
+
+namespace muster::kernels::fast {
+
+using bf16 = __nv_bfloat16;
+
+template <typename T>
+__device__ __forceinline__ float ToFloat(T x);
+template <>
+__device__ __forceinline__ float ToFloat<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ float ToFloat<bf16>(bf16 x) {
+  return __bfloat162float(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T FromFloat(float x);
+template <>
+__device__ __forceinline__ float FromFloat<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ bf16 FromFloat<bf16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// 16 bytes of T, loaded and stored with one 128-bit access. REQUIRES: the
+// address is 16-byte aligned (every row of a tensor whose width is a
+// multiple of kPackFloats... see CheckShape in fast.h).
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+
+template <typename T>
+__device__ __forceinline__ Pack<T> LoadPack(const T* address) {
+  return *reinterpret_cast<const Pack<T>*>(address);
+}
+template <typename T>
+__device__ __forceinline__ void StorePack(T* address, const Pack<T>& pack) {
+  *reinterpret_cast<Pack<T>*>(address) = pack;
+}
+
+// Sum (or max) over the 32 lanes of a warp. The xor butterfly gives every
+// lane the same bits: each level adds the same two values, in either
+// order, and addition is commutative.
+__device__ __forceinline__ float WarpSum(float x) {
+  for (int mask = 16; mask > 0; mask >>= 1) x += __shfl_xor_sync(0xffffffffu, x, mask);
+  return x;
+}
+__device__ __forceinline__ float WarpMax(float x) {
+  for (int mask = 16; mask > 0; mask >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, mask));
+  return x;
+}
+
+inline cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+inline unsigned CeilDiv(size_t a, size_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+// The error of the most recent launch, as the launchers' int status.
+inline int LaunchStatus() { return static_cast<int>(cudaGetLastError()); }
+
+// Calls fn.template operator()<T>() with T the storage type of `act`.
+template <typename Fn>
+int Dispatch(ActType act, Fn&& fn) {
+  if (act == ActType::kBf16) return fn(bf16{});
+  return fn(float{});
+}
+
+}  // namespace muster::kernels::fast

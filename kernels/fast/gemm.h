@@ -1,0 +1,101 @@
+// GEMMs of the fused engine through cuBLASLt, with the bias, GELU and
+// GELU-gradient epilogues fused, plus the deterministic bias gradient.
+//
+// A Gemm owns one cuBLASLt handle and a 32 MiB workspace on the current
+// device, works on one stream, and caches per shape the descriptors and
+// the algorithm the heuristic picked, so a step's ~100 calls cost no
+// heuristic queries after the first step. The same shape always gets the
+// same algorithm, so results are bitwise repeatable.
+//
+// Thread-safety: none; one thread drives a Gemm.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "kernels/fast/fast.h"
+
+namespace muster::kernels::fast {
+
+// How the GEMMs compute: kFp32 exact fp32; kTf32 fp32 storage on the
+// tensor cores in TF32; kBf16 bf16 operands with fp32 accumulation.
+enum class GemmMath { kFp32, kTf32, kBf16 };
+
+// One cuBLASLt call in column-major terms (cuBLAS's): D (m, n) =
+// alpha * op(A) op(B) + beta * D, batched with element strides. A and B
+// are of the Gemm's act type; D of `d_type` (act or fp32).
+struct LtCall {
+  bool trans_a = false, trans_b = false;
+  int m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int lda = 0;
+  long long stride_a = 0;
+  const void* b = nullptr;
+  int ldb = 0;
+  long long stride_b = 0;
+  void* d = nullptr;
+  int ldd = 0;
+  long long stride_d = 0;
+  bool d_fp32 = false;  // D in fp32 whatever the act type
+  int batch = 1;
+  float alpha = 1.0f, beta = 0.0f;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;  // act type, length m
+  void* aux = nullptr;         // act type, (m, n) with leading dimension aux_ld
+  int aux_ld = 0;
+};
+
+class Gemm {
+ public:
+  // Returns 0 and sets *out, or an error code (fast.h).
+  static int Create(GemmMath math, void* stream, std::unique_ptr<Gemm>* out);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  ActType act() const { return math_ == GemmMath::kBf16 ? ActType::kBf16 : ActType::kF32; }
+  void* stream() const { return stream_; }
+
+  int Run(const LtCall& call);
+
+  // ---- the layer's three GEMMs, row-major, as kernels/matmul.h ----
+  // out (BT, OC) = inp (BT, C) @ weight (OC, C)^T + bias (OC, or nullptr).
+  // With pre_gelu: pre_gelu (BT, OC) gets that, and out = GELU(pre_gelu)
+  // (tanh form). Overwrites.
+  int Forward(void* out, void* pre_gelu, const void* inp, const void* weight, const void* bias,
+              int BT, int C, int OC);
+  // dinp (BT, C) = alpha * dout (BT, OC) @ weight (OC, C), overwritten; with
+  // pre_gelu (BT, C), times GELU'(pre_gelu) (the GELU before this layer).
+  int BackwardInput(void* dinp, const void* dout, const void* weight, const void* pre_gelu,
+                    int BT, int C, int OC, float alpha);
+  // dweight (OC, C) fp32 += alpha * dout (BT, OC)^T @ inp (BT, C).
+  int BackwardWeight(float* dweight, const void* dout, const void* inp, int BT, int C, int OC,
+                     float alpha);
+  // dbias (OC) fp32 += sum over the BT rows of dout (BT, OC), in a fixed
+  // order. scratch: BiasGradScratchFloats(BT, OC) floats.
+  int BackwardBias(float* dbias, const void* dout, int BT, int OC, float* scratch);
+  static size_t BiasGradScratchFloats(int BT, int OC);
+
+ private:
+  struct Plan;  // descriptors and algorithm of one shape
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, long long, long long,
+                         long long, int, bool, bool, int, int>;
+  Gemm(GemmMath math, void* stream);
+  int PlanFor(const LtCall& call, Plan** plan);
+
+  GemmMath math_;
+  void* stream_;
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+// out[c] += sum over r in [0, rows), in order, of partials[r * stride + c],
+// for c in [0, n): the second pass of the deterministic column sums (bias
+// and LayerNorm parameter gradients).
+int AddColumnSums(float* out, const float* partials, int rows, int n, int stride, void* stream);
+
+}  // namespace muster::kernels::fast

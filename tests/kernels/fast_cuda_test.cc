@@ -1,0 +1,547 @@
+// The fused CUDA kernels (kernels/fast) against fp64 references or the CPU
+// back end, on fresh random inputs, with outputs poisoned (NaN) before
+// each run so an unwritten element fails, for every precision: fp32
+// (exact), tf32 (tensor-core GEMMs) and bf16 (bf16 storage). Error is
+// |out - ref| / |ref| over the whole tensor. Also: bitwise repeatability.
+//
+// Needs a GPU: tagged manual, run on the lent machine (docs/gpu.md).
+#include <cuda_runtime.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/adamw.h"
+#include "kernels/attention.h"
+#include "kernels/fast/adamw.h"
+#include "kernels/fast/attention.h"
+#include "kernels/fast/classifier.h"
+#include "kernels/fast/encoder.h"
+#include "kernels/fast/gemm.h"
+#include "kernels/fast/layernorm.h"
+
+namespace muster::kernels::fast {
+namespace {
+
+#define CUDA_REQUIRE(call)                                        \
+  do {                                                            \
+    const int code_ = static_cast<int>(call);                     \
+    INFO(#call << " returned " << code_);                         \
+    REQUIRE(code_ == 0);                                          \
+  } while (0)
+
+unsigned Seed() {
+  static std::random_device device;
+  return device();
+}
+
+std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+uint16_t Bf16Bits(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
+  return static_cast<uint16_t>(bits >> 16);
+}
+float FromBf16(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float x;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+
+// The precision under test: storage of activations and the GEMMs' math.
+struct Mode {
+  GemmMath math;
+  const char* name;
+  double tolerance;  // relative error bound of a kernel's output
+};
+const Mode kModes[] = {
+    {GemmMath::kFp32, "fp32", 1e-5},
+    {GemmMath::kTf32, "tf32", 2e-3},
+    {GemmMath::kBf16, "bf16", 1e-2},
+};
+ActType ActOf(GemmMath math) { return math == GemmMath::kBf16 ? ActType::kBf16 : ActType::kF32; }
+
+// A device buffer of act (or fp32) elements, uploaded from and read back
+// as floats. Uploading to bf16 rounds the host values in place, so the
+// reference sees exactly what the kernel reads.
+class Buffer {
+ public:
+  Buffer(size_t n, ActType type) : n_(n), type_(type) {
+    REQUIRE(cudaMalloc(&ptr_, n * ActBytes(type) + 16) == cudaSuccess);
+    Poison();
+  }
+  ~Buffer() { cudaFree(ptr_); }
+  Buffer(const Buffer&) = delete;
+  void* get() const { return ptr_; }
+  float* f() const { return static_cast<float*>(ptr_); }
+  void Poison() { REQUIRE(cudaMemset(ptr_, 0xff, n_ * ActBytes(type_)) == cudaSuccess); }
+  void Upload(std::vector<float>* host) {
+    REQUIRE(host->size() == n_);
+    if (type_ == ActType::kF32) {
+      REQUIRE(cudaMemcpy(ptr_, host->data(), n_ * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+      return;
+    }
+    std::vector<uint16_t> bits(n_);
+    for (size_t i = 0; i < n_; ++i) {
+      bits[i] = Bf16Bits((*host)[i]);
+      (*host)[i] = FromBf16(bits[i]);
+    }
+    REQUIRE(cudaMemcpy(ptr_, bits.data(), n_ * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  }
+  std::vector<float> Download() const {
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    std::vector<float> host(n_);
+    if (type_ == ActType::kF32) {
+      REQUIRE(cudaMemcpy(host.data(), ptr_, n_ * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+      return host;
+    }
+    std::vector<uint16_t> bits(n_);
+    REQUIRE(cudaMemcpy(bits.data(), ptr_, n_ * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (size_t i = 0; i < n_; ++i) host[i] = FromBf16(bits[i]);
+    return host;
+  }
+  std::vector<uint8_t> Bytes() const {
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    std::vector<uint8_t> bytes(n_ * ActBytes(type_));
+    REQUIRE(cudaMemcpy(bytes.data(), ptr_, bytes.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+    return bytes;
+  }
+
+ private:
+  size_t n_;
+  ActType type_;
+  void* ptr_ = nullptr;
+};
+
+// ||got - want|| / ||want||; every element must be finite.
+double RelError(const std::vector<float>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i << " of " << got.size());
+    REQUIRE(std::isfinite(got[i]));
+    diff += (got[i] - want[i]) * (got[i] - want[i]);
+    norm += want[i] * want[i];
+  }
+  return norm == 0 ? std::sqrt(diff) : std::sqrt(diff / norm);
+}
+
+void RequireClose(const std::vector<float>& got, const std::vector<double>& want, double tolerance,
+                  const std::string& what) {
+  const double error = RelError(got, want);
+  INFO(what << ": relative error " << error << ", bound " << tolerance);
+  CHECK(error < tolerance);
+}
+
+std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+
+double GeluRef(double x) {
+  return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+}
+double GeluGradRef(double x) {
+  const double u = std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x);
+  const double th = std::tanh(u);
+  return 0.5 * (1 + th) + 0.5 * x * (1 - th * th) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
+}
+
+std::unique_ptr<Gemm> MakeGemm(GemmMath math) {
+  std::unique_ptr<Gemm> gemm;
+  CUDA_REQUIRE(Gemm::Create(math, nullptr, &gemm));
+  return gemm;
+}
+
+TEST_CASE("GEMM forward with bias and GELU epilogues matches fp64", "[gemm]") {
+  for (const Mode& mode : kModes) {
+    SECTION(mode.name) {
+      std::mt19937 rng(Seed());
+      const ActType act = ActOf(mode.math);
+      auto gemm = MakeGemm(mode.math);
+      const int BT = 97, C = 64, OC = 192;
+      auto inp = Random(BT * C, rng), weight = Random(OC * C, rng, 0.3f), bias = Random(OC, rng);
+      Buffer d_inp(BT * C, act), d_weight(OC * C, act), d_bias(OC, act);
+      d_inp.Upload(&inp);
+      d_weight.Upload(&weight);
+      d_bias.Upload(&bias);
+      std::vector<double> pre(BT * OC), gelu(BT * OC);
+      for (int r = 0; r < BT; ++r) {
+        for (int o = 0; o < OC; ++o) {
+          double sum = bias[o];
+          for (int c = 0; c < C; ++c) sum += double(inp[r * C + c]) * weight[o * C + c];
+          pre[r * OC + o] = sum;
+          gelu[r * OC + o] = GeluRef(sum);
+        }
+      }
+      Buffer out(BT * OC, act), pre_gelu(BT * OC, act);
+      CUDA_REQUIRE(gemm->Forward(out.get(), nullptr, d_inp.get(), d_weight.get(), d_bias.get(), BT,
+                                 C, OC));
+      RequireClose(out.Download(), pre, mode.tolerance, "bias epilogue");
+      out.Poison();
+      CUDA_REQUIRE(gemm->Forward(out.get(), pre_gelu.get(), d_inp.get(), d_weight.get(),
+                                 d_bias.get(), BT, C, OC));
+      RequireClose(pre_gelu.Download(), pre, mode.tolerance, "GELU aux (pre-activation)");
+      RequireClose(out.Download(), gelu, mode.tolerance, "GELU output");
+    }
+  }
+}
+
+TEST_CASE("GEMM backward: input (with GELU gradient), weight and bias match fp64", "[gemm]") {
+  for (const Mode& mode : kModes) {
+    SECTION(mode.name) {
+      std::mt19937 rng(Seed());
+      const ActType act = ActOf(mode.math);
+      auto gemm = MakeGemm(mode.math);
+      const int BT = 300, C = 128, OC = 96;
+      const float alpha = 0.75f;
+      auto dout = Random(BT * OC, rng), weight = Random(OC * C, rng, 0.3f);
+      auto inp = Random(BT * C, rng), pre = Random(BT * C, rng, 3.0f);
+      auto dweight0 = Random(OC * C, rng), dbias0 = Random(OC, rng);
+      Buffer d_dout(BT * OC, act), d_weight(OC * C, act), d_inp(BT * C, act), d_pre(BT * C, act);
+      d_dout.Upload(&dout);
+      d_weight.Upload(&weight);
+      d_inp.Upload(&inp);
+      d_pre.Upload(&pre);
+      std::vector<double> dinp(BT * C), dinp_gelu(BT * C), dweight(OC * C), dbias(OC);
+      for (int r = 0; r < BT; ++r) {
+        for (int c = 0; c < C; ++c) {
+          double sum = 0;
+          for (int o = 0; o < OC; ++o) sum += double(dout[r * OC + o]) * weight[o * C + c];
+          dinp[r * C + c] = alpha * sum;
+          dinp_gelu[r * C + c] = sum * GeluGradRef(pre[r * C + c]);
+        }
+      }
+      for (int o = 0; o < OC; ++o) {
+        double bsum = dbias0[o];
+        for (int r = 0; r < BT; ++r) bsum += dout[r * OC + o];
+        dbias[o] = bsum;
+        for (int c = 0; c < C; ++c) {
+          double sum = 0;
+          for (int r = 0; r < BT; ++r) sum += double(dout[r * OC + o]) * inp[r * C + c];
+          dweight[o * C + c] = dweight0[o * C + c] + alpha * sum;
+        }
+      }
+      Buffer d_dinp(BT * C, act);
+      CUDA_REQUIRE(gemm->BackwardInput(d_dinp.get(), d_dout.get(), d_weight.get(), nullptr, BT, C,
+                                       OC, alpha));
+      RequireClose(d_dinp.Download(), dinp, mode.tolerance, "dinp");
+      d_dinp.Poison();
+      CUDA_REQUIRE(gemm->BackwardInput(d_dinp.get(), d_dout.get(), d_weight.get(), d_pre.get(), BT,
+                                       C, OC, 1.0f));
+      RequireClose(d_dinp.Download(), dinp_gelu, mode.tolerance, "dinp with GELU gradient");
+
+      Buffer d_dweight(OC * C, ActType::kF32), d_dbias(OC, ActType::kF32);
+      Buffer scratch(Gemm::BiasGradScratchFloats(BT, OC), ActType::kF32);
+      d_dweight.Upload(&dweight0);
+      d_dbias.Upload(&dbias0);
+      CUDA_REQUIRE(gemm->BackwardWeight(d_dweight.f(), d_dout.get(), d_inp.get(), BT, C, OC, alpha));
+      CUDA_REQUIRE(gemm->BackwardBias(d_dbias.f(), d_dout.get(), BT, OC, scratch.f()));
+      RequireClose(d_dweight.Download(), dweight, mode.tolerance, "dweight (accumulated)");
+      RequireClose(d_dbias.Download(), dbias, 1e-5, "dbias (accumulated, fp32 sums)");
+    }
+  }
+}
+
+TEST_CASE("attention forward and backward match the CPU back end", "[attention]") {
+  for (const Mode& mode : kModes) {
+    SECTION(mode.name) {
+      std::mt19937 rng(Seed());
+      const ActType act = ActOf(mode.math);
+      auto gemm = MakeGemm(mode.math);
+      const int B = 2, T = 67, C = 128, NH = 4;
+      auto qkv = Random(B * T * 3 * C, rng), dout = Random(B * T * C, rng);
+      Buffer d_qkv(qkv.size(), act), d_dout(dout.size(), act);
+      d_qkv.Upload(&qkv);
+      d_dout.Upload(&dout);
+      std::vector<float> out(B * T * C), att(B * NH * T * T), dqkv(qkv.size(), 0.0f),
+          dpreatt(att.size());
+      AttentionForwardCpu(out.data(), att.data(), qkv.data(), B, T, C, NH);
+      AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(), att.data(), B, T,
+                           C, NH);
+      Buffer d_out(out.size(), act), d_att(att.size(), act), scores(att.size(), ActType::kF32),
+          d_dqkv(qkv.size(), act);
+      CUDA_REQUIRE(AttentionForward(*gemm, d_out.get(), d_att.get(), scores.f(), d_qkv.get(), B, T,
+                                    C, NH));
+      RequireClose(d_out.Download(), ToDouble(out), mode.tolerance, "out");
+      const std::vector<float> got_att = d_att.Download();
+      RequireClose(got_att, ToDouble(att), mode.tolerance, "probabilities");
+      for (int r = 0; r < B * NH * T; ++r) {
+        for (int s = r % T + 1; s < T; ++s) REQUIRE(got_att[size_t(r) * T + s] == 0.0f);
+      }
+      CUDA_REQUIRE(AttentionBackward(*gemm, d_dqkv.get(), scores.f(), d_att.get(), d_dout.get(),
+                                     d_qkv.get(), B, T, C, NH));
+      RequireClose(d_dqkv.Download(), ToDouble(dqkv), mode.tolerance, "dqkv");
+    }
+  }
+}
+
+TEST_CASE("layernorm with the fused residual add, forward and backward, match fp64",
+          "[layernorm]") {
+  for (const Mode& mode : kModes) {
+    SECTION(mode.name) {
+      std::mt19937 rng(Seed());
+      const ActType act = ActOf(mode.math);
+      const int N = 203, C = 192;
+      auto a = Random(N * C, rng, 2.0f), b = Random(N * C, rng), weight = Random(C, rng),
+           bias = Random(C, rng), dout = Random(N * C, rng), dinp0 = Random(N * C, rng),
+           dweight0 = Random(C, rng), dbias0 = Random(C, rng);
+      Buffer d_a(N * C, act), d_b(N * C, act), d_w(C, ActType::kF32), d_bias(C, ActType::kF32);
+      // Uploads round bf16 inputs in place: the references below use the
+      // rounded values.
+      Buffer d_dout(N * C, act), d_dinp(N * C, act), d_dw(C, ActType::kF32),
+          d_db(C, ActType::kF32), scratch(LayerNormBackwardScratchFloats(N, C), ActType::kF32);
+      d_dout.Upload(&dout);
+      d_dinp.Upload(&dinp0);
+      d_a.Upload(&a);
+      d_b.Upload(&b);
+      d_w.Upload(&weight);
+      d_bias.Upload(&bias);
+      Buffer residual(N * C, act), out(N * C, act), mean(N, ActType::kF32), rstd(N, ActType::kF32);
+      CUDA_REQUIRE(LayerNormForward(act, out.get(), mean.f(), rstd.f(), residual.get(), d_a.get(),
+                                    d_b.get(), d_w.f(), d_bias.f(), N, C, nullptr));
+      std::vector<float> x = residual.Download();  // as stored: the LN's input
+      std::vector<double> x_ref(N * C), out_ref(N * C), mean_ref(N), rstd_ref(N);
+      for (size_t i = 0; i < x.size(); ++i) x_ref[i] = double(a[i]) + b[i];
+      RequireClose(x, x_ref, mode.tolerance, "residual");
+      std::vector<double> dinp_ref(dinp0.begin(), dinp0.end()), dw_ref(dweight0.begin(),
+                                                                        dweight0.end()),
+          db_ref(dbias0.begin(), dbias0.end());
+      for (int r = 0; r < N; ++r) {
+        const float* row = &x[size_t(r) * C];
+        double m = 0, v = 0;
+        for (int c = 0; c < C; ++c) m += row[c];
+        m /= C;
+        for (int c = 0; c < C; ++c) v += (row[c] - m) * (row[c] - m);
+        const double rs = 1 / std::sqrt(v / C + 1e-5);
+        mean_ref[r] = m;
+        rstd_ref[r] = rs;
+        double dnorm_mean = 0, dnorm_xhat_mean = 0;
+        for (int c = 0; c < C; ++c) {
+          const double xhat = (row[c] - m) * rs, g = dout[size_t(r) * C + c];
+          out_ref[size_t(r) * C + c] = xhat * weight[c] + bias[c];
+          dnorm_mean += g * weight[c] / C;
+          dnorm_xhat_mean += g * weight[c] * xhat / C;
+          dw_ref[c] += g * xhat;
+          db_ref[c] += g;
+        }
+        for (int c = 0; c < C; ++c) {
+          const double xhat = (row[c] - m) * rs, g = dout[size_t(r) * C + c];
+          dinp_ref[size_t(r) * C + c] += (g * weight[c] - dnorm_mean - xhat * dnorm_xhat_mean) * rs;
+        }
+      }
+      RequireClose(out.Download(), out_ref, mode.tolerance, "out");
+      RequireClose(mean.Download(), mean_ref, 1e-5, "mean");
+      RequireClose(rstd.Download(), rstd_ref, 1e-5, "rstd");
+
+      // Without the residual: LayerNorm of inp1 alone.
+      out.Poison();
+      Buffer d_x(N * C, act);
+      d_x.Upload(&x);
+      CUDA_REQUIRE(LayerNormForward(act, out.get(), mean.f(), rstd.f(), nullptr, d_x.get(), nullptr,
+                                    d_w.f(), d_bias.f(), N, C, nullptr));
+      RequireClose(out.Download(), out_ref, mode.tolerance, "out without residual");
+
+      d_dw.Upload(&dweight0);
+      d_db.Upload(&dbias0);
+      CUDA_REQUIRE(LayerNormBackward(act, d_dinp.get(), d_dw.f(), d_db.f(), d_dout.get(), d_x.get(),
+                                     d_w.f(), mean.f(), rstd.f(), N, C, scratch.f(), nullptr));
+      RequireClose(d_dinp.Download(), dinp_ref, mode.tolerance, "dinp (accumulated)");
+      RequireClose(d_dw.Download(), dw_ref, mode.tolerance, "dweight (accumulated)");
+      RequireClose(d_db.Download(), db_ref, mode.tolerance, "dbias (accumulated)");
+    }
+  }
+}
+
+TEST_CASE("fused classifier: loss and logit gradient match fp64", "[classifier]") {
+  for (const Mode& mode : kModes) {
+    SECTION(mode.name) {
+      std::mt19937 rng(Seed());
+      const ActType act = ActOf(mode.math);
+      const int BT = 37, V = 1000, Vp = 1024;
+      const float dloss = 1.0f / BT;
+      auto logits = Random(size_t(BT) * Vp, rng, 4.0f);
+      std::vector<int> targets(BT);
+      for (int& t : targets) t = std::uniform_int_distribution<int>(0, V - 1)(rng);
+      Buffer d_logits(logits.size(), act), losses(BT, ActType::kF32);
+      d_logits.Upload(&logits);
+      int* d_targets = nullptr;
+      REQUIRE(cudaMalloc(&d_targets, BT * sizeof(int)) == cudaSuccess);
+      REQUIRE(cudaMemcpy(d_targets, targets.data(), BT * sizeof(int), cudaMemcpyHostToDevice) ==
+              cudaSuccess);
+      std::vector<double> loss_ref(BT), grad_ref(logits.size());
+      for (int r = 0; r < BT; ++r) {
+        const float* row = &logits[size_t(r) * Vp];
+        double max = row[0], sum = 0;
+        for (int v = 0; v < V; ++v) max = std::max(max, double(row[v]));
+        for (int v = 0; v < V; ++v) sum += std::exp(row[v] - max);
+        const double lse = max + std::log(sum);
+        loss_ref[r] = lse - row[targets[r]];
+        for (int v = 0; v < Vp; ++v) {
+          grad_ref[size_t(r) * Vp + v] =
+              v < V ? (std::exp(row[v] - lse) - (v == targets[r])) * dloss : 0.0;
+        }
+      }
+      // Loss only: the logits stay as they are.
+      const std::vector<uint8_t> before = d_logits.Bytes();
+      CUDA_REQUIRE(ClassifierForward(act, losses.f(), d_logits.get(), d_targets, dloss, false, BT, V,
+                                     Vp, nullptr));
+      RequireClose(losses.Download(), loss_ref, 1e-5, "losses");
+      REQUIRE(d_logits.Bytes() == before);
+      losses.Poison();
+      CUDA_REQUIRE(ClassifierForward(act, losses.f(), d_logits.get(), d_targets, dloss, true, BT, V,
+                                     Vp, nullptr));
+      RequireClose(losses.Download(), loss_ref, 1e-5, "losses (with gradient)");
+      RequireClose(d_logits.Download(), grad_ref, mode.tolerance, "dlogits");
+      cudaFree(d_targets);
+    }
+  }
+}
+
+TEST_CASE("encoder forward and token-grouped backward match fp64", "[encoder]") {
+  for (const Mode& mode : kModes) {
+    SECTION(mode.name) {
+      std::mt19937 rng(Seed());
+      const ActType act = ActOf(mode.math);
+      const int B = 3, T = 40, C = 64, Vp = 128, maxT = 48;
+      std::vector<int> tokens(B * T);
+      for (int& t : tokens) t = std::uniform_int_distribution<int>(0, 19)(rng);  // repeats
+      auto wte = Random(Vp * C, rng), wpe = Random(maxT * C, rng), dout = Random(B * T * C, rng);
+      auto dwte0 = Random(Vp * C, rng), dwpe0 = Random(maxT * C, rng);
+      Buffer d_wte(wte.size(), ActType::kF32), d_wpe(wpe.size(), ActType::kF32),
+          d_dout(dout.size(), act), out(B * T * C, act), d_dwte(wte.size(), ActType::kF32),
+          d_dwpe(wpe.size(), ActType::kF32);
+      d_wte.Upload(&wte);
+      d_wpe.Upload(&wpe);
+      d_dout.Upload(&dout);
+      d_dwte.Upload(&dwte0);
+      d_dwpe.Upload(&dwpe0);
+      const EncoderGroups groups = GroupByToken(tokens.data(), B * T);
+      std::vector<int> packed = groups.tokens;
+      packed.insert(packed.end(), groups.starts.begin(), groups.starts.end());
+      packed.insert(packed.end(), groups.positions.begin(), groups.positions.end());
+      packed.insert(packed.end(), tokens.begin(), tokens.end());
+      int* d_ints = nullptr;
+      REQUIRE(cudaMalloc(&d_ints, packed.size() * sizeof(int)) == cudaSuccess);
+      REQUIRE(cudaMemcpy(d_ints, packed.data(), packed.size() * sizeof(int),
+                         cudaMemcpyHostToDevice) == cudaSuccess);
+      const int G = groups.groups();
+      const int* d_tokens = d_ints + 2 * G + 1 + B * T;
+      CUDA_REQUIRE(EncoderForward(act, out.get(), d_tokens, d_wte.f(), d_wpe.f(), B, T, C, nullptr));
+      std::vector<double> out_ref(B * T * C), dwte_ref(dwte0.begin(), dwte0.end()),
+          dwpe_ref(dwpe0.begin(), dwpe0.end());
+      for (int r = 0; r < B * T; ++r) {
+        for (int c = 0; c < C; ++c) {
+          out_ref[size_t(r) * C + c] = double(wte[tokens[r] * C + c]) + wpe[(r % T) * C + c];
+          dwte_ref[tokens[r] * C + c] += dout[size_t(r) * C + c];
+          dwpe_ref[(r % T) * C + c] += dout[size_t(r) * C + c];
+        }
+      }
+      RequireClose(out.Download(), out_ref, mode.tolerance, "embeddings");
+      CUDA_REQUIRE(EncoderBackward(act, d_dwte.f(), d_dwpe.f(), d_dout.get(), d_ints, d_ints + G,
+                                   d_ints + 2 * G + 1, G, B, T, C, nullptr));
+      RequireClose(d_dwte.Download(), dwte_ref, 1e-6, "dwte (accumulated)");
+      RequireClose(d_dwpe.Download(), dwpe_ref, 1e-6, "dwpe (accumulated)");
+      cudaFree(d_ints);
+    }
+  }
+}
+
+TEST_CASE("AdamW with the bf16 cast matches the CPU update; the copy is the rounded weights",
+          "[adamw]") {
+  std::mt19937 rng(Seed());
+  const size_t n = 100003;
+  auto params = Random(n, rng), m = Random(n, rng, 0.01f), v = Random(n, rng, 0.01f),
+       grads = Random(n, rng);
+  for (float& x : v) x = std::fabs(x);
+  AdamWHyper hyper;
+  hyper.weight_decay = 0.1f;
+  Buffer d_params(n, ActType::kF32), d_m(n, ActType::kF32), d_v(n, ActType::kF32),
+      d_grads(n, ActType::kF32), copy(n, ActType::kBf16);
+  d_params.Upload(&params);
+  d_m.Upload(&m);
+  d_v.Upload(&v);
+  d_grads.Upload(&grads);
+  CUDA_REQUIRE(AdamWUpdate(d_params.f(), d_m.f(), d_v.f(), d_grads.f(),
+                           static_cast<uint16_t*>(copy.get()), n, hyper, 7, nullptr));
+  AdamWUpdateCpu(params.data(), m.data(), v.data(), grads.data(), n, hyper, 7);
+  const std::vector<float> got = d_params.Download();
+  RequireClose(got, ToDouble(params), 1e-6, "params");
+  RequireClose(d_m.Download(), ToDouble(m), 1e-6, "m");
+  RequireClose(d_v.Download(), ToDouble(v), 1e-6, "v");
+  const std::vector<float> bf16 = copy.Download();
+  for (size_t i = 0; i < n; ++i) REQUIRE(bf16[i] == FromBf16(Bf16Bits(got[i])));
+}
+
+TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
+  std::mt19937 rng(Seed());
+  const ActType act = ActType::kBf16;
+  auto gemm = MakeGemm(GemmMath::kBf16);
+  const int B = 4, T = 256, C = 256, NH = 4, BT = B * T, V = 5000, Vp = 5120;
+  auto qkv = Random(BT * 3 * C, rng), dout = Random(BT * C, rng), w = Random(C, rng),
+       logits = Random(size_t(BT) * Vp, rng, 4.0f);
+  Buffer d_qkv(qkv.size(), act), d_dout(dout.size(), act), d_w(C, ActType::kF32);
+  d_qkv.Upload(&qkv);
+  d_dout.Upload(&dout);
+  d_w.Upload(&w);
+  std::vector<int> targets(BT);
+  for (int& t : targets) t = std::uniform_int_distribution<int>(0, V - 1)(rng);
+  int* d_targets = nullptr;
+  REQUIRE(cudaMalloc(&d_targets, BT * sizeof(int)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(d_targets, targets.data(), BT * sizeof(int), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
+
+  auto run = [&] {
+    std::vector<std::vector<uint8_t>> results;
+    Buffer out(BT * C, act), att(size_t(B) * NH * T * T, act),
+        scores(size_t(B) * NH * T * T, ActType::kF32), dqkv(qkv.size(), act);
+    CUDA_REQUIRE(AttentionForward(*gemm, out.get(), att.get(), scores.f(), d_qkv.get(), B, T, C, NH));
+    results.push_back(out.Bytes());
+    CUDA_REQUIRE(AttentionBackward(*gemm, dqkv.get(), scores.f(), att.get(), d_dout.get(),
+                                   d_qkv.get(), B, T, C, NH));
+    results.push_back(dqkv.Bytes());
+    Buffer dinp(BT * C, act), dw(C, ActType::kF32), db(C, ActType::kF32), mean(BT, ActType::kF32),
+        rstd(BT, ActType::kF32), ln(BT * C, act),
+        scratch(LayerNormBackwardScratchFloats(BT, C), ActType::kF32);
+    CUDA_REQUIRE(cudaMemset(dinp.get(), 0, BT * C * 2));
+    CUDA_REQUIRE(cudaMemset(dw.get(), 0, C * 4));
+    CUDA_REQUIRE(cudaMemset(db.get(), 0, C * 4));
+    CUDA_REQUIRE(LayerNormForward(act, ln.get(), mean.f(), rstd.f(), nullptr, out.get(), nullptr,
+                                  d_w.f(), d_w.f(), BT, C, nullptr));
+    CUDA_REQUIRE(LayerNormBackward(act, dinp.get(), dw.f(), db.f(), d_dout.get(), out.get(), d_w.f(),
+                                   mean.f(), rstd.f(), BT, C, scratch.f(), nullptr));
+    results.push_back(dinp.Bytes());
+    results.push_back(dw.Bytes());
+    Buffer bias_grad(3 * C, ActType::kF32), bias_scratch(Gemm::BiasGradScratchFloats(BT, 3 * C),
+                                                         ActType::kF32);
+    CUDA_REQUIRE(cudaMemset(bias_grad.get(), 0, 3 * C * 4));
+    CUDA_REQUIRE(gemm->BackwardBias(bias_grad.f(), dqkv.get(), BT, 3 * C, bias_scratch.f()));
+    results.push_back(bias_grad.Bytes());
+    Buffer d_logits(logits.size(), act), losses(BT, ActType::kF32);
+    std::vector<float> copy = logits;
+    d_logits.Upload(&copy);
+    CUDA_REQUIRE(ClassifierForward(act, losses.f(), d_logits.get(), d_targets, 1.0f / BT, true, BT,
+                                   V, Vp, nullptr));
+    results.push_back(losses.Bytes());
+    results.push_back(d_logits.Bytes());
+    return results;
+  };
+  const auto first = run();
+  const auto second = run();
+  for (size_t i = 0; i < first.size(); ++i) {
+    INFO("result " << i);
+    CHECK(first[i] == second[i]);
+  }
+  cudaFree(d_targets);
+}
+
+}  // namespace
+}  // namespace muster::kernels::fast
