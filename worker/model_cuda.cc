@@ -28,6 +28,7 @@
 #include "kernels/fast/attention.h"
 #include "kernels/fast/classifier.h"
 #include "kernels/fast/encoder.h"
+#include "kernels/fast/flash_attention.h"
 #include "kernels/fast/gemm.h"
 #include "kernels/fast/layernorm.h"
 #include "kernels/matmul.h"
@@ -48,7 +49,8 @@ struct Layer {
   float* ln1_rstd;   // (B, T)
   void* qkv;         // (B, T, 3C)
   void* atty;        // (B, T, C) attention output, heads side by side
-  void* att;         // (B, NH, T, T) probabilities
+  void* att;         // (B, NH, T, T) probabilities; with flash attention,
+                     // (B, NH, T) fp32 log2-sum-exp of the scores
   void* residual2;   // (B, T, C) residual + attention projection
   void* ln2;         // (B, T, C)
   float* ln2_mean;   // (B, T)
@@ -180,7 +182,10 @@ class CudaModel final : public GptModel {
 
   // Scratch shared by the layers.
   void* projected_ = nullptr;   // (B, T, C) attention / MLP projection before the residual add
-  float* scores_ = nullptr;     // (B, NH, T, T) fp32 scores, then their gradient
+  // (B, NH, T, T) fp32 scores, then their gradient; with flash attention,
+  // (B, NH, T) fp32 for the backward's row sums.
+  float* scores_ = nullptr;
+  bool flash_ = false;  // flash attention (bf16, head size 64) or GEMMs
   void* dresidual_ = nullptr;   // (B, T, C)
   void* dnarrow_ = nullptr;     // (B, T, C) dlnf, dln2, datty, dln1 in turn
   void* dwide_ = nullptr;       // (B, T, 4C) dfch, then dqkv (3C)
@@ -208,6 +213,10 @@ absl::Status CudaModel::Allocate() {
   }
 
   const size_t act = act_bytes_;
+  flash_ = fast::FlashAttentionSupports(act_, config_.dim, config_.heads);
+  // Per head and row: the whole (T, T) map, or one float with flash.
+  const size_t attention_map = flash_ ? B * NH * T * sizeof(float) : B * NH * T * T * act;
+  const size_t attention_scratch = flash_ ? B * NH * T : B * NH * T * T;
   layout::MemoryPlanner plan;
   plan.Request(&encoded_, BT * C * act);
   layers_.resize(config_.layers);
@@ -217,7 +226,7 @@ absl::Status CudaModel::Allocate() {
     plan.Request(&layer.ln1_rstd, BT);
     plan.Request(&layer.qkv, BT * 3 * C * act);
     plan.Request(&layer.atty, BT * C * act);
-    plan.Request(&layer.att, B * NH * T * T * act);
+    plan.Request(&layer.att, attention_map);
     plan.Request(&layer.residual2, BT * C * act);
     plan.Request(&layer.ln2, BT * C * act);
     plan.Request(&layer.ln2_mean, BT);
@@ -232,7 +241,7 @@ absl::Status CudaModel::Allocate() {
   plan.Request(&logits_, BT * Vp * act);
   plan.Request(&losses_, BT);
   plan.Request(&projected_, BT * C * act);
-  plan.Request(&scores_, B * NH * T * T);
+  plan.Request(&scores_, attention_scratch);
   plan.Request(&dresidual_, BT * C * act);
   plan.Request(&dnarrow_, BT * C * act);
   plan.Request(&dwide_, BT * 4 * C * act);
@@ -257,8 +266,13 @@ void CudaModel::BlockForward(int layer, const void* residual_in) {
   // a.ln1 was made by the LayerNorm fused with the previous residual add.
   Check("qkv matmul", gemm_->Forward(a.qkv, nullptr, a.ln1, Weight(stage, layout::kQkvw),
                                      Weight(stage, layout::kQkvb), BT, C, 3 * C));
-  Check("attention",
-        fast::AttentionForward(*gemm_, a.atty, a.att, scores_, a.qkv, B, T, C, NH));
+  if (flash_) {
+    Check("flash attention", fast::FlashAttentionForward(a.atty, static_cast<float*>(a.att),
+                                                         a.qkv, B, T, C, NH, nullptr));
+  } else {
+    Check("attention",
+          fast::AttentionForward(*gemm_, a.atty, a.att, scores_, a.qkv, B, T, C, NH));
+  }
   Check("attention projection",
         gemm_->Forward(projected_, nullptr, a.atty, Weight(stage, layout::kAttprojw),
                        Weight(stage, layout::kAttprojb), BT, C, C));
@@ -381,8 +395,14 @@ void CudaModel::BlockBackward(int layer, const void* residual_in) {
         gemm_->BackwardInput(dnarrow_, dresidual_, Weight(stage, layout::kAttprojw), nullptr, BT,
                              C, C, 1.0f));
   // dqkv into dwide_ (its first BT * 3C); consumes a.att.
-  Check("attention backward", fast::AttentionBackward(*gemm_, dwide_, scores_, a.att, dnarrow_,
-                                                      a.qkv, B, T, C, NH));
+  if (flash_) {
+    Check("flash attention backward",
+          fast::FlashAttentionBackward(dwide_, scores_, dnarrow_, a.atty, a.qkv,
+                                       static_cast<const float*>(a.att), B, T, C, NH, nullptr));
+  } else {
+    Check("attention backward", fast::AttentionBackward(*gemm_, dwide_, scores_, a.att, dnarrow_,
+                                                        a.qkv, B, T, C, NH));
+  }
   Check("qkv dW",
         gemm_->BackwardWeight(Grad(stage, layout::kQkvw), dwide_, a.ln1, BT, C, 3 * C, 1.0f));
   Check("qkv db",

@@ -1,3 +1,5 @@
+#include <cstdint>
+
 #include "kernels/fast/adamw.h"
 #include "kernels/fast/common.cuh"
 
@@ -7,14 +9,45 @@ namespace {
 constexpr int kThreads = 256;
 
 // hyper is passed by value: kernel arguments live in constant memory.
+// Each thread updates kWidth neighbours; the arrays are read and written
+// with 128-bit accesses when they are 16-byte aligned (the stage buffers'
+// tensors are), else one element at a time.
+constexpr int kWidth = 4;
+
+template <bool kVector>
 __global__ void AdamWKernel(float* params, float* m, float* v, const float* grads, bf16* copy,
                             size_t n, AdamWHyper hyper, float bias_correction1,
                             float bias_correction2) {
-  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
-  AdamWElem(params + i, m + i, v + i, grads[i], hyper, bias_correction1, bias_correction2);
-  if (copy != nullptr) copy[i] = __float2bfloat16_rn(params[i]);
+  const size_t first = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) * kWidth;
+  if (first >= n) return;
+  if (kVector && first + kWidth <= n) {
+    float4 p = *reinterpret_cast<float4*>(params + first);
+    float4 mm = *reinterpret_cast<float4*>(m + first);
+    float4 vv = *reinterpret_cast<float4*>(v + first);
+    const float4 g = *reinterpret_cast<const float4*>(grads + first);
+    AdamWElem(&p.x, &mm.x, &vv.x, g.x, hyper, bias_correction1, bias_correction2);
+    AdamWElem(&p.y, &mm.y, &vv.y, g.y, hyper, bias_correction1, bias_correction2);
+    AdamWElem(&p.z, &mm.z, &vv.z, g.z, hyper, bias_correction1, bias_correction2);
+    AdamWElem(&p.w, &mm.w, &vv.w, g.w, hyper, bias_correction1, bias_correction2);
+    *reinterpret_cast<float4*>(params + first) = p;
+    *reinterpret_cast<float4*>(m + first) = mm;
+    *reinterpret_cast<float4*>(v + first) = vv;
+    if (copy != nullptr) {
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(copy + first) = packed;
+    }
+    return;
+  }
+  for (size_t i = first; i < n && i < first + kWidth; ++i) {
+    AdamWElem(params + i, m + i, v + i, grads[i], hyper, bias_correction1, bias_correction2);
+    if (copy != nullptr) copy[i] = __float2bfloat16_rn(params[i]);
+  }
 }
+
+bool Aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
 __global__ void CastKernel(bf16* out, const float* in, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
@@ -26,9 +59,19 @@ __global__ void CastKernel(bf16* out, const float* in, size_t n) {
 int AdamWUpdate(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
                 size_t n, const AdamWHyper& hyper, int step, void* stream) {
   if (n == 0) return 0;
-  AdamWKernel<<<CeilDiv(n, kThreads), kThreads, 0, AsStream(stream)>>>(
-      params, m, v, grads, reinterpret_cast<bf16*>(params_bf16), n, hyper,
-      AdamWBiasCorrection(hyper.beta1, step), AdamWBiasCorrection(hyper.beta2, step));
+  const bool vector = Aligned(params, 16) && Aligned(m, 16) && Aligned(v, 16) &&
+                      Aligned(grads, 16) && Aligned(params_bf16, 8);
+  const unsigned blocks = CeilDiv(CeilDiv(n, kWidth), kThreads);
+  auto* copy = reinterpret_cast<bf16*>(params_bf16);
+  const float correction1 = AdamWBiasCorrection(hyper.beta1, step);
+  const float correction2 = AdamWBiasCorrection(hyper.beta2, step);
+  if (vector) {
+    AdamWKernel<true><<<blocks, kThreads, 0, AsStream(stream)>>>(
+        params, m, v, grads, copy, n, hyper, correction1, correction2);
+  } else {
+    AdamWKernel<false><<<blocks, kThreads, 0, AsStream(stream)>>>(
+        params, m, v, grads, copy, n, hyper, correction1, correction2);
+  }
   return LaunchStatus();
 }
 

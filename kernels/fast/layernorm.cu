@@ -63,8 +63,10 @@ __global__ void ForwardKernel(T* out, float* mean_out, float* rstd_out, T* resid
 // dweight and dbias in shared memory (its lanes own disjoint channels),
 // then the warps' sums are added in warp order into this block's row of
 // partials (blocks, 2C): [dweight | dbias]. AddColumnSums finishes.
-constexpr int kBackwardWarps = 4;
-constexpr int kBackwardRows = 64;
+// 8 warps of 4 rows: at GPT-2's 8192 rows that is 256 blocks, enough to
+// fill the GPU (64-row blocks of 4 warps left it half idle).
+constexpr int kBackwardWarps = 8;
+constexpr int kBackwardRows = 32;
 
 template <typename T>
 __global__ void BackwardKernel(T* dinp, float* partials, const T* dout, const T* inp,

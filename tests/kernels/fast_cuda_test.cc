@@ -21,6 +21,7 @@
 #include "kernels/fast/attention.h"
 #include "kernels/fast/classifier.h"
 #include "kernels/fast/encoder.h"
+#include "kernels/fast/flash_attention.h"
 #include "kernels/fast/gemm.h"
 #include "kernels/fast/layernorm.h"
 
@@ -284,6 +285,65 @@ TEST_CASE("attention forward and backward match the CPU back end", "[attention]"
   }
 }
 
+TEST_CASE("flash attention forward and backward match the CPU back end", "[attention]") {
+  // T = 64 is one tile; 200 is four, the last one partial.
+  for (const int T : {64, 200}) {
+    SECTION("T=" + std::to_string(T)) {
+      std::mt19937 rng(Seed());
+      const ActType act = ActType::kBf16;
+      const int B = 2, C = 256, NH = 4;
+      REQUIRE(FlashAttentionSupports(act, C, NH));
+      auto qkv = Random(size_t(B) * T * 3 * C, rng, 2.0f), dout = Random(size_t(B) * T * C, rng);
+      Buffer d_qkv(qkv.size(), act), d_dout(dout.size(), act);
+      d_qkv.Upload(&qkv);
+      d_dout.Upload(&dout);
+      std::vector<float> out(size_t(B) * T * C), att(size_t(B) * NH * T * T),
+          dqkv(qkv.size(), 0.0f), dpreatt(att.size());
+      AttentionForwardCpu(out.data(), att.data(), qkv.data(), B, T, C, NH);
+      AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(), att.data(), B, T,
+                           C, NH);
+      Buffer d_out(out.size(), act), lse(size_t(B) * NH * T, ActType::kF32),
+          delta(size_t(B) * NH * T, ActType::kF32), d_dqkv(qkv.size(), act);
+      CUDA_REQUIRE(FlashAttentionForward(d_out.get(), lse.f(), d_qkv.get(), B, T, C, NH, nullptr));
+      RequireClose(d_out.Download(), ToDouble(out), 1e-2, "out");
+      // The log2-sum-exp of each row's scaled scores, from the CPU's own
+      // probabilities: lse = s_0 * scale * log2(e) - log2(att[t][0]).
+      std::vector<double> lse_ref(size_t(B) * NH * T);
+      const int hs = C / NH;
+      for (int b = 0; b < B; ++b) {
+        for (int h = 0; h < NH; ++h) {
+          for (int t = 0; t < T; ++t) {
+            double s0 = 0;
+            const float* q = &qkv[(size_t(b) * T + t) * 3 * C + h * hs];
+            const float* k = &qkv[(size_t(b) * T + 0) * 3 * C + C + h * hs];
+            for (int d = 0; d < hs; ++d) s0 += double(q[d]) * k[d];
+            const double p0 = att[((size_t(b) * NH + h) * T + t) * T + 0];
+            lse_ref[(size_t(b) * NH + h) * T + t] = s0 / std::sqrt(double(hs)) / std::log(2.0) -
+                                                    std::log2(p0);
+          }
+        }
+      }
+      RequireClose(lse.Download(), lse_ref, 1e-3, "log2-sum-exp");
+      CUDA_REQUIRE(FlashAttentionBackward(d_dqkv.get(), delta.f(), d_dout.get(), d_out.get(),
+                                          d_qkv.get(), lse.f(), B, T, C, NH, nullptr));
+      RequireClose(d_dqkv.Download(), ToDouble(dqkv), 2e-2, "dqkv");
+      // Each part on its own, so a wrong dK cannot hide behind a right dV.
+      const std::vector<float> got = d_dqkv.Download();
+      for (int part = 0; part < 3; ++part) {
+        std::vector<float> got_part;
+        std::vector<double> want_part;
+        for (size_t r = 0; r < size_t(B) * T; ++r) {
+          for (int c = 0; c < C; ++c) {
+            got_part.push_back(got[r * 3 * C + part * C + c]);
+            want_part.push_back(dqkv[r * 3 * C + part * C + c]);
+          }
+        }
+        RequireClose(got_part, want_part, 2e-2, std::string("d") + "qkv"[part]);
+      }
+    }
+  }
+}
+
 TEST_CASE("layernorm with the fused residual add, forward and backward, match fp64",
           "[layernorm]") {
   for (const Mode& mode : kModes) {
@@ -479,6 +539,13 @@ TEST_CASE("AdamW with the bf16 cast matches the CPU update; the copy is the roun
   RequireClose(d_v.Download(), ToDouble(v), 1e-6, "v");
   const std::vector<float> bf16 = copy.Download();
   for (size_t i = 0; i < n; ++i) REQUIRE(bf16[i] == FromBf16(Bf16Bits(got[i])));
+
+  // Starting one element in (not 16-byte aligned): the scalar path.
+  CUDA_REQUIRE(AdamWUpdate(d_params.f() + 1, d_m.f() + 1, d_v.f() + 1, d_grads.f() + 1,
+                           static_cast<uint16_t*>(copy.get()) + 1, n - 1, hyper, 8, nullptr));
+  AdamWUpdateCpu(params.data() + 1, m.data() + 1, v.data() + 1, grads.data() + 1, n - 1, hyper, 8);
+  RequireClose(d_params.Download(), ToDouble(params), 1e-6, "params (unaligned)");
+  RequireClose(d_v.Download(), ToDouble(v), 1e-6, "v (unaligned)");
 }
 
 TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
@@ -507,6 +574,15 @@ TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
     results.push_back(out.Bytes());
     CUDA_REQUIRE(AttentionBackward(*gemm, dqkv.get(), scores.f(), att.get(), d_dout.get(),
                                    d_qkv.get(), B, T, C, NH));
+    results.push_back(dqkv.Bytes());
+    // Flash attention (C / NH = 64).
+    REQUIRE(FlashAttentionSupports(act, C, NH));
+    Buffer lse(size_t(B) * NH * T, ActType::kF32), delta(size_t(B) * NH * T, ActType::kF32);
+    CUDA_REQUIRE(FlashAttentionForward(out.get(), lse.f(), d_qkv.get(), B, T, C, NH, nullptr));
+    results.push_back(out.Bytes());
+    results.push_back(lse.Bytes());
+    CUDA_REQUIRE(FlashAttentionBackward(dqkv.get(), delta.f(), d_dout.get(), out.get(),
+                                        d_qkv.get(), lse.f(), B, T, C, NH, nullptr));
     results.push_back(dqkv.Bytes());
     Buffer dinp(BT * C, act), dw(C, ActType::kF32), db(C, ActType::kF32), mean(BT, ActType::kF32),
         rstd(BT, ActType::kF32), ln(BT * C, act),

@@ -105,6 +105,32 @@ TEST_CASE("loss and every stage's gradient match the CPU model", "[cuda]") {
   }
 }
 
+TEST_CASE("with head size 64 (flash attention), bf16 matches the CPU model", "[cuda]") {
+  ModelConfig config = SmallConfig();
+  config.dim = 128;  // 2 heads of 64
+  config.seq_len = 160;
+  const Batch batch = RandomBatch(config, 3, 150, 11);  // 3 tiles of 64, the last partial
+  auto cpu = Make(config, 3, Device::kCpu, Precision::kFp32);
+  auto gpu = Make(config, 3, Device::kCuda, Precision::kBf16);
+  const float cpu_loss = cpu->Forward(batch.inputs.data(), batch.targets.data(), 3, 150);
+  const float loss = gpu->Forward(batch.inputs.data(), batch.targets.data(), 3, 150);
+  cpu->Backward(1.0f);
+  gpu->Backward(1.0f);
+  REQUIRE(gpu->DeviceStatus().ok());
+  INFO("cpu loss " << cpu_loss << ", cuda loss " << loss);
+  CHECK(std::fabs(loss - cpu_loss) / cpu_loss < 1e-2);
+  const std::vector<float> want = cpu->CopyGradsToHost(), got = gpu->CopyGradsToHost();
+  size_t offset = 0;
+  for (const Stage& stage : cpu->stages()) {
+    std::vector<float> w(want.begin() + offset, want.begin() + offset + stage.size);
+    std::vector<float> g(got.begin() + offset, got.begin() + offset + stage.size);
+    const double error = RelError(g, w);
+    INFO("stage " << stage.name << ": gradient relative error " << error);
+    CHECK(error < 5e-2);
+    offset += stage.size;
+  }
+}
+
 TEST_CASE("logits without targets match the CPU model", "[cuda]") {
   const ModelConfig config = SmallConfig();
   const Batch batch = RandomBatch(config, 2, 40, 8);
