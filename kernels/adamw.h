@@ -1,4 +1,5 @@
 // AdamW with decoupled weight decay, as llm.c's gpt2_update:
+//   g = grad_scale * gradient (the global-norm clip, folded in),
 //   m = beta1 m + (1 - beta1) g,   v = beta2 v + (1 - beta2) g^2
 //   param -= lr * ((m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps)
 //                  + weight_decay * param)
@@ -24,6 +25,9 @@ struct AdamWHyper {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
+  // Multiplies every gradient as it is read: the clip factor, so the
+  // gradients need no pass of their own (1 leaves them exact).
+  float grad_scale = 1.0f;
 };
 
 // 1 - beta^step, computed on the host once per call (in double, so late
@@ -33,9 +37,10 @@ inline float AdamWBiasCorrection(float beta, int step) {
 }
 
 // One parameter; bias_correction1/2 are AdamWBiasCorrection(beta1/2, step).
-MUSTER_HD void AdamWElem(float* param, float* m, float* v, float grad,
+MUSTER_HD void AdamWElem(float* param, float* m, float* v, float gradient,
                          const AdamWHyper& hyper, float bias_correction1,
                          float bias_correction2) {
+  const float grad = gradient * hyper.grad_scale;
   const float m_new = hyper.beta1 * *m + (1.0f - hyper.beta1) * grad;
   const float v_new = hyper.beta2 * *v + (1.0f - hyper.beta2) * grad * grad;
   const float m_hat = m_new / bias_correction1;

@@ -16,11 +16,27 @@
 #              environment: none of the bundle's libraries)
 #   train      bin/worker on each of $TRAIN_CONFIGS (default
 #              examples/tiny_cuda.yaml: examples/tiny.yaml with device: cuda)
+#   curve      examples/tiny.yaml in fp32 and in bf16, $CURVE_STEPS steps: every
+#              logged loss after step $CURVE_AFTER within $CURVE_REL (relative)
+#   determinism  the same bf16 run twice, $DETERMINISM_STEPS steps: every
+#              step's loss bit-identical
+#   resume     a bf16 run killed (SIGKILL) once its step-40 checkpoint is
+#              committed, then resumed: every later loss bit-identical to an
+#              uninterrupted run's ($RESUME_STEPS steps, $RESUME_MODEL)
+#   (curve, determinism and resume compare metrics files with
+#   scripts/compare_metrics.py from this checkout, so they need python3)
 # Environment:
 #   OUT           where logs go (default /tmp/gpu_out)
 #   STEP_TIMEOUT  seconds per step (default 300)
 #   GPU_TARBALL   the bundle (default .gpu/muster-gpu.tar.xz)
 #   MUSTER_HOME   where it is unpacked (default /tmp/muster; replaced)
+#   GPU_RUN_DEVICE  cuda (default) or cpu: a dry run of curve, determinism
+#                 and resume on the CPU (fp32 wherever they would use bf16)
+#   CURVE_STEPS (300), CURVE_AFTER (50), CURVE_REL (0.01), DETERMINISM_STEPS
+#   (60), RESUME_STEPS (80), RESUME_MODEL (key=value overrides of the
+#   resume run's model and data; default on cuda "model.layers=8
+#   model.dim=256 model.heads=4 model.seq_len=256 data.micro_batch=16",
+#   on cpu none: tiny.yaml's model)
 # Exit status: 0 when every step passed, 1 when one failed, 2 on a usage or
 # set-up error.
 #
@@ -31,7 +47,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-ALL_STEPS=(selfcheck link kernels model sanitizer bench torch train)
+ALL_STEPS=(selfcheck link kernels model sanitizer bench torch train curve determinism resume)
 DEFAULT_STEPS=(link kernels model bench)
 
 OUT=${OUT:-/tmp/gpu_out}
@@ -39,6 +55,21 @@ STEP_TIMEOUT=${STEP_TIMEOUT:-300}
 GPU_TARBALL=${GPU_TARBALL:-.gpu/muster-gpu.tar.xz}
 MUSTER_HOME=${MUSTER_HOME:-/tmp/muster}
 TRAIN_CONFIGS=${TRAIN_CONFIGS:-examples/tiny_cuda.yaml}
+# This checkout: the steps run in $MUSTER_HOME and find the comparison
+# script here.
+REPO=$(pwd -P)
+COMPARE_METRICS="$REPO/scripts/compare_metrics.py"
+GPU_RUN_DEVICE=${GPU_RUN_DEVICE:-cuda}
+CURVE_STEPS=${CURVE_STEPS:-300}
+CURVE_AFTER=${CURVE_AFTER:-50}
+CURVE_REL=${CURVE_REL:-0.01}
+DETERMINISM_STEPS=${DETERMINISM_STEPS:-60}
+RESUME_STEPS=${RESUME_STEPS:-80}
+if [ "$GPU_RUN_DEVICE" = cuda ]; then
+  RESUME_MODEL=${RESUME_MODEL-model.layers=8 model.dim=256 model.heads=4 model.seq_len=256 data.micro_batch=16}
+else
+  RESUME_MODEL=${RESUME_MODEL-}
+fi
 
 die() {
   echo "gpu_run: ERROR: $*" >&2
@@ -57,6 +88,18 @@ if ! [[ "$STEP_TIMEOUT" =~ ^[1-9][0-9]*$ ]]; then
   die "STEP_TIMEOUT must be a positive number of seconds"
 fi
 command -v timeout >/dev/null || die "no 'timeout' command"
+case "$GPU_RUN_DEVICE" in
+  cuda | cpu) ;;
+  *) die "GPU_RUN_DEVICE must be cuda or cpu, not '$GPU_RUN_DEVICE'" ;;
+esac
+for var in CURVE_STEPS CURVE_AFTER DETERMINISM_STEPS RESUME_STEPS; do
+  [[ "${!var}" =~ ^[0-9]+$ ]] || die "$var must be a number of steps"
+done
+if [ "$CURVE_STEPS" -eq 0 ] || [ "$DETERMINISM_STEPS" -eq 0 ]; then
+  die "CURVE_STEPS and DETERMINISM_STEPS must be > 0"
+fi
+[ "$RESUME_STEPS" -gt 40 ] || die "RESUME_STEPS must be > 40 (the run is killed after step 40)"
+[[ "$CURVE_REL" =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ ]] || die "CURVE_REL must be a number"
 
 # --- unpack ------------------------------------------------------------------
 [ -f "$GPU_TARBALL" ] || die "no bundle at $GPU_TARBALL: run scripts/gpu_bundle.sh first"
@@ -229,6 +272,232 @@ step_train() {
   return $status
 }
 
+# --- curve, determinism, resume: training runs compared by their metrics --
+
+# make_config SRC DST SETTING...: SRC (a train.yaml) with each SETTING, which
+# is `section.key=value` or a top-level `key=value`, set: an existing line is
+# replaced (its comment dropped), a missing key is added to its section (or
+# at the end, for a top-level one). Fails on a section SRC does not have.
+make_config() {
+  local src=$1 dst=$2
+  shift 2
+  awk -v settings="$(printf '%s\n' "$@")" '
+    BEGIN {
+      n = split(settings, lines, "\n")
+      for (i = 1; i <= n; i++) {
+        if (lines[i] == "") continue
+        p = index(lines[i], "=")
+        if (p < 2) { print "make_config: bad setting " lines[i] > "/dev/stderr"; bad = 1; exit 1 }
+        k = substr(lines[i], 1, p - 1)
+        want[k] = substr(lines[i], p + 1)
+        order[++m] = k
+      }
+    }
+    # The keys of section sec not yet written, at its end.
+    function finish(   i, k) {
+      for (i = 1; i <= m; i++) {
+        k = order[i]
+        if (index(k, sec ".") == 1 && !(k in done)) {
+          print "  " substr(k, length(sec) + 2) ": " want[k]
+          done[k] = 1
+        }
+      }
+    }
+    /^[A-Za-z_][A-Za-z0-9_]*:/ {
+      if (sec != "") finish()
+      key = $0; sub(/:.*/, "", key)
+      rest = $0; sub(/^[^:]*:[ \t]*/, "", rest); sub(/[ \t]*#.*/, "", rest)
+      sec = (rest == "") ? key : ""
+      if (key in want) { print key ": " want[key]; done[key] = 1; next }
+      print
+      next
+    }
+    sec != "" && /^  [A-Za-z_][A-Za-z0-9_]*:/ {
+      key = $0; sub(/^  /, "", key); sub(/:.*/, "", key)
+      if ((sec "." key) in want) { print "  " key ": " want[sec "." key]; done[sec "." key] = 1; next }
+    }
+    { print }
+    END {
+      if (bad) exit 1
+      if (sec != "") finish()
+      for (i = 1; i <= m; i++) {
+        k = order[i]
+        if (k in done) continue
+        if (index(k, ".")) { print "make_config: no section for " k > "/dev/stderr"; status = 1; continue }
+        print k ": " want[k]
+      }
+      exit status
+    }' "$src" > "$dst.tmp" || { rm -f "$dst.tmp"; return 1; }
+  mv "$dst.tmp" "$dst"
+}
+
+# precision_for P: P on cuda; fp32 on the CPU, which computes in fp32 only.
+precision_for() {
+  if [ "$GPU_RUN_DEVICE" = cpu ]; then echo fp32; else echo "$1"; fi
+}
+
+# run_config NAME PRECISION STEPS LOG_EVERY [SETTING...]: writes
+# examples/NAME.yaml (examples/tiny.yaml on $GPU_RUN_DEVICE, no evaluation,
+# no checkpoints, metrics to out/NAME/metrics.jsonl, the SETTINGs last) after
+# emptying out/NAME; prints what it changed.
+run_config() {
+  local name=$1 precision=$2 nsteps=$3 log_every=$4
+  shift 4
+  local -a settings=(
+    "device=$GPU_RUN_DEVICE" "precision=$precision"
+    "train.steps=$nsteps" "train.log_every=$log_every" "train.eval_every=0"
+    "train.metrics_file=../out/$name/metrics.jsonl"
+    'checkpoint.dir=""' "checkpoint.every=0" "$@")
+  rm -rf "out/$name" || return 1
+  make_config examples/tiny.yaml "examples/$name.yaml" "${settings[@]}" || return 1
+  echo "--- examples/$name.yaml: examples/tiny.yaml with ${settings[*]} (later ones win)"
+}
+
+need_compare() {
+  [ -f "$COMPARE_METRICS" ] || { echo "gpu_run: no $COMPARE_METRICS" >&2; return 127; }
+  command -v python3 >/dev/null || { echo "gpu_run: no python3 on PATH" >&2; return 127; }
+}
+
+compare_metrics() {
+  need_compare || return 127
+  echo "--- compare_metrics.py $*"
+  python3 "$COMPARE_METRICS" "$@"
+}
+
+dry_run_note() {
+  [ "$GPU_RUN_DEVICE" = cpu ] || return 0
+  echo "gpu_run: GPU_RUN_DEVICE=cpu: a dry run on the CPU, in fp32 throughout"
+}
+
+# The bf16 loss curve stays within CURVE_REL of the fp32 one.
+step_curve() {
+  local p
+  need bin/worker && need_compare || return 127
+  dry_run_note
+  for p in fp32 bf16; do
+    run_config "curve_$p" "$(precision_for "$p")" "$CURVE_STEPS" 10 || return 1
+    echo "--- bin/worker examples/curve_$p.yaml"
+    run_worker "examples/curve_$p.yaml" || return 1
+  done
+  compare_metrics curve out/curve_fp32/metrics.jsonl out/curve_bf16/metrics.jsonl \
+    --after "$CURVE_AFTER" --rel "$CURVE_REL"
+}
+
+# The same bf16 run twice: bit-identical losses at every step.
+step_determinism() {
+  local r
+  need bin/worker && need_compare || return 127
+  dry_run_note
+  for r in a b; do
+    run_config "determinism_$r" "$(precision_for bf16)" "$DETERMINISM_STEPS" 1 || return 1
+    echo "--- bin/worker examples/determinism_$r.yaml"
+    run_worker "examples/determinism_$r.yaml" || return 1
+  done
+  compare_metrics exact out/determinism_a/metrics.jsonl out/determinism_b/metrics.jsonl
+}
+
+# last_step FILE: the step of FILE's last step record (none: 0).
+last_step() {
+  local s
+  s=$(grep '"loss"' "$1" 2>/dev/null | tail -1 | sed -n 's/.*"step":\([0-9]*\).*/\1/p')
+  echo "${s:-0}"
+}
+
+# resume_attempt STEPS: run A uninterrupted; run B killed with SIGKILL as soon
+# as its step-40 checkpoint is committed, then run again (it resumes); B's
+# losses after the resume point must equal A's. Returns 3 when B finished
+# before it could be killed (too fast to mean anything), 1 on a failure.
+resume_attempt() {
+  local nsteps=$1 kill_step=40 r pid rc deadline killed_at resumed manifest
+  local -a settings
+  read -r -a settings <<< "$RESUME_MODEL"
+  for r in a b; do
+    run_config "resume_$r" "$(precision_for bf16)" "$nsteps" 1 \
+      "checkpoint.dir=../out/resume_$r/ckpt" checkpoint.every=20 checkpoint.keep_last=3 \
+      "${settings[@]}" || return 1
+  done
+  echo "--- A: bin/worker examples/resume_a.yaml (uninterrupted)"
+  run_worker examples/resume_a.yaml || return 1
+
+  # B, in the background: bin/worker itself is the child (env execs it), so
+  # $! is the worker's pid.
+  manifest=$(printf 'out/resume_b/ckpt/step_%08d/manifest.json' "$kill_step")
+  mkdir -p out/resume_b || return 1
+  echo "--- B: bin/worker examples/resume_b.yaml in the background; SIGKILL once $manifest exists"
+  env LD_LIBRARY_PATH="$BUNDLE_LD_PATH" bin/worker examples/resume_b.yaml \
+    > out/resume_b/run1.log 2>&1 &
+  pid=$!
+  deadline=$((SECONDS + 120))
+  # The manifest is written last, in .tmp_step_N, which is then renamed:
+  # step_N/manifest.json exists only once the checkpoint is committed.
+  while [ ! -e "$manifest" ] && kill -0 "$pid" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      kill -9 "$pid" 2>/dev/null
+      { wait "$pid"; } 2>/dev/null
+      echo "FAIL: no $manifest within 120 s; B's log:"
+      sed 's/^/  | /' out/resume_b/run1.log
+      return 1
+    fi
+    sleep 0.01
+  done
+  kill -9 "$pid" 2>/dev/null
+  # (the braces take bash's own "Killed" notice)
+  { wait "$pid"; } 2>/dev/null
+  rc=$?
+  killed_at=$(last_step out/resume_b/metrics.jsonl)
+  echo "--- B's first run (exit $rc; last logged step $killed_at of $nsteps):"
+  sed 's/^/  | /' out/resume_b/run1.log
+  if [ ! -e "$manifest" ]; then
+    echo "FAIL: B exited (status $rc) before committing $manifest"
+    return 1
+  fi
+  if [ "$rc" -eq 0 ] || [ "$killed_at" -ge "$nsteps" ]; then
+    echo "resume: B finished all $nsteps steps before the kill landed: too fast to test resuming"
+    return 3
+  fi
+  if [ "$rc" -ne 137 ]; then
+    echo "FAIL: B's first run exited with status $rc, not 137 (SIGKILL)"
+    return 1
+  fi
+  echo "resume: killed B (SIGKILL) after step $killed_at of $nsteps"
+  find out/resume_b/ckpt -mindepth 1 -maxdepth 1 -printf '  ckpt: %f\n' | LC_ALL=C sort
+
+  echo "--- B again: bin/worker examples/resume_b.yaml (resumes)"
+  run_worker examples/resume_b.yaml 2>&1 | tee out/resume_b/run2.log
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || { echo "FAIL: B's second run exited with status $rc"; return 1; }
+  resumed=$(sed -n 's/.*resumed from .* (step \([0-9]*\),.*/\1/p' out/resume_b/run2.log | head -1)
+  if [ -z "$resumed" ]; then
+    echo "FAIL: B's second run did not resume from a checkpoint (no 'resumed from' line)"
+    return 1
+  fi
+  echo "resume: B resumed from step $resumed (killed after step $killed_at; $nsteps steps)"
+  if [ "$resumed" -lt "$kill_step" ] || [ "$resumed" -gt "$killed_at" ]; then
+    echo "FAIL: resumed from step $resumed, expected one in $kill_step..$killed_at"
+    return 1
+  fi
+  compare_metrics exact out/resume_a/metrics.jsonl out/resume_b/metrics.jsonl \
+    --last-wins --after "$resumed"
+}
+
+# Kill and resume: bit-identical continuation. A run too fast to kill in time
+# is retried with four times the steps, twice.
+step_resume() {
+  local nsteps=$RESUME_STEPS attempt rc
+  need bin/worker && need_compare || return 127
+  dry_run_note
+  for attempt in 1 2 3; do
+    resume_attempt "$nsteps"
+    rc=$?
+    [ "$rc" -eq 3 ] || return "$rc"
+    [ "$attempt" -lt 3 ] || break
+    nsteps=$((nsteps * 4))
+    echo "resume: retrying with $nsteps steps"
+  done
+  echo "FAIL: the run finished before it could be killed, even with $nsteps steps"
+  return 1
+}
+
 names=()
 results=()
 seconds=()
@@ -240,8 +509,11 @@ for step in "${steps[@]}"; do
   # The step runs in a child bash so `timeout` can bound it, group and all.
   (
     cd "$MUSTER_HOME" || exit 2
-    export -f bundled run_worker words need find_sanitizer "step_$step"
-    export BUNDLE_LD_PATH MUSTER_HOME TRAIN_CONFIGS
+    export -f bundled run_worker words need find_sanitizer "step_$step" \
+      make_config precision_for run_config need_compare compare_metrics dry_run_note \
+      last_step resume_attempt
+    export BUNDLE_LD_PATH MUSTER_HOME TRAIN_CONFIGS COMPARE_METRICS GPU_RUN_DEVICE \
+      CURVE_STEPS CURVE_AFTER CURVE_REL DETERMINISM_STEPS RESUME_STEPS RESUME_MODEL
     timeout -k 10 "$STEP_TIMEOUT" bash -c "step_$step"
   ) 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}
@@ -260,10 +532,10 @@ done
 
 echo
 echo "===== summary ($(hostname), $(date -u +%Y-%m-%dT%H:%M:%SZ))"
-printf '%-10s %-16s %9s\n' step result seconds
+printf '%-12s %-16s %9s\n' step result seconds
 failed=0
 for i in "${!names[@]}"; do
-  printf '%-10s %-16s %9s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}"
+  printf '%-12s %-16s %9s\n' "${names[$i]}" "${results[$i]}" "${seconds[$i]}"
   [ "${results[$i]}" = pass ] || failed=$((failed + 1))
 done
 echo "$((${#names[@]} - failed)) passed, $failed failed"

@@ -45,6 +45,7 @@
 #include "absl/time/time.h"
 #include "launcher/process.h"
 #include "launcher/worker_env.h"
+#include "kernels/grad_norm.h"
 #include "worker/model.h"
 #include "worker/ops.h"
 
@@ -119,8 +120,9 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
   auto step = [&](int s) -> absl::StatusOr<float> {
     float loss = model->Forward(inputs.data(), targets.data(), B, T);
     model->Backward(1.0f);
-    ClipGradNorm(model.get(), 1.0f);
-    adamw.Step(static_cast<float>(optim.lr), s + 1);
+    // As the trainer does: the clip factor folded into AdamW.
+    const double norm = std::sqrt(model->GradSumOfSquares());
+    adamw.Step(static_cast<float>(optim.lr), s + 1, kernels::ClipScale(norm, 1.0f));
     model->ZeroGrad();
     float probe = 0;
     model->ops().ToHost(&probe, model->stages().front().params, sizeof(float));

@@ -121,6 +121,9 @@ class GptModel {
 
   virtual void ZeroGrad() = 0;
 
+  // Sum of squares of every gradient, in double, in a fixed order.
+  virtual double GradSumOfSquares();
+
   // Logits of the last Forward at position t of sequence b: (Vp,) copied to
   // host; entries >= V are padding. REQUIRES: that Forward had no targets
   // (with targets, the CUDA engine overwrites the logits with their
@@ -170,8 +173,10 @@ class AdamW {
  public:
   AdamW(GptModel* model, const OptimConfig& config);
   ~AdamW();
-  // One update with learning rate `lr`; `step` counts from 1.
-  void Step(float lr, int step);
+  // One update with learning rate `lr`; `step` counts from 1. Every
+  // gradient is multiplied by `grad_scale` as it is read (the clip factor
+  // of ClipScale; the gradient buffers are left as they are).
+  void Step(float lr, int step, float grad_scale = 1.0f);
   // Moments as host copies (checkpoints) and back.
   std::vector<float> CopyMomentsToHost(bool second) const;
   void CopyMomentsFromHost(bool second, const std::vector<float>& host);
@@ -189,9 +194,11 @@ class AdamW {
   std::unique_ptr<Impl> impl_;
 };
 
-// Global L2 norm of every gradient buffer (computed in double), and the
-// clip: scales all gradients by min(1, max_norm / norm) when max_norm > 0.
-// Returns the norm before clipping.
+// Global L2 norm of every gradient buffer (computed in double).
+float GradNorm(GptModel* model);
+// GradNorm, and the clip: scales all gradients by min(1, max_norm / norm)
+// when max_norm > 0. Returns the norm before clipping. (The trainer
+// instead passes the factor to AdamW::Step, saving a pass.)
 float ClipGradNorm(GptModel* model, float max_norm);
 
 // Learning rate at `step` (0-based): linear warmup over warmup_steps, then

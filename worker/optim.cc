@@ -38,9 +38,10 @@ AdamW::~AdamW() {
   impl_->model->ops().Free(impl_->v);
 }
 
-void AdamW::Step(float lr, int step) {
+void AdamW::Step(float lr, int step, float grad_scale) {
   kernels::AdamWHyper hyper;
   hyper.learning_rate = lr;
+  hyper.grad_scale = grad_scale;
   hyper.beta1 = static_cast<float>(impl_->config.beta1);
   hyper.beta2 = static_cast<float>(impl_->config.beta2);
   hyper.eps = static_cast<float>(impl_->config.eps);
@@ -119,13 +120,19 @@ void AdamW::CopyMomentsRangeFromHost(bool second, size_t first, size_t count, co
                             });
 }
 
+double GptModel::GradSumOfSquares() {
+  double sum_of_squares = 0.0;  // stages in order: deterministic
+  for (const Stage& stage : stages_) sum_of_squares += ops_->SumOfSquares(stage.grads, stage.size);
+  return sum_of_squares;
+}
+
+float GradNorm(GptModel* model) {
+  return static_cast<float>(std::sqrt(model->GradSumOfSquares()));
+}
+
 float ClipGradNorm(GptModel* model, float max_norm) {
   Ops& ops = model->ops();
-  double sum_of_squares = 0.0;  // stages in order: deterministic
-  for (const Stage& stage : model->stages()) {
-    sum_of_squares += ops.SumOfSquares(stage.grads, stage.size);
-  }
-  const double norm = std::sqrt(sum_of_squares);
+  const double norm = std::sqrt(model->GradSumOfSquares());
   if (max_norm > 0.0f) {
     const float scale = kernels::ClipScale(norm, max_norm);
     if (scale != 1.0f) {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/grad_norm.h"
 #include "worker/checkpoint_manager.h"
 
 namespace muster::worker {
@@ -104,9 +105,13 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   }
   absl::Status reduced = parallel_->ReduceGradients(model_.get());
   if (!reduced.ok()) return reduced;
-  float norm = ClipGradNorm(model_.get(), static_cast<float>(config_.optim.grad_clip));
+  // The clip factor goes into AdamW's read of the gradients: the same
+  // values as scaling them first, without a pass over them.
+  const double norm = std::sqrt(model_->GradSumOfSquares());
+  const float max_norm = static_cast<float>(config_.optim.grad_clip);
+  const float clip = max_norm > 0.0f ? kernels::ClipScale(norm, max_norm) : 1.0f;
   float lr = LearningRate(config_.optim, step, config_.train.steps);
-  optimizer_->Step(lr, step + 1);
+  optimizer_->Step(lr, step + 1, clip);
   model_->ZeroGrad();
   state_.step = step + 1;
   auto loss = parallel_->MeanOverRanks(static_cast<float>(loss_sum / A));

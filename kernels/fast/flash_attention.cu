@@ -12,7 +12,8 @@
 // the next in registers.
 //
 // Tiles are staged in shared memory as [row][64 dims] with rows padded to
-// 72 elements, so the fragments' 32-bit loads hit 32 different banks.
+// 72 elements (144 bytes), so the 8 rows an ldmatrix phase reads fall in
+// different banks.
 #include <cmath>
 #include <cstdint>
 
@@ -45,12 +46,6 @@ __device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
-__device__ __forceinline__ uint32_t Pack2(bf16 lo, bf16 hi) {
-  __nv_bfloat162 v;
-  v.x = lo;
-  v.y = hi;
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 __device__ __forceinline__ uint32_t Load32(const bf16* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
@@ -61,20 +56,32 @@ __device__ __forceinline__ Frag LoadA(const bf16* tile, int row0, int kc, int g,
   const bf16* bottom = top + 8 * kLd;
   return Frag{{Load32(top), Load32(bottom), Load32(top + 8), Load32(bottom + 8)}};
 }
-// B fragment where B[k][n] = tile[n][k] (k along the contiguous dims):
-// n-tile n0.., k-chunk k0.
-__device__ __forceinline__ void LoadBContiguous(const bf16* tile, int n0, int k0, int g, int q,
-                                                uint32_t* b0, uint32_t* b1) {
-  const bf16* p = tile + (n0 + g) * kLd + k0 + 2 * q;
-  *b0 = Load32(p);
-  *b1 = Load32(p + 8);
+// The B fragments of two neighbouring n-tiles (n0.. and n0 + 8..) for
+// k-chunk k0, with one ldmatrix.x4: b[0], b[1] for the first tile, b[2],
+// b[3] for the second. Lane l gives the address of row l % 8 of 8x8
+// matrix l / 8; matrix i covers k + 8 (i & 1), n + 8 (i >> 1).
+//   Contiguous: B[k][n] = tile[n][k] (k along a row's dims). The 8x8
+//   matrices' rows are n; without .trans a lane gets (row g, columns 2q,
+//   2q + 1): (n = g, k = 2q..), B's layout.
+//   Strided: B[k][n] = tile[k][n] (k along rows). The rows are k; .trans
+//   gives a lane (rows 2q, 2q + 1, column g): (k = 2q.., n = g).
+__device__ __forceinline__ void LoadBContiguousPair(const bf16* tile, int n0, int k0, int lane,
+                                                    uint32_t* b) {
+  const int matrix = lane / 8, row = lane % 8;
+  const bf16* p = tile + (n0 + 8 * (matrix >> 1) + row) * kLd + k0 + 8 * (matrix & 1);
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(address));
 }
-// B fragment where B[k][n] = tile[k][n] (k along rows).
-__device__ __forceinline__ void LoadBStrided(const bf16* tile, int n0, int k0, int g, int q,
-                                             uint32_t* b0, uint32_t* b1) {
-  const bf16* p = tile + (k0 + 2 * q) * kLd + n0 + g;
-  *b0 = Pack2(p[0], p[kLd]);
-  *b1 = Pack2(p[8 * kLd], p[9 * kLd]);
+__device__ __forceinline__ void LoadBStridedPair(const bf16* tile, int n0, int k0, int lane,
+                                                 uint32_t* b) {
+  const int matrix = lane / 8, row = lane % 8;
+  const bf16* p = tile + (k0 + 8 * (matrix & 1) + row) * kLd + n0 + 8 * (matrix >> 1);
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(address));
 }
 // The A fragment of k-chunk j from accumulator n-tiles 2j and 2j+1.
 __device__ __forceinline__ Frag AccToA(const float (*acc)[4], int j) {
@@ -93,33 +100,55 @@ __device__ __forceinline__ void LoadTile(bf16* tile, const bf16* base, size_t ro
     if (row0 + r < T) {
       v = LoadPack(base + (row0 + r) * row_stride + c);
     } else {
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 8; ++e) v.v[e] = __float2bfloat16_rn(0.0f);
     }
     StorePack(tile + r * kLd + c, v);
   }
 }
 
+// LoadTile with cp.async: the copies land in shared memory in the
+// background; rows >= T are zero-filled (a source size of 0). The caller
+// commits the group and waits for it (WaitTiles) before reading.
+__device__ __forceinline__ void LoadTileAsync(bf16* tile, const bf16* base, size_t row_stride,
+                                              int row0, int T) {
+  for (int i = threadIdx.x; i < kTile * (kHs / 8); i += kThreads) {
+    const int r = i / (kHs / 8), c = (i % (kHs / 8)) * 8;
+    const bool valid = row0 + r < T;
+    const bf16* source = valid ? base + (row0 + r) * row_stride + c : base;
+    const uint32_t destination = static_cast<uint32_t>(__cvta_generic_to_shared(tile + r * kLd + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination),
+                 "l"(source), "r"(valid ? 16 : 0));
+  }
+}
+__device__ __forceinline__ void CommitTiles() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most `pending` committed groups are still in flight.
+template <int pending>
+__device__ __forceinline__ void WaitTiles() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+}
+
 template <int N>
 __device__ __forceinline__ void Zero(float (*acc)[4]) {
-  #pragma unroll
+#pragma unroll
   for (int j = 0; j < N; ++j)
-    #pragma unroll
+#pragma unroll
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 }
 
 // S (16 x 64) = A-rows (4 k-chunks in registers) @ tile^T, for a tile of
 // 64 rows read as B[k = dim][n = row].
 __device__ __forceinline__ void ProductWithRows(float (*s)[4], const Frag* a, const bf16* tile,
-                                                int g, int q) {
+                                                int lane) {
   Zero<8>(s);
-  #pragma unroll
+#pragma unroll
   for (int kc = 0; kc < kHs / 16; ++kc) {
-    #pragma unroll
-    for (int j = 0; j < kTile / 8; ++j) {
-      uint32_t b0, b1;
-      LoadBContiguous(tile, 8 * j, 16 * kc, g, q, &b0, &b1);
-      Mma(s[j], a[kc].r, b0, b1);
+#pragma unroll
+    for (int j = 0; j < kTile / 8; j += 2) {
+      uint32_t b[4];
+      LoadBContiguousPair(tile, 8 * j, 16 * kc, lane, b);
+      Mma(s[j], a[kc].r, b[0], b[1]);
+      Mma(s[j + 1], a[kc].r, b[2], b[3]);
     }
   }
 }
@@ -127,15 +156,16 @@ __device__ __forceinline__ void ProductWithRows(float (*s)[4], const Frag* a, co
 // acc (16 x 64 dims) += P (16 x 64, accumulator layout) @ tile (64 rows x
 // 64 dims), tile read as B[k = row][n = dim].
 __device__ __forceinline__ void AccumulateProduct(float (*acc)[4], const float (*p)[4],
-                                                  const bf16* tile, int g, int q) {
-  #pragma unroll
+                                                  const bf16* tile, int lane) {
+#pragma unroll
   for (int kc = 0; kc < kTile / 16; ++kc) {
     const Frag a = AccToA(p, kc);
-    #pragma unroll
-    for (int j = 0; j < kHs / 8; ++j) {
-      uint32_t b0, b1;
-      LoadBStrided(tile, 8 * j, 16 * kc, g, q, &b0, &b1);
-      Mma(acc[j], a.r, b0, b1);
+#pragma unroll
+    for (int j = 0; j < kHs / 8; j += 2) {
+      uint32_t b[4];
+      LoadBStridedPair(tile, 8 * j, 16 * kc, lane, b);
+      Mma(acc[j], a.r, b[0], b[1]);
+      Mma(acc[j + 1], a.r, b[2], b[3]);
     }
   }
 }
@@ -144,12 +174,12 @@ __device__ __forceinline__ void AccumulateProduct(float (*acc)[4], const float (
 // `base` + row * row_stride, for rows < T.
 __device__ __forceinline__ void StoreRows(bf16* base, size_t row_stride, int row0, int T,
                                           const float (*acc)[4], float scale, int g, int q) {
-  #pragma unroll
+#pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + g + 8 * half;
     if (row >= T) continue;
     bf16* out = base + row * row_stride;
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < kHs / 8; ++j) {
       *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * q) =
           Pack2(acc[j][2 * half] * scale, acc[j][2 * half + 1] * scale);
@@ -161,8 +191,9 @@ __device__ __forceinline__ void StoreRows(bf16* base, size_t row_stride, int row
 __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse, const bf16* qkv,
                                                           int T, int C, int NH, float scale_log2) {
   __shared__ __align__(16) bf16 q_tile[kTile * kLd];
-  __shared__ __align__(16) bf16 k_tile[kTile * kLd];
-  __shared__ __align__(16) bf16 v_tile[kTile * kLd];
+  // Two buffers: tile kt + 1 is copied in while tile kt is used.
+  __shared__ __align__(16) bf16 k_tiles[2][kTile * kLd];
+  __shared__ __align__(16) bf16 v_tiles[2][kTile * kLd];
   const int tiles = (T + kTile - 1) / kTile;
   const int qt = tiles - 1 - blockIdx.x;  // longest rows first
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
@@ -174,27 +205,39 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse,
   LoadTile(q_tile, seq, stride, q0, T);
   __syncthreads();
   Frag qa[kHs / 16];
-  #pragma unroll
+#pragma unroll
   for (int kc = 0; kc < kHs / 16; ++kc) qa[kc] = LoadA(q_tile, 16 * warp, kc, g, q);
 
   float o[kHs / 8][4];
   Zero<kHs / 8>(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
+  LoadTileAsync(k_tiles[0], seq + C, stride, 0, T);
+  LoadTileAsync(v_tiles[0], seq + 2 * C, stride, 0, T);
+  CommitTiles();
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    __syncthreads();  // the previous tile's readers are done
-    LoadTile(k_tile, seq + C, stride, k0, T);
-    LoadTile(v_tile, seq + 2 * C, stride, k0, T);
-    __syncthreads();
+    // The other buffer was last read in iteration kt - 1, which ended
+    // with a barrier.
+    if (kt < qt) {
+      LoadTileAsync(k_tiles[(kt + 1) & 1], seq + C, stride, k0 + kTile, T);
+      LoadTileAsync(v_tiles[(kt + 1) & 1], seq + 2 * C, stride, k0 + kTile, T);
+      CommitTiles();
+      WaitTiles<1>();
+    } else {
+      WaitTiles<0>();
+    }
+    __syncthreads();  // tile kt has landed for every thread
+    const bf16* k_tile = k_tiles[kt & 1];
+    const bf16* v_tile = v_tiles[kt & 1];
     float s[kTile / 8][4];
-    ProductWithRows(s, qa, k_tile, g, q);
-    #pragma unroll
+    ProductWithRows(s, qa, k_tile, lane);
+#pragma unroll
     for (int half = 0; half < 2; ++half) {
       float tile_max = -INFINITY;
-      #pragma unroll
+#pragma unroll
       for (int j = 0; j < kTile / 8; ++j) {
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = k0 + 8 * j + 2 * q + e;
           float& x = s[j][2 * half + e];
@@ -210,9 +253,9 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse,
       const float correction = exp2f(m[half] - m_new);
       m[half] = m_new;
       float sum = 0.0f;
-      #pragma unroll
+#pragma unroll
       for (int j = 0; j < kTile / 8; ++j) {
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < 2; ++e) {
           float& x = s[j][2 * half + e];
           x = exp2f(x - m_new);
@@ -220,26 +263,27 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse,
         }
       }
       l[half] = l[half] * correction + sum;
-      #pragma unroll
+#pragma unroll
       for (int j = 0; j < kHs / 8; ++j) {
         o[j][2 * half] *= correction;
         o[j][2 * half + 1] *= correction;
       }
     }
-    AccumulateProduct(o, s, v_tile, g, q);
+    AccumulateProduct(o, s, v_tile, lane);
+    __syncthreads();  // done with this buffer before it is refilled
   }
-  #pragma unroll
+#pragma unroll
   for (int half = 0; half < 2; ++half) {
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
     l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
   }
   bf16* out_seq = out + static_cast<size_t>(b) * T * C + h * kHs;
-  #pragma unroll
+#pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = row[half];
     if (r >= T) continue;
     const float inv = 1.0f / l[half];
-    #pragma unroll
+#pragma unroll
     for (int j = 0; j < kHs / 8; ++j) {
       *reinterpret_cast<uint32_t*>(out_seq + static_cast<size_t>(r) * C + 8 * j + 2 * q) =
           Pack2(o[j][2 * half] * inv, o[j][2 * half + 1] * inv);
@@ -270,10 +314,12 @@ __global__ void DeltaKernel(float* delta, const bf16* dout, const bf16* out, int
 __global__ void __launch_bounds__(kThreads)
     KeyValueKernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                    const float* delta, int T, int C, int NH, float scale, float scale_log2) {
-  __shared__ __align__(16) bf16 q_tile[kTile * kLd];
-  __shared__ __align__(16) bf16 do_tile[kTile * kLd];
+  // Two buffers of each per-query tile: tile qt + 1 is copied in while
+  // tile qt is used.
+  __shared__ __align__(16) bf16 q_tiles[2][kTile * kLd];
+  __shared__ __align__(16) bf16 do_tiles[2][kTile * kLd];
   __shared__ __align__(16) bf16 kv_tile[kTile * kLd];
-  __shared__ float lse_tile[kTile], delta_tile[kTile];
+  __shared__ float lse_tiles[2][kTile], delta_tiles[2][kTile];
   const int tiles = (T + kTile - 1) / kTile;
   const int kt = blockIdx.x;  // the first key tiles see the most queries
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
@@ -286,36 +332,51 @@ __global__ void __launch_bounds__(kThreads)
   Frag ka[kHs / 16], va[kHs / 16];
   LoadTile(kv_tile, seq + C, stride, k0, T);
   __syncthreads();
-  #pragma unroll
+#pragma unroll
   for (int kc = 0; kc < kHs / 16; ++kc) ka[kc] = LoadA(kv_tile, 16 * warp, kc, g, q);
   __syncthreads();
   LoadTile(kv_tile, seq + 2 * C, stride, k0, T);
   __syncthreads();
-  #pragma unroll
+#pragma unroll
   for (int kc = 0; kc < kHs / 16; ++kc) va[kc] = LoadA(kv_tile, 16 * warp, kc, g, q);
 
   float dk[kHs / 8][4], dv[kHs / 8][4];
   Zero<kHs / 8>(dk);
   Zero<kHs / 8>(dv);
   const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
+  // Copies in query tile `tile` (rows, dout, lse, delta) to buffer `buffer`.
+  auto load_queries = [&](int tile, int buffer) {
+    const int first = tile * kTile;
+    LoadTileAsync(q_tiles[buffer], seq, stride, first, T);
+    LoadTileAsync(do_tiles[buffer], dout_seq, C, first, T);
+    CommitTiles();
+    for (int i = threadIdx.x; i < kTile; i += kThreads) {
+      const bool valid = first + i < T;
+      // A padded query row gets probability 0 (exp2(-inf)) and no delta.
+      lse_tiles[buffer][i] = valid ? lse[static_cast<size_t>(bh) * T + first + i] : INFINITY;
+      delta_tiles[buffer][i] = valid ? delta[static_cast<size_t>(bh) * T + first + i] : 0.0f;
+    }
+  };
+  load_queries(kt, kt & 1);
   for (int qt = kt; qt < tiles; ++qt) {
     const int q0 = qt * kTile;
-    __syncthreads();
-    LoadTile(q_tile, seq, stride, q0, T);
-    LoadTile(do_tile, dout_seq, C, q0, T);
-    for (int i = threadIdx.x; i < kTile; i += kThreads) {
-      const bool valid = q0 + i < T;
-      // A padded query row gets probability 0 (exp2(-inf)) and no delta.
-      lse_tile[i] = valid ? lse[static_cast<size_t>(bh) * T + q0 + i] : INFINITY;
-      delta_tile[i] = valid ? delta[static_cast<size_t>(bh) * T + q0 + i] : 0.0f;
+    if (qt + 1 < tiles) {
+      load_queries(qt + 1, (qt + 1) & 1);
+      WaitTiles<1>();
+    } else {
+      WaitTiles<0>();
     }
-    __syncthreads();
+    __syncthreads();  // tile qt has landed for every thread
+    const bf16* q_tile = q_tiles[qt & 1];
+    const bf16* do_tile = do_tiles[qt & 1];
+    const float* lse_tile = lse_tiles[qt & 1];
+    const float* delta_tile = delta_tiles[qt & 1];
     // P^T (16 keys x 64 queries).
     float p[kTile / 8][4];
-    ProductWithRows(p, ka, q_tile, g, q);
-    #pragma unroll
+    ProductWithRows(p, ka, q_tile, lane);
+#pragma unroll
     for (int j = 0; j < kTile / 8; ++j) {
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int query_index = 8 * j + 2 * q + (e & 1);
         const int query = q0 + query_index;
@@ -324,21 +385,22 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     // dV (16 keys x 64 dims) += P^T @ dO.
-    AccumulateProduct(dv, p, do_tile, g, q);
+    AccumulateProduct(dv, p, do_tile, lane);
     // dP^T (16 keys x 64 queries) = V @ dO^T; then dS^T = P^T (dP^T -
     // delta) * scale, in place.
     float ds[kTile / 8][4];
-    ProductWithRows(ds, va, do_tile, g, q);
-    #pragma unroll
+    ProductWithRows(ds, va, do_tile, lane);
+#pragma unroll
     for (int j = 0; j < kTile / 8; ++j) {
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int query_index = 8 * j + 2 * q + (e & 1);
         ds[j][e] = p[j][e] * (ds[j][e] - delta_tile[query_index]) * scale;
       }
     }
     // dK (16 keys x 64 dims) += dS^T @ Q.
-    AccumulateProduct(dk, ds, q_tile, g, q);
+    AccumulateProduct(dk, ds, q_tile, lane);
+    __syncthreads();  // done with this buffer before it is refilled
   }
   bf16* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
   StoreRows(dseq + C, stride, k0 + 16 * warp, T, dk, 1.0f, g, q);
@@ -350,8 +412,8 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     QueryKernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                 const float* delta, int T, int C, int NH, float scale, float scale_log2) {
-  __shared__ __align__(16) bf16 k_tile[kTile * kLd];
-  __shared__ __align__(16) bf16 v_tile[kTile * kLd];
+  __shared__ __align__(16) bf16 k_tiles[2][kTile * kLd];
+  __shared__ __align__(16) bf16 v_tiles[2][kTile * kLd];
   const int tiles = (T + kTile - 1) / kTile;
   const int qt = tiles - 1 - blockIdx.x;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
@@ -362,17 +424,19 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = qt * kTile;
 
   Frag qa[kHs / 16], da[kHs / 16];
-  LoadTile(k_tile, seq, stride, q0, T);
-  LoadTile(v_tile, dout_seq, C, q0, T);
+  // This block's queries and their dout pass through buffer 1 first.
+  LoadTile(k_tiles[1], seq, stride, q0, T);
+  LoadTile(v_tiles[1], dout_seq, C, q0, T);
   __syncthreads();
-  #pragma unroll
+#pragma unroll
   for (int kc = 0; kc < kHs / 16; ++kc) {
-    qa[kc] = LoadA(k_tile, 16 * warp, kc, g, q);
-    da[kc] = LoadA(v_tile, 16 * warp, kc, g, q);
+    qa[kc] = LoadA(k_tiles[1], 16 * warp, kc, g, q);
+    da[kc] = LoadA(v_tiles[1], 16 * warp, kc, g, q);
   }
+  __syncthreads();
   const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
   float row_lse[2], row_delta[2];
-  #pragma unroll
+#pragma unroll
   for (int half = 0; half < 2; ++half) {
     const bool valid = row[half] < T;
     row_lse[half] = valid ? lse[static_cast<size_t>(bh) * T + row[half]] : INFINITY;
@@ -381,18 +445,28 @@ __global__ void __launch_bounds__(kThreads)
 
   float dq[kHs / 8][4];
   Zero<kHs / 8>(dq);
+  LoadTileAsync(k_tiles[0], seq + C, stride, 0, T);
+  LoadTileAsync(v_tiles[0], seq + 2 * C, stride, 0, T);
+  CommitTiles();
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    __syncthreads();
-    LoadTile(k_tile, seq + C, stride, k0, T);
-    LoadTile(v_tile, seq + 2 * C, stride, k0, T);
-    __syncthreads();
+    if (kt < qt) {
+      LoadTileAsync(k_tiles[(kt + 1) & 1], seq + C, stride, k0 + kTile, T);
+      LoadTileAsync(v_tiles[(kt + 1) & 1], seq + 2 * C, stride, k0 + kTile, T);
+      CommitTiles();
+      WaitTiles<1>();
+    } else {
+      WaitTiles<0>();
+    }
+    __syncthreads();  // tile kt has landed for every thread
+    const bf16* k_tile = k_tiles[kt & 1];
+    const bf16* v_tile = v_tiles[kt & 1];
     float p[kTile / 8][4], ds[kTile / 8][4];
-    ProductWithRows(p, qa, k_tile, g, q);   // S = Q K^T
-    ProductWithRows(ds, da, v_tile, g, q);  // dP = dO V^T
-    #pragma unroll
+    ProductWithRows(p, qa, k_tile, lane);   // S = Q K^T
+    ProductWithRows(ds, da, v_tile, lane);  // dP = dO V^T
+#pragma unroll
     for (int j = 0; j < kTile / 8; ++j) {
-      #pragma unroll
+#pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int half = e >> 1, key = k0 + 8 * j + 2 * q + (e & 1);
         const bool visible = key <= row[half] && key < T;
@@ -400,7 +474,8 @@ __global__ void __launch_bounds__(kThreads)
         ds[j][e] = prob * (ds[j][e] - row_delta[half]) * scale;
       }
     }
-    AccumulateProduct(dq, ds, k_tile, g, q);  // dQ += dS @ K
+    AccumulateProduct(dq, ds, k_tile, lane);  // dQ += dS @ K
+    __syncthreads();  // done with this buffer before it is refilled
   }
   bf16* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
   StoreRows(dseq, stride, q0 + 16 * warp, T, dq, 1.0f, g, q);

@@ -63,6 +63,8 @@ __global__ void ForwardKernel(T* out, float* mean_out, float* rstd_out, T* resid
 // dweight and dbias in shared memory (its lanes own disjoint channels),
 // then the warps' sums are added in warp order into this block's row of
 // partials (blocks, 2C): [dweight | dbias]. AddColumnSums finishes.
+// In shared memory element i of channel pack p sits at i * (C / P) + p, so
+// the 32 lanes, which hold 32 neighbouring packs, hit 32 different banks.
 // 8 warps of 4 rows: at GPT-2's 8192 rows that is 256 blocks, enough to
 // fill the GPU (64-row blocks of 4 warps left it half idle).
 constexpr int kBackwardWarps = 8;
@@ -93,8 +95,9 @@ __global__ void BackwardKernel(T* dinp, float* partials, const T* dout, const T*
         const float dnorm = dy * weight[c + i];
         dnorm_sum += dnorm;
         dnorm_xhat_sum += dnorm * xhat;
-        dweight_acc[c + i] += dy * xhat;
-        dbias_acc[c + i] += dy;
+        const int slot = i * (C / P) + c / P;
+        dweight_acc[slot] += dy * xhat;
+        dbias_acc[slot] += dy;
       }
     }
     const float dnorm_mean = WarpSum(dnorm_sum) / C;
@@ -113,8 +116,12 @@ __global__ void BackwardKernel(T* dinp, float* partials, const T* dout, const T*
   }
   __syncthreads();
   for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
+    const int part = c / C, channel = c % C;  // part 0: dweight, 1: dbias
+    const int slot = part * C + (channel % P) * (C / P) + channel / P;
     float total = 0.0f;
-    for (int w = 0; w < kBackwardWarps; ++w) total += shared[static_cast<size_t>(w) * 2 * C + c];
+    for (int w = 0; w < kBackwardWarps; ++w) {
+      total += shared[static_cast<size_t>(w) * 2 * C + slot];
+    }
     partials[static_cast<size_t>(blockIdx.x) * 2 * C + c] = total;
   }
 }
