@@ -230,6 +230,7 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse,
     __syncthreads();  // tile kt has landed for every thread
     const bf16* k_tile = k_tiles[kt & 1];
     const bf16* v_tile = v_tiles[kt & 1];
+    const bool diagonal = kt == qt;
     float s[kTile / 8][4];
     ProductWithRows(s, qa, k_tile, lane);
 #pragma unroll
@@ -241,7 +242,8 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse,
         for (int e = 0; e < 2; ++e) {
           const int key = k0 + 8 * j + 2 * q + e;
           float& x = s[j][2 * half + e];
-          x = (key <= row[half] && key < T) ? x * scale_log2 : -INFINITY;
+          // Only the diagonal tile has keys after a row (or past T).
+          x = (!diagonal || (key <= row[half] && key < T)) ? x * scale_log2 : -INFINITY;
           tile_max = fmaxf(tile_max, x);
         }
       }
@@ -371,6 +373,7 @@ __global__ void __launch_bounds__(kThreads)
     const bf16* do_tile = do_tiles[qt & 1];
     const float* lse_tile = lse_tiles[qt & 1];
     const float* delta_tile = delta_tiles[qt & 1];
+    const bool diagonal = qt == kt;
     // P^T (16 keys x 64 queries).
     float p[kTile / 8][4];
     ProductWithRows(p, ka, q_tile, lane);
@@ -380,7 +383,9 @@ __global__ void __launch_bounds__(kThreads)
       for (int e = 0; e < 4; ++e) {
         const int query_index = 8 * j + 2 * q + (e & 1);
         const int query = q0 + query_index;
-        const bool visible = key[e >> 1] <= query && key[e >> 1] < T;
+        // Below the diagonal every key precedes every query; a padded
+        // query (>= T) gets 0 from its infinite lse.
+        const bool visible = !diagonal || (key[e >> 1] <= query && key[e >> 1] < T);
         p[j][e] = visible ? exp2f(p[j][e] * scale_log2 - lse_tile[query_index]) : 0.0f;
       }
     }
@@ -461,6 +466,7 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // tile kt has landed for every thread
     const bf16* k_tile = k_tiles[kt & 1];
     const bf16* v_tile = v_tiles[kt & 1];
+    const bool diagonal = kt == qt;
     float p[kTile / 8][4], ds[kTile / 8][4];
     ProductWithRows(p, qa, k_tile, lane);   // S = Q K^T
     ProductWithRows(ds, da, v_tile, lane);  // dP = dO V^T
@@ -469,7 +475,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int half = e >> 1, key = k0 + 8 * j + 2 * q + (e & 1);
-        const bool visible = key <= row[half] && key < T;
+        // Below the diagonal every key precedes every row, and is < T.
+        const bool visible = !diagonal || (key <= row[half] && key < T);
         const float prob = visible ? exp2f(p[j][e] * scale_log2 - row_lse[half]) : 0.0f;
         ds[j][e] = prob * (ds[j][e] - row_delta[half]) * scale;
       }

@@ -57,6 +57,15 @@ __global__ void AddColumnSumsKernel(float* out, const float* partials, int rows,
   out[c] += total;
 }
 
+__global__ void AddColumnSums2Kernel(float* out1, float* out2, const float* partials, int rows,
+                                     int n) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= 2 * n) return;
+  float total = 0.0f;
+  for (int r = 0; r < rows; ++r) total += partials[static_cast<size_t>(r) * 2 * n + c];
+  (c < n ? out1[c] : out2[c - n]) += total;
+}
+
 // The GELU epilogues' stand-ins, for a GPU or type whose cuBLASLt has no
 // algorithm with them: the same tanh-form math as the CPU (gelu.h).
 template <typename T>
@@ -335,6 +344,14 @@ int Gemm::BackwardBias(float* dbias, const void* dout, int BT, int OC, float* sc
   });
   if (status != 0) return status;
   return AddColumnSums(dbias, scratch, static_cast<int>(chunks), OC, OC, stream_);
+}
+
+int AddColumnSums2(float* out1, float* out2, const float* partials, int rows, int n,
+                   void* stream) {
+  if (n == 0) return 0;
+  AddColumnSums2Kernel<<<CeilDiv(2 * n, 256), 256, 0, AsStream(stream)>>>(out1, out2, partials,
+                                                                         rows, n);
+  return LaunchStatus();
 }
 
 int AddColumnSums(float* out, const float* partials, int rows, int n, int stride,

@@ -97,5 +97,9 @@ class Gemm {
 // for c in [0, n): the second pass of the deterministic column sums (bias
 // and LayerNorm parameter gradients).
 int AddColumnSums(float* out, const float* partials, int rows, int n, int stride, void* stream);
+// The same over partials (rows, 2n) in one launch: columns [0, n) go to
+// out1, [n, 2n) to out2.
+int AddColumnSums2(float* out1, float* out2, const float* partials, int rows, int n,
+                   void* stream);
 
 }  // namespace muster::kernels::fast

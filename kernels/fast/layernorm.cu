@@ -173,9 +173,7 @@ int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, con
     return LaunchStatus();
   });
   if (status != 0) return status;
-  status = AddColumnSums(dweight, scratch, static_cast<int>(blocks), C, 2 * C, stream);
-  if (status != 0) return status;
-  return AddColumnSums(dbias, scratch + C, static_cast<int>(blocks), C, 2 * C, stream);
+  return AddColumnSums2(dweight, dbias, scratch, static_cast<int>(blocks), C, stream);
 }
 
 }  // namespace muster::kernels::fast
