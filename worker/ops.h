@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -67,11 +68,20 @@ class Ops {
                                    const int* targets, size_t N, int V, int Vp) = 0;
   virtual void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                                     const int* targets, float dloss, size_t N, int V, int Vp) = 0;
-  // params_bf16: nullptr, or n bf16 values (raw bits) that get the
-  // updated parameters rounded to nearest even (CUDA only).
-  virtual void AdamWUpdate(float* params, float* m, float* v, const float* grads, size_t n,
-                           const kernels::AdamWHyper& hyper, int step,
-                           uint16_t* params_bf16 = nullptr) = 0;
+  // AdamW over `runs` of the buffers params, m, v, grads (floats
+  // [begin, begin + count) of each): hyper.weight_decay where the run has
+  // decay, 0 elsewhere. params_bf16: nullptr, or a bf16 copy of params
+  // (raw bits, same layout) that gets the updated parameters rounded to
+  // nearest even (CUDA only). A caller passes the same runs on every call
+  // (the CUDA back end keeps them on the device, and launches once).
+  struct AdamWRun {
+    size_t begin = 0;
+    size_t count = 0;
+    bool decay = false;
+  };
+  virtual void AdamWUpdate(float* params, float* m, float* v, const float* grads,
+                           uint16_t* params_bf16, const std::vector<AdamWRun>& runs,
+                           const kernels::AdamWHyper& hyper, int step) = 0;
   // Sum of x[i]^2 in double, returned to the host.
   virtual double SumOfSquares(const float* x, size_t n) = 0;
   virtual void Scale(float* x, size_t n, float scale) = 0;

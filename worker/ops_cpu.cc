@@ -97,10 +97,16 @@ class CpuOps final : public Ops {
                             const int* targets, float dloss, size_t N, int V, int Vp) override {
     k::CrossEntropyBackwardCpu(dlogits, logits, lse, targets, dloss, N, V, Vp);
   }
-  void AdamWUpdate(float* params, float* m, float* v, const float* grads, size_t n,
-                   const k::AdamWHyper& hyper, int step, uint16_t* params_bf16) override {
+  void AdamWUpdate(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
+                   const std::vector<AdamWRun>& runs, const k::AdamWHyper& hyper,
+                   int step) override {
     assert(params_bf16 == nullptr);  // the CPU computes in fp32 only
-    k::AdamWUpdateCpu(params, m, v, grads, n, hyper, step);
+    for (const AdamWRun& run : runs) {
+      k::AdamWHyper run_hyper = hyper;
+      if (!run.decay) run_hyper.weight_decay = 0.0f;
+      k::AdamWUpdateCpu(params + run.begin, m + run.begin, v + run.begin, grads + run.begin,
+                        run.count, run_hyper, step);
+    }
   }
   double SumOfSquares(const float* x, size_t n) override { return k::SumOfSquaresCpu(x, n); }
   void Scale(float* x, size_t n, float scale) override { k::ScaleCpu(x, n, scale); }

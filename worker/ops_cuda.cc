@@ -1,6 +1,8 @@
 // The CUDA back end: cudaMalloc'd memory, the kernels' ...Cuda launchers
 // on the default stream, and one cuBLAS handle. Compiled only under
 // --config=cuda (worker/ops_nocuda.cc stands in otherwise).
+#include <algorithm>
+
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -27,6 +29,7 @@ class CudaOps final : public Ops {
  public:
   explicit CudaOps(cublasHandle_t blas) : blas_(blas) {}
   ~CudaOps() override {
+    cudaFree(adamw_chunks_);
     cudaFree(norm_scratch_);
     cublasDestroy(blas_);
   }
@@ -117,9 +120,19 @@ class CudaOps final : public Ops {
     Check("crossentropy backward",
           k::CrossEntropyBackwardCuda(dlogits, logits, lse, targets, dloss, N, V, Vp, kStream));
   }
-  void AdamWUpdate(float* params, float* m, float* v, const float* grads, size_t n,
-                   const k::AdamWHyper& hyper, int step, uint16_t* params_bf16) override {
-    Check("adamw", k::fast::AdamWUpdate(params, m, v, grads, params_bf16, n, hyper, step, kStream));
+  void AdamWUpdate(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
+                   const std::vector<AdamWRun>& runs, const k::AdamWHyper& hyper,
+                   int step) override {
+    if (runs.size() != adamw_runs_.size() ||
+        !std::equal(runs.begin(), runs.end(), adamw_runs_.begin(),
+                    [](const AdamWRun& a, const AdamWRun& b) {
+                      return a.begin == b.begin && a.count == b.count && a.decay == b.decay;
+                    })) {
+      if (!UploadAdamWChunks(runs)) return;
+    }
+    Check("adamw", k::fast::AdamWUpdateChunks(params, m, v, grads, params_bf16, adamw_chunks_,
+                                              adamw_chunk_count_, adamw_aligned_, hyper, step,
+                                              kStream));
   }
   double SumOfSquares(const float* x, size_t n) override {
     // One device result double followed by the kernel's scratch, grown to
@@ -160,7 +173,34 @@ class CudaOps final : public Ops {
     return false;
   }
 
+  // The run table of AdamWUpdate, split into one chunk per block, on the
+  // device (a model's runs never change, so this happens once).
+  bool UploadAdamWChunks(const std::vector<AdamWRun>& runs) {
+    std::vector<k::fast::AdamWChunk> table;
+    adamw_aligned_ = true;  // every run starts on 16 bytes: 128-bit accesses
+    for (const AdamWRun& run : runs) {
+      table.push_back(k::fast::AdamWChunk{run.begin, run.count, run.decay ? 1u : 0u});
+      adamw_aligned_ = adamw_aligned_ && run.begin % 4 == 0;
+    }
+    const std::vector<k::fast::AdamWChunk> pieces = k::fast::SplitAdamWRuns(table);
+    cudaFree(adamw_chunks_);
+    adamw_chunks_ = nullptr;
+    adamw_runs_.clear();
+    const size_t bytes = pieces.size() * sizeof(k::fast::AdamWChunk);
+    if (!Check("cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&adamw_chunks_), bytes))) {
+      return false;
+    }
+    ToDevice(adamw_chunks_, pieces.data(), bytes);
+    adamw_chunk_count_ = static_cast<int>(pieces.size());
+    adamw_runs_ = runs;
+    return true;
+  }
+
   cublasHandle_t blas_;
+  std::vector<AdamWRun> adamw_runs_;
+  k::fast::AdamWChunk* adamw_chunks_ = nullptr;
+  int adamw_chunk_count_ = 0;
+  bool adamw_aligned_ = true;
   double* norm_scratch_ = nullptr;
   size_t norm_scratch_doubles_ = 0;
   mutable absl::Status status_;

@@ -16,6 +16,10 @@ struct AdamW::Impl {
   GptModel* model;
   OptimConfig config;
   std::vector<size_t> offsets;  // each stage's start in m and v
+  // Runs of neighbouring tensors that share the decay setting, in floats
+  // from the start of the buffers (the stages' params and grads lie at the
+  // same offsets in their allocations as m and v).
+  std::vector<Ops::AdamWRun> runs;
   float* m = nullptr;
   float* v = nullptr;
 };
@@ -31,6 +35,23 @@ AdamW::AdamW(GptModel* model, const OptimConfig& config) : impl_(std::make_uniqu
   assert(m.ok() && v.ok());
   impl_->m = static_cast<float*>(m.value());
   impl_->v = static_cast<float*>(v.value());
+  const std::vector<Stage>& stages = model->stages();
+  for (size_t s = 0; s < stages.size(); ++s) {
+    assert(stages[s].params == stages[0].params + impl_->offsets[s]);
+    assert(stages[s].grads == stages[0].grads + impl_->offsets[s]);
+    const std::vector<TensorView>& tensors = stages[s].tensors;
+    size_t run = 0;
+    while (run < tensors.size()) {
+      size_t end = run + 1;
+      while (end < tensors.size() && tensors[end].decay == tensors[run].decay) ++end;
+      Ops::AdamWRun piece;
+      piece.begin = impl_->offsets[s] + tensors[run].offset;
+      piece.count = tensors[end - 1].offset + tensors[end - 1].size - tensors[run].offset;
+      piece.decay = tensors[run].decay;
+      impl_->runs.push_back(piece);
+      run = end;
+    }
+  }
 }
 
 AdamW::~AdamW() {
@@ -45,30 +66,11 @@ void AdamW::Step(float lr, int step, float grad_scale) {
   hyper.beta1 = static_cast<float>(impl_->config.beta1);
   hyper.beta2 = static_cast<float>(impl_->config.beta2);
   hyper.eps = static_cast<float>(impl_->config.eps);
-  const float weight_decay = static_cast<float>(impl_->config.weight_decay);
-  Ops& ops = impl_->model->ops();
+  hyper.weight_decay = static_cast<float>(impl_->config.weight_decay);
+  // One call for every stage: on CUDA one launch.
   std::vector<Stage>& stages = impl_->model->stages();
-  for (size_t s = 0; s < stages.size(); ++s) {
-    const Stage& stage = stages[s];
-    float* m = impl_->m + impl_->offsets[s];
-    float* v = impl_->v + impl_->offsets[s];
-    // One kernel call per run of neighbouring tensors that share the decay
-    // setting (tensors are contiguous within a stage).
-    size_t run = 0;
-    while (run < stage.tensors.size()) {
-      size_t end = run + 1;
-      while (end < stage.tensors.size() && stage.tensors[end].decay == stage.tensors[run].decay) {
-        ++end;
-      }
-      const size_t begin = stage.tensors[run].offset;
-      const size_t count = stage.tensors[end - 1].offset + stage.tensors[end - 1].size - begin;
-      hyper.weight_decay = stage.tensors[run].decay ? weight_decay : 0.0f;
-      uint16_t* const params_bf16 = impl_->model->ParamsBf16(static_cast<int>(s));
-      ops.AdamWUpdate(stage.params + begin, m + begin, v + begin, stage.grads + begin, count, hyper,
-                      step, params_bf16 == nullptr ? nullptr : params_bf16 + begin);
-      run = end;
-    }
-  }
+  impl_->model->ops().AdamWUpdate(stages[0].params, impl_->m, impl_->v, stages[0].grads,
+                                  impl_->model->ParamsBf16(0), impl_->runs, hyper, step);
 }
 
 std::vector<float> AdamW::CopyMomentsToHost(bool second) const {

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "kernels/adamw.h"
 
@@ -14,6 +15,38 @@ namespace muster::kernels::fast {
 // even, unless it is nullptr.
 int AdamWUpdate(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
                 size_t n, const AdamWHyper& hyper, int step, void* stream);
+
+// A stretch of parameters that share the weight-decay setting: floats
+// [begin, begin + count) of the buffers.
+struct AdamWChunk {
+  unsigned long long begin;
+  unsigned long long count;
+  unsigned int decay;  // 1: hyper.weight_decay applies; 0: no decay
+};
+
+// Most floats one block updates: runs longer than this are split.
+constexpr unsigned int kAdamWChunkFloats = 16384;
+
+// The runs split into chunks of at most kAdamWChunkFloats, in order.
+inline std::vector<AdamWChunk> SplitAdamWRuns(const std::vector<AdamWChunk>& runs) {
+  std::vector<AdamWChunk> chunks;
+  for (const AdamWChunk& run : runs) {
+    for (unsigned long long done = 0; done < run.count; done += kAdamWChunkFloats) {
+      const unsigned long long left = run.count - done;
+      chunks.push_back(
+          AdamWChunk{run.begin + done, left < kAdamWChunkFloats ? left : kAdamWChunkFloats,
+                     run.decay});
+    }
+  }
+  return chunks;
+}
+
+// AdamWUpdate over many runs of one set of buffers in one launch: block i
+// updates chunks[i] (device memory, from SplitAdamWRuns), with
+// hyper.weight_decay where the chunk has decay and 0 elsewhere.
+int AdamWUpdateChunks(float* params, float* m, float* v, const float* grads,
+                      uint16_t* params_bf16, const AdamWChunk* chunks, int num_chunks,
+                      bool aligned, const AdamWHyper& hyper, int step, void* stream);
 
 // out (n, raw bf16 bits) = in (n) fp32 rounded to nearest even.
 int CastToBf16(uint16_t* out, const float* in, size_t n, void* stream);

@@ -548,6 +548,70 @@ TEST_CASE("AdamW with the bf16 cast matches the CPU update; the copy is the roun
   RequireClose(d_v.Download(), ToDouble(v), 1e-6, "v (unaligned)");
 }
 
+TEST_CASE("AdamW over runs in one launch matches the CPU; gaps between runs stay untouched",
+          "[adamw]") {
+  std::mt19937 rng(Seed());
+  const size_t n = 4 * kAdamWChunkFloats;
+  // A long decayed run split over several blocks, a short undecayed one,
+  // a gap, and a run that starts off a 16-byte boundary.
+  for (const unsigned long long odd_begin : {0ull, 1ull}) {
+    SECTION(odd_begin ? "unaligned run" : "aligned runs") {
+      const std::vector<AdamWChunk> runs = {
+          {0, 2 * kAdamWChunkFloats + 100, 1},
+          {2 * kAdamWChunkFloats + 104, 300, 0},
+          {2 * kAdamWChunkFloats + 1024 + odd_begin, kAdamWChunkFloats - 16, 1}};
+      auto params = Random(n, rng), m = Random(n, rng, 0.01f), v = Random(n, rng, 0.01f),
+           grads = Random(n, rng);
+      for (float& x : v) x = std::fabs(x);
+      AdamWHyper hyper;
+      hyper.weight_decay = 0.1f;
+      hyper.grad_scale = 0.5f;
+      Buffer d_params(n, ActType::kF32), d_m(n, ActType::kF32), d_v(n, ActType::kF32),
+          d_grads(n, ActType::kF32), copy(n, ActType::kBf16);
+      d_params.Upload(&params);
+      d_m.Upload(&m);
+      d_v.Upload(&v);
+      d_grads.Upload(&grads);
+      const std::vector<AdamWChunk> chunks = SplitAdamWRuns(runs);
+      REQUIRE(chunks.size() == 5);
+      AdamWChunk* d_chunks = nullptr;
+      REQUIRE(cudaMalloc(&d_chunks, chunks.size() * sizeof(AdamWChunk)) == cudaSuccess);
+      REQUIRE(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(AdamWChunk),
+                         cudaMemcpyHostToDevice) == cudaSuccess);
+      CUDA_REQUIRE(AdamWUpdateChunks(d_params.f(), d_m.f(), d_v.f(), d_grads.f(),
+                                     static_cast<uint16_t*>(copy.get()), d_chunks,
+                                     static_cast<int>(chunks.size()), odd_begin == 0, hyper, 3,
+                                     nullptr));
+      const std::vector<float> before = params;
+      for (const AdamWChunk& run : runs) {
+        AdamWHyper run_hyper = hyper;
+        if (!run.decay) run_hyper.weight_decay = 0.0f;
+        AdamWUpdateCpu(params.data() + run.begin, m.data() + run.begin, v.data() + run.begin,
+                       grads.data() + run.begin, run.count, run_hyper, 3);
+      }
+      const std::vector<float> got = d_params.Download();
+      RequireClose(got, ToDouble(params), 1e-6, "params");
+      RequireClose(d_m.Download(), ToDouble(m), 1e-6, "m");
+      RequireClose(d_v.Download(), ToDouble(v), 1e-6, "v");
+      const std::vector<float> bf16 = copy.Download();
+      std::vector<bool> in_run(n, false);
+      for (const AdamWChunk& run : runs) {
+        for (size_t i = run.begin; i < run.begin + run.count; ++i) in_run[i] = true;
+      }
+      for (size_t i = 0; i < n; ++i) {
+        INFO("element " << i);
+        if (in_run[i]) {
+          REQUIRE(bf16[i] == FromBf16(Bf16Bits(got[i])));
+        } else {
+          REQUIRE(got[i] == before[i]);  // a gap: not written
+          REQUIRE(std::isnan(bf16[i]));  // still the poison
+        }
+      }
+      cudaFree(d_chunks);
+    }
+  }
+}
+
 TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
   std::mt19937 rng(Seed());
   const ActType act = ActType::kBf16;
