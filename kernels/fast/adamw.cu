@@ -14,39 +14,6 @@ constexpr int kThreads = 256;
 // tensors are), else one element at a time.
 constexpr int kWidth = 4;
 
-template <bool kVector>
-__global__ void AdamWKernel(float* params, float* m, float* v, const float* grads, bf16* copy,
-                            size_t n, AdamWHyper hyper, float bias_correction1,
-                            float bias_correction2) {
-  const size_t first = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) * kWidth;
-  if (first >= n) return;
-  if (kVector && first + kWidth <= n) {
-    float4 p = *reinterpret_cast<float4*>(params + first);
-    float4 mm = *reinterpret_cast<float4*>(m + first);
-    float4 vv = *reinterpret_cast<float4*>(v + first);
-    const float4 g = *reinterpret_cast<const float4*>(grads + first);
-    AdamWElem(&p.x, &mm.x, &vv.x, g.x, hyper, bias_correction1, bias_correction2);
-    AdamWElem(&p.y, &mm.y, &vv.y, g.y, hyper, bias_correction1, bias_correction2);
-    AdamWElem(&p.z, &mm.z, &vv.z, g.z, hyper, bias_correction1, bias_correction2);
-    AdamWElem(&p.w, &mm.w, &vv.w, g.w, hyper, bias_correction1, bias_correction2);
-    *reinterpret_cast<float4*>(params + first) = p;
-    *reinterpret_cast<float4*>(m + first) = mm;
-    *reinterpret_cast<float4*>(v + first) = vv;
-    if (copy != nullptr) {
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
-      uint2 packed;
-      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
-      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(copy + first) = packed;
-    }
-    return;
-  }
-  for (size_t i = first; i < n && i < first + kWidth; ++i) {
-    AdamWElem(params + i, m + i, v + i, grads[i], hyper, bias_correction1, bias_correction2);
-    if (copy != nullptr) copy[i] = __float2bfloat16_rn(params[i]);
-  }
-}
-
 // Block i: chunk i. With kVector, every chunk starts on a multiple of 4
 // floats and the buffers on 16 bytes (the caller checked).
 template <bool kVector>
@@ -94,25 +61,6 @@ __global__ void CastKernel(bf16* out, const float* in, size_t n) {
 }
 
 }  // namespace
-
-int AdamWUpdate(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
-                size_t n, const AdamWHyper& hyper, int step, void* stream) {
-  if (n == 0) return 0;
-  const bool vector = Aligned(params, 16) && Aligned(m, 16) && Aligned(v, 16) &&
-                      Aligned(grads, 16) && Aligned(params_bf16, 8);
-  const unsigned blocks = CeilDiv(CeilDiv(n, kWidth), kThreads);
-  auto* copy = reinterpret_cast<bf16*>(params_bf16);
-  const float correction1 = AdamWBiasCorrection(hyper.beta1, step);
-  const float correction2 = AdamWBiasCorrection(hyper.beta2, step);
-  if (vector) {
-    AdamWKernel<true><<<blocks, kThreads, 0, AsStream(stream)>>>(
-        params, m, v, grads, copy, n, hyper, correction1, correction2);
-  } else {
-    AdamWKernel<false><<<blocks, kThreads, 0, AsStream(stream)>>>(
-        params, m, v, grads, copy, n, hyper, correction1, correction2);
-  }
-  return LaunchStatus();
-}
 
 int AdamWUpdateChunks(float* params, float* m, float* v, const float* grads,
                       uint16_t* params_bf16, const AdamWChunk* chunks, int num_chunks,

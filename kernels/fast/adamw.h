@@ -10,12 +10,6 @@
 
 namespace muster::kernels::fast {
 
-// kernels/adamw.h's update of params, m, v (n) fp32 from grads (n) fp32;
-// params_bf16 (n, raw bf16 bits) gets the new params rounded to nearest
-// even, unless it is nullptr.
-int AdamWUpdate(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
-                size_t n, const AdamWHyper& hyper, int step, void* stream);
-
 // A stretch of parameters that share the weight-decay setting: floats
 // [begin, begin + count) of the buffers.
 struct AdamWChunk {
@@ -41,9 +35,13 @@ inline std::vector<AdamWChunk> SplitAdamWRuns(const std::vector<AdamWChunk>& run
   return chunks;
 }
 
-// AdamWUpdate over many runs of one set of buffers in one launch: block i
-// updates chunks[i] (device memory, from SplitAdamWRuns), with
-// hyper.weight_decay where the chunk has decay and 0 elsewhere.
+// kernels/adamw.h's update of params, m, v from grads (fp32), over runs of
+// one set of buffers in one launch: block i updates chunks[i] (device
+// memory, from SplitAdamWRuns), with hyper.weight_decay where the chunk
+// has decay and 0 elsewhere. params_bf16: nullptr, or a bf16 copy of
+// params (raw bits) that gets the new weights rounded to nearest even.
+// aligned: every chunk starts on a multiple of 4 floats (then, with
+// 16-byte aligned buffers, 128-bit accesses are used).
 int AdamWUpdateChunks(float* params, float* m, float* v, const float* grads,
                       uint16_t* params_bf16, const AdamWChunk* chunks, int num_chunks,
                       bool aligned, const AdamWHyper& hyper, int step, void* stream);

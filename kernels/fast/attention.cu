@@ -56,16 +56,42 @@ __global__ void SoftmaxBackwardKernel(T* att, const float* datt, size_t rows, in
   }
 }
 
-// One batched GEMM per sequence: `call` is set up for sequence 0, and
-// `step_*` moves each operand to the next sequence.
-int PerSequence(Gemm& gemm, LtCall call, int B, long long step_a, long long step_b,
-                long long step_d, size_t a_bytes, size_t b_bytes, size_t d_bytes) {
-  for (int b = 0; b < B; ++b) {
-    LtCall c = call;
-    c.a = static_cast<const char*>(call.a) + b * step_a * a_bytes;
-    c.b = static_cast<const char*>(call.b) + b * step_b * b_bytes;
-    c.d = static_cast<char*>(call.d) + b * step_d * d_bytes;
-    const int status = gemm.Run(c);
+// One operand of the per-head products, in elements of `bytes` each: head
+// h of sequence b starts at base + b * sequence + h * head, and its rows
+// (cuBLAS's columns) are `ld` apart.
+struct Operand {
+  const void* base;
+  int ld;
+  long long head;
+  long long sequence;
+  size_t bytes;
+  const void* At(int b) const { return static_cast<const char*>(base) + b * sequence * bytes; }
+};
+
+// D_h (m, n) = op(A_h) op(B_h) for every head h of every sequence: one
+// batched GEMM (over the heads) per sequence, since the heads' stride is
+// not the sequences'. D is fp32 if d.bytes is 4 and the act type is bf16.
+int PerHead(Gemm& gemm, bool trans_a, bool trans_b, int m, int n, int k, const Operand& a,
+            const Operand& b, const Operand& d, int B, int NH) {
+  LtCall call;
+  call.trans_a = trans_a;
+  call.trans_b = trans_b;
+  call.m = m;
+  call.n = n;
+  call.k = k;
+  call.lda = a.ld;
+  call.stride_a = a.head;
+  call.ldb = b.ld;
+  call.stride_b = b.head;
+  call.ldd = d.ld;
+  call.stride_d = d.head;
+  call.d_fp32 = d.bytes == 4;
+  call.batch = NH;
+  for (int s = 0; s < B; ++s) {
+    call.a = a.At(s);
+    call.b = b.At(s);
+    call.d = const_cast<void*>(d.At(s));
+    const int status = gemm.Run(call);
     if (status != 0) return status;
   }
   return 0;
@@ -79,25 +105,16 @@ int AttentionForward(Gemm& gemm, void* out, void* att, float* scores, const void
   const size_t act = ActBytes(gemm.act());
   const char* q = static_cast<const char*>(qkv);
   const long long TT = static_cast<long long>(T) * T;
+  const Operand query{q, 3 * C, hs, 3LL * T * C, act};
+  const Operand key{q + C * act, 3 * C, hs, 3LL * T * C, act};
+  const Operand value{q + 2 * C * act, 3 * C, hs, 3LL * T * C, act};
+  const Operand score{scores, T, TT, NH * TT, sizeof(float)};
+  const Operand prob{att, T, TT, NH * TT, act};
+  const Operand output{out, C, hs, static_cast<long long>(T) * C, act};
+
   // scores^T of head h (T_s, T_t) = K_h^T (stored (hs, T_s)) @ Q_h (hs, T_t):
   // column t of the result is row t of scores, so scores is row-major.
-  LtCall s;
-  s.trans_a = true;
-  s.m = T;
-  s.n = T;
-  s.k = hs;
-  s.a = q + C * act;
-  s.lda = 3 * C;
-  s.stride_a = hs;
-  s.b = q;
-  s.ldb = 3 * C;
-  s.stride_b = hs;
-  s.d = scores;
-  s.ldd = T;
-  s.stride_d = TT;
-  s.d_fp32 = true;
-  s.batch = NH;
-  int status = PerSequence(gemm, s, B, 3LL * T * C, 3LL * T * C, NH * TT, act, act, 4);
+  int status = PerHead(gemm, true, false, T, T, hs, key, query, score, B, NH);
   if (status != 0) return status;
 
   const size_t rows = static_cast<size_t>(B) * NH * T;
@@ -113,22 +130,7 @@ int AttentionForward(Gemm& gemm, void* out, void* att, float* scores, const void
 
   // out_h (hs, T_t) = V_h (hs, T_s) @ att_h^T (stored (T_s, T_t): att row t
   // is column t).
-  LtCall o;
-  o.m = hs;
-  o.n = T;
-  o.k = T;
-  o.a = q + 2 * C * act;
-  o.lda = 3 * C;
-  o.stride_a = hs;
-  o.b = att;
-  o.ldb = T;
-  o.stride_b = TT;
-  o.d = out;
-  o.ldd = C;
-  o.stride_d = hs;
-  o.batch = NH;
-  return PerSequence(gemm, o, B, 3LL * T * C, NH * TT, static_cast<long long>(T) * C, act, act,
-                     act);
+  return PerHead(gemm, false, false, hs, T, T, value, prob, output, B, NH);
 }
 
 int AttentionBackward(Gemm& gemm, void* dqkv, float* datt, void* att, const void* dout,
@@ -139,45 +141,22 @@ int AttentionBackward(Gemm& gemm, void* dqkv, float* datt, void* att, const void
   char* dq = static_cast<char*>(dqkv);
   const long long TT = static_cast<long long>(T) * T;
   const long long qkv_step = 3LL * T * C, out_step = static_cast<long long>(T) * C;
+  const Operand query{q, 3 * C, hs, qkv_step, act};
+  const Operand key{q + C * act, 3 * C, hs, qkv_step, act};
+  const Operand value{q + 2 * C * act, 3 * C, hs, qkv_step, act};
+  const Operand dquery{dq, 3 * C, hs, qkv_step, act};
+  const Operand dkey{dq + C * act, 3 * C, hs, qkv_step, act};
+  const Operand dvalue{dq + 2 * C * act, 3 * C, hs, qkv_step, act};
+  const Operand doutput{dout, C, hs, out_step, act};
+  const Operand prob{att, T, TT, NH * TT, act};  // then the scores' gradient
+  const Operand dprob{datt, T, TT, NH * TT, sizeof(float)};
 
   // dV_h (hs, T_s) = dout_h (hs, T_t) @ att_h (stored (T_s, T_t), transposed).
-  LtCall dv;
-  dv.trans_b = true;
-  dv.m = hs;
-  dv.n = T;
-  dv.k = T;
-  dv.a = dout;
-  dv.lda = C;
-  dv.stride_a = hs;
-  dv.b = att;
-  dv.ldb = T;
-  dv.stride_b = TT;
-  dv.d = dq + 2 * C * act;
-  dv.ldd = 3 * C;
-  dv.stride_d = hs;
-  dv.batch = NH;
-  int status = PerSequence(gemm, dv, B, out_step, NH * TT, qkv_step, act, act, act);
+  int status = PerHead(gemm, false, true, hs, T, T, doutput, prob, dvalue, B, NH);
   if (status != 0) return status;
-
   // datt^T (T_s, T_t) = V_h^T (stored (hs, T_s)) @ dout_h (hs, T_t): datt
   // row-major, like the scores.
-  LtCall da;
-  da.trans_a = true;
-  da.m = T;
-  da.n = T;
-  da.k = hs;
-  da.a = q + 2 * C * act;
-  da.lda = 3 * C;
-  da.stride_a = hs;
-  da.b = dout;
-  da.ldb = C;
-  da.stride_b = hs;
-  da.d = datt;
-  da.ldd = T;
-  da.stride_d = TT;
-  da.d_fp32 = true;
-  da.batch = NH;
-  status = PerSequence(gemm, da, B, qkv_step, out_step, NH * TT, act, act, 4);
+  status = PerHead(gemm, true, false, T, T, hs, value, doutput, dprob, B, NH);
   if (status != 0) return status;
 
   const size_t rows = static_cast<size_t>(B) * NH * T;
@@ -193,40 +172,10 @@ int AttentionBackward(Gemm& gemm, void* dqkv, float* datt, void* att, const void
   // att now holds dscores (row t: d loss / d scores[t, :]).
 
   // dQ_h (hs, T_t) = K_h (hs, T_s) @ dscores^T (stored (T_s, T_t)).
-  LtCall dqc;
-  dqc.m = hs;
-  dqc.n = T;
-  dqc.k = T;
-  dqc.a = q + C * act;
-  dqc.lda = 3 * C;
-  dqc.stride_a = hs;
-  dqc.b = att;
-  dqc.ldb = T;
-  dqc.stride_b = TT;
-  dqc.d = dq;
-  dqc.ldd = 3 * C;
-  dqc.stride_d = hs;
-  dqc.batch = NH;
-  status = PerSequence(gemm, dqc, B, qkv_step, NH * TT, qkv_step, act, act, act);
+  status = PerHead(gemm, false, false, hs, T, T, key, prob, dquery, B, NH);
   if (status != 0) return status;
-
   // dK_h (hs, T_s) = Q_h (hs, T_t) @ dscores (stored (T_s, T_t), transposed).
-  LtCall dk;
-  dk.trans_b = true;
-  dk.m = hs;
-  dk.n = T;
-  dk.k = T;
-  dk.a = q;
-  dk.lda = 3 * C;
-  dk.stride_a = hs;
-  dk.b = att;
-  dk.ldb = T;
-  dk.stride_b = TT;
-  dk.d = dq + C * act;
-  dk.ldd = 3 * C;
-  dk.stride_d = hs;
-  dk.batch = NH;
-  return PerSequence(gemm, dk, B, qkv_step, NH * TT, qkv_step, act, act, act);
+  return PerHead(gemm, false, true, hs, T, T, query, prob, dkey, B, NH);
 }
 
 }  // namespace muster::kernels::fast

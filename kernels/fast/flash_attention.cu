@@ -128,6 +128,32 @@ __device__ __forceinline__ void WaitTiles() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
 }
 
+// Starts copying the keys and values of rows [row0, row0 + 64) of a
+// sequence's qkv (`seq` at this head's q) into k_tile and v_tile, as one
+// group.
+__device__ __forceinline__ void LoadKeyValuesAsync(bf16* k_tile, bf16* v_tile, const bf16* seq,
+                                                   size_t stride, int C, int row0, int T) {
+  LoadTileAsync(k_tile, seq + C, stride, row0, T);
+  LoadTileAsync(v_tile, seq + 2 * C, stride, row0, T);
+  CommitTiles();
+}
+
+// Iteration kt of a loop over key tiles 0..last, each ending with a
+// barrier: starts copying tile kt + 1 into the other buffer (last read in
+// iteration kt - 1), then waits until tile kt has landed for every thread.
+__device__ __forceinline__ void NextKeyValueTile(bf16 (*k_tiles)[kTile * kLd],
+                                                 bf16 (*v_tiles)[kTile * kLd], const bf16* seq,
+                                                 size_t stride, int C, int kt, int last, int T) {
+  if (kt < last) {
+    LoadKeyValuesAsync(k_tiles[(kt + 1) & 1], v_tiles[(kt + 1) & 1], seq, stride, C,
+                       (kt + 1) * kTile, T);
+    WaitTiles<1>();
+  } else {
+    WaitTiles<0>();
+  }
+  __syncthreads();
+}
+
 template <int N>
 __device__ __forceinline__ void Zero(float (*acc)[4]) {
 #pragma unroll
@@ -212,22 +238,10 @@ __global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse,
   Zero<kHs / 8>(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-  LoadTileAsync(k_tiles[0], seq + C, stride, 0, T);
-  LoadTileAsync(v_tiles[0], seq + 2 * C, stride, 0, T);
-  CommitTiles();
+  LoadKeyValuesAsync(k_tiles[0], v_tiles[0], seq, stride, C, 0, T);
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    // The other buffer was last read in iteration kt - 1, which ended
-    // with a barrier.
-    if (kt < qt) {
-      LoadTileAsync(k_tiles[(kt + 1) & 1], seq + C, stride, k0 + kTile, T);
-      LoadTileAsync(v_tiles[(kt + 1) & 1], seq + 2 * C, stride, k0 + kTile, T);
-      CommitTiles();
-      WaitTiles<1>();
-    } else {
-      WaitTiles<0>();
-    }
-    __syncthreads();  // tile kt has landed for every thread
+    NextKeyValueTile(k_tiles, v_tiles, seq, stride, C, kt, qt, T);
     const bf16* k_tile = k_tiles[kt & 1];
     const bf16* v_tile = v_tiles[kt & 1];
     const bool diagonal = kt == qt;
@@ -450,20 +464,10 @@ __global__ void __launch_bounds__(kThreads)
 
   float dq[kHs / 8][4];
   Zero<kHs / 8>(dq);
-  LoadTileAsync(k_tiles[0], seq + C, stride, 0, T);
-  LoadTileAsync(v_tiles[0], seq + 2 * C, stride, 0, T);
-  CommitTiles();
+  LoadKeyValuesAsync(k_tiles[0], v_tiles[0], seq, stride, C, 0, T);
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kTile;
-    if (kt < qt) {
-      LoadTileAsync(k_tiles[(kt + 1) & 1], seq + C, stride, k0 + kTile, T);
-      LoadTileAsync(v_tiles[(kt + 1) & 1], seq + 2 * C, stride, k0 + kTile, T);
-      CommitTiles();
-      WaitTiles<1>();
-    } else {
-      WaitTiles<0>();
-    }
-    __syncthreads();  // tile kt has landed for every thread
+    NextKeyValueTile(k_tiles, v_tiles, seq, stride, C, kt, qt, T);
     const bf16* k_tile = k_tiles[kt & 1];
     const bf16* v_tile = v_tiles[kt & 1];
     const bool diagonal = kt == qt;
