@@ -113,7 +113,8 @@ class GptModel {
   // stage, in reverse order (head, block L-1, ..., embedding), as soon as
   // that stage's gradients are final for this micro-step; the embedding's
   // come last because the tied wte gets gradient from the head and the
-  // encoder.
+  // encoder. On CUDA the callback runs when the stage's gradient work has
+  // been enqueued on the model's stream, not when it has finished.
   virtual void Backward(float loss_scale) = 0;
   void SetGradReadyCallback(std::function<void(int stage_index)> callback) {
     grad_ready_ = std::move(callback);
@@ -194,11 +195,10 @@ class AdamW {
   std::unique_ptr<Impl> impl_;
 };
 
-// Global L2 norm of every gradient buffer (computed in double).
-float GradNorm(GptModel* model);
-// GradNorm, and the clip: scales all gradients by min(1, max_norm / norm)
-// when max_norm > 0. Returns the norm before clipping. (The trainer
-// instead passes the factor to AdamW::Step, saving a pass.)
+// Global L2 norm of every gradient buffer (computed in double), and the
+// clip: scales all gradients by min(1, max_norm / norm) when max_norm > 0.
+// Returns the norm before clipping. (The trainer instead passes the factor
+// to AdamW::Step, saving a pass over the gradients.)
 float ClipGradNorm(GptModel* model, float max_norm);
 
 // Learning rate at `step` (0-based): linear warmup over warmup_steps, then

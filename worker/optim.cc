@@ -128,10 +128,6 @@ double GptModel::GradSumOfSquares() {
   return sum_of_squares;
 }
 
-float GradNorm(GptModel* model) {
-  return static_cast<float>(std::sqrt(model->GradSumOfSquares()));
-}
-
 float ClipGradNorm(GptModel* model, float max_norm) {
   Ops& ops = model->ops();
   const double norm = std::sqrt(model->GradSumOfSquares());
