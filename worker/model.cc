@@ -118,6 +118,10 @@ const char* PrecisionName(Precision precision) {
   return "?";
 }
 
+void GptModel::InitWeights(uint64_t seed) {
+  CopyParamsFromHost(layout::InitialParams(config_, stages_, seed));
+}
+
 absl::Status GptModel::DeviceStatus() const { return ops_->status(); }
 
 size_t GptModel::num_parameters() const { return layout::TotalFloats(stages_); }

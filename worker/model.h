@@ -95,7 +95,7 @@ class GptModel {
   // the residual projections (attprojw, fcprojw) scaled by 1/sqrt(2L);
   // zeros for biases; ones for LayerNorm weights. Same seed, same weights,
   // on any device.
-  virtual void InitWeights(uint64_t seed) = 0;
+  void InitWeights(uint64_t seed);
 
   std::vector<Stage>& stages() { return stages_; }
   const std::vector<Stage>& stages() const { return stages_; }
@@ -158,6 +158,17 @@ class GptModel {
  protected:
   GptModel(const ModelConfig& config, Device device, Precision precision = Precision::kFp32)
       : config_(config), device_(device), precision_(precision) {}
+
+  // Tensor `index` of stage `stage`, in the parameter or gradient buffer.
+  float* Param(int stage, int index) {
+    return stages_[stage].params + stages_[stage].tensors[index].offset;
+  }
+  float* Grad(int stage, int index) {
+    return stages_[stage].grads + stages_[stage].tensors[index].offset;
+  }
+  void NotifyGradReady(int stage) {
+    if (grad_ready_) grad_ready_(stage);
+  }
 
   ModelConfig config_;
   Device device_;

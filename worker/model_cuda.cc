@@ -99,10 +99,6 @@ class CudaModel final : public GptModel {
 
   absl::Status Allocate();
 
-  void InitWeights(uint64_t seed) override {
-    CopyParamsFromHost(layout::InitialParams(config_, stages_, seed));
-  }
-
   float Forward(const int* inputs, const int* targets, int B, int T) override;
   void Backward(float loss_scale) override;
 
@@ -125,26 +121,17 @@ class CudaModel final : public GptModel {
   }
 
  private:
-  // Tensor `index` of `stage`: fp32 master, the GEMMs' copy (bf16 or the
-  // master itself), or the gradient.
-  float* Param(int stage, int index) {
-    return stages_[stage].params + stages_[stage].tensors[index].offset;
-  }
+  // Tensor `index` of `stage` as the GEMMs read it: the bf16 copy, or the
+  // fp32 master itself.
   const void* Weight(int stage, int index) {
     if (params_bf16_ == nullptr) return Param(stage, index);
     return params_bf16_ + stage_offsets_[stage] + stages_[stage].tensors[index].offset;
-  }
-  float* Grad(int stage, int index) {
-    return stages_[stage].grads + stages_[stage].tensors[index].offset;
   }
 
   void BlockForward(int layer, const void* residual_in);
   // dresidual_ holds d loss / d(block output) on entry and d loss /
   // d(block input) on return.
   void BlockBackward(int layer, const void* residual_in);
-  void NotifyGradReady(int stage) {
-    if (grad_ready_) grad_ready_(stage);
-  }
   // Records the first failure of a launcher (fast.h's codes); the model's
   // DeviceStatus() reports it through ops_.
   void Check(const char* what, int code) {

@@ -51,10 +51,6 @@ class GptModelImpl final : public GptModel {
 
   absl::Status Allocate();
 
-  void InitWeights(uint64_t seed) override {
-    CopyParamsFromHost(layout::InitialParams(config_, stages_, seed));
-  }
-
   float Forward(const int* inputs, const int* targets, int B, int T) override;
   void Backward(float loss_scale) override;
 
@@ -72,20 +68,10 @@ class GptModelImpl final : public GptModel {
   }
 
  private:
-  // Tensor `index` of `stage`, in the parameter or gradient buffer.
-  float* Param(int stage, int index) {
-    return stages_[stage].params + stages_[stage].tensors[index].offset;
-  }
-  float* Grad(int stage, int index) {
-    return stages_[stage].grads + stages_[stage].tensors[index].offset;
-  }
   void BlockForward(int layer, const float* residual_in);
   // dresidual_ holds d loss / d(block output) on entry and d loss /
   // d(block input) on return.
   void BlockBackward(int layer, const float* residual_in);
-  void NotifyGradReady(int stage) {
-    if (grad_ready_) grad_ready_(stage);
-  }
 
   const int max_batch_;
   std::vector<void*> allocations_;
