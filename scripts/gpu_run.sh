@@ -408,7 +408,8 @@ last_step() {
 # losses after the resume point must equal A's. Returns 3 when B finished
 # before it could be killed (too fast to mean anything), 1 on a failure.
 resume_attempt() {
-  local nsteps=$1 kill_step=40 r pid rc deadline killed_at resumed manifest
+  local nsteps=$1 kill_step=40 r pid rc deadline killed_at resumed manifest saved fifo line
+  local found out_fd
   local -a settings
   read -r -a settings <<< "$RESUME_MODEL"
   for r in a b; do
@@ -420,30 +421,44 @@ resume_attempt() {
   run_worker examples/resume_a.yaml || return 1
 
   # B, in the background: bin/worker itself is the child (env execs it), so
-  # $! is the worker's pid.
+  # $! is the worker's pid. Its output comes through a FIFO, read line by
+  # line: the worker prints (and flushes) "checkpoint: saved .../step_N"
+  # once that checkpoint is committed, and that line is the event to act on.
   manifest=$(printf 'out/resume_b/ckpt/step_%08d/manifest.json' "$kill_step")
+  saved="checkpoint: saved .*/$(printf 'step_%08d' "$kill_step") "
   mkdir -p out/resume_b || return 1
-  echo "--- B: bin/worker examples/resume_b.yaml in the background; SIGKILL once $manifest exists"
-  env LD_LIBRARY_PATH="$BUNDLE_LD_PATH" bin/worker examples/resume_b.yaml \
-    > out/resume_b/run1.log 2>&1 &
+  fifo=out/resume_b/run1.fifo
+  rm -f "$fifo" && mkfifo "$fifo" || return 1
+  echo "--- B: bin/worker examples/resume_b.yaml in the background; SIGKILL once it reports step $kill_step saved"
+  env LD_LIBRARY_PATH="$BUNDLE_LD_PATH" bin/worker examples/resume_b.yaml > "$fifo" 2>&1 &
   pid=$!
+  exec {out_fd}< "$fifo"
+  : > out/resume_b/run1.log
   deadline=$((SECONDS + 120))
-  # The manifest is written last, in .tmp_step_N, which is then renamed:
-  # step_N/manifest.json exists only once the checkpoint is committed.
-  while [ ! -e "$manifest" ] && kill -0 "$pid" 2>/dev/null; do
-    if [ "$SECONDS" -ge "$deadline" ]; then
-      kill -9 "$pid" 2>/dev/null
-      { wait "$pid"; } 2>/dev/null
-      echo "FAIL: no $manifest within 120 s; B's log:"
-      sed 's/^/  | /' out/resume_b/run1.log
-      return 1
+  found=0
+  while [ "$SECONDS" -lt "$deadline" ] &&
+        IFS= read -r -t $((deadline - SECONDS)) line <&"$out_fd"; do
+    printf '%s\n' "$line" >> out/resume_b/run1.log
+    if [[ $line =~ $saved ]]; then
+      found=1
+      break
     fi
-    sleep 0.01
   done
   kill -9 "$pid" 2>/dev/null
+  # What the worker wrote before it died; EOF once it is gone.
+  while IFS= read -r -t 10 line <&"$out_fd"; do
+    printf '%s\n' "$line" >> out/resume_b/run1.log
+  done
+  exec {out_fd}<&-
+  rm -f "$fifo"
   # (the braces take bash's own "Killed" notice)
   { wait "$pid"; } 2>/dev/null
   rc=$?
+  if [ "$found" -eq 0 ] && [ "$SECONDS" -ge "$deadline" ]; then
+    echo "FAIL: B did not report step $kill_step saved within 120 s; B's log:"
+    sed 's/^/  | /' out/resume_b/run1.log
+    return 1
+  fi
   killed_at=$(last_step out/resume_b/metrics.jsonl)
   echo "--- B's first run (exit $rc; last logged step $killed_at of $nsteps):"
   sed 's/^/  | /' out/resume_b/run1.log

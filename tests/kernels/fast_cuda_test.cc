@@ -145,7 +145,7 @@ void RequireClose(const std::vector<float>& got, const std::vector<double>& want
   CHECK(error < tolerance);
 }
 
-std::vector<double> ToDouble(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+std::vector<double> AsDoubles(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 
 double GeluRef(double x) {
   return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
@@ -272,15 +272,15 @@ TEST_CASE("attention forward and backward match the CPU back end", "[attention]"
           d_dqkv(qkv.size(), act);
       CUDA_REQUIRE(AttentionForward(*gemm, d_out.get(), d_att.get(), scores.f(), d_qkv.get(), B, T,
                                     C, NH));
-      RequireClose(d_out.Download(), ToDouble(out), mode.tolerance, "out");
+      RequireClose(d_out.Download(), AsDoubles(out), mode.tolerance, "out");
       const std::vector<float> got_att = d_att.Download();
-      RequireClose(got_att, ToDouble(att), mode.tolerance, "probabilities");
+      RequireClose(got_att, AsDoubles(att), mode.tolerance, "probabilities");
       for (int r = 0; r < B * NH * T; ++r) {
         for (int s = r % T + 1; s < T; ++s) REQUIRE(got_att[size_t(r) * T + s] == 0.0f);
       }
       CUDA_REQUIRE(AttentionBackward(*gemm, d_dqkv.get(), scores.f(), d_att.get(), d_dout.get(),
                                      d_qkv.get(), B, T, C, NH));
-      RequireClose(d_dqkv.Download(), ToDouble(dqkv), mode.tolerance, "dqkv");
+      RequireClose(d_dqkv.Download(), AsDoubles(dqkv), mode.tolerance, "dqkv");
     }
   }
 }
@@ -305,7 +305,7 @@ TEST_CASE("flash attention forward and backward match the CPU back end", "[atten
       Buffer d_out(out.size(), act), lse(size_t(B) * NH * T, ActType::kF32),
           delta(size_t(B) * NH * T, ActType::kF32), d_dqkv(qkv.size(), act);
       CUDA_REQUIRE(FlashAttentionForward(d_out.get(), lse.f(), d_qkv.get(), B, T, C, NH, nullptr));
-      RequireClose(d_out.Download(), ToDouble(out), 1e-2, "out");
+      RequireClose(d_out.Download(), AsDoubles(out), 1e-2, "out");
       // The log2-sum-exp of each row's scaled scores, from the CPU's own
       // probabilities: lse = s_0 * scale * log2(e) - log2(att[t][0]).
       std::vector<double> lse_ref(size_t(B) * NH * T);
@@ -326,7 +326,7 @@ TEST_CASE("flash attention forward and backward match the CPU back end", "[atten
       RequireClose(lse.Download(), lse_ref, 1e-3, "log2-sum-exp");
       CUDA_REQUIRE(FlashAttentionBackward(d_dqkv.get(), delta.f(), d_dout.get(), d_out.get(),
                                           d_qkv.get(), lse.f(), B, T, C, NH, nullptr));
-      RequireClose(d_dqkv.Download(), ToDouble(dqkv), 2e-2, "dqkv");
+      RequireClose(d_dqkv.Download(), AsDoubles(dqkv), 2e-2, "dqkv");
       // Each part on its own, so a wrong dK cannot hide behind a right dV.
       const std::vector<float> got = d_dqkv.Download();
       for (int part = 0; part < 3; ++part) {
@@ -559,9 +559,9 @@ TEST_CASE("AdamW over runs in one launch matches the CPU; the bf16 copy is the r
                        grads.data() + run.begin, run.count, run_hyper, 3);
       }
       const std::vector<float> got = d_params.Download();
-      RequireClose(got, ToDouble(params), 1e-6, "params");
-      RequireClose(d_m.Download(), ToDouble(m), 1e-6, "m");
-      RequireClose(d_v.Download(), ToDouble(v), 1e-6, "v");
+      RequireClose(got, AsDoubles(params), 1e-6, "params");
+      RequireClose(d_m.Download(), AsDoubles(m), 1e-6, "m");
+      RequireClose(d_v.Download(), AsDoubles(v), 1e-6, "v");
       const std::vector<float> bf16 = copy.Download();
       std::vector<bool> in_run(n, false);
       for (const AdamWChunk& run : runs) {
