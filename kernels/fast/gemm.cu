@@ -126,6 +126,21 @@ int MakeLayout(cublasLtMatrixLayout_t* layout, cudaDataType_t type, int rows, in
       *layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &offset, sizeof(offset)));
 }
 
+// The call's bias and aux pointers on `desc` (they change per call; the
+// rest of a plan does not).
+int SetEpiloguePointers(cublasLtMatmulDesc_t desc, const LtCall& c) {
+  int status = 0;
+  if (c.bias != nullptr) {
+    status = LtStatus(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &c.bias, sizeof(c.bias)));
+  }
+  if (status == 0 && c.aux != nullptr) {
+    status = LtStatus(cublasLtMatmulDescSetAttribute(
+        desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &c.aux, sizeof(c.aux)));
+  }
+  return status;
+}
+
 }  // namespace
 
 int Gemm::PlanFor(const LtCall& c, Plan** out) {
@@ -172,16 +187,9 @@ int Gemm::PlanFor(const LtCall& c, Plan** out) {
   if (status == 0) status = MakeLayout(&plan->d, d_type, c.m, c.n, c.ldd, c.batch, c.stride_d);
   if (status != 0) return status;
 
-  // The pointer and bias/aux attributes must be set before the heuristic
-  // query, as they change which kernels apply.
-  if (c.bias != nullptr) {
-    status = LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                     &c.bias, sizeof(c.bias)));
-  }
-  if (status == 0 && c.aux != nullptr) {
-    status = LtStatus(cublasLtMatmulDescSetAttribute(
-        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &c.aux, sizeof(c.aux)));
-  }
+  // The bias/aux pointers must be set before the heuristic query, as they
+  // change which kernels apply.
+  status = SetEpiloguePointers(plan->desc, c);
   if (status != 0) return status;
 
   cublasLtMatmulPreference_t preference = nullptr;
@@ -217,14 +225,7 @@ int Gemm::Run(const LtCall& c) {
   Plan* plan = nullptr;
   int status = PlanFor(c, &plan);
   if (status != 0) return status;
-  if (c.bias != nullptr) {
-    status = LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                     &c.bias, sizeof(c.bias)));
-  }
-  if (status == 0 && c.aux != nullptr) {
-    status = LtStatus(cublasLtMatmulDescSetAttribute(
-        plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &c.aux, sizeof(c.aux)));
-  }
+  status = SetEpiloguePointers(plan->desc, c);
   if (status != 0) return status;
   return LtStatus(cublasLtMatmul(handle_, plan->desc, &c.alpha, c.a, plan->a, c.b, plan->b,
                                  &c.beta, c.d, plan->d, c.d, plan->d, &plan->algo, workspace_,
