@@ -284,6 +284,19 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
     group.Reap();
     if (!group.failures().empty()) {
       group.Stop(options_.shutdown_timeout, SIGTERM);
+      // A worker's watchdog leaves a round that ended elsewhere as soon as
+      // the server says so, often before this loop hears of it: that is
+      // the round's end, not a failure of this node.
+      std::optional<pb::JobState> now = watcher_->latest();
+      if (now.has_value() && (now->round() != round || now->phase() != pb::RUNNING)) {
+        spdlog::info("round {} ended ({}); this node's workers left it", round,
+                     pb::RoundEndReason_Name(now->last_end_reason()));
+        if (rdzv::IsTerminalPhase(now->phase())) {
+          exit_code_ = ExitCodeFor(*now);
+          return Outcome::kExit;
+        }
+        return Outcome::kRejoin;
+      }
       const WorkerFailure& first = group.failures().front();
       std::fprintf(stderr, "workers failed on %s in round %lu:\n%s", setup_.hostname.c_str(),
                    static_cast<unsigned long>(round),

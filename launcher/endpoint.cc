@@ -33,10 +33,22 @@ std::string HostOf(const std::string& endpoint) {
   return endpoint.substr(0, endpoint.rfind(':'));
 }
 
-// CUDA devices visible to this process, through the CUDA runtime if one
-// is installed; 0 without it. dlopen keeps `launch` free of a link-time
-// CUDA dependency.
+// CUDA devices visible to this process (CUDA_VISIBLE_DEVICES applies), as
+// the driver counts them; 0 without a driver. The driver library
+// (libcuda.so.1) is on every GPU machine, unlike the runtime's unversioned
+// libcudart.so, which comes only with a toolkit; the runtime is the
+// fallback. dlopen keeps `launch` free of a link-time CUDA dependency.
 int VisibleGpuCount() {
+  if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL)) {
+    using Init = int (*)(unsigned int);
+    using GetCount = int (*)(int*);
+    auto init = reinterpret_cast<Init>(dlsym(driver, "cuInit"));
+    auto get_count = reinterpret_cast<GetCount>(dlsym(driver, "cuDeviceGetCount"));
+    int count = 0;
+    bool counted = init != nullptr && get_count != nullptr && init(0) == 0 && get_count(&count) == 0;
+    dlclose(driver);
+    if (counted) return count;
+  }
   void* runtime = dlopen("libcudart.so", RTLD_LAZY | RTLD_LOCAL);
   if (runtime == nullptr) runtime = dlopen("/usr/local/cuda/lib64/libcudart.so", RTLD_LAZY | RTLD_LOCAL);
   if (runtime == nullptr) return 0;
@@ -175,8 +187,11 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options) {
   setup.access.job_secret_file = conf.job_secret_file;
   setup.hostname = Hostname();
 
+  // Only gpu and auto need the count, and counting initialises the CUDA
+  // driver (a fraction of a second): a plain number skips it.
+  const bool needs_gpus = options.nproc_per_node == "gpu" || options.nproc_per_node == "auto";
   absl::StatusOr<int> nproc = ResolveNprocPerNode(
-      options.nproc_per_node, VisibleGpuCount(),
+      options.nproc_per_node, needs_gpus ? VisibleGpuCount() : 0,
       static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))));
   if (!nproc.ok()) return nproc.status();
 

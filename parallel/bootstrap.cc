@@ -12,7 +12,10 @@ extern char** environ;
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "parallel/gloo_group.h"
+#include "parallel/nccl_group.h"
+#include "parallel/staged_group.h"
 #include "rendezvous/client_rpc.h"
+#include "rendezvous/client_watcher.h"
 
 namespace muster::parallel {
 namespace {
@@ -186,9 +189,103 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
                                      ": ", group.status().message()));
   }
   comm->group_ = *std::move(group);
+
+  const std::string where = absl::StrCat("rank ", world.rank, " of ", world.world_size);
+  switch (options.data_backend) {
+    case DataBackend::kGloo:
+      break;
+    case DataBackend::kNccl: {
+      comm->nccl_store_ = std::make_unique<rdzv::PrefixStore>(comm->store_.get(), "nccl");
+      NcclOptions nccl;
+      nccl.device = options.cuda_device;
+      nccl.timeout = gloo.timeout;
+      nccl.compute_stream = options.compute_stream;
+      absl::StatusOr<std::unique_ptr<ProcessGroup>> made =
+          CreateNcclGroup(comm->nccl_store_.get(), world.rank, world.world_size, nccl);
+      if (!made.ok()) {
+        return absl::Status(made.status().code(),
+                            absl::StrCat(where, ": creating the NCCL communicator on CUDA device ",
+                                         options.cuda_device, ": ", made.status().message()));
+      }
+      comm->data_group_ = *std::move(made);
+      break;
+    }
+    case DataBackend::kStagedGloo: {
+      StagedOptions staged;
+      staged.device = options.cuda_device;
+      staged.compute_stream = options.compute_stream;
+      absl::StatusOr<std::unique_ptr<ProcessGroup>> made =
+          CreateHostStagedGroup(comm->group_.get(), staged);
+      if (!made.ok()) {
+        return absl::Status(made.status().code(),
+                            absl::StrCat(where, ": staging Gloo through host memory: ",
+                                         made.status().message()));
+      }
+      comm->data_group_ = *std::move(made);
+      comm->data_group_owns_group_ = true;
+      break;
+    }
+  }
+
+  if (comm->client_ != nullptr) {
+    std::vector<ProcessGroup*> groups = {comm->group_.get()};
+    if (comm->data_group_ != nullptr) groups.push_back(comm->data_group_.get());
+    Communicator* self = comm.get();
+    comm->watchdog_ = std::make_unique<Watchdog>(
+        std::move(groups),
+        [self, job = world.job_id, round = world.round] {
+          return RoundStatus(self->round_watcher_->latest(), job, round);
+        },
+        options.on_stuck, options.watchdog);
+    // Every state the server pushes wakes the watchdog, so a round's end
+    // is acted on as soon as it is known, not at the next interval.
+    comm->round_watcher_ = std::make_unique<rdzv::JobWatcher>(
+        comm->client_.get(), world.job_id,
+        [self](const rdzv::pb::JobState&) { self->watchdog_->Wake(); });
+    comm->watchdog_->Start();
+  }
   return comm;
 }
 
-Communicator::~Communicator() { group_.reset(); }
+absl::Status RoundStatus(const std::optional<rdzv::pb::JobState>& latest,
+                         const std::string& job_id, uint64_t round) {
+  if (!latest.has_value()) return absl::OkStatus();
+  if (latest->round() == round && latest->phase() == rdzv::pb::RUNNING) return absl::OkStatus();
+  std::string reason = rdzv::pb::RoundEndReason_Name(latest->last_end_reason());
+  // The failure that ended it, when a member reported one for our round.
+  for (auto failure = latest->failures().rbegin(); failure != latest->failures().rend();
+       ++failure) {
+    if (failure->round() != round) continue;
+    // A lapsed lease is recorded as a failure with no exit code.
+    if (failure->exit_code() >= 0) {
+      absl::StrAppend(&reason, ": member ", failure->member_id(), " exited ",
+                      failure->exit_code(),
+                      failure->message().empty() ? "" : absl::StrCat(", ", failure->message()));
+    } else if (!failure->message().empty()) {
+      absl::StrAppend(&reason, ": ", failure->message());
+    }
+    break;
+  }
+  if (latest->round() != round) {
+    return absl::AbortedError(absl::StrCat(
+        "rendezvous round ", round, " of job '", job_id, "' ended (", reason,
+        "); the job is now at round ", latest->round(), ", ",
+        rdzv::pb::Phase_Name(latest->phase())));
+  }
+  return absl::AbortedError(absl::StrCat("rendezvous round ", round, " of job '", job_id,
+                                         "' ended: the job is ",
+                                         rdzv::pb::Phase_Name(latest->phase()), " (", reason,
+                                         ")"));
+}
+
+Communicator::~Communicator() {
+  // The watcher's callback wakes the watchdog and the watchdog's probe
+  // reads the watcher: stop the stream, then the watchdog, then the rest.
+  if (round_watcher_ != nullptr) round_watcher_->Stop();
+  watchdog_.reset();
+  round_watcher_.reset();
+  data_group_.reset();  // may wrap group_
+  group_.reset();
+}
 
 }  // namespace muster::parallel

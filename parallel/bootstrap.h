@@ -1,6 +1,7 @@
 // How a worker process joins its peers: read the environment `launch` gives
-// it (launcher/worker_env.cc), reach the rendezvous service, and connect a
-// Gloo ProcessGroup through the round's store.
+// it (launcher/worker_env.cc), reach the rendezvous service, connect the
+// process groups through the round's store, and start the watchdog that
+// aborts them when the round ends (parallel/watchdog.h).
 //
 // Environment (set by launch; a process started by hand without WORLD_SIZE,
 // or with WORLD_SIZE=1, is a world of one and needs none of the others):
@@ -25,10 +26,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "parallel/process_group.h"
+#include "parallel/watchdog.h"
+#include "rendezvous/client_rpc.h"
 #include "rendezvous/store.h"
 
 namespace muster::rdzv {
-class Client;
+class JobWatcher;
 }
 
 namespace muster::parallel {
@@ -67,17 +70,48 @@ absl::StatusOr<WorldInfo> WorldFromEnvironment();
 // does not resolve or route.
 std::string LocalAddressToward(const std::string& host);
 
-struct CommunicatorOptions {
-  // Bounds connecting the group and each operation (the worker passes its
-  // config's value); WorldInfo::comm_timeout overrides it.
-  absl::Duration timeout = absl::Seconds(60);
-  // Store keys of this group live under this prefix within the round.
-  std::string key_prefix = "gloo";
+// OK while `latest` (the newest state of the job, if any) is still
+// running `round`; otherwise ABORTED naming the round, the job and why the
+// round ended (the watchdog's round probe).
+absl::Status RoundStatus(const std::optional<rdzv::pb::JobState>& latest,
+                         const std::string& job_id, uint64_t round);
+
+// Where gradients (device or host buffers) are reduced.
+enum class DataBackend {
+  kGloo,        // the Gloo group itself (host memory)
+  kNccl,        // an NCCL group on `cuda_device` (device memory)
+  kStagedGloo,  // Gloo, with device buffers staged through pinned host memory
 };
 
-// Owns everything a worker's process group needs: the rendezvous Client,
-// the round's RemoteStore, a PrefixStore scoping the keys, and the group.
-// Thread-safety: group() is a ProcessGroup (see process_group.h).
+struct CommunicatorOptions {
+  // Bounds connecting the groups and each operation (the worker passes its
+  // config's value); WorldInfo::comm_timeout overrides it.
+  absl::Duration timeout = absl::Seconds(60);
+  // Store keys of the Gloo group live under this prefix within the round
+  // (NCCL's under "nccl").
+  std::string key_prefix = "gloo";
+
+  DataBackend data_backend = DataBackend::kGloo;
+  int cuda_device = 0;             // kNccl, kStagedGloo
+  void* compute_stream = nullptr;  // cudaStream_t the gradients are written on
+
+  // The watchdog runs when the world has a rendezvous round (world > 1).
+  // on_stuck: called once if the process is still running exit_grace after
+  // a cause (the worker prints the cause and exits).
+  Watchdog::OnStuck on_stuck;
+  WatchdogOptions watchdog;
+};
+
+// Owns everything a worker's process groups need: the rendezvous Client,
+// the round's RemoteStore, PrefixStores scoping the keys, the groups, the
+// round's JobWatcher and the watchdog.
+//
+// Two groups: group() is Gloo over host memory, for control messages
+// (losses, checkpoint votes); data_group() reduces the gradients with the
+// chosen DataBackend and is group() itself for kGloo. A kStagedGloo data
+// group wraps group(), so then every operation must go through it
+// (data_group()), control messages included, to keep one order per rank.
+// Thread-safety: the groups are ProcessGroups (see process_group.h).
 class Communicator {
  public:
   // Connects to the rendezvous service (a world of one uses an in-memory
@@ -93,6 +127,13 @@ class Communicator {
   ~Communicator();
 
   ProcessGroup& group() { return *group_; }
+  ProcessGroup& data_group() { return data_group_ != nullptr ? *data_group_ : *group_; }
+  // The group for control messages: group(), unless data_group() wraps it.
+  ProcessGroup& control_group() {
+    return data_group_owns_group_ ? *data_group_ : *group_;
+  }
+  // nullptr for a world of one or without a rendezvous round.
+  const Watchdog* watchdog() const { return watchdog_.get(); }
   const WorldInfo& world() const { return world_; }
   // The address this rank listens on and advertises.
   const std::string& local_address() const { return local_address_; }
@@ -105,7 +146,12 @@ class Communicator {
   std::unique_ptr<rdzv::Client> client_;
   std::unique_ptr<rdzv::Store> store_;  // RemoteStore, or InMemoryStore for one
   std::unique_ptr<rdzv::Store> scoped_store_;
+  std::unique_ptr<rdzv::Store> nccl_store_;
   std::unique_ptr<ProcessGroup> group_;
+  std::unique_ptr<ProcessGroup> data_group_;  // nullptr: group_
+  bool data_group_owns_group_ = false;        // kStagedGloo wraps group_
+  std::unique_ptr<rdzv::JobWatcher> round_watcher_;
+  std::unique_ptr<Watchdog> watchdog_;
 };
 
 }  // namespace muster::parallel

@@ -204,6 +204,15 @@ class GlooGroup : public ProcessGroup {
     });
   }
 
+  GroupHealth Health() const override { return queue_->health(); }
+
+  void Abort(const absl::Status& cause) override {
+    queue_->Fail(cause);
+    // The thread blocked in a gloo wait (if any) fails once its pair
+    // closes; peers blocked on us fail at once.
+    CloseConnections(*shared_);
+  }
+
  private:
   static constexpr absl::Duration kMonitorInterval = absl::Milliseconds(50);
 
@@ -260,40 +269,15 @@ class GlooGroup : public ProcessGroup {
     }
   }
 
-  // counts: one per rank, summing to `total`, with counts[rank] == `mine`.
   absl::Status CheckCounts(const char* op, const std::vector<size_t>& counts, size_t total,
                            size_t mine) const {
-    if (counts.size() != static_cast<size_t>(size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op, ": counts has ", counts.size(), " entries; expected one per rank (", size(), ")"));
-    }
-    size_t sum = std::accumulate(counts.begin(), counts.end(), size_t{0});
-    if (sum != total) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op, ": counts sum to ", sum, " but the full buffer holds ", total, " floats"));
-    }
-    if (counts[rank()] != mine) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op, ": this rank's buffer holds ", mine, " floats but counts[", rank(), "] is ",
-          counts[rank()]));
-    }
-    return absl::OkStatus();
+    return parallel::CheckCounts(op, counts, total, mine, rank(), size());
   }
-
   absl::Status CheckPeer(const char* what, int peer, bool self_ok) const {
-    if (peer < 0 || peer >= size() || (!self_ok && peer == rank())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " is ", peer, "; expected a rank in [0, ", size(), ")",
-          self_ok ? "" : " other than this rank"));
-    }
-    return absl::OkStatus();
+    return parallel::CheckPeer(what, peer, self_ok, rank(), size());
   }
-
   absl::Status CheckPointToPoint(const char* what, int peer, int tag) const {
-    if (tag < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("tag is ", tag, "; expected >= 0"));
-    }
-    return CheckPeer(what, peer, /*self_ok=*/false);
+    return parallel::CheckPointToPoint(what, peer, tag, rank(), size());
   }
 
   const std::shared_ptr<const Shared> shared_;

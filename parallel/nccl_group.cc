@@ -8,7 +8,9 @@
 #include <numeric>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "parallel/work_queue.h"
 
@@ -58,140 +60,225 @@ bool AllEqual(const std::vector<size_t>& counts) {
   return std::adjacent_find(counts.begin(), counts.end(), std::not_equal_to<>()) == counts.end();
 }
 
-class NcclGroup : public ProcessGroup {
- public:
-  NcclGroup(ncclComm_t comm, int rank, int size, const NcclOptions& options, cudaStream_t stream,
-            float* scratch)
-      : comm_(comm),
-        rank_(rank),
-        size_(size),
-        options_(options),
-        stream_(stream),
-        scratch_(scratch),
-        queue_(std::make_unique<WorkQueue>(options.timeout)) {}
+// What the queued operations use, shared with them: after a failure the
+// WorkQueue may detach a thread still finishing an operation (work_queue.h),
+// so nothing an operation touches may live in the NcclGroup itself.
+//
+// Every call on `comm` goes through Call(), under `mu`, so Abort() on a
+// watchdog thread never races the communication thread's calls: once
+// aborted, the handle is gone and Call() answers with the abort's cause.
+struct NcclComm {
+  NcclComm(ncclComm_t comm, const NcclOptions& options, cudaStream_t stream, float* scratch)
+      : comm(comm), options(options), stream(stream), scratch(scratch) {}
 
-  ~NcclGroup() override {
-    queue_.reset();  // joins the thread that uses comm_
-    if (!aborted_) {
-      absl::Status finalized =
-          NcclStatus(ncclCommFinalize(comm_), comm_, "ncclCommFinalize");
+  // The last owner: no other thread uses the communicator any more.
+  ~NcclComm() {
+    bool aborted_already = false;
+    {
+      absl::MutexLock lock(&mu);
+      aborted_already = aborted;
+    }
+    if (!aborted_already) {
+      absl::Status finalized = NcclStatus(ncclCommFinalize(comm), comm, "ncclCommFinalize");
       if (finalized.ok()) {
-        finalized = PollComm(comm_, absl::Now() + options_.timeout, "ncclCommFinalize");
+        finalized = PollComm(comm, absl::Now() + options.timeout, "ncclCommFinalize");
       }
       if (finalized.ok()) {
-        ncclCommDestroy(comm_);
+        ncclCommDestroy(comm);
       } else {
-        ncclCommAbort(comm_);
+        ncclCommAbort(comm);
       }
     }
-    cudaFree(scratch_);
-    cudaStreamDestroy(stream_);
+    cudaFree(scratch);
+    cudaStreamDestroy(stream);
+  }
+
+  // Runs `call(comm)` unless the communicator was aborted; `what` names it
+  // in the error.
+  template <typename Fn>
+  absl::Status Call(const char* what, Fn&& call) {
+    absl::MutexLock lock(&mu);
+    if (aborted) return abort_cause;
+    return NcclStatus(call(comm), comm, what);
+  }
+
+  // The communicator's asynchronous error (ncclInProgress is not one).
+  absl::Status AsyncError(const char* what) {
+    return Call(what, [](ncclComm_t c) {
+      ncclResult_t state = ncclSuccess;
+      ncclResult_t result = ncclCommGetAsyncError(c, &state);
+      return result != ncclSuccess ? result : state;
+    });
+  }
+
+  // Idempotent; the first cause stays.
+  void Abort(const absl::Status& cause) {
+    absl::MutexLock lock(&mu);
+    if (aborted) return;
+    ncclCommAbort(comm);  // also ends the kernels of a collective in flight
+    aborted = true;
+    abort_cause = cause;
+  }
+
+  const ncclComm_t comm;
+  const NcclOptions options;
+  const cudaStream_t stream;
+  float* const scratch;  // one device float for Barrier
+  absl::Mutex mu;
+  bool aborted ABSL_GUARDED_BY(mu) = false;
+  absl::Status abort_cause ABSL_GUARDED_BY(mu);
+};
+
+class NcclGroup : public ProcessGroup {
+ public:
+  NcclGroup(std::shared_ptr<NcclComm> comm, int rank, int size)
+      : comm_(std::move(comm)),
+        rank_(rank),
+        size_(size),
+        queue_(std::make_unique<WorkQueue>(comm_->options.timeout)) {}
+
+  ~NcclGroup() override {
+    // Joins the communication thread, or detaches it after a failure; in
+    // both cases the last owner of comm_ finalizes or frees it.
+    queue_.reset();
   }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  absl::Duration timeout() const override { return options_.timeout; }
+  absl::Duration timeout() const override { return comm_->options.timeout; }
 
   std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
-    return Issue(absl::StrCat("allreduce of ", data.size(), " floats"), [=] {
-      return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, Nccl(op), comm_,
-                           stream_);
-    });
+    return Issue(absl::StrCat("allreduce of ", data.size(), " floats"),
+                 [=](ncclComm_t comm, cudaStream_t stream) {
+                   return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat,
+                                        Nccl(op), comm, stream);
+                 });
   }
 
   std::shared_ptr<Work> ReduceScatter(absl::Span<const float> input, absl::Span<float> output,
                                       std::vector<size_t> counts, ReduceOp op) override {
-    if (absl::Status bad = CheckCounts(counts, input.size(), output.size()); !bad.ok()) {
+    if (absl::Status bad =
+            CheckCounts("reduce_scatter", counts, input.size(), output.size(), rank_, size_);
+        !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("reduce_scatter of ", input.size(), " floats"), [=] {
-      if (AllEqual(counts)) {
-        return ncclReduceScatter(input.data(), output.data(), counts[0], ncclFloat, Nccl(op),
-                                 comm_, stream_);
-      }
-      // Uneven chunks: chunk r reduced to rank r, all in one NCCL group.
-      std::vector<size_t> offsets = Offsets(counts);
-      ncclGroupStart();
-      for (int root = 0; root < size_; ++root) {
-        ncclResult_t result =
-            ncclReduce(input.data() + offsets[root], output.data(), counts[root], ncclFloat,
-                       Nccl(op), root, comm_, stream_);
-        if (result != ncclSuccess && result != ncclInProgress) {
-          ncclGroupEnd();
-          return result;
-        }
-      }
-      return ncclGroupEnd();
-    });
+    const int size = size_;
+    return Issue(absl::StrCat("reduce_scatter of ", input.size(), " floats"),
+                 [=](ncclComm_t comm, cudaStream_t stream) {
+                   if (AllEqual(counts)) {
+                     return ncclReduceScatter(input.data(), output.data(), counts[0], ncclFloat,
+                                              Nccl(op), comm, stream);
+                   }
+                   // Uneven chunks: chunk r reduced to rank r, all in one NCCL group.
+                   std::vector<size_t> offsets = Offsets(counts);
+                   ncclGroupStart();
+                   for (int root = 0; root < size; ++root) {
+                     ncclResult_t result =
+                         ncclReduce(input.data() + offsets[root], output.data(), counts[root],
+                                    ncclFloat, Nccl(op), root, comm, stream);
+                     if (result != ncclSuccess && result != ncclInProgress) {
+                       ncclGroupEnd();
+                       return result;
+                     }
+                   }
+                   return ncclGroupEnd();
+                 });
   }
 
   std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
                                   std::vector<size_t> counts) override {
-    if (absl::Status bad = CheckCounts(counts, output.size(), input.size()); !bad.ok()) {
+    if (absl::Status bad =
+            CheckCounts("allgather", counts, output.size(), input.size(), rank_, size_);
+        !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("allgather of ", output.size(), " floats"), [=] {
-      if (AllEqual(counts)) {
-        return ncclAllGather(input.data(), output.data(), counts[0], ncclFloat, comm_, stream_);
-      }
-      // Uneven pieces: every rank broadcasts its piece into its place.
-      std::vector<size_t> offsets = Offsets(counts);
-      ncclGroupStart();
-      for (int root = 0; root < size_; ++root) {
-        ncclResult_t result = ncclBroadcast(input.data(), output.data() + offsets[root],
-                                            counts[root], ncclFloat, root, comm_, stream_);
-        if (result != ncclSuccess && result != ncclInProgress) {
-          ncclGroupEnd();
-          return result;
-        }
-      }
-      return ncclGroupEnd();
-    });
+    const int size = size_;
+    return Issue(absl::StrCat("allgather of ", output.size(), " floats"),
+                 [=](ncclComm_t comm, cudaStream_t stream) {
+                   if (AllEqual(counts)) {
+                     return ncclAllGather(input.data(), output.data(), counts[0], ncclFloat,
+                                          comm, stream);
+                   }
+                   // Uneven pieces: every rank broadcasts its piece into its place.
+                   std::vector<size_t> offsets = Offsets(counts);
+                   ncclGroupStart();
+                   for (int root = 0; root < size; ++root) {
+                     ncclResult_t result =
+                         ncclBroadcast(input.data(), output.data() + offsets[root],
+                                       counts[root], ncclFloat, root, comm, stream);
+                     if (result != ncclSuccess && result != ncclInProgress) {
+                       ncclGroupEnd();
+                       return result;
+                     }
+                   }
+                   return ncclGroupEnd();
+                 });
   }
 
   std::shared_ptr<Work> Broadcast(absl::Span<float> data, int root) override {
-    if (root < 0 || root >= size_) {
-      return WorkQueue::Finished(absl::InvalidArgumentError(
-          absl::StrCat("broadcast root is ", root, "; expected a rank in [0, ", size_, ")")));
+    if (absl::Status bad = CheckPeer("broadcast root", root, /*self_ok=*/true, rank_, size_);
+        !bad.ok()) {
+      return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("broadcast of ", data.size(), " floats from rank ", root), [=] {
-      return ncclBroadcast(data.data(), data.data(), data.size(), ncclFloat, root, comm_, stream_);
-    });
+    return Issue(absl::StrCat("broadcast of ", data.size(), " floats from rank ", root),
+                 [=](ncclComm_t comm, cudaStream_t stream) {
+                   return ncclBroadcast(data.data(), data.data(), data.size(), ncclFloat, root,
+                                        comm, stream);
+                 });
   }
 
   std::shared_ptr<Work> Send(absl::Span<const float> data, int destination, int tag) override {
-    if (absl::Status bad = CheckPeer(destination, tag); !bad.ok()) return WorkQueue::Finished(bad);
-    return Issue(absl::StrCat("send of ", data.size(), " floats to rank ", destination), [=] {
-      return ncclSend(data.data(), data.size(), ncclFloat, destination, comm_, stream_);
-    });
+    if (absl::Status bad = CheckPointToPoint("send destination", destination, tag, rank_, size_);
+        !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("send of ", data.size(), " floats to rank ", destination),
+                 [=](ncclComm_t comm, cudaStream_t stream) {
+                   return ncclSend(data.data(), data.size(), ncclFloat, destination, comm,
+                                   stream);
+                 });
   }
 
   std::shared_ptr<Work> Recv(absl::Span<float> data, int source, int tag) override {
-    if (absl::Status bad = CheckPeer(source, tag); !bad.ok()) return WorkQueue::Finished(bad);
-    return Issue(absl::StrCat("recv of ", data.size(), " floats from rank ", source), [=] {
-      return ncclRecv(data.data(), data.size(), ncclFloat, source, comm_, stream_);
-    });
+    if (absl::Status bad = CheckPointToPoint("recv source", source, tag, rank_, size_);
+        !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("recv of ", data.size(), " floats from rank ", source),
+                 [=](ncclComm_t comm, cudaStream_t stream) {
+                   return ncclRecv(data.data(), data.size(), ncclFloat, source, comm, stream);
+                 });
   }
 
   std::shared_ptr<Work> Barrier() override {
     // An allreduce of one float: done on a rank only once every rank joined.
-    return Issue("barrier", [this] {
-      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_);
+    float* scratch = comm_->scratch;
+    return Issue("barrier", [scratch](ncclComm_t comm, cudaStream_t stream) {
+      return ncclAllReduce(scratch, scratch, 1, ncclFloat, ncclSum, comm, stream);
     });
   }
 
+  GroupHealth Health() const override { return queue_->health(); }
+
+  void Abort(const absl::Status& cause) override {
+    queue_->Fail(cause);  // waiters return now
+    comm_->Abort(cause);  // the communication thread's next call sees it
+  }
+
  private:
+  using Launch = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
+
   static ncclRedOp_t Nccl(ReduceOp op) { return op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
 
   // Records the compute stream's progress now (on the issuing thread) and
   // queues `launch` to run after it on the group's stream.
-  std::shared_ptr<Work> Issue(std::string what, std::function<ncclResult_t()> launch) {
+  std::shared_ptr<Work> Issue(std::string what, Launch launch) {
     cudaEvent_t ready = nullptr;
     absl::Status recorded =
         CudaStatus(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
     if (recorded.ok()) {
       recorded = CudaStatus(
-          cudaEventRecord(ready, static_cast<cudaStream_t>(options_.compute_stream)),
+          cudaEventRecord(ready, static_cast<cudaStream_t>(comm_->options.compute_stream)),
           "cudaEventRecord");
     }
     if (!recorded.ok()) {
@@ -200,37 +287,54 @@ class NcclGroup : public ProcessGroup {
     }
     return queue_->Enqueue(
         absl::StrCat(what, " on rank ", rank_, " of ", size_),
-        [this, ready, launch = std::move(launch)](absl::Time deadline) {
-          absl::Status status = Run(ready, launch, deadline);
+        [comm = comm_, ready, launch = std::move(launch)](absl::Time deadline) {
+          absl::Status status = Run(*comm, ready, launch, deadline);
           cudaEventDestroy(ready);
-          if (!status.ok() && !aborted_) {
-            ncclCommAbort(comm_);  // broken for good; frees peers blocked on us
-            aborted_ = true;
-          }
+          // Broken for good: aborting frees the peers blocked on us.
+          if (!status.ok()) comm->Abort(status);
           return status;
         });
   }
 
   // On the communication thread: wait for `ready`, launch, then poll the
   // completion event and the communicator until done or `deadline`.
-  absl::Status Run(cudaEvent_t ready, const std::function<ncclResult_t()>& launch,
-                   absl::Time deadline) {
-    if (absl::Status s = CudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"); !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = CudaStatus(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+  static absl::Status Run(NcclComm& comm, cudaEvent_t ready, const Launch& launch,
+                          absl::Time deadline) {
+    if (absl::Status s = CudaStatus(cudaSetDevice(comm.options.device), "cudaSetDevice");
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = NcclStatus(launch(), comm_, "launch"); !s.ok()) return s;
-    if (absl::Status s = PollComm(comm_, deadline, "enqueue"); !s.ok()) return s;
+    if (absl::Status s =
+            CudaStatus(cudaStreamWaitEvent(comm.stream, ready, 0), "cudaStreamWaitEvent");
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            comm.Call("launch", [&](ncclComm_t c) { return launch(c, comm.stream); });
+        !s.ok()) {
+      return s;
+    }
+    // A non-blocking communicator may still be enqueueing the launch.
+    while (true) {
+      ncclResult_t state = ncclSuccess;
+      absl::Status s = comm.Call("enqueue", [&](ncclComm_t c) {
+        ncclResult_t result = ncclCommGetAsyncError(c, &state);
+        return result != ncclSuccess ? result : state;
+      });
+      if (!s.ok()) return s;
+      if (state != ncclInProgress) break;
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError("enqueue: still in progress at the deadline");
+      }
+      absl::SleepFor(kPollInterval);
+    }
     cudaEvent_t done = nullptr;
     if (absl::Status s = CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
                                     "cudaEventCreate");
         !s.ok()) {
       return s;
     }
-    absl::Status status = CudaStatus(cudaEventRecord(done, stream_), "cudaEventRecord");
+    absl::Status status = CudaStatus(cudaEventRecord(done, comm.stream), "cudaEventRecord");
     while (status.ok()) {
       cudaError_t query = cudaEventQuery(done);
       if (query == cudaSuccess) break;
@@ -238,13 +342,13 @@ class NcclGroup : public ProcessGroup {
         status = CudaStatus(query, "cudaEventQuery");
         break;
       }
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
-      status = NcclStatus(async, comm_, "operation");
+      // A peer's failure (ncclRemoteError / ncclSystemError), or a
+      // watchdog's Abort, shows here.
+      status = comm.AsyncError("operation");
       if (status.ok() && absl::Now() >= deadline) {
         status = absl::DeadlineExceededError(absl::StrCat(
-            "not finished on the GPU within the timeout (", absl::FormatDuration(options_.timeout),
-            "); communicator aborted"));
+            "not finished on the GPU within the timeout (",
+            absl::FormatDuration(comm.options.timeout), "); communicator aborted"));
       }
       if (status.ok()) absl::SleepFor(kPollInterval);
     }
@@ -252,35 +356,9 @@ class NcclGroup : public ProcessGroup {
     return status;
   }
 
-  absl::Status CheckCounts(const std::vector<size_t>& counts, size_t total, size_t mine) const {
-    if (counts.size() != static_cast<size_t>(size_) ||
-        std::accumulate(counts.begin(), counts.end(), size_t{0}) != total ||
-        counts[rank_] != mine) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "counts must have one entry per rank (", size_, "), sum to ", total,
-          " and give this rank ", mine));
-    }
-    return absl::OkStatus();
-  }
-
-  absl::Status CheckPeer(int peer, int tag) const {
-    if (peer < 0 || peer >= size_ || peer == rank_ || tag < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "peer ", peer, " / tag ", tag, ": expected another rank in [0, ", size_,
-          ") and a tag >= 0"));
-    }
-    return absl::OkStatus();
-  }
-
-  const ncclComm_t comm_;
+  const std::shared_ptr<NcclComm> comm_;
   const int rank_;
   const int size_;
-  const NcclOptions options_;
-  const cudaStream_t stream_;
-  float* const scratch_;  // one device float for Barrier
-  // Touched only by the communication thread, then by the destructor after
-  // that thread has been joined.
-  bool aborted_ = false;
   std::unique_ptr<WorkQueue> queue_;
 };
 
@@ -305,6 +383,13 @@ absl::StatusOr<ncclUniqueId> ExchangeId(rdzv::Store* store, int rank, absl::Dura
 }
 
 }  // namespace
+
+std::string NcclVersionString() {
+  int version = 0;
+  if (ncclGetVersion(&version) != ncclSuccess) return "NCCL (version unknown)";
+  // NCCL_VERSION_CODE: major * 10000 + minor * 100 + patch since 2.9.
+  return absl::StrCat("NCCL ", version / 10000, ".", version / 100 % 100, ".", version % 100);
+}
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclGroup(rdzv::Store* store, int rank,
                                                               int size,
@@ -344,7 +429,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclGroup(rdzv::Store* store
     if (stream != nullptr) cudaStreamDestroy(stream);
     return ready;
   }
-  return std::unique_ptr<ProcessGroup>(new NcclGroup(comm, rank, size, options, stream, scratch));
+  return std::unique_ptr<ProcessGroup>(
+      new NcclGroup(std::make_shared<NcclComm>(comm, options, stream, scratch), rank, size));
 }
 
 }  // namespace muster::parallel

@@ -17,6 +17,12 @@
 // fails with DEADLINE_EXCEEDED. ncclRemoteError / ncclSystemError (a peer
 // or the network failed) are UNAVAILABLE.
 //
+// Abort (process_group.h) may come from another thread (the watchdog): every
+// NCCL call on the communicator goes through one lock, and once aborted the
+// communication thread's next poll returns the abort's cause. What the
+// queued operations use lives in a shared object, so a thread the queue
+// detached after a failure never touches freed memory.
+//
 // Differences from Gloo: Send/Recv tags are not transmitted (NCCL matches
 // point-to-point operations by order); uneven ReduceScatter and AllGather
 // are grouped ncclReduce / ncclBroadcast calls, even ones the native
@@ -27,6 +33,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -43,6 +50,10 @@ struct NcclOptions {
   // default stream). Operations wait for it at issue time.
   void* compute_stream = nullptr;
 };
+
+// "NCCL 2.28.9" (the library loaded, from ncclGetVersion), or "NCCL
+// (not built)" without --config=cuda.
+std::string NcclVersionString();
 
 // Every rank calls this with the same `size` and a distinct `rank`, and a
 // store scoped to this group. Errors: INVALID_ARGUMENT for bad arguments;

@@ -3,6 +3,8 @@
 
 namespace muster::parallel {
 
+std::string NcclVersionString() { return "NCCL (not built)"; }
+
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclGroup(rdzv::Store*, int, int,
                                                               const NcclOptions&) {
   return absl::FailedPreconditionError(

@@ -30,6 +30,8 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,6 +51,13 @@ class Work {
   virtual absl::Status Wait() = 0;
   // Whether it has finished, without blocking.
   virtual bool Done() const = 0;
+};
+
+// What a watchdog (parallel/watchdog.h) sees of a group.
+struct GroupHealth {
+  absl::Status error;                       // the sticky first error; OK if none
+  std::optional<absl::Time> running_since;  // when the running operation started
+  std::string running;                      // its description ("" when idle)
 };
 
 class ProcessGroup {
@@ -90,10 +99,32 @@ class ProcessGroup {
 
   // Finishes when every rank has reached it.
   virtual std::shared_ptr<Work> Barrier() = 0;
+
+  // Thread-safe, cheap: the first error and the running operation.
+  virtual GroupHealth Health() const = 0;
+
+  // Breaks the group for good, from any thread (a watchdog's): the running
+  // operation, everything queued and everything issued later fail with
+  // `cause`, and their waiters return at once. Peers blocked on this rank
+  // are freed too: Gloo closes its connections, NCCL aborts its
+  // communicator (ncclCommAbort). A group that has already failed keeps
+  // its first error.
+  virtual void Abort(const absl::Status& cause) = 0;
 };
 
 // The chunk sizes that split `total` elements as evenly as possible over
 // `parts` ranks: the first total % parts chunks get one more element.
 std::vector<size_t> EvenCounts(size_t total, int parts);
+
+// The argument checks every back end makes at issue time (INVALID_ARGUMENT,
+// without communicating), for rank `rank` of `size`:
+//   counts: one per rank, summing to `total`, with counts[rank] == `mine`;
+//   a peer in [0, size), and not this rank unless `self_ok`;
+//   point to point: that, and a tag >= 0.
+// `op` / `what` name the argument in the message.
+absl::Status CheckCounts(const char* op, const std::vector<size_t>& counts, size_t total,
+                         size_t mine, int rank, int size);
+absl::Status CheckPeer(const char* what, int peer, bool self_ok, int rank, int size);
+absl::Status CheckPointToPoint(const char* what, int peer, int tag, int rank, int size);
 
 }  // namespace muster::parallel

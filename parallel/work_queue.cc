@@ -150,6 +150,17 @@ absl::Status WorkQueue::first_error() const {
   return state_->first_error;
 }
 
+GroupHealth WorkQueue::health() const {
+  absl::MutexLock lock(&state_->mu);
+  GroupHealth health;
+  health.error = state_->first_error;
+  if (state_->running != nullptr) {
+    health.running_since = state_->running_since;
+    health.running = state_->running->description;
+  }
+  return health;
+}
+
 void WorkQueue::Run(State& s) {
   absl::MutexLock lock(&s.mu);
   while (true) {

@@ -61,6 +61,9 @@ class WorkQueue {
   // OK until an operation fails; then that operation's error forever.
   absl::Status first_error() const;
 
+  // The first error and the running operation (ProcessGroup::Health).
+  GroupHealth health() const;
+
   absl::Duration timeout() const { return timeout_; }
 
  private:

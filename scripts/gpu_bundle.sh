@@ -26,10 +26,13 @@ cd "$(dirname "$0")/.."
 # build under -c opt --config=cuda; its output is bazel-bin/<package>/<name>.
 GPU_TARGETS_DEFAULT=(
   //worker:worker
+  //launcher:launch
+  //parallel:nccl_link_check
   //tools:bench_gpu
   //kernels:cuda_link_check
   //tests/kernels:fast_cuda_test
   //tests/worker:model_cuda_test
+  //tests/parallel:staged_group_cuda_test
 )
 
 # Libraries the node provides and the bundle must not: glibc (its version must

@@ -10,6 +10,9 @@
 #   link       bin/cuda_link_check
 #   kernels    bin/fast_cuda_test $KERNELS_ARGS        (Catch2)
 #   model      bin/model_cuda_test $MODEL_ARGS         (Catch2)
+#   staged     bin/staged_group_cuda_test $STAGED_ARGS (Catch2): Gloo on
+#              device buffers through pinned host memory, 2 and 3 ranks as
+#              threads sharing GPU 0 over 127.0.0.1
 #   sanitizer  compute-sanitizer --tool memcheck bin/fast_cuda_test $SANITIZER_ARGS
 #   bench      bin/bench_gpu $BENCH_ARGS
 #   torch      python3 bin/bench_gpu_torch.py $TORCH_ARGS (the node's own
@@ -23,6 +26,21 @@
 #   resume     a bf16 run killed (SIGKILL) once its step-40 checkpoint is
 #              committed, then resumed: every later loss bit-identical to an
 #              uninterrupted run's ($RESUME_STEPS steps, $RESUME_MODEL)
+#   ddp1       a world of one over NCCL (WORLD_SIZE=1, parallel.backend: nccl)
+#              against one process alone: every loss bit-identical
+#   ddp2       launch --standalone --nproc_per_node=2 with parallel.backend:
+#              gloo (both ranks on this GPU, staged through pinned memory),
+#              B=4 each, against 1 process at B=8: every loss within 1e-5
+#              (relative) over 20 steps
+#   ddpnccl2   2 ranks with backend nccl: with one GPU NCCL refuses them;
+#              the job must fail fast (within 60 s) with an error naming NCCL,
+#              not hang. With 2 or more GPUs it must train instead.
+#   ddpkill    ddp2's job with checkpoints: rank 1 SIGKILLed after step 10's
+#              checkpoint; rank 0 must exit within 2 s, launch restarts the
+#              job, it finishes, and its losses after the restart equal an
+#              uninterrupted run's bit for bit
+#   (GPU_RUN_DEVICE=cpu: ddp1, ddp2 and ddpkill run on the CPU over Gloo as a
+#   dry run of the script; ddpnccl2 is skipped)
 #   (curve, determinism and resume compare metrics files with
 #   scripts/compare_metrics.py from this checkout, so they need python3)
 # Environment:
@@ -47,7 +65,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-ALL_STEPS=(selfcheck link kernels model sanitizer bench torch train curve determinism resume)
+ALL_STEPS=(selfcheck link kernels model staged sanitizer bench torch train curve determinism resume
+           ddp1 ddp2 ddpnccl2 ddpkill)
 DEFAULT_STEPS=(link kernels model bench)
 
 OUT=${OUT:-/tmp/gpu_out}
@@ -228,6 +247,12 @@ step_model() {
   local -a args
   mapfile -t args < <(words MODEL_ARGS)
   need bin/model_cuda_test && bundled bin/model_cuda_test "${args[@]}"
+}
+
+step_staged() {
+  local -a args
+  mapfile -t args < <(words STAGED_ARGS)
+  need bin/staged_group_cuda_test && bundled bin/staged_group_cuda_test "${args[@]}"
 }
 
 step_sanitizer() {
@@ -513,6 +538,141 @@ step_resume() {
   return 1
 }
 
+# --- data parallel (issue: NCCL in the worker) -----------------------------
+
+# run_launch NAME ARGS...: bin/launch --standalone ... examples/NAME.yaml,
+# output to out/NAME/launch.log.
+run_launch() {
+  local name=$1
+  shift
+  mkdir -p "out/$name" || return 1
+  echo "--- bin/launch --standalone $* examples/$name.yaml"
+  bundled bin/launch --standalone "$@" "examples/$name.yaml" > "out/$name/launch.log" 2>&1
+}
+
+# The backend a dry run uses in place of nccl.
+nccl_or_dry() {
+  if [ "$GPU_RUN_DEVICE" = cpu ]; then echo gloo; else echo nccl; fi
+}
+
+step_ddp1() {
+  need bin/worker && need_compare || return 127
+  dry_run_note
+  run_config ddp1_alone "$(precision_for bf16)" 30 1 || return 1
+  run_worker examples/ddp1_alone.yaml || return 1
+  run_config ddp1_group "$(precision_for bf16)" 30 1 "parallel.backend=$(nccl_or_dry)" || return 1
+  (export WORLD_SIZE=1 RANK=0 LOCAL_RANK=0; run_worker examples/ddp1_group.yaml) |
+    tee out/ddp1_group.log || return 1
+  grep -q "DDP over $(nccl_or_dry)" out/ddp1_group.log ||
+    { echo "FAIL: the banner does not name the backend"; return 1; }
+  compare_metrics exact out/ddp1_alone/metrics.jsonl out/ddp1_group/metrics.jsonl
+}
+
+step_ddp2() {
+  need bin/worker && need bin/launch && need_compare || return 127
+  dry_run_note
+  run_config ddp2_one "$(precision_for bf16)" 20 1 data.micro_batch=8 || return 1
+  run_worker examples/ddp2_one.yaml || return 1
+  run_config ddp2_two "$(precision_for bf16)" 20 1 data.micro_batch=4 parallel.backend=gloo || return 1
+  run_launch ddp2_two --nproc_per_node=2 --max_restarts=0 ||
+    { sed 's/^/  | /' out/ddp2_two/launch.log; return 1; }
+  grep -m1 "DDP over" out/ddp2_two/launch.log
+  compare_metrics curve out/ddp2_one/metrics.jsonl out/ddp2_two/metrics.jsonl --after 0 --rel 1e-5
+}
+
+step_ddpnccl2() {
+  local gpus start rc took
+  need bin/worker && need bin/launch || return 127
+  if [ "$GPU_RUN_DEVICE" = cpu ]; then
+    echo "ddpnccl2: skipped in a dry run (NCCL needs a GPU)"
+    return 0
+  fi
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  run_config ddpnccl2 bf16 20 1 data.micro_batch=4 parallel.backend=nccl parallel.timeout_s=60 ||
+    return 1
+  start=$SECONDS
+  run_launch ddpnccl2 --nproc_per_node=2 --max_restarts=0
+  rc=$?
+  took=$((SECONDS - start))
+  sed 's/^/  | /' out/ddpnccl2/launch.log | tail -40
+  echo "ddpnccl2: $gpus GPU(s); launch exited $rc after ${took} s"
+  if [ "$gpus" -ge 2 ]; then
+    [ "$rc" -eq 0 ] || { echo "FAIL: 2 ranks on 2 GPUs over NCCL did not train"; return 1; }
+    return 0
+  fi
+  [ "$rc" -ne 0 ] || { echo "FAIL: 2 ranks on one GPU over NCCL were not refused"; return 1; }
+  [ "$took" -le 60 ] || { echo "FAIL: the refusal took ${took} s"; return 1; }
+  grep -qi "nccl" out/ddpnccl2/launch.log ||
+    { echo "FAIL: the error does not name NCCL"; return 1; }
+  echo "PASS: refused in ${took} s, naming NCCL"
+}
+
+# pid_with_env PARENT ENTRY: a descendant of PARENT whose environment holds
+# ENTRY exactly (e.g. RANK=1), running bin/worker.
+pid_with_env() {
+  local parent=$1 entry=$2 p
+  for p in $(pgrep -f 'bin/worker' 2>/dev/null); do
+    [ "$p" != "$parent" ] || continue
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "$entry" && { echo "$p"; return 0; }
+  done
+  return 1
+}
+
+step_ddpkill() {
+  local pid line fifo out_fd found deadline rank0 rank1 killed_at gone_at rc waited
+  need bin/worker && need bin/launch && need_compare || return 127
+  dry_run_note
+  local -a common=(data.micro_batch=4 parallel.backend=gloo checkpoint.every=10
+                   checkpoint.keep_last=3)
+  run_config ddpkill_a "$(precision_for bf16)" 40 1 "${common[@]}" \
+    "checkpoint.dir=../out/ddpkill_a/ckpt" || return 1
+  run_launch ddpkill_a --nproc_per_node=2 --max_restarts=0 ||
+    { sed 's/^/  | /' out/ddpkill_a/launch.log; return 1; }
+  run_config ddpkill_b "$(precision_for bf16)" 40 1 "${common[@]}" \
+    "checkpoint.dir=../out/ddpkill_b/ckpt" || return 1
+  mkdir -p out/ddpkill_b || return 1
+  fifo=out/ddpkill_b/launch.fifo
+  rm -f "$fifo" && mkfifo "$fifo" || return 1
+  echo "--- bin/launch --standalone --nproc_per_node=2 --max_restarts=1 examples/ddpkill_b.yaml (background)"
+  env LD_LIBRARY_PATH="$BUNDLE_LD_PATH" bin/launch --standalone --nproc_per_node=2 \
+    --max_restarts=1 examples/ddpkill_b.yaml > "$fifo" 2>&1 &
+  pid=$!
+  exec {out_fd}< "$fifo"
+  : > out/ddpkill_b/launch.log
+  deadline=$((SECONDS + 120))
+  found=0
+  while [ "$SECONDS" -lt "$deadline" ] &&
+        IFS= read -r -t $((deadline - SECONDS)) line <&"$out_fd"; do
+    printf '%s\n' "$line" >> out/ddpkill_b/launch.log
+    if [[ $line =~ checkpoint:\ saved\ .*step_00000010 ]]; then found=1; break; fi
+  done
+  # The rest of the output, in the background, until launch closes it.
+  cat <&"$out_fd" >> out/ddpkill_b/launch.log &
+  exec {out_fd}<&-
+  [ "$found" -eq 1 ] || { echo "FAIL: no step-10 checkpoint within 120 s"; kill -9 "$pid"; return 1; }
+  rank0=$(pid_with_env "$pid" RANK=0) && rank1=$(pid_with_env "$pid" RANK=1) ||
+    { echo "FAIL: cannot find the two workers"; kill -9 "$pid"; return 1; }
+  killed_at=$(date +%s.%N)
+  kill -9 "$rank1"
+  # /proc announces no exit to a non-parent: poll it, for at most 10 s.
+  waited=0
+  while kill -0 "$rank0" 2>/dev/null && [ "$waited" -lt 500 ]; do
+    sleep 0.02
+    waited=$((waited + 1))
+  done
+  gone_at=$(date +%s.%N)
+  wait "$pid"
+  rc=$?
+  wait
+  rm -f "$fifo"
+  took=$(awk -v a="$killed_at" -v b="$gone_at" 'BEGIN { printf "%.3f", b - a }')
+  echo "ddpkill: rank 0 left $took s after rank 1 was killed; launch exited $rc"
+  grep -E "workers failed|round .* ended|UNAVAILABLE|restart" out/ddpkill_b/launch.log | head -8
+  awk -v t="$took" 'BEGIN { exit !(t < 2.0) }' || { echo "FAIL: rank 0 took ${took} s (>= 2 s)"; return 1; }
+  [ "$rc" -eq 0 ] || { echo "FAIL: the restarted job did not finish"; sed 's/^/  | /' out/ddpkill_b/launch.log | tail -30; return 1; }
+  compare_metrics exact out/ddpkill_a/metrics.jsonl out/ddpkill_b/metrics.jsonl --last-wins
+}
+
 names=()
 results=()
 seconds=()
@@ -526,7 +686,7 @@ for step in "${steps[@]}"; do
     cd "$MUSTER_HOME" || exit 2
     export -f bundled run_worker words need find_sanitizer "step_$step" \
       make_config precision_for run_config need_compare compare_metrics dry_run_note \
-      last_step resume_attempt
+      last_step resume_attempt run_launch nccl_or_dry pid_with_env
     export BUNDLE_LD_PATH MUSTER_HOME TRAIN_CONFIGS COMPARE_METRICS GPU_RUN_DEVICE \
       CURVE_STEPS CURVE_AFTER CURVE_REL DETERMINISM_STEPS RESUME_STEPS RESUME_MODEL
     timeout -k 10 "$STEP_TIMEOUT" bash -c "step_$step"

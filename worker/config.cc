@@ -235,6 +235,7 @@ absl::Status ConfigReader::Read(const YAML::Node& root, TrainConfig* config) {
       {"device", String(&config->device)},
       {"precision", String(&config->precision)},
       {"parallel", Section({{"strategy", String(&p.strategy)},
+                            {"backend", String(&p.backend)},
                             {"bucket_mb", Double(&p.bucket_mb)},
                             {"timeout_s", Double(&p.timeout_s)}})},
       {"checkpoint", Section({{"dir", String(&c.dir)},
@@ -333,6 +334,16 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
     return fail("parallel.strategy", absl::StrCat("unknown strategy '",
                                                   config.parallel.strategy,
                                                   "'; known strategies: ddp"));
+  }
+  if (config.parallel.backend != "auto" && config.parallel.backend != "nccl" &&
+      config.parallel.backend != "gloo") {
+    return fail("parallel.backend", absl::StrCat("expected auto, nccl or gloo, got '",
+                                                 config.parallel.backend, "'"));
+  }
+  if (config.device == "cpu" && config.parallel.backend == "nccl") {
+    return fail("parallel.backend",
+                "nccl needs device cuda; on the CPU gradients are reduced over gloo",
+                {"device"});
   }
   if (c.every > 0 && c.dir.empty()) {
     return fail("checkpoint.every", "saving checkpoints needs checkpoint.dir");
@@ -454,6 +465,7 @@ std::string ConfigToYaml(const TrainConfig& config) {
   absl::StrAppend(&out, "device: ", Quoted(config.device), "\n");
   absl::StrAppend(&out, "precision: ", Quoted(config.precision), "\n");
   absl::StrAppend(&out, "parallel:\n", "  strategy: ", Quoted(config.parallel.strategy), "\n",
+                  "  backend: ", Quoted(config.parallel.backend), "\n",
                   "  bucket_mb: ", ExactDouble(config.parallel.bucket_mb), "\n",
                   "  timeout_s: ", ExactDouble(config.parallel.timeout_s), "\n");
   absl::StrAppend(&out, "checkpoint:\n", "  dir: ", Quoted(c.dir), "\n", "  every: ", c.every,
@@ -481,8 +493,8 @@ bool operator==(const TrainLoopConfig& a, const TrainLoopConfig& b) {
          std::tie(b.steps, b.seed, b.log_every, b.eval_every, b.eval_batches, b.metrics_file);
 }
 bool operator==(const ParallelConfig& a, const ParallelConfig& b) {
-  return std::tie(a.strategy, a.bucket_mb, a.timeout_s) ==
-         std::tie(b.strategy, b.bucket_mb, b.timeout_s);
+  return std::tie(a.strategy, a.backend, a.bucket_mb, a.timeout_s) ==
+         std::tie(b.strategy, b.backend, b.bucket_mb, b.timeout_s);
 }
 bool operator==(const CheckpointConfig& a, const CheckpointConfig& b) {
   return std::tie(a.dir, a.every, a.keep_last, a.keep_every, a.resume) ==

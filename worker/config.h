@@ -54,6 +54,9 @@ struct TrainLoopConfig {
 
 struct ParallelConfig {
   std::string strategy = "ddp";  // ddp (single process = world of 1)
+  // Where gradients are reduced: auto (NCCL on CUDA, Gloo on the CPU) |
+  // nccl | gloo (on CUDA: staged through pinned host memory).
+  std::string backend = "auto";
   double bucket_mb = 25.0;
   // Bound on every collective (and on joining the peers): a peer that
   // hangs turns into an error after this long, and the launcher restarts

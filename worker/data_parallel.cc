@@ -2,6 +2,8 @@
 
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace muster::worker {
 namespace {
 
@@ -22,9 +24,37 @@ parallel::BucketOptions BucketOptionsFor(const ParallelConfig& config) {
   return options;
 }
 
-DdpDataParallel::DdpDataParallel(parallel::ProcessGroup* group,
+absl::StatusOr<parallel::DataBackend> ChooseDataBackend(const std::string& backend,
+                                                        Device device) {
+  const bool cuda = device == Device::kCuda;
+  if (backend == "auto") return cuda ? parallel::DataBackend::kNccl : parallel::DataBackend::kGloo;
+  if (backend == "gloo") {
+    return cuda ? parallel::DataBackend::kStagedGloo : parallel::DataBackend::kGloo;
+  }
+  if (backend == "nccl") {
+    if (cuda) return parallel::DataBackend::kNccl;
+    return absl::InvalidArgumentError(
+        "parallel.backend: nccl needs device cuda; on the CPU gradients are reduced over gloo");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("parallel.backend: expected auto, nccl or gloo, got '", backend, "'"));
+}
+
+const char* DataBackendName(parallel::DataBackend backend) {
+  switch (backend) {
+    case parallel::DataBackend::kGloo:
+      return "gloo";
+    case parallel::DataBackend::kNccl:
+      return "nccl";
+    case parallel::DataBackend::kStagedGloo:
+      return "gloo (staged through pinned host memory)";
+  }
+  return "?";
+}
+
+DdpDataParallel::DdpDataParallel(parallel::ProcessGroup* data, parallel::ProcessGroup* control,
                                  const parallel::BucketOptions& options)
-    : group_(group), options_(options) {}
+    : group_(data), control_(control), options_(options) {}
 
 void DdpDataParallel::BeginBackward(GptModel* model, bool last) {
   if (!last) {
@@ -52,14 +82,15 @@ absl::Status DdpDataParallel::ReduceGradients(GptModel* model) {
 
 absl::StatusOr<float> DdpDataParallel::MeanOverRanks(float value) {
   float data[1] = {value};
-  absl::Status status = group_->AllReduce(absl::MakeSpan(data), parallel::ReduceOp::kAvg)->Wait();
+  absl::Status status =
+      control_->AllReduce(absl::MakeSpan(data), parallel::ReduceOp::kAvg)->Wait();
   if (!status.ok()) return status;
   return data[0];
 }
 
 absl::Status DdpDataParallel::SyncParameters(GptModel* model) {
-  // The stages' parameters, one broadcast per stage: on the CPU these are
-  // host memory the Gloo group can read directly.
+  // The stages' parameters, one broadcast per stage, over the data group:
+  // device memory on CUDA, host memory on the CPU.
   std::vector<std::shared_ptr<parallel::Work>> works;
   for (Stage& stage : model->stages()) {
     works.push_back(group_->Broadcast(absl::MakeSpan(stage.params, stage.size), 0));
@@ -73,6 +104,6 @@ absl::Status DdpDataParallel::SyncParameters(GptModel* model) {
   return first_error;
 }
 
-absl::Status DdpDataParallel::Barrier() { return group_->Barrier()->Wait(); }
+absl::Status DdpDataParallel::Barrier() { return control_->Barrier()->Wait(); }
 
 }  // namespace muster::worker

@@ -9,6 +9,10 @@
 // group's communication thread. Earlier micro-steps accumulate locally and
 // communicate nothing.
 //
+// Two groups: gradients and parameters go over `data` (NCCL or staged Gloo
+// on CUDA: device memory), the scalars of MeanOverRanks and Barrier over
+// `control` (host memory). On the CPU both are the one Gloo group.
+//
 // Errors: the ProcessGroup's (parallel/process_group.h); after one, the
 // group is broken and every later call fails with it.
 //
@@ -18,6 +22,8 @@
 #include <memory>
 
 #include "absl/time/time.h"
+#include "absl/status/statusor.h"
+#include "parallel/bootstrap.h"
 #include "parallel/ddp.h"
 #include "parallel/process_group.h"
 #include "worker/trainer.h"
@@ -26,10 +32,12 @@ namespace muster::worker {
 
 class DdpDataParallel : public DataParallel {
  public:
-  // `group` is not owned and must outlive this object. The buckets are
-  // planned over the model first passed to BeginBackward, which must then
-  // be the only model and outlive this object.
-  DdpDataParallel(parallel::ProcessGroup* group, const parallel::BucketOptions& options);
+  // The groups are not owned and must outlive this object; they have the
+  // same ranks (they may be one group). The buckets are planned over the
+  // model first passed to BeginBackward, which must then be the only model
+  // and outlive this object.
+  DdpDataParallel(parallel::ProcessGroup* data, parallel::ProcessGroup* control,
+                  const parallel::BucketOptions& options);
 
   int rank() const override { return group_->rank(); }
   int world_size() const override { return group_->size(); }
@@ -43,11 +51,19 @@ class DdpDataParallel : public DataParallel {
   const parallel::GradientReducer* reducer() const { return reducer_.get(); }
 
  private:
-  parallel::ProcessGroup* const group_;
+  parallel::ProcessGroup* const group_;    // data
+  parallel::ProcessGroup* const control_;
   const parallel::BucketOptions options_;
   GptModel* model_ = nullptr;
   std::unique_ptr<parallel::GradientReducer> reducer_;
 };
+
+// parallel.backend on `device`: auto is NCCL on CUDA and Gloo on the CPU;
+// gloo on CUDA stages device buffers through pinned host memory.
+// INVALID_ARGUMENT for nccl on the CPU or an unknown name.
+absl::StatusOr<parallel::DataBackend> ChooseDataBackend(const std::string& backend,
+                                                        Device device);
+const char* DataBackendName(parallel::DataBackend backend);
 
 // The buckets of parallel.bucket_mb for a model: segments are the stages'
 // gradient buffers.

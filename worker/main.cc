@@ -17,9 +17,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "parallel/bootstrap.h"
+#include "parallel/nccl_group.h"
 #include "worker/config.h"
 #include "worker/data_parallel.h"
 #include "worker/generate.h"
+#include "worker/ops.h"
 #include "worker/trainer.h"
 
 namespace muster::worker {
@@ -68,38 +70,80 @@ int Fail(const absl::Status& status) {
 struct Parallelism {
   std::unique_ptr<parallel::Communicator> communicator;
   std::unique_ptr<DdpDataParallel> ddp;
+  std::string description;  // for the banner: the backend, the device
   DataParallel* parallel() const { return ddp.get(); }  // nullptr: alone
 };
+
+// The watchdog's last resort (parallel/watchdog.h): the communicator was
+// aborted, yet the process is still here seconds later. Exit now with the
+// cause rather than wait on whatever is stuck.
+void ExitStuck(const absl::Status& cause) {
+  std::string message =
+      absl::StrCat(cause.message(), " (still running after aborting the communicator: exiting)");
+  std::fprintf(stderr, "worker: %s\n", message.c_str());
+  WriteErrorFile(message);
+  std::fflush(nullptr);
+  _exit(kExitFailure);
+}
 
 absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
   auto world = parallel::WorldFromEnvironment();
   if (!world.ok()) return world.status();
-  Parallelism result;
-  if (world->world_size == 1) return result;
   auto device = ResolveDevice(config.device);
   if (!device.ok()) return device.status();
+  Parallelism result;
+  int cuda_device = 0;
+  bool shares_gpu = false;
   if (*device == Device::kCuda) {
-    // parallel/nccl_group.h compiles and links, but has never run on a
-    // GPU; it is not wired in until it can be tested on one.
-    return absl::FailedPreconditionError(
-        "DDP on CUDA is not available yet: multi-process training runs on the CPU "
-        "(device: cpu) over Gloo");
+    // Before the model, cuBLAS or NCCL touch the GPU.
+    auto choice = SelectCudaDevice(world->local_rank);
+    if (!choice.ok()) return choice.status();
+    cuda_device = choice->device;
+    result.description = absl::StrCat("cuda:", cuda_device);
+    shares_gpu = world->local_rank >= choice->visible;
+    if (shares_gpu) {
+      std::fprintf(stderr, "worker: LOCAL_RANK %d shares CUDA device %d (%d visible)\n",
+                   world->local_rank, cuda_device, choice->visible);
+    }
   }
+  // A world of one reduces nothing, unless a backend was asked for by name
+  // (a world of one over NCCL must match one process bit for bit).
+  if (world->world_size == 1 && config.parallel.backend == "auto") return result;
+  auto backend = ChooseDataBackend(config.parallel.backend, *device);
+  if (!backend.ok()) return backend.status();
+
   parallel::CommunicatorOptions options;
   options.timeout = absl::Seconds(config.parallel.timeout_s);
+  options.data_backend = *backend;
+  options.cuda_device = cuda_device;
+  options.compute_stream = nullptr;  // the CUDA engine runs on the default stream
+  options.on_stuck = ExitStuck;
   auto communicator = parallel::Communicator::Connect(*world, options);
   if (!communicator.ok()) {
+    std::string hint;
+    if (*backend == parallel::DataBackend::kNccl && shares_gpu) {
+      hint = "; NCCL refuses two ranks on one GPU: use parallel.backend: gloo to share one";
+    }
     return absl::Status(communicator.status().code(),
                         absl::StrCat("rank ", world->rank, " of ", world->world_size,
-                                     ": joining the peers: ", communicator.status().message()));
+                                     ": joining the peers: ", communicator.status().message(),
+                                     hint));
   }
   result.communicator = *std::move(communicator);
-  result.ddp = std::make_unique<DdpDataParallel>(&result.communicator->group(),
+  result.ddp = std::make_unique<DdpDataParallel>(&result.communicator->data_group(),
+                                                 &result.communicator->control_group(),
                                                  BucketOptionsFor(config.parallel));
+  result.description = absl::StrCat(
+      world->world_size, " rank(s), ",
+      result.description.empty() ? "" : absl::StrCat(result.description, " on rank 0, "),
+      "DDP over ", DataBackendName(*backend));
+  if (*backend == parallel::DataBackend::kNccl) {
+    absl::StrAppend(&result.description, " ", parallel::NcclVersionString());
+  }
   return result;
 }
 
-void PrintBanner(Trainer& trainer, FILE* out) {
+void PrintBanner(Trainer& trainer, const std::string& parallelism, FILE* out) {
   const TrainConfig& config = trainer.config();
   const ModelConfig& m = config.model;
   std::fprintf(out,
@@ -110,6 +154,7 @@ void PrintBanner(Trainer& trainer, FILE* out) {
                config.data.micro_batch, config.data.grad_accumulation, config.train.steps,
                trainer.model()->device() == Device::kCuda ? "cuda" : "cpu",
                PrecisionName(trainer.model()->precision()));
+  if (!parallelism.empty()) std::fprintf(out, "worker: %s\n", parallelism.c_str());
   std::fprintf(out, "worker: MFU peak %s\n", trainer.peak_flops_description().c_str());
   std::fflush(out);
 }
@@ -125,7 +170,7 @@ int Train(const std::string& config_path) {
   auto trainer = Trainer::Create(*config, options);
   if (!trainer.ok()) return Fail(trainer.status());
   if (options.parallel == nullptr || options.parallel->rank() == 0) {
-    PrintBanner(**trainer, stdout);
+    PrintBanner(**trainer, parallelism->description, stdout);
   }
   absl::Status status = (*trainer)->Run();
   if (!status.ok()) return Fail(status);
@@ -158,7 +203,7 @@ int Generate(const GenerateArgs& args) {
   options.progress_bar = isatty(STDERR_FILENO) == 1;
   auto trainer = Trainer::Create(*config, options);
   if (!trainer.ok()) return Fail(trainer.status());
-  PrintBanner(**trainer, stderr);
+  PrintBanner(**trainer, "", stderr);
   absl::Status status = (*trainer)->Run();
   if (!status.ok()) return Fail(status);
   auto text = GenerateText((*trainer)->model(), args.sample);

@@ -95,6 +95,16 @@ absl::Status CudaAvailable();
 // The CUDA back end on the current device; FAILED_PRECONDITION as above.
 absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps();
 
+// The CUDA device a process with this LOCAL_RANK uses: local_rank modulo
+// the visible devices (so several processes may share one GPU, as in the
+// tests on a one-GPU machine), made current with cudaSetDevice before the
+// model, cuBLAS or NCCL touch the GPU.
+struct CudaDeviceChoice {
+  int device = 0;
+  int visible = 0;  // devices visible to this process
+};
+absl::StatusOr<CudaDeviceChoice> SelectCudaDevice(int local_rank);
+
 // What the current CUDA device is, for MFU: its name, and its dense peak
 // FLOP/s for `precision` from a table of known GPUs (0 when the GPU is not
 // in the table or there is none).

@@ -262,6 +262,23 @@ absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(Precision precision) {
   return info;
 }
 
+absl::StatusOr<CudaDeviceChoice> SelectCudaDevice(int local_rank) {
+  if (absl::Status available = CudaAvailable(); !available.ok()) return available;
+  if (local_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("LOCAL_RANK ", local_rank, " is negative"));
+  }
+  CudaDeviceChoice choice;
+  cudaGetDeviceCount(&choice.visible);
+  choice.device = local_rank % choice.visible;
+  const cudaError_t error = cudaSetDevice(choice.device);
+  if (error != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaSetDevice(", choice.device,
+                                            ") for LOCAL_RANK ", local_rank, ": ",
+                                            cudaGetErrorString(error)));
+  }
+  return choice;
+}
+
 absl::StatusOr<size_t> CudaMemoryInUse() {
   if (absl::Status available = CudaAvailable(); !available.ok()) return available;
   size_t free_bytes = 0, total_bytes = 0;

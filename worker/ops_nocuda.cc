@@ -26,6 +26,10 @@ absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig&, in
   return absl::FailedPreconditionError(kNoCuda);
 }
 
+absl::StatusOr<CudaDeviceChoice> SelectCudaDevice(int) {
+  return absl::FailedPreconditionError(kNoCuda);
+}
+
 absl::StatusOr<size_t> CudaMemoryInUse() { return absl::FailedPreconditionError(kNoCuda); }
 
 }  // namespace muster::worker

@@ -315,6 +315,13 @@ TEST_CASE("bad command lines and unreachable services fail fast with exit 2") {
     CHECK(ExitCodeWithin(agent, absl::Seconds(20)) == 2);
     CHECK(ReadFile(log).find(cases[i].message) != std::string::npos);
   }
+  // One worker per GPU with no GPU: refused, naming why (no GPU here, and
+  // none visible on any machine with CUDA_VISIBLE_DEVICES empty).
+  std::string log = dir.File("gpu.log");
+  Child agent = StartLaunch({"--standalone", "--nproc_per_node", "gpu", "--no_python", "true"},
+                            log, {"CUDA_VISIBLE_DEVICES="});
+  CHECK(ExitCodeWithin(agent, absl::Seconds(20)) == 2);
+  CHECK_THAT(ReadFile(log), Catch::Contains("--nproc_per_node gpu: no CUDA device is visible"));
 }
 
 }  // namespace

@@ -98,6 +98,76 @@ TEST_CASE("a world of one connects without a rendezvous service") {
   CHECK(data == std::vector<float>{1, 2, 3});
 }
 
+TEST_CASE("a world of one: no watchdog; the data group is the Gloo group under kGloo") {
+  absl::StatusOr<WorldInfo> world = WorldFromEnvironment(Env{});
+  REQUIRE(world.ok());
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Connect(*world);
+  REQUIRE(comm.ok());
+  CHECK((*comm)->watchdog() == nullptr);
+  CHECK(&(*comm)->data_group() == &(*comm)->group());
+  CHECK(&(*comm)->control_group() == &(*comm)->group());
+}
+
+TEST_CASE("the CUDA backends need a CUDA build, and say so") {
+  absl::StatusOr<WorldInfo> world = WorldFromEnvironment(Env{});
+  REQUIRE(world.ok());
+  for (DataBackend backend : {DataBackend::kNccl, DataBackend::kStagedGloo}) {
+    CommunicatorOptions options;
+    options.data_backend = backend;
+    absl::StatusOr<std::unique_ptr<Communicator>> comm = Communicator::Connect(*world, options);
+#ifdef MUSTER_CUDA
+    (void)comm;  // needs a GPU: tests/parallel/staged_group_cuda_test, scripts/gpu_run.sh
+#else
+    INFO(comm.status().ToString());
+    CHECK(absl::IsFailedPrecondition(comm.status()));
+    CHECK(absl::StrContains(comm.status().message(), "--config=cuda"));
+#endif
+  }
+}
+
+TEST_CASE("RoundStatus: running is OK; another round or phase names the round and why") {
+  CHECK(RoundStatus(std::nullopt, "j", 3).ok());
+  rdzv::pb::JobState state;
+  state.set_round(3);
+  state.set_phase(rdzv::pb::RUNNING);
+  CHECK(RoundStatus(state, "j", 3).ok());
+
+  state.set_round(4);
+  state.set_phase(rdzv::pb::GATHERING);
+  state.set_last_end_reason(rdzv::pb::MEMBER_FAILED);
+  rdzv::pb::Failure* old = state.add_failures();
+  old->set_round(2);
+  old->set_member_id("m-old");
+  old->set_exit_code(1);
+  rdzv::pb::Failure* failure = state.add_failures();
+  failure->set_round(3);
+  failure->set_member_id("node1-2");
+  failure->set_exit_code(137);
+  failure->set_message("rank 3 exited with signal 9 (SIGKILL)");
+  absl::Status ended = RoundStatus(state, "j", 3);
+  CHECK(absl::IsAborted(ended));
+  CHECK(ended.message() ==
+        "rendezvous round 3 of job 'j' ended (MEMBER_FAILED: member node1-2 exited 137, rank 3 "
+        "exited with signal 9 (SIGKILL)); the job is now at round 4, GATHERING");
+
+  // A lapsed lease is a failure without an exit code.
+  failure->set_exit_code(-1);
+  failure->set_message("lease of node1-2 expired");
+  state.set_last_end_reason(rdzv::pb::MEMBER_LOST);
+  CHECK(RoundStatus(state, "j", 3).message() ==
+        "rendezvous round 3 of job 'j' ended (MEMBER_LOST: lease of node1-2 expired); the job "
+        "is now at round 4, GATHERING");
+
+  // The same round, but the job closed by an administrator.
+  rdzv::pb::JobState closed;
+  closed.set_round(3);
+  closed.set_phase(rdzv::pb::CLOSED);
+  absl::Status status = RoundStatus(closed, "j", 3);
+  CHECK(absl::IsAborted(status));
+  CHECK_THAT(std::string(status.message()),
+             Catch::Contains("round 3 of job 'j' ended: the job is CLOSED"));
+}
+
 TEST_CASE("a bad job secret file is reported before any connection") {
   Env env = LaunchEnv();
   env["MUSTER_JOB_SECRET_FILE"] = "/nonexistent/secret";

@@ -186,6 +186,23 @@ TEST_CASE("precision reads every value; tf32 and bf16 need more than an explicit
   }
 }
 
+TEST_CASE("parallel.backend: auto, nccl, gloo; nccl is refused with an explicit cpu") {
+  for (const char* value : {"auto", "nccl", "gloo"}) {
+    INFO(value);
+    std::string text = std::string(kMinimal) + "parallel:\n  backend: " + value + "\n";
+    absl::StatusOr<TrainConfig> parsed = ParseConfig(text, "t.yaml", "");
+    REQUIRE(parsed.ok());
+    CHECK(parsed->parallel.backend == value);
+  }
+  CHECK(ParseConfig(kMinimal, "t.yaml", "")->parallel.backend == "auto");
+  std::string text = std::string(kMinimal) + "parallel:\n  backend: mpi\n";
+  CHECK_THAT(ErrorOf(text), Catch::Contains("parallel.backend: expected auto, nccl or gloo, got 'mpi'"));
+  text = std::string(kMinimal) + "device: cpu\nparallel:\n  backend: nccl\n";
+  CHECK_THAT(ErrorOf(text), Catch::Contains("parallel.backend: nccl needs device cuda"));
+  text = std::string(kMinimal) + "device: cpu\nparallel:\n  backend: gloo\n";
+  CHECK(ParseConfig(text, "t.yaml", "").ok());
+}
+
 TEST_CASE("keep_last below 2 is fine while checkpoints are off") {
   std::string yaml = std::string(kMinimal) + "checkpoint:\n  keep_last: 1\n";
   CHECK(ParseConfig(yaml, "t.yaml", "").ok());
@@ -220,6 +237,7 @@ TEST_CASE("ConfigToYaml parses back to an equal config") {
   TrainConfig on_cuda = odd;
   on_cuda.device = "cuda";
   on_cuda.precision = "bf16";
+  on_cuda.parallel.backend = "gloo";
   configs.push_back(on_cuda);
 
   for (const TrainConfig& config : configs) {
@@ -239,7 +257,7 @@ TEST_CASE("ConfigToYaml prints every field") {
         "micro_batch:", "grad_accumulation:", "optim:", "lr:", "warmup_steps:", "schedule:",
         "min_lr:", "weight_decay:", "beta1:", "beta2:", "eps:", "grad_clip:", "steps:", "seed:",
         "log_every:", "eval_every:", "eval_batches:", "metrics_file:", "device:", "precision:",
-        "parallel:", "strategy:", "bucket_mb:", "checkpoint:", "dir:", "every:", "keep_last:",
+        "parallel:", "strategy:", "backend:", "bucket_mb:", "checkpoint:", "dir:", "every:", "keep_last:",
         "keep_every:", "resume:"}) {
     CHECK_THAT(yaml, Catch::Contains(key));
   }

@@ -23,6 +23,23 @@ using parallel::Bucket;
 using parallel::BucketOptions;
 using parallel::PlanBuckets;
 
+TEST_CASE("parallel.backend: auto is nccl on CUDA and gloo on the CPU; gloo on CUDA is staged") {
+  using parallel::DataBackend;
+  CHECK(*ChooseDataBackend("auto", Device::kCuda) == DataBackend::kNccl);
+  CHECK(*ChooseDataBackend("auto", Device::kCpu) == DataBackend::kGloo);
+  CHECK(*ChooseDataBackend("nccl", Device::kCuda) == DataBackend::kNccl);
+  CHECK(*ChooseDataBackend("gloo", Device::kCuda) == DataBackend::kStagedGloo);
+  CHECK(*ChooseDataBackend("gloo", Device::kCpu) == DataBackend::kGloo);
+  // device: auto resolved to the CPU (no GPU here) with backend: nccl.
+  absl::StatusOr<DataBackend> refused = ChooseDataBackend("nccl", Device::kCpu);
+  REQUIRE(absl::IsInvalidArgument(refused.status()));
+  CHECK_THAT(std::string(refused.status().message()),
+             Catch::Contains("parallel.backend: nccl needs device cuda"));
+  CHECK(absl::IsInvalidArgument(ChooseDataBackend("mpi", Device::kCpu).status()));
+  CHECK(std::string(DataBackendName(DataBackend::kStagedGloo)) ==
+        "gloo (staged through pinned host memory)");
+}
+
 TEST_CASE("buckets run backwards over the segments, capped, with a small first bucket") {
   // One allocation, like GptModel's: embedding, 6 blocks, head.
   std::vector<float> memory(1000 + 6 * 300 + 10);
@@ -108,6 +125,8 @@ class CountingGroup : public parallel::ProcessGroup {
     return group_->Recv(data, source, tag);
   }
   std::shared_ptr<parallel::Work> Barrier() override { return group_->Barrier(); }
+  parallel::GroupHealth Health() const override { return group_->Health(); }
+  void Abort(const absl::Status& cause) override { group_->Abort(cause); }
 
  private:
   std::unique_ptr<parallel::ProcessGroup> group_;
@@ -152,7 +171,7 @@ void TrainRank(const TrainConfig& config, int rank, int world, rdzv::Store* stor
     return;
   }
   CountingGroup counting(*std::move(group));
-  DdpDataParallel ddp(&counting, BucketOptionsFor(config.parallel));
+  DdpDataParallel ddp(&counting, &counting, BucketOptionsFor(config.parallel));
   TrainConfig mine = config;
   std::unique_ptr<FILE, int (*)(FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
   TrainerOptions trainer_options;
@@ -237,7 +256,7 @@ TEST_CASE("SyncParameters gives every rank rank 0's weights") {
       }
       (*model)->InitWeights(100 + rank);  // three different models
       before[rank] = (*model)->CopyParamsToHost();
-      DdpDataParallel ddp(group->get(), {});
+      DdpDataParallel ddp(group->get(), group->get(), {});
       absl::Status synced = ddp.SyncParameters(model->get());
       if (!synced.ok()) errors[rank] = synced.ToString();
       after[rank] = (*model)->CopyParamsToHost();

@@ -1,0 +1,494 @@
+// CreateHostStagedGroup under --config=cuda (see staged_group.h).
+#include "parallel/staged_group.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "parallel/work_queue.h"
+
+namespace muster::parallel {
+namespace {
+
+// Polling a copy: the first pause, and the longest (the pause doubles).
+constexpr absl::Duration kFirstPause = absl::Microseconds(10);
+constexpr absl::Duration kLongestPause = absl::Microseconds(500);
+
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorString(error)));
+}
+
+// Makes `device` current on the calling thread for a scope, then restores
+// the caller's: issuing runs on the caller's thread, whose current device
+// is the caller's business. (PyTorch's CUDAGuard; a few lines are cheaper
+// than a dependency.)
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    status_ = CudaStatus(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (status_.ok() && previous_ != device) {
+      status_ = CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+      restore_ = status_.ok();
+    }
+  }
+  ~DeviceScope() {
+    if (restore_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+  const absl::Status& status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+  absl::Status status_;
+};
+
+// The compute stream's progress at issue time. Destroyed with the last
+// holder: the operation once it has run, or its queue item when it never
+// runs (the queue had failed, or was destroyed first).
+struct Event {
+  Event() = default;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event() {
+    if (event != nullptr) cudaEventDestroy(event);
+  }
+  cudaEvent_t event = nullptr;
+};
+
+// What the operations use, shared with them: WorkQueue detaches a thread
+// stuck after a failure, and that thread may outlive the group.
+struct Staging {
+  explicit Staging(ProcessGroup* inner) : inner(inner) {}
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging() {
+    if (pinned != nullptr) cudaFreeHost(pinned);
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  int device = 0;
+  absl::Duration inner_timeout;
+  // Non-blocking: no implicit synchronization with the legacy default
+  // stream, so the copies wait for nothing but the issue-time event.
+  cudaStream_t stream = nullptr;
+  // Used by the communication thread only (one operation at a time).
+  float* pinned = nullptr;
+  size_t capacity = 0;  // floats
+  // Set by Abort: the running operation starts no further copy.
+  std::atomic<bool> aborted{false};
+  absl::Mutex mu;
+  // Null once the group is destroyed: a detached thread must not start an
+  // operation on an inner group that may be gone. Held while issuing on it
+  // (not while waiting).
+  ProcessGroup* inner ABSL_GUARDED_BY(mu);
+};
+
+// One caller buffer of an operation.
+struct Region {
+  float* user = nullptr;  // the caller's buffer
+  size_t count = 0;       // floats
+  bool copy_in = false;   // the inner operation reads it
+  bool copy_out = false;  // the inner operation writes it
+  bool staged = false;    // device memory: copied through the pinned buffer
+};
+
+// Issues the inner operation on the host view of the regions (in order).
+using Launch = std::function<std::shared_ptr<Work>(ProcessGroup& inner,
+                                                   const std::vector<absl::Span<float>>& host)>;
+
+// Device (or managed) memory is staged; pinned and pageable host memory is
+// passed to the inner group as it is.
+absl::Status Classify(Region& region, int device) {
+  region.staged = false;
+  if (region.count == 0) return absl::OkStatus();
+  cudaPointerAttributes attributes{};
+  cudaError_t error = cudaPointerGetAttributes(&attributes, region.user);
+  if (error != cudaSuccess) {
+    cudaGetLastError();  // not the caller's error to find later
+    return CudaStatus(error, "cudaPointerGetAttributes");
+  }
+  switch (attributes.type) {
+    case cudaMemoryTypeDevice:
+      if (attributes.device != device) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a buffer is on CUDA device ", attributes.device, "; the group's device is ", device));
+      }
+      region.staged = true;
+      break;
+    case cudaMemoryTypeManaged:
+      // The host may read managed memory, but not while kernels may write
+      // it; the copies are ordered after them.
+      region.staged = true;
+      break;
+    default:  // cudaMemoryTypeHost (pinned), cudaMemoryTypeUnregistered
+      break;
+  }
+  return absl::OkStatus();
+}
+
+// Polls `query` (a cudaEventQuery or cudaStreamQuery) until done. Not
+// cudaStreamSynchronize: it has no timeout, and the copies wait for the
+// caller's compute stream, which may never get there.
+absl::Status PollUntilDone(const std::function<cudaError_t()>& query, absl::Time deadline,
+                           const char* what) {
+  absl::Duration pause = kFirstPause;
+  while (true) {
+    cudaError_t result = query();
+    if (result == cudaSuccess) return absl::OkStatus();
+    if (result != cudaErrorNotReady) return CudaStatus(result, what);
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": not finished within the time left for copying"));
+    }
+    absl::SleepFor(pause);
+    pause = std::min(pause * 2, kLongestPause);
+  }
+}
+
+// On the communication thread: copy in, run the inner operation, copy out.
+// `ready` is null for an operation without buffers.
+absl::Status RunStaged(Staging& s, cudaEvent_t ready, const std::vector<Region>& regions,
+                       const Launch& launch, absl::Time deadline) {
+  // The inner operation gets its whole timeout; the copies before it what
+  // is left of the margin.
+  const absl::Time copy_in_deadline = deadline - s.inner_timeout;
+  std::vector<absl::Span<float>> host;
+  if (ready != nullptr) {
+    if (absl::Status st = CudaStatus(cudaSetDevice(s.device), "cudaSetDevice"); !st.ok()) {
+      return st;
+    }
+    size_t needed = 0;
+    for (const Region& region : regions) {
+      if (region.staged) needed += region.count;
+    }
+    if (needed > s.capacity) {
+      // One buffer, grown to the largest operation and reused, rather than
+      // one per operation: pinning memory is far slower than copying it.
+      float* old = s.pinned;
+      s.pinned = nullptr;
+      s.capacity = 0;
+      if (old != nullptr) {
+        if (absl::Status st = CudaStatus(cudaFreeHost(old), "cudaFreeHost"); !st.ok()) return st;
+      }
+      void* pinned = nullptr;
+      if (absl::Status st =
+              CudaStatus(cudaHostAlloc(&pinned, needed * sizeof(float), cudaHostAllocDefault),
+                         "cudaHostAlloc");
+          !st.ok()) {
+        return st;
+      }
+      s.pinned = static_cast<float*>(pinned);
+      s.capacity = needed;
+    }
+    size_t offset = 0;
+    for (const Region& region : regions) {
+      if (region.staged) {
+        host.emplace_back(s.pinned + offset, region.count);
+        offset += region.count;
+      } else {
+        host.emplace_back(region.user, region.count);
+      }
+    }
+
+    if (absl::Status st =
+            CudaStatus(cudaStreamWaitEvent(s.stream, ready, 0), "cudaStreamWaitEvent");
+        !st.ok()) {
+      return st;
+    }
+    for (size_t i = 0; i < regions.size(); ++i) {
+      const Region& region = regions[i];
+      if (!region.staged || !region.copy_in || region.count == 0) continue;
+      if (absl::Status st =
+              CudaStatus(cudaMemcpyAsync(host[i].data(), region.user, region.count * sizeof(float),
+                                         cudaMemcpyDeviceToHost, s.stream),
+                         "cudaMemcpyAsync device to host");
+          !st.ok()) {
+        return st;
+      }
+    }
+    // The event first: host regions are read and written only once the
+    // compute stream has passed the issue point.
+    if (absl::Status st = PollUntilDone([ready] { return cudaEventQuery(ready); }, copy_in_deadline,
+                                        "cudaEventQuery (waiting for the compute stream)");
+        !st.ok()) {
+      return st;
+    }
+    if (absl::Status st =
+            PollUntilDone([&s] { return cudaStreamQuery(s.stream); }, copy_in_deadline,
+                          "cudaStreamQuery (copies device to host)");
+        !st.ok()) {
+      return st;
+    }
+  }
+
+  if (s.aborted.load()) return absl::AbortedError("the group was aborted");
+  std::shared_ptr<Work> work;
+  {
+    absl::MutexLock lock(&s.mu);
+    if (s.inner == nullptr) return absl::CancelledError("the staged group was destroyed");
+    work = launch(*s.inner, host);
+  }
+  if (absl::Status st = work->Wait(); !st.ok()) return st;
+  if (ready == nullptr) return absl::OkStatus();
+
+  if (s.aborted.load()) return absl::AbortedError("the group was aborted");
+  bool copied = false;
+  for (size_t i = 0; i < regions.size(); ++i) {
+    const Region& region = regions[i];
+    if (!region.staged || !region.copy_out || region.count == 0) continue;
+    if (absl::Status st =
+            CudaStatus(cudaMemcpyAsync(region.user, host[i].data(), region.count * sizeof(float),
+                                       cudaMemcpyHostToDevice, s.stream),
+                       "cudaMemcpyAsync host to device");
+        !st.ok()) {
+      return st;
+    }
+    copied = true;
+  }
+  if (!copied) return absl::OkStatus();
+  return PollUntilDone([&s] { return cudaStreamQuery(s.stream); }, deadline,
+                       "cudaStreamQuery (copies host to device)");
+}
+
+Region Buffer(const float* data, size_t count, bool copy_in, bool copy_out) {
+  Region region;
+  // Never written unless copy_out, which only mutable buffers ask for.
+  region.user = const_cast<float*>(data);
+  region.count = count;
+  region.copy_in = copy_in;
+  region.copy_out = copy_out;
+  return region;
+}
+
+class StagedGroup : public ProcessGroup {
+ public:
+  StagedGroup(ProcessGroup* inner, const StagedOptions& options, std::shared_ptr<Staging> staging)
+      : inner_(inner),
+        options_(options),
+        rank_(inner->rank()),
+        size_(inner->size()),
+        timeout_(inner->timeout() + kCopyMargin),
+        staging_(std::move(staging)),
+        queue_(std::make_unique<WorkQueue>(timeout_)) {}
+
+  ~StagedGroup() override {
+    queue_.reset();  // joins the thread, or detaches one stuck after a failure
+    absl::MutexLock lock(&staging_->mu);
+    staging_->inner = nullptr;
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::Duration timeout() const override { return timeout_; }
+
+  std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
+    return Issue(absl::StrCat("allreduce of ", data.size(), " floats"),
+                 {Buffer(data.data(), data.size(), true, true)},
+                 [op](ProcessGroup& inner, const std::vector<absl::Span<float>>& host) {
+                   return inner.AllReduce(host[0], op);
+                 });
+  }
+
+  std::shared_ptr<Work> ReduceScatter(absl::Span<const float> input, absl::Span<float> output,
+                                      std::vector<size_t> counts, ReduceOp op) override {
+    if (absl::Status bad = CheckCounts("reduce_scatter", counts, input.size(), output.size());
+        !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("reduce_scatter of ", input.size(), " floats"),
+                 {Buffer(input.data(), input.size(), true, false),
+                  Buffer(output.data(), output.size(), false, true)},
+                 [counts = std::move(counts), op](ProcessGroup& inner,
+                                                  const std::vector<absl::Span<float>>& host) {
+                   return inner.ReduceScatter(host[0], host[1], counts, op);
+                 });
+  }
+
+  std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
+                                  std::vector<size_t> counts) override {
+    if (absl::Status bad = CheckCounts("allgather", counts, output.size(), input.size());
+        !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("allgather of ", output.size(), " floats"),
+                 {Buffer(input.data(), input.size(), true, false),
+                  Buffer(output.data(), output.size(), false, true)},
+                 [counts = std::move(counts)](ProcessGroup& inner,
+                                              const std::vector<absl::Span<float>>& host) {
+                   return inner.AllGather(host[0], host[1], counts);
+                 });
+  }
+
+  std::shared_ptr<Work> Broadcast(absl::Span<float> data, int root) override {
+    if (absl::Status bad = CheckPeer("broadcast root", root, /*self_ok=*/true); !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    // Only the root's data is read, and only the others' written.
+    const bool is_root = root == rank_;
+    return Issue(absl::StrCat("broadcast of ", data.size(), " floats from rank ", root),
+                 {Buffer(data.data(), data.size(), is_root, !is_root)},
+                 [root](ProcessGroup& inner, const std::vector<absl::Span<float>>& host) {
+                   return inner.Broadcast(host[0], root);
+                 });
+  }
+
+  std::shared_ptr<Work> Send(absl::Span<const float> data, int destination, int tag) override {
+    if (absl::Status bad = CheckPointToPoint("send destination", destination, tag); !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(
+        absl::StrCat("send of ", data.size(), " floats to rank ", destination, " with tag ", tag),
+        {Buffer(data.data(), data.size(), true, false)},
+        [destination, tag](ProcessGroup& inner, const std::vector<absl::Span<float>>& host) {
+          return inner.Send(host[0], destination, tag);
+        });
+  }
+
+  std::shared_ptr<Work> Recv(absl::Span<float> data, int source, int tag) override {
+    if (absl::Status bad = CheckPointToPoint("recv source", source, tag); !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(
+        absl::StrCat("recv of ", data.size(), " floats from rank ", source, " with tag ", tag),
+        {Buffer(data.data(), data.size(), false, true)},
+        [source, tag](ProcessGroup& inner, const std::vector<absl::Span<float>>& host) {
+          return inner.Recv(host[0], source, tag);
+        });
+  }
+
+  std::shared_ptr<Work> Barrier() override {
+    // No buffers, no event: it does not wait for the compute stream.
+    return Issue("barrier", {}, [](ProcessGroup& inner, const std::vector<absl::Span<float>>&) {
+      return inner.Barrier();
+    });
+  }
+
+  GroupHealth Health() const override {
+    GroupHealth health = queue_->health();
+    if (health.error.ok()) {
+      absl::Status inner_error = inner_->Health().error;
+      if (!inner_error.ok()) health.error = std::move(inner_error);
+    }
+    return health;
+  }
+
+  void Abort(const absl::Status& cause) override {
+    queue_->Fail(cause);
+    // After Fail, so that the running operation, if it stops on seeing
+    // this, finds its Work already failed with `cause`.
+    staging_->aborted.store(true);
+    // Frees our thread if it is blocked in an inner operation, and the
+    // peers blocked on this rank.
+    inner_->Abort(cause);
+  }
+
+ private:
+  // Records the compute stream's progress now, on the issuing thread, and
+  // queues the staged operation to run after it.
+  std::shared_ptr<Work> Issue(std::string what, std::vector<Region> regions, Launch launch) {
+    std::shared_ptr<Event> ready;
+    if (!regions.empty()) {
+      DeviceScope scope(options_.device);
+      absl::Status status = scope.status();
+      for (Region& region : regions) {
+        if (status.ok()) status = Classify(region, options_.device);
+      }
+      if (absl::IsInvalidArgument(status)) {
+        return WorkQueue::Finished(absl::Status(
+            status.code(), absl::StrCat(what, " on rank ", rank_, ": ", status.message())));
+      }
+      if (status.ok()) {
+        ready = std::make_shared<Event>();
+        status = CudaStatus(cudaEventCreateWithFlags(&ready->event, cudaEventDisableTiming),
+                            "cudaEventCreateWithFlags");
+      }
+      if (status.ok()) {
+        status = CudaStatus(
+            cudaEventRecord(ready->event, static_cast<cudaStream_t>(options_.compute_stream)),
+            "cudaEventRecord on the compute stream");
+      }
+      if (!status.ok()) {
+        // CUDA itself failed: this rank cannot go on, so break the group
+        // now, which frees the peers, rather than let them time out.
+        status = absl::Status(status.code(), absl::StrCat(what, " on rank ", rank_, " of ", size_,
+                                                          ": ", status.message()));
+        Abort(status);
+        return WorkQueue::Finished(status);
+      }
+    }
+    return queue_->Enqueue(
+        absl::StrCat(what, " via host memory (rank ", rank_, " of ", size_, ")"),
+        [staging = staging_, ready = std::move(ready), regions = std::move(regions),
+         launch = std::move(launch)](absl::Time deadline) {
+          absl::Status status = RunStaged(*staging, ready == nullptr ? nullptr : ready->event,
+                                          regions, launch, deadline);
+          if (!status.ok()) {
+            // Broken for good: abort the inner group too, so that peers
+            // blocked on this rank fail now (a no-op when the error is its).
+            absl::MutexLock lock(&staging->mu);
+            if (staging->inner != nullptr) staging->inner->Abort(status);
+          }
+          return status;
+        });
+  }
+
+  // The checks inner (Gloo) would make, made here so that bad arguments
+  // fail at once and leave the group usable: inner sees an operation only
+  // on the communication thread, where its failure would break the group.
+  // (The same checks as Gloo's: process_group.h.)
+  absl::Status CheckCounts(const char* op, const std::vector<size_t>& counts, size_t total,
+                           size_t mine) const {
+    return parallel::CheckCounts(op, counts, total, mine, rank_, size_);
+  }
+  absl::Status CheckPeer(const char* what, int peer, bool self_ok) const {
+    return parallel::CheckPeer(what, peer, self_ok, rank_, size_);
+  }
+  absl::Status CheckPointToPoint(const char* what, int peer, int tag) const {
+    return parallel::CheckPointToPoint(what, peer, tag, rank_, size_);
+  }
+
+  ProcessGroup* const inner_;  // valid while this group exists
+  const StagedOptions options_;
+  const int rank_;
+  const int size_;
+  const absl::Duration timeout_;
+  const std::shared_ptr<Staging> staging_;
+  std::unique_ptr<WorkQueue> queue_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateHostStagedGroup(ProcessGroup* inner,
+                                                                    const StagedOptions& options) {
+  if (absl::Status bad = CheckStagedArguments(inner, options); !bad.ok()) return bad;
+  auto staging = std::make_shared<Staging>(inner);
+  staging->device = options.device;
+  staging->inner_timeout = inner->timeout();
+  DeviceScope scope(options.device);
+  absl::Status status = scope.status();
+  if (status.ok()) {
+    status = CudaStatus(cudaStreamCreateWithFlags(&staging->stream, cudaStreamNonBlocking),
+                        "cudaStreamCreateWithFlags");
+  }
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("CreateHostStagedGroup on CUDA device ",
+                                                    options.device, ": ", status.message()));
+  }
+  return std::unique_ptr<ProcessGroup>(new StagedGroup(inner, options, std::move(staging)));
+}
+
+}  // namespace muster::parallel

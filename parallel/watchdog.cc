@@ -1,0 +1,121 @@
+#include "parallel/watchdog.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace muster::parallel {
+
+absl::Status Decide(const WatchdogObservation& observation, absl::Duration limit) {
+  const GroupHealth& health = observation.health;
+  if (!health.error.ok()) return health.error;
+  if (!observation.round.ok()) {
+    // The group prefixes the running operation's description (WorkQueue).
+    return absl::AbortedError(observation.round.message());
+  }
+  if (health.running_since.has_value() && observation.now - *health.running_since > limit) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        health.running.empty() ? "an operation" : health.running, " has run for ",
+        absl::FormatDuration(observation.now - *health.running_since), ", past ",
+        absl::FormatDuration(limit), "; communicator aborted"));
+  }
+  return absl::OkStatus();
+}
+
+GroupHealth MergedHealth(const std::vector<ProcessGroup*>& groups) {
+  GroupHealth merged;
+  for (ProcessGroup* group : groups) {
+    GroupHealth health = group->Health();
+    if (merged.error.ok() && !health.error.ok()) merged.error = health.error;
+    if (health.running_since.has_value() &&
+        (!merged.running_since.has_value() || *health.running_since < *merged.running_since)) {
+      merged.running_since = health.running_since;
+      merged.running = std::move(health.running);
+    }
+  }
+  return merged;
+}
+
+Watchdog::Watchdog(std::vector<ProcessGroup*> groups, RoundProbe round, OnStuck on_stuck,
+                   WatchdogOptions options)
+    : groups_(std::move(groups)),
+      round_(std::move(round)),
+      on_stuck_(std::move(on_stuck)),
+      options_(std::move(options)) {}
+
+Watchdog::~Watchdog() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void Watchdog::Start() {
+  if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
+}
+
+void Watchdog::Wake() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
+}
+
+absl::Status Watchdog::cause() const {
+  absl::MutexLock lock(&mu_);
+  return cause_;
+}
+
+absl::Status Watchdog::PollOnce() {
+  WatchdogObservation observation;
+  observation.now = options_.now();
+  observation.health = MergedHealth(groups_);
+  if (round_) observation.round = round_();
+
+  enum class Act { kNothing, kAbort, kStuck } act = Act::kNothing;
+  absl::Status cause;
+  {
+    absl::MutexLock lock(&mu_);
+    if (cause_.ok()) {
+      absl::Duration timeout;
+      for (ProcessGroup* group : groups_) timeout = std::max(timeout, group->timeout());
+      absl::Status found = Decide(observation, timeout + options_.timeout_slack);
+      if (found.ok()) return found;
+      cause_ = found;
+      cause_since_ = observation.now;
+      act = Act::kAbort;
+    } else if (!stuck_reported_ && observation.now - *cause_since_ >= options_.exit_grace) {
+      stuck_reported_ = true;
+      act = Act::kStuck;
+    }
+    cause = cause_;
+  }
+  // Outside the lock: ncclCommAbort may take a while, and on_stuck exits.
+  if (act == Act::kAbort) {
+    // When the cause is the group's own error the group has broken itself
+    // already and keeps that first error; aborting again is harmless.
+    for (ProcessGroup* group : groups_) group->Abort(cause);
+  } else if (act == Act::kStuck && on_stuck_) {
+    on_stuck_(cause);
+  }
+  return cause;
+}
+
+void Watchdog::Loop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(
+                               +[](Watchdog* self) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                                 return self->stopping_ || self->wake_;
+                               },
+                               this),
+                           options_.interval);
+      if (stopping_) return;
+      wake_ = false;
+    }
+    PollOnce().IgnoreError();  // acted on inside
+  }
+}
+
+}  // namespace muster::parallel
