@@ -53,7 +53,7 @@ absl::Status RunRank(const worker::TrainConfig& config, rdzv::Store* store, int 
   auto group = JoinGlooGroup(store, "overlap", rank, ranks);
   if (!group.ok()) return group.status();
   const parallel::BucketOptions buckets = worker::BucketOptionsFor(config.parallel);
-  TimedDdp ddp(group->get(), buckets);
+  TimedDdp ddp(group->get(), group->get(), buckets);
   worker::TrainerOptions options;
   options.parallel = &ddp;
   auto trainer = worker::Trainer::Create(config, options);
