@@ -70,7 +70,7 @@ int Fail(const absl::Status& status) {
 struct Parallelism {
   std::unique_ptr<parallel::Communicator> communicator;
   std::unique_ptr<DdpDataParallel> ddp;
-  std::string description;  // for the banner: the backend, the device
+  std::string description;  // for the banner: the ranks, the GPU, the backend ("" alone)
   DataParallel* parallel() const { return ddp.get(); }  // nullptr: alone
 };
 
@@ -99,7 +99,6 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
     auto choice = SelectCudaDevice(world->local_rank);
     if (!choice.ok()) return choice.status();
     cuda_device = choice->device;
-    result.description = absl::StrCat("cuda:", cuda_device);
     shares_gpu = world->local_rank >= choice->visible;
     if (shares_gpu) {
       std::fprintf(stderr, "worker: LOCAL_RANK %d shares CUDA device %d (%d visible)\n",
@@ -135,7 +134,7 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
                                                  BucketOptionsFor(config.parallel));
   result.description = absl::StrCat(
       world->world_size, " rank(s), ",
-      result.description.empty() ? "" : absl::StrCat(result.description, " on rank 0, "),
+      *device == Device::kCuda ? absl::StrCat("cuda:", cuda_device, " on rank 0, ") : "",
       "DDP over ", DataBackendName(*backend));
   if (*backend == parallel::DataBackend::kNccl) {
     absl::StrAppend(&result.description, " ", parallel::NcclVersionString());

@@ -268,6 +268,8 @@ TEST_CASE("a host float passes straight through, barriers and queued operations 
   }
 }
 
+// Holds the stream up (a host function enqueued on it), so the writes after
+// it land late: the delay is the condition under test, not a wait.
 void CUDART_CB SleepOnStream(void* milliseconds) {
   std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(milliseconds)));
 }

@@ -59,7 +59,8 @@ class FakeGroup : public ProcessGroup {
 
  private:
   static std::shared_ptr<Work> Nothing() {
-    return WorkQueue::Finished(absl::UnimplementedError("fake"));
+    // The watchdog issues no operation; none of these is called.
+    return WorkQueue::Finished(absl::UnimplementedError("FakeGroup carries no data"));
   }
   mutable absl::Mutex mu_;
   GroupHealth health_;
