@@ -3,7 +3,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "launcher/endpoint.h"
+#include "launcher/signal_watch.h"
 #include "launcher/workers.h"
 #include "rendezvous/client.h"
 #include "rendezvous/store.h"
@@ -25,6 +25,21 @@ namespace pb = ::muster::rendezvous::v1;
 using rdzv::Client;
 
 constexpr char kMasterPortKey[] = "muster/master_port";
+// Leaving is best effort: if the service does not answer within this, the
+// lease lapses instead.
+constexpr absl::Duration kLeaveTimeout = absl::Seconds(1);
+
+// The signals a scheduler preempts with: the workers get --preempt_grace
+// to save their state. Other handled signals (an operator's SIGINT) get
+// --shutdown_timeout.
+bool IsPreemptionSignal(int signal_number) {
+  return signal_number == SIGTERM || signal_number == SIGUSR1;
+}
+
+std::string SignalName(int signal_number) {
+  const char* name = sigabbrev_np(signal_number);
+  return name != nullptr ? absl::StrCat("SIG", name) : absl::StrCat("signal ", signal_number);
+}
 
 // Wakes the main loop from the watcher's thread.
 class EventFd {
@@ -67,21 +82,15 @@ int ExitCodeFor(const pb::JobState& state) {
   }
 }
 
-bool ReadSignal(int signal_fd, int* signal_number) {
-  signalfd_siginfo info;
-  if (read(signal_fd, &info, sizeof(info)) != sizeof(info)) return false;
-  *signal_number = static_cast<int>(info.ssi_signo);
-  return true;
-}
-
 // What ended one attempt.
 enum class Outcome { kRejoin, kExit };
 
 class Agent {
  public:
   Agent(const LaunchOptions& options, const std::map<std::string, std::string>& env,
-        int signal_fd, RendezvousSetup setup)
-      : options_(options), env_(env), signal_fd_(signal_fd), setup_(std::move(setup)) {}
+        SignalWatch* signals, RendezvousSetup setup)
+      : options_(options), env_(env), signals_(*signals), setup_(std::move(setup)) {}
+  ~Agent() { signals_.Watch(nullptr); }  // before the watcher goes
 
   int Run();
 
@@ -91,11 +100,21 @@ class Agent {
   // Waits for the round a first join put us in. nullopt if it formed
   // without us or the job ended: the joining loop handles both.
   std::optional<rdzv::RoundAssignment> AwaitJoinedRound(uint64_t round, int64_t lease_ttl_ms);
-  Outcome ForwardSignal(WorkerGroup& group, int signal_number);
+  // A signal came while the workers ran: forward it, give them the grace
+  // (preemption) or the shutdown timeout, leave, and pick the exit code.
+  Outcome StopForSignal(WorkerGroup& group, int signal_number);
+  // After `signal_number` was forwarded and the workers are gone: exit
+  // kPreemptedExitCode if they all saved their state, else 128+signal.
+  Outcome FinishPreemption(const WorkerGroup& group, int signal_number);
+  // A signal came while no worker ran (`waiting_for` names the wait):
+  // leave and return 128+signal.
+  int ExitForSignal(const char* waiting_for);
+  // Stops renewing and leaves the job, best effort.
+  void LeaveRendezvous();
 
   const LaunchOptions& options_;
   const std::map<std::string, std::string>& env_;
-  const int signal_fd_;
+  SignalWatch& signals_;
   RendezvousSetup setup_;
   LogPump pump_;
   EventFd wake_;
@@ -120,8 +139,11 @@ int Agent::Run() {
   // finds it. Later joins name our member id and keep our place.
   rdzv::CallOptions first_join;
   first_join.timeout = options_.rdzv_conf.join_timeout;
+  first_join.cancellation = signals_.cancellation();
   absl::StatusOr<pb::JoinResponse> joined = client.Join(join, first_join);
   if (!joined.ok()) {
+    // Not a member we know of: if the join got through, the lease lapses.
+    if (signals_.received() != 0) return ExitForSignal("joining");
     spdlog::error("cannot join job {}: {}", setup_.job_id, joined.status().ToString());
     return absl::IsFailedPrecondition(joined.status()) || absl::IsInvalidArgument(joined.status())
                ? 2
@@ -132,10 +154,12 @@ int Agent::Run() {
                                                 absl::Milliseconds(joined->lease_ttl_ms()));
   watcher_ = std::make_unique<rdzv::JobWatcher>(&client, setup_.job_id,
                                                 [this](const pb::JobState&) { wake_.Poke(); });
+  signals_.Watch(watcher_.get());  // a signal ends every wait on it
   // The round we joined may form without another join from us.
   std::optional<rdzv::RoundAssignment> first =
       AwaitJoinedRound(joined->round(), joined->lease_ttl_ms());
   for (;;) {
+    if (signals_.received() != 0) return ExitForSignal("waiting for a round");
     join.set_member_id(member_id_);
     absl::Time deadline = absl::Now() + options_.rdzv_conf.join_timeout;
     absl::StatusOr<rdzv::RoundAssignment> assignment =
@@ -143,6 +167,7 @@ int Agent::Run() {
                           : rdzv::JoinAndWaitForRound(client, join, watcher_.get(), deadline);
     first.reset();
     if (!assignment.ok()) {
+      if (signals_.received() != 0) return ExitForSignal("waiting for a round");
       std::optional<pb::JobState> latest = watcher_->latest();
       if (latest.has_value() && rdzv::IsTerminalPhase(latest->phase())) {
         return ExitCodeFor(*latest);
@@ -199,26 +224,76 @@ absl::StatusOr<int> Agent::MasterPort(const rdzv::RoundAssignment& assignment) {
     if (!status.ok()) return status;
     return *port;
   }
-  absl::StatusOr<std::string> text = store.Get(kMasterPortKey, options_.rdzv_conf.join_timeout);
-  if (!text.ok()) return text.status();
+  // RemoteStore::Get cannot be cancelled: a signal must end this wait.
+  pb::GetRequest request;
+  request.set_job_id(setup_.job_id);
+  request.set_round(assignment.state.round());
+  request.set_key(kMasterPortKey);
+  request.set_wait_ms(absl::ToInt64Milliseconds(options_.rdzv_conf.join_timeout));
+  rdzv::CallOptions call;
+  call.cancellation = signals_.cancellation();
+  absl::StatusOr<pb::GetResponse> got = setup_.client->Get(request, call);
+  if (!got.ok()) return got.status();
   int port = 0;
-  if (!absl::SimpleAtoi(*text, &port)) {
-    return absl::DataLossError(absl::StrCat("bad master port in the round's store: ", *text));
+  if (!absl::SimpleAtoi(got->value(), &port)) {
+    return absl::DataLossError(
+        absl::StrCat("bad master port in the round's store: ", got->value()));
   }
   return port;
 }
 
-Outcome Agent::ForwardSignal(WorkerGroup& group, int signal_number) {
-  spdlog::warn("got signal {}; stopping workers", signal_number);
-  group.Stop(options_.shutdown_timeout, signal_number);
-  keeper_->Stop();
+void Agent::LeaveRendezvous() {
+  if (keeper_ != nullptr) keeper_->Stop();
+  if (member_id_.empty()) return;
   pb::LeaveRequest leave;
   leave.set_job_id(setup_.job_id);
   leave.set_member_id(member_id_);
-  rdzv::CallOptions call;
-  call.timeout = absl::Seconds(5);
-  setup_.client->Leave(leave, call).IgnoreError();  // best effort: the lease lapses anyway
+  rdzv::CallOptions call;  // not signals_.cancellation(): it has fired
+  call.timeout = kLeaveTimeout;
+  absl::Status left = setup_.client->Leave(leave, call).status();
+  if (!left.ok() && !absl::IsNotFound(left) && !absl::IsFailedPrecondition(left)) {
+    spdlog::warn("could not leave job {} (its lease will lapse): {}", setup_.job_id,
+                 left.ToString());
+  }
+}
+
+int Agent::ExitForSignal(const char* waiting_for) {
+  int signal_number = signals_.received();
+  spdlog::warn("got {} while {}; leaving job {}", SignalName(signal_number), waiting_for,
+               setup_.job_id);
+  LeaveRendezvous();
+  return 128 + signal_number;
+}
+
+Outcome Agent::StopForSignal(WorkerGroup& group, int signal_number) {
+  const bool preemption = IsPreemptionSignal(signal_number);
+  const absl::Duration grace = preemption ? options_.preempt_grace : options_.shutdown_timeout;
+  spdlog::warn("got {}; forwarding it to the workers, SIGKILL after {}{}",
+               SignalName(signal_number), absl::FormatDuration(grace),
+               preemption ? " (--preempt_grace)" : "");
+  group.Stop(grace, signal_number);
+  if (preemption) return FinishPreemption(group, signal_number);
+  LeaveRendezvous();
   exit_code_ = 128 + signal_number;
+  return Outcome::kExit;
+}
+
+Outcome Agent::FinishPreemption(const WorkerGroup& group, int signal_number) {
+  // Leave only now: while the workers saved their state the round stayed
+  // up, so the other nodes' workers were not torn out of it.
+  LeaveRendezvous();
+  if (group.preempted()) {
+    spdlog::warn("job {} preempted ({}): this node's workers saved their state ({}); "
+                 "exiting {} so the job can be requeued",
+                 setup_.job_id, SignalName(signal_number), group.DescribeExits(),
+                 kPreemptedExitCode);
+    exit_code_ = kPreemptedExitCode;
+  } else {
+    exit_code_ = 128 + signal_number;
+    spdlog::error("job {}: preemption ({}) not clean, not every worker saved its state ({}); "
+                  "exiting {}",
+                  setup_.job_id, SignalName(signal_number), group.DescribeExits(), exit_code_);
+  }
   return Outcome::kExit;
 }
 
@@ -227,6 +302,10 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
   const uint64_t round = state.round();
   absl::StatusOr<int> master_port = MasterPort(assignment);
   if (!master_port.ok()) {
+    if (signals_.received() != 0) {
+      exit_code_ = ExitForSignal("waiting for MASTER_PORT");
+      return Outcome::kExit;
+    }
     if (absl::IsAborted(master_port.status())) return Outcome::kRejoin;  // round ended
     spdlog::error("cannot agree on MASTER_PORT: {}", master_port.status().ToString());
     exit_code_ = 1;
@@ -248,6 +327,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
   spec.round.max_restarts = options_.max_restarts;
   spec.round.run_id = setup_.job_id;
   spec.round.role = options_.role;
+  spec.round.preempt_grace_s = absl::ToDoubleSeconds(options_.preempt_grace);
   spec.access = setup_.access;
   spec.attempt_dir = absl::StrCat(setup_.log_root, "/attempt_", attempt_);
   spec.host = setup_.hostname;
@@ -269,20 +349,29 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
   Client& client = *setup_.client;
 
   for (;;) {
-    std::vector<pollfd> fds = {{signal_fd_, POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
+    std::vector<pollfd> fds = {{signals_.fd(), POLLIN, 0}, {wake_.fd(), POLLIN, 0}};
     for (int pidfd : group.RunningPidfds()) fds.push_back(pollfd{pidfd, POLLIN, 0});
     int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(options_.monitor_interval));
     // Worker exits, signals and job changes all arrive as events; the
     // timeout is a backstop for the lease keeper's status.
     poll(fds.data(), fds.size(), std::max(timeout_ms, 1));
-    if (fds[0].revents & POLLIN) {
-      int signal_number = 0;
-      if (ReadSignal(signal_fd_, &signal_number)) return ForwardSignal(group, signal_number);
+    if (int signal_number = signals_.received(); signal_number != 0) {
+      return StopForSignal(group, signal_number);
     }
     if (fds[1].revents & POLLIN) wake_.Drain();
 
-    group.Reap();
+    group.CollectExits();
     if (!group.failures().empty()) {
+      // A worker saved its state and exited kPreemptedExitCode on its own:
+      // the scheduler signalled it before (or instead of) this agent. That
+      // is this node's preemption, not a failure to restart from.
+      for (const WorkerFailure& failure : group.failures()) {
+        if (failure.exit.signal != 0 || failure.exit.exit_code != kPreemptedExitCode) continue;
+        spdlog::warn("rank {} exited {} (preempted); preempting this node's other workers",
+                     failure.global_rank, kPreemptedExitCode);
+        group.Stop(options_.preempt_grace, SIGTERM);
+        return FinishPreemption(group, SIGTERM);
+      }
       group.Stop(options_.shutdown_timeout, SIGTERM);
       // A worker's watchdog leaves a round that ended elsewhere as soon as
       // the server says so, often before this loop hears of it: that is
@@ -326,6 +415,10 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
           },
           absl::Now() + options_.rdzv_conf.close_timeout);
       if (!next.ok()) {
+        if (signals_.received() != 0) {
+          exit_code_ = ExitForSignal("waiting for the job to close");
+          return Outcome::kExit;
+        }
         spdlog::warn("this node's workers succeeded, but the job did not close within {}",
                      absl::FormatDuration(options_.rdzv_conf.close_timeout));
         exit_code_ = 0;
@@ -372,12 +465,18 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
 
 int RunAgent(const LaunchOptions& options, const std::map<std::string, std::string>& env,
              int signal_fd) {
-  absl::StatusOr<RendezvousSetup> setup = SetUpRendezvous(options);
+  SignalWatch signals(signal_fd);
+  absl::StatusOr<RendezvousSetup> setup = SetUpRendezvous(options, signals.cancellation());
   if (!setup.ok()) {
+    if (int signal_number = signals.received(); signal_number != 0) {
+      spdlog::warn("got {} while connecting to the rendezvous service",
+                   SignalName(signal_number));
+      return 128 + signal_number;
+    }
     spdlog::error("{}", std::string(setup.status().message()));
     return 2;
   }
-  Agent agent(options, env, signal_fd, *std::move(setup));
+  Agent agent(options, env, &signals, *std::move(setup));
   return agent.Run();
 }
 

@@ -8,11 +8,21 @@
 //     │                                                ├─► nodes waiting, room left ─► stop workers ┤
 //     └────────────────────────────────────────────────┴────────────────────────────────────────────┘
 //   signal ─► forward it to the workers, stop them, leave, exit 128+signal
+//   SIGTERM/SIGUSR1 (preemption) ─► forward, wait --preempt_grace; if every
+//       worker exited kPreemptedExitCode (or 0): "preempted", leave, exit 75
+//   a worker exits kPreemptedExitCode on its own ─► the same, as for SIGTERM
 //   job FAILED (restart budget spent) ─► exit with the failed worker's code
 //
+// A handled signal ends every wait, not only the one on the workers:
+// gathering, the MASTER_PORT wait, the wait for the job to close,
+// connecting. The agent then leaves the rendezvous (the server sees the
+// node go at once, not at lease expiry) and exits 128+signal (see
+// signal_watch.h).
+//
 // The agent's main thread spawns every worker (see process.h on
-// PR_SET_PDEATHSIG) and waits on pidfds, a signalfd and an eventfd the job
-// watcher pokes, so nothing polls on a timer except as a backstop.
+// PR_SET_PDEATHSIG) and waits on pidfds, the signal watch's eventfd and an
+// eventfd the job watcher pokes, so nothing polls on a timer except as a
+// backstop.
 #pragma once
 
 #include <map>
@@ -25,11 +35,12 @@ namespace muster::launcher {
 // Runs the agent to the end and returns the process exit code:
 //   0        the job succeeded
 //   N        the first failed worker's exit code (128+signal if killed)
+//   75       preempted: kPreemptedExitCode (worker_env.h)
 //   128+S    the agent got signal S (one of options.signals_to_handle)
 //   1        the job was closed by an administrator, or an agent error
 //   2        the rendezvous service could not be reached or refused us
-// `signal_fd` is a signalfd for options.signals_to_handle, which the caller
-// has blocked in every thread.
+// `signal_fd` is a non-blocking signalfd for options.signals_to_handle,
+// which the caller has blocked in every thread.
 int RunAgent(const LaunchOptions& options, const std::map<std::string, std::string>& env,
              int signal_fd);
 

@@ -127,7 +127,8 @@ std::string LocalAddressToward(const std::string& host) {
   return result;
 }
 
-absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options) {
+absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
+                                                rdzv::Cancellation* cancellation) {
   RendezvousSetup setup;
   const RdzvConf& conf = options.rdzv_conf;
   std::string endpoint = options.rdzv_endpoint;
@@ -173,6 +174,7 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options) {
   probe.set_job_id(setup.job_id);
   rdzv::CallOptions call;
   call.timeout = std::min(conf.join_timeout, absl::Seconds(30));
+  call.cancellation = cancellation;
   absl::Status reached = setup.client->DescribeJob(probe, call).status();
   if (!reached.ok() && !absl::IsNotFound(reached)) {
     return absl::Status(reached.code(), absl::StrCat("cannot use the rendezvous service at ",

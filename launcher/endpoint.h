@@ -31,8 +31,10 @@ struct RendezvousSetup {
 // Starts the embedded server if the mode needs one, connects, and checks
 // the service answers within min(join_timeout, 30 s). Errors carry one line
 // for the user: INVALID_ARGUMENT (bad option or file), UNAVAILABLE (cannot
-// reach the service), UNAUTHENTICATED / PERMISSION_DENIED.
-absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options);
+// reach the service), UNAUTHENTICATED / PERMISSION_DENIED, CANCELLED
+// (`cancellation`, if given, fired while waiting for the service).
+absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
+                                                rdzv::Cancellation* cancellation = nullptr);
 
 // A TCP port that was free a moment ago on every interface. Racy by nature
 // (another process may take it before the worker binds it); the window is

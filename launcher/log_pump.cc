@@ -29,21 +29,43 @@ void WriteFully(int fd, const char* data, size_t size) {
 struct Stream {
   int read_fd;
   LogSink sink;
-  std::string partial_line;  // console text after the last newline
+  // Console text after the last line end; never holds one, and never more
+  // than kMaxConsoleLine bytes, so each read is scanned once.
+  std::string partial_line;
+  // The last line shown ended with '\r': a '\n' right after it completes
+  // that "\r\n" rather than showing an empty line.
+  bool after_carriage_return = false;
 
+  // Shows whole lines, each with the prefix, in one write() per read. A
+  // line ends with '\n' or '\r' (progress bars redraw with '\r'; each
+  // redraw keeps its prefix, and the terminal still draws them in place).
   void Consume(const char* data, size_t size) {
     if (sink.file_fd >= 0) WriteFully(sink.file_fd, data, size);
     if (sink.console_fd < 0) return;
-    partial_line.append(data, size);
-    size_t start = 0, newline;
     std::string out;
-    while ((newline = partial_line.find('\n', start)) != std::string::npos) {
-      out.assign(sink.prefix);
-      out.append(partial_line, start, newline - start + 1);
-      WriteFully(sink.console_fd, out.data(), out.size());
-      start = newline + 1;
+    const char* end = data + size;
+    while (data < end) {
+      const char* line_end = data;
+      while (line_end < end && *line_end != '\n' && *line_end != '\r' &&
+             partial_line.size() + static_cast<size_t>(line_end - data) < kMaxConsoleLine) {
+        ++line_end;
+      }
+      if (line_end == end) break;  // no line end yet: keep the rest
+      if (*line_end == '\n' && after_carriage_return && partial_line.empty() &&
+          line_end == data) {
+        out.push_back('\n');
+      } else {
+        out.append(sink.prefix).append(partial_line).append(data, line_end);
+        partial_line.clear();
+        // A line cut at kMaxConsoleLine ends with a newline of ours.
+        out.push_back(*line_end == '\r' ? '\r' : '\n');
+      }
+      bool ended_by_data = *line_end == '\n' || *line_end == '\r';
+      after_carriage_return = ended_by_data && *line_end == '\r';
+      data = ended_by_data ? line_end + 1 : line_end;
     }
-    partial_line.erase(0, start);
+    partial_line.append(data, end);
+    if (!out.empty()) WriteFully(sink.console_fd, out.data(), out.size());
   }
 
   void Finish() {

@@ -2,19 +2,28 @@
 //
 // One thread serves every pipe with poll(), so N workers cost one thread.
 // Console lines carry a prefix naming the node and the global rank
-// ("[node1 rank5]: "), written with one write() per line so lines of
-// different workers never interleave mid-line. Files get the bytes as they
-// came.
+// ("[node1 rank5]: "), and the whole lines of one read go out in one
+// write(), so lines of different workers never interleave mid-line. A line
+// ends with '\n' or '\r': each redraw of a progress bar (tqdm writes
+// "\r 42%|####") is shown with its prefix, and the terminal still draws
+// it in place. Text longer than kMaxConsoleLine without a line end is
+// shown in pieces, so the pump holds at most that much per stream and
+// scans each byte once. Files get the bytes as they came.
 //
 // Thread-safety: Add and WaitDrained may be called from any thread.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
 #include "absl/time/time.h"
 
 namespace muster::launcher {
+
+// The longest console line: text that goes on longer without a line end
+// is shown in pieces of this size, each ended with a newline.
+inline constexpr size_t kMaxConsoleLine = 64 * 1024;
 
 struct LogSink {
   int file_fd = -1;        // log file to append to (owned by the pump), or -1

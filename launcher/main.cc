@@ -25,9 +25,10 @@ int main(int argc, char** argv) {
   }
   spdlog::set_pattern("[launch %H:%M:%S.%e %^%l%$] %v");
 
-  // The handled signals are read from a signalfd in the agent's loop. They
-  // are blocked before any thread starts, so every thread inherits the mask
-  // and none of them takes the signal instead. Workers reset their mask.
+  // The handled signals are read from a signalfd by the agent's signal
+  // watch (signal_watch.h). They are blocked before any thread starts, so
+  // every thread inherits the mask and none of them takes the signal
+  // instead. Workers reset their mask.
   sigset_t handled;
   sigemptyset(&handled);
   for (int signal_number : options->signals_to_handle) sigaddset(&handled, signal_number);

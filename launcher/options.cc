@@ -245,6 +245,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
   add_bool("module", &options.run_module, "Run the target as a Python module", "m");
   add_text("local_addr", "", "Address other nodes reach this one at");
   add_text("shutdown_timeout", "30", "Seconds between SIGTERM and SIGKILL to workers");
+  add_text("preempt_grace", "30",
+           "Seconds workers get to save their state after SIGTERM or SIGUSR1 (preemption) "
+           "before SIGKILL; replaces shutdown_timeout for those signals");
   add_text("signals_to_handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
            "Signals forwarded to workers before exiting");
 
@@ -290,6 +293,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
       [&] { return int_flag("max_restarts", 0, &options.max_restarts); },
       [&] { return seconds_flag("monitor_interval", &options.monitor_interval); },
       [&] { return seconds_flag("shutdown_timeout", &options.shutdown_timeout); },
+      [&] { return seconds_flag("preempt_grace", &options.preempt_grace); },
       [&] { return ParseRdzvConf(text["rdzv_conf"], &options.rdzv_conf); },
   };
   for (const auto& check : checks) {

@@ -70,6 +70,9 @@ struct LaunchOptions {
   bool run_module = false;  // -m: the target is a Python module
   std::string local_addr;
   absl::Duration shutdown_timeout = absl::Seconds(30);
+  // How long workers get to save their state after a preemption signal
+  // (SIGTERM, SIGUSR1) before SIGKILL; replaces shutdown_timeout then.
+  absl::Duration preempt_grace = absl::Seconds(30);
   std::vector<int> signals_to_handle;  // SIGTERM, SIGINT, SIGHUP, SIGQUIT
 
   std::string target;

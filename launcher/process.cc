@@ -143,6 +143,7 @@ Child& Child::operator=(Child&& other) noexcept {
     stdout_fd_ = other.stdout_fd_;
     stderr_fd_ = other.stderr_fd_;
     exit_ = other.exit_;
+    reaped_ = other.reaped_;
     other.pid_ = -1;
     other.pidfd_ = other.stdout_fd_ = other.stderr_fd_ = -1;
     other.exit_.reset();
@@ -153,10 +154,7 @@ Child& Child::operator=(Child&& other) noexcept {
 Child::~Child() { Release(); }
 
 void Child::Release() {
-  if (running()) {
-    SignalGroup(SIGKILL);
-    WaitFor(absl::Seconds(10));
-  }
+  if (pid_ > 0) KillGroupAndReap(absl::Seconds(10));
   CloseFd(pidfd_);
   CloseFd(stdout_fd_);
   CloseFd(stderr_fd_);
@@ -175,10 +173,10 @@ int Child::TakeStderr() {
   return fd;
 }
 
-std::optional<ExitInfo> Child::TryReap() {
+std::optional<ExitInfo> Child::CheckExit() {
   if (exit_.has_value() || pid_ <= 0) return exit_;
   siginfo_t info{};
-  if (waitid(P_PID, pid_, &info, WEXITED | WNOHANG) == 0 && info.si_pid == pid_) {
+  if (waitid(P_PID, pid_, &info, WEXITED | WNOHANG | WNOWAIT) == 0 && info.si_pid == pid_) {
     exit_ = FromSiginfo(info);
   }
   return exit_;
@@ -186,13 +184,13 @@ std::optional<ExitInfo> Child::TryReap() {
 
 std::optional<ExitInfo> Child::WaitFor(absl::Duration timeout) {
   absl::Time deadline = absl::Now() + timeout;
-  while (!TryReap().has_value()) {
+  while (!CheckExit().has_value()) {
     absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return std::nullopt;
     if (pidfd_ < 0) {
       // No pidfd (exec failed before it was opened): block in waitid.
       siginfo_t info{};
-      if (waitid(P_PID, pid_, &info, WEXITED) == 0) exit_ = FromSiginfo(info);
+      if (waitid(P_PID, pid_, &info, WEXITED | WNOWAIT) == 0) exit_ = FromSiginfo(info);
       return exit_;
     }
     pollfd event{pidfd_, POLLIN, 0};
@@ -202,9 +200,20 @@ std::optional<ExitInfo> Child::WaitFor(absl::Duration timeout) {
 }
 
 void Child::SignalGroup(int signal) {
-  if (pid_ <= 0) return;
+  if (pid_ <= 0 || reaped_) return;
   // The group outlives its leader while the worker's own children run.
   if (kill(-pid_, signal) != 0 && running()) kill(pid_, signal);
+}
+
+void Child::KillGroupAndReap(absl::Duration timeout) {
+  if (pid_ <= 0 || reaped_) return;
+  // Unreaped, the leader (running or a zombie) still holds the group id.
+  SignalGroup(SIGKILL);
+  if (!WaitFor(timeout).has_value()) return;  // unkillable (D state): left
+  siginfo_t info{};
+  while (waitid(P_PID, pid_, &info, WEXITED) != 0 && errno == EINTR) {
+  }
+  reaped_ = true;
 }
 
 void StopAll(const std::vector<Child*>& children, absl::Duration timeout, int signal) {
@@ -215,11 +224,10 @@ void StopAll(const std::vector<Child*>& children, absl::Duration timeout, int si
   for (Child* child : children) {
     if (child->running()) child->WaitFor(std::max(deadline - absl::Now(), absl::ZeroDuration()));
   }
-  for (Child* child : children) {
-    // SIGKILL what is left, leaders and any grandchildren in their groups.
-    child->SignalGroup(SIGKILL);
-    if (child->running()) child->WaitFor(absl::Seconds(10));
-  }
+  // SIGKILL what is left, leaders and any grandchildren in their groups,
+  // then reap: in that order, so no group id can have changed hands.
+  for (Child* child : children) child->SignalGroup(SIGKILL);
+  for (Child* child : children) child->KillGroupAndReap(absl::Seconds(10));
 }
 
 }  // namespace muster::launcher

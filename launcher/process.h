@@ -53,8 +53,8 @@ class Child {
   Child& operator=(Child&& other) noexcept;
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
-  // Kills the group with SIGKILL and reaps if still running, so no zombie
-  // or orphan outlives the Child.
+  // KillGroupAndReap: no zombie, and no orphan in its group, outlives the
+  // Child.
   ~Child();
 
   pid_t pid() const { return pid_; }
@@ -64,15 +64,25 @@ class Child {
   int TakeStdout();
   int TakeStderr();
 
-  // Reaps without blocking: the exit, or nullopt if still running.
-  std::optional<ExitInfo> TryReap();
-  // Blocks until the child exits or `timeout` passes (nullopt).
+  // Notices an exit without blocking: the exit, or nullopt if still
+  // running. The exited child is not reaped: as a zombie it keeps its pid,
+  // and so its process group id, from going to another process until
+  // KillGroupAndReap, which may still signal that group.
+  std::optional<ExitInfo> CheckExit();
+  // Blocks until the child exits or `timeout` passes (nullopt). Does not
+  // reap either.
   std::optional<ExitInfo> WaitFor(absl::Duration timeout);
   const std::optional<ExitInfo>& exit_info() const { return exit_; }
   bool running() const { return pid_ > 0 && !exit_.has_value(); }
 
-  // Sends `signal` to the child's whole process group.
+  // Sends `signal` to the child's whole process group. Does nothing once
+  // the child is reaped: its group id may belong to another process then.
   void SignalGroup(int signal);
+
+  // SIGKILLs the child's process group (the child, if still running, and
+  // whatever of its own children are left in it), waits up to `timeout`
+  // for the child to die, and reaps it.
+  void KillGroupAndReap(absl::Duration timeout);
 
  private:
   Child() = default;
@@ -83,11 +93,14 @@ class Child {
   int stdout_fd_ = -1;
   int stderr_fd_ = -1;
   std::optional<ExitInfo> exit_;
+  bool reaped_ = false;
 };
 
 // Stops every running child: SIGTERM to each group, wait up to `timeout`
-// for all of them, then SIGKILL the rest and reap them. Returns when every
-// child is reaped. `signal` replaces SIGTERM for the first stage (the agent
+// for all of them, then SIGKILL every group (leaders left running, and
+// their children left behind) and reap them. Each group is signalled
+// before its leader is reaped, never after. Returns when every child is
+// reaped. `signal` replaces SIGTERM for the first stage (the agent
 // forwards the signal it received).
 void StopAll(const std::vector<Child*>& children, absl::Duration timeout,
              int signal);

@@ -41,6 +41,7 @@ std::vector<std::string> WorkerEnvironment(
   set("MUSTER_RDZV_ENDPOINT", access.endpoint);
   set("MUSTER_JOB", round.run_id);
   set("MUSTER_ROUND", round.round);
+  set("MUSTER_PREEMPT_GRACE_S", round.preempt_grace_s);
   auto set_if = [&](const std::string& key, const std::string& value) {
     if (value.empty()) {
       env.erase(key);

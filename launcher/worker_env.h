@@ -9,6 +9,13 @@
 
 namespace muster::launcher {
 
+// The exit code of a worker that was preempted (SIGTERM, or a signal launch
+// forwards) and saved a checkpoint of its last step: EX_TEMPFAIL, "try
+// again later". The contract between launch and its workers: launch
+// reports such an exit as "preempted", not as a failure, and exits with
+// it itself so a Slurm or Kubernetes wrapper can requeue the job.
+inline constexpr int kPreemptedExitCode = 75;
+
 // What the agent knows once a round has formed.
 struct RoundAssignment {
   uint64_t round = 0;
@@ -23,6 +30,10 @@ struct RoundAssignment {
   int max_restarts = 0;
   std::string run_id;         // the rendezvous job id
   std::string role = "default";
+  // Not the round's but the agent's setting, passed on to every worker
+  // (MUSTER_PREEMPT_GRACE_S): the seconds between a forwarded preemption
+  // signal and SIGKILL.
+  double preempt_grace_s = 30;
 };
 
 // How workers reach the rendezvous service themselves. Secrets travel as

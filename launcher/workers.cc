@@ -142,9 +142,9 @@ std::vector<int> WorkerGroup::RunningPidfds() const {
   return fds;
 }
 
-void WorkerGroup::Reap() {
+void WorkerGroup::CollectExits() {
   for (Worker& worker : workers_) {
-    std::optional<ExitInfo> exit = worker.child.TryReap();
+    std::optional<ExitInfo> exit = worker.child.CheckExit();
     if (!exit.has_value() || exit->Succeeded() || worker.reported) continue;
     worker.reported = true;
     failures_.push_back(WorkerFailure{absl::Now(), host_, worker.global_rank, worker.local_rank,
@@ -162,6 +162,30 @@ bool WorkerGroup::all_succeeded() const {
   return std::all_of(workers_.begin(), workers_.end(), [](const Worker& worker) {
     return worker.child.exit_info().has_value() && worker.child.exit_info()->Succeeded();
   });
+}
+
+bool WorkerGroup::preempted() const {
+  bool saved = false;
+  for (const Worker& worker : workers_) {
+    const std::optional<ExitInfo>& exit = worker.child.exit_info();
+    if (!exit.has_value()) return false;
+    if (exit->signal == 0 && exit->exit_code == kPreemptedExitCode) {
+      saved = true;
+    } else if (!exit->Succeeded()) {
+      return false;
+    }
+  }
+  return saved;
+}
+
+std::string WorkerGroup::DescribeExits() const {
+  std::string text;
+  for (const Worker& worker : workers_) {
+    const std::optional<ExitInfo>& exit = worker.child.exit_info();
+    absl::StrAppend(&text, text.empty() ? "" : "; ", "rank ", worker.global_rank, ": ",
+                    exit.has_value() ? exit->Describe() : "running");
+  }
+  return text;
 }
 
 void WorkerGroup::Stop(absl::Duration timeout, int signal) {

@@ -52,13 +52,21 @@ class WorkerGroup {
   // pidfds of the workers still running, to poll on.
   std::vector<int> RunningPidfds() const;
 
-  // Reaps the workers that exited. Failures are recorded once each, in the
-  // order they were seen.
-  void Reap();
+  // Notes the workers that exited (they are reaped by Stop or the
+  // destructor, after their process groups are killed). Failures are
+  // recorded once each, in the order they were seen.
+  void CollectExits();
 
   int running() const;
   bool all_succeeded() const;  // every worker exited 0
   const std::vector<WorkerFailure>& failures() const { return failures_; }
+
+  // Whether every worker stopped as a preempted worker does: each exited
+  // kPreemptedExitCode (it saved its state) or 0, and at least one
+  // kPreemptedExitCode. False while any still runs.
+  bool preempted() const;
+  // "rank 0: exit code 75; rank 1: signal 9 (SIGKILL)", for the log.
+  std::string DescribeExits() const;
 
   // SIGTERM (or `signal`) to every worker, SIGKILL after `timeout`.
   void Stop(absl::Duration timeout, int signal);

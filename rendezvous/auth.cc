@@ -84,6 +84,15 @@ absl::Status TokenChecker::Check(const grpc::ServerContextBase& context) const {
     return absl::UnauthenticatedError(
         "missing 'authorization: Bearer <token>' metadata");
   }
+  return CheckAuthorization(header);
+}
+
+absl::Status TokenChecker::CheckAuthorization(const std::string& header) const {
+  if (token_.empty()) return absl::OkStatus();
+  if (header.empty()) {
+    return absl::UnauthenticatedError(
+        "missing 'authorization: Bearer <token>' header");
+  }
   if (header.size() < sizeof(kBearerPrefix) - 1 ||
       !absl::StartsWithIgnoreCase(header, kBearerPrefix)) {
     return absl::UnauthenticatedError(
@@ -101,6 +110,10 @@ std::string PresentedJobSecret(const grpc::ServerContextBase& context) {
   std::string secret;
   FindMetadata(context, kJobSecretMetadata, &secret);
   return secret;
+}
+
+std::string CallerIdentity(const grpc::ServerContextBase& context) {
+  return PresentedJobSecret(context);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(

@@ -40,6 +40,9 @@ class TokenChecker {
   // UNAUTHENTICATED when the header is missing, malformed or wrong (gRPC's
   // code for "no valid credentials"); the message never echoes the token.
   absl::Status Check(const grpc::ServerContextBase& context) const;
+  // The same check of an "authorization" header value (empty: missing), for
+  // the HTTP /metrics endpoint.
+  absl::Status CheckAuthorization(const std::string& header) const;
 
   bool enabled() const { return !token_.empty(); }
 
@@ -50,6 +53,12 @@ class TokenChecker {
 
 // The job secret the caller presented (empty if none).
 std::string PresentedJobSecret(const grpc::ServerContextBase& context);
+
+// Who a caller is, for per-tenant quotas (jobs per identity): the job
+// secret it presents. The bearer token is one for the whole server, so it
+// tells no two callers apart; every caller without a job secret shares the
+// identity "". Memory only: never logged, never in an error message.
+std::string CallerIdentity(const grpc::ServerContextBase& context);
 
 // Compares in time that depends only on the lengths, not on where the first
 // difference is.

@@ -7,11 +7,12 @@
 namespace muster::rdzv {
 namespace {
 
+// RESOURCE_EXHAUSTED is not transient here: Client::KeepAlive has already
+// tried it a bounded number of times (client_rpc.h), so it is final.
 bool IsTransient(absl::StatusCode code) {
   switch (code) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
-    case absl::StatusCode::kResourceExhausted:
     case absl::StatusCode::kUnknown:
       return true;
     default:

@@ -1,10 +1,12 @@
 // LeaseKeeper: keeps one member's lease alive from a background thread.
 //
 // Renews every ttl/3 (the ttl is updated from each KeepAliveResponse).
-// Transient failures (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED,
-// UNKNOWN) are retried with jittered backoff, so a server restart shorter
-// than the lease is ridden out. The first permanent failure (NOT_FOUND: the
+// Transient failures (UNAVAILABLE, DEADLINE_EXCEEDED, UNKNOWN) are retried
+// with jittered backoff, so a server restart shorter than the lease, or a
+// connection that died silently (found by the channel's keepalive, see
+// client_rpc.h), is ridden out. The first permanent failure (NOT_FOUND: the
 // server forgot the member; FAILED_PRECONDITION: lease expired or job over;
+// RESOURCE_EXHAUSTED once Client::KeepAlive's bounded retry of it is spent;
 // PERMISSION_DENIED, UNAUTHENTICATED, ...) is recorded, renewals stop and
 // every WaitForFailure caller is woken; status() returns it from then on.
 //

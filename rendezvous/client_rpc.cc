@@ -1,6 +1,7 @@
 #include "rendezvous/client_rpc.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
@@ -14,6 +15,14 @@ namespace {
 absl::Status ToAbsl(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
+}
+
+// RESOURCE_EXHAUSTED made final: the server's message names the quota.
+absl::Status ResourceExhaustedAfter(const char* method, int attempts,
+                                    const grpc::Status& status) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat(method, " refused ", attempts, " time(s) for lack of a server resource: ",
+                   status.error_message()));
 }
 
 // A secret given directly (`value`) or as a file (`file`, whitespace
@@ -35,9 +44,45 @@ absl::StatusOr<std::string> SecretFromFile(const std::string& value, const std::
   return secret;
 }
 
+// Whole milliseconds for a channel argument, at least 1.
+int PositiveMs(absl::Duration duration) {
+  return static_cast<int>(std::clamp<int64_t>(
+      absl::ToInt64Milliseconds(duration), 1, std::numeric_limits<int>::max()));
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- Client
+
+grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  // Reconnect as eagerly as our own retries do, so a restarted server is
+  // found within about backoff.max rather than gRPC's default of minutes.
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left alone: it is also the least
+  // time one connection attempt gets, and 50 ms handshakes time out on a
+  // busy machine ("tcp handshaker shutdown"), leaving the channel down.
+  const int initial_ms =
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(options.backoff.initial));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, initial_ms);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              std::max<int64_t>(initial_ms,
+                                absl::ToInt64Milliseconds(options.backoff.max)));
+  // Each Client is its own connection, as each node would be.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Keepalive (see header). Pings continue while no call is open and
+  // without data in between (gRPC stops after 2 such pings by default), so
+  // an idle Watch stream or a lease between renewals is covered too. The
+  // server never GOAWAYs for pings (server.cc), however often they come.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, PositiveMs(options.keepalive.time));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+              PositiveMs(options.keepalive.timeout));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  if (!options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  return args;
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const ClientOptions& options) {
@@ -45,6 +90,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   if (!target.ok()) return target.status();
   if (options.rpc_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("rpc_timeout must be positive");
+  }
+  if (options.keepalive.time <= absl::ZeroDuration() ||
+      options.keepalive.timeout <= absl::ZeroDuration() ||
+      options.watch_stream_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "keepalive.time, keepalive.timeout and watch_stream_deadline must be "
+        "positive");
+  }
+  if (options.resource_exhausted_attempts < 1) {
+    return absl::InvalidArgumentError(
+        "resource_exhausted_attempts must be at least 1");
   }
 
   absl::StatusOr<std::string> token =
@@ -82,24 +138,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     credentials = grpc::InsecureChannelCredentials();
   }
 
-  grpc::ChannelArguments args;
-  // Reconnect as eagerly as our own retries do, so a restarted server is
-  // found within about backoff.max rather than gRPC's default of minutes.
-  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left alone: it is also the least
-  // time one connection attempt gets, and 50 ms handshakes time out on a
-  // busy machine ("tcp handshaker shutdown"), leaving the channel down.
-  const int initial_ms =
-      std::max<int64_t>(1, absl::ToInt64Milliseconds(options.backoff.initial));
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, initial_ms);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-              std::max<int64_t>(initial_ms,
-                                absl::ToInt64Milliseconds(options.backoff.max)));
-  // Each Client is its own connection, as each node would be.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  if (!options.tls_server_name.empty()) {
-    args.SetSslTargetNameOverride(options.tls_server_name);
-  }
-  auto channel = grpc::CreateCustomChannel(*target, credentials, args);
+  auto channel = grpc::CreateCustomChannel(*target, credentials,
+                                           ChannelArgumentsFor(options));
   ClientOptions kept = options;
   kept.job_secret = *std::move(job_secret);
   return std::unique_ptr<Client>(new Client(std::move(kept), *std::move(token), std::move(channel)));
@@ -135,6 +175,7 @@ absl::StatusOr<Response> Client::Call(const char* method,
   const absl::Duration timeout =
       call.timeout > absl::ZeroDuration() ? call.timeout : options_.rpc_timeout;
   const absl::Time deadline = absl::Now() + timeout + extra_wait;
+  int exhausted_attempts = 0;
   for (int attempt_number = 0;; ++attempt_number) {
     grpc::ClientContext context;
     PrepareContext(&context, deadline);
@@ -157,13 +198,21 @@ absl::StatusOr<Response> Client::Call(const char* method,
           method, ": no connection to the rendezvous server at ",
           options_.endpoint, " within ", absl::FormatDuration(timeout + extra_wait)));
     }
+    const bool exhausted =
+        status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     if (!retry_unavailable ||
-        status.error_code() != grpc::StatusCode::UNAVAILABLE) {
+        (status.error_code() != grpc::StatusCode::UNAVAILABLE && !exhausted)) {
       return ToAbsl(status);
+    }
+    if (exhausted && ++exhausted_attempts >= options_.resource_exhausted_attempts) {
+      return ResourceExhaustedAfter(method, exhausted_attempts, status);
     }
     const absl::Time wake =
         absl::Now() + JitteredBackoff(options_.backoff, attempt_number);
-    if (wake >= deadline) return ToAbsl(status);
+    if (wake >= deadline) {
+      return exhausted ? ResourceExhaustedAfter(method, exhausted_attempts, status)
+                       : ToAbsl(status);
+    }
     if (call.cancellation != nullptr) {
       if (!call.cancellation->SleepUntil(wake)) {
         return absl::CancelledError(absl::StrCat(method, " cancelled"));

@@ -18,6 +18,15 @@
 // returns UNAVAILABLE ("no connection to the rendezvous server at ...")
 // rather than DEADLINE_EXCEEDED.
 //
+// Keepalive. Every channel pings the server after keepalive.time without
+// activity and closes the connection when a ping is not answered within
+// keepalive.timeout, even with no call in flight. A connection that died
+// silently (a NAT or firewall dropped it, the peer vanished) is so noticed
+// within about time + timeout instead of when TCP gives up (~15 min): open
+// Watch streams fail with UNAVAILABLE and reconnect, calls get a fresh
+// connection. The channel arguments are built in one place,
+// ChannelArgumentsFor.
+//
 // Retries. Calls that are safe to repeat (KeepAlive, Get, MultiGet, Wait,
 // Set, DescribeJob, ListJobs, and Join with a member_id) are also retried
 // when an attempt ends with UNAVAILABLE (the connection broke mid-call, the
@@ -28,6 +37,13 @@
 // an UNAVAILABLE that does come back means the request may have reached the
 // server, and retrying a first Join could create a second member. The caller
 // decides (e.g. Leave again and accept NOT_FOUND).
+//
+// RESOURCE_EXHAUSTED (a server quota or cap, named in the message) is tried
+// at most resource_exhausted_attempts times in all, with backoff, by the
+// calls that are safe to repeat, by JobWatcher and by LeaseKeeper; after
+// that it is final and returned to the caller (a quota that frees up soon,
+// such as blocked calls per job, gets a few chances; a cap that holds does
+// not spin forever). Calls that are not safe to repeat return it at once.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +60,7 @@
 
 namespace grpc {
 class Channel;
+class ChannelArguments;
 class ClientContext;
 }  // namespace grpc
 
@@ -60,6 +77,13 @@ struct BackoffOptions {
   absl::Duration max = absl::Seconds(2);
 };
 absl::Duration JitteredBackoff(const BackoffOptions& backoff, int attempt);
+
+// gRPC keepalive of a client channel (see the top of this file). Both
+// durations are rounded to whole milliseconds, at least 1 ms.
+struct KeepaliveOptions {
+  absl::Duration time = absl::Seconds(10);    // idle time before a ping
+  absl::Duration timeout = absl::Seconds(5);  // unanswered ping: dead link
+};
 
 struct ClientOptions {
   // host[:port], "[v6addr]:port", or "unix:/path". Port defaults to 29400.
@@ -89,7 +113,24 @@ struct ClientOptions {
   // get their wait time on top.
   absl::Duration rpc_timeout = absl::Seconds(10);
   BackoffOptions backoff;
+
+  KeepaliveOptions keepalive;
+
+  // A Watch stream is given this deadline; when it passes, JobWatcher opens
+  // a new stream resuming after the last version it saw (no state is seen
+  // twice or lost: the server sends the current state when it is newer).
+  // A stream that stalls in a way keepalive cannot see ends by then.
+  absl::Duration watch_stream_deadline = absl::Minutes(5);
+
+  // Attempts (the first included) for a RESOURCE_EXHAUSTED answer before it
+  // is final; see the top of this file. At least 1.
+  int resource_exhausted_attempts = 4;
 };
+
+// The arguments every client channel is created with: reconnect backoff
+// from `options.backoff`, keepalive from `options.keepalive`, a local
+// subchannel pool, the TLS server name override.
+grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options);
 
 // Cancels calls from another thread: the call in flight ends with CANCELLED
 // and retry sleeps end at once. Once cancelled, every later call that uses

@@ -10,6 +10,8 @@
 namespace muster::rdzv {
 namespace {
 
+// RESOURCE_EXHAUSTED (a stream quota) is retried too, but only
+// ClientOptions::resource_exhausted_attempts times in a row.
 bool IsTransient(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE ||
          code == grpc::StatusCode::UNKNOWN ||
@@ -54,11 +56,16 @@ void JobWatcher::Publish(const pb::JobState& state) {
 }
 
 void JobWatcher::Run() {
+  const ClientOptions& options = client_->options();
   uint64_t last_version = 0;
   int failures_in_a_row = 0;
+  int refusals_in_a_row = 0;  // RESOURCE_EXHAUSTED
   for (;;) {
     grpc::ClientContext context;
-    client_->PrepareContext(&context, absl::InfiniteFuture());
+    // The stream's deadline bounds how long a stall that keepalive cannot
+    // see (the server stopped writing) goes unnoticed; then it resumes.
+    const absl::Time stream_deadline = absl::Now() + options.watch_stream_deadline;
+    client_->PrepareContext(&context, stream_deadline);
     // While the server is down the stream waits for the channel instead of
     // failing at once (see client_rpc.h); Stop() cancels it.
     context.set_wait_for_ready(true);
@@ -76,6 +83,7 @@ void JobWatcher::Run() {
     bool terminal = false;
     while (reader->Read(&state)) {
       failures_in_a_row = 0;
+      refusals_in_a_row = 0;
       if (state.version() <= last_version && last_version != 0) continue;
       last_version = state.version();
       terminal = IsTerminalPhase(state.phase());
@@ -99,11 +107,21 @@ void JobWatcher::Run() {
                                          status.error_message()));
       return;
     }
-    // Broken (or ended early without a terminal state): reconnect.
+    if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+        ++refusals_in_a_row >= options.resource_exhausted_attempts) {
+      error_ = absl::ResourceExhaustedError(absl::StrCat(
+          "watch of job ", job_id_, " refused ", refusals_in_a_row,
+          " time(s) for lack of a server resource: ", status.error_message()));
+      return;
+    }
     ++reconnects_;
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+        absl::Now() >= stream_deadline) {
+      continue;  // the stream's own deadline: resume at once, no failure
+    }
+    // Broken (or ended early without a terminal state): reconnect.
     const absl::Time wake =
-        absl::Now() +
-        JitteredBackoff(client_->options().backoff, failures_in_a_row++);
+        absl::Now() + JitteredBackoff(options.backoff, failures_in_a_row++);
     mu_.AwaitWithDeadline(absl::Condition(&stopping_), wake);
     if (stopping_) return;
   }

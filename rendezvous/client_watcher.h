@@ -1,13 +1,19 @@
 // JobWatcher: follows one job's state through the server's Watch stream.
 //
 // A background thread holds the stream open. When it breaks with
-// UNAVAILABLE (server restart, network), the watcher reconnects after a
-// jittered backoff, asking only for versions after the last one it saw, so
-// callers see each state once and in version order. A terminal phase
-// (SUCCEEDED, FAILED, CLOSED) ends the stream normally and the watcher
-// stops. Any other error (NOT_FOUND: unknown job; PERMISSION_DENIED;
-// UNAUTHENTICATED; ...) is recorded as the watcher's permanent error and
-// every waiter is woken.
+// UNAVAILABLE (server restart, network, a dead connection found by the
+// channel's keepalive), the watcher reconnects after a jittered backoff,
+// asking only for versions after the last one it saw, so callers see each
+// state once and in version order (the server coalesces: a state replaced
+// before it was sent is skipped, never reordered). Each stream has the
+// deadline ClientOptions::watch_stream_deadline; when it passes the
+// watcher resumes the same way, at once. A terminal phase (SUCCEEDED,
+// FAILED, CLOSED) ends the stream normally and the watcher stops.
+// RESOURCE_EXHAUSTED (a Watch stream quota) is retried with backoff
+// ClientOptions::resource_exhausted_attempts times in a row, then is
+// final. Any other error (NOT_FOUND: unknown job; PERMISSION_DENIED;
+// UNAUTHENTICATED; ...) is recorded as the watcher's permanent error at
+// once. Either way every waiter is woken.
 //
 // Thread-safety: every method may be called from any thread. The callback
 // runs on the watcher's thread, outside its lock; it may call latest() but
@@ -69,7 +75,8 @@ class JobWatcher {
   // OK unless the stream failed permanently.
   absl::Status status() const;
 
-  // How many times the stream was re-established after breaking.
+  // How many times the stream was re-established after breaking or
+  // reaching its deadline.
   int reconnects() const;
 
   const std::string& job_id() const { return job_id_; }

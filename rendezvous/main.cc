@@ -50,6 +50,28 @@ int main(int argc, char** argv) {
                  "port for Prometheus /metrics (0: off)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-address", options.metrics_address,
+                 "address /metrics binds to (default: the host of --listen)");
+  app.add_option("--metrics-max-connections", options.metrics_max_connections,
+                 "connections /metrics serves or queues at once; more get 503")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 4096));
+  app.add_flag("--metrics-require-token", options.metrics_require_token,
+               "/metrics requires 'Authorization: Bearer <token>' "
+               "(the --token-file token), else 401");
+  app.add_option("--max-watch-streams", options.max_watch_streams,
+                 "open Watch streams on this server")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-watch-streams-per-job", options.max_watch_streams_per_job,
+                 "open Watch streams on one job")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-jobs-per-identity", options.max_jobs_per_identity,
+                 "jobs that callers presenting one job secret (or none) may "
+                 "have at once")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str()
       ->check(CLI::IsMember(
@@ -73,6 +95,27 @@ int main(int argc, char** argv) {
   app.add_option("--max-jobs", options.limits.max_jobs, "jobs on this server")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-keys-per-request", options.limits.max_keys_per_request,
+                 "keys one MultiGet or Wait may name")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-response-bytes", options.limits.max_response_bytes,
+                 "bytes of values one MultiGet may return (>= --max-value-bytes)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-job-bytes", options.limits.max_job_bytes,
+                 "bytes one job may hold: store keys and values, members, "
+                 "records")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-total-bytes", options.limits.max_total_bytes,
+                 "bytes all jobs together may hold (bounds the state file)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-join-timeout-ms", options.limits.max_join_timeout_ms,
+                 "longest join_timeout_ms a new job may ask for")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--closed-retention", closed_retention_s,
                  "seconds a finished job is kept before it is dropped")
       ->capture_default_str()
@@ -90,6 +133,11 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
   options.limits.closed_retention = absl::Seconds(closed_retention_s);
+  if (absl::Status limits = muster::rdzv::ValidateLimits(options.limits);
+      !limits.ok()) {
+    std::cerr << "rendezvous: " << limits.message() << " (see --help)\n";
+    return kExitUsage;
+  }
 
   // Block the stop signals in every thread (gRPC's threads inherit this
   // mask) so that this thread alone receives them through sigwait.
@@ -110,7 +158,8 @@ int main(int argc, char** argv) {
               HostOf(options.listen_address).c_str(), (*server)->port());
   if ((*server)->metrics_port() != 0) {
     std::printf("rendezvous: metrics on %s:%d/metrics\n",
-                options.metrics_address.c_str(), (*server)->metrics_port());
+                muster::rdzv::MetricsAddress(options).c_str(),
+                (*server)->metrics_port());
   }
   std::fflush(stdout);
 

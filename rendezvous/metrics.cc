@@ -2,6 +2,9 @@
 
 #include <httplib.h>
 
+#include <algorithm>
+#include <atomic>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -27,6 +30,46 @@ void Header(std::string* out, const char* name, const char* type,
 }
 
 std::string FormatDouble(double value) { return absl::StrFormat("%.17g", value); }
+
+// Threads serving /metrics at most; more connections (up to the cap) wait.
+constexpr int kHttpThreads = 4;
+constexpr int kHttpReadTimeoutSeconds = 2;
+
+// Set while the accepting thread itself answers a connection over the cap.
+thread_local bool t_over_connection_cap = false;
+
+// httplib's thread pool with a cap on connections served or queued. One
+// over the cap is processed right away on the accepting thread (httplib
+// hands the queue an opaque task, not the socket), where the pre-routing
+// handler sees t_over_connection_cap and answers 503; with one request per
+// connection and a short read timeout that closes it promptly. So sockets
+// and queued tasks never exceed the cap plus one.
+class CappedTaskQueue final : public httplib::TaskQueue {
+ public:
+  CappedTaskQueue(int threads, int max_connections)
+      : max_connections_(max_connections), pool_(threads) {}
+
+  void enqueue(std::function<void()> task) override {
+    if (outstanding_.load() >= max_connections_) {
+      t_over_connection_cap = true;
+      task();
+      t_over_connection_cap = false;
+      return;
+    }
+    outstanding_.fetch_add(1);
+    pool_.enqueue([this, task = std::move(task)] {
+      task();
+      outstanding_.fetch_sub(1);
+    });
+  }
+
+  void shutdown() override { pool_.shutdown(); }
+
+ private:
+  const int max_connections_;
+  std::atomic<int> outstanding_{0};
+  httplib::ThreadPool pool_;
+};
 
 }  // namespace
 
@@ -116,21 +159,55 @@ std::string Metrics::Render() const {
   return out;
 }
 
-absl::StatusOr<int> Metrics::StartHttp(const std::string& address, int port) {
+absl::StatusOr<int> Metrics::StartHttp(const HttpOptions& options) {
+  if (options.max_connections < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics max_connections is ", options.max_connections,
+        "; expected at least 1"));
+  }
   auto http = std::make_unique<httplib::Server>();
+  const int threads = std::min(options.max_connections, kHttpThreads);
+  const int max_connections = options.max_connections;
+  http->new_task_queue = [threads, max_connections] {
+    return new CappedTaskQueue(threads, max_connections);
+  };
+  // One request per connection, and a short wait for it: a scraper needs no
+  // more, and a connection refused over the cap is read on the accepting
+  // thread.
+  http->set_keep_alive_max_count(1);
+  http->set_read_timeout(kHttpReadTimeoutSeconds, 0);
+  http->set_write_timeout(kHttpReadTimeoutSeconds, 0);
+  http->set_pre_routing_handler(
+      [authorize = options.authorize](const httplib::Request& request,
+                                      httplib::Response& response) {
+        if (t_over_connection_cap) {
+          response.status = 503;
+          response.set_header("Connection", "close");
+          response.set_content("too many connections to /metrics\n", "text/plain");
+          return httplib::Server::HandlerResponse::Handled;
+        }
+        if (authorize && !authorize(request.get_header_value("Authorization"))) {
+          response.status = 401;
+          response.set_header("WWW-Authenticate", "Bearer");
+          response.set_content("expected 'Authorization: Bearer <token>'\n",
+                               "text/plain");
+          return httplib::Server::HandlerResponse::Handled;
+        }
+        return httplib::Server::HandlerResponse::Unhandled;
+      });
   http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(Render(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  int bound_port = port;
-  if (port <= 0) {
-    bound_port = http->bind_to_any_port(address);
+  int bound_port = options.port;
+  if (options.port <= 0) {
+    bound_port = http->bind_to_any_port(options.address);
     if (bound_port < 0) bound_port = 0;
-  } else if (!http->bind_to_port(address.c_str(), port)) {
+  } else if (!http->bind_to_port(options.address.c_str(), options.port)) {
     bound_port = 0;
   }
   if (bound_port <= 0) {
     return absl::UnavailableError(absl::StrCat(
-        "cannot bind the metrics endpoint to ", address, ":", port));
+        "cannot bind the metrics endpoint to ", options.address, ":", options.port));
   }
   http_ = std::move(http);
   http_thread_ = std::thread([server = http_.get()] {

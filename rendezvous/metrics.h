@@ -1,5 +1,6 @@
 // Prometheus metrics of the rendezvous server (text format 0.0.4), served
-// on GET /metrics by a small cpp-httplib server.
+// on GET /metrics by a small cpp-httplib server with a connection cap and
+// an optional bearer token (HttpOptions).
 //
 //   muster_rdzv_jobs, muster_rdzv_members           gauges (read on scrape)
 //   muster_rdzv_watch_streams                       gauge
@@ -67,10 +68,24 @@ class Metrics {
   // The whole exposition text.
   std::string Render() const;
 
-  // Serves GET /metrics on address:port in a background thread; returns the
-  // bound port (port 0 or negative picks a free one). UNAVAILABLE naming the
-  // address if it cannot bind.
-  absl::StatusOr<int> StartHttp(const std::string& address, int port);
+  // Who may reach GET /metrics, and how many at once.
+  struct HttpOptions {
+    std::string address = "127.0.0.1";
+    int port = 0;  // 0 or negative: a free one
+    // Connections being served or waiting for a thread, at most. One more
+    // is answered "503 Service Unavailable" and closed at once, by the
+    // accepting thread, so idle or slow clients cannot pile up sockets or
+    // threads in the server.
+    int max_connections = 16;
+    // Set: called with each request's Authorization header (empty if
+    // absent); false answers 401. Must be safe to call from any thread.
+    std::function<bool(const std::string& authorization)> authorize;
+  };
+
+  // Serves GET /metrics in a background thread; returns the bound port.
+  // UNAVAILABLE naming the address if it cannot bind; INVALID_ARGUMENT if
+  // max_connections < 1. REQUIRES: not serving already.
+  absl::StatusOr<int> StartHttp(const HttpOptions& options);
   void StopHttp();
 
  private:
@@ -90,7 +105,7 @@ class Metrics {
   std::atomic<int64_t> rounds_total_{0};
   std::atomic<int64_t> restarts_total_{0};
 
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<httplib::Server> http_;  // a CappedHttpServer (metrics.cc)
   std::thread http_thread_;
 };
 

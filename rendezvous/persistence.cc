@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -102,6 +103,14 @@ absl::StatusOr<std::optional<state::ServerState>> StateFile::Load() const {
 }
 
 absl::Status StateFile::Write(const state::ServerState& snapshot) const {
+  // Protobuf cannot serialize 2 GiB or more. The state machine's byte caps
+  // keep the state far below that; say so plainly if they ever do not.
+  const size_t size = snapshot.ByteSizeLong();
+  if (size > static_cast<size_t>(INT_MAX)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server state is ", size, " bytes; a state file holds less than ",
+        "2 GiB (lower --max-total-bytes)"));
+  }
   std::string data;
   if (!snapshot.SerializeToString(&data)) {
     return absl::InternalError("cannot serialize the server state");

@@ -32,8 +32,9 @@ class StateFile {
   absl::StatusOr<std::optional<state::ServerState>> Load() const;
 
   // Replaces the saved state atomically (see above); the file is mode 0600.
-  // INTERNAL naming the failing step and path; the previous file is intact
-  // then.
+  // INTERNAL naming the failing step and path; RESOURCE_EXHAUSTED, before
+  // anything is written, for a state protobuf cannot serialize (2 GiB or
+  // more). The previous file is intact then.
   absl::Status Write(const state::ServerState& snapshot) const;
 
   const std::string& path() const { return path_; }

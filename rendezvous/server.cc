@@ -2,6 +2,7 @@
 // metrics and health checking into one grpc::Server.
 #include "rendezvous/server.h"
 
+#include <algorithm>
 #include <climits>
 #include <optional>
 
@@ -38,6 +39,30 @@ absl::Status ValidateListenAddress(const std::string& address) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateQuotas(const ServerOptions& options) {
+  if (options.max_watch_streams == 0 || options.max_watch_streams_per_job == 0 ||
+      options.max_jobs_per_identity == 0 || options.metrics_max_connections < 1) {
+    return absl::InvalidArgumentError(
+        "max_watch_streams, max_watch_streams_per_job, max_jobs_per_identity "
+        "and metrics_max_connections must be at least 1");
+  }
+  if (options.keepalive_time <= absl::ZeroDuration() ||
+      options.keepalive_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "keepalive_time and keepalive_timeout must be positive");
+  }
+  if (options.metrics_require_token && options.token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "metrics_require_token needs a token_file: there is no token to require");
+  }
+  return absl::OkStatus();
+}
+
+int Milliseconds(absl::Duration duration) {
+  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(duration),
+                                              1, INT_MAX));
+}
+
 class ServerImpl final : public Server {
  public:
   explicit ServerImpl(ServerOptions options) : options_(std::move(options)) {}
@@ -70,6 +95,8 @@ class ServerImpl final : public Server {
 absl::Status ServerImpl::Init() {
   absl::Status address_ok = ValidateListenAddress(options_.listen_address);
   if (!address_ok.ok()) return address_ok;
+  absl::Status quotas_ok = ValidateQuotas(options_);
+  if (!quotas_ok.ok()) return quotas_ok;
   absl::StatusOr<TokenChecker> tokens =
       TokenChecker::FromFile(options_.token_file);
   if (!tokens.ok()) return tokens.status();
@@ -88,9 +115,12 @@ absl::Status ServerImpl::Init() {
   service_options.limits = options_.limits;
   service_options.clock =
       options_.clock != nullptr ? options_.clock : MonotonicClock::Default();
-  service_options.tokens = *std::move(tokens);
+  service_options.tokens = *tokens;
   service_options.metrics = metrics_.get();
   service_options.state_file = state_file_ ? &*state_file_ : nullptr;
+  service_options.max_watch_streams = options_.max_watch_streams;
+  service_options.max_watch_streams_per_job = options_.max_watch_streams_per_job;
+  service_options.max_jobs_per_identity = options_.max_jobs_per_identity;
   service_ = std::make_unique<RendezvousService>(std::move(service_options));
   absl::Status restored = service_->RestoreFromDisk();
   if (!restored.ok()) return restored;
@@ -106,11 +136,22 @@ absl::Status ServerImpl::Init() {
   size_t max_message = options_.limits.max_value_bytes + kMessageOverhead;
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::min<size_t>(max_message, INT_MAX)));
-  // Agents ping to notice a dead server quickly; never punish that.
+  // Clients ping every 10 s to notice a dead connection (ChannelArgumentsFor
+  // in client_rpc.h), with or without calls; never punish that: no GOAWAY
+  // ("too_many_pings") however often pings come (0 strikes = unlimited).
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             10000);
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+                             1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // And the server pings its clients: a client that vanished without a
+  // FIN (power loss, a dropped NAT flow) loses its connection, and so its
+  // Watch streams and their places in the quotas, within keepalive_time +
+  // keepalive_timeout instead of when TCP gives up.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             Milliseconds(options_.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             Milliseconds(options_.keepalive_timeout));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // Two servers on one port would split the clients between them.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   grpc_server_ = builder.BuildAndStart();
@@ -125,8 +166,16 @@ absl::Status ServerImpl::Init() {
   }
 
   if (options_.metrics_port != 0) {
-    absl::StatusOr<int> bound =
-        metrics_->StartHttp(options_.metrics_address, options_.metrics_port);
+    Metrics::HttpOptions http;
+    http.address = MetricsAddress(options_);
+    http.port = options_.metrics_port;
+    http.max_connections = options_.metrics_max_connections;
+    if (options_.metrics_require_token) {
+      http.authorize = [tokens = *tokens](const std::string& authorization) {
+        return tokens.CheckAuthorization(authorization).ok();
+      };
+    }
+    absl::StatusOr<int> bound = metrics_->StartHttp(http);
     if (!bound.ok()) return bound.status();
     metrics_port_ = *bound;
   }
@@ -167,6 +216,16 @@ void ServerImpl::Shutdown(absl::Duration grace) {
 }
 
 }  // namespace
+
+std::string MetricsAddress(const ServerOptions& options) {
+  if (!options.metrics_address.empty()) return options.metrics_address;
+  std::string host = options.listen_address.substr(
+      0, options.listen_address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
   auto server = std::make_unique<ServerImpl>(std::move(options));

@@ -36,8 +36,29 @@ struct ServerOptions {
 
   // Prometheus text format on http://<metrics_address>:<metrics_port>/metrics.
   // 0 disables it; a negative port picks a free one (see metrics_port()).
+  // An empty metrics_address means the host of listen_address, so a server
+  // listening on loopback does not publish its metrics to the network.
+  // At most metrics_max_connections connections are served or queued at
+  // once; beyond that a connection is answered 503 and closed. With
+  // metrics_require_token (needs token_file), a scrape must send
+  // "Authorization: Bearer <token>" or gets 401.
   int metrics_port = 0;
-  std::string metrics_address = "0.0.0.0";
+  std::string metrics_address;
+  int metrics_max_connections = 16;
+  bool metrics_require_token = false;
+
+  // Quotas per tenant, each RESOURCE_EXHAUSTED naming it when exceeded:
+  // open Watch streams on the server and on one job, and jobs created per
+  // caller identity (the job secret presented; see service.h).
+  size_t max_watch_streams = 100000;
+  size_t max_watch_streams_per_job = 10000;
+  size_t max_jobs_per_identity = 1000;
+
+  // The server pings each client connection after keepalive_time without
+  // activity and drops it when a ping goes unanswered for keepalive_timeout,
+  // so the Watch streams of a client that vanished are freed.
+  absl::Duration keepalive_time = absl::Seconds(30);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
 
   Limits limits;
 
@@ -45,10 +66,15 @@ struct ServerOptions {
   Clock* clock = nullptr;
 };
 
+// The address /metrics binds to: metrics_address, or else the host of
+// listen_address ("[::1]:29400" gives "::1").
+std::string MetricsAddress(const ServerOptions& options);
+
 class Server {
  public:
-  // Starts serving. Errors: INVALID_ARGUMENT for unreadable TLS/token files
-  // or a bad address, UNAVAILABLE if the port cannot be bound,
+  // Starts serving. Errors: INVALID_ARGUMENT for unreadable TLS/token files,
+  // a bad address, metrics_require_token without a token_file, or a quota
+  // or keepalive that is not positive, UNAVAILABLE if the port cannot be bound,
   // DATA_LOSS if the state dir holds state that cannot be read.
   static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
 

@@ -32,6 +32,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -52,8 +53,15 @@ struct ServiceOptions {
   TokenChecker tokens;                  // default: no token
   Metrics* metrics = nullptr;           // not owned; required
   const StateFile* state_file = nullptr;  // not owned; null: memory only
-  size_t max_watch_streams = 100000;    // beyond: RESOURCE_EXHAUSTED
+  // Open Watch streams on the server and on one job (so one tenant cannot
+  // take them all); beyond either: RESOURCE_EXHAUSTED naming it.
+  size_t max_watch_streams = 100000;
+  size_t max_watch_streams_per_job = 10000;
   size_t max_waiters_per_job = 10000;   // blocked Get/Wait per job
+  // Jobs that exist at once per caller identity (CallerIdentity, auth.h):
+  // a Join that would create one more gets RESOURCE_EXHAUSTED naming the
+  // quota. Joins of existing jobs are never refused by it.
+  size_t max_jobs_per_identity = 1000;
   // The timer re-checks at least this often, so a FakeClock moved by a test
   // takes effect without an RPC.
   absl::Duration max_timer_sleep = absl::Seconds(1);
@@ -178,6 +186,17 @@ class RendezvousService final : public pb::Rendezvous::CallbackService {
                                         grpc::CallbackServerContext* context)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- jobs per identity (service.cc)
+  // OK if `identity` may create one more job; RESOURCE_EXHAUSTED otherwise.
+  absl::Status CheckJobQuota(const std::string& identity)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `job_id` for `identity`: always when `created`, else only if the
+  // job is counted for no one yet (restored from the state file).
+  void CountJob(const std::string& job_id, const std::string& identity,
+                bool created) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets counted jobs that the state machine has dropped.
+  void ForgetDroppedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // ---- watchers (service_watch.cc)
   void UnregisterWatcher(WatchReactor* watcher) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -211,6 +230,14 @@ class RendezvousService final : public pb::Rendezvous::CallbackService {
                       std::map<WatchReactor*, std::shared_ptr<WatchReactor>>>
       watchers_ ABSL_GUARDED_BY(mu_);
   std::atomic<size_t> open_watches_{0};
+  // Who created each job, and the jobs of each identity, for
+  // max_jobs_per_identity. A dropped job lingers here until the identity
+  // creates again or ForgetDroppedJobs sweeps (when the map outgrows the
+  // state machine's jobs), so the bookkeeping stays O(jobs).
+  absl::flat_hash_map<std::string, std::string> identity_of_job_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>>
+      jobs_of_identity_ ABSL_GUARDED_BY(mu_);
   // The watch view last built per job, so a store write (which leaves the
   // view as it was) does not rebuild a 1000-member state.
   absl::flat_hash_map<std::string,

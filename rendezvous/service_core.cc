@@ -119,6 +119,13 @@ RendezvousService::Effects RendezvousService::TakeEffects(
   if (machine_.TakeDirty() && committer_) {
     effects.durable = true;
     effects.sequence = ++mutation_sequence_;
+  } else if (committer_ && mutation_sequence_ > 0) {
+    // A read barrier: the call may have seen mutations not yet on disk
+    // (a Get of a key whose Set awaits its write). It is answered once
+    // they are, so no reply shows state that a crash could take back.
+    // Already durable: RunWhenDurable answers at once.
+    effects.durable = true;
+    effects.sequence = mutation_sequence_;
   }
   if (may_move_deadlines && timer_wakes_at_clock_ != absl::InfinitePast() &&
       machine_.NextDeadline() < timer_wakes_at_clock_) {
@@ -151,8 +158,12 @@ void RendezvousService::NotifyJobs(const std::vector<std::string>& job_ids) {
                         WatchReactor::SharedState>> offers;
   std::vector<std::pair<StoreWaiter*, absl::Status>> completions;
   std::vector<std::string> log_lines;
+  uint64_t observed = 0;
   {
     absl::MutexLock lock(&mu_);
+    // The checks below may see mutations newer than the one being
+    // notified; waiters are answered once those are durable too.
+    observed = mutation_sequence_;
     for (const std::string& job_id : job_ids) {
       absl::StatusOr<uint64_t> version = machine_.Version(job_id);
       auto cached = last_views_.find(job_id);
@@ -188,7 +199,16 @@ void RendezvousService::NotifyJobs(const std::vector<std::string>& job_ids) {
     }
   }
   for (const std::string& line : log_lines) spdlog::info("rendezvous: {}", line);
-  for (auto& [waiter, status] : completions) waiter->Complete(status);
+  if (committer_ && !completions.empty()) {
+    committer_->RunWhenDurable(
+        observed, [completions](absl::Status durable) {
+          for (auto& [waiter, status] : completions) {
+            waiter->Complete(status.ok() ? durable : status);
+          }
+        });
+  } else {
+    for (auto& [waiter, status] : completions) waiter->Complete(status);
+  }
   for (auto& [watcher, state] : offers) watcher->Offer(state);
 }
 
@@ -201,7 +221,11 @@ void RendezvousService::TimerLoop() {
     std::vector<StoreWaiter*> expired;
     try {
       machine_.Tick(clock_->Now());
+      const uint64_t before = mutation_sequence_;
       effects = TakeEffects(/*may_move_deadlines=*/false);
+      // The timer answers nobody, so it needs no read barrier; waiting on
+      // one would spin this loop until the pending write lands.
+      if (mutation_sequence_ == before) effects.durable = false;
     } catch (const std::exception& error) {
       spdlog::error("rendezvous: applying deadlines failed: {}", error.what());
     }

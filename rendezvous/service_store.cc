@@ -52,18 +52,16 @@ grpc::ServerUnaryReactor* RendezvousService::Wait(
         "wait_ms must be >= 0, got ", request->wait_ms())));
     return waiter;
   }
-  if (waiter->keys_.size() > options_.limits.max_keys_per_job) {
-    waiter->Complete(absl::InvalidArgumentError(absl::StrCat(
-        "Wait names ", waiter->keys_.size(), " keys; at most ",
-        options_.limits.max_keys_per_job, " allowed")));
-    return waiter;
-  }
+  // Too many keys is RESOURCE_EXHAUSTED from the first check (AllSet).
   return StartWaiter(waiter, context);
 }
 
 grpc::ServerUnaryReactor* RendezvousService::StartWaiter(
     StoreWaiter* waiter, grpc::CallbackServerContext* context) {
   absl::Status status = options_.tokens.Check(*context);
+  // Set when the first check answered from the state machine: what it saw
+  // may not be on disk yet, so the answer waits until that much is.
+  std::optional<uint64_t> observed;
   if (status.ok()) {
     std::string secret = PresentedJobSecret(*context);
     absl::MutexLock lock(&mu_);
@@ -77,6 +75,7 @@ grpc::ServerUnaryReactor* RendezvousService::StartWaiter(
         outcome = allowed;
       } else {
         outcome = CheckWaiter(waiter);
+        if (outcome.has_value() && committer_) observed = mutation_sequence_;
       }
       if (!outcome.has_value() && waiter->deadline_ <= absl::Now()) {
         outcome = absl::DeadlineExceededError(absl::StrCat(
@@ -98,7 +97,15 @@ grpc::ServerUnaryReactor* RendezvousService::StartWaiter(
     } catch (const std::exception& error) {
       status = absl::InternalError(
           absl::StrCat("unexpected error in a store call: ", error.what()));
+      observed.reset();
     }
+  }
+  if (observed.has_value()) {
+    committer_->RunWhenDurable(
+        *observed, [waiter, status](absl::Status durable) {
+          waiter->Complete(status.ok() ? durable : status);
+        });
+    return waiter;
   }
   waiter->Complete(status);
   return waiter;
@@ -119,15 +126,11 @@ std::optional<absl::Status> RendezvousService::CheckWaiter(StoreWaiter* waiter) 
     if (absl::IsNotFound(value.status())) return std::nullopt;
     return value.status();  // ABORTED once the round is over, ...
   }
-  pb::MultiGetRequest request;
-  request.set_job_id(waiter->job_id_);
-  request.set_round(waiter->round_);
-  for (const std::string& key : waiter->keys_) request.add_keys(key);
-  absl::StatusOr<pb::MultiGetResponse> values = machine_.MultiGet(request);
-  if (!values.ok()) return values.status();
-  for (bool present : values->present()) {
-    if (!present) return std::nullopt;
-  }
+  // Checked on every change to the job: presence only, nothing copied.
+  absl::StatusOr<bool> all_set =
+      machine_.AllSet(waiter->job_id_, waiter->round_, waiter->keys_);
+  if (!all_set.ok()) return all_set.status();
+  if (!*all_set) return std::nullopt;
   return absl::OkStatus();
 }
 

@@ -4,7 +4,9 @@
 // after_version) and then every newer version, coalesced: while one write
 // is in flight only the newest offered state is kept. A finished job's
 // state is the last message (then OK); a dropped job ends the stream with
-// NOT_FOUND; shutdown ends it with UNAVAILABLE.
+// NOT_FOUND; shutdown ends it with UNAVAILABLE. A stream beyond the
+// server-wide or the per-job quota is refused with RESOURCE_EXHAUSTED naming
+// the quota, so one job cannot take every stream.
 #include "absl/strings/str_cat.h"
 #include "rendezvous/service.h"
 #include "rendezvous/service_reactors.h"
@@ -34,7 +36,14 @@ grpc::ServerWriteReactor<pb::JobState>* RendezvousService::Watch(
       } else if (open_watches_.load() >= options_.max_watch_streams) {
         status = absl::ResourceExhaustedError(absl::StrCat(
             "server already has ", options_.max_watch_streams,
-            " open Watch streams"));
+            " open Watch streams (--max-watch-streams)"));
+      } else if (auto job = watchers_.find(request->job_id());
+                 job != watchers_.end() &&
+                 job->second.size() >= options_.max_watch_streams_per_job) {
+        status = absl::ResourceExhaustedError(absl::StrCat(
+            "job ", request->job_id(), " already has ", job->second.size(),
+            " open Watch streams, the quota per job "
+            "(--max-watch-streams-per-job)"));
       } else {
         status = machine_.Authorize(request->job_id(), secret);
       }

@@ -67,6 +67,19 @@ absl::Status ValidateJoin(const pb::JoinRequest& request,
   return absl::OkStatus();
 }
 
+// The member a join would leave behind, for sizing it before it exists.
+MemberRecord NewMember(const pb::JoinRequest& request, const Job& job,
+                       const Limits& limits) {
+  MemberRecord member;
+  member.id = request.member_id().empty()
+                  ? MakeMemberId(request.hostname(), job.next_member_number,
+                                 limits)
+                  : request.member_id();
+  member.address = request.address();
+  member.hostname = request.hostname();
+  return member;
+}
+
 }  // namespace
 
 StateMachine::StateMachine(Limits limits)
@@ -95,13 +108,18 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(
     if (s.limits.max_members_per_job == 0) {
       return absl::ResourceExhaustedError("max_members_per_job is 0");
     }
+    MUSTER_RETURN_IF_ERROR(CheckJoinTimeout(request.config(), s.limits));
     auto created = std::make_unique<Job>();
     created->id = job_id;
     created->config = request.config();
     if (!secret.empty()) created->secret_digest = Sha256(secret);
     created->gather_start = now;
+    MUSTER_RETURN_IF_ERROR(s.CheckGrowth(
+        nullptr, RecordBytes(*created) +
+                     MemberBytes(NewMember(request, *created, s.limits))));
     job = created.get();
     s.jobs.emplace(job_id, std::move(created));
+    s.ChargeJob(*job);
     s.MarkDurableChanged(*job);
   } else {
     if (!job->secret_digest.empty() &&
@@ -123,6 +141,17 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(
   } else if (!job->members.contains(member_id)) {
     return UnknownMember(job_id, member_id);
   }
+  {
+    // Addresses and hostnames count against the job's bytes: only growth
+    // is checked, so a member re-joining as it was always may.
+    auto existing = job->members.find(member_id);
+    const size_t old_bytes =
+        existing == job->members.end() ? 0 : MemberBytes(existing->second);
+    const size_t new_bytes = MemberBytes(NewMember(request, *job, s.limits));
+    if (new_bytes > old_bytes) {
+      MUSTER_RETURN_IF_ERROR(s.CheckGrowth(job, new_bytes - old_bytes));
+    }
+  }
   if (requested_rank >= 0) {
     auto holder = job->requested_ranks.find(requested_rank);
     if (holder != job->requested_ranks.end() && holder->second != member_id) {
@@ -133,7 +162,8 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(
   }
 
   // Validation is over: from here on the join succeeds.
-  if (member_id.empty()) {
+  const bool fresh_member = member_id.empty();
+  if (fresh_member) {
     do {
       member_id = MakeMemberId(request.hostname(), job->next_member_number++,
                                s.limits);
@@ -143,6 +173,7 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(
     ++s.member_count;
   }
   MemberRecord& member = job->members.at(member_id);
+  const size_t old_member_bytes = fresh_member ? 0 : MemberBytes(member);
   if (member.requested_rank != requested_rank) {
     auto old = job->requested_ranks.find(member.requested_rank);
     if (old != job->requested_ranks.end() && old->second == member_id) {
@@ -154,6 +185,7 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(
   member.address = request.address();
   member.hostname = request.hostname();
   member.nproc = request.nproc();
+  s.RechargeMember(*job, member, old_member_bytes);
   s.RenewLease(*job, member, now);
   s.MarkDurableChanged(*job);
 

@@ -49,7 +49,12 @@ namespace pb = ::muster::rendezvous::v1;
 namespace state = ::muster::rendezvous::state;  // rendezvous/state.proto
 
 // Caps that keep one client from exhausting the server. Exceeding one gets
-// RESOURCE_EXHAUSTED; nothing is changed.
+// RESOURCE_EXHAUSTED (a join_timeout_ms over its bound: INVALID_ARGUMENT);
+// nothing is changed. Each message names the limit and its server flag.
+//
+// Caps bound growth, not what is already held: Restore accepts a state over
+// lowered limits (an operator lowered a flag and restarted), and from then on
+// only calls that would grow past a cap are refused.
 struct Limits {
   size_t max_id_bytes = 256;             // job ids, member ids
   size_t max_key_bytes = 4096;
@@ -57,10 +62,38 @@ struct Limits {
   size_t max_keys_per_job = 100000;
   size_t max_members_per_job = 10000;
   size_t max_jobs = 10000;
+  // Keys one MultiGet or Wait may name; a key named twice counts twice.
+  size_t max_keys_per_request = 1000;
+  // Bytes of values one MultiGet may return. At least max_value_bytes, so
+  // every value can be read.
+  size_t max_response_bytes = size_t{64} << 20;  // 64 MiB
+  // What one job may hold in the state file (see StateMachine::JobBytes):
+  // its store's keys and values, its members' ids, addresses and hostnames,
+  // and its records. At least max_key_bytes + max_value_bytes.
+  size_t max_job_bytes = size_t{64} << 20;       // 64 MiB
+  // The same measure summed over every job. Together with what a job
+  // records without asking (failures, status messages: at most
+  // MaxUnrefusedJobBytes each) it stays below kMaxStateBytes, so the state
+  // always serializes (ValidateLimits).
+  size_t max_total_bytes = size_t{256} << 20;    // 256 MiB
+  // The longest join_timeout_ms a new job may ask for.
+  int64_t max_join_timeout_ms = 3'600'000;       // 1 hour
   // Closed, succeeded and failed jobs are dropped after this long; until
   // then they answer joins with FAILED_PRECONDITION ("job ... is closed").
   absl::Duration closed_retention = absl::Minutes(10);
 };
+
+// The most a snapshot may take: protobuf cannot serialize 2 GiB or more;
+// this leaves room for what the byte accounting does not charge exactly.
+inline constexpr size_t kMaxStateBytes = size_t{1792} << 20;  // 1.75 GiB
+// What a job may come to hold without a call that could be refused: its
+// kept failures and its status message, at their largest under `limits`.
+size_t MaxUnrefusedJobBytes(const Limits& limits);
+
+// INVALID_ARGUMENT naming the flag when the limits contradict each other
+// (max_response_bytes < max_value_bytes, ...) or when max_total_bytes plus
+// max_jobs * MaxUnrefusedJobBytes exceeds kMaxStateBytes.
+absl::Status ValidateLimits(const Limits& limits);
 
 class StateMachine {
  public:
@@ -115,8 +148,15 @@ class StateMachine {
   absl::StatusOr<pb::CompareAndSetResponse> CompareAndSet(
       const pb::CompareAndSetRequest& request);
   absl::StatusOr<pb::DeleteResponse> Delete(const pb::DeleteRequest& request);
+  // RESOURCE_EXHAUSTED when the request names more than
+  // max_keys_per_request keys or the values would pass max_response_bytes;
+  // sizes are summed before anything is copied.
   absl::StatusOr<pb::MultiGetResponse> MultiGet(
       const pb::MultiGetRequest& request) const;
+  // Whether every key is set in (job, round), copying nothing (what a
+  // blocked Wait checks on every change). Errors as MultiGet's.
+  absl::StatusOr<bool> AllSet(const std::string& job_id, uint64_t round,
+                              const std::vector<std::string>& keys) const;
 
   // ---- admin and watch
 
@@ -171,6 +211,11 @@ class StateMachine {
 
   size_t job_count() const;
   size_t member_count() const;  // across all jobs
+  // What the job holds, as max_job_bytes counts it; NOT_FOUND if unknown.
+  absl::StatusOr<size_t> JobBytes(const std::string& job_id) const;
+  // JobBytes summed over every job (max_total_bytes); an upper bound on the
+  // size of Snapshot's serialized form.
+  size_t total_bytes() const;
 
  private:
   struct Impl;

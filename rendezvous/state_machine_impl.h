@@ -82,6 +82,13 @@ struct Job {
   std::map<std::string, std::string> store;  // the current round's keys
   uint64_t next_member_number = 1;
 
+  // What the job holds in the state file (StateMachine::JobBytes), in
+  // three parts kept up to date by the Impl::Charge* helpers.
+  size_t store_bytes = 0;    // StoreEntryBytes of every key
+  size_t member_bytes = 0;   // MemberBytes of every member
+  size_t record_bytes = 0;   // RecordBytes: ids, config, failures, status
+  size_t bytes() const { return store_bytes + member_bytes + record_bytes; }
+
   // Time windows (not persisted; Restore restarts them).
   absl::Time gather_start;                    // gathering of `round` began
   std::optional<absl::Time> last_call_start;  // pending first reached min
@@ -105,6 +112,7 @@ struct StateMachine::Impl {
   std::set<LeaseKey> lease_index;
   std::set<JobDeadlineKey> job_deadlines;
   size_t member_count = 0;
+  size_t total_bytes = 0;  // Job::bytes() summed over `jobs`
   absl::flat_hash_set<std::string> changed_jobs;
   bool dirty = false;
   // The latest `now` Tick has applied: no indexed lease ends at or before it.
@@ -157,6 +165,27 @@ struct StateMachine::Impl {
   absl::StatusOr<std::pair<Job*, MemberRecord*>> LiveMember(
       const std::string& job_id, const std::string& member_id, absl::Time now);
 
+  // ---- byte accounting (state_machine_bytes.cc)
+
+  // OK if the job (null: a job about to be created) may grow by `more`
+  // bytes; RESOURCE_EXHAUSTED naming max_job_bytes or max_total_bytes
+  // otherwise. Only growth is checked: a job over a lowered cap may keep
+  // what it holds and shrink.
+  absl::Status CheckGrowth(const Job* job, size_t more) const;
+  // Writes `value` under `key` (creating it if max_keys_per_job and the
+  // byte caps allow), keeping store_bytes current.
+  absl::Status PutKey(Job& job, const std::string& key, std::string value);
+  bool EraseKey(Job& job, const std::string& key);
+  void ClearStore(Job& job);
+  // Replaces the member's charge after its strings changed (or it was
+  // created: a fresh member charges nothing yet).
+  void RechargeMember(Job& job, const MemberRecord& member, size_t old_bytes);
+  // Recomputes record_bytes after failures or status_message changed.
+  void RechargeRecord(Job& job);
+  // Charges a job that was just placed in `jobs` / uncharges one leaving.
+  void ChargeJob(Job& job);
+  void UnchargeJob(const Job& job);
+
   // ---- persistence (state_machine_persist.cc)
 
   // Rebuilds one job from its record; DATA_LOSS on any inconsistency.
@@ -180,11 +209,25 @@ struct StateMachine::Impl {
                                             const std::string& member_id) const;
 };
 
+// ---- byte accounting (state_machine_bytes.cc): upper bounds on what each
+// part takes in the serialized snapshot (tags and lengths included).
+
+size_t StoreEntryBytes(const std::string& key, const std::string& value);
+size_t MemberBytes(const MemberRecord& member);
+size_t RecordBytes(const Job& job);
+size_t CountStoreBytes(const Job& job);   // what store_bytes should be
+size_t CountMemberBytes(const Job& job);  // what member_bytes should be
+// Sets all three parts from scratch (Restore, a new job).
+void CountJobBytes(Job& job);
+
 // ---- validation helpers (state_machine_validate.cc)
 
 absl::Status ValidateId(const char* field, const std::string& id,
                         const Limits& limits);
 absl::Status ValidateJobConfig(const pb::JobConfig& config);
+// INVALID_ARGUMENT when a new job asks for a join_timeout_ms over the cap.
+absl::Status CheckJoinTimeout(const pb::JobConfig& config,
+                              const Limits& limits);
 absl::Status CheckSameConfig(const std::string& job_id,
                              const pb::JobConfig& job_config,
                              const pb::JobConfig& requested);

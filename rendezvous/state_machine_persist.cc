@@ -3,6 +3,12 @@
 // Restore trusts nothing: it rebuilds the bookkeeping from the records,
 // checks every cross-reference, then runs CheckInvariants. Any failure
 // leaves the machine empty and returns DATA_LOSS.
+//
+// Limits are not checked here: the state was accepted under the limits of
+// the server that wrote it, and an operator may have lowered them since.
+// Restore keeps such jobs; the caps then refuse only growth.
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rendezvous/state_machine_impl.h"
@@ -72,7 +78,11 @@ absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record,
                                             absl::Time now) {
   Impl& s = *this;
   const std::string& job_id = record.job_id();
-  if (!ValidateId("job_id", job_id, s.limits).ok()) return Bad(job_id, "id");
+  // Well-formed whatever their size: limits bound growth, not the past.
+  Limits any_size = s.limits;
+  any_size.max_id_bytes = std::numeric_limits<size_t>::max();
+  any_size.max_key_bytes = std::numeric_limits<size_t>::max();
+  if (!ValidateId("job_id", job_id, any_size).ok()) return Bad(job_id, "id");
   if (s.jobs.count(job_id) > 0) return Bad(job_id, "listed twice");
   const pb::JobConfig& config = record.config();
   if (auto status = ValidateJobConfig(config); !status.ok()) {
@@ -87,11 +97,9 @@ absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record,
   if (!record.secret_sha256().empty() && record.secret_sha256().size() != 32) {
     return Bad(job_id, "secret digest is not SHA-256");
   }
-  if (record.members_size() > static_cast<int>(s.limits.max_members_per_job) ||
-      record.failures_size() > static_cast<int>(kMaxFailuresKept) ||
-      record.store_size() > static_cast<int>(s.limits.max_keys_per_job) ||
+  if (record.failures_size() > static_cast<int>(kMaxFailuresKept) ||
       record.restart_count() < 0) {
-    return Bad(job_id, "over a limit");
+    return Bad(job_id, "failures or restart count out of range");
   }
   auto owned = std::make_unique<Job>();
   Job& job = *owned;
@@ -110,15 +118,14 @@ absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record,
       static_cast<pb::RoundEndReason>(record.last_end_reason());
   job.next_member_number = record.next_member_number();
   for (const state::StoreEntry& entry : record.store()) {
-    if (!ValidateKey(entry.key(), s.limits).ok() ||
-        !ValidateValue(entry.value(), s.limits).ok() ||
+    if (!ValidateKey(entry.key(), any_size).ok() ||
         !job.store.emplace(entry.key(), entry.value()).second) {
       return Bad(job_id, "store entry");
     }
   }
   for (const state::MemberRecord& saved : record.members()) {
     const std::string& id = saved.member_id();
-    if (!ValidateId("member_id", id, s.limits).ok() || saved.nproc() < 1 ||
+    if (!ValidateId("member_id", id, any_size).ok() || saved.nproc() < 1 ||
         saved.requested_rank() < -1 ||
         (saved.requested_rank() >= 0 &&
          static_cast<uint32_t>(saved.requested_rank()) >=
@@ -191,6 +198,7 @@ absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record,
   Job* placed = owned.get();
   s.jobs.emplace(job_id, std::move(owned));
   s.member_count += placed->members.size();
+  s.ChargeJob(*placed);
   for (auto& [id, member] : placed->members) {
     if (!member.done && !placed->finished()) s.IndexLease(*placed, member);
   }
@@ -214,8 +222,6 @@ absl::Status StateMachine::Restore(const state::ServerState& snapshot,
     status = absl::DataLossError(absl::StrCat(
         "snapshot format_version is ", snapshot.format_version(),
         "; this server reads ", kFormatVersion));
-  } else if (snapshot.jobs_size() > static_cast<int>(s.limits.max_jobs)) {
-    status = absl::DataLossError("snapshot holds more jobs than max_jobs");
   }
   for (int i = 0; status.ok() && i < snapshot.jobs_size(); ++i) {
     status = s.RestoreJob(snapshot.jobs(i), now);

@@ -104,6 +104,9 @@ void StateMachine::Impl::RemoveMember(Job& job, const std::string& member_id) {
   auto& previous = job.previous_round_members;
   previous.erase(std::remove(previous.begin(), previous.end(), member_id),
                  previous.end());
+  const size_t bytes = MemberBytes(member);
+  job.member_bytes -= bytes;
+  total_bytes -= bytes;
   job.members.erase(it);
   --member_count;
   MarkDurableChanged(job);
@@ -212,7 +215,7 @@ void StateMachine::Impl::CloseRound(Job& job, absl::Time now) {
   job.nodes_done = 0;
   job.phase = pb::RUNNING;
   job.last_call_start.reset();
-  job.store.clear();
+  ClearStore(job);
   MarkViewChanged(job);
   ReindexJob(job);
 }
@@ -240,7 +243,7 @@ void StateMachine::Impl::ReleaseRoundMembers(Job& job, absl::Time now) {
   job.round_members.clear();
   job.world_size = 0;
   job.nodes_done = 0;
-  job.store.clear();
+  ClearStore(job);
 }
 
 void StateMachine::Impl::EndRound(Job& job, pb::RoundEndReason reason,
@@ -268,6 +271,7 @@ void StateMachine::Impl::FailRound(Job& job, pb::RoundEndReason reason,
   if (!failure.message().empty()) absl::StrAppend(&description, ": ", failure.message());
   job.failures.push_back(std::move(failure));
   while (job.failures.size() > kMaxFailuresKept) job.failures.pop_front();
+  RechargeRecord(job);
   job.restart_count += 1;
   if (job.restart_count <= job.config.max_restarts()) {
     EndRound(job, reason, now);
@@ -287,9 +291,10 @@ void StateMachine::Impl::FinishJob(Job& job, pb::Phase phase,
                                    std::string message, absl::Time now) {
   job.phase = phase;
   job.status_message = std::move(message);
+  RechargeRecord(job);
   job.finished_at = now;
   job.last_call_start.reset();
-  job.store.clear();
+  ClearStore(job);
   // Nobody's lease matters any more; agents learn the outcome and exit.
   for (auto& [id, member] : job.members) UnindexLease(job, member);
   MarkViewChanged(job);
@@ -305,6 +310,7 @@ void StateMachine::Impl::DropJob(const std::string& job_id) {
     job_deadlines.erase(JobDeadlineKey(job.indexed_deadline, job.id));
   }
   member_count -= job.members.size();
+  UnchargeJob(job);
   changed_jobs.insert(job_id);
   dirty = true;
   jobs.erase(it);

@@ -12,24 +12,19 @@ namespace muster::rdzv {
 
 namespace {
 
-absl::Status TooManyKeys(const Job& job, const Limits& limits) {
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "round %d of job %s holds %d keys, the limit (max_keys_per_job)",
-      job.round, job.id, limits.max_keys_per_job));
-}
-
-// Writes `value` under `key`, creating it if there is room.
-absl::Status Put(Job& job, const std::string& key, std::string value,
-                 const Limits& limits) {
-  auto it = job.store.find(key);
-  if (it != job.store.end()) {
-    it->second = std::move(value);
-    return absl::OkStatus();
+// Keys one MultiGet or Wait names: each valid, at most max_keys_per_request.
+template <typename Keys>
+absl::Status ValidateKeys(const Keys& keys, const char* call,
+                          const Limits& limits) {
+  if (static_cast<size_t>(keys.size()) > limits.max_keys_per_request) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s names %d keys; the limit is %d (max_keys_per_request, "
+        "--max-keys-per-request)",
+        call, keys.size(), limits.max_keys_per_request));
   }
-  if (job.store.size() >= limits.max_keys_per_job) {
-    return TooManyKeys(job, limits);
+  for (const std::string& key : keys) {
+    if (auto status = ValidateKey(key, limits); !status.ok()) return status;
   }
-  job.store.emplace(key, std::move(value));
   return absl::OkStatus();
 }
 
@@ -45,7 +40,7 @@ absl::Status StateMachine::Set(const pb::SetRequest& request) {
   if (auto status = ValidateValue(request.value(), s.limits); !status.ok()) {
     return status;
   }
-  if (auto status = Put(**job, request.key(), request.value(), s.limits);
+  if (auto status = s.PutKey(**job, request.key(), request.value());
       !status.ok()) {
     return status;
   }
@@ -90,7 +85,7 @@ absl::StatusOr<pb::AddResponse> StateMachine::Add(
         "adding %d to key \"%s\" (%d) would overflow int64", request.delta(),
         request.key(), value));
   }
-  if (auto status = Put(**job, request.key(), std::to_string(sum), s.limits);
+  if (auto status = s.PutKey(**job, request.key(), std::to_string(sum));
       !status.ok()) {
     return status;
   }
@@ -119,7 +114,7 @@ absl::StatusOr<pb::CompareAndSetResponse> StateMachine::CompareAndSet(
                         : present && it->second == request.expected();
   pb::CompareAndSetResponse response;
   if (swap) {
-    if (auto status = Put(**job, request.key(), request.desired(), s.limits);
+    if (auto status = s.PutKey(**job, request.key(), request.desired());
         !status.ok()) {
       return status;
     }
@@ -143,7 +138,7 @@ absl::StatusOr<pb::DeleteResponse> StateMachine::Delete(
     return status;
   }
   pb::DeleteResponse response;
-  response.set_deleted((*job)->store.erase(request.key()) > 0);
+  response.set_deleted(s.EraseKey(**job, request.key()));
   if (response.deleted()) s.MarkDurableChanged(**job);
   return response;
 }
@@ -153,16 +148,47 @@ absl::StatusOr<pb::MultiGetResponse> StateMachine::MultiGet(
   const Impl& s = *impl_;
   absl::StatusOr<Job*> job = s.FenceRound(request.job_id(), request.round());
   if (!job.ok()) return job.status();
+  if (auto status = ValidateKeys(request.keys(), "MultiGet", s.limits);
+      !status.ok()) {
+    return status;
+  }
+  const auto& store = (*job)->store;
+  // Sized before anything is copied: a key named 1000 times is 1000 copies.
+  size_t response_bytes = 0;
   for (const std::string& key : request.keys()) {
-    if (auto status = ValidateKey(key, s.limits); !status.ok()) return status;
+    auto it = store.find(key);
+    if (it != store.end()) response_bytes += it->second.size();
+  }
+  if (response_bytes > s.limits.max_response_bytes) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "MultiGet would return %d bytes of values; the limit is %d "
+        "(max_response_bytes, --max-response-bytes)",
+        response_bytes, s.limits.max_response_bytes));
   }
   pb::MultiGetResponse response;
+  response.mutable_present()->Reserve(request.keys_size());
+  response.mutable_values()->Reserve(request.keys_size());
   for (const std::string& key : request.keys()) {
-    auto it = (*job)->store.find(key);
-    response.add_present(it != (*job)->store.end());
-    response.add_values(it != (*job)->store.end() ? it->second : "");
+    auto it = store.find(key);
+    response.add_present(it != store.end());
+    response.add_values(it != store.end() ? it->second : "");
   }
   return response;
+}
+
+absl::StatusOr<bool> StateMachine::AllSet(
+    const std::string& job_id, uint64_t round,
+    const std::vector<std::string>& keys) const {
+  const Impl& s = *impl_;
+  absl::StatusOr<Job*> job = s.FenceRound(job_id, round);
+  if (!job.ok()) return job.status();
+  if (auto status = ValidateKeys(keys, "Wait", s.limits); !status.ok()) {
+    return status;
+  }
+  for (const std::string& key : keys) {
+    if ((*job)->store.count(key) == 0) return false;
+  }
+  return true;
 }
 
 }  // namespace muster::rdzv

@@ -70,6 +70,62 @@ absl::Status ValidateJobConfig(const pb::JobConfig& config) {
   return absl::OkStatus();
 }
 
+absl::Status CheckJoinTimeout(const pb::JobConfig& config,
+                              const Limits& limits) {
+  if (config.join_timeout_ms() > limits.max_join_timeout_ms) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.join_timeout_ms is ", config.join_timeout_ms(),
+        "; it must be <= ", limits.max_join_timeout_ms,
+        " (max_join_timeout_ms, --max-join-timeout-ms)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLimits(const Limits& limits) {
+  auto positive = [](size_t value, const char* flag) {
+    return value > 0 ? absl::OkStatus()
+                     : absl::InvalidArgumentError(
+                           absl::StrCat(flag, " must be > 0"));
+  };
+  for (auto [value, flag] :
+       {std::pair{limits.max_id_bytes, "max_id_bytes"},
+        std::pair{limits.max_key_bytes, "--max-key-bytes"},
+        std::pair{limits.max_value_bytes, "--max-value-bytes"},
+        std::pair{limits.max_keys_per_request, "--max-keys-per-request"},
+        std::pair{limits.max_jobs, "--max-jobs"}}) {
+    if (absl::Status status = positive(value, flag); !status.ok()) {
+      return status;
+    }
+  }
+  if (limits.max_join_timeout_ms <= 0) {
+    return absl::InvalidArgumentError("--max-join-timeout-ms must be > 0");
+  }
+  if (limits.max_response_bytes < limits.max_value_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-response-bytes (", limits.max_response_bytes,
+        ") must be >= --max-value-bytes (", limits.max_value_bytes,
+        ") so that every value can be read"));
+  }
+  if (limits.max_job_bytes < limits.max_key_bytes + limits.max_value_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-job-bytes (", limits.max_job_bytes,
+        ") must be >= --max-key-bytes + --max-value-bytes (",
+        limits.max_key_bytes + limits.max_value_bytes, ")"));
+  }
+  // Everything the state can hold must serialize (protobuf stops at 2 GiB).
+  const size_t unrefused = MaxUnrefusedJobBytes(limits);
+  if (limits.max_total_bytes >= kMaxStateBytes ||
+      limits.max_jobs > (kMaxStateBytes - limits.max_total_bytes) / unrefused) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-total-bytes (", limits.max_total_bytes, ") plus --max-jobs (",
+        limits.max_jobs, ") times the ", unrefused,
+        " bytes of failures and status a job may record must stay within ",
+        kMaxStateBytes, " bytes, or the state file could not be written; "
+        "lower --max-total-bytes or --max-jobs"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSameConfig(const std::string& job_id,
                              const pb::JobConfig& job_config,
                              const pb::JobConfig& requested) {

@@ -112,6 +112,7 @@ absl::Status StateMachine::CheckInvariants(absl::Time now) const {
   const Impl& s = *impl_;
   size_t members = 0;
   size_t leases = 0;
+  size_t total_bytes = 0;
   for (const auto& [job_id, job_ptr] : s.jobs) {
     const Job& job = *job_ptr;
     members += job.members.size();
@@ -188,9 +189,14 @@ absl::Status StateMachine::CheckInvariants(absl::Time now) const {
     if (job.pending.size() + job.waiting.size() > job.members.size()) {
       return Broken(job, "queues larger than the member set");
     }
-    if (job.store.size() > s.limits.max_keys_per_job) {
-      return Broken(job, "store over max_keys_per_job");
+    // Caps bound growth only (a restore may hold more), so the check is
+    // that the byte accounting matches a recount.
+    if (CountStoreBytes(job) != job.store_bytes ||
+        CountMemberBytes(job) != job.member_bytes ||
+        RecordBytes(job) != job.record_bytes) {
+      return Broken(job, "byte accounting does not match a recount");
     }
+    total_bytes += job.bytes();
     if (job.failures.size() > kMaxFailuresKept) {
       return Broken(job, "too many failures kept");
     }
@@ -200,6 +206,9 @@ absl::Status StateMachine::CheckInvariants(absl::Time now) const {
   }
   if (members != s.member_count) {
     return absl::InternalError("member_count does not match the jobs");
+  }
+  if (total_bytes != s.total_bytes) {
+    return absl::InternalError("total_bytes does not match the jobs");
   }
   if (leases != s.lease_index.size()) {
     return absl::InternalError("lease index has stale entries");

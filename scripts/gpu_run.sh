@@ -26,7 +26,8 @@
 #   resume     a bf16 run killed (SIGKILL) once its step-40 checkpoint is
 #              committed, then resumed: every later loss bit-identical to an
 #              uninterrupted run's ($RESUME_STEPS steps, $RESUME_MODEL)
-#   ddp1       a world of one over NCCL (WORLD_SIZE=1, parallel.backend: nccl)
+#   ddp1       a world of one over NCCL (WORLD_SIZE=1, parallel.backend: nccl);
+#              rank 0 logs NCCL's transports
 #              against one process alone: every loss bit-identical
 #   ddp2       launch --standalone --nproc_per_node=2 with parallel.backend:
 #              gloo (both ranks on this GPU, staged through pinned memory),
@@ -568,6 +569,10 @@ step_ddp1() {
     tee out/ddp1_group.log || return 1
   grep -q "DDP over $(nccl_or_dry)" out/ddp1_group.log ||
     { echo "FAIL: the banner does not name the backend"; return 1; }
+  if [ "$GPU_RUN_DEVICE" != cpu ]; then
+    grep "NCCL transports:" out/ddp1_group.log ||
+      { echo "FAIL: rank 0 did not log NCCL's transports"; return 1; }
+  fi
   compare_metrics exact out/ddp1_alone/metrics.jsonl out/ddp1_group/metrics.jsonl
 }
 

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "worker/checkpoint_files.h"
 #include "worker/checkpoint_layout.h"
 #include "worker/checkpoint_reader.h"
 #include "worker/model.h"
@@ -88,8 +89,28 @@ int Consolidate(const std::string& path, const std::string& out) {
   absl::Status loaded = LoadFlatRange(path, *manifest, params, 0, floats, host.data());
   if (!loaded.ok()) return Fail(loaded);
   (*model)->CopyParamsFromHost(host);
-  absl::Status saved = (*model)->SaveLlmc(out);
-  if (!saved.ok()) return Fail(saved);
+  // Written beside `out`, made durable and renamed over it: a consolidate
+  // that fails or dies part-way leaves an existing `out` whole.
+  const std::string partial = out + ".partial";
+  absl::Status saved = (*model)->SaveLlmc(partial);
+  if (saved.ok()) saved = SyncFile(partial);
+  if (saved.ok()) {
+    std::error_code error;
+    std::filesystem::rename(partial, out, error);
+    if (error) {
+      saved = absl::UnavailableError(
+          absl::StrCat("cannot rename ", partial, " to ", out, ": ", error.message()));
+    }
+  }
+  if (saved.ok()) {
+    const std::string parent = std::filesystem::path(out).parent_path().string();
+    saved = SyncDirectory(parent.empty() ? "." : parent);
+  }
+  if (!saved.ok()) {
+    std::error_code ignored;
+    std::filesystem::remove(partial, ignored);
+    return Fail(saved);
+  }
   std::printf("%s: wrote %s (llm.c model v3 fp32, step %d, %.2fM parameters)\n", path.c_str(),
               out.c_str(), manifest->step, (*model)->num_parameters() / 1e6);
   return 0;

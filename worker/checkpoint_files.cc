@@ -209,6 +209,13 @@ absl::Status SyncDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status SyncFile(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Errno("cannot open", path);
+  if (::fsync(fd.get()) != 0) return Errno("fsync failed", path);
+  return absl::OkStatus();
+}
+
 absl::Status ReadExactly(int fd, uint64_t offset, void* dst, size_t bytes,
                          const std::string& path) {
   char* p = static_cast<char*>(dst);

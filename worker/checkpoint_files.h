@@ -46,6 +46,8 @@ absl::Status WriteFileDurably(const std::string& path, const void* data, size_t 
 
 // fsync of a directory: makes a rename or create inside it durable.
 absl::Status SyncDirectory(const std::string& path);
+// fsync of a file written by other means (stdio, a library).
+absl::Status SyncFile(const std::string& path);
 
 // The CRC-32 and size of a whole file (read as ReadChecksummed does).
 absl::Status FileCrc(const std::string& path, uint32_t* crc, uint64_t* bytes);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -58,9 +59,33 @@ std::string ResumedLine(const std::string& path, const Manifest& manifest) {
 
 }  // namespace
 
+float CommitVote(LocalWrite write, int world_size) {
+  switch (write) {
+    case LocalWrite::kWriting:
+      return 0.0f;
+    case LocalWrite::kDurable:
+      return 1.0f;
+    case LocalWrite::kFailed:
+      break;
+  }
+  return static_cast<float>(world_size) + 1.0f;
+}
+
+CommitDecision DecideCommit(float mean_vote, int world_size) {
+  // The sum of the votes: durable ranks + (world + 1) * failed ranks.
+  const double sum = std::nearbyint(static_cast<double>(mean_vote) * world_size);
+  if (sum > world_size) return CommitDecision::kAbandon;
+  if (sum == world_size) return CommitDecision::kCommit;
+  return CommitDecision::kWait;
+}
+
 CheckpointManager::CheckpointManager(const TrainConfig& config, DataParallel* parallel,
                                      FILE* log)
-    : config_(config), parallel_(parallel), log_(log), local_result_(FileRecord{}) {}
+    : config_(config),
+      parallel_(parallel),
+      log_(log),
+      lineage_(NewLineage()),
+      local_result_(FileRecord{}) {}
 
 CheckpointManager::~CheckpointManager() {
   if (retention_.joinable()) retention_.join();
@@ -138,7 +163,33 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
     if (*agreed == 0) return absl::AbortedError("rank 0 could not choose a checkpoint to resume");
     if (*agreed == 1) return false;
     path = c.dir + "/" + StepDirName(static_cast<int>(*agreed - 2));
+  } else if (!c.dir.empty()) {
+    // An explicit path starts a run; a restart of that run (elastic, or
+    // after a preemption) continues from the run's own newest checkpoint,
+    // found by the lineage forked from the path. 1: load the path,
+    // step + 2: this run's checkpoint of that step.
+    int64_t choice = 1;
+    if (parallel_->rank() == 0) {
+      auto source = ReadManifest(path);  // an error is reported by the load below
+      if (source.ok()) {
+        const std::string fork = ForkLineage(*source);
+        std::vector<std::string> skipped;
+        auto own = FindLatestValid(c.dir, &skipped, [&](const Manifest& candidate) {
+          return candidate.lineage == fork && candidate.step > source->step;
+        });
+        for (const std::string& why : skipped) Log("skipping " + why);
+        if (own.ok()) {
+          choice = own->step + 2;
+          Log(absl::StrCat("checkpoint.resume ", path, " started this run at step ", source->step,
+                           "; continuing from the run's own ", own->path));
+        }
+      }
+    }
+    auto agreed = Broadcast(choice);
+    if (!agreed.ok()) return agreed.status();
+    if (*agreed >= 2) path = c.dir + "/" + StepDirName(static_cast<int>(*agreed - 2));
   }
+  const bool forks = c.resume != "auto" && path == c.resume;
 
   auto load = [&]() -> absl::Status {
     auto manifest = ReadManifest(path);
@@ -171,6 +222,7 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
       if (!loaded.ok()) return loaded;
       state->step = manifest->step;
       state->sample_index = manifest->sample_index;
+      lineage_ = forks ? ForkLineage(*manifest) : manifest->lineage;
       Log(ResumedLine(path, *manifest));
       return absl::OkStatus();
     }
@@ -183,6 +235,7 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
     optimizer->CopyMomentsRangeFromHost(true, 0, params, host->get() + 2 * params);
     state->step = manifest->step;
     state->sample_index = manifest->sample_index;
+    lineage_ = forks ? ForkLineage(*manifest) : manifest->lineage;
     Log(ResumedLine(path, *manifest));
     return absl::OkStatus();
   };
@@ -204,6 +257,12 @@ absl::Status CheckpointManager::AfterStep(const GptModel& model, const AdamW& op
 absl::Status CheckpointManager::SaveFinal(const GptModel& model, const AdamW& optimizer,
                                           const TrainState& state) {
   if (!enabled()) return absl::OkStatus();
+  return SaveNow(model, optimizer, state);
+}
+
+absl::Status CheckpointManager::SaveNow(const GptModel& model, const AdamW& optimizer,
+                                        const TrainState& state) {
+  if (config_.checkpoint.dir.empty()) return absl::OkStatus();
   if (last_started_ != state.step) {
     if (absl::Status started = StartSave(model, optimizer, state); !started.ok()) return started;
   }
@@ -259,21 +318,23 @@ absl::Status CheckpointManager::Commit(bool wait) {
     local_result_ = writer_.Wait();
     local_done_ = true;
   }
-  // 0 still writing, 1 written, 2 failed: the mean is exactly 1 only when
-  // every rank's file is durable, and above 1 when any rank failed.
-  const float mine = !local_done_ ? 0.0f : local_result_.ok() ? 1.0f : 2.0f;
-  auto mean = parallel_->MeanOverRanks(mine);
+  const int world = parallel_->world_size();
+  const LocalWrite mine = !local_done_          ? LocalWrite::kWriting
+                          : local_result_.ok() ? LocalWrite::kDurable
+                                               : LocalWrite::kFailed;
+  auto mean = parallel_->MeanOverRanks(CommitVote(mine, world));
   if (!mean.ok()) return mean.status();
+  const CommitDecision decision = DecideCommit(*mean, world);
   const int step = pending_step_;
   const std::string tmp = config_.checkpoint.dir + "/" + TempStepDirName(step);
-  if (*mean == 1.0f) {
+  if (decision == CommitDecision::kCommit) {
     pending_step_ = -1;
     absl::Status committed = parallel_->rank() == 0 ? WriteManifest(step, tmp) : absl::OkStatus();
     committed = Agree(committed, "committing " + tmp);
     if (committed.ok()) last_committed_ = step;
     return committed;
   }
-  if (*mean > 1.0f) {
+  if (decision == CommitDecision::kAbandon) {
     pending_step_ = -1;
     if (!local_result_.ok()) {
       return absl::Status(local_result_.status().code(),
@@ -299,6 +360,7 @@ absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) 
   manifest.model = config_.model;
   manifest.world_size = parallel_->world_size();
   manifest.strategy = config_.parallel.strategy;
+  manifest.lineage = lineage_;
   for (int rank = 0; rank < manifest.world_size; ++rank) {
     auto record = ReadSidecar(tmp, RankFileName(rank));
     if (!record.ok()) return record.status();
@@ -340,8 +402,9 @@ absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) 
   // beside the training steps that follow.
   if (status = JoinRetention(); !status.ok()) return status;  // none in flight, normally
   retention_ = std::thread([this, dir = c.dir, keep_last = c.keep_last,
-                            keep_every = c.keep_every, step] {
-    retention_status_ = ApplyRetention(dir, keep_last, keep_every, step, &retention_deleted_);
+                            keep_every = c.keep_every, step, lineage = lineage_] {
+    retention_status_ =
+        ApplyRetention(dir, keep_last, keep_every, step, lineage, &retention_deleted_);
   });
   return absl::OkStatus();
 }

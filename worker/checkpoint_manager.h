@@ -9,8 +9,9 @@
 //   3. each rank snapshots its even share of the flat state
 //      (checkpoint_layout.h) to host memory and a background thread writes
 //      it, fsyncs it and leaves a sidecar with its size and CRC-32;
-//   4. after each later step the ranks agree (one MeanOverRanks) whether
-//      every rank's file is durable; once they are, rank 0 writes the
+//   4. after each later step the ranks vote (one MeanOverRanks, read by
+//      DecideCommit) whether every rank's file is durable or any failed;
+//      once all are durable, rank 0 writes the
 //      manifest, fsyncs it, renames the directory to dir/step_s and fsyncs
 //      dir: the save is committed;
 //   5. rank 0 applies retention on a background thread, so the training
@@ -47,6 +48,16 @@
 
 namespace muster::worker {
 
+// The commit vote of step 4. Each rank contributes CommitVote(its write)
+// to a mean over ranks; DecideCommit reads the mean back. A failed write
+// weighs world + 1, more than all ranks' durable votes together, so a
+// failure is never averaged away, whatever the other ranks report. Exact
+// in float for worlds below 2^21.
+enum class LocalWrite { kWriting, kDurable, kFailed };
+enum class CommitDecision { kWait, kCommit, kAbandon };
+float CommitVote(LocalWrite write, int world_size);
+CommitDecision DecideCommit(float mean_vote, int world_size);
+
 class CheckpointManager {
  public:
   // REQUIRES: `parallel` outlives the manager. `log` gets one line per
@@ -58,7 +69,9 @@ class CheckpointManager {
 
   // Follows checkpoint.resume: "never"; "auto", the newest checkpoint in
   // checkpoint.dir that verifies (none: a fresh start, returns false); or
-  // a path, which must load. Fills the model, the optimizer and *state.
+  // a path, which must load, unless checkpoint.dir holds a newer
+  // checkpoint that this run (started from that path) wrote: a restart
+  // continues from that one. Fills the model, the optimizer and *state.
   // INVALID_ARGUMENT for a checkpoint of another model config or data
   // seed; NOT_FOUND / DATA_LOSS for a missing or corrupt explicit path.
   absl::StatusOr<bool> Resume(GptModel* model, AdamW* optimizer, TrainState* state);
@@ -71,6 +84,11 @@ class CheckpointManager {
   // commit and retention: the end of training. A no-op while
   // checkpoint.every is 0.
   absl::Status SaveFinal(const GptModel& model, const AdamW& optimizer, const TrainState& state);
+
+  // Preemption: saves the current state (unless it was just saved) and
+  // waits for its commit and retention, whenever checkpoint.dir is set,
+  // whatever checkpoint.every is. A no-op without checkpoint.dir.
+  absl::Status SaveNow(const GptModel& model, const AdamW& optimizer, const TrainState& state);
 
   // Starts a save of the current state (step 1-3 above).
   absl::Status StartSave(const GptModel& model, const AdamW& optimizer, const TrainState& state);
@@ -100,6 +118,8 @@ class CheckpointManager {
   TrainConfig config_;
   DataParallel* parallel_;
   FILE* log_;
+  // This run's Manifest::lineage: new, or set by Resume.
+  std::string lineage_;
   ShardWriter writer_;
   int pending_step_ = -1;      // save in flight, -1: none
   int last_started_ = -1;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <limits>
+#include <random>
 #include <stdexcept>
 
 #include "absl/strings/ascii.h"
@@ -44,6 +45,25 @@ const TensorRecord* Manifest::Find(std::string_view tensor_name) const {
   return nullptr;
 }
 
+std::string NewLineage() {
+  std::random_device entropy;
+  const uint64_t id = (static_cast<uint64_t>(entropy()) << 32) | entropy();
+  return absl::StrFormat("%016" PRIx64, id);
+}
+
+std::string ForkLineage(const Manifest& source) {
+  // FNV-1a over what identifies the source: stable across builds and
+  // machines, which std::hash and absl::Hash do not promise.
+  uint64_t hash = 0xcbf29ce484222325ull;
+  auto mix = [&hash](const std::string& text) {
+    for (unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ull;
+  };
+  mix(absl::StrCat(source.lineage, "@", source.step, "/", source.sample_index, "/",
+                   source.config_hash));
+  for (const FileRecord& file : source.files) mix(absl::StrCat(file.name, ":", file.crc32));
+  return absl::StrFormat("%016" PRIx64, hash);
+}
+
 std::string ManifestToJson(const Manifest& m) {
   std::string out = "{\n";
   // 64-bit values are strings: JSON readers commonly hold numbers in doubles.
@@ -55,7 +75,8 @@ std::string ManifestToJson(const Manifest& m) {
                   "  \"model\": {\"layers\": ", m.model.layers, ", \"heads\": ", m.model.heads,
                   ", \"dim\": ", m.model.dim, ", \"vocab\": ", m.model.vocab,
                   ", \"seq_len\": ", m.model.seq_len, "},\n", "  \"world_size\": ", m.world_size,
-                  ",\n", "  \"strategy\": \"", m.strategy, "\",\n", "  \"files\": [\n");
+                  ",\n", "  \"strategy\": \"", m.strategy, "\",\n", "  \"lineage\": \"",
+                  m.lineage, "\",\n", "  \"files\": [\n");
   for (size_t i = 0; i < m.files.size(); ++i) {
     const FileRecord& f = m.files[i];
     absl::StrAppend(&out, "    {\"name\": \"", f.name, "\", \"bytes\": \"", f.bytes,
@@ -166,6 +187,7 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& json, const std::strin
     m.model.seq_len = p.Number<int>(model, "seq_len");
     m.world_size = p.Number<int>(root, "world_size");
     m.strategy = p.Field(root, "strategy").as<std::string>();
+    if (root["lineage"]) m.lineage = root["lineage"].as<std::string>();
     for (const YAML::Node& file : p.Field(root, "files")) {
       FileRecord record;
       record.name = p.Field(file, "name").as<std::string>();

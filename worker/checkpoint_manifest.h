@@ -64,11 +64,23 @@ struct Manifest {
   ModelConfig model;
   int world_size = 1;            // at save time
   std::string strategy = "ddp";  // at save time
+  // The run's history (16 hex digits): kept from a checkpoint resumed with
+  // checkpoint.resume "auto", forked from one resumed by path, new for a
+  // fresh start. Retention only deletes checkpoints of its own lineage.
+  // "" in manifests written before the field existed.
+  std::string lineage;
   std::vector<FileRecord> files;
   std::vector<TensorRecord> tensors;
 
   const TensorRecord* Find(std::string_view tensor_name) const;
 };
+
+// A new lineage for a run that starts from nothing (random).
+std::string NewLineage();
+// The lineage of a run started from `source` by an explicit resume path:
+// a function of the source's content only, so every restart of that run
+// computes the same one and finds the checkpoints it already wrote.
+std::string ForkLineage(const Manifest& source);
 
 // One JSON object; tensors one per line.
 std::string ManifestToJson(const Manifest& manifest);

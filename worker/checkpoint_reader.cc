@@ -91,11 +91,16 @@ absl::StatusOr<Manifest> VerifyCheckpoint(const std::string& path) {
   return manifest;
 }
 
-absl::StatusOr<CheckpointEntry> FindLatestValid(const std::string& dir,
-                                                std::vector<std::string>* skipped) {
+absl::StatusOr<CheckpointEntry> FindLatestValid(
+    const std::string& dir, std::vector<std::string>* skipped,
+    const std::function<bool(const Manifest&)>& accept) {
   auto entries = ListCheckpoints(dir);
   if (!entries.ok()) return entries.status();
   for (auto it = entries->rbegin(); it != entries->rend(); ++it) {
+    if (accept) {
+      auto manifest = ReadManifest(it->path);
+      if (manifest.ok() && !accept(*manifest)) continue;
+    }
     auto verified = VerifyCheckpoint(it->path);
     if (verified.ok()) return *it;
     skipped->push_back(std::string(verified.status().message()));

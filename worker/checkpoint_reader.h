@@ -34,11 +34,13 @@ absl::StatusOr<Manifest> ReadManifest(const std::string& path);
 // Reads the manifest and every data file in full, checking sizes and CRCs.
 absl::StatusOr<Manifest> VerifyCheckpoint(const std::string& path);
 
-// The newest checkpoint in `dir` that verifies. Each newer one that does
-// not is appended to *skipped as "<path>: <why>". NOT_FOUND if none does
-// (or `dir` is missing).
-absl::StatusOr<CheckpointEntry> FindLatestValid(const std::string& dir,
-                                                std::vector<std::string>* skipped);
+// The newest checkpoint in `dir` that verifies and that `accept` (when
+// set) accepts. Each newer accepted one that does not verify is appended
+// to *skipped as "<path>: <why>". NOT_FOUND if none does (or `dir` is
+// missing).
+absl::StatusOr<CheckpointEntry> FindLatestValid(
+    const std::string& dir, std::vector<std::string>* skipped,
+    const std::function<bool(const Manifest&)>& accept = nullptr);
 
 // Loads floats [first, first + count) of the flat state `tensors` from the
 // checkpoint at `path` into `dst` (count floats). Every data file holding

@@ -20,11 +20,15 @@ std::vector<int> StepsToDelete(std::vector<int> steps, int keep_last, int keep_e
 }
 
 absl::Status ApplyRetention(const std::string& dir, int keep_last, int keep_every, int protect,
-                            std::vector<std::string>* deleted) {
+                            const std::string& lineage, std::vector<std::string>* deleted) {
   auto entries = ListCheckpoints(dir);
   if (!entries.ok()) return entries.status();
   std::vector<int> steps;
-  for (const CheckpointEntry& entry : *entries) steps.push_back(entry.step);
+  for (const CheckpointEntry& entry : *entries) {
+    auto manifest = ReadManifest(entry.path);
+    if (manifest.ok() && manifest->lineage != lineage) continue;
+    steps.push_back(entry.step);
+  }
   absl::Status first_error;
   for (int step : StepsToDelete(steps, keep_last, keep_every)) {
     if (step == protect) continue;

@@ -80,12 +80,8 @@ absl::Status DdpDataParallel::ReduceGradients(GptModel* model) {
   return status;
 }
 
-absl::StatusOr<float> DdpDataParallel::MeanOverRanks(float value) {
-  float data[1] = {value};
-  absl::Status status =
-      control_->AllReduce(absl::MakeSpan(data), parallel::ReduceOp::kAvg)->Wait();
-  if (!status.ok()) return status;
-  return data[0];
+absl::Status DdpDataParallel::MeanOverRanks(absl::Span<float> values) {
+  return control_->AllReduce(values, parallel::ReduceOp::kAvg)->Wait();
 }
 
 absl::Status DdpDataParallel::SyncParameters(GptModel* model) {

@@ -43,7 +43,8 @@ class DdpDataParallel : public DataParallel {
   int world_size() const override { return group_->size(); }
   void BeginBackward(GptModel* model, bool last) override;
   absl::Status ReduceGradients(GptModel* model) override;
-  absl::StatusOr<float> MeanOverRanks(float value) override;
+  absl::Status MeanOverRanks(absl::Span<float> values) override;
+  using DataParallel::MeanOverRanks;
   absl::Status SyncParameters(GptModel* model) override;
   absl::Status Barrier() override;
 

@@ -2,22 +2,31 @@
 // resolved config, or samples text from a freshly trained model.
 //
 // Exit codes: 0 success; 2 a usage, config or data error (the message is
-// one line on stderr); 1 any other failure. A failure's message also goes
-// to TORCHELASTIC_ERROR_FILE when the launcher set it.
+// one line on stderr); 75 (launcher::kPreemptedExitCode) preempted: a
+// SIGTERM or SIGUSR1 stopped training after a step, whose checkpoint was
+// committed; 1 any other failure. A failure's message also goes to
+// TORCHELASTIC_ERROR_FILE when the launcher set it.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
+#include <utility>
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "launcher/worker_env.h"
 #include "parallel/bootstrap.h"
 #include "parallel/nccl_group.h"
+#include "parallel/nccl_transport.h"
 #include "worker/config.h"
 #include "worker/data_parallel.h"
 #include "worker/generate.h"
@@ -64,6 +73,32 @@ int Fail(const absl::Status& status) {
   return Fail(ExitCodeFor(status), std::string(status.message()));
 }
 
+// Preemption. The handler only records the signal; the trainer polls it
+// once per step (TrainerOptions::stop_signal), so the step under way
+// finishes and its checkpoint is written by the training thread itself.
+volatile sig_atomic_t stop_signal = 0;
+
+void RecordStopSignal(int signal_number) { stop_signal = signal_number; }
+
+void HandlePreemptionSignals() {
+  struct sigaction action = {};
+  action.sa_handler = RecordStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // reads, writes and waits carry on
+  for (int signal_number : {SIGTERM, SIGUSR1}) sigaction(signal_number, &action, nullptr);
+}
+
+// Run()'s outcome as an exit code: CANCELLED is a preemption, whose state
+// is saved: a line on stderr, not an error file.
+int Finish(const absl::Status& status) {
+  if (status.ok()) return 0;
+  if (absl::IsCancelled(status)) {
+    std::fprintf(stderr, "worker: %s\n", std::string(status.message()).c_str());
+    return launcher::kPreemptedExitCode;
+  }
+  return Fail(status);
+}
+
 // How this process trains: alone (a world of one) or as one DDP rank whose
 // peers it finds through the launcher's rendezvous round. Owns the
 // communicator, which must outlive the trainer that uses `parallel`.
@@ -71,6 +106,9 @@ struct Parallelism {
   std::unique_ptr<parallel::Communicator> communicator;
   std::unique_ptr<DdpDataParallel> ddp;
   std::string description;  // for the banner: the ranks, the GPU, the backend ("" alone)
+  // Rank 0 over NCCL without the user's NCCL_DEBUG: NCCL's INIT log, read
+  // after the first step for the transports (parallel/nccl_transport.h).
+  std::optional<std::string> nccl_log;
   DataParallel* parallel() const { return ddp.get(); }  // nullptr: alone
 };
 
@@ -111,6 +149,10 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
   auto backend = ChooseDataBackend(config.parallel.backend, *device);
   if (!backend.ok()) return backend.status();
 
+  if (*backend == parallel::DataBackend::kNccl && world->rank == 0) {
+    const char* tmp = std::getenv("TMPDIR");
+    result.nccl_log = parallel::NcclTransportLog(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
+  }
   parallel::CommunicatorOptions options;
   options.timeout = absl::Seconds(config.parallel.timeout_s);
   options.data_backend = *backend;
@@ -159,6 +201,7 @@ void PrintBanner(Trainer& trainer, const std::string& parallelism, FILE* out) {
 }
 
 int Train(const std::string& config_path) {
+  HandlePreemptionSignals();
   auto config = LoadConfig(config_path);
   if (!config.ok()) return Fail(config.status());
   auto parallelism = JoinPeers(*config);
@@ -166,14 +209,28 @@ int Train(const std::string& config_path) {
   TrainerOptions options;
   options.progress_bar = isatty(STDERR_FILENO) == 1;
   options.parallel = parallelism->parallel();
+  options.stop_signal = [] { return static_cast<int>(stop_signal); };
+  if (parallelism->nccl_log.has_value()) {
+    // NCCL connects its channels in the first collectives: after step one
+    // the log names every transport.
+    options.on_step = [path = *parallelism->nccl_log, reported = false](const StepMetrics&) mutable {
+      if (std::exchange(reported, true)) return;
+      std::ifstream file(path);
+      std::stringstream text;
+      text << file.rdbuf();
+      std::fprintf(stdout, "worker: NCCL transports: %s\n",
+                   parallel::DescribeNcclTransports(parallel::ParseNcclTransports(text.str()))
+                       .c_str());
+      std::fflush(stdout);
+      std::remove(path.c_str());
+    };
+  }
   auto trainer = Trainer::Create(*config, options);
   if (!trainer.ok()) return Fail(trainer.status());
   if (options.parallel == nullptr || options.parallel->rank() == 0) {
     PrintBanner(**trainer, parallelism->description, stdout);
   }
-  absl::Status status = (*trainer)->Run();
-  if (!status.ok()) return Fail(status);
-  return 0;
+  return Finish((*trainer)->Run());
 }
 
 struct GenerateArgs {
@@ -192,6 +249,7 @@ int Generate(const GenerateArgs& args) {
   if (args.steps_before >= 0) config->train.steps = args.steps_before;
   if (!args.checkpoint.empty()) {  // load it; train no steps, save nothing
     config->checkpoint.resume = args.checkpoint;
+    config->checkpoint.dir.clear();  // exactly this checkpoint, not a newer one of its run
     config->checkpoint.every = 0;
     config->train.steps = 0;
   }

@@ -1,10 +1,13 @@
 #include "worker/trainer.h"
 
+#include <string.h>
+
 #include <chrono>
 #include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "kernels/grad_norm.h"
 #include "worker/checkpoint_manager.h"
 
@@ -114,14 +117,20 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   optimizer_->Step(lr, step + 1, clip);
   model_->ZeroGrad();
   state_.step = step + 1;
-  auto loss = parallel_->MeanOverRanks(static_cast<float>(loss_sum / A));
-  if (!loss.ok()) return loss.status();
+  // The stop vote rides on the loss's all-reduce: its mean is positive
+  // when any rank was asked to stop.
+  const int signal = options_.stop_signal ? options_.stop_signal() : 0;
+  float means[2] = {static_cast<float>(loss_sum / A), signal != 0 ? 1.0f : 0.0f};
+  if (absl::Status reduced = parallel_->MeanOverRanks(absl::MakeSpan(means)); !reduced.ok()) {
+    return reduced;
+  }
+  stop_signal_ = means[1] > 0.0f ? (signal != 0 ? signal : kPeerSignalled) : 0;
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
 
   StepMetrics metrics;
   metrics.step = state_.step;
   metrics.total_steps = config_.train.steps;
-  metrics.loss = *loss;
+  metrics.loss = means[0];
   metrics.lr = lr;
   metrics.grad_norm = norm;
   metrics.ms = seconds * 1e3;
@@ -171,6 +180,32 @@ absl::Status Trainer::LogEval(const EvalMetrics& metrics) {
   return absl::OkStatus();
 }
 
+std::string Trainer::StopCause() const {
+  if (stop_signal_ == kPeerSignalled) return "a signal to another rank";
+  const char* name = sigabbrev_np(stop_signal_);
+  return name != nullptr ? absl::StrCat("SIG", name) : absl::StrCat("signal ", stop_signal_);
+}
+
+absl::Status Trainer::Preempt(std::chrono::steady_clock::time_point since) {
+  progress_.Clear();
+  if (parallel_->rank() == 0) {
+    std::fprintf(options_.log, "preempted: %s after step %d of %d; %s\n", StopCause().c_str(),
+                 state_.step, config_.train.steps,
+                 config_.checkpoint.dir.empty() ? "no checkpoint.dir, so nothing is saved"
+                                                : "saving a checkpoint");
+    std::fflush(options_.log);
+  }
+  absl::Status saved = checkpoints_->SaveNow(*model_, *optimizer_, state_);
+  if (!saved.ok()) return saved;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  return absl::CancelledError(absl::StrCat(
+      "preempted by ", StopCause(), " after step ", state_.step,
+      config_.checkpoint.dir.empty()
+          ? std::string("; nothing saved (no checkpoint.dir)")
+          : absl::StrFormat("; checkpoint step %d committed in %.2f s", state_.step, seconds)));
+}
+
 absl::Status Trainer::Run() {
   using Clock = std::chrono::steady_clock;
   const int total = config_.train.steps;
@@ -199,6 +234,7 @@ absl::Status Trainer::Run() {
     }
     absl::Status saved = checkpoints_->AfterStep(*model_, *optimizer_, state_);
     if (!saved.ok()) return saved;
+    if (stop_signal_ != 0 && state_.step < total) return Preempt(Clock::now());
     double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
     progress_.Draw(state_.step, first, total, elapsed);
   }

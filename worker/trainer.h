@@ -15,6 +15,7 @@
 // Thread-safety: none; one thread drives a Trainer.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -24,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "worker/config.h"
 #include "worker/data.h"
 #include "worker/metrics.h"
@@ -47,8 +49,15 @@ class DataParallel {
   // After the last micro-step's Backward: returns when the gradient
   // buffers hold the mean over ranks.
   virtual absl::Status ReduceGradients(GptModel* model) { return absl::OkStatus(); }
-  // Averages a scalar (the step's loss, a validation loss) over ranks.
-  virtual absl::StatusOr<float> MeanOverRanks(float value) { return value; }
+  // Averages each of `values` over ranks in place, in one collective
+  // where the implementation can (the step's loss and the stop vote).
+  virtual absl::Status MeanOverRanks(absl::Span<float> values) { return absl::OkStatus(); }
+  // Averages a scalar (a validation loss, a checkpoint vote) over ranks.
+  absl::StatusOr<float> MeanOverRanks(float value) {
+    float values[1] = {value};
+    if (absl::Status status = MeanOverRanks(absl::MakeSpan(values)); !status.ok()) return status;
+    return values[0];
+  }
   // Makes every rank's parameters equal to rank 0's (start-up, resume).
   virtual absl::Status SyncParameters(GptModel* model) { return absl::OkStatus(); }
   // Returns once every rank has called it (a checkpoint's commit).
@@ -72,6 +81,11 @@ struct TrainerOptions {
   FILE* progress = stderr;             // progress bar, when enabled
   bool progress_bar = false;           // main() sets isatty(stderr)
   DataParallel* parallel = nullptr;    // nullptr: a world of one
+  // Polled once per optimizer step: a signal number (SIGTERM, SIGUSR1)
+  // once the process has been asked to stop, else 0. Ranks agree on it in
+  // the step's loss all-reduce, so all of them stop after the same step
+  // even when only one was signalled. Empty: never stops early.
+  std::function<int()> stop_signal;
   // Called after every completed step and evaluation (tests, tools).
   std::function<void(const StepMetrics&)> on_step;
   std::function<void(const EvalMetrics&)> on_eval;
@@ -95,6 +109,10 @@ class Trainer {
   // Trains steps [state().step, train.steps), evaluating every eval_every
   // steps and after the last one, saving a checkpoint every
   // checkpoint.every steps and after the last one (waiting for its commit).
+  // Preemption: once a rank's options.stop_signal returns non-zero, every
+  // rank finishes the step under way, saves a checkpoint of it when
+  // checkpoint.dir is set (whatever checkpoint.every is), waits for its
+  // commit and returns CANCELLED naming the signal and the step.
   absl::Status Run();
   // One optimizer step; returns its metrics (also logged when due).
   absl::StatusOr<StepMetrics> Step();
@@ -116,6 +134,11 @@ class Trainer {
   Trainer(const TrainConfig& config, TrainerOptions options);
   absl::Status Log(const StepMetrics& metrics);
   absl::Status LogEval(const EvalMetrics& metrics);
+  // Saves the state after the step under way (ranks agreed to stop) and
+  // returns CANCELLED; `since` is when the stop was agreed.
+  absl::Status Preempt(std::chrono::steady_clock::time_point since);
+  std::string StopCause() const;  // "SIGTERM", "a signal to another rank"
+  static constexpr int kPeerSignalled = -1;
 
   TrainConfig config_;
   TrainerOptions options_;
@@ -129,6 +152,8 @@ class Trainer {
   std::unique_ptr<CheckpointManager> checkpoints_;
   ProgressBar progress_;
   TrainState state_;
+  // From the last Step: 0 go on; else this rank's signal, or kPeerSignalled.
+  int stop_signal_ = 0;
   std::vector<int> inputs_, targets_;  // (B, T)
   double peak_flops_ = 0;
   std::string peak_description_;

@@ -24,6 +24,7 @@ TEST_CASE("torchrun's defaults hold when only a target is given") {
   CHECK(options->monitor_interval == absl::Milliseconds(100));
   CHECK(options->role == "default");
   CHECK(options->shutdown_timeout == absl::Seconds(30));
+  CHECK(options->preempt_grace == absl::Seconds(30));
   CHECK(options->rdzv_conf.join_timeout == absl::Seconds(600));
   CHECK(options->rdzv_conf.last_call_timeout == absl::Seconds(30));
   CHECK(options->rdzv_conf.close_timeout == absl::Seconds(30));
@@ -110,6 +111,7 @@ TEST_CASE("bad flags name the flag") {
       {{"--standalone", "--max_restarts", "-1", "t.yaml"}, "--max_restarts"},
       {{"--standalone", "--signals_to_handle", "SIGFOO", "t.yaml"}, "SIGFOO"},
       {{"--standalone", "--bogus", "t.yaml"}, "--bogus"},
+      {{"--standalone", "--preempt_grace", "-1", "t.yaml"}, "--preempt_grace"},
   };
   for (const Case& c : cases) {
     auto options = Parse(c.args);
@@ -118,6 +120,18 @@ TEST_CASE("bad flags name the flag") {
     CHECK(options.status().code() == absl::StatusCode::kInvalidArgument);
     CHECK(std::string(options.status().message()).find(c.mentions) != std::string::npos);
   }
+}
+
+TEST_CASE("--preempt_grace takes seconds or a duration, and PET_PREEMPT_GRACE") {
+  auto seconds = Parse({"--standalone", "--preempt_grace=45", "t.yaml"});
+  REQUIRE(seconds.ok());
+  CHECK(seconds->preempt_grace == absl::Seconds(45));
+  auto dashed = Parse({"--standalone", "--preempt-grace", "1500ms", "t.yaml"});
+  REQUIRE(dashed.ok());
+  CHECK(dashed->preempt_grace == absl::Milliseconds(1500));
+  auto from_env = Parse({"--standalone", "t.yaml"}, {{"PET_PREEMPT_GRACE", "7"}});
+  REQUIRE(from_env.ok());
+  CHECK(from_env->preempt_grace == absl::Seconds(7));
 }
 
 TEST_CASE("nproc_per_node resolution") {

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "absl/strings/numbers.h"
@@ -122,6 +123,47 @@ TEST_CASE("destroying a running Child kills and reaps it") {
     pid = child->pid();
   }
   CHECK(Gone(pid));
+}
+
+// Spawns `spec` until the child gets `pid` (steering the kernel through
+// ns_last_pid, which needs root), or gives up: nullopt.
+std::optional<Child> SpawnWithPid(const SpawnSpec& spec, pid_t pid) {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    {
+      std::ofstream last_pid("/proc/sys/kernel/ns_last_pid");
+      if (!last_pid) return std::nullopt;
+      last_pid << pid - 1;
+      if (!last_pid.flush()) return std::nullopt;
+    }
+    auto child = Child::Spawn(spec);
+    REQUIRE(child.ok());
+    if (child->pid() == pid) return std::move(*child);
+    // Taken, or another process forked first: try again.
+  }
+  return std::nullopt;
+}
+
+TEST_CASE("StopAll never signals a process group whose leader was reaped") {
+  // A worker that exited is seen by the agent's loop (WaitFor/TryReap)
+  // long before the group is stopped. Were it reaped then, its pid, and so
+  // its process group id, could go to an unrelated process, which the
+  // final SIGKILL to the group would hit.
+  auto exited = Child::Spawn(Shell("exit 0"));
+  REQUIRE(exited.ok());
+  REQUIRE(exited->WaitFor(absl::Seconds(10)).has_value());
+  pid_t pid = exited->pid();
+  // A process given that pid, leading a group of that id as workers do.
+  std::optional<Child> bystander = SpawnWithPid(Shell("exec sleep 100"), pid);
+  if (bystander.has_value()) {
+    WARN("pid " << pid << " was reused by a bystander");
+  } else {
+    WARN("pid " << pid << " could not be reused (still held, or ns_last_pid not writable)");
+  }
+  StopAll({&*exited}, absl::Milliseconds(100), SIGTERM);
+  CHECK(Gone(pid) != bystander.has_value());  // reaped now, unless the bystander holds it
+  if (bystander.has_value()) {
+    CHECK_FALSE(bystander->WaitFor(absl::Milliseconds(200)).has_value());  // alive
+  }
 }
 
 }  // namespace

@@ -57,5 +57,12 @@ TEST_CASE("OMP_NUM_THREADS is left alone when set, or with one worker") {
   CHECK(single.count("OMP_NUM_THREADS") == 0);
 }
 
+TEST_CASE("workers are told their preemption grace") {
+  RoundAssignment round;
+  CHECK(AsMap(WorkerEnvironment({}, round, {}, 0, "e"))["MUSTER_PREEMPT_GRACE_S"] == "30");
+  round.preempt_grace_s = 12.5;
+  CHECK(AsMap(WorkerEnvironment({}, round, {}, 0, "e"))["MUSTER_PREEMPT_GRACE_S"] == "12.5");
+}
+
 }  // namespace
 }  // namespace muster::launcher

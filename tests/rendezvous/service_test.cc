@@ -2,8 +2,10 @@
 // against an in-process server: joining and watching, blocking store calls,
 // bad input, Watch endings, metrics and health.
 #include <future>
+#include <memory>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 #include <httplib.h>
@@ -318,6 +320,59 @@ TEST_CASE("Watch ends OK on a finished job, NOT_FOUND on an unknown one, "
   CHECK(absl::Now() - start < absl::Seconds(5));
   REQUIRE(open_watch.wait_for(kEventTimeout) == std::future_status::ready);
   CHECK(open_watch.get().error_code() == grpc::StatusCode::UNAVAILABLE);
+}
+
+// A Watch stream held open after its first state.
+struct HeldWatch {
+  std::unique_ptr<grpc::ClientContext> context = Context();
+  std::unique_ptr<grpc::ClientReader<pb::JobState>> reader;
+  ~HeldWatch() {
+    if (reader == nullptr) return;
+    context->TryCancel();
+    reader->Finish().IgnoreError();
+  }
+};
+
+std::unique_ptr<HeldWatch> HoldWatch(Stub& stub, const std::string& job_id) {
+  auto held = std::make_unique<HeldWatch>();
+  pb::WatchRequest request;
+  request.set_job_id(job_id);
+  held->reader = stub.Watch(held->context.get(), request);
+  pb::JobState first;
+  REQUIRE(held->reader->Read(&first));  // registered on the server
+  return held;
+}
+
+TEST_CASE("Watch streams are capped per job and server-wide, each naming "
+          "its quota") {
+  ServerOptions options = LocalOptions();
+  options.max_watch_streams_per_job = 2;
+  options.max_watch_streams = 3;
+  std::unique_ptr<Server> server = StartOrFail(options);
+  std::unique_ptr<Stub> stub = StubFor(*server);
+  for (const char* job_id : {"job-greedy", "job-modest"}) {
+    pb::JoinResponse joined;
+    REQUIRE(stub->Join(Context().get(), JoinRequestFor(job_id, 2, 2), &joined)
+                .ok());
+  }
+  auto any_state = [](const pb::JobState&) { return true; };
+
+  std::vector<std::unique_ptr<HeldWatch>> held;
+  held.push_back(HoldWatch(*stub, "job-greedy"));
+  held.push_back(HoldWatch(*stub, "job-greedy"));
+  WatchResult third = WatchUntil(*stub, "job-greedy", any_state);
+  INFO(third.status.error_message());
+  CHECK(third.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(third.status.error_message().find("job-greedy") != std::string::npos);
+  CHECK(third.status.error_message().find("per job") != std::string::npos);
+
+  // The other job still gets a stream: one tenant did not starve it.
+  held.push_back(HoldWatch(*stub, "job-modest"));
+  WatchResult over = WatchUntil(*stub, "job-modest", any_state);
+  INFO(over.status.error_message());
+  CHECK(over.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(over.status.error_message().find("server already has 3") !=
+        std::string::npos);
 }
 
 TEST_CASE("metrics and health endpoints answer") {

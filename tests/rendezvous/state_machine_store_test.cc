@@ -156,6 +156,210 @@ TEST_CASE("oversized and empty keys and values are rejected") {
                absl::StatusCode::kResourceExhausted);
 }
 
+bool Mentions(const absl::Status& status, const std::string& text) {
+  return std::string(status.message()).find(text) != std::string::npos;
+}
+template <typename T>
+bool Mentions(const absl::StatusOr<T>& result, const std::string& text) {
+  return Mentions(result.status(), text);
+}
+
+pb::MultiGetRequest MultiGetOf(const std::string& key, int times) {
+  pb::MultiGetRequest request;
+  request.set_job_id("j1");
+  for (int i = 0; i < times; ++i) request.add_keys(key);
+  return request;
+}
+
+TEST_CASE("MultiGet and AllSet cap the keys named and the bytes returned") {
+  Limits limits;
+  limits.max_value_bytes = 1024;
+  limits.max_keys_per_request = 8;
+  limits.max_response_bytes = 4096;
+  RunningJob job(limits);
+  Harness& h = job.h;
+  REQUIRE_OK(h.Set("j1", 0, "big", std::string(1024, 'x')));
+
+  // A key named twice is answered twice while both caps hold.
+  auto four = h.machine.MultiGet(MultiGetOf("big", 4));
+  REQUIRE_OK(four);
+  REQUIRE(four->values_size() == 4);
+  REQUIRE(four->values(3).size() == 1024);
+  auto five = h.machine.MultiGet(MultiGetOf("big", 5));  // 5 KiB of values
+  REQUIRE_CODE(five, absl::StatusCode::kResourceExhausted);
+  CHECK(Mentions(five, "--max-response-bytes"));
+  auto nine = h.machine.MultiGet(MultiGetOf("absent", 9));
+  REQUIRE_CODE(nine, absl::StatusCode::kResourceExhausted);
+  CHECK(Mentions(nine, "--max-keys-per-request"));
+
+  REQUIRE(*h.machine.AllSet("j1", 0, {"big", "big"}));
+  REQUIRE_FALSE(*h.machine.AllSet("j1", 0, {"big", "absent"}));
+  auto too_many = h.machine.AllSet("j1", 0, std::vector<std::string>(9, "big"));
+  REQUIRE_CODE(too_many, absl::StatusCode::kResourceExhausted);
+  CHECK(Mentions(too_many, "--max-keys-per-request"));
+  REQUIRE_CODE(h.machine.AllSet("j1", 1, {"big"}),
+               absl::StatusCode::kFailedPrecondition);
+  REQUIRE_CODE(h.machine.AllSet("j1", 0, {""}),
+               absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a job's bytes are capped; shrinking or freeing is never refused") {
+  Limits limits;
+  limits.max_value_bytes = 1000;
+  limits.max_job_bytes = 8 * 1024;
+  RunningJob job(limits);
+  Harness& h = job.h;
+  const size_t bare = *h.machine.JobBytes("j1");  // members and records
+  REQUIRE(bare > 0);
+  absl::Status status;
+  int stored = 0;
+  for (; stored < 100; ++stored) {
+    status = h.Set("j1", 0, "k" + std::to_string(stored),
+                   std::string(1000, 'v'));
+    if (!status.ok()) break;
+  }
+  REQUIRE_CODE(status, absl::StatusCode::kResourceExhausted);
+  CHECK(Mentions(status, "--max-job-bytes"));
+  CHECK(stored >= 5);
+  REQUIRE(*h.machine.JobBytes("j1") <= limits.max_job_bytes);
+  REQUIRE_CODE(job.Cas("fresh", true, "", std::string(1000, 'c')),
+               absl::StatusCode::kResourceExhausted);
+  // Overwriting with a value no larger is not growth; it makes room.
+  REQUIRE_OK(h.Set("j1", 0, "k0", "small"));
+  REQUIRE_OK(h.Set("j1", 0, "fresh", std::string(900, 'f')));
+  REQUIRE(job.Delete("k1")->deleted());
+  REQUIRE_OK(job.Add("counter", 1));
+  // A new round starts with an empty store.
+  h.Rejoin("j1", job.config, job.a);
+  h.Rejoin("j1", job.config, job.b);
+  REQUIRE(h.State("j1").phase() == pb::RUNNING);
+  REQUIRE(*h.machine.JobBytes("j1") == bare);
+  REQUIRE_CODE(h.machine.JobBytes("nope"), absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("the bytes of all jobs are capped and bound the snapshot's size") {
+  Limits limits;
+  limits.max_value_bytes = 1000;
+  limits.max_job_bytes = 64 * 1024;
+  limits.max_total_bytes = 16 * 1024;
+  Harness h(limits);
+  pb::JobConfig config = Config(1, 1);
+  config.set_max_restarts(100);
+  std::string a = h.Join("j1", config);
+  JoinArgs long_host;
+  long_host.hostname = std::string(200, 'h');
+  std::string b = h.Join("j2", config, long_host);
+  absl::Status status;
+  for (int i = 0; i < 100 && status.ok(); ++i) {
+    status = h.Set("j1", 0, "k" + std::to_string(i), std::string(1000, 'v'));
+  }
+  REQUIRE_CODE(status, absl::StatusCode::kResourceExhausted);
+  CHECK(Mentions(status, "--max-total-bytes"));
+  status = h.Set("j2", 0, "k", std::string(1000, 'v'));
+  REQUIRE_CODE(status, absl::StatusCode::kResourceExhausted);
+  REQUIRE(h.machine.total_bytes() <= limits.max_total_bytes);
+  REQUIRE(*h.machine.JobBytes("j1") + *h.machine.JobBytes("j2") ==
+          h.machine.total_bytes());
+  REQUIRE(h.machine.Snapshot(h.now).ByteSizeLong() <= h.machine.total_bytes());
+
+  // Failures, long hostnames and close reasons are charged too, so the
+  // accounting keeps bounding the snapshot whatever the job records.
+  for (uint64_t round = 0; round < 40; ++round) {
+    pb::ReportFailureRequest failure;
+    failure.set_job_id("j2");
+    failure.set_round(round);
+    failure.set_member_id(b);
+    failure.set_message(std::string(5000, 'm'));
+    REQUIRE_OK(h.machine.ReportFailure(failure, h.now));
+    JoinArgs rejoin = long_host;
+    rejoin.member_id = b;
+    REQUIRE_OK(h.TryJoin("j2", config, rejoin));
+    REQUIRE(h.machine.Snapshot(h.now).ByteSizeLong() <=
+            h.machine.total_bytes());
+  }
+  pb::CloseJobRequest close;
+  close.set_job_id("j2");
+  close.set_reason(std::string(5000, 'r'));
+  REQUIRE_OK(h.machine.Close(close, h.now));
+  h.Check();
+  REQUIRE(h.machine.Snapshot(h.now).ByteSizeLong() <= h.machine.total_bytes());
+  // Dropping a job returns its bytes.
+  const size_t j1_bytes = *h.machine.JobBytes("j1");
+  REQUIRE(h.machine.total_bytes() > j1_bytes);
+  h.Advance(limits.closed_retention);
+  REQUIRE_CODE(h.machine.JobBytes("j2"), absl::StatusCode::kNotFound);
+  REQUIRE(h.machine.total_bytes() == *h.machine.JobBytes("j1"));
+}
+
+TEST_CASE("the limits are checked against each other and the state file") {
+  REQUIRE_OK(ValidateLimits(Limits()));
+  Limits small_response;
+  small_response.max_response_bytes = small_response.max_value_bytes - 1;
+  auto status = ValidateLimits(small_response);
+  REQUIRE_CODE(status, absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(status, "--max-response-bytes"));
+  Limits small_job;
+  small_job.max_job_bytes = small_job.max_value_bytes;
+  REQUIRE_CODE(ValidateLimits(small_job), absl::StatusCode::kInvalidArgument);
+  Limits huge_total;
+  huge_total.max_total_bytes = kMaxStateBytes;
+  status = ValidateLimits(huge_total);
+  REQUIRE_CODE(status, absl::StatusCode::kInvalidArgument);
+  CHECK(Mentions(status, "--max-total-bytes"));
+  Limits many_jobs;
+  many_jobs.max_jobs = kMaxStateBytes / MaxUnrefusedJobBytes(many_jobs);
+  REQUIRE_CODE(ValidateLimits(many_jobs), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("Restore keeps jobs over lowered limits and refuses only growth") {
+  Limits generous;
+  generous.max_join_timeout_ms = 10'000'000;
+  Harness h(generous);
+  pb::JobConfig config = Config(2, 3);
+  config.set_join_timeout_ms(7'200'000);
+  std::string a = h.Join("j1", config);
+  std::string b = h.Join("j1", config);
+  h.Advance(absl::Seconds(1));
+  REQUIRE(h.State("j1").phase() == pb::RUNNING);
+  REQUIRE_OK(h.Set("j1", 0, "big", std::string(2000, 'v')));
+  for (int i = 0; i < 20; ++i) {
+    REQUIRE_OK(h.Set("j1", 0, "k" + std::to_string(i), "v"));
+  }
+  h.Join("j2", Config(1, 1));
+  const state::ServerState snapshot = h.machine.Snapshot(h.now);
+
+  Limits lowered;
+  lowered.max_value_bytes = 1000;
+  lowered.max_keys_per_job = 10;
+  lowered.max_members_per_job = 1;
+  lowered.max_jobs = 1;
+  lowered.max_job_bytes = 2000;
+  lowered.max_total_bytes = 3000;
+  lowered.max_join_timeout_ms = 60'000;
+  Harness restored(lowered);
+  REQUIRE_OK(restored.machine.Restore(snapshot, restored.now));
+  restored.Check();
+  REQUIRE(restored.machine.job_count() == 2);
+  REQUIRE(*restored.machine.Get("j1", 0, "big") == std::string(2000, 'v'));
+  REQUIRE(restored.machine.total_bytes() > lowered.max_total_bytes);
+
+  REQUIRE_CODE(restored.Set("j1", 0, "new", "v"),
+               absl::StatusCode::kResourceExhausted);
+  REQUIRE_CODE(restored.Set("j1", 0, "k0", "vv"),
+               absl::StatusCode::kResourceExhausted);
+  REQUIRE_OK(restored.Set("j1", 0, "k0", "w"));  // same size: no growth
+  REQUIRE_OK(restored.Set("j1", 0, "big", std::string(900, 'v')));
+  REQUIRE_CODE(restored.TryJoin("j3", Config(1, 1)),
+               absl::StatusCode::kResourceExhausted);
+  REQUIRE_CODE(restored.TryJoin("j1", config),
+               absl::StatusCode::kResourceExhausted);
+  // A member already in the job re-joins under the job's own settings.
+  restored.Rejoin("j1", config, a);
+  restored.Rejoin("j1", config, b);
+  REQUIRE(restored.State("j1").phase() == pb::RUNNING);
+  REQUIRE(restored.State("j1").round() == 1);
+}
+
 TEST_CASE("jobs and members per job are capped") {
   Limits limits;
   limits.max_jobs = 2;

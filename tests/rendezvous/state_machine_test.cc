@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <limits>
 
 #include "tests/rendezvous/state_machine_test_util.h"
 
@@ -600,6 +601,29 @@ TEST_CASE("Snapshot and Restore reproduce every job and extend leases") {
   REQUIRE(fresh.job_count() == 0);
   REQUIRE_OK(fresh.Restore(parsed, restored.now));
   REQUIRE(fresh.job_count() == 3);
+}
+
+TEST_CASE("join_timeout_ms of a new job is bounded") {
+  Limits limits;
+  limits.max_join_timeout_ms = 60'000;
+  Harness h(limits);
+  for (int64_t timeout : {int64_t{60'001}, int64_t{1} << 40,
+                          std::numeric_limits<int64_t>::max()}) {
+    INFO(timeout);
+    auto config = Config(2, 2);
+    config.set_join_timeout_ms(timeout);
+    auto refused = h.TryJoin("j1", config);
+    REQUIRE_CODE(refused, absl::StatusCode::kInvalidArgument);
+    std::string message(refused.status().message());
+    CHECK(message.find("join_timeout_ms") != std::string::npos);
+    CHECK(message.find("60000") != std::string::npos);
+    CHECK(message.find("--max-join-timeout-ms") != std::string::npos);
+  }
+  REQUIRE(h.machine.job_count() == 0);
+  auto config = Config(2, 2);
+  config.set_join_timeout_ms(60'000);
+  h.Join("j1", config);
+  REQUIRE(h.machine.job_count() == 1);
 }
 
 TEST_CASE("a 1000-member job joins and closes quickly") {

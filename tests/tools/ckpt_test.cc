@@ -22,9 +22,12 @@ struct Result {
   std::string out, err;
 };
 
-Result RunCkpt(const TempDir& dir, const std::vector<std::string>& args) {
+// `shell_prefix` runs in the shell first (a ulimit, say).
+Result RunCkpt(const TempDir& dir, const std::vector<std::string>& args,
+               const std::string& shell_prefix = "") {
   launcher::SpawnSpec spec;
-  spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >" + dir.File("out") + " 2>" + dir.File("err"),
+  spec.argv = {"/bin/sh", "-c",
+               shell_prefix + "exec \"$0\" \"$@\" >" + dir.File("out") + " 2>" + dir.File("err"),
                BinaryPath("tools/ckpt")};
   spec.argv.insert(spec.argv.end(), args.begin(), args.end());
   for (const auto& [key, value] : launcher::CurrentEnvironment()) spec.env.push_back(key + "=" + value);
@@ -91,6 +94,17 @@ TEST_CASE("ckpt ls, verify, consolidate and diff") {
   REQUIRE(model.ok());
   REQUIRE((*model)->LoadLlmc(dir.File("model.bin")).ok());
   CHECK((*model)->CopyParamsToHost() == params);
+
+  // A consolidate that dies part-way (here: the file size limit, 8 KiB
+  // of a 140 KB model) leaves the previous output whole.
+  const std::string before = ReadFile(dir.File("model.bin"));
+  Result cut = RunCkpt(dir, {"consolidate", step4, "-o", dir.File("model.bin")}, "ulimit -f 8; ");
+  CHECK(cut.exit_code != 0);
+  CHECK(ReadFile(dir.File("model.bin")) == before);
+  Result again = RunCkpt(dir, {"consolidate", step4, "-o", dir.File("model.bin")});
+  CHECK(again.exit_code == 0);
+  CHECK(ReadFile(dir.File("model.bin")) != before);  // step 4's weights now
+  CHECK_FALSE(std::filesystem::exists(dir.File("model.bin.partial")));
 
   Result same = RunCkpt(dir, {"diff", step8, step8});
   CHECK(same.exit_code == 0);

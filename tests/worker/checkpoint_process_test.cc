@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "launcher/worker_env.h"
 #include "tests/launcher/harness.h"
@@ -106,6 +107,79 @@ TEST_CASE("SIGKILLed mid-run under launch, the worker resumes and ends bitwise i
   const std::string b = ReadFile(dir.File("killed_ckpt/step_00000060/rank_00000.bin"));
   CHECK(!a.empty());
   CHECK(a == b);
+}
+
+TEST_CASE("SIGTERM: the worker saves the step it was on, exits 75, and the next run continues") {
+  TempDir dir;
+  const int steps = 60;
+  WriteSetup(dir, "reference", steps, steps);
+  launcher::Child reference = StartWorker(dir, "reference");
+  REQUIRE(ExitCode(reference) == 0);
+
+  WriteSetup(dir, "preempted", steps, 1000);  // no periodic save: only the preemption's
+  launcher::Child worker = StartWorker(dir, "preempted");
+  REQUIRE(WaitUntil([&] { return LastStep(dir.File("preempted.jsonl")) >= 10; },
+                    absl::Seconds(60)));
+  REQUIRE(kill(worker.pid(), SIGTERM) == 0);
+  REQUIRE(ExitCode(worker) == launcher::kPreemptedExitCode);
+  const int stopped_after = LastStep(dir.File("preempted.jsonl"));
+  const std::string step_dir = dir.File(absl::StrFormat("preempted_ckpt/step_%08d", stopped_after));
+  std::string log = ReadFile(dir.File("preempted.log"));
+  INFO(log);
+  CHECK(stopped_after < steps);
+  CHECK(absl::StrContains(log, absl::StrCat("worker: preempted by SIGTERM after step ",
+                                            stopped_after, "; checkpoint step ", stopped_after,
+                                            " committed in ")));
+  CHECK(fs::exists(step_dir + "/manifest.json"));
+
+  launcher::Child resumed = StartWorker(dir, "preempted");
+  REQUIRE(ExitCode(resumed) == 0);
+  log = ReadFile(dir.File("preempted.log"));
+  CHECK(absl::StrContains(log, "checkpoint: resumed from " + step_dir));
+  // No step lost or repeated: the metrics file is the uninterrupted run's.
+  CHECK(LossTexts(dir.File("preempted.jsonl")) == LossTexts(dir.File("reference.jsonl")));
+  const std::string a = ReadFile(dir.File("reference_ckpt/step_00000060/rank_00000.bin"));
+  const std::string b = ReadFile(dir.File("preempted_ckpt/step_00000060/rank_00000.bin"));
+  CHECK(!a.empty());
+  CHECK(a == b);
+}
+
+TEST_CASE("SIGTERM to launch: 2 ranks save one step, launch exits 75, the next launch continues") {
+  TempDir dir;
+  const int steps = 40;
+  auto run_launch = [&](const std::string& name) {
+    return StartLaunch({"--standalone", "--nproc_per_node=2", "--monitor_interval=0.05",
+                        "--no_python", BinaryPath("worker/worker"), dir.File(name + ".yaml")},
+                       dir.File(name + ".log"), {"OMP_WAIT_POLICY=passive"});
+  };
+  WriteSetup(dir, "reference", steps, steps);
+  launcher::Child reference = run_launch("reference");
+  REQUIRE(ExitCode(reference) == 0);
+
+  WriteSetup(dir, "preempted", steps, 1000);
+  launcher::Child launch = run_launch("preempted");
+  REQUIRE(WaitUntil([&] { return LastStep(dir.File("preempted.jsonl")) >= 8; },
+                    absl::Seconds(60)));
+  REQUIRE(kill(launch.pid(), SIGTERM) == 0);
+  const int code = ExitCode(launch);
+  std::string log = ReadFile(dir.File("preempted.log"));
+  INFO(log);
+  REQUIRE(code == launcher::kPreemptedExitCode);
+  const int stopped_after = LastStep(dir.File("preempted.jsonl"));
+  CHECK(stopped_after < steps);
+  CHECK(absl::StrContains(log, "preempted"));
+  CHECK(fs::exists(
+      dir.File(absl::StrFormat("preempted_ckpt/step_%08d/manifest.json", stopped_after))));
+
+  launcher::Child resumed = run_launch("preempted");
+  REQUIRE(ExitCode(resumed) == 0);
+  CHECK(LossTexts(dir.File("preempted.jsonl")) == LossTexts(dir.File("reference.jsonl")));
+  for (const char* file : {"rank_00000.bin", "rank_00001.bin"}) {
+    const std::string a = ReadFile(dir.File(absl::StrCat("reference_ckpt/step_00000040/", file)));
+    const std::string b = ReadFile(dir.File(absl::StrCat("preempted_ckpt/step_00000040/", file)));
+    CHECK(!a.empty());
+    CHECK(a == b);
+  }
 }
 
 TEST_CASE("SIGKILLed in any phase of a save, the worker resumes from the previous checkpoint") {

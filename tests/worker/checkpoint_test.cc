@@ -2,6 +2,7 @@
 // resume at the same world size, resharding across world sizes with
 // threads as ranks, corrupt and torn checkpoints, bad input, and failed
 // background writes.
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "tests/worker/thread_ranks.h"
 #include "worker/checkpoint_layout.h"
+#include "worker/checkpoint_manager.h"
 #include "worker/checkpoint_manifest.h"
 #include "worker/checkpoint_reader.h"
 #include "worker/checkpoint_retention.h"
@@ -76,13 +78,16 @@ struct RunResult {
 };
 
 // Creates a Trainer (resuming per config) and runs it; `parallel` may be
-// nullptr. Never REQUIREs: it may run on a rank thread.
-RunResult RunTrainer(const TrainConfig& config, DataParallel* parallel = nullptr) {
+// nullptr, `stop_signal` as in TrainerOptions. Never REQUIREs: it may run
+// on a rank thread.
+RunResult RunTrainer(const TrainConfig& config, DataParallel* parallel = nullptr,
+                     std::function<int()> stop_signal = nullptr) {
   RunResult result;
   TrainerOptions options;
   FILE* log = std::tmpfile();
   options.log = log;
   options.parallel = parallel;
+  options.stop_signal = std::move(stop_signal);
   Trainer* trainer_ptr = nullptr;
   options.on_step = [&](const StepMetrics& step) {
     result.losses.push_back(step.loss);
@@ -195,6 +200,181 @@ RunResult RunWorld(const TrainConfig& config, int world) {
     CHECK(results[r].params == results[0].params);  // DDP: every rank holds the same state
   }
   return results[0];
+}
+
+// The decision every rank reads from the mean of `writes`' votes, the mean
+// taken as the all-reduce takes it (a float sum, then a division).
+CommitDecision Decide(const std::vector<LocalWrite>& writes) {
+  const int world = static_cast<int>(writes.size());
+  float sum = 0;
+  for (LocalWrite write : writes) sum += CommitVote(write, world);
+  return DecideCommit(sum / world, world);
+}
+
+TEST_CASE("the commit vote never averages a failure away") {
+  using W = LocalWrite;
+  // The case that committed before: a failed rank and a rank still
+  // writing averaged to "all durable".
+  CHECK(Decide({W::kFailed, W::kWriting}) == CommitDecision::kAbandon);
+  CHECK(Decide({W::kWriting, W::kFailed}) == CommitDecision::kAbandon);
+  // Every combination of every world up to 7 ranks, and a few big worlds.
+  for (int world = 1; world <= 7; ++world) {
+    std::vector<int> counts(world, 0);  // each rank's state, as 0, 1, 2
+    for (int combination = 0; combination < std::pow(3, world); ++combination) {
+      std::vector<W> writes;
+      bool failed = false, all_durable = true;
+      for (int rank = 0, rest = combination; rank < world; ++rank, rest /= 3) {
+        const W write = rest % 3 == 0 ? W::kWriting : rest % 3 == 1 ? W::kDurable : W::kFailed;
+        writes.push_back(write);
+        failed |= write == W::kFailed;
+        all_durable &= write == W::kDurable;
+      }
+      const CommitDecision expected = failed        ? CommitDecision::kAbandon
+                                      : all_durable ? CommitDecision::kCommit
+                                                    : CommitDecision::kWait;
+      INFO("world " << world << ", combination " << combination);
+      CHECK(Decide(writes) == expected);
+    }
+  }
+  for (int world : {1024, 4095, 65536}) {
+    INFO("world " << world);
+    std::vector<W> writes(world, W::kDurable);
+    CHECK(Decide(writes) == CommitDecision::kCommit);
+    writes[world / 2] = W::kWriting;
+    CHECK(Decide(writes) == CommitDecision::kWait);
+    writes[world / 3] = W::kFailed;
+    CHECK(Decide(writes) == CommitDecision::kAbandon);
+  }
+}
+
+TEST_CASE("preemption: one signalled rank stops every rank after the same step, saved") {
+  std::string dir = FreshDir("preempt");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.checkpoint.every = 5;  // the preemption's step 7 is not one of them
+  TrainConfig plain = config;
+  plain.checkpoint.dir.clear();
+  plain.checkpoint.every = 0;
+  const int world = 2;
+  std::vector<RunResult> reference(world);
+  testing::RunRanks(world, [&](int rank, DataParallel* parallel) {
+    reference[rank] = RunTrainer(plain, parallel);
+  });
+  REQUIRE(reference[0].status.ok());
+
+  // Rank 1 alone is signalled, during step 7.
+  std::vector<RunResult> stopped(world);
+  testing::RunRanks(world, [&](int rank, DataParallel* parallel) {
+    int polls = 0;
+    stopped[rank] = RunTrainer(config, parallel, [&polls, rank] {
+      return rank == 1 && ++polls >= 7 ? SIGTERM : 0;
+    });
+  });
+  for (int rank = 0; rank < world; ++rank) {
+    INFO("rank " << rank << ": " << stopped[rank].status.ToString() << "\n" << stopped[rank].log);
+    CHECK(stopped[rank].status.code() == absl::StatusCode::kCancelled);
+    CHECK(stopped[rank].losses.size() == 7);
+  }
+  CHECK(absl::StrContains(stopped[1].status.message(),
+                          "preempted by SIGTERM after step 7; checkpoint step 7 committed"));
+  CHECK(absl::StrContains(stopped[0].status.message(), "preempted by a signal to another rank"));
+  CHECK(absl::StrContains(stopped[0].log, "preempted: a signal to another rank after step 7 of 12"));
+  REQUIRE(VerifyCheckpoint(config.checkpoint.dir + "/step_00000007").ok());
+
+  // The next run resumes there and ends bitwise where the uninterrupted one ends.
+  std::vector<RunResult> resumed(world);
+  testing::RunRanks(world, [&](int rank, DataParallel* parallel) {
+    resumed[rank] = RunTrainer(config, parallel);
+  });
+  REQUIRE(resumed[0].status.ok());
+  CHECK(resumed[0].resumed_at.step == 7);
+  CHECK(resumed[0].losses ==
+        std::vector<float>(reference[0].losses.begin() + 7, reference[0].losses.end()));
+  CHECK(resumed[0].params == reference[0].params);
+  CHECK(resumed[1].params == reference[1].params);
+}
+
+TEST_CASE("preemption without checkpoint.dir stops and says nothing was saved") {
+  std::string dir = FreshDir("preempt_nodir");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.checkpoint.dir.clear();
+  config.checkpoint.every = 0;
+  RunResult result = RunTrainer(config, nullptr, [] { return SIGUSR1; });
+  CHECK(result.status.code() == absl::StatusCode::kCancelled);
+  CHECK(result.status.message() ==
+        "preempted by SIGUSR1 after step 1; nothing saved (no checkpoint.dir)");
+  CHECK(result.losses.size() == 1);
+}
+
+TEST_CASE("an explicit resume path starts a run; a restart continues the run's own progress") {
+  std::string dir = FreshDir("resume_path");
+  WriteShard(dir);
+  TrainConfig first = TinyConfig(dir);
+  REQUIRE(RunTrainer(first).status.ok());
+  const std::string source = first.checkpoint.dir + "/step_00000004";
+
+  TrainConfig plain = TinyConfig(dir);
+  plain.checkpoint.dir = dir + "/plain";
+  plain.checkpoint.resume = source;
+  plain.checkpoint.every = 0;
+  RunResult reference = RunTrainer(plain);  // steps 5..12 from the source, uninterrupted
+  REQUIRE(reference.status.ok());
+
+  TrainConfig config = TinyConfig(dir);
+  config.checkpoint.dir = dir + "/finetune";
+  config.checkpoint.resume = source;
+  config.checkpoint.every = 3;
+  int polls = 0;
+  RunResult stopped = RunTrainer(config, nullptr, [&polls] { return ++polls >= 3 ? SIGTERM : 0; });
+  REQUIRE(stopped.status.code() == absl::StatusCode::kCancelled);
+  CHECK(stopped.resumed_at.step == 4);
+  REQUIRE(VerifyCheckpoint(config.checkpoint.dir + "/step_00000007").ok());
+
+  // The restart, with the same config: step 7, not the path's step 4.
+  RunResult restarted = RunTrainer(config);
+  INFO(restarted.log);
+  REQUIRE(restarted.status.ok());
+  CHECK(restarted.resumed_at.step == 7);
+  CHECK(absl::StrContains(restarted.log, "checkpoint.resume " + source +
+                                             " started this run at step 4; continuing from the "
+                                             "run's own " + config.checkpoint.dir +
+                                             "/step_00000007"));
+  CHECK(restarted.losses ==
+        std::vector<float>(reference.losses.begin() + 3, reference.losses.end()));
+  CHECK(restarted.params == reference.params);
+}
+
+TEST_CASE("retention deletes only this run's checkpoints, never the resume source") {
+  std::string dir = FreshDir("retention_lineage");
+  WriteShard(dir);
+  TrainConfig abandoned = TinyConfig(dir);  // steps 4, 8 and 12 in dir/ckpt
+  REQUIRE(RunTrainer(abandoned).status.ok());
+  const std::string source = abandoned.checkpoint.dir + "/step_00000004";
+
+  // Rewind to step 4 in the same directory, keeping only the newest one.
+  TrainConfig rewound = abandoned;
+  rewound.checkpoint.resume = source;
+  rewound.checkpoint.every = 3;
+  rewound.checkpoint.keep_last = 1;
+  rewound.train.steps = 11;  // saves 6, 9 and 11
+  RunResult result = RunTrainer(rewound);
+  INFO(result.log);
+  REQUIRE(result.status.ok());
+  auto listed = ListCheckpoints(abandoned.checkpoint.dir);
+  REQUIRE(listed.ok());
+  std::vector<int> steps;
+  for (const CheckpointEntry& entry : *listed) steps.push_back(entry.step);
+  // The source and the abandoned run's 8 and 12 are untouched; of this
+  // run's 6, 9 and 11, only 11 is kept.
+  CHECK(steps == std::vector<int>{4, 8, 11, 12});
+  CHECK(VerifyCheckpoint(source).ok());
+  auto source_manifest = ReadManifest(source);
+  auto newest = ReadManifest(abandoned.checkpoint.dir + "/step_00000011");
+  REQUIRE(source_manifest.ok());
+  REQUIRE(newest.ok());
+  CHECK(newest->lineage == ForkLineage(*source_manifest));
+  CHECK(source_manifest->lineage.size() == 16);
 }
 
 TEST_CASE("reshard: saved by 2 thread-ranks, resumed by 1 and by 3") {

@@ -86,7 +86,15 @@ class ThreadRank : public DataParallel {
   absl::Status ReduceGradients(GptModel* model) override {
     return world_->MeanGradients(rank_, model);
   }
-  absl::StatusOr<float> MeanOverRanks(float value) override { return world_->Mean(rank_, value); }
+  absl::Status MeanOverRanks(absl::Span<float> values) override {
+    for (float& value : values) {
+      auto mean = world_->Mean(rank_, value);
+      if (!mean.ok()) return mean.status();
+      value = *mean;
+    }
+    return absl::OkStatus();
+  }
+  using DataParallel::MeanOverRanks;
   absl::Status Barrier() override { return world_->Barrier(); }
 
  private:
