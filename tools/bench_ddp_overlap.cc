@@ -4,7 +4,7 @@
 #include <chrono>
 #include <vector>
 
-#include "parallel/ddp.h"
+#include "parallel/gradient_reducer.h"
 #include "tools/bench_ddp_ranks.h"
 #include "worker/data_parallel.h"
 #include "worker/trainer.h"

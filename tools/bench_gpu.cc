@@ -47,6 +47,7 @@
 #include "launcher/worker_env.h"
 #include "kernels/grad_norm.h"
 #include "worker/model.h"
+#include "worker/optim.h"
 #include "worker/ops.h"
 
 namespace muster::worker {

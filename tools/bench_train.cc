@@ -22,6 +22,7 @@
 #include "absl/strings/str_format.h"
 #include "worker/metrics.h"
 #include "worker/model.h"
+#include "worker/optim.h"
 
 namespace muster::worker {
 namespace {

@@ -44,6 +44,7 @@
 #include "worker/checkpoint_writer.h"
 #include "worker/config.h"
 #include "worker/model.h"
+#include "worker/optim.h"
 #include "worker/trainer.h"
 
 namespace muster::worker {

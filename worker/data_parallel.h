@@ -24,7 +24,7 @@
 #include "absl/time/time.h"
 #include "absl/status/statusor.h"
 #include "parallel/bootstrap.h"
-#include "parallel/ddp.h"
+#include "parallel/gradient_reducer.h"
 #include "parallel/process_group.h"
 #include "worker/trainer.h"
 

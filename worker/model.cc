@@ -173,4 +173,21 @@ void GptModel::CopyParamsRangeFromHost(size_t first, size_t count, const float* 
   ParamsChanged();
 }
 
+double GptModel::GradSumOfSquares() {
+  double sum_of_squares = 0.0;  // stages in order: deterministic
+  for (const Stage& stage : stages_) sum_of_squares += ops_->SumOfSquares(stage.grads, stage.size);
+  return sum_of_squares;
+}
+
+double FlopsPerToken(const ModelConfig& config, int T) {
+  // llm.c's gpt2_estimate_mfu: 6 FLOPs per parameter per token (forward 2,
+  // backward 4), counting wte once as the tied LM head, plus attention's
+  // scores and weighted sums, 6 * L * C * T.
+  const double C = config.dim, L = config.layers;
+  const double parameters = static_cast<double>(config.padded_vocab()) * C +
+                            static_cast<double>(config.seq_len) * C +
+                            L * (12.0 * C * C + 13.0 * C) + 2.0 * C;
+  return 6.0 * parameters + 6.0 * L * C * T;
+}
+
 }  // namespace muster::worker

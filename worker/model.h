@@ -178,44 +178,6 @@ class GptModel {
   std::shared_ptr<Ops> ops_;
 };
 
-// AdamW over every stage's buffers: moments of the same layout, decay per
-// TensorView::decay, bias correction with a 1-based step.
-// REQUIRES: the model outlives its AdamW (the moments are its device memory).
-class AdamW {
- public:
-  AdamW(GptModel* model, const OptimConfig& config);
-  ~AdamW();
-  // One update with learning rate `lr`; `step` counts from 1. Every
-  // gradient is multiplied by `grad_scale` as it is read (the clip factor
-  // of ClipScale; the gradient buffers are left as they are).
-  void Step(float lr, int step, float grad_scale = 1.0f);
-  // Moments as host copies (checkpoints) and back.
-  std::vector<float> CopyMomentsToHost(bool second) const;
-  void CopyMomentsFromHost(bool second, const std::vector<float>& host);
-  // Floats [first, first + count) of that layout (GptModel's
-  // CopyParamsRangeToHost, for the moments).
-  void CopyMomentsRangeToHost(bool second, size_t first, size_t count, float* host) const;
-  void CopyMomentsRangeFromHost(bool second, size_t first, size_t count, const float* host);
-  // The moments as one host array in CopyParamsToHost's layout, for
-  // reading a checkpoint straight into them; nullptr unless the model is
-  // on the CPU.
-  float* HostMoments(bool second);
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
-// Global L2 norm of every gradient buffer (computed in double), and the
-// clip: scales all gradients by min(1, max_norm / norm) when max_norm > 0.
-// Returns the norm before clipping. (The trainer instead passes the factor
-// to AdamW::Step, saving a pass over the gradients.)
-float ClipGradNorm(GptModel* model, float max_norm);
-
-// Learning rate at `step` (0-based): linear warmup over warmup_steps, then
-// cosine from lr to min_lr at total_steps (or constant).
-float LearningRate(const OptimConfig& config, int step, int total_steps);
-
 // Model FLOPs per token for one forward+backward (6N + attention, as in
 // llm.c's MFU estimate).
 double FlopsPerToken(const ModelConfig& config, int T);

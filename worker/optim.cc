@@ -1,10 +1,9 @@
-// AdamW, global-norm gradient clipping, the learning-rate schedule and
-// the FLOPs estimate, over GptModel's stage buffers.
+#include "worker/optim.h"
+
 #include <cassert>
 #include <cmath>
 
 #include "kernels/grad_norm.h"
-#include "worker/model.h"
 #include "worker/model_layout.h"
 #include "worker/ops.h"
 
@@ -122,12 +121,6 @@ void AdamW::CopyMomentsRangeFromHost(bool second, size_t first, size_t count, co
                             });
 }
 
-double GptModel::GradSumOfSquares() {
-  double sum_of_squares = 0.0;  // stages in order: deterministic
-  for (const Stage& stage : stages_) sum_of_squares += ops_->SumOfSquares(stage.grads, stage.size);
-  return sum_of_squares;
-}
-
 float ClipGradNorm(GptModel* model, float max_norm) {
   Ops& ops = model->ops();
   const double norm = std::sqrt(model->GradSumOfSquares());
@@ -151,17 +144,6 @@ float LearningRate(const OptimConfig& config, int step, int total_steps) {
   progress = std::fmin(1.0, std::fmax(0.0, progress));
   const double cosine = 0.5 * (1.0 + std::cos(M_PI * progress));  // 1 -> 0
   return static_cast<float>(config.min_lr + cosine * (config.lr - config.min_lr));
-}
-
-double FlopsPerToken(const ModelConfig& config, int T) {
-  // llm.c's gpt2_estimate_mfu: 6 FLOPs per parameter per token (forward 2,
-  // backward 4), counting wte once as the tied LM head, plus attention's
-  // scores and weighted sums, 6 * L * C * T.
-  const double C = config.dim, L = config.layers;
-  const double parameters = static_cast<double>(config.padded_vocab()) * C +
-                            static_cast<double>(config.seq_len) * C +
-                            L * (12.0 * C * C + 13.0 * C) + 2.0 * C;
-  return 6.0 * parameters + 6.0 * L * C * T;
 }
 
 }  // namespace muster::worker

@@ -30,6 +30,7 @@
 #include "worker/data.h"
 #include "worker/metrics.h"
 #include "worker/model.h"
+#include "worker/optim.h"
 
 namespace muster::worker {
 

@@ -1,4 +1,4 @@
-// DDP (worker/data_parallel, parallel/ddp): the bucket plan, and ranks as
+// DDP (worker/data_parallel, parallel/gradient_reducer): the bucket plan, and ranks as
 // threads in one process on real Gloo groups over an in-memory store.
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "parallel/ddp.h"
+#include "parallel/gradient_reducer.h"
 #include "parallel/gloo_group.h"
 #include "rendezvous/store.h"
 #include "worker/data.h"

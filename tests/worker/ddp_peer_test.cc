@@ -28,6 +28,7 @@
 #include "worker/config.h"
 #include "worker/data.h"
 #include "worker/model.h"
+#include "worker/optim.h"
 #include "worker/trainer.h"
 
 namespace muster::worker {

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "worker/model.h"
+#include "worker/optim.h"
 
 namespace muster::worker {
 namespace {

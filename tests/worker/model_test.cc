@@ -2,6 +2,7 @@
 // determinism, initialisation, the grad-ready callback, llm.c files, the
 // optimizer and the schedule.
 #include "worker/model.h"
+#include "worker/optim.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -1,4 +1,4 @@
-#include "parallel/ddp.h"
+#include "parallel/gradient_reducer.h"
 
 #include <utility>
 
