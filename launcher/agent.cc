@@ -14,8 +14,8 @@
 #include "launcher/endpoint.h"
 #include "launcher/signal_watch.h"
 #include "launcher/workers.h"
-#include "rendezvous/client.h"
-#include "rendezvous/store.h"
+#include "rendezvous/client/client.h"
+#include "rendezvous/client/store.h"
 #include "spdlog/spdlog.h"
 
 namespace muster::launcher {

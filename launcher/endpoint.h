@@ -12,8 +12,8 @@
 #include "launcher/options.h"
 #include "launcher/worker_env.h"
 #include "proto/rendezvous.pb.h"
-#include "rendezvous/client.h"
-#include "rendezvous/server.h"
+#include "rendezvous/client/client.h"
+#include "rendezvous/server/server.h"
 
 namespace muster::launcher {
 

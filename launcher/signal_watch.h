@@ -22,7 +22,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "rendezvous/client.h"
+#include "rendezvous/client/client.h"
 
 namespace muster::launcher {
 

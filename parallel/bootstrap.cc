@@ -5,17 +5,20 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <set>
 #include <utility>
 
 extern char** environ;
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "parallel/gloo_group.h"
 #include "parallel/nccl_group.h"
+#include "parallel/self_group.h"
 #include "parallel/staged_group.h"
-#include "rendezvous/client_rpc.h"
-#include "rendezvous/client_watcher.h"
+#include "rendezvous/client/rpc.h"
+#include "rendezvous/client/watcher.h"
 
 namespace muster::parallel {
 namespace {
@@ -162,6 +165,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
   GlooOptions gloo;
   gloo.address = comm->local_address_;
   gloo.timeout = world.comm_timeout.value_or(options.timeout);
+  comm->timeout_ = gloo.timeout;
 
   if (world.world_size == 1) {
     comm->store_ = std::make_unique<rdzv::InMemoryStore>();
@@ -278,12 +282,87 @@ absl::Status RoundStatus(const std::optional<rdzv::pb::JobState>& latest,
                                          ")"));
 }
 
+absl::StatusOr<ProcessGroup*> Communicator::NewGroup(const std::string& name,
+                                                     const std::vector<int>& ranks) {
+  const std::string listed = absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
+  const std::string where = absl::StrCat("rank ", world_.rank, " of ", world_.world_size,
+                                         ": creating group '", name, "' of ranks ", listed);
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the name is empty"));
+  }
+  int group_rank = -1;
+  std::set<int> seen;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= world_.world_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": rank ", ranks[i], " is outside the world [0, ", world_.world_size, ")"));
+    }
+    if (!seen.insert(ranks[i]).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": rank ", ranks[i], " is listed twice"));
+    }
+    if (ranks[i] == world_.rank) group_rank = static_cast<int>(i);
+  }
+  if (group_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": this rank is not a member; only the members create a group"));
+  }
+  {
+    absl::MutexLock lock(&sub_groups_mu_);
+    if (!sub_groups_.emplace(name, nullptr).second) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(where, ": a group of that name was created already"));
+    }
+  }
+
+  std::unique_ptr<ProcessGroup> made;
+  if (ranks.size() == 1) {
+    made = CreateSelfGroup(timeout_);
+  } else {
+    rdzv::PrefixStore store(store_.get(), absl::StrCat("group/", name));
+    // Two layouts that name different groups alike would otherwise wait
+    // for each other until the timeout: the first member to get here
+    // records the ranks, the others compare.
+    absl::StatusOr<rdzv::Store::CasResult> recorded =
+        store.CompareAndSet("members", std::nullopt, listed);
+    if (!recorded.ok()) {
+      return absl::Status(recorded.status().code(),
+                          absl::StrCat(where, ": ", recorded.status().message()));
+    }
+    if (!recorded->swapped && recorded->value != listed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ", but another member created it with ranks ", recorded->value));
+    }
+    GlooOptions gloo;
+    gloo.address = local_address_;
+    gloo.timeout = timeout_;
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> connected =
+        CreateGlooGroup(&store, group_rank, static_cast<int>(ranks.size()), gloo);
+    if (!connected.ok()) {
+      return absl::Status(connected.status().code(),
+                          absl::StrCat(where, ": ", connected.status().message()));
+    }
+    made = *std::move(connected);
+  }
+  ProcessGroup* group = made.get();
+  {
+    absl::MutexLock lock(&sub_groups_mu_);
+    sub_groups_[name] = std::move(made);
+  }
+  if (watchdog_ != nullptr) watchdog_->Watch(group);
+  return group;
+}
+
 Communicator::~Communicator() {
   // The watcher's callback wakes the watchdog and the watchdog's probe
   // reads the watcher: stop the stream, then the watchdog, then the rest.
   if (round_watcher_ != nullptr) round_watcher_->Stop();
   watchdog_.reset();
   round_watcher_.reset();
+  {
+    absl::MutexLock lock(&sub_groups_mu_);
+    sub_groups_.clear();
+  }
   data_group_.reset();  // may wrap group_
   group_.reset();
 }

@@ -22,13 +22,16 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "parallel/process_group.h"
 #include "parallel/watchdog.h"
-#include "rendezvous/client_rpc.h"
-#include "rendezvous/store.h"
+#include "rendezvous/client/rpc.h"
+#include "rendezvous/client/store.h"
 
 namespace muster::rdzv {
 class JobWatcher;
@@ -103,8 +106,9 @@ struct CommunicatorOptions {
 };
 
 // Owns everything a worker's process groups need: the rendezvous Client,
-// the round's RemoteStore, PrefixStores scoping the keys, the groups, the
-// round's JobWatcher and the watchdog.
+// the round's RemoteStore, PrefixStores scoping the keys, the groups (the
+// world's and the sub-groups of NewGroup), the round's JobWatcher and the
+// watchdog.
 //
 // Two groups: group() is Gloo over host memory, for control messages
 // (losses, checkpoint votes); data_group() reduces the gradients with the
@@ -125,6 +129,27 @@ class Communicator {
 
   // The group goes first: its connections close before the stores go.
   ~Communicator();
+
+  // A Gloo group (host memory) among `ranks`: global ranks, listed in
+  // group-rank order (ParallelDims::GroupRanks gives them), this rank among
+  // them. Every member calls this with the same name and ranks; it blocks
+  // until all have joined or the timeout passes. The group connects through
+  // the round's store under "group/<name>/", with the world group's timeout
+  // and local address; a sub-group of one rank (and any group of a world of
+  // one) is a self group (parallel/self_group.h), which needs no peers. The
+  // Communicator owns it (it lives as long as the Communicator) and its
+  // watchdog watches it: the round's end, or any group's error, aborts it
+  // with the others.
+  //
+  // Errors: INVALID_ARGUMENT for an empty name, a rank outside the world or
+  // listed twice, a list without this rank, or a list that differs from
+  // the one another member gave for the same name; ALREADY_EXISTS for a
+  // name used before by this Communicator (even if creating it failed: its
+  // keys in the store may be half-written); CreateGlooGroup's otherwise
+  // (DEADLINE_EXCEEDED: a member did not join; ABORTED: the round ended).
+  // Thread-safety: any thread, but every member must create its groups in
+  // the same order, or two ranks can wait for each other on different ones.
+  absl::StatusOr<ProcessGroup*> NewGroup(const std::string& name, const std::vector<int>& ranks);
 
   ProcessGroup& group() { return *group_; }
   ProcessGroup& data_group() { return data_group_ != nullptr ? *data_group_ : *group_; }
@@ -152,6 +177,11 @@ class Communicator {
   bool data_group_owns_group_ = false;        // kStagedGloo wraps group_
   std::unique_ptr<rdzv::JobWatcher> round_watcher_;
   std::unique_ptr<Watchdog> watchdog_;
+  absl::Duration timeout_;  // of every Gloo group
+  absl::Mutex sub_groups_mu_;
+  // NewGroup's, by name; nullptr while being created, or when creating failed.
+  std::map<std::string, std::unique_ptr<ProcessGroup>> sub_groups_
+      ABSL_GUARDED_BY(sub_groups_mu_);
 };
 
 }  // namespace muster::parallel

@@ -130,10 +130,18 @@ class GlooGroup : public ProcessGroup {
   absl::Duration timeout() const override { return shared_->timeout; }
 
   std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
-    return Issue(absl::StrCat("allreduce of ", data.size(), " floats"),
+    return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " floats"),
                  [context = context_, data, op](uint32_t tag, Millis timeout) {
-                   if (!data.empty()) gloo_ops::AllReduceSum(context, data, tag, timeout);
+                   if (!data.empty()) gloo_ops::AllReduce(context, data, op, tag, timeout);
                    if (op == ReduceOp::kAvg) Scale(data, context->size);
+                 });
+  }
+
+  std::shared_ptr<Work> AllReduceInt64(absl::Span<int64_t> data, ReduceOp op) override {
+    if (absl::Status bad = CheckInt64Op(op); !bad.ok()) return WorkQueue::Finished(bad);
+    return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " int64s"),
+                 [context = context_, data, op](uint32_t tag, Millis timeout) {
+                   if (!data.empty()) gloo_ops::AllReduce(context, data, op, tag, timeout);
                  });
   }
 
@@ -143,10 +151,11 @@ class GlooGroup : public ProcessGroup {
         !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("reduce_scatter of ", input.size(), " floats"),
+    return Issue(absl::StrCat("reduce_scatter (", ReduceOpName(op), ") of ", input.size(),
+                              " floats"),
                  [context = context_, input, output, counts = std::move(counts), op](
                      uint32_t tag, Millis timeout) {
-                   gloo_ops::ReduceScatterSum(context, input, output, counts, tag, timeout);
+                   gloo_ops::ReduceScatter(context, input, output, counts, op, tag, timeout);
                    if (op == ReduceOp::kAvg) Scale(output, context->size);
                  });
   }
@@ -171,6 +180,16 @@ class GlooGroup : public ProcessGroup {
       return WorkQueue::Finished(bad);
     }
     return Issue(absl::StrCat("broadcast of ", data.size(), " floats from rank ", root),
+                 [context = context_, data, root](uint32_t tag, Millis timeout) {
+                   if (!data.empty()) gloo_ops::Broadcast(context, data, root, tag, timeout);
+                 });
+  }
+
+  std::shared_ptr<Work> BroadcastBytes(absl::Span<uint8_t> data, int root) override {
+    if (absl::Status bad = CheckPeer("broadcast root", root, /*self_ok=*/true); !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("broadcast of ", data.size(), " bytes from rank ", root),
                  [context = context_, data, root](uint32_t tag, Millis timeout) {
                    if (!data.empty()) gloo_ops::Broadcast(context, data, root, tag, timeout);
                  });

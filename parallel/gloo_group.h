@@ -32,7 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "parallel/process_group.h"
-#include "rendezvous/store.h"
+#include "rendezvous/client/store.h"
 
 namespace muster::parallel {
 

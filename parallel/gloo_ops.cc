@@ -28,14 +28,86 @@ class Pair {
 namespace muster::parallel::gloo_ops {
 namespace {
 
-// gloo calls it with out == a; element i reads only inputs i, so the loop
-// vectorizes all the same.
-void SumFloats(void* out, const void* a, const void* b, size_t n) {
-  float* c = static_cast<float*>(out);
-  const float* x = static_cast<const float*>(a);
-  const float* y = static_cast<const float*>(b);
+// gloo's reduce functions: out[i] = a[i] op b[i]. gloo calls them with
+// out == a; element i reads only inputs i, so the loops vectorize all the
+// same.
+template <typename T>
+void Sum(void* out, const void* a, const void* b, size_t n) {
+  T* c = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
 #pragma omp simd
   for (size_t i = 0; i < n; ++i) c[i] = x[i] + y[i];
+}
+
+// Signed overflow is undefined; unsigned arithmetic wraps, and converting
+// back is modular since C++20 (and with g++ in every standard).
+template <>
+void Sum<int64_t>(void* out, const void* a, const void* b, size_t n) {
+  int64_t* c = static_cast<int64_t*>(out);
+  const int64_t* x = static_cast<const int64_t*>(a);
+  const int64_t* y = static_cast<const int64_t*>(b);
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) {
+    c[i] = static_cast<int64_t>(static_cast<uint64_t>(x[i]) + static_cast<uint64_t>(y[i]));
+  }
+}
+
+template <typename T>
+void Min(void* out, const void* a, const void* b, size_t n) {
+  T* c = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) c[i] = y[i] < x[i] ? y[i] : x[i];
+}
+
+template <typename T>
+void Max(void* out, const void* a, const void* b, size_t n) {
+  T* c = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+#pragma omp simd
+  for (size_t i = 0; i < n; ++i) c[i] = y[i] > x[i] ? y[i] : x[i];
+}
+
+using ReduceFunction = void (*)(void*, const void*, const void*, size_t);
+
+template <typename T>
+ReduceFunction FunctionFor(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kMin:
+      return &Min<T>;
+    case ReduceOp::kMax:
+      return &Max<T>;
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:  // the caller divides
+      break;
+  }
+  return &Sum<T>;
+}
+
+template <typename T>
+void RingAllReduce(const std::shared_ptr<gloo::Context>& context, absl::Span<T> data,
+                   ReduceOp op, uint32_t tag, Millis timeout) {
+  gloo::AllreduceOptions options(context);
+  options.setOutput(data.data(), data.size());
+  options.setReduceFunction(FunctionFor<T>(op));
+  options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+  options.setTag(tag);
+  options.setTimeout(timeout);
+  gloo::allreduce(options);
+}
+
+template <typename T>
+void BroadcastFrom(const std::shared_ptr<gloo::Context>& context, absl::Span<T> data, int root,
+                   uint32_t tag, Millis timeout) {
+  gloo::BroadcastOptions options(context);
+  options.setOutput(data.data(), data.size());
+  options.setRoot(root);
+  options.setTag(tag);
+  options.setTimeout(timeout);
+  gloo::broadcast(options);
 }
 
 // gloo reads inputs through non-const pointers but never writes them.
@@ -49,15 +121,14 @@ void Check(bool completed, const char* what) {
 
 }  // namespace
 
-void AllReduceSum(const std::shared_ptr<gloo::Context>& context,
-                  absl::Span<float> data, uint32_t tag, Millis timeout) {
-  gloo::AllreduceOptions options(context);
-  options.setOutput(data.data(), data.size());
-  options.setReduceFunction(&SumFloats);
-  options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-  options.setTag(tag);
-  options.setTimeout(timeout);
-  gloo::allreduce(options);
+void AllReduce(const std::shared_ptr<gloo::Context>& context,
+               absl::Span<float> data, ReduceOp op, uint32_t tag, Millis timeout) {
+  RingAllReduce(context, data, op, tag, timeout);
+}
+
+void AllReduce(const std::shared_ptr<gloo::Context>& context,
+               absl::Span<int64_t> data, ReduceOp op, uint32_t tag, Millis timeout) {
+  RingAllReduce(context, data, op, tag, timeout);
 }
 
 void AllGather(const std::shared_ptr<gloo::Context>& context,
@@ -73,12 +144,12 @@ void AllGather(const std::shared_ptr<gloo::Context>& context,
 
 void Broadcast(const std::shared_ptr<gloo::Context>& context,
                absl::Span<float> data, int root, uint32_t tag, Millis timeout) {
-  gloo::BroadcastOptions options(context);
-  options.setOutput(data.data(), data.size());
-  options.setRoot(root);
-  options.setTag(tag);
-  options.setTimeout(timeout);
-  gloo::broadcast(options);
+  BroadcastFrom(context, data, root, tag, timeout);
+}
+
+void Broadcast(const std::shared_ptr<gloo::Context>& context,
+               absl::Span<uint8_t> data, int root, uint32_t tag, Millis timeout) {
+  BroadcastFrom(context, data, root, tag, timeout);
 }
 
 void Barrier(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
@@ -128,12 +199,13 @@ void ProbeConnection(gloo::Context& context, int peer) {
 // (zeros included) and moves each element once per step: P-1 steps, in step
 // s rank r sends its running sum of chunk (r-s-1) to r+1 and adds the chunk
 // (r-s-2) received from r-1, so after P-1 steps it holds the full sum of
-// chunk r. Chunks are matched by order on one slot: a pair's messages on a
-// slot are delivered in the order posted.
-void ReduceScatterSum(const std::shared_ptr<gloo::Context>& context,
-                      absl::Span<const float> input, absl::Span<float> output,
-                      const std::vector<size_t>& counts, uint32_t tag,
-                      Millis timeout) {
+// chunk r (or its min, or max: any associative, commutative op). Chunks are
+// matched by order on one slot: a pair's messages on a slot are delivered in
+// the order posted.
+void ReduceScatter(const std::shared_ptr<gloo::Context>& context,
+                   absl::Span<const float> input, absl::Span<float> output,
+                   const std::vector<size_t>& counts, ReduceOp op, uint32_t tag,
+                   Millis timeout) {
   const int P = context->size;
   const int r = context->rank;
   std::vector<size_t> offsets(P + 1, 0);
@@ -153,6 +225,7 @@ void ReduceScatterSum(const std::shared_ptr<gloo::Context>& context,
   auto incoming_buffer =
       context->createUnboundBuffer(incoming.data(), incoming.size() * sizeof(float));
   const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+  const ReduceFunction combine = FunctionFor<float>(op);
   const int next = (r + 1) % P;
   const int prev = (r + P - 1) % P;
   for (int step = 0; step < P - 1; ++step) {
@@ -169,7 +242,7 @@ void ReduceScatterSum(const std::shared_ptr<gloo::Context>& context,
     if (recv_bytes > 0) {
       Check(incoming_buffer->waitRecv(left()), "reduce_scatter recv");
       float* sum = sums.data() + offsets[recv_chunk];
-      for (size_t i = 0; i < counts[recv_chunk]; ++i) sum[i] += incoming[i];
+      combine(sum, sum, incoming.data(), counts[recv_chunk]);
     }
     if (send_bytes > 0) Check(sums_buffer->waitSend(left()), "reduce_scatter send");
   }

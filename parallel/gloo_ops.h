@@ -16,6 +16,7 @@
 #include <gloo/context.h>
 
 #include "absl/types/span.h"
+#include "parallel/process_group.h"
 
 namespace muster::parallel::gloo_ops {
 
@@ -28,8 +29,14 @@ inline constexpr uint8_t kReduceScatterSlotPrefix = 0x41;
 // Never carries data: GlooGroup probes its pairs' health on it.
 inline constexpr uint8_t kProbeSlotPrefix = 0x42;
 
-void AllReduceSum(const std::shared_ptr<gloo::Context>& context,
-                  absl::Span<float> data, uint32_t tag, Millis timeout);
+// The reductions take a ReduceOp; kAvg reduces as kSum (the caller divides).
+// Min and max of floats are `b < a ? b : a` and `b > a ? b : a` element-wise.
+
+void AllReduce(const std::shared_ptr<gloo::Context>& context,
+               absl::Span<float> data, ReduceOp op, uint32_t tag, Millis timeout);
+// Exact; the sum wraps modulo 2^64.
+void AllReduce(const std::shared_ptr<gloo::Context>& context,
+               absl::Span<int64_t> data, ReduceOp op, uint32_t tag, Millis timeout);
 
 // Rank r contributes input (counts[r] floats); output holds all in order.
 void AllGather(const std::shared_ptr<gloo::Context>& context,
@@ -38,6 +45,8 @@ void AllGather(const std::shared_ptr<gloo::Context>& context,
 
 void Broadcast(const std::shared_ptr<gloo::Context>& context,
                absl::Span<float> data, int root, uint32_t tag, Millis timeout);
+void Broadcast(const std::shared_ptr<gloo::Context>& context,
+               absl::Span<uint8_t> data, int root, uint32_t tag, Millis timeout);
 
 void Barrier(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
              Millis timeout);
@@ -53,11 +62,11 @@ void Recv(const std::shared_ptr<gloo::Context>& context, absl::Span<float> data,
 // otherwise does nothing (no data moves). No-op for `peer` == own rank.
 void ProbeConnection(gloo::Context& context, int peer);
 
-// Sum of every rank's chunk `rank` of `input` (chunks of counts[i] floats)
-// into `output`.
-void ReduceScatterSum(const std::shared_ptr<gloo::Context>& context,
-                      absl::Span<const float> input, absl::Span<float> output,
-                      const std::vector<size_t>& counts, uint32_t tag,
-                      Millis timeout);
+// The reduction of every rank's chunk `rank` of `input` (chunks of
+// counts[i] floats) into `output`.
+void ReduceScatter(const std::shared_ptr<gloo::Context>& context,
+                   absl::Span<const float> input, absl::Span<float> output,
+                   const std::vector<size_t>& counts, ReduceOp op, uint32_t tag,
+                   Millis timeout);
 
 }  // namespace muster::parallel::gloo_ops

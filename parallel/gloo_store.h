@@ -1,6 +1,7 @@
-// gloo::rendezvous::Store over muster's rdzv::Store (style.md item 3), so
-// gloo's connectFullMesh can exchange addresses through the in-memory store
-// in tests or the rendezvous server's round store in real jobs.
+// gloo::rendezvous::Store over muster's rdzv::Store (one store interface
+// for every user), so gloo's connectFullMesh can exchange addresses
+// through the in-memory store in tests or the rendezvous server's round
+// store in real jobs.
 //
 // Gloo expects exceptions from its store; every failed Status becomes a
 // gloo::IoException whose message carries the status code and the key. The
@@ -21,7 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "rendezvous/store.h"
+#include "rendezvous/client/store.h"
 
 namespace muster::parallel {
 

@@ -1,5 +1,5 @@
 // Data-parallel gradient reduction in buckets, overlapped with the
-// backward pass (the DDP of design.md, "Worker").
+// backward pass (docs/worker.md, "Data parallelism").
 //
 // The model hands over its gradient memory as SEGMENTS, in model order:
 // one per stage (embedding, block0..L-1, head), each one contiguous buffer.

@@ -148,9 +148,18 @@ class NcclGroup : public ProcessGroup {
   absl::Duration timeout() const override { return comm_->options.timeout; }
 
   std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
-    return Issue(absl::StrCat("allreduce of ", data.size(), " floats"),
+    return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " floats"),
                  [=](ncclComm_t comm, cudaStream_t stream) {
                    return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat,
+                                        Nccl(op), comm, stream);
+                 });
+  }
+
+  std::shared_ptr<Work> AllReduceInt64(absl::Span<int64_t> data, ReduceOp op) override {
+    if (absl::Status bad = CheckInt64Op(op); !bad.ok()) return WorkQueue::Finished(bad);
+    return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " int64s"),
+                 [=](ncclComm_t comm, cudaStream_t stream) {
+                   return ncclAllReduce(data.data(), data.data(), data.size(), ncclInt64,
                                         Nccl(op), comm, stream);
                  });
   }
@@ -163,7 +172,8 @@ class NcclGroup : public ProcessGroup {
       return WorkQueue::Finished(bad);
     }
     const int size = size_;
-    return Issue(absl::StrCat("reduce_scatter of ", input.size(), " floats"),
+    return Issue(absl::StrCat("reduce_scatter (", ReduceOpName(op), ") of ", input.size(),
+                              " floats"),
                  [=](ncclComm_t comm, cudaStream_t stream) {
                    if (AllEqual(counts)) {
                      return ncclReduceScatter(input.data(), output.data(), counts[0], ncclFloat,
@@ -227,6 +237,18 @@ class NcclGroup : public ProcessGroup {
                  });
   }
 
+  std::shared_ptr<Work> BroadcastBytes(absl::Span<uint8_t> data, int root) override {
+    if (absl::Status bad = CheckPeer("broadcast root", root, /*self_ok=*/true, rank_, size_);
+        !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("broadcast of ", data.size(), " bytes from rank ", root),
+                 [=](ncclComm_t comm, cudaStream_t stream) {
+                   return ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8, root,
+                                        comm, stream);
+                 });
+  }
+
   std::shared_ptr<Work> Send(absl::Span<const float> data, int destination, int tag) override {
     if (absl::Status bad = CheckPointToPoint("send destination", destination, tag, rank_, size_);
         !bad.ok()) {
@@ -268,7 +290,19 @@ class NcclGroup : public ProcessGroup {
  private:
   using Launch = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
 
-  static ncclRedOp_t Nccl(ReduceOp op) { return op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
+  static ncclRedOp_t Nccl(ReduceOp op) {
+    switch (op) {
+      case ReduceOp::kAvg:
+        return ncclAvg;
+      case ReduceOp::kMin:
+        return ncclMin;
+      case ReduceOp::kMax:
+        return ncclMax;
+      case ReduceOp::kSum:
+        break;
+    }
+    return ncclSum;
+  }
 
   // Records the compute stream's progress now (on the issuing thread) and
   // queues `launch` to run after it on the group's stream.

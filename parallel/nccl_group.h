@@ -26,7 +26,9 @@
 // Differences from Gloo: Send/Recv tags are not transmitted (NCCL matches
 // point-to-point operations by order); uneven ReduceScatter and AllGather
 // are grouped ncclReduce / ncclBroadcast calls, even ones the native
-// collectives.
+// collectives. Every buffer is device memory, AllReduceInt64's (ncclInt64)
+// and BroadcastBytes' (ncclUint8) too: the control plane
+// (parallel/collectives.h) runs on the Gloo group instead.
 //
 // REQUIRES: the caller's current CUDA device is options.device when
 // creating the group and when issuing operations.
@@ -38,7 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "parallel/process_group.h"
-#include "rendezvous/store.h"
+#include "rendezvous/client/store.h"
 
 namespace muster::parallel {
 

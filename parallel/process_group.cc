@@ -47,4 +47,26 @@ absl::Status CheckPointToPoint(const char* what, int peer, int tag, int rank, in
   return CheckPeer(what, peer, /*self_ok=*/false, rank, size);
 }
 
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "unknown";
+}
+
+absl::Status CheckInt64Op(ReduceOp op) {
+  if (op == ReduceOp::kAvg) {
+    return absl::InvalidArgumentError(
+        "allreduce of int64: avg is not defined on integers; expected sum, min or max");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace muster::parallel

@@ -1,7 +1,10 @@
 // Collective communication among the ranks of one job round: the one
 // interface DDP (and later FSDP and pipeline parallelism) talk through.
-// Back ends: Gloo over TCP (parallel/gloo_group.h, CPU memory) and NCCL
-// (parallel/nccl_group.h, device memory, --config=cuda only).
+// Back ends: Gloo over TCP (parallel/gloo_group.h, CPU memory), NCCL
+// (parallel/nccl_group.h, device memory, --config=cuda only), Gloo staged
+// through pinned memory (parallel/staged_group.h) and a group of one rank
+// (parallel/self_group.h). Blocking control-plane calls over a host-memory
+// group: parallel/collectives.h.
 //
 // Ordering. Operations run asynchronously, one at a time, in the order
 // they were issued. Every rank must issue the same collectives in the same
@@ -16,11 +19,12 @@
 // Errors, as the status of a Work:
 //   UNAVAILABLE        a peer closed its connection (it died or left)
 //   DEADLINE_EXCEEDED  the operation's timeout passed
-//   INVALID_ARGUMENT   bad sizes or ranks (reported without communicating)
+//   INVALID_ARGUMENT   bad sizes, ranks or ops, or memory of the wrong kind
+//                      (reported without communicating; the group stays usable)
 //   INTERNAL           anything else from the back end
 // After a communication error the group is broken for good: the running
 // operation, everything queued behind it and everything issued later fail
-// with the first error (style.md item 4). The job's restart takes over.
+// with the first error: no retry in place. The job's restart takes over.
 //
 // Thread-safety: a ProcessGroup may be used from several threads, but the
 // ORDER of issue must be the same on every rank, which in practice means
@@ -29,6 +33,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,7 +45,11 @@
 
 namespace muster::parallel {
 
-enum class ReduceOp { kSum, kAvg };
+// kAvg is the sum divided by size(); it exists for floats only.
+enum class ReduceOp { kSum, kAvg, kMin, kMax };
+
+// "sum", "avg", "min", "max": for messages.
+const char* ReduceOpName(ReduceOp op);
 
 // One issued operation.
 class Work {
@@ -68,14 +77,21 @@ class ProcessGroup {
   virtual int size() const = 0;
   virtual absl::Duration timeout() const = 0;
 
-  // In place: every rank's `data` becomes the element-wise sum (or mean)
-  // over ranks. Every rank passes the same length (may be 0).
+  // In place: every rank's `data` becomes the element-wise sum, mean,
+  // minimum or maximum over ranks. Every rank passes the same length (may
+  // be 0).
   virtual std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) = 0;
+
+  // The same on 64-bit integers, exactly (a sum wraps modulo 2^64 on
+  // overflow): kSum, kMin, kMax. kAvg is INVALID_ARGUMENT, reported without
+  // communicating. For counts, steps and votes, which floats only
+  // approximate above 2^24.
+  virtual std::shared_ptr<Work> AllReduceInt64(absl::Span<int64_t> data, ReduceOp op) = 0;
 
   // `input` is split into size() consecutive chunks of counts[0],
   // counts[1], ... elements (counts.size() == size(), sum == input.size());
-  // rank r receives the reduction of every rank's chunk r in `output`
-  // (output.size() == counts[rank]). Counts may differ and may be 0.
+  // rank r receives the reduction (any ReduceOp) of every rank's chunk r in
+  // `output` (output.size() == counts[rank]). Counts may differ and may be 0.
   virtual std::shared_ptr<Work> ReduceScatter(absl::Span<const float> input,
                                               absl::Span<float> output,
                                               std::vector<size_t> counts,
@@ -89,6 +105,11 @@ class ProcessGroup {
 
   // Every rank's `data` becomes root's.
   virtual std::shared_ptr<Work> Broadcast(absl::Span<float> data, int root) = 0;
+
+  // The same on raw bytes (every rank passes the same length, which may
+  // be 0): serialized messages, names, paths. Collectives::Broadcast
+  // (parallel/collectives.h) sends a string whose length only root knows.
+  virtual std::shared_ptr<Work> BroadcastBytes(absl::Span<uint8_t> data, int root) = 0;
 
   // Point to point. `tag` tells apart several messages in flight between
   // the same pair; a Recv matches the Send with the same tag from `source`,
@@ -126,5 +147,8 @@ absl::Status CheckCounts(const char* op, const std::vector<size_t>& counts, size
                          size_t mine, int rank, int size);
 absl::Status CheckPeer(const char* what, int peer, bool self_ok, int rank, int size);
 absl::Status CheckPointToPoint(const char* what, int peer, int tag, int rank, int size);
+// AllReduceInt64's op: INVALID_ARGUMENT for kAvg (an integer mean would
+// have to round, and no caller needs one).
+absl::Status CheckInt64Op(ReduceOp op);
 
 }  // namespace muster::parallel

@@ -86,8 +86,8 @@ struct Staging {
   // stream, so the copies wait for nothing but the issue-time event.
   cudaStream_t stream = nullptr;
   // Used by the communication thread only (one operation at a time).
-  float* pinned = nullptr;
-  size_t capacity = 0;  // floats
+  uint8_t* pinned = nullptr;
+  size_t capacity = 0;  // bytes
   // Set by Abort: the running operation starts no further copy.
   std::atomic<bool> aborted{false};
   absl::Mutex mu;
@@ -99,22 +99,32 @@ struct Staging {
 
 // One caller buffer of an operation.
 struct Region {
-  float* user = nullptr;  // the caller's buffer
-  size_t count = 0;       // floats
-  bool copy_in = false;   // the inner operation reads it
-  bool copy_out = false;  // the inner operation writes it
-  bool staged = false;    // device memory: copied through the pinned buffer
+  uint8_t* user = nullptr;  // the caller's buffer
+  size_t bytes = 0;
+  bool copy_in = false;    // the inner operation reads it
+  bool copy_out = false;   // the inner operation writes it
+  bool host_only = false;  // the operation takes host memory only (int64s, bytes)
+  bool staged = false;     // device memory: copied through the pinned buffer
 };
 
+// Regions start at multiples of this in the pinned buffer (more than any
+// element needs).
+constexpr size_t kPinnedAlignment = 64;
+
 // Issues the inner operation on the host view of the regions (in order).
-using Launch = std::function<std::shared_ptr<Work>(ProcessGroup& inner,
-                                                   const std::vector<absl::Span<float>>& host)>;
+using HostViews = std::vector<absl::Span<uint8_t>>;
+using Launch = std::function<std::shared_ptr<Work>(ProcessGroup& inner, const HostViews& host)>;
+
+absl::Span<float> Floats(absl::Span<uint8_t> bytes) {
+  return absl::Span<float>(reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float));
+}
 
 // Device (or managed) memory is staged; pinned and pageable host memory is
-// passed to the inner group as it is.
+// passed to the inner group as it is. A host-only region in device or
+// managed memory is INVALID_ARGUMENT.
 absl::Status Classify(Region& region, int device) {
   region.staged = false;
-  if (region.count == 0) return absl::OkStatus();
+  if (region.bytes == 0) return absl::OkStatus();
   cudaPointerAttributes attributes{};
   cudaError_t error = cudaPointerGetAttributes(&attributes, region.user);
   if (error != cudaSuccess) {
@@ -136,6 +146,12 @@ absl::Status Classify(Region& region, int device) {
       break;
     default:  // cudaMemoryTypeHost (pinned), cudaMemoryTypeUnregistered
       break;
+  }
+  if (region.staged && region.host_only) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the buffer is CUDA ",
+        attributes.type == cudaMemoryTypeManaged ? "managed" : "device",
+        " memory; this operation takes host memory only (the control plane's)"));
   }
   return absl::OkStatus();
 }
@@ -166,19 +182,22 @@ absl::Status RunStaged(Staging& s, cudaEvent_t ready, const std::vector<Region>&
   // The inner operation gets its whole timeout; the copies before it what
   // is left of the margin.
   const absl::Time copy_in_deadline = deadline - s.inner_timeout;
-  std::vector<absl::Span<float>> host;
+  HostViews host;
   if (ready != nullptr) {
     if (absl::Status st = CudaStatus(cudaSetDevice(s.device), "cudaSetDevice"); !st.ok()) {
       return st;
     }
+    auto aligned = [](size_t bytes) {
+      return (bytes + kPinnedAlignment - 1) / kPinnedAlignment * kPinnedAlignment;
+    };
     size_t needed = 0;
     for (const Region& region : regions) {
-      if (region.staged) needed += region.count;
+      if (region.staged) needed += aligned(region.bytes);
     }
     if (needed > s.capacity) {
       // One buffer, grown to the largest operation and reused, rather than
       // one per operation: pinning memory is far slower than copying it.
-      float* old = s.pinned;
+      uint8_t* old = s.pinned;
       s.pinned = nullptr;
       s.capacity = 0;
       if (old != nullptr) {
@@ -186,21 +205,20 @@ absl::Status RunStaged(Staging& s, cudaEvent_t ready, const std::vector<Region>&
       }
       void* pinned = nullptr;
       if (absl::Status st =
-              CudaStatus(cudaHostAlloc(&pinned, needed * sizeof(float), cudaHostAllocDefault),
-                         "cudaHostAlloc");
+              CudaStatus(cudaHostAlloc(&pinned, needed, cudaHostAllocDefault), "cudaHostAlloc");
           !st.ok()) {
         return st;
       }
-      s.pinned = static_cast<float*>(pinned);
+      s.pinned = static_cast<uint8_t*>(pinned);
       s.capacity = needed;
     }
     size_t offset = 0;
     for (const Region& region : regions) {
       if (region.staged) {
-        host.emplace_back(s.pinned + offset, region.count);
-        offset += region.count;
+        host.emplace_back(s.pinned + offset, region.bytes);
+        offset += aligned(region.bytes);
       } else {
-        host.emplace_back(region.user, region.count);
+        host.emplace_back(region.user, region.bytes);
       }
     }
 
@@ -211,9 +229,9 @@ absl::Status RunStaged(Staging& s, cudaEvent_t ready, const std::vector<Region>&
     }
     for (size_t i = 0; i < regions.size(); ++i) {
       const Region& region = regions[i];
-      if (!region.staged || !region.copy_in || region.count == 0) continue;
+      if (!region.staged || !region.copy_in || region.bytes == 0) continue;
       if (absl::Status st =
-              CudaStatus(cudaMemcpyAsync(host[i].data(), region.user, region.count * sizeof(float),
+              CudaStatus(cudaMemcpyAsync(host[i].data(), region.user, region.bytes,
                                          cudaMemcpyDeviceToHost, s.stream),
                          "cudaMemcpyAsync device to host");
           !st.ok()) {
@@ -249,9 +267,9 @@ absl::Status RunStaged(Staging& s, cudaEvent_t ready, const std::vector<Region>&
   bool copied = false;
   for (size_t i = 0; i < regions.size(); ++i) {
     const Region& region = regions[i];
-    if (!region.staged || !region.copy_out || region.count == 0) continue;
+    if (!region.staged || !region.copy_out || region.bytes == 0) continue;
     if (absl::Status st =
-            CudaStatus(cudaMemcpyAsync(region.user, host[i].data(), region.count * sizeof(float),
+            CudaStatus(cudaMemcpyAsync(region.user, host[i].data(), region.bytes,
                                        cudaMemcpyHostToDevice, s.stream),
                        "cudaMemcpyAsync host to device");
         !st.ok()) {
@@ -267,10 +285,20 @@ absl::Status RunStaged(Staging& s, cudaEvent_t ready, const std::vector<Region>&
 Region Buffer(const float* data, size_t count, bool copy_in, bool copy_out) {
   Region region;
   // Never written unless copy_out, which only mutable buffers ask for.
-  region.user = const_cast<float*>(data);
-  region.count = count;
+  region.user = reinterpret_cast<uint8_t*>(const_cast<float*>(data));
+  region.bytes = count * sizeof(float);
   region.copy_in = copy_in;
   region.copy_out = copy_out;
+  return region;
+}
+
+// A buffer of an operation that takes host memory only: never staged, so
+// the copy flags do not matter.
+Region HostBuffer(void* data, size_t bytes) {
+  Region region;
+  region.user = static_cast<uint8_t*>(data);
+  region.bytes = bytes;
+  region.host_only = true;
   return region;
 }
 
@@ -296,10 +324,21 @@ class StagedGroup : public ProcessGroup {
   absl::Duration timeout() const override { return timeout_; }
 
   std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
-    return Issue(absl::StrCat("allreduce of ", data.size(), " floats"),
+    return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " floats"),
                  {Buffer(data.data(), data.size(), true, true)},
-                 [op](ProcessGroup& inner, const std::vector<absl::Span<float>>& host) {
-                   return inner.AllReduce(host[0], op);
+                 [op](ProcessGroup& inner, const HostViews& host) {
+                   return inner.AllReduce(Floats(host[0]), op);
+                 });
+  }
+
+  // Host memory only: forwarded to inner through the queue like the
+  // others, so inner sees every rank's operations in the same order.
+  std::shared_ptr<Work> AllReduceInt64(absl::Span<int64_t> data, ReduceOp op) override {
+    if (absl::Status bad = CheckInt64Op(op); !bad.ok()) return WorkQueue::Finished(bad);
+    return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " int64s"),
+                 {HostBuffer(data.data(), data.size() * sizeof(int64_t))},
+                 [data, op](ProcessGroup& inner, const HostViews&) {
+                   return inner.AllReduceInt64(data, op);
                  });
   }
 
@@ -309,12 +348,12 @@ class StagedGroup : public ProcessGroup {
         !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("reduce_scatter of ", input.size(), " floats"),
+    return Issue(absl::StrCat("reduce_scatter (", ReduceOpName(op), ") of ", input.size(),
+                              " floats"),
                  {Buffer(input.data(), input.size(), true, false),
                   Buffer(output.data(), output.size(), false, true)},
-                 [counts = std::move(counts), op](ProcessGroup& inner,
-                                                  const std::vector<absl::Span<float>>& host) {
-                   return inner.ReduceScatter(host[0], host[1], counts, op);
+                 [counts = std::move(counts), op](ProcessGroup& inner, const HostViews& host) {
+                   return inner.ReduceScatter(Floats(host[0]), Floats(host[1]), counts, op);
                  });
   }
 
@@ -327,9 +366,8 @@ class StagedGroup : public ProcessGroup {
     return Issue(absl::StrCat("allgather of ", output.size(), " floats"),
                  {Buffer(input.data(), input.size(), true, false),
                   Buffer(output.data(), output.size(), false, true)},
-                 [counts = std::move(counts)](ProcessGroup& inner,
-                                              const std::vector<absl::Span<float>>& host) {
-                   return inner.AllGather(host[0], host[1], counts);
+                 [counts = std::move(counts)](ProcessGroup& inner, const HostViews& host) {
+                   return inner.AllGather(Floats(host[0]), Floats(host[1]), counts);
                  });
   }
 
@@ -341,8 +379,19 @@ class StagedGroup : public ProcessGroup {
     const bool is_root = root == rank_;
     return Issue(absl::StrCat("broadcast of ", data.size(), " floats from rank ", root),
                  {Buffer(data.data(), data.size(), is_root, !is_root)},
-                 [root](ProcessGroup& inner, const std::vector<absl::Span<float>>& host) {
-                   return inner.Broadcast(host[0], root);
+                 [root](ProcessGroup& inner, const HostViews& host) {
+                   return inner.Broadcast(Floats(host[0]), root);
+                 });
+  }
+
+  std::shared_ptr<Work> BroadcastBytes(absl::Span<uint8_t> data, int root) override {
+    if (absl::Status bad = CheckPeer("broadcast root", root, /*self_ok=*/true); !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("broadcast of ", data.size(), " bytes from rank ", root),
+                 {HostBuffer(data.data(), data.size())},
+                 [data, root](ProcessGroup& inner, const HostViews&) {
+                   return inner.BroadcastBytes(data, root);
                  });
   }
 
@@ -353,8 +402,8 @@ class StagedGroup : public ProcessGroup {
     return Issue(
         absl::StrCat("send of ", data.size(), " floats to rank ", destination, " with tag ", tag),
         {Buffer(data.data(), data.size(), true, false)},
-        [destination, tag](ProcessGroup& inner, const std::vector<absl::Span<float>>& host) {
-          return inner.Send(host[0], destination, tag);
+        [destination, tag](ProcessGroup& inner, const HostViews& host) {
+          return inner.Send(Floats(host[0]), destination, tag);
         });
   }
 
@@ -365,14 +414,14 @@ class StagedGroup : public ProcessGroup {
     return Issue(
         absl::StrCat("recv of ", data.size(), " floats from rank ", source, " with tag ", tag),
         {Buffer(data.data(), data.size(), false, true)},
-        [source, tag](ProcessGroup& inner, const std::vector<absl::Span<float>>& host) {
-          return inner.Recv(host[0], source, tag);
+        [source, tag](ProcessGroup& inner, const HostViews& host) {
+          return inner.Recv(Floats(host[0]), source, tag);
         });
   }
 
   std::shared_ptr<Work> Barrier() override {
     // No buffers, no event: it does not wait for the compute stream.
-    return Issue("barrier", {}, [](ProcessGroup& inner, const std::vector<absl::Span<float>>&) {
+    return Issue("barrier", {}, [](ProcessGroup& inner, const HostViews&) {
       return inner.Barrier();
     });
   }

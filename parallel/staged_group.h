@@ -9,7 +9,11 @@
 // Buffers may be device memory (cudaMalloc; managed memory is treated the
 // same) or host memory, told apart with cudaPointerGetAttributes at issue
 // time: host spans (a float loss, say) go to the inner group as they are,
-// with no copy. Device buffers must be on options.device.
+// with no copy. Device buffers must be on options.device. AllReduceInt64
+// and BroadcastBytes (the control plane's: parallel/collectives.h) take
+// host memory only, and device or managed memory is INVALID_ARGUMENT; they
+// are ordered like the others (below), so a control message issued between
+// two gradient buckets reaches inner between them on every rank.
 //
 // Ordering. Operations run one at a time, in issue order, on the staged
 // group's own communication thread, and each is issued on `inner` from that

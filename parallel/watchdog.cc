@@ -39,10 +39,10 @@ GroupHealth MergedHealth(const std::vector<ProcessGroup*>& groups) {
 
 Watchdog::Watchdog(std::vector<ProcessGroup*> groups, RoundProbe round, OnStuck on_stuck,
                    WatchdogOptions options)
-    : groups_(std::move(groups)),
-      round_(std::move(round)),
+    : round_(std::move(round)),
       on_stuck_(std::move(on_stuck)),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      groups_(std::move(groups)) {}
 
 Watchdog::~Watchdog() {
   {
@@ -56,6 +56,18 @@ void Watchdog::Start() {
   if (!thread_.joinable()) thread_ = std::thread([this] { Loop(); });
 }
 
+void Watchdog::Watch(ProcessGroup* group) {
+  absl::Status cause;
+  {
+    absl::MutexLock lock(&mu_);
+    groups_.push_back(group);
+    cause = cause_;
+  }
+  // PollOnce aborts the groups it listed when it recorded the cause, under
+  // the same lock: a group added later sees the cause here instead.
+  if (!cause.ok()) group->Abort(cause);
+}
+
 void Watchdog::Wake() {
   absl::MutexLock lock(&mu_);
   wake_ = true;
@@ -67,9 +79,14 @@ absl::Status Watchdog::cause() const {
 }
 
 absl::Status Watchdog::PollOnce() {
+  std::vector<ProcessGroup*> groups;
+  {
+    absl::MutexLock lock(&mu_);
+    groups = groups_;
+  }
   WatchdogObservation observation;
   observation.now = options_.now();
-  observation.health = MergedHealth(groups_);
+  observation.health = MergedHealth(groups);
   if (round_) observation.round = round_();
 
   enum class Act { kNothing, kAbort, kStuck } act = Act::kNothing;
@@ -78,12 +95,15 @@ absl::Status Watchdog::PollOnce() {
     absl::MutexLock lock(&mu_);
     if (cause_.ok()) {
       absl::Duration timeout;
-      for (ProcessGroup* group : groups_) timeout = std::max(timeout, group->timeout());
+      for (ProcessGroup* group : groups) timeout = std::max(timeout, group->timeout());
       absl::Status found = Decide(observation, timeout + options_.timeout_slack);
       if (found.ok()) return found;
       cause_ = found;
       cause_since_ = observation.now;
       act = Act::kAbort;
+      // Every group watched at this point, including one Watch() added
+      // since the observation: Watch() aborts the ones added after.
+      groups = groups_;
     } else if (!stuck_reported_ && observation.now - *cause_since_ >= options_.exit_grace) {
       stuck_reported_ = true;
       act = Act::kStuck;
@@ -94,7 +114,7 @@ absl::Status Watchdog::PollOnce() {
   if (act == Act::kAbort) {
     // When the cause is the group's own error the group has broken itself
     // already and keeps that first error; aborting again is harmless.
-    for (ProcessGroup* group : groups_) group->Abort(cause);
+    for (ProcessGroup* group : groups) group->Abort(cause);
   } else if (act == Act::kStuck && on_stuck_) {
     on_stuck_(cause);
   }

@@ -28,8 +28,8 @@
 // Decide() is the pure decision, PollOnce() one check with its actions:
 // tests drive both with a fake clock and a fake group, no thread.
 //
-// Thread-safety: Wake(), cause() and the destructor may be called from any
-// thread. PollOnce() is for tests that do not Start() the thread.
+// Thread-safety: Wake(), Watch(), cause() and the destructor may be called
+// from any thread. PollOnce() is for tests that do not Start() the thread.
 #pragma once
 
 #include <functional>
@@ -89,6 +89,14 @@ class Watchdog {
 
   // Starts checking on a thread of its own.
   void Start();
+  // Watches one more group from now on, as those given to the constructor
+  // (a sub-group made after the watchdog started: Communicator::NewGroup).
+  // Its error, like theirs, is a cause that aborts every group. If a cause
+  // was found already, `group` is aborted with it before this returns: a
+  // group joined after the round ended must not outlive it. Not owned; it
+  // must outlive the watchdog. Any thread.
+  void Watch(ProcessGroup* group);
+
   // Checks now rather than at the next interval (e.g. from the round
   // watcher's callback, so a round's end is acted on at once).
   void Wake();
@@ -104,12 +112,13 @@ class Watchdog {
  private:
   void Loop();
 
-  const std::vector<ProcessGroup*> groups_;
   const RoundProbe round_;
   const OnStuck on_stuck_;
   const WatchdogOptions options_;
 
   mutable absl::Mutex mu_;
+  // Grows (Watch), never shrinks: a group stays watched until the end.
+  std::vector<ProcessGroup*> groups_ ABSL_GUARDED_BY(mu_);
   absl::Status cause_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Time> cause_since_ ABSL_GUARDED_BY(mu_);
   bool stuck_reported_ ABSL_GUARDED_BY(mu_) = false;

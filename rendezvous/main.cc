@@ -12,7 +12,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/time/time.h"
-#include "rendezvous/server.h"
+#include "rendezvous/server/server.h"
 #include "spdlog/spdlog.h"
 
 namespace {

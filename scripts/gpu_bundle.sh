@@ -31,7 +31,7 @@ GPU_TARGETS_DEFAULT=(
   //tools:bench_gpu
   //kernels:cuda_link_check
   //tests/kernels:fast_cuda_test
-  //tests/worker:model_cuda_test
+  //tests/worker/model:model_cuda_test
   //tests/parallel:staged_group_cuda_test
 )
 

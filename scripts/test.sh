@@ -26,7 +26,7 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   # The GPU tests are manual (they need a GPU to run): build them here so
   # CI proves they compile and link; scripts/gpu_run.sh runs them on a GPU.
   if bazel build --config=cuda //... //kernels:cuda_link_check \
-      //tests/kernels:fast_cuda_test //tests/worker:model_cuda_test \
+      //tests/kernels:fast_cuda_test //tests/worker/model:model_cuda_test \
       //tests/parallel:staged_group_cuda_test //parallel:nccl_link_check; then
     passed=$((passed + 1))
   else

@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "rendezvous/client_rpc.h"
+#include "rendezvous/client/rpc.h"
 
 namespace muster::tools {
 

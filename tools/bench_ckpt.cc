@@ -20,10 +20,11 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "worker/checkpoint_layout.h"
-#include "worker/checkpoint_manager.h"
-#include "worker/checkpoint_manifest.h"
-#include "worker/checkpoint_reader.h"
+#include "worker/checkpoint/env.h"
+#include "worker/checkpoint/layout.h"
+#include "worker/checkpoint/manager.h"
+#include "worker/checkpoint/manifest.h"
+#include "worker/checkpoint/reader.h"
 #include "worker/data.h"
 #include "worker/trainer.h"
 
@@ -92,8 +93,8 @@ int Main(int argc, char** argv) {
   if (!trainer.ok()) return Fail(trainer.status());
   GptModel& model = *(*trainer)->model();
   AdamW& optimizer = *(*trainer)->optimizer();
-  DataParallel world_of_one;
-  CheckpointManager manager(config, &world_of_one, nullptr);
+  SingleProcess world_of_one;
+  CheckpointManager manager(config, &world_of_one, nullptr, Env::Default());
   const double bytes = 3.0 * model.CopyParamsToHost().size() * sizeof(float);
   std::printf("model %s: %.1fM parameters, state (weights + AdamW m, v) %.2f GB, dir %s\n",
               model_name.c_str(), model.num_parameters() / 1e6, bytes / 1e9, dir.c_str());
@@ -157,7 +158,7 @@ int Main(int argc, char** argv) {
       absl::StrCat("dd if=", step_dir, "/", RankFileName(0), " of=/dev/null bs=1M status=none");
   TrainConfig load_config = config;
   load_config.checkpoint.resume = step_dir;
-  auto manifest = ReadManifest(step_dir);
+  auto manifest = ReadManifest(Env::Default(), step_dir);
   if (!manifest.ok()) return Fail(manifest.status());
   const std::vector<StateTensor> tensors = StateTensors(model.stages());
   const uint64_t floats = StateFloats(tensors);
@@ -171,13 +172,14 @@ int Main(int argc, char** argv) {
     dd_read_gbs.push_back(bytes / *seconds / 1e9);
     dropped = DropPageCache() && dropped;
     auto start = Clock::now();
-    if (absl::Status s = LoadFlatRange(step_dir, *manifest, tensors, 0, floats, host.get());
+    if (absl::Status s =
+            LoadFlatRange(Env::Default(), step_dir, *manifest, tensors, 0, floats, host.get());
         !s.ok()) {
       return Fail(s);
     }
     read_gbs.push_back(bytes / Since(start) / 1e9);
     dropped = DropPageCache() && dropped;
-    CheckpointManager loader(load_config, &world_of_one, nullptr);
+    CheckpointManager loader(load_config, &world_of_one, nullptr, Env::Default());
     TrainState loaded;
     start = Clock::now();
     auto resumed = loader.Resume(&model, &optimizer, &loaded);

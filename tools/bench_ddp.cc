@@ -163,7 +163,7 @@ int PrintThroughput(const JobPaths& paths, const worker::TrainConfig& config, in
 
 int PrintOverlap(worker::TrainConfig config, const std::vector<double>& bucket_mbs, int nproc,
                  int warmup, int steps) {
-  std::printf("\noverlap (%d ranks as threads, Trainer + DdpDataParallel; medians over "
+  std::printf("\noverlap (%d ranks as threads, Trainer + Ddp; medians over "
               "steps):\n", nproc);
   std::printf("%10s %8s %12s %10s %10s %12s %10s %8s\n", "bucket_mb", "buckets", "gradient MB",
               "step ms", "skew ms", "exposed ms", "bare ms", "hidden");

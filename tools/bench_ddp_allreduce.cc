@@ -13,7 +13,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "tools/bench_ddp_ranks.h"
+#include "parallel/local_ranks.h"
 
 namespace muster::tools {
 namespace {
@@ -89,9 +89,11 @@ absl::StatusOr<std::vector<AllreduceFigures>> MeasureAllreduce(int ranks,
   // [size][rank] seconds per allreduce.
   std::vector<std::vector<double>> ours(sizes.size(), std::vector<double>(ranks));
   std::vector<std::vector<double>> theirs(sizes.size(), std::vector<double>(ranks));
-  absl::Status status = RunRanksAsThreads(ranks, [&](int rank) -> absl::Status {
-    auto group = JoinGlooGroup(&store, "allreduce", rank, ranks);
-    if (!group.ok()) return group.status();
+  auto groups = parallel::ConnectLocalGroups(&store, ranks);
+  if (!groups.ok()) return groups.status();
+  absl::Status status = parallel::FirstError(parallel::OnEveryRank(
+      ranks, [&](int rank) -> absl::Status {
+    parallel::ProcessGroup* group = (*groups)[rank].get();
     auto gloo = DirectGloo::Connect(gloo_store, rank, ranks);
     if (!gloo.ok()) return gloo.status();
     // Sizes interleave ours and gloo's, so a burst of load from elsewhere
@@ -100,7 +102,7 @@ absl::StatusOr<std::vector<AllreduceFigures>> MeasureAllreduce(int ranks,
       std::vector<float> data(sizes[s] / sizeof(float), 1.0f);
       const int iterations = IterationsFor(sizes[s]);
       auto ours_seconds = TimeSeries(iterations, [&] {
-        return (*group)->AllReduce(absl::MakeSpan(data), parallel::ReduceOp::kSum)->Wait();
+        return group->AllReduce(absl::MakeSpan(data), parallel::ReduceOp::kSum)->Wait();
       });
       if (!ours_seconds.ok()) return ours_seconds.status();
       auto gloo_seconds = TimeSeries(iterations, [&] { return (*gloo)->AllReduce(data); });
@@ -109,7 +111,7 @@ absl::StatusOr<std::vector<AllreduceFigures>> MeasureAllreduce(int ranks,
       theirs[s][rank] = *gloo_seconds;
     }
     return absl::OkStatus();
-  });
+  }));
   if (!status.ok()) return status;
 
   std::vector<AllreduceFigures> figures;

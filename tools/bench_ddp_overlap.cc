@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "parallel/gradient_reducer.h"
-#include "tools/bench_ddp_ranks.h"
-#include "worker/data_parallel.h"
+#include "parallel/local_ranks.h"
+#include "worker/ddp.h"
 #include "worker/trainer.h"
 
 namespace muster::tools {
@@ -25,14 +25,14 @@ struct Wait {
   double ms = 0;
 };
 
-// DdpDataParallel noting when this rank's backward ended: the trainer
-// calls ReduceGradients right after the last micro-step's Backward.
-class TimedDdp : public worker::DdpDataParallel {
+// Ddp noting when this rank's backward ended: the trainer calls
+// ReduceGradients right after the last micro-step's Backward.
+class TimedDdp : public worker::Ddp {
  public:
-  using DdpDataParallel::DdpDataParallel;
+  using Ddp::Ddp;
   absl::Status ReduceGradients(worker::GptModel* model) override {
     backward_end_ = Clock::now();
-    return DdpDataParallel::ReduceGradients(model);
+    return Ddp::ReduceGradients(model);
   }
   Clock::time_point backward_end() const { return backward_end_; }
 
@@ -48,14 +48,12 @@ struct RankSamples {
   size_t floats = 0;
 };
 
-absl::Status RunRank(const worker::TrainConfig& config, rdzv::Store* store, int rank, int ranks,
+absl::Status RunRank(const worker::TrainConfig& config, parallel::ProcessGroup* group,
                      int warmup, int steps, RankSamples* samples) {
-  auto group = JoinGlooGroup(store, "overlap", rank, ranks);
-  if (!group.ok()) return group.status();
   const parallel::BucketOptions buckets = worker::BucketOptionsFor(config.parallel);
-  TimedDdp ddp(group->get(), group->get(), buckets);
+  TimedDdp ddp(group, group, buckets, "gloo");
   worker::TrainerOptions options;
-  options.parallel = &ddp;
+  options.strategy = &ddp;
   auto trainer = worker::Trainer::Create(config, options);
   if (!trainer.ok()) return trainer.status();
   for (int step = 0; step < warmup + steps; ++step) {
@@ -73,7 +71,7 @@ absl::Status RunRank(const worker::TrainConfig& config, rdzv::Store* store, int 
   for (worker::Stage& stage : (*trainer)->model()->stages()) {
     segments.emplace_back(stage.grads, stage.size);
   }
-  parallel::GradientReducer bare(group->get(), segments, buckets);
+  parallel::GradientReducer bare(group, segments, buckets);
   samples->buckets = static_cast<int>(bare.buckets().size());
   for (const parallel::Bucket& bucket : bare.buckets()) samples->floats += bucket.floats;
   for (int round = 0; round < warmup + steps; ++round) {
@@ -118,10 +116,12 @@ void LastArrivals(const std::vector<RankSamples>& ranks,
 absl::StatusOr<OverlapFigures> MeasureOverlap(const worker::TrainConfig& config, int ranks,
                                               int warmup, int steps) {
   rdzv::InMemoryStore store;
+  auto groups = parallel::ConnectLocalGroups(&store, ranks);
+  if (!groups.ok()) return groups.status();
   std::vector<RankSamples> samples(ranks);
-  absl::Status status = RunRanksAsThreads(ranks, [&](int rank) {
-    return RunRank(config, &store, rank, ranks, warmup, steps, &samples[rank]);
-  });
+  absl::Status status = parallel::FirstError(parallel::OnEveryRank(ranks, [&](int rank) {
+    return RunRank(config, (*groups)[rank].get(), warmup, steps, &samples[rank]);
+  }));
   if (!status.ok()) return status;
   OverlapFigures figures;
   figures.buckets = samples[0].buckets;

@@ -1,6 +1,6 @@
 // How much of DDP's gradient allreduce the backward pass hides, measured
 // inside the real training step: `ranks` threads of this process each run
-// a worker::Trainer with worker::DdpDataParallel over a Gloo group, and
+// a worker::Trainer with the worker::Ddp strategy over a Gloo group, and
 // after each step read GradientReducer::last_exposed_wait(), the time the
 // step blocked in Finish waiting for communication.
 //

@@ -46,9 +46,9 @@
 #include "launcher/process.h"
 #include "launcher/worker_env.h"
 #include "kernels/grad_norm.h"
-#include "worker/model.h"
+#include "worker/model/model.h"
+#include "worker/model/ops.h"
 #include "worker/optim.h"
-#include "worker/ops.h"
 
 namespace muster::worker {
 namespace {
@@ -102,7 +102,9 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
   std::unique_ptr<GptModel> model = *std::move(created);
   model->InitWeights(1337);
   OptimConfig optim;  // lr 3e-4, betas (0.9, 0.95), eps 1e-8, no decay
-  AdamW adamw(model.get(), optim);
+  auto made = AdamW::Create(model.get(), optim);
+  if (!made.ok()) return made.status();
+  AdamW& adamw = **made;
   if (absl::Status status = model->DeviceStatus(); !status.ok()) return status;
   sample_memory();
 

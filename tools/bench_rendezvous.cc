@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "rendezvous/client.h"
+#include "rendezvous/client/client.h"
 #include "tools/bench_calls.h"
 #include "tools/server_process.h"
 

@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "worker/metrics.h"
-#include "worker/model.h"
+#include "worker/model/model.h"
 #include "worker/optim.h"
 
 namespace muster::worker {
@@ -41,7 +41,9 @@ absl::StatusOr<BenchResult> Bench(const ModelConfig& config, int B, int T, int w
   std::unique_ptr<GptModel> model = *std::move(created);
   model->InitWeights(1337);
   OptimConfig optim;
-  AdamW adamw(model.get(), optim);
+  auto made = AdamW::Create(model.get(), optim);
+  if (!made.ok()) return made.status();
+  AdamW& adamw = **made;
   std::mt19937 rng(42);
   std::uniform_int_distribution<int> token(0, config.vocab - 1);
   std::vector<int> inputs(B * T), targets(B * T);  // (B, T)

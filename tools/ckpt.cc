@@ -7,7 +7,8 @@
 //   ckpt diff A B                    the largest |a - b| of every tensor
 //
 // Exit codes: 0 success (diff: whatever the differences); 1 a checkpoint is
-// missing, torn or corrupt, or a write failed; 2 bad usage.
+// missing, torn or corrupt, or a write failed; 2 bad usage. All file I/O
+// but the model file's own writing goes through Env::Default().
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,10 +21,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "worker/checkpoint_files.h"
-#include "worker/checkpoint_layout.h"
-#include "worker/checkpoint_reader.h"
-#include "worker/model.h"
+#include "worker/checkpoint/env.h"
+#include "worker/checkpoint/files.h"
+#include "worker/checkpoint/layout.h"
+#include "worker/checkpoint/reader.h"
+#include "worker/model/model.h"
 
 namespace muster::worker {
 namespace {
@@ -42,14 +44,14 @@ uint64_t TotalBytes(const Manifest& manifest) {
   return bytes;
 }
 
-int List(const std::string& dir) {
-  auto entries = ListCheckpoints(dir);
+int List(Env* env, const std::string& dir) {
+  auto entries = ListCheckpoints(env, dir);
   if (!entries.ok()) return Fail(entries.status());
   std::printf("%-14s %8s %12s %6s %10s  %s\n", "CHECKPOINT", "STEP", "SAMPLE", "WORLD", "MiB",
               "STATE");
   for (const CheckpointEntry& entry : *entries) {
     const std::string name = std::filesystem::path(entry.path).filename().string();
-    auto manifest = ReadManifest(entry.path);
+    auto manifest = ReadManifest(env, entry.path);
     if (!manifest.ok()) {
       std::printf("%-14s %8d %12s %6s %10s  %s\n", name.c_str(), entry.step, "-", "-", "-",
                   std::string(manifest.status().message()).c_str());
@@ -64,8 +66,8 @@ int List(const std::string& dir) {
   return 0;
 }
 
-int Verify(const std::string& path) {
-  auto manifest = VerifyCheckpoint(path);
+int Verify(Env* env, const std::string& path) {
+  auto manifest = VerifyCheckpoint(env, path);
   if (!manifest.ok()) return Fail(manifest.status());
   std::printf("%s: OK (step %d, %zu tensors, %zu files, %.1f MiB, saved by %d rank%s)\n",
               path.c_str(), manifest->step, manifest->tensors.size(), manifest->files.size(),
@@ -74,8 +76,8 @@ int Verify(const std::string& path) {
   return 0;
 }
 
-int Consolidate(const std::string& path, const std::string& out) {
-  auto manifest = ReadManifest(path);
+int Consolidate(Env* env, const std::string& path, const std::string& out) {
+  auto manifest = ReadManifest(env, path);
   if (!manifest.ok()) return Fail(manifest.status());
   auto model = GptModel::Create(manifest->model, 1, Device::kCpu);
   if (!model.ok()) return Fail(model.status());
@@ -86,29 +88,22 @@ int Consolidate(const std::string& path, const std::string& out) {
   }
   const uint64_t floats = StateFloats(params);
   std::vector<float> host(floats);
-  absl::Status loaded = LoadFlatRange(path, *manifest, params, 0, floats, host.data());
+  absl::Status loaded = LoadFlatRange(env, path, *manifest, params, 0, floats, host.data());
   if (!loaded.ok()) return Fail(loaded);
   (*model)->CopyParamsFromHost(host);
   // Written beside `out`, made durable and renamed over it: a consolidate
-  // that fails or dies part-way leaves an existing `out` whole.
+  // that fails or dies part-way leaves an existing `out` whole. SaveLlmc
+  // writes the file itself (stdio), hence the fsync by path.
   const std::string partial = out + ".partial";
   absl::Status saved = (*model)->SaveLlmc(partial);
-  if (saved.ok()) saved = SyncFile(partial);
-  if (saved.ok()) {
-    std::error_code error;
-    std::filesystem::rename(partial, out, error);
-    if (error) {
-      saved = absl::UnavailableError(
-          absl::StrCat("cannot rename ", partial, " to ", out, ": ", error.message()));
-    }
-  }
+  if (saved.ok()) saved = env->SyncFile(partial);
+  if (saved.ok()) saved = env->RenameFile(partial, out);
   if (saved.ok()) {
     const std::string parent = std::filesystem::path(out).parent_path().string();
-    saved = SyncDirectory(parent.empty() ? "." : parent);
+    saved = env->SyncDir(parent.empty() ? "." : parent);
   }
   if (!saved.ok()) {
-    std::error_code ignored;
-    std::filesystem::remove(partial, ignored);
+    (void)env->RemoveFile(partial);  // may not exist: the error to report is `saved`
     return Fail(saved);
   }
   std::printf("%s: wrote %s (llm.c model v3 fp32, step %d, %.2fM parameters)\n", path.c_str(),
@@ -116,22 +111,23 @@ int Consolidate(const std::string& path, const std::string& out) {
   return 0;
 }
 
-absl::StatusOr<std::vector<float>> LoadWhole(const std::string& path, Manifest* manifest) {
-  auto read = ReadManifest(path);
+absl::StatusOr<std::vector<float>> LoadWhole(Env* env, const std::string& path,
+                                             Manifest* manifest) {
+  auto read = ReadManifest(env, path);
   if (!read.ok()) return read.status();
   *manifest = *std::move(read);
   std::vector<StateTensor> tensors = ManifestStateTensors(*manifest);
   std::vector<float> host(StateFloats(tensors));
-  absl::Status loaded = LoadFlatRange(path, *manifest, tensors, 0, host.size(), host.data());
+  absl::Status loaded = LoadFlatRange(env, path, *manifest, tensors, 0, host.size(), host.data());
   if (!loaded.ok()) return loaded;
   return host;
 }
 
-int Diff(const std::string& a_path, const std::string& b_path) {
+int Diff(Env* env, const std::string& a_path, const std::string& b_path) {
   Manifest a, b;
-  auto a_data = LoadWhole(a_path, &a);
+  auto a_data = LoadWhole(env, a_path, &a);
   if (!a_data.ok()) return Fail(a_data.status());
-  auto b_data = LoadWhole(b_path, &b);
+  auto b_data = LoadWhole(env, b_path, &b);
   if (!b_data.ok()) return Fail(b_data.status());
   std::vector<StateTensor> a_tensors = ManifestStateTensors(a), b_tensors = ManifestStateTensors(b);
   std::printf("step %d vs step %d, sample index %llu vs %llu\n", a.step, b.step,
@@ -189,10 +185,11 @@ int Main(int argc, char** argv) {
     int code = app.exit(error);
     return code == 0 ? 0 : kExitUsage;
   }
-  if (ls->parsed()) return List(dir);
-  if (verify->parsed()) return Verify(path);
-  if (consolidate->parsed()) return Consolidate(path, out);
-  return Diff(a, b);
+  Env* env = Env::Default();
+  if (ls->parsed()) return List(env, dir);
+  if (verify->parsed()) return Verify(env, path);
+  if (consolidate->parsed()) return Consolidate(env, path, out);
+  return Diff(env, a, b);
 }
 
 }  // namespace

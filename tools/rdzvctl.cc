@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
-#include "rendezvous/client.h"
+#include "rendezvous/client/client.h"
 
 namespace muster::rdzv {
 namespace {

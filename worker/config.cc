@@ -7,15 +7,18 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <map>
+#include <optional>
 #include <sstream>
-#include <tuple>
+#include <type_traits>
+#include <variant>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 
 namespace muster::worker {
 namespace {
@@ -55,357 +58,257 @@ int LineOf(const YAML::Node& node, int fallback) {
   return node.Mark().line + 1;
 }
 
-// Reads one yaml document into a TrainConfig, remembering each key path's
-// line so that checks across fields can point at the file.
-class ConfigReader {
- public:
-  explicit ConfigReader(std::string name) : name_(std::move(name)) {}
+// ---- The field tables
+//
+// Why tables: so that adding a field touches one place. A field is one row (its yaml key, its
+// member, what it means, the checks of its own value), and the reader, ConfigToYaml,
+// operator==, the path resolution and ConfigFields() all walk the rows, so none of them can
+// miss a field or disagree with another about it. tests/worker/config_test.cc checks the rows
+// against the structs' members and docs/yaml-schema.md's tables against ConfigFields(). By
+// hand: the checks across fields (Validate), and ModelConfigHash, whose fields checkpoints fix.
 
-  absl::Status Error(int line, const std::string& path, const std::string& what) const {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name_, ":", line, ": ", path.empty() ? "" : path + ": ", what));
-  }
+// Which strings name files: these resolve against the yaml file's directory.
+enum class PathKind { kNone, kGlob, kPath };
 
-  // The line of the first of `paths` the file set, else of its section.
-  int LineFor(const std::vector<std::string>& paths) const {
-    for (const std::string& path : paths) {
-      auto it = lines_.find(path);
-      if (it != lines_.end()) return it->second;
-    }
-    for (const std::string& path : paths) {
-      auto it = lines_.find(path.substr(0, path.find('.')));
-      if (it != lines_.end()) return it->second;
-    }
-    return 1;
-  }
+// What a value must be beyond its type, checked once the whole file is read.
+struct Rule {
+  enum class Bound { kNone, kPositive, kNonNegative, kFraction /* [0, 1) */ };
+  Bound bound = Bound::kNone;
+  int64_t at_most = 0;             // > 0: the largest value allowed, and why
+  absl::string_view at_most_why;
+  absl::string_view words;          // a string's allowed words, "cosine|constant"; empty: any
+  absl::string_view or_else;        // what else the string may be, any non-empty one
+  absl::string_view noun, nouns;    // "unknown strategy 'x'; known strategies: ..."
+  absl::string_view required;       // set: the field has no default, and this is what it is
+  PathKind path = PathKind::kNone;
 
-  absl::Status Read(const YAML::Node& root, TrainConfig* config);
-
- private:
-  using FieldReader = std::function<absl::Status(const YAML::Node&, const std::string&, int)>;
-  struct Field {
-    std::string key;
-    FieldReader read;
-  };
-
-  absl::Status ReadMap(const YAML::Node& map, const std::string& prefix, int line,
-                       const std::vector<Field>& fields);
-
-  FieldReader Int(int* out) {
-    return [this, out](const YAML::Node& node, const std::string& path, int line) {
-      if (node.IsScalar() && absl::SimpleAtoi(node.Scalar(), out)) return absl::OkStatus();
-      int64_t wide;
-      if (node.IsScalar() && absl::SimpleAtoi(node.Scalar(), &wide)) {
-        return Error(line, path, absl::StrCat("expected a 32-bit integer, ", Describe(node),
-                                              " is out of range"));
-      }
-      return Error(line, path, absl::StrCat("expected an integer, got ", Describe(node)));
-    };
+  constexpr Rule AtMost(int64_t max, absl::string_view why) const {
+    Rule rule = *this;
+    rule.at_most = max;
+    rule.at_most_why = why;
+    return rule;
   }
-  FieldReader Uint64(uint64_t* out) {
-    return [this, out](const YAML::Node& node, const std::string& path, int line) {
-      if (node.IsScalar() && absl::SimpleAtoi(node.Scalar(), out)) return absl::OkStatus();
-      return Error(line, path,
-                   absl::StrCat("expected a non-negative integer, got ", Describe(node)));
-    };
+  constexpr Rule OneOf(absl::string_view allowed) const {
+    Rule rule = *this;
+    rule.words = allowed;
+    return rule;
   }
-  FieldReader Double(double* out) {
-    return [this, out](const YAML::Node& node, const std::string& path, int line) {
-      if (node.IsScalar() && absl::SimpleAtod(node.Scalar(), out) && std::isfinite(*out)) {
-        return absl::OkStatus();
-      }
-      return Error(line, path, absl::StrCat("expected a number, got ", Describe(node)));
-    };
+  constexpr Rule OrElse(absl::string_view what) const {
+    Rule rule = *this;
+    rule.or_else = what;
+    return rule;
   }
-  // A null value (`val:` with nothing after it) reads as the empty string.
-  FieldReader String(std::string* out) {
-    return [this, out](const YAML::Node& node, const std::string& path, int line) {
-      if (node.IsNull()) {
-        out->clear();
-        return absl::OkStatus();
-      }
-      if (node.IsScalar()) {
-        *out = node.Scalar();
-        return absl::OkStatus();
-      }
-      return Error(line, path, absl::StrCat("expected a string, got ", Describe(node)));
-    };
+  constexpr Rule Named(absl::string_view singular, absl::string_view plural) const {
+    Rule rule = *this;
+    rule.noun = singular;
+    rule.nouns = plural;
+    return rule;
   }
-  FieldReader Section(std::vector<Field> fields) {
-    return [this, fields = std::move(fields)](const YAML::Node& node, const std::string& path,
-                                              int line) {
-      return ReadMap(node, path, line, fields);
-    };
+  constexpr Rule Required(absl::string_view what) const {
+    Rule rule = *this;
+    rule.required = what;
+    return rule;
   }
-
-  std::string name_;
-  std::map<std::string, int> lines_;  // key path -> 1-based line of its value
+  constexpr Rule Resolved(PathKind kind) const {
+    Rule rule = *this;
+    rule.path = kind;
+    return rule;
+  }
 };
 
-absl::Status ConfigReader::ReadMap(const YAML::Node& map, const std::string& prefix, int line,
-                                   const std::vector<Field>& fields) {
-  if (map.IsNull()) return absl::OkStatus();  // an empty section keeps the defaults
-  if (!map.IsMap()) {
-    return Error(line, prefix, absl::StrCat("expected a map, got ", Describe(map)));
-  }
-  std::vector<std::string> known;
-  for (const Field& field : fields) known.push_back(field.key);
-  for (auto it = map.begin(); it != map.end(); ++it) {
-    const YAML::Node key = it->first;
-    const int key_line = key.Mark().line + 1;
-    if (!key.IsScalar()) {
-      return Error(key_line, prefix, absl::StrCat("expected a key, got ", Describe(key)));
-    }
-    const std::string path = prefix.empty() ? key.Scalar() : prefix + "." + key.Scalar();
-    auto [seen, inserted] = lines_.emplace(path, key_line);
-    if (!inserted) {
-      return Error(key_line, path, absl::StrCat("duplicate key (first set on line ",
-                                                seen->second, ")"));
-    }
-    auto field = std::find_if(fields.begin(), fields.end(),
-                              [&](const Field& f) { return f.key == key.Scalar(); });
-    if (field == fields.end()) {
-      std::string what = "unknown key";
-      const std::string* closest = nullptr;
-      const size_t limit = std::max<size_t>(2, key.Scalar().size() / 3);
-      size_t best = limit + 1;
-      for (const std::string& candidate : known) {
-        size_t distance = EditDistance(key.Scalar(), candidate);
-        // A key that extends a known one or cuts it short ("optimizer" for
-        // "optim") is near whatever its edit distance.
-        const std::string& shorter = std::min(key.Scalar(), candidate, ByLength);
-        const std::string& longer = std::max(key.Scalar(), candidate, ByLength);
-        if (shorter.size() >= 3 && shorter.size() < longer.size() &&
-            longer.compare(0, shorter.size(), shorter) == 0) {
-          distance = std::min(distance, limit);
-        }
-        if (distance < best) best = distance, closest = &candidate;
-      }
-      if (closest) absl::StrAppend(&what, "; did you mean '", *closest, "'?");
-      absl::StrAppend(&what, " (known keys", prefix.empty() ? "" : " in " + prefix, ": ",
-                      absl::StrJoin(known, ", "), ")");
-      return Error(key_line, path, what);
-    }
-    absl::Status status = field->read(it->second, path, LineOf(it->second, key_line));
-    if (!status.ok()) return status;
-  }
-  return absl::OkStatus();
+constexpr Rule WithBound(Rule::Bound bound) {
+  Rule rule;
+  rule.bound = bound;
+  return rule;
 }
+constexpr Rule Positive() { return WithBound(Rule::Bound::kPositive); }
+constexpr Rule NonNegative() { return WithBound(Rule::Bound::kNonNegative); }
+constexpr Rule Fraction() { return WithBound(Rule::Bound::kFraction); }
+constexpr Rule OneOf(absl::string_view words) { return Rule().OneOf(words); }
+constexpr Rule Glob() { return Rule().Resolved(PathKind::kGlob); }
+constexpr Rule Path() { return Rule().Resolved(PathKind::kPath); }
 
-absl::Status ConfigReader::Read(const YAML::Node& root, TrainConfig* config) {
-  if (root.IsNull()) {
-    return Error(1, "", "empty file; expected a map of sections (model, data, optim, ...)");
-  }
-  if (!root.IsMap()) {
-    return Error(LineOf(root, 1), "",
-                 absl::StrCat("expected a map of sections at the top level, got ",
-                              Describe(root)));
-  }
-  ModelConfig& m = config->model;
-  DataConfig& d = config->data;
-  OptimConfig& o = config->optim;
-  TrainLoopConfig& t = config->train;
-  ParallelConfig& p = config->parallel;
-  CheckpointConfig& c = config->checkpoint;
-  std::vector<Field> sections = {
-      {"model", Section({{"layers", Int(&m.layers)},
-                         {"heads", Int(&m.heads)},
-                         {"dim", Int(&m.dim)},
-                         {"vocab", Int(&m.vocab)},
-                         {"seq_len", Int(&m.seq_len)}})},
-      {"data", Section({{"train", String(&d.train)},
-                        {"val", String(&d.val)},
-                        {"micro_batch", Int(&d.micro_batch)},
-                        {"grad_accumulation", Int(&d.grad_accumulation)}})},
-      {"optim", Section({{"lr", Double(&o.lr)},
-                         {"warmup_steps", Int(&o.warmup_steps)},
-                         {"schedule", String(&o.schedule)},
-                         {"min_lr", Double(&o.min_lr)},
-                         {"weight_decay", Double(&o.weight_decay)},
-                         {"beta1", Double(&o.beta1)},
-                         {"beta2", Double(&o.beta2)},
-                         {"eps", Double(&o.eps)},
-                         {"grad_clip", Double(&o.grad_clip)}})},
-      {"train", Section({{"steps", Int(&t.steps)},
-                         {"seed", Uint64(&t.seed)},
-                         {"log_every", Int(&t.log_every)},
-                         {"eval_every", Int(&t.eval_every)},
-                         {"eval_batches", Int(&t.eval_batches)},
-                         {"metrics_file", String(&t.metrics_file)}})},
-      {"device", String(&config->device)},
-      {"precision", String(&config->precision)},
-      {"parallel", Section({{"strategy", String(&p.strategy)},
-                            {"backend", String(&p.backend)},
-                            {"bucket_mb", Double(&p.bucket_mb)},
-                            {"timeout_s", Double(&p.timeout_s)}})},
-      {"checkpoint", Section({{"dir", String(&c.dir)},
-                              {"every", Int(&c.every)},
-                              {"keep_last", Int(&c.keep_last)},
-                              {"keep_every", Int(&c.keep_every)},
-                              {"resume", String(&c.resume)}})},
+// Where a field lives in struct S: a scalar, or (at the top level only, which keeps the
+// recursion over sections finite) a section with a table of its own.
+template <typename S>
+using ScalarMember = std::variant<int S::*, uint64_t S::*, double S::*, std::string S::*>;
+using TopMember =
+    std::variant<std::string TrainConfig::*, ModelConfig TrainConfig::*, DataConfig TrainConfig::*,
+                 OptimConfig TrainConfig::*, TrainLoopConfig TrainConfig::*,
+                 ParallelConfig TrainConfig::*, CheckpointConfig TrainConfig::*>;
+template <typename S>
+using Member = std::conditional_t<std::is_same_v<S, TrainConfig>, TopMember, ScalarMember<S>>;
+
+template <typename S>
+struct Field {
+  absl::string_view key;
+  Member<S> member;
+  absl::string_view doc;
+  Rule rule = {};
+};
+
+// The fields of each struct, in the order of the file (ConfigToYaml) and of "known keys".
+template <typename S>
+struct Table;
+
+template <>
+struct Table<ModelConfig> {
+  using M = ModelConfig;
+  static constexpr Field<M> kFields[] = {
+      {"layers", &M::layers, "L, transformer blocks", Positive()},
+      {"heads", &M::heads, "NH, attention heads; divides dim", Positive()},
+      {"dim", &M::dim, "C, the embedding width", Positive()},
+      {"vocab", &M::vocab, "V; padded to a multiple of 128 (Vp) in memory",
+       Positive().AtMost(65536, "the most that uint16 token ids can address")},
+      {"seq_len", &M::seq_len, "T, the longest context", Positive()},
   };
-  return ReadMap(root, "", 1, sections);
-}
+};
 
-// Every impossible value, checked after reading so that checks across
-// fields see the final values whatever order the file wrote them in.
-absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
-  auto fail = [&](const std::string& path, const std::string& what,
-                  std::initializer_list<std::string> also = {}) {
-    std::vector<std::string> paths = {path};
-    paths.insert(paths.end(), also.begin(), also.end());
-    return reader.Error(reader.LineFor(paths), path, what);
+template <>
+struct Table<DataConfig> {
+  using D = DataConfig;
+  static constexpr Field<D> kFields[] = {
+      {"train", &D::train, "llm.c token shards, matched in sorted order",
+       Glob().Required("a glob of token shards (llm.c format)")},
+      {"val", &D::val, "validation shards; empty: no validation", Glob()},
+      {"micro_batch", &D::micro_batch, "B, sequences per rank per micro-step", Positive()},
+      {"grad_accumulation", &D::grad_accumulation, "micro-steps per optimizer step",
+       Positive()},
   };
-  auto positive = [&](const std::string& path, double value) {
-    return value > 0 ? absl::OkStatus()
-                     : fail(path, absl::StrCat("must be > 0, got ", value));
+};
+
+template <>
+struct Table<OptimConfig> {
+  using O = OptimConfig;
+  static constexpr Field<O> kFields[] = {
+      {"lr", &O::lr, "the peak learning rate", Positive()},
+      {"warmup_steps", &O::warmup_steps, "linear warmup to lr", NonNegative()},
+      {"schedule", &O::schedule, "cosine decays to min_lr at the last step",
+       OneOf("cosine|constant")},
+      {"min_lr", &O::min_lr, "where cosine decays to; at most lr", NonNegative()},
+      {"weight_decay", &O::weight_decay, "decoupled; not on biases, LayerNorm or wpe",
+       NonNegative()},
+      {"beta1", &O::beta1, "AdamW's first-moment decay", Fraction()},
+      {"beta2", &O::beta2, "AdamW's second-moment decay", Fraction()},
+      {"eps", &O::eps, "AdamW's epsilon", Positive()},
+      {"grad_clip", &O::grad_clip, "global-norm clip; 0 disables", NonNegative()},
   };
-  auto non_negative = [&](const std::string& path, double value) {
-    return value >= 0 ? absl::OkStatus()
-                      : fail(path, absl::StrCat("must be >= 0, got ", value));
+};
+
+template <>
+struct Table<TrainLoopConfig> {
+  using T = TrainLoopConfig;
+  static constexpr Field<T> kFields[] = {
+      {"steps", &T::steps, "optimizer steps", Positive()},
+      {"seed", &T::seed, "initial weights and the data order"},
+      {"log_every", &T::log_every, "steps between log lines", Positive()},
+      {"eval_every", &T::eval_every, "steps between validation passes; 0: none",
+       NonNegative()},
+      {"eval_batches", &T::eval_batches, "micro-batches per validation pass", Positive()},
+      {"metrics_file", &T::metrics_file, "JSONL of per-step metrics; empty: none", Path()},
   };
-  const ModelConfig& m = config.model;
-  const DataConfig& d = config.data;
-  const OptimConfig& o = config.optim;
-  const TrainLoopConfig& t = config.train;
-  const CheckpointConfig& c = config.checkpoint;
-  for (absl::Status status : {
-           positive("model.layers", m.layers), positive("model.heads", m.heads),
-           positive("model.dim", m.dim), positive("model.vocab", m.vocab),
-           positive("model.seq_len", m.seq_len), positive("data.micro_batch", d.micro_batch),
-           positive("data.grad_accumulation", d.grad_accumulation),
-           positive("optim.lr", o.lr), non_negative("optim.warmup_steps", o.warmup_steps),
-           non_negative("optim.min_lr", o.min_lr),
-           non_negative("optim.weight_decay", o.weight_decay),
-           positive("optim.eps", o.eps), non_negative("optim.grad_clip", o.grad_clip),
-           positive("train.steps", t.steps), positive("train.log_every", t.log_every),
-           non_negative("train.eval_every", t.eval_every),
-           positive("train.eval_batches", t.eval_batches),
-           positive("parallel.bucket_mb", config.parallel.bucket_mb),
-           positive("parallel.timeout_s", config.parallel.timeout_s),
-           non_negative("checkpoint.every", c.every),
-           non_negative("checkpoint.keep_last", c.keep_last),
-           non_negative("checkpoint.keep_every", c.keep_every)}) {
-    if (!status.ok()) return status;
-  }
-  if (m.dim % m.heads != 0) {
-    return fail("model.heads", absl::StrCat(m.heads, " does not divide model.dim ", m.dim),
-                {"model.dim"});
-  }
-  if (m.vocab > 65536) {
-    return fail("model.vocab", absl::StrCat(m.vocab, " is more than 65536, the most that "
-                                            "uint16 token ids can address"));
-  }
-  if (d.train.empty()) {
-    return fail("data.train", "missing; expected a glob of token shards (llm.c format)");
-  }
-  if (o.min_lr > o.lr) {
-    return fail("optim.min_lr", absl::StrCat(o.min_lr, " is above optim.lr ", o.lr),
-                {"optim.lr"});
-  }
-  for (auto [path, beta] : {std::pair{"optim.beta1", o.beta1}, {"optim.beta2", o.beta2}}) {
-    if (beta < 0 || beta >= 1) {
-      return fail(path, absl::StrCat("expected a value in [0, 1), got ", beta));
-    }
-  }
-  if (o.schedule != "cosine" && o.schedule != "constant") {
-    return fail("optim.schedule",
-                absl::StrCat("expected cosine or constant, got '", o.schedule, "'"));
-  }
-  if (t.eval_every > 0 && d.val.empty()) {
-    return fail("train.eval_every", "evaluation needs data.val (a glob of token shards)");
-  }
-  if (config.device != "cpu" && config.device != "cuda" && config.device != "auto") {
-    return fail("device", absl::StrCat("expected cpu, cuda or auto, got '", config.device, "'"));
-  }
-  if (config.precision != "auto" && config.precision != "fp32" && config.precision != "tf32" &&
-      config.precision != "bf16") {
-    return fail("precision", absl::StrCat("expected auto, fp32, tf32 or bf16, got '",
-                                          config.precision, "'"));
-  }
-  // Only an explicit cpu is known here; with device auto the same mistake
-  // surfaces when the trainer resolves both (ResolvePrecision).
-  if (config.device == "cpu" && (config.precision == "tf32" || config.precision == "bf16")) {
-    return fail("precision",
-                absl::StrCat(config.precision, " needs device cuda; the CPU computes in fp32 only"),
-                {"device"});
-  }
-  if (config.parallel.strategy != "ddp") {
-    return fail("parallel.strategy", absl::StrCat("unknown strategy '",
-                                                  config.parallel.strategy,
-                                                  "'; known strategies: ddp"));
-  }
-  if (config.parallel.backend != "auto" && config.parallel.backend != "nccl" &&
-      config.parallel.backend != "gloo") {
-    return fail("parallel.backend", absl::StrCat("expected auto, nccl or gloo, got '",
-                                                 config.parallel.backend, "'"));
-  }
-  if (config.device == "cpu" && config.parallel.backend == "nccl") {
-    return fail("parallel.backend",
-                "nccl needs device cuda; on the CPU gradients are reduced over gloo",
-                {"device"});
-  }
-  if (c.every > 0 && c.dir.empty()) {
-    return fail("checkpoint.every", "saving checkpoints needs checkpoint.dir");
-  }
-  if (!c.dir.empty() && c.every > 0 && c.keep_last < 2) {
-    return fail("checkpoint.keep_last",
-                absl::StrCat(c.keep_last, " is too few while checkpoints are on; keep at "
-                                          "least 2, so that one survives a bad newest one"),
-                {"checkpoint.every", "checkpoint.dir"});
-  }
-  if (c.resume.empty()) {
-    return fail("checkpoint.resume", "expected auto, never or a checkpoint path, got ''");
-  }
-  return absl::OkStatus();
+};
+
+template <>
+struct Table<ParallelConfig> {
+  using P = ParallelConfig;
+  static constexpr Field<P> kFields[] = {
+      {"strategy", &P::strategy, "a single process is a world of 1",
+       OneOf("ddp").Named("strategy", "strategies")},
+      {"backend", &P::backend, "where gradients are reduced; auto: NCCL on CUDA, Gloo on the CPU",
+       OneOf("auto|nccl|gloo")},
+      {"bucket_mb", &P::bucket_mb, "gradient all-reduce bucket, MiB", Positive()},
+      {"timeout_s", &P::timeout_s, "bound on joining the peers and on every collective",
+       Positive()},
+  };
+};
+
+template <>
+struct Table<CheckpointConfig> {
+  using C = CheckpointConfig;
+  static constexpr Field<C> kFields[] = {
+      {"dir", &C::dir, "empty: no checkpoints", Path()},
+      {"every", &C::every, "steps between saves; 0: never", NonNegative()},
+      {"keep_last", &C::keep_last, "newest checkpoints kept", NonNegative()},
+      {"keep_every", &C::keep_every, "also keep steps that are multiples of this; 0: none",
+       NonNegative()},
+      {"resume", &C::resume, "auto: the newest checkpoint in dir that verifies",
+       Path().OneOf("auto|never").OrElse("a checkpoint path")},
+  };
+};
+
+// `source` is not here: it is where the config came from, not a yaml field (ConfigToYaml
+// writes it as a comment; operator== compares it).
+template <>
+struct Table<TrainConfig> {
+  using T = TrainConfig;
+  static constexpr Field<T> kFields[] = {
+      {"model", &T::model, "the network's shape"},
+      {"data", &T::data, "token shards in llm.c's format"},
+      {"optim", &T::optim, "AdamW and the learning-rate schedule"},
+      {"train", &T::train, "the loop"},
+      {"device", &T::device, "auto: CUDA when the build has it and a GPU is present",
+       OneOf("cpu|cuda|auto")},
+      {"precision", &T::precision, "auto: bf16 on CUDA, fp32 on the CPU",
+       OneOf("auto|fp32|tf32|bf16")},
+      {"parallel", &T::parallel, "how ranks share the work"},
+      {"checkpoint", &T::checkpoint, "saving and resuming"},
+  };
+};
+
+// ---- Walking the tables
+
+template <typename M>
+struct PointeeOf;
+template <typename S, typename T>
+struct PointeeOf<T S::*> {
+  using type = T;
+};
+template <typename M>
+using Pointee = typename PointeeOf<M>::type;
+template <typename T>
+constexpr bool kIsSection = std::is_class_v<T> && !std::is_same_v<T, std::string>;
+
+std::vector<std::string> Words(const Rule& rule) {
+  if (rule.words.empty()) return {};
+  return absl::StrSplit(rule.words, '|');
+}
+bool IsWord(const Rule& rule, const std::string& value) {
+  const std::vector<std::string> words = Words(rule);
+  return std::find(words.begin(), words.end(), value) != words.end();
 }
 
-// A relative path or glob names a place next to the yaml file.
-std::string Resolve(const std::string& base_dir, const std::string& path) {
-  if (path.empty() || base_dir.empty() || path.front() == '/') return path;
-  return (std::filesystem::path(base_dir) / path).lexically_normal().string();
-}
-
-}  // namespace
-
-absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text, const std::string& name,
-                                        const std::string& base_dir) {
-  ConfigReader reader(name);
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& error) {
-    return reader.Error(std::max(1, error.mark.line + 1), "", absl::StrCat("invalid yaml: ", error.msg));
+// Each scalar type's reader: what was wrong, or nothing.
+std::optional<std::string> ReadScalar(const YAML::Node& node, int* out) {
+  if (node.IsScalar() && absl::SimpleAtoi(node.Scalar(), out)) return std::nullopt;
+  int64_t wide;
+  if (node.IsScalar() && absl::SimpleAtoi(node.Scalar(), &wide)) {
+    return absl::StrCat("expected a 32-bit integer, ", Describe(node), " is out of range");
   }
-  TrainConfig config;
-  config.source = name;
-  absl::Status status = reader.Read(root, &config);
-  if (status.ok()) status = Validate(config, reader);
-  if (!status.ok()) return status;
-  config.data.train = Resolve(base_dir, config.data.train);
-  config.data.val = Resolve(base_dir, config.data.val);
-  config.train.metrics_file = Resolve(base_dir, config.train.metrics_file);
-  config.checkpoint.dir = Resolve(base_dir, config.checkpoint.dir);
-  if (config.checkpoint.resume != "auto" && config.checkpoint.resume != "never") {
-    config.checkpoint.resume = Resolve(base_dir, config.checkpoint.resume);
+  return absl::StrCat("expected an integer, got ", Describe(node));
+}
+std::optional<std::string> ReadScalar(const YAML::Node& node, uint64_t* out) {
+  if (node.IsScalar() && absl::SimpleAtoi(node.Scalar(), out)) return std::nullopt;
+  return absl::StrCat("expected a non-negative integer, got ", Describe(node));
+}
+std::optional<std::string> ReadScalar(const YAML::Node& node, double* out) {
+  if (node.IsScalar() && absl::SimpleAtod(node.Scalar(), out) && std::isfinite(*out)) {
+    return std::nullopt;
   }
-  return config;
+  return absl::StrCat("expected a number, got ", Describe(node));
 }
-
-absl::StatusOr<TrainConfig> LoadConfig(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read the config file"));
-  std::stringstream text;
-  text << in.rdbuf();
-  // An absolute base makes the resolved paths independent of the working
-  // directory, so ConfigToYaml's output means the same from anywhere.
-  std::error_code ignored;
-  std::filesystem::path base =
-      std::filesystem::absolute(std::filesystem::path(path), ignored).parent_path();
-  return ParseConfig(text.str(), path, base.string());
+// A null value (`val:` with nothing after it) reads as the empty string.
+std::optional<std::string> ReadScalar(const YAML::Node& node, std::string* out) {
+  if (node.IsNull()) {
+    out->clear();
+    return std::nullopt;
+  }
+  if (node.IsScalar()) {
+    *out = node.Scalar();
+    return std::nullopt;
+  }
+  return absl::StrCat("expected a string, got ", Describe(node));
 }
-
-namespace {
 
 // The shortest text that reads back as exactly `value`.
 std::string ExactDouble(double value) {
@@ -435,79 +338,414 @@ std::string Quoted(const std::string& text) {
   return out + "\"";
 }
 
-}  // namespace
+// Each scalar type's writer: text the reader reads back as exactly the value.
+std::string WriteScalar(int value) { return absl::StrCat(value); }
+std::string WriteScalar(uint64_t value) { return absl::StrCat(value); }
+std::string WriteScalar(double value) { return ExactDouble(value); }
+std::string WriteScalar(const std::string& value) { return Quoted(value); }
 
-std::string ConfigToYaml(const TrainConfig& config) {
+template <typename T>
+std::string TypeName(const Rule& rule) {
+  if constexpr (std::is_same_v<T, double>) {
+    return "number";
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (rule.path == PathKind::kGlob) return "string (glob)";
+    if (rule.path == PathKind::kPath) return "string (path)";
+    return "string";
+  } else {
+    return "integer";
+  }
+}
+
+// "a, b or c"
+std::string JoinOr(const std::vector<std::string>& items) {
+  if (items.size() < 2) return absl::StrJoin(items, "");
+  return absl::StrCat(absl::StrJoin(items.begin(), items.end() - 1, ", "), " or ", items.back());
+}
+
+// What is wrong with a field's own value, or nothing.
+template <typename T>
+std::optional<std::string> CheckValue(const Rule& rule, const T& value) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    if (!rule.required.empty() && value.empty()) {
+      return absl::StrCat("missing; expected ", rule.required);
+    }
+    if (rule.words.empty() || IsWord(rule, value)) return std::nullopt;
+    if (!rule.or_else.empty() && !value.empty()) return std::nullopt;
+    if (!rule.noun.empty()) {
+      return absl::StrCat("unknown ", rule.noun, " '", value, "'; known ", rule.nouns, ": ",
+                          absl::StrJoin(Words(rule), ", "));
+    }
+    std::vector<std::string> expected = Words(rule);
+    if (!rule.or_else.empty()) expected.emplace_back(rule.or_else);
+    return absl::StrCat("expected ", JoinOr(expected), ", got '", value, "'");
+  } else {
+    const double number = static_cast<double>(value);
+    switch (rule.bound) {
+      case Rule::Bound::kNone: break;
+      case Rule::Bound::kPositive:
+        if (!(number > 0)) return absl::StrCat("must be > 0, got ", number);
+        break;
+      case Rule::Bound::kNonNegative:
+        if (!(number >= 0)) return absl::StrCat("must be >= 0, got ", number);
+        break;
+      case Rule::Bound::kFraction:
+        if (number < 0 || number >= 1) {
+          return absl::StrCat("expected a value in [0, 1), got ", number);
+        }
+        break;
+    }
+    if (rule.at_most > 0 && number > static_cast<double>(rule.at_most)) {
+      return absl::StrCat(value, " is more than ", rule.at_most, ", ", rule.at_most_why);
+    }
+    return std::nullopt;
+  }
+}
+
+template <typename S>
+void WriteYaml(const S& config, const std::string& indent, std::string* out) {
+  for (const Field<S>& field : Table<S>::kFields) {
+    std::visit(
+        [&](auto member) {
+          if constexpr (kIsSection<Pointee<decltype(member)>>) {
+            absl::StrAppend(out, indent, field.key, ":\n");
+            WriteYaml(config.*member, indent + "  ", out);
+          } else {
+            absl::StrAppend(out, indent, field.key, ": ", WriteScalar(config.*member), "\n");
+          }
+        },
+        field.member);
+  }
+}
+
+template <typename S>
+bool Equal(const S& a, const S& b) {
+  for (const Field<S>& field : Table<S>::kFields) {
+    const bool same = std::visit(
+        [&](auto member) {
+          if constexpr (kIsSection<Pointee<decltype(member)>>) {
+            return Equal(a.*member, b.*member);
+          } else {
+            return a.*member == b.*member;
+          }
+        },
+        field.member);
+    if (!same) return false;
+  }
+  return true;
+}
+
+// Calls fn(path, rule, value&) for every scalar field of `config`, in table order.
+template <typename S, typename Fn>
+void ForEachScalar(S& config, const std::string& prefix, const Fn& fn) {
+  for (const Field<std::remove_const_t<S>>& field : Table<std::remove_const_t<S>>::kFields) {
+    const std::string path = absl::StrCat(prefix, field.key);
+    std::visit(
+        [&](auto member) {
+          if constexpr (kIsSection<Pointee<decltype(member)>>) {
+            ForEachScalar(config.*member, path + ".", fn);
+          } else {
+            fn(path, field.rule, config.*member);
+          }
+        },
+        field.member);
+  }
+}
+
+// ConfigFields() for struct S, reached from a TrainConfig through `access`.
+template <typename S, typename Access>
+void ListFields(const std::string& prefix, const Access& access, std::vector<ConfigField>* out) {
+  static const TrainConfig kDefaults;
+  for (const Field<S>& field : Table<S>::kFields) {
+    const std::string path = absl::StrCat(prefix, field.key);
+    std::visit(
+        [&](auto member) {
+          using T = Pointee<decltype(member)>;
+          if constexpr (kIsSection<T>) {
+            auto section = [access, member](auto& config) -> auto& {
+              return access(config).*member;
+            };
+            ListFields<T>(path + ".", section, out);
+          } else {
+            ConfigField listed;
+            listed.path = path;
+            listed.type = TypeName<T>(field.rule);
+            listed.default_text = WriteScalar(access(kDefaults).*member);
+            listed.description = std::string(field.doc);
+            listed.required = !field.rule.required.empty();
+            listed.words = Words(field.rule);
+            listed.get = [access, member](const TrainConfig& config) {
+              return WriteScalar(access(config).*member);
+            };
+            listed.set = [access, member, path](const std::string& yaml_value,
+                                                TrainConfig* config) {
+              YAML::Node node;
+              try {
+                node = YAML::Load(yaml_value);
+              } catch (const YAML::Exception& error) {
+                return absl::InvalidArgumentError(absl::StrCat(path, ": invalid yaml: ",
+                                                               error.msg));
+              }
+              T value;
+              if (std::optional<std::string> what = ReadScalar(node, &value)) {
+                return absl::InvalidArgumentError(absl::StrCat(path, ": ", *what));
+              }
+              access(*config).*member = std::move(value);
+              return absl::OkStatus();
+            };
+            out->push_back(std::move(listed));
+          }
+        },
+        field.member);
+  }
+}
+
+// ---- Reading
+
+// Reads one yaml document into a TrainConfig, remembering each key path's
+// line so that checks across fields can point at the file.
+class ConfigReader {
+ public:
+  explicit ConfigReader(std::string name) : name_(std::move(name)) {}
+
+  absl::Status Error(int line, const std::string& path, const std::string& what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name_, ":", line, ": ", path.empty() ? "" : path + ": ", what));
+  }
+
+  // The line of the first of `paths` the file set, else of its section.
+  int LineFor(const std::vector<std::string>& paths) const {
+    for (const std::string& path : paths) {
+      auto it = lines_.find(path);
+      if (it != lines_.end()) return it->second;
+    }
+    for (const std::string& path : paths) {
+      auto it = lines_.find(path.substr(0, path.find('.')));
+      if (it != lines_.end()) return it->second;
+    }
+    return 1;
+  }
+
+  absl::Status Read(const YAML::Node& root, TrainConfig* config);
+
+ private:
+  template <typename S>
+  absl::Status ReadMap(const YAML::Node& map, const std::string& prefix, int line, S* out);
+
+  std::string name_;
+  std::map<std::string, int> lines_;  // key path -> 1-based line of its value
+};
+
+template <typename S>
+absl::Status ConfigReader::ReadMap(const YAML::Node& map, const std::string& prefix, int line,
+                                   S* out) {
+  if (map.IsNull()) return absl::OkStatus();  // an empty section keeps the defaults
+  if (!map.IsMap()) {
+    return Error(line, prefix, absl::StrCat("expected a map, got ", Describe(map)));
+  }
+  std::vector<std::string> known;
+  for (const Field<S>& field : Table<S>::kFields) known.emplace_back(field.key);
+  for (auto it = map.begin(); it != map.end(); ++it) {
+    const YAML::Node key = it->first;
+    const int key_line = key.Mark().line + 1;
+    if (!key.IsScalar()) {
+      return Error(key_line, prefix, absl::StrCat("expected a key, got ", Describe(key)));
+    }
+    const std::string path = prefix.empty() ? key.Scalar() : prefix + "." + key.Scalar();
+    auto [seen, inserted] = lines_.emplace(path, key_line);
+    if (!inserted) {
+      return Error(key_line, path, absl::StrCat("duplicate key (first set on line ",
+                                                seen->second, ")"));
+    }
+    const Field<S>* field = nullptr;
+    for (const Field<S>& candidate : Table<S>::kFields) {
+      if (candidate.key == key.Scalar()) field = &candidate;
+    }
+    if (field == nullptr) {
+      std::string what = "unknown key";
+      const std::string* closest = nullptr;
+      const size_t limit = std::max<size_t>(2, key.Scalar().size() / 3);
+      size_t best = limit + 1;
+      for (const std::string& candidate : known) {
+        size_t distance = EditDistance(key.Scalar(), candidate);
+        // A key that extends a known one or cuts it short ("optimizer" for
+        // "optim") is near whatever its edit distance.
+        const std::string& shorter = std::min(key.Scalar(), candidate, ByLength);
+        const std::string& longer = std::max(key.Scalar(), candidate, ByLength);
+        if (shorter.size() >= 3 && shorter.size() < longer.size() &&
+            longer.compare(0, shorter.size(), shorter) == 0) {
+          distance = std::min(distance, limit);
+        }
+        if (distance < best) best = distance, closest = &candidate;
+      }
+      if (closest) absl::StrAppend(&what, "; did you mean '", *closest, "'?");
+      absl::StrAppend(&what, " (known keys", prefix.empty() ? "" : " in " + prefix, ": ",
+                      absl::StrJoin(known, ", "), ")");
+      return Error(key_line, path, what);
+    }
+    const YAML::Node value = it->second;
+    const int value_line = LineOf(value, key_line);
+    absl::Status status = std::visit(
+        [&](auto member) {
+          if constexpr (kIsSection<Pointee<decltype(member)>>) {
+            return ReadMap(value, path, value_line, &(out->*member));
+          } else {
+            std::optional<std::string> what = ReadScalar(value, &(out->*member));
+            return what ? Error(value_line, path, *what) : absl::OkStatus();
+          }
+        },
+        field->member);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ConfigReader::Read(const YAML::Node& root, TrainConfig* config) {
+  if (root.IsNull()) {
+    return Error(1, "", "empty file; expected a map of sections (model, data, optim, ...)");
+  }
+  if (!root.IsMap()) {
+    return Error(LineOf(root, 1), "",
+                 absl::StrCat("expected a map of sections at the top level, got ",
+                              Describe(root)));
+  }
+  return ReadMap(root, "", 1, config);
+}
+
+// Every impossible value, checked after reading so that checks across
+// fields see the final values whatever order the file wrote them in. Each
+// field's own checks come first, in table order (so the checks across
+// fields see values that are each possible, heads > 0 among them).
+absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
+  auto fail = [&](const std::string& path, const std::string& what,
+                  std::initializer_list<std::string> also = {}) {
+    std::vector<std::string> paths = {path};
+    paths.insert(paths.end(), also.begin(), also.end());
+    return reader.Error(reader.LineFor(paths), path, what);
+  };
+  absl::Status own = absl::OkStatus();
+  ForEachScalar(config, "", [&](const std::string& path, const Rule& rule, const auto& value) {
+    if (!own.ok()) return;
+    if (std::optional<std::string> what = CheckValue(rule, value)) own = fail(path, *what);
+  });
+  if (!own.ok()) return own;
+
   const ModelConfig& m = config.model;
   const DataConfig& d = config.data;
   const OptimConfig& o = config.optim;
   const TrainLoopConfig& t = config.train;
   const CheckpointConfig& c = config.checkpoint;
+  if (m.dim % m.heads != 0) {
+    return fail("model.heads", absl::StrCat(m.heads, " does not divide model.dim ", m.dim),
+                {"model.dim"});
+  }
+  if (o.min_lr > o.lr) {
+    return fail("optim.min_lr", absl::StrCat(o.min_lr, " is above optim.lr ", o.lr),
+                {"optim.lr"});
+  }
+  if (t.eval_every > 0 && d.val.empty()) {
+    return fail("train.eval_every", "evaluation needs data.val (a glob of token shards)");
+  }
+  // Only an explicit cpu is known here; with device auto the same mistake
+  // surfaces when the trainer resolves both (ResolvePrecision).
+  if (config.device == "cpu" && (config.precision == "tf32" || config.precision == "bf16")) {
+    return fail("precision",
+                absl::StrCat(config.precision, " needs device cuda; the CPU computes in fp32 only"),
+                {"device"});
+  }
+  if (config.device == "cpu" && config.parallel.backend == "nccl") {
+    return fail("parallel.backend",
+                "nccl needs device cuda; on the CPU gradients are reduced over gloo",
+                {"device"});
+  }
+  if (c.every > 0 && c.dir.empty()) {
+    return fail("checkpoint.every", "saving checkpoints needs checkpoint.dir");
+  }
+  if (!c.dir.empty() && c.every > 0 && c.keep_last < 2) {
+    return fail("checkpoint.keep_last",
+                absl::StrCat(c.keep_last, " is too few while checkpoints are on; keep at "
+                                          "least 2, so that one survives a bad newest one"),
+                {"checkpoint.every", "checkpoint.dir"});
+  }
+  return absl::OkStatus();
+}
+
+// A relative path or glob names a place next to the yaml file.
+std::string Resolve(const std::string& base_dir, const std::string& path) {
+  if (path.empty() || base_dir.empty() || path.front() == '/') return path;
+  return (std::filesystem::path(base_dir) / path).lexically_normal().string();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text, const std::string& name,
+                                        const std::string& base_dir) {
+  ConfigReader reader(name);
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& error) {
+    return reader.Error(std::max(1, error.mark.line + 1), "",
+                        absl::StrCat("invalid yaml: ", error.msg));
+  }
+  TrainConfig config;
+  config.source = name;
+  absl::Status status = reader.Read(root, &config);
+  if (status.ok()) status = Validate(config, reader);
+  if (!status.ok()) return status;
+  // Every glob and path the tables mark, but not a word ("auto" for checkpoint.resume).
+  ForEachScalar(config, "", [&](const std::string&, const Rule& rule, auto& value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, std::string>) {
+      if (rule.path != PathKind::kNone && !IsWord(rule, value)) {
+        value = Resolve(base_dir, value);
+      }
+    }
+  });
+  return config;
+}
+
+absl::StatusOr<TrainConfig> LoadConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read the config file"));
+  std::stringstream text;
+  text << in.rdbuf();
+  // An absolute base makes the resolved paths independent of the working
+  // directory, so ConfigToYaml's output means the same from anywhere.
+  std::error_code ignored;
+  std::filesystem::path base =
+      std::filesystem::absolute(std::filesystem::path(path), ignored).parent_path();
+  return ParseConfig(text.str(), path, base.string());
+}
+
+std::string ConfigToYaml(const TrainConfig& config) {
   std::string out;
   if (!config.source.empty()) absl::StrAppend(&out, "# resolved from ", config.source, "\n");
-  absl::StrAppend(&out, "model:\n", "  layers: ", m.layers, "\n", "  heads: ", m.heads, "\n",
-                  "  dim: ", m.dim, "\n", "  vocab: ", m.vocab, "\n", "  seq_len: ", m.seq_len,
-                  "\n");
-  absl::StrAppend(&out, "data:\n", "  train: ", Quoted(d.train), "\n", "  val: ", Quoted(d.val),
-                  "\n", "  micro_batch: ", d.micro_batch, "\n",
-                  "  grad_accumulation: ", d.grad_accumulation, "\n");
-  absl::StrAppend(&out, "optim:\n", "  lr: ", ExactDouble(o.lr), "\n",
-                  "  warmup_steps: ", o.warmup_steps, "\n", "  schedule: ", Quoted(o.schedule),
-                  "\n", "  min_lr: ", ExactDouble(o.min_lr), "\n",
-                  "  weight_decay: ", ExactDouble(o.weight_decay), "\n");
-  absl::StrAppend(&out, "  beta1: ", ExactDouble(o.beta1), "\n", "  beta2: ",
-                  ExactDouble(o.beta2), "\n", "  eps: ", ExactDouble(o.eps), "\n",
-                  "  grad_clip: ", ExactDouble(o.grad_clip), "\n");
-  absl::StrAppend(&out, "train:\n", "  steps: ", t.steps, "\n", "  seed: ", t.seed, "\n",
-                  "  log_every: ", t.log_every, "\n", "  eval_every: ", t.eval_every, "\n",
-                  "  eval_batches: ", t.eval_batches, "\n",
-                  "  metrics_file: ", Quoted(t.metrics_file), "\n");
-  absl::StrAppend(&out, "device: ", Quoted(config.device), "\n");
-  absl::StrAppend(&out, "precision: ", Quoted(config.precision), "\n");
-  absl::StrAppend(&out, "parallel:\n", "  strategy: ", Quoted(config.parallel.strategy), "\n",
-                  "  backend: ", Quoted(config.parallel.backend), "\n",
-                  "  bucket_mb: ", ExactDouble(config.parallel.bucket_mb), "\n",
-                  "  timeout_s: ", ExactDouble(config.parallel.timeout_s), "\n");
-  absl::StrAppend(&out, "checkpoint:\n", "  dir: ", Quoted(c.dir), "\n", "  every: ", c.every,
-                  "\n", "  keep_last: ", c.keep_last, "\n", "  keep_every: ", c.keep_every, "\n",
-                  "  resume: ", Quoted(c.resume), "\n");
+  WriteYaml(config, "", &out);
   return out;
 }
 
-bool operator==(const ModelConfig& a, const ModelConfig& b) {
-  return std::tie(a.layers, a.heads, a.dim, a.vocab, a.seq_len) ==
-         std::tie(b.layers, b.heads, b.dim, b.vocab, b.seq_len);
+const std::vector<ConfigField>& ConfigFields() {
+  static const std::vector<ConfigField>* const kFields = [] {
+    auto* fields = new std::vector<ConfigField>;
+    ListFields<TrainConfig>("", [](auto& config) -> auto& { return config; }, fields);
+    return fields;
+  }();
+  return *kFields;
 }
-bool operator==(const DataConfig& a, const DataConfig& b) {
-  return std::tie(a.train, a.val, a.micro_batch, a.grad_accumulation) ==
-         std::tie(b.train, b.val, b.micro_batch, b.grad_accumulation);
-}
-bool operator==(const OptimConfig& a, const OptimConfig& b) {
-  return std::tie(a.lr, a.warmup_steps, a.schedule, a.min_lr, a.weight_decay, a.beta1, a.beta2,
-                  a.eps, a.grad_clip) == std::tie(b.lr, b.warmup_steps, b.schedule, b.min_lr,
-                                                  b.weight_decay, b.beta1, b.beta2, b.eps,
-                                                  b.grad_clip);
-}
-bool operator==(const TrainLoopConfig& a, const TrainLoopConfig& b) {
-  return std::tie(a.steps, a.seed, a.log_every, a.eval_every, a.eval_batches, a.metrics_file) ==
-         std::tie(b.steps, b.seed, b.log_every, b.eval_every, b.eval_batches, b.metrics_file);
-}
-bool operator==(const ParallelConfig& a, const ParallelConfig& b) {
-  return std::tie(a.strategy, a.backend, a.bucket_mb, a.timeout_s) ==
-         std::tie(b.strategy, b.backend, b.bucket_mb, b.timeout_s);
-}
-bool operator==(const CheckpointConfig& a, const CheckpointConfig& b) {
-  return std::tie(a.dir, a.every, a.keep_last, a.keep_every, a.resume) ==
-         std::tie(b.dir, b.every, b.keep_last, b.keep_every, b.resume);
-}
+
+bool operator==(const ModelConfig& a, const ModelConfig& b) { return Equal(a, b); }
+bool operator==(const DataConfig& a, const DataConfig& b) { return Equal(a, b); }
+bool operator==(const OptimConfig& a, const OptimConfig& b) { return Equal(a, b); }
+bool operator==(const TrainLoopConfig& a, const TrainLoopConfig& b) { return Equal(a, b); }
+bool operator==(const ParallelConfig& a, const ParallelConfig& b) { return Equal(a, b); }
+bool operator==(const CheckpointConfig& a, const CheckpointConfig& b) { return Equal(a, b); }
 bool operator==(const TrainConfig& a, const TrainConfig& b) {
-  return std::tie(a.source, a.model, a.data, a.optim, a.train, a.device, a.precision,
-                  a.parallel, a.checkpoint) == std::tie(b.source, b.model, b.data, b.optim,
-                                                        b.train, b.device, b.precision,
-                                                        b.parallel, b.checkpoint);
+  return a.source == b.source && Equal(a, b);
 }
 
 uint64_t ModelConfigHash(const ModelConfig& model) {
+  // By hand, not from the table: checkpoints store the hash, so its fields
+  // and their order are fixed even when the model gains a field.
   // FNV-1a over each field as 4 little-endian bytes, in a fixed order, so
   // the value is the same on every platform and build.
   uint64_t hash = 14695981039346656037ull;

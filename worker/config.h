@@ -8,9 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace muster::worker {
@@ -79,7 +81,7 @@ struct TrainConfig {
   OptimConfig optim;
   TrainLoopConfig train;
   std::string device = "auto";  // cpu | cuda | auto
-  std::string precision = "auto";  // auto | fp32 | tf32 | bf16 (worker/model.h)
+  std::string precision = "auto";  // auto | fp32 | tf32 | bf16 (worker/model/model.h)
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
 };
@@ -98,6 +100,27 @@ std::string ConfigToYaml(const TrainConfig& config);
 // A stable hash of the fields that fix the model's shape (checkpoints
 // record it to refuse a checkpoint of another model).
 uint64_t ModelConfigHash(const ModelConfig& model);
+
+// One train.yaml field, as the field tables in config.cc define it (the same tables drive
+// LoadConfig, ConfigToYaml and operator==). docs/yaml-schema.md's tables are checked against
+// this list, and a tool can read or set a field by its path.
+struct ConfigField {
+  std::string path;          // "optim.lr"; a top-level string is just its key ("device")
+  std::string type;          // integer | number | string | string (glob) | string (path)
+  std::string default_text;  // the default, as ConfigToYaml writes it
+  std::string description;
+  bool required = false;           // no default: a file must set it (data.train)
+  std::vector<std::string> words;  // a string's allowed words; empty: any string
+  // The field's value in `config`, as ConfigToYaml writes it.
+  std::function<std::string(const TrainConfig& config)> get;
+  // Reads `yaml_value` (a scalar, written as in a file) into the field with LoadConfig's type
+  // check; INVALID_ARGUMENT naming the path otherwise. The checks of the value itself (ranges,
+  // words, other fields) are LoadConfig's alone.
+  std::function<absl::Status(const std::string& yaml_value, TrainConfig* config)> set;
+};
+
+// Every field, in the order ConfigToYaml writes them.
+const std::vector<ConfigField>& ConfigFields();
 
 // Field-by-field equality (every field, `source` included), e.g. to check
 // that ConfigToYaml's output parses back to the same config.

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/model.h"
+#include "worker/model/model.h"
 
 namespace muster::worker {
 

@@ -11,7 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "worker/ops.h"
+#include "worker/model/ops.h"
 
 namespace muster::worker {
 

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "worker/model.h"
+#include "worker/model/model.h"
 
 namespace muster::worker {
 
@@ -88,7 +88,7 @@ class ProgressBar {
 //     units /proc/cpuinfo reports (AVX-512: 2 FMA x 16 lanes x 2 = 64;
 //     AVX2+FMA: 32; otherwise SSE: 8);
 //   CUDA: the dense peak for `precision` of the current GPU from the table
-//     of known GPUs (GetCudaDeviceInfo, worker/ops.h); 0 (unknown) for a
+//     of known GPUs (GetCudaDeviceInfo, worker/model/ops.h); 0 (unknown) for a
 //     GPU not in it, unless overridden.
 // `description` (may be nullptr) receives how the figure was obtained.
 double PeakFlops(Device device, Precision precision, std::string* description);

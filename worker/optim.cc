@@ -1,62 +1,120 @@
 #include "worker/optim.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/grad_norm.h"
-#include "worker/model_layout.h"
-#include "worker/ops.h"
+#include "worker/model/model_layout.h"
+#include "worker/model/ops.h"
 
 namespace muster::worker {
 
-// m and v mirror the parameters: one allocation each, stages at the same
-// offsets as in the parameter allocation.
+// The moments cover the owned range in the parameter ALLOCATION's
+// coordinates (stages at aligned offsets, layout::StageOffsets): from the
+// allocation offset of the range's first float to that of its last. Runs
+// are offsets from that start, so Ops::AdamWUpdate indexes params, grads,
+// the bf16 copy (each passed from that start) and m, v alike. Owning
+// everything, the start is 0 and this is the whole allocation.
 struct AdamW::Impl {
   GptModel* model;
   OptimConfig config;
-  std::vector<size_t> offsets;  // each stage's start in m and v
-  // Runs of neighbouring tensors that share the decay setting, in floats
-  // from the start of the buffers (the stages' params and grads lie at the
-  // same offsets in their allocations as m and v).
+  ParamRange owned;
+  std::vector<size_t> offsets;  // each stage's start in the parameter allocation
+  size_t base = 0;              // the allocation offset of owned.first
+  size_t floats = 0;            // moments' length
+  // Runs of neighbouring tensors that share the decay setting, clipped to
+  // the owned range, in floats from `base`.
   std::vector<Ops::AdamWRun> runs;
   float* m = nullptr;
   float* v = nullptr;
+
+  ~Impl() {
+    model->ops().Free(m);
+    model->ops().Free(v);
+  }
+  // Calls fn(moment offset, in-range offset, floats) for the pieces of flat
+  // range [first, first + count), which must lie inside `owned`.
+  template <typename Fn>
+  void ForEachPiece(size_t first, size_t count, Fn fn) const {
+    assert(first >= owned.first && first + count <= owned.first + owned.count);
+    layout::ForEachStagePiece(model->stages(), first, count,
+                              [&](size_t s, size_t in_stage, size_t in_range, size_t n) {
+                                fn(offsets[s] + in_stage - base, in_range, n);
+                              });
+  }
 };
 
-AdamW::AdamW(GptModel* model, const OptimConfig& config) : impl_(std::make_unique<Impl>()) {
-  impl_->model = model;
-  impl_->config = config;
-  const size_t floats = layout::StageOffsets(model->stages(), &impl_->offsets);
-  // Moments are small next to the activations; failing to allocate them
-  // is treated like running out of memory anywhere else in the step.
-  absl::StatusOr<void*> m = model->ops().Alloc(floats * sizeof(float));
-  absl::StatusOr<void*> v = model->ops().Alloc(floats * sizeof(float));
-  assert(m.ok() && v.ok());
-  impl_->m = static_cast<float*>(m.value());
-  impl_->v = static_cast<float*>(v.value());
+absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(GptModel* model, const OptimConfig& config) {
+  return Create(model, config, ParamRange{0, layout::TotalFloats(model->stages())});
+}
+
+absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(GptModel* model, const OptimConfig& config,
+                                                     ParamRange owned) {
   const std::vector<Stage>& stages = model->stages();
+  const size_t total = layout::TotalFloats(stages);
+  if (owned.first > total || owned.count > total - owned.first) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AdamW: parameter range [", owned.first, ", ", owned.first + owned.count,
+        ") is outside the model's ", total, " parameters"));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->model = model;
+  impl->config = config;
+  impl->owned = owned;
+  layout::StageOffsets(stages, &impl->offsets);
+  // The owned range's ends in allocation coordinates.
+  size_t begin = 0, end = 0;
+  bool any = false;
+  layout::ForEachStagePiece(stages, owned.first, owned.count,
+                            [&](size_t s, size_t in_stage, size_t, size_t n) {
+                              if (!any) begin = impl->offsets[s] + in_stage;
+                              end = impl->offsets[s] + in_stage + n;
+                              any = true;
+                            });
+  impl->base = begin;
+  impl->floats = end - begin;
+  absl::StatusOr<void*> m = model->ops().Alloc(impl->floats * sizeof(float));
+  if (!m.ok()) return m.status();
+  impl->m = static_cast<float*>(*m);
+  absl::StatusOr<void*> v = model->ops().Alloc(impl->floats * sizeof(float));
+  if (!v.ok()) return v.status();
+  impl->v = static_cast<float*>(*v);
+
+  const size_t owned_end = owned.first + owned.count;
+  size_t stage_flat = 0;  // the stage's start in the flat layout
   for (size_t s = 0; s < stages.size(); ++s) {
-    assert(stages[s].params == stages[0].params + impl_->offsets[s]);
-    assert(stages[s].grads == stages[0].grads + impl_->offsets[s]);
+    assert(stages[s].params == stages[0].params + impl->offsets[s]);
+    assert(stages[s].grads == stages[0].grads + impl->offsets[s]);
     const std::vector<TensorView>& tensors = stages[s].tensors;
     size_t run = 0;
     while (run < tensors.size()) {
-      size_t end = run + 1;
-      while (end < tensors.size() && tensors[end].decay == tensors[run].decay) ++end;
-      Ops::AdamWRun piece;
-      piece.begin = impl_->offsets[s] + tensors[run].offset;
-      piece.count = tensors[end - 1].offset + tensors[end - 1].size - tensors[run].offset;
-      piece.decay = tensors[run].decay;
-      impl_->runs.push_back(piece);
-      run = end;
+      size_t stop = run + 1;
+      while (stop < tensors.size() && tensors[stop].decay == tensors[run].decay) ++stop;
+      // [first, last) of this run in the flat layout, clipped to `owned`.
+      const size_t first =
+          std::max(stage_flat + tensors[run].offset, static_cast<size_t>(owned.first));
+      const size_t last = std::min(stage_flat + tensors[stop - 1].offset + tensors[stop - 1].size,
+                                   owned_end);
+      if (first < last) {
+        Ops::AdamWRun piece;
+        piece.begin = impl->offsets[s] + (first - stage_flat) - impl->base;
+        piece.count = last - first;
+        piece.decay = tensors[run].decay;
+        impl->runs.push_back(piece);
+      }
+      run = stop;
     }
+    stage_flat += stages[s].size;
   }
+  return std::unique_ptr<AdamW>(new AdamW(std::move(impl)));
 }
 
-AdamW::~AdamW() {
-  impl_->model->ops().Free(impl_->m);
-  impl_->model->ops().Free(impl_->v);
-}
+AdamW::AdamW(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+AdamW::~AdamW() = default;
+
+ParamRange AdamW::owned() const { return impl_->owned; }
 
 void AdamW::Step(float lr, int step, float grad_scale) {
   kernels::AdamWHyper hyper;
@@ -68,57 +126,45 @@ void AdamW::Step(float lr, int step, float grad_scale) {
   hyper.weight_decay = static_cast<float>(impl_->config.weight_decay);
   // One call for every stage: on CUDA one launch.
   std::vector<Stage>& stages = impl_->model->stages();
-  impl_->model->ops().AdamWUpdate(stages[0].params, impl_->m, impl_->v, stages[0].grads,
-                                  impl_->model->ParamsBf16(0), impl_->runs, hyper, step);
+  const size_t base = impl_->base;
+  uint16_t* bf16 = impl_->model->ParamsBf16(0);
+  impl_->model->ops().AdamWUpdate(stages[0].params + base, impl_->m, impl_->v,
+                                  stages[0].grads + base, bf16 != nullptr ? bf16 + base : nullptr,
+                                  impl_->runs, hyper, step);
 }
 
 std::vector<float> AdamW::CopyMomentsToHost(bool second) const {
-  const std::vector<Stage>& stages = impl_->model->stages();
-  const float* moments = second ? impl_->v : impl_->m;
-  std::vector<float> host(layout::TotalFloats(stages));
-  size_t offset = 0;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    impl_->model->ops().ToHost(host.data() + offset, moments + impl_->offsets[s],
-                               stages[s].size * sizeof(float));
-    offset += stages[s].size;
-  }
+  std::vector<float> host(impl_->owned.count);
+  CopyMomentsRangeToHost(second, impl_->owned.first, impl_->owned.count, host.data());
   return host;
 }
 
 void AdamW::CopyMomentsFromHost(bool second, const std::vector<float>& host) {
-  const std::vector<Stage>& stages = impl_->model->stages();
-  assert(host.size() == layout::TotalFloats(stages));
-  float* moments = second ? impl_->v : impl_->m;
-  size_t offset = 0;
-  for (size_t s = 0; s < stages.size(); ++s) {
-    impl_->model->ops().ToDevice(moments + impl_->offsets[s], host.data() + offset,
-                                 stages[s].size * sizeof(float));
-    offset += stages[s].size;
-  }
+  assert(host.size() == impl_->owned.count);
+  CopyMomentsRangeFromHost(second, impl_->owned.first, impl_->owned.count, host.data());
 }
 
 void AdamW::CopyMomentsRangeToHost(bool second, size_t first, size_t count, float* host) const {
   const float* moments = second ? impl_->v : impl_->m;
-  layout::ForEachStagePiece(impl_->model->stages(), first, count,
-                            [&](size_t s, size_t in_stage, size_t in_range, size_t floats) {
-                              impl_->model->ops().ToHost(host + in_range,
-                                                         moments + impl_->offsets[s] + in_stage,
-                                                         floats * sizeof(float));
-                            });
-}
-
-float* AdamW::HostMoments(bool second) {
-  if (impl_->model->device() != Device::kCpu) return nullptr;
-  return second ? impl_->v : impl_->m;  // one allocation, stages in order
+  impl_->ForEachPiece(first, count, [&](size_t at, size_t in_range, size_t floats) {
+    impl_->model->ops().ToHost(host + in_range, moments + at, floats * sizeof(float));
+  });
 }
 
 void AdamW::CopyMomentsRangeFromHost(bool second, size_t first, size_t count, const float* host) {
   float* moments = second ? impl_->v : impl_->m;
-  layout::ForEachStagePiece(impl_->model->stages(), first, count,
-                            [&](size_t s, size_t in_stage, size_t in_range, size_t floats) {
-                              impl_->model->ops().ToDevice(moments + impl_->offsets[s] + in_stage,
-                                                           host + in_range, floats * sizeof(float));
-                            });
+  impl_->ForEachPiece(first, count, [&](size_t at, size_t in_range, size_t floats) {
+    impl_->model->ops().ToDevice(moments + at, host + in_range, floats * sizeof(float));
+  });
+}
+
+float* AdamW::HostMoments(bool second) {
+  if (impl_->model->device() != Device::kCpu) return nullptr;
+  if (impl_->owned.first != 0 ||
+      impl_->owned.count != layout::TotalFloats(impl_->model->stages())) {
+    return nullptr;
+  }
+  return second ? impl_->v : impl_->m;  // one allocation, stages in order
 }
 
 float ClipGradNorm(GptModel* model, float max_norm) {

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/grad_norm.h"
-#include "worker/checkpoint_manager.h"
+#include "worker/checkpoint/manager.h"
 
 namespace muster::worker {
 
@@ -28,8 +28,9 @@ Trainer::Trainer(const TrainConfig& config, TrainerOptions options)
       options_(std::move(options)),
       progress_(options_.progress,
                 options_.progress_bar &&
-                    (options_.parallel == nullptr || options_.parallel->rank() == 0)) {
-  parallel_ = options_.parallel != nullptr ? options_.parallel : &single_process_;
+                    (options_.strategy == nullptr || options_.strategy->rank() == 0)) {
+  if (options_.strategy == nullptr) single_process_ = std::make_unique<SingleProcess>();
+  strategy_ = options_.strategy != nullptr ? options_.strategy : single_process_.get();
 }
 
 Trainer::~Trainer() { progress_.Clear(); }
@@ -57,27 +58,29 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   // bf16 on a machine without a GPU is only found out here.
   auto precision = ResolvePrecision(config.precision, *device);
   if (!precision.ok()) return precision.status();
-  auto gpt = GptModel::Create(model, B, *device, *precision);
-  if (!gpt.ok()) return gpt.status();
-  trainer->model_ = *std::move(gpt);
-  trainer->model_->InitWeights(config.train.seed);
-  trainer->optimizer_ = std::make_unique<AdamW>(trainer->model_.get(), config.optim);
-
-  // Every rank starts from rank 0's weights; a resumed run then loads the
-  // same checkpoint on every rank.
-  if (absl::Status synced = trainer->parallel_->SyncParameters(trainer->model_.get());
-      !synced.ok()) {
-    return synced;
-  }
-  trainer->checkpoints_ = std::make_unique<CheckpointManager>(config, trainer->parallel_,
-                                                              trainer->options_.log);
+  // The strategy builds the model's storage and the optimizer over this
+  // rank's parameters, with weights agreed over ranks.
+  BuildSpec spec;
+  spec.model = model;
+  spec.micro_batch = B;
+  spec.device = *device;
+  spec.precision = *precision;
+  spec.optim = config.optim;
+  spec.seed = config.train.seed;
+  auto built = trainer->strategy_->Build(spec);
+  if (!built.ok()) return built.status();
+  trainer->model_ = std::move(built->model);
+  trainer->optimizer_ = std::move(built->optimizer);
+  trainer->checkpoints_ = std::make_unique<CheckpointManager>(config, trainer->strategy_,
+                                                              trainer->options_.log,
+                                                              trainer->options_.env);
   auto resumed = trainer->checkpoints_->Resume(trainer->model_.get(), trainer->optimizer_.get(),
                                                &trainer->state_);
   if (!resumed.ok()) return resumed.status();
 
   // Rank 0 speaks for the job: the loss it logs is already the mean over
   // ranks, and one metrics file has one writer.
-  if (!config.train.metrics_file.empty() && trainer->parallel_->rank() == 0) {
+  if (!config.train.metrics_file.empty() && trainer->strategy_->rank() == 0) {
     auto writer = MetricsWriter::Open(config.train.metrics_file, /*append=*/*resumed);
     if (!writer.ok()) return writer.status();
     trainer->metrics_ = *std::move(writer);
@@ -92,36 +95,47 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   using Clock = std::chrono::steady_clock;
   const int B = config_.data.micro_batch, T = config_.model.seq_len;
   const int A = config_.data.grad_accumulation;
-  const int world = parallel_->world_size();
+  const int dp = strategy_->dims().dp();
   const int step = state_.step;  // 0-based index of this step
   auto start = Clock::now();
 
   double loss_sum = 0;
   for (int micro = 0; micro < A; ++micro) {
-    uint64_t first = RankFirstSample(state_.sample_index, parallel_->rank(), B);
+    uint64_t first = RankFirstSample(state_.sample_index, strategy_->dp_rank(), B);
     train_->Batch(first, B, inputs_.data(), targets_.data());
     // inputs, targets (B, T)
     loss_sum += model_->Forward(inputs_.data(), targets_.data(), B, T);
-    parallel_->BeginBackward(model_.get(), micro == A - 1);
+    strategy_->BeginBackward(model_.get(), micro == A - 1);
     model_->Backward(1.0f / A);
-    state_.sample_index += static_cast<uint64_t>(world) * B;
+    state_.sample_index += static_cast<uint64_t>(dp) * B;
   }
-  absl::Status reduced = parallel_->ReduceGradients(model_.get());
+  absl::Status reduced = strategy_->ReduceGradients(model_.get());
   if (!reduced.ok()) return reduced;
   // The clip factor goes into AdamW's read of the gradients: the same
   // values as scaling them first, without a pass over them.
-  const double norm = std::sqrt(model_->GradSumOfSquares());
+  auto sum_of_squares = strategy_->GradSumOfSquares(model_.get());
+  if (!sum_of_squares.ok()) return sum_of_squares.status();
+  const double norm = std::sqrt(*sum_of_squares);
   const float max_norm = static_cast<float>(config_.optim.grad_clip);
   const float clip = max_norm > 0.0f ? kernels::ClipScale(norm, max_norm) : 1.0f;
   float lr = LearningRate(config_.optim, step, config_.train.steps);
-  optimizer_->Step(lr, step + 1, clip);
+  absl::Status stepped = strategy_->OptimizerStep(model_.get(), optimizer_.get(), lr, step + 1, clip);
+  if (!stepped.ok()) return stepped;
   model_->ZeroGrad();
+  // A failed kernel launch or copy is sticky: caught here, once per step,
+  // it names the step instead of surfacing as a NaN loss later.
+  if (absl::Status device = model_->DeviceStatus(); !device.ok()) {
+    return absl::Status(device.code(),
+                        absl::StrCat("step ", step + 1, ": ", device.message()));
+  }
   state_.step = step + 1;
   // The stop vote rides on the loss's all-reduce: its mean is positive
   // when any rank was asked to stop.
   const int signal = options_.stop_signal ? options_.stop_signal() : 0;
   float means[2] = {static_cast<float>(loss_sum / A), signal != 0 ? 1.0f : 0.0f};
-  if (absl::Status reduced = parallel_->MeanOverRanks(absl::MakeSpan(means)); !reduced.ok()) {
+  if (absl::Status reduced =
+          strategy_->control().AllReduce(absl::MakeSpan(means), parallel::ReduceOp::kAvg);
+      !reduced.ok()) {
     return reduced;
   }
   stop_signal_ = means[1] > 0.0f ? (signal != 0 ? signal : kPeerSignalled) : 0;
@@ -134,13 +148,14 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   metrics.lr = lr;
   metrics.grad_norm = norm;
   metrics.ms = seconds * 1e3;
-  double tokens = static_cast<double>(world) * A * B * T;
+  double tokens = static_cast<double>(dp) * A * B * T;
   metrics.tokens_per_s = seconds > 0 ? tokens / seconds : 0;
   if (peak_flops_ > 0) {
     // tokens/s is the whole job's and peak_flops_ one process's (its
     // threads' cores), so the job's peak is world times that.
     metrics.mfu =
-        FlopsPerToken(config_.model, T) * metrics.tokens_per_s / (peak_flops_ * world);
+        FlopsPerToken(config_.model, T) * metrics.tokens_per_s /
+        (peak_flops_ * strategy_->dims().world());
   }
   return metrics;
 }
@@ -150,20 +165,21 @@ absl::StatusOr<float> Trainer::Evaluate() {
     return absl::FailedPreconditionError("evaluation needs data.val and train.eval_every > 0");
   }
   const int B = config_.data.micro_batch, T = config_.model.seq_len;
-  const int world = parallel_->world_size();
+  const int dp = strategy_->dims().dp();
   double loss_sum = 0;
   for (int batch = 0; batch < config_.train.eval_batches; ++batch) {
-    uint64_t global_first = static_cast<uint64_t>(batch) * world * B;
-    val_->Batch(RankFirstSample(global_first, parallel_->rank(), B), B, inputs_.data(),
+    uint64_t global_first = static_cast<uint64_t>(batch) * dp * B;
+    val_->Batch(RankFirstSample(global_first, strategy_->dp_rank(), B), B, inputs_.data(),
                 targets_.data());
     loss_sum += model_->Forward(inputs_.data(), targets_.data(), B, T);
   }
   int batches = config_.train.eval_batches > 0 ? config_.train.eval_batches : 1;
-  return parallel_->MeanOverRanks(static_cast<float>(loss_sum / batches));
+  return strategy_->control().AllReduce(static_cast<float>(loss_sum / batches),
+                                         parallel::ReduceOp::kAvg);
 }
 
 absl::Status Trainer::Log(const StepMetrics& metrics) {
-  if (parallel_->rank() != 0) return absl::OkStatus();
+  if (strategy_->rank() != 0) return absl::OkStatus();
   progress_.Clear();
   std::fprintf(options_.log, "%s\n", FormatStepLine(metrics).c_str());
   std::fflush(options_.log);
@@ -172,7 +188,7 @@ absl::Status Trainer::Log(const StepMetrics& metrics) {
 }
 
 absl::Status Trainer::LogEval(const EvalMetrics& metrics) {
-  if (parallel_->rank() != 0) return absl::OkStatus();
+  if (strategy_->rank() != 0) return absl::OkStatus();
   progress_.Clear();
   std::fprintf(options_.log, "%s\n", FormatEvalLine(metrics).c_str());
   std::fflush(options_.log);
@@ -188,7 +204,7 @@ std::string Trainer::StopCause() const {
 
 absl::Status Trainer::Preempt(std::chrono::steady_clock::time_point since) {
   progress_.Clear();
-  if (parallel_->rank() == 0) {
+  if (strategy_->rank() == 0) {
     std::fprintf(options_.log, "preempted: %s after step %d of %d; %s\n", StopCause().c_str(),
                  state_.step, config_.train.steps,
                  config_.checkpoint.dir.empty() ? "no checkpoint.dir, so nothing is saved"

@@ -2,12 +2,15 @@
 // clip -> AdamW, with evaluation, the log line, the progress bar and the
 // JSONL metrics file (docs/worker.md).
 //
-// One optimizer step s (0-based) of grad_accumulation (A) micro-steps:
+// One optimizer step s (0-based) of grad_accumulation (A) micro-steps, the
+// parallel work done by the ParallelStrategy (worker/parallel_strategy.h):
 //   for m in [0, A): the rank reads samples
-//       RankFirstSample(sample_index, rank, B) .. + B - 1,
-//     Forward, Backward(1/A); sample_index += world_size * B
-//   ReduceGradients; ClipGradNorm(grad_clip); AdamW.Step(LearningRate(s), s+1);
-//   ZeroGrad.
+//       RankFirstSample(sample_index, dp_rank, B) .. + B - 1,
+//     Forward, BeginBackward(last = m == A-1), Backward(1/A);
+//     sample_index += dp * B
+//   ReduceGradients; clip factor from GradSumOfSquares and grad_clip;
+//   OptimizerStep(LearningRate(s), s+1); ZeroGrad; the device's status;
+//   the loss averaged over ranks (with the stop vote).
 // For a world of 1 the batch of micro-step m starts at (s*A + m)*B. The
 // global sample index is part of the state, so a resumed job (any world
 // size) continues the same stream.
@@ -26,62 +29,33 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "worker/checkpoint/env.h"
+#include "worker/checkpoint/manager.h"
 #include "worker/config.h"
 #include "worker/data.h"
 #include "worker/metrics.h"
-#include "worker/model.h"
+#include "worker/model/model.h"
+#include "worker/parallel_strategy.h"
 #include "worker/optim.h"
 
 namespace muster::worker {
 
-// How this process takes part in data parallelism. The base class is a
-// world of one, where every call is the identity; worker/data_parallel.h
-// supplies the ProcessGroup-backed DDP.
-class DataParallel {
- public:
-  virtual ~DataParallel() = default;
-  virtual int rank() const { return 0; }
-  virtual int world_size() const { return 1; }
-  // Called before each micro-step's Backward. `last` is set on the last
-  // micro-step of an optimizer step: only then may an implementation start
-  // reducing gradients, during that backward pass (through the model's
-  // grad-ready callback). Earlier micro-steps only accumulate locally.
-  virtual void BeginBackward(GptModel* model, bool last) {}
-  // After the last micro-step's Backward: returns when the gradient
-  // buffers hold the mean over ranks.
-  virtual absl::Status ReduceGradients(GptModel* model) { return absl::OkStatus(); }
-  // Averages each of `values` over ranks in place, in one collective
-  // where the implementation can (the step's loss and the stop vote).
-  virtual absl::Status MeanOverRanks(absl::Span<float> values) { return absl::OkStatus(); }
-  // Averages a scalar (a validation loss, a checkpoint vote) over ranks.
-  absl::StatusOr<float> MeanOverRanks(float value) {
-    float values[1] = {value};
-    if (absl::Status status = MeanOverRanks(absl::MakeSpan(values)); !status.ok()) return status;
-    return values[0];
-  }
-  // Makes every rank's parameters equal to rank 0's (start-up, resume).
-  virtual absl::Status SyncParameters(GptModel* model) { return absl::OkStatus(); }
-  // Returns once every rank has called it (a checkpoint's commit).
-  virtual absl::Status Barrier() { return absl::OkStatus(); }
-};
-
 // The first sample this rank reads in a micro-step that starts at global
-// sample `global_first`: ranks read consecutive blocks of B samples.
-inline uint64_t RankFirstSample(uint64_t global_first, int rank, int micro_batch) {
-  return global_first + static_cast<uint64_t>(rank) * micro_batch;
+// sample `global_first`: the dp ranks read consecutive blocks of B samples
+// (ranks that share a dp rank, pipeline stages, read the same block).
+inline uint64_t RankFirstSample(uint64_t global_first, int dp_rank, int micro_batch) {
+  return global_first + static_cast<uint64_t>(dp_rank) * micro_batch;
 }
-
-// What a checkpoint must save to resume exactly.
-struct TrainState {
-  int step = 0;               // optimizer steps completed
-  uint64_t sample_index = 0;  // global index of the next training sample
-};
 
 struct TrainerOptions {
   FILE* log = stdout;                  // human log lines
   FILE* progress = stderr;             // progress bar, when enabled
   bool progress_bar = false;           // main() sets isatty(stderr)
-  DataParallel* parallel = nullptr;    // nullptr: a world of one
+  // How this process takes part in the job; not owned, outlives the
+  // Trainer. nullptr: a single process.
+  ParallelStrategy* strategy = nullptr;
+  // Checkpoint I/O; tests wrap it to inject faults (worker/checkpoint/env.h).
+  Env* env = nullptr;  // nullptr: Env::Default()
   // Polled once per optimizer step: a signal number (SIGTERM, SIGUSR1)
   // once the process has been asked to stop, else 0. Ranks agree on it in
   // the step's loss all-reduce, so all of them stop after the same step
@@ -92,8 +66,6 @@ struct TrainerOptions {
   std::function<void(const EvalMetrics&)> on_eval;
 };
 
-class CheckpointManager;  // worker/checkpoint_manager.h
-
 class Trainer {
  public:
   // Opens the streams (data errors are INVALID_ARGUMENT / NOT_FOUND from
@@ -101,7 +73,7 @@ class Trainer {
   // device cannot do, bf16 on the CPU, is INVALID_ARGUMENT naming
   // `precision`), builds the model with InitWeights(train.seed) and the
   // optimizer, resumes from a checkpoint per checkpoint.resume
-  // (worker/checkpoint_manager.h; its errors), and opens the metrics file
+  // (worker/checkpoint/manager.h; its errors), and opens the metrics file
   // (appending after a resume).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                          TrainerOptions options = {});
@@ -143,8 +115,8 @@ class Trainer {
 
   TrainConfig config_;
   TrainerOptions options_;
-  DataParallel single_process_;  // used when options_.parallel is nullptr
-  DataParallel* parallel_ = nullptr;
+  std::unique_ptr<ParallelStrategy> single_process_;  // when options_.strategy is nullptr
+  ParallelStrategy* strategy_ = nullptr;
   std::unique_ptr<TokenStream> train_;
   std::unique_ptr<TokenStream> val_;  // nullptr without data.val
   std::unique_ptr<GptModel> model_;

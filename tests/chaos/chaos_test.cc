@@ -27,7 +27,7 @@
 #include "absl/strings/str_format.h"
 #include "launcher/worker_env.h"
 #include "tests/launcher/harness.h"
-#include "worker/checkpoint_reader.h"
+#include "worker/checkpoint/reader.h"
 #include "worker/data.h"
 
 namespace muster::testing {
@@ -240,10 +240,10 @@ TEST_CASE("kills of workers, agents and the server, then a preemption: nothing l
   CHECK(LossTexts(chaos.Metrics()) == LossTexts(reference.Metrics()));
   CHECK(LossTexts(reference.Metrics()).size() == static_cast<size_t>(steps));
   std::vector<std::string> skipped;
-  auto newest = worker::FindLatestValid(chaos.CheckpointDir(), &skipped);
+  auto newest = worker::FindLatestValid(worker::Env::Default(), chaos.CheckpointDir(), &skipped);
   REQUIRE(newest.ok());
   CHECK(newest->step == steps);
-  CHECK(worker::VerifyCheckpoint(newest->path).ok());
+  CHECK(worker::VerifyCheckpoint(worker::Env::Default(), newest->path).ok());
   // The kills and the preemption leave no process of the job behind.
   CHECK(WaitUntil([&] { return ProcessesWith(chaos.Mark()).empty(); }, absl::Seconds(10)));
   CHECK(ProcessesWith(reference.Mark()).empty());

@@ -12,8 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "launcher/endpoint.h"
 #include "proto/rendezvous.pb.h"
-#include "rendezvous/client.h"
-#include "rendezvous/store.h"
+#include "rendezvous/client/client.h"
+#include "rendezvous/client/store.h"
 #include "tests/launcher/harness.h"
 
 namespace muster::testing {

@@ -1,5 +1,6 @@
-// Threads-as-ranks helpers: every rank's ProcessGroup lives in this one
-// process, connected over an InMemoryStore. Operations are asynchronous, so
+// Threads-as-ranks helpers for Catch2 tests, over parallel/local_ranks.h:
+// every rank's ProcessGroup lives in this one process, connected over an
+// InMemoryStore. Operations are asynchronous, so
 // the test thread issues each rank's operation in turn and then waits; no
 // Catch2 assertion runs on another thread (Catch2 v2 is not thread-safe).
 #pragma once
@@ -12,30 +13,24 @@
 
 #include "absl/status/statusor.h"
 #include "parallel/gloo_group.h"
-#include "rendezvous/store.h"
+#include "parallel/local_ranks.h"
+#include "rendezvous/client/store.h"
 
 namespace muster::parallel::testing {
 
 using Groups = std::vector<std::unique_ptr<ProcessGroup>>;
 
-// Connects `size` ranks (concurrently: each blocks until all have joined).
+// Connects `size` ranks (parallel/local_ranks.h) and REQUIREs success.
 inline Groups ConnectGroups(rdzv::Store& store, int size, GlooOptions options = {}) {
-  std::vector<absl::StatusOr<std::unique_ptr<ProcessGroup>>> made;
-  for (int rank = 0; rank < size; ++rank) made.emplace_back(absl::UnknownError("not run"));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < size; ++rank) {
-    threads.emplace_back(
-        [&, rank] { made[rank] = CreateGlooGroup(&store, rank, size, options); });
-  }
-  for (std::thread& thread : threads) thread.join();
-  Groups groups;
-  for (int rank = 0; rank < size; ++rank) {
-    INFO("rank " << rank << ": " << made[rank].status().ToString());
-    REQUIRE(made[rank].ok());
-    groups.push_back(*std::move(made[rank]));
-  }
-  return groups;
+  auto groups = ConnectLocalGroups(&store, size, "", options);
+  INFO(groups.status().ToString());
+  REQUIRE(groups.ok());
+  return *std::move(groups);
 }
+
+// OnEveryRank (parallel/local_ranks.h) runs a blocking body on every rank
+// at once; the body must not use Catch2 (Catch2 v2 is not thread-safe).
+using parallel::OnEveryRank;
 
 // Waits for every Work and REQUIREs each is OK.
 inline void WaitAll(const std::vector<std::shared_ptr<Work>>& works) {

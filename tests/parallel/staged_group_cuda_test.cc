@@ -423,5 +423,59 @@ TEST_CASE("Health reports the inner group's error while the staged queue is idle
         absl::StatusCode::kUnavailable);
 }
 
+TEST_CASE("int64 and byte operations take host memory, in order with device ones") {
+  const int size = GENERATE(2, 3);
+  const size_t n = 1001;
+  INFO("size " << size);
+  rdzv::InMemoryStore store;
+  Groups inner = ConnectGroups(store, size);
+  Groups staged = Wrap(inner);
+  auto device = RankBuffers(size, n);
+  std::vector<std::vector<int64_t>> ints(size);
+  std::vector<std::vector<uint8_t>> bytes(size);
+  const int64_t big = int64_t{1} << 60;
+  Works works;
+  for (int r = 0; r < size; ++r) {
+    ints[r] = {big + r, -big * (r + 1)};
+    bytes[r].assign(3 * 1024 * 1024 + 5, static_cast<uint8_t>(r + 1));
+    // Device, host, host, device: inner must see them in this order.
+    works.push_back(staged[r]->AllReduce(device[r]->span(), ReduceOp::kMax));
+    works.push_back(staged[r]->AllReduceInt64(absl::MakeSpan(ints[r]), ReduceOp::kMin));
+    works.push_back(staged[r]->BroadcastBytes(absl::MakeSpan(bytes[r]), size - 1));
+    works.push_back(staged[r]->AllReduce(device[r]->span(), ReduceOp::kSum));
+  }
+  WaitAll(works);
+  std::vector<float> expected = RankData(size - 1, n);  // the max: the last rank's
+  for (float& value : expected) value *= size;
+  for (int r = 0; r < size; ++r) {
+    CHECK(device[r]->Download() == expected);
+    CHECK(ints[r] == std::vector<int64_t>{big, -big * size});
+    CHECK(bytes[r] == std::vector<uint8_t>(3 * 1024 * 1024 + 5, static_cast<uint8_t>(size)));
+  }
+}
+
+TEST_CASE("int64 and byte operations on device memory are INVALID_ARGUMENT, group intact") {
+  rdzv::InMemoryStore store;
+  Groups inner = ConnectGroups(store, 1);
+  Groups staged = Wrap(inner);
+  int64_t* ints = nullptr;
+  CUDA_REQUIRE(cudaMalloc(&ints, 4 * sizeof(int64_t)));
+  absl::Status status = staged[0]->AllReduceInt64(absl::MakeSpan(ints, 4), ReduceOp::kSum)->Wait();
+  INFO(status.ToString());
+  CHECK(absl::IsInvalidArgument(status));
+  CHECK(absl::StrContains(status.message(), "host memory"));
+  status = staged[0]->BroadcastBytes(
+                        absl::MakeSpan(reinterpret_cast<uint8_t*>(ints), 4 * sizeof(int64_t)), 0)
+               ->Wait();
+  CHECK(absl::IsInvalidArgument(status));
+  cudaFree(ints);
+  CHECK(absl::IsInvalidArgument(
+      staged[0]->AllReduceInt64(absl::Span<int64_t>(), ReduceOp::kAvg)->Wait()));
+  std::vector<int64_t> host = {7};
+  WaitAll({staged[0]->AllReduceInt64(absl::MakeSpan(host), ReduceOp::kMax)});
+  CHECK(host == std::vector<int64_t>{7});
+  CHECK(staged[0]->Health().error.ok());
+}
+
 }  // namespace
 }  // namespace muster::parallel::testing

@@ -31,7 +31,11 @@ class FakeGroup : public ProcessGroup {
                                   std::vector<size_t>) override {
     return Nothing();
   }
+  std::shared_ptr<Work> AllReduceInt64(absl::Span<int64_t>, ReduceOp) override {
+    return Nothing();
+  }
   std::shared_ptr<Work> Broadcast(absl::Span<float>, int) override { return Nothing(); }
+  std::shared_ptr<Work> BroadcastBytes(absl::Span<uint8_t>, int) override { return Nothing(); }
   std::shared_ptr<Work> Send(absl::Span<const float>, int, int) override { return Nothing(); }
   std::shared_ptr<Work> Recv(absl::Span<float>, int, int) override { return Nothing(); }
   std::shared_ptr<Work> Barrier() override { return Nothing(); }
@@ -262,6 +266,78 @@ TEST_CASE("several groups: the first error, the oldest operation, and a cause ab
   REQUIRE(nccl.aborts().size() == 1);  // the healthy group goes too
   CHECK(nccl.aborts()[0] == cause);
   CHECK(gloo.aborts().size() == 1);
+}
+
+}  // namespace
+}  // namespace muster::parallel
+
+namespace muster::parallel {
+namespace {
+
+TEST_CASE("a group watched later is one of the groups: its error aborts all, and theirs it") {
+  FakeGroup world, sub;
+  FakeClock clock;
+  WatchdogOptions options;
+  options.now = [&] { return clock.now; };
+  Watchdog dog({&world}, nullptr, nullptr, options);
+  CHECK(dog.PollOnce().ok());
+  dog.Watch(&sub);
+  CHECK(sub.aborts().empty());  // nothing wrong yet
+  CHECK(dog.PollOnce().ok());
+
+  GroupHealth broken;
+  broken.error = absl::UnavailableError("connection to rank 3 failed");
+  sub.SetHealth(broken);
+  absl::Status cause = dog.PollOnce();
+  CHECK(absl::IsUnavailable(cause));
+  REQUIRE(world.aborts().size() == 1);
+  CHECK(world.aborts()[0] == cause);
+  CHECK(sub.aborts().size() == 1);
+}
+
+TEST_CASE("the world group's failure aborts a sub-group watched later") {
+  FakeGroup world, sub;
+  FakeClock clock;
+  WatchdogOptions options;
+  options.now = [&] { return clock.now; };
+  Watchdog dog({&world}, nullptr, nullptr, options);
+  dog.Watch(&sub);
+  GroupHealth broken;
+  broken.error = absl::UnavailableError("connection to rank 1 failed");
+  world.SetHealth(broken);
+  absl::Status cause = dog.PollOnce();
+  REQUIRE(sub.aborts().size() == 1);
+  CHECK(sub.aborts()[0] == cause);
+}
+
+TEST_CASE("a group watched after the cause is aborted with it at once") {
+  FakeGroup world, late;
+  FakeClock clock;
+  WatchdogOptions options;
+  options.now = [&] { return clock.now; };
+  absl::Status round = absl::AbortedError("rendezvous round 5 of job j ended (MEMBER_LOST)");
+  Watchdog dog({&world}, [&] { return round; }, nullptr, options);
+  absl::Status cause = dog.PollOnce();
+  REQUIRE(absl::IsAborted(cause));
+  dog.Watch(&late);
+  REQUIRE(late.aborts().size() == 1);
+  CHECK(late.aborts()[0] == cause);
+  dog.PollOnce().IgnoreError();
+  CHECK(late.aborts().size() == 1);  // once
+}
+
+TEST_CASE("a sub-group's running operation counts against the clock") {
+  FakeGroup world, sub;
+  FakeClock clock;
+  WatchdogOptions options;
+  options.now = [&] { return clock.now; };
+  Watchdog dog({&world}, nullptr, nullptr, options);
+  dog.Watch(&sub);
+  sub.SetHealth(Running(clock.now - absl::Minutes(2), "allreduce (min) of 1 int64s"));
+  absl::Status cause = dog.PollOnce();
+  CHECK(absl::IsDeadlineExceeded(cause));
+  CHECK_THAT(std::string(cause.message()), Catch::Contains("allreduce (min) of 1 int64s"));
+  CHECK(world.aborts().size() == 1);
 }
 
 }  // namespace

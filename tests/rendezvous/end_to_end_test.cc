@@ -13,9 +13,9 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "rendezvous/client.h"
-#include "rendezvous/store.h"
-#include "tests/rendezvous/client_test_util.h"
+#include "rendezvous/client/client.h"
+#include "rendezvous/client/store.h"
+#include "tests/rendezvous/client/test_util.h"
 #include "tools/server_process.h"
 
 namespace muster::rdzv {
@@ -274,7 +274,7 @@ TEST_CASE("The job carries on across server restarts with --state-dir",
 }
 
 // gRPC 1.51 fails fail-fast calls for seconds after a server comes back;
-// the client's wait_for_ready calls must not (see client_rpc.h).
+// the client's wait_for_ready calls must not (see rendezvous/client/rpc.h).
 TEST_CASE("Calls get through promptly once a killed server is back",
           "[e2e][restart]") {
   auto server = StartServer("127.0.0.1:0");

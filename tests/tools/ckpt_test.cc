@@ -55,10 +55,10 @@ std::vector<float> TrainTwoRanks(const TempDir& dir) {
   config.checkpoint.every = 4;
   std::vector<std::vector<float>> params(2);
   std::vector<absl::Status> statuses(2);
-  worker::testing::RunRanks(2, [&](int rank, worker::DataParallel* parallel) {
+  worker::testing::RunRanks(2, [&](int rank, worker::ParallelStrategy* parallel) {
     worker::TrainerOptions options;
     options.log = std::tmpfile();
-    options.parallel = parallel;
+    options.strategy = parallel;
     auto trainer = worker::Trainer::Create(config, options);
     statuses[rank] = trainer.ok() ? (*trainer)->Run() : trainer.status();
     if (trainer.ok()) params[rank] = (*trainer)->model()->CopyParamsToHost();

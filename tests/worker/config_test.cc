@@ -3,24 +3,33 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <set>
+#include <sstream>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace muster::worker {
 namespace {
 
-std::string ExamplePath(const std::string& file) {
+// A data file of this test, by its path in the workspace.
+std::string RunfilePath(const std::string& file) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
   std::string path = std::string(srcdir ? srcdir : ".") + "/" +
-                     (workspace ? workspace : "muster") + "/examples/" + file;
+                     (workspace ? workspace : "muster") + "/" + file;
   REQUIRE(access(path.c_str(), R_OK) == 0);
   return path;
 }
+
+std::string ExamplePath(const std::string& file) { return RunfilePath("examples/" + file); }
 
 // The smallest valid file: data.train is the one field without a default.
 const char kMinimal[] = "data:\n  train: shards/train_*.bin\n";
@@ -203,6 +212,16 @@ TEST_CASE("parallel.backend: auto, nccl, gloo; nccl is refused with an explicit 
   CHECK(ParseConfig(text, "t.yaml", "").ok());
 }
 
+TEST_CASE("with several errors, a field's own checks come before those across fields") {
+  // heads 5 does not divide dim 768, but vocab's own range is checked first.
+  const std::string both = "model:\n  dim: 768\n  heads: 5\n  vocab: 70000\n";
+  CHECK_THAT(ErrorOf(std::string(kMinimal) + both),
+             Catch::Contains("t.yaml:6: model.vocab: 70000 is more than 65536"));
+  // Within the own checks, the order of the file's fields (ConfigToYaml's).
+  CHECK_THAT(ErrorOf(std::string(kMinimal) + "device: tpu\nmodel:\n  layers: 0\n"),
+             Catch::Contains("t.yaml:5: model.layers: must be > 0, got 0"));
+}
+
 TEST_CASE("keep_last below 2 is fine while checkpoints are off") {
   std::string yaml = std::string(kMinimal) + "checkpoint:\n  keep_last: 1\n";
   CHECK(ParseConfig(yaml, "t.yaml", "").ok());
@@ -324,6 +343,291 @@ TEST_CASE("ModelConfigHash is stable and covers exactly the model's shape") {
       "checkpoint:\n  dir: c\n  every: 2\n";
   TrainConfig b = *ParseConfig(other, "b.yaml", "");
   CHECK(ModelConfigHash(a.model) == ModelConfigHash(b.model));
+}
+
+// ---- The field tables (worker/config.cc): ConfigFields() is what the
+// reader, ConfigToYaml and operator== walk, so checking it covers them all.
+
+// Converts to anything, so T{AnyMember{}...} compiles with at most as many
+// values as the aggregate T has members: a count that needs no names, and
+// so notices a member that the tables (and so ConfigFields) lack.
+struct AnyMember {
+  template <typename T>
+  operator T&() const;
+};
+
+template <typename T, typename... A>
+auto BraceInitializes(int) -> decltype(T{std::declval<A>()...}, std::true_type{});
+template <typename T, typename... A>
+std::false_type BraceInitializes(...);
+
+template <typename T, typename... A>
+constexpr size_t MemberCount() {
+  if constexpr (decltype(BraceInitializes<T, A..., AnyMember>(0))::value) {
+    return MemberCount<T, A..., AnyMember>();
+  } else {
+    return sizeof...(A);
+  }
+}
+
+// The listed fields by their first path component ("optim" -> its 9).
+std::map<std::string, size_t> FieldsPerSection() {
+  std::map<std::string, size_t> count;
+  for (const ConfigField& field : ConfigFields()) {
+    ++count[field.path.substr(0, field.path.find('.'))];
+  }
+  return count;
+}
+
+TEST_CASE("ConfigFields lists every member of every config struct") {
+  struct Three {
+    int a;
+    std::string b;
+    ModelConfig c;
+  };
+  static_assert(MemberCount<Three>() == 3, "the counting trick counts");
+  std::map<std::string, size_t> listed = FieldsPerSection();
+  const std::vector<std::pair<std::string, size_t>> sections = {
+      {"model", MemberCount<ModelConfig>()},
+      {"data", MemberCount<DataConfig>()},
+      {"optim", MemberCount<OptimConfig>()},
+      {"train", MemberCount<TrainLoopConfig>()},
+      {"device", 1},
+      {"precision", 1},
+      {"parallel", MemberCount<ParallelConfig>()},
+      {"checkpoint", MemberCount<CheckpointConfig>()},
+  };
+  for (const auto& [section, members] : sections) {
+    INFO("section " << section << ": a member missing from its table in worker/config.cc?");
+    CHECK(listed[section] == members);
+  }
+  // TrainConfig: the sections and top-level strings above, plus `source`
+  // (where it came from, not a yaml field).
+  INFO("a TrainConfig member missing from its table in worker/config.cc?");
+  CHECK(listed.size() == sections.size());
+  CHECK(MemberCount<TrainConfig>() == sections.size() + 1);
+}
+
+TEST_CASE("ConfigFields: unique paths, defaults as ConfigToYaml writes them, typed set") {
+  std::set<std::string> paths;
+  const TrainConfig defaults;
+  for (const ConfigField& field : ConfigFields()) {
+    INFO(field.path);
+    CHECK(paths.insert(field.path).second);
+    CHECK_FALSE(field.description.empty());
+    CHECK(field.get(defaults) == field.default_text);
+  }
+  CHECK(ConfigFields().front().path == "model.layers");
+  const ConfigField* lr = nullptr;
+  const ConfigField* layers = nullptr;
+  for (const ConfigField& field : ConfigFields()) {
+    if (field.path == "optim.lr") lr = &field;
+    if (field.path == "model.layers") layers = &field;
+  }
+  REQUIRE(lr != nullptr);
+  REQUIRE(layers != nullptr);
+  CHECK(lr->type == "number");
+  CHECK(lr->default_text == "3e-04");  // std::to_chars: the shortest
+  TrainConfig config;
+  REQUIRE(lr->set("6e-4", &config).ok());
+  CHECK(config.optim.lr == 6e-4);
+  absl::Status bad = layers->set("four", &config);
+  CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(bad.message() == "model.layers: expected an integer, got 'four'");
+  CHECK(layers->set("[1,", &config).message().find("model.layers: invalid yaml") == 0);
+  CHECK(config.model.layers == 4);
+}
+
+// A value of `field` other than the one in `base`, valid where the field
+// allows more than one value.
+std::string OtherValue(const ConfigField& field, const TrainConfig& base) {
+  const std::string now = field.get(base);
+  if (!field.words.empty()) {
+    for (const std::string& word : field.words) {
+      if ("\"" + word + "\"" != now) return "\"" + word + "\"";
+    }
+    return "\"not-" + field.words.front() + "\"";  // one word only: none valid
+  }
+  if (field.type == "integer") {
+    const unsigned long long value = std::stoull(now);
+    return std::to_string(value == 0 ? 1 : value * 2);
+  }
+  if (field.type == "number") {
+    // Halved stays in every range (min_lr below lr, betas below 1).
+    const double value = std::strtod(now.c_str(), nullptr);
+    char text[64];
+    std::snprintf(text, sizeof(text), "%.17g", value == 0 ? 1e-5 : value / 2);
+    return text;
+  }
+  return "\"changed/" + field.path + "\"";
+}
+
+TEST_CASE("every field: a changed value round-trips, and operator== sees it") {
+  // Every check across fields satisfied whatever one field becomes.
+  absl::StatusOr<TrainConfig> parsed_base = ParseConfig(
+      "data:\n  train: base_*.bin\n  val: val_*.bin\ncheckpoint:\n  dir: ckpt\n", "base.yaml", "");
+  REQUIRE(parsed_base.ok());
+  const TrainConfig base = *parsed_base;
+  for (const ConfigField& field : ConfigFields()) {
+    const std::string value = OtherValue(field, base);
+    INFO(field.path << " = " << value);
+    TrainConfig changed = base;
+    REQUIRE(field.set(value, &changed).ok());
+    CHECK(field.get(changed) != field.get(base));
+    CHECK_FALSE(changed == base);
+    for (const ConfigField& other : ConfigFields()) {
+      if (other.path != field.path) CHECK(other.get(changed) == other.get(base));
+    }
+    const std::string yaml = ConfigToYaml(changed);
+    INFO(yaml);
+    const std::string key = field.path.substr(field.path.rfind('.') + 1);
+    CHECK_THAT(yaml, Catch::Contains(key + ": " + field.get(changed) + "\n"));
+    absl::StatusOr<TrainConfig> parsed = ParseConfig(yaml, changed.source, "");
+    if (field.words.size() == 1) {
+      // No other valid value: the reader did read it, and the check named it.
+      REQUIRE_FALSE(parsed.ok());
+      CHECK_THAT(std::string(parsed.status().message()), Catch::Contains(field.path + ": "));
+    } else {
+      REQUIRE(parsed.ok());
+      CHECK(*parsed == changed);
+    }
+  }
+  TrainConfig renamed = base;
+  renamed.source = "other.yaml";
+  CHECK_FALSE(renamed == base);
+}
+
+// ---- docs/yaml-schema.md against ConfigFields
+
+std::vector<std::string> Lines(const std::string& file) {
+  std::ifstream in(RunfilePath(file));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE_FALSE(lines.empty());
+  return lines;
+}
+
+std::string Trim(const std::string& text) {
+  const size_t begin = text.find_first_not_of(' ');
+  if (begin == std::string::npos) return "";
+  return text.substr(begin, text.find_last_not_of(' ') - begin + 1);
+}
+
+std::string Unquote(std::string text, char quote) {
+  if (text.size() >= 2 && text.front() == quote && text.back() == quote) {
+    text = text.substr(1, text.size() - 2);
+  }
+  return text;
+}
+
+struct DocRow {
+  int line;
+  std::string type;
+  std::string default_text;
+};
+
+// Every row of the doc's "| field | type | default | constraint |" tables,
+// by path: a row's field under "## `section`" is section.field; a top-level
+// string is a row whose field is the section's own name.
+std::map<std::string, DocRow> DocumentedFields(const std::vector<std::string>& lines) {
+  std::map<std::string, DocRow> rows;
+  std::string section;
+  bool in_table = false;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
+    if (line.rfind("## ", 0) == 0) {
+      section = line.rfind("## `", 0) == 0 ? line.substr(4, line.find('`', 4) - 4) : "";
+      in_table = false;
+      continue;
+    }
+    if (line.rfind("| field | type | default |", 0) == 0) {
+      INFO("docs/yaml-schema.md:" << i + 1 << ": a field table outside a \"## `section`\"");
+      CHECK_FALSE(section.empty());
+      in_table = true;
+      ++i;  // the | --- | line
+      continue;
+    }
+    if (line.rfind("|", 0) != 0) in_table = false;
+    if (!in_table) continue;
+    std::vector<std::string> cells;
+    std::stringstream row(line.substr(1));
+    for (std::string cell; std::getline(row, cell, '|');) cells.push_back(Trim(cell));
+    REQUIRE(cells.size() >= 3);
+    const std::string field = Unquote(cells[0], '`');
+    const std::string path = field == section ? field : section + "." + field;
+    INFO("docs/yaml-schema.md:" << i + 1 << ": " << path << " is documented twice");
+    CHECK(rows.emplace(path, DocRow{static_cast<int>(i + 1), cells[1], cells[2]}).second);
+  }
+  return rows;
+}
+
+TEST_CASE("docs/yaml-schema.md's field tables list exactly ConfigFields") {
+  std::map<std::string, DocRow> documented = DocumentedFields(Lines("docs/yaml-schema.md"));
+  for (const ConfigField& field : ConfigFields()) {
+    auto it = documented.find(field.path);
+    if (it == documented.end()) {
+      FAIL_CHECK(field.path << " is a field (worker/config.cc) that docs/yaml-schema.md's "
+                               "tables do not document");
+      continue;
+    }
+    const DocRow& row = it->second;
+    INFO("docs/yaml-schema.md:" << row.line << ": " << field.path);
+    CHECK(row.type == field.type);
+    const std::string doc_default = Unquote(Unquote(row.default_text, '`'), '"');
+    if (field.required) {
+      CHECK(row.default_text == "—");  // no default
+    } else if (field.type == "number") {
+      CHECK(std::strtod(doc_default.c_str(), nullptr) ==
+            std::strtod(field.default_text.c_str(), nullptr));
+    } else {
+      CHECK(doc_default == Unquote(field.default_text, '"'));
+    }
+    documented.erase(it);
+  }
+  for (const auto& [path, row] : documented) {
+    FAIL_CHECK("docs/yaml-schema.md:" << row.line << ": documents " << path
+                                      << ", which is no field (worker/config.cc)");
+  }
+}
+
+TEST_CASE("docs/yaml-schema.md's complete example is ConfigToYaml's output") {
+  const std::vector<std::string> lines = Lines("docs/yaml-schema.md");
+  size_t at = 0;
+  while (at < lines.size() && lines[at] != "## A complete example") ++at;
+  while (at < lines.size() && lines[at] != "```yaml") ++at;
+  REQUIRE(at < lines.size());
+  // The example without its comments, and which lines had one (a value
+  // other than the default says so in a comment).
+  std::string example;
+  std::vector<std::pair<std::string, bool>> values;  // line, commented
+  for (++at; at < lines.size() && lines[at] != "```"; ++at) {
+    std::string line = lines[at];
+    const size_t comment = line.find(" #");
+    const bool commented = comment != std::string::npos;
+    if (commented) line = line.substr(0, comment);
+    line = line.substr(0, line.find_last_not_of(' ') + 1);
+    example += line + "\n";
+    values.emplace_back(line, commented);
+  }
+  absl::StatusOr<TrainConfig> config = ParseConfig(example, "", "");
+  REQUIRE(config.ok());
+  CHECK(ConfigToYaml(*config) == example);
+
+  std::map<std::string, std::string> defaults;
+  for (const ConfigField& field : ConfigFields()) defaults[field.path] = field.default_text;
+  std::string section;
+  for (const auto& [line, commented] : values) {
+    const size_t colon = line.find(':');
+    if (colon + 1 == line.size()) {
+      section = line.substr(0, colon);
+      continue;
+    }
+    const bool nested = line.rfind("  ", 0) == 0;
+    const std::string path =
+        nested ? section + "." + Trim(line.substr(0, colon)) : line.substr(0, colon);
+    INFO("the example's " << path << " is not the default and says nothing");
+    if (!commented) CHECK(Trim(line.substr(colon + 1)) == defaults[path]);
+  }
 }
 
 }  // namespace

@@ -27,7 +27,7 @@
 #include "tests/launcher/harness.h"
 #include "worker/config.h"
 #include "worker/data.h"
-#include "worker/model.h"
+#include "worker/model/model.h"
 #include "worker/optim.h"
 #include "worker/trainer.h"
 
@@ -143,7 +143,9 @@ InProcessLosses TrainInProcess(GptModel& model, const TrainConfig& config,
   };
   InProcessLosses losses;
   for (int rank = 0; rank < kWorld; ++rank) losses.unchanged_step2 += loss_of(1, rank) / kWorld;
-  AdamW optimizer(&model, config.optim);
+  auto made = AdamW::Create(&model, config.optim);
+  REQUIRE(made.ok());
+  AdamW& optimizer = **made;
   model.ZeroGrad();
   for (int rank = 0; rank < kWorld; ++rank) {
     losses.step1 += loss_of(0, rank) / kWorld;

@@ -20,7 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "rendezvous/client.h"
+#include "rendezvous/client/client.h"
 #include "launcher/worker_env.h"
 #include "tests/launcher/harness.h"
 #include "worker/data.h"

@@ -5,7 +5,7 @@ torch_ddp_peer.py ...` (or torchrun).
 
 Usage: torch_ddp_peer.py MODEL BATCH_DIR OUT --steps S --lr LR
            [--beta1 B1 --beta2 B2 --eps E --weight_decay WD --grad_clip G]
-  MODEL      llm.c model file (version 3, fp32), as tests/worker/torch_reference.py
+  MODEL      llm.c model file (version 3, fp32), as tests/worker/model/torch_reference.py
   BATCH_DIR  batch.<step>.<rank>.bin for step 0..S-1: int32 B, T, inputs (B*T),
              targets (B*T), the rank's samples of that step
   OUT        rank 0 writes one line per step: "<step> <loss>", step 1-based,
@@ -26,8 +26,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-# torch_reference.py sits next to this file (also in Bazel's runfiles).
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# torch_reference.py is in model/ next to this file (tests/worker/model/,
+# also in Bazel's runfiles).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "model"))
 import torch_reference  # noqa: E402
 
 DECAYED = {"wte", "qkvw", "attprojw", "fcw", "fcprojw"}  # TensorView::decay

@@ -1,0 +1,67 @@
+#include "parallel/collectives.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace muster::parallel {
+
+absl::Status Collectives::Barrier() { return group_->Barrier()->Wait(); }
+
+absl::Status Collectives::AllReduce(absl::Span<int64_t> values, ReduceOp op) {
+  return group_->AllReduceInt64(values, op)->Wait();
+}
+
+absl::Status Collectives::AllReduce(absl::Span<float> values, ReduceOp op) {
+  return group_->AllReduce(values, op)->Wait();
+}
+
+absl::StatusOr<int64_t> Collectives::AllReduce(int64_t value, ReduceOp op) {
+  if (absl::Status status = AllReduce(absl::MakeSpan(&value, 1), op); !status.ok()) {
+    return status;
+  }
+  return value;
+}
+
+absl::StatusOr<float> Collectives::AllReduce(float value, ReduceOp op) {
+  if (absl::Status status = AllReduce(absl::MakeSpan(&value, 1), op); !status.ok()) {
+    return status;
+  }
+  return value;
+}
+
+absl::StatusOr<int64_t> Collectives::Broadcast(int64_t value, int root) {
+  // As its 8 bytes: every rank runs the same build, so the representation
+  // is the same everywhere.
+  if (absl::Status status = group_->BroadcastBytes(
+                                absl::MakeSpan(reinterpret_cast<uint8_t*>(&value), sizeof(value)),
+                                root)
+                                ->Wait();
+      !status.ok()) {
+    return status;
+  }
+  return value;
+}
+
+absl::Status Collectives::Broadcast(std::string* bytes, int root) {
+  if (bytes == nullptr) {
+    return absl::InvalidArgumentError("Collectives::Broadcast: bytes is null");
+  }
+  // Only root knows the length: it goes first, so every rank can size its
+  // buffer for the second broadcast.
+  const bool is_root = root == rank();
+  absl::StatusOr<int64_t> length =
+      Broadcast(is_root ? static_cast<int64_t>(bytes->size()) : int64_t{0}, root);
+  if (!length.ok()) return length.status();
+  if (*length < 0) {
+    return absl::InternalError(absl::StrCat("broadcast of a string from rank ", root,
+                                            ": received a negative length ", *length));
+  }
+  if (!is_root) bytes->assign(static_cast<size_t>(*length), '\0');
+  if (*length == 0) return absl::OkStatus();  // every rank knows: none issues
+  return group_->BroadcastBytes(
+                   absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes->data()), bytes->size()), root)
+      ->Wait();
+}
+
+}  // namespace muster::parallel

@@ -1,0 +1,327 @@
+#include "rendezvous/client/rpc.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace muster::rdzv {
+namespace {
+
+absl::Status ToAbsl(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      status.error_message());
+}
+
+// RESOURCE_EXHAUSTED made final: the server's message names the quota.
+absl::Status ResourceExhaustedAfter(const char* method, int attempts,
+                                    const grpc::Status& status) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat(method, " refused ", attempts, " time(s) for lack of a server resource: ",
+                   status.error_message()));
+}
+
+// A secret given directly (`value`) or as a file (`file`, whitespace
+// trimmed), not both; an empty file is an error.
+absl::StatusOr<std::string> SecretFromFile(const std::string& value, const std::string& file,
+                                           const char* what, const char* file_what) {
+  if (file.empty()) return value;
+  if (!value.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("give the ", what, " or a ", file_what,
+                                                   ", not both"));
+  }
+  absl::StatusOr<std::string> contents = ReadFileToString(file, file_what);
+  if (!contents.ok()) return contents.status();
+  std::string secret(absl::StripAsciiWhitespace(*contents));
+  if (secret.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file_what, " \"", file, "\" is empty; expected a ", what));
+  }
+  return secret;
+}
+
+// Whole milliseconds for a channel argument, at least 1.
+int PositiveMs(absl::Duration duration) {
+  return static_cast<int>(std::clamp<int64_t>(
+      absl::ToInt64Milliseconds(duration), 1, std::numeric_limits<int>::max()));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Client
+
+grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options) {
+  grpc::ChannelArguments args;
+  // Reconnect as eagerly as our own retries do, so a restarted server is
+  // found within about backoff.max rather than gRPC's default of minutes.
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left alone: it is also the least
+  // time one connection attempt gets, and 50 ms handshakes time out on a
+  // busy machine ("tcp handshaker shutdown"), leaving the channel down.
+  const int initial_ms =
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(options.backoff.initial));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, initial_ms);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              std::max<int64_t>(initial_ms,
+                                absl::ToInt64Milliseconds(options.backoff.max)));
+  // Each Client is its own connection, as each node would be.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Keepalive (see header). Pings continue while no call is open and
+  // without data in between (gRPC stops after 2 such pings by default), so
+  // an idle Watch stream or a lease between renewals is covered too. The
+  // server never GOAWAYs for pings (server.cc), however often they come.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, PositiveMs(options.keepalive.time));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+              PositiveMs(options.keepalive.timeout));
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  if (!options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  return args;
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const ClientOptions& options) {
+  absl::StatusOr<std::string> target = NormalizeEndpoint(options.endpoint);
+  if (!target.ok()) return target.status();
+  if (options.rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("rpc_timeout must be positive");
+  }
+  if (options.keepalive.time <= absl::ZeroDuration() ||
+      options.keepalive.timeout <= absl::ZeroDuration() ||
+      options.watch_stream_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "keepalive.time, keepalive.timeout and watch_stream_deadline must be "
+        "positive");
+  }
+  if (options.resource_exhausted_attempts < 1) {
+    return absl::InvalidArgumentError(
+        "resource_exhausted_attempts must be at least 1");
+  }
+
+  absl::StatusOr<std::string> token =
+      SecretFromFile(options.token, options.token_file, "bearer token", "token file");
+  if (!token.ok()) return token.status();
+  absl::StatusOr<std::string> job_secret = SecretFromFile(
+      options.job_secret, options.job_secret_file, "job secret", "job secret file");
+  if (!job_secret.ok()) return job_secret.status();
+
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  const bool tls = options.use_tls || !options.tls_ca_file.empty() ||
+                   !options.tls_cert_file.empty() ||
+                   !options.tls_key_file.empty();
+  if (tls) {
+    if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+      return absl::InvalidArgumentError(
+          "tls_cert_file and tls_key_file must be given together");
+    }
+    grpc::SslCredentialsOptions ssl;
+    struct {
+      const std::string& path;
+      std::string* out;
+      const char* what;
+    } files[] = {{options.tls_ca_file, &ssl.pem_root_certs, "TLS CA file"},
+                 {options.tls_cert_file, &ssl.pem_cert_chain, "TLS certificate"},
+                 {options.tls_key_file, &ssl.pem_private_key, "TLS key"}};
+    for (auto& file : files) {
+      if (file.path.empty()) continue;
+      absl::StatusOr<std::string> pem = ReadFileToString(file.path, file.what);
+      if (!pem.ok()) return pem.status();
+      *file.out = *std::move(pem);
+    }
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+
+  auto channel = grpc::CreateCustomChannel(*target, credentials,
+                                           ChannelArgumentsFor(options));
+  ClientOptions kept = options;
+  kept.job_secret = *std::move(job_secret);
+  return std::unique_ptr<Client>(new Client(std::move(kept), *std::move(token), std::move(channel)));
+}
+
+Client::Client(ClientOptions options, std::string token,
+               std::shared_ptr<grpc::Channel> channel)
+    : options_(std::move(options)),
+      token_(std::move(token)),
+      channel_(std::move(channel)),
+      stub_(pb::Rendezvous::NewStub(channel_)) {}
+
+Client::~Client() = default;
+
+void Client::PrepareContext(grpc::ClientContext* context,
+                            absl::Time deadline) const {
+  if (!token_.empty()) {
+    context->AddMetadata("authorization", "Bearer " + token_);
+  }
+  if (!options_.job_secret.empty()) {
+    context->AddMetadata("x-muster-job-secret", options_.job_secret);
+  }
+  if (deadline != absl::InfiniteFuture()) {
+    context->set_deadline(absl::ToChronoTime(deadline));
+  }
+}
+
+template <typename Response, typename Attempt>
+absl::StatusOr<Response> Client::Call(const char* method,
+                                      bool retry_unavailable,
+                                      absl::Duration extra_wait,
+                                      CallOptions call, Attempt attempt) {
+  const absl::Duration timeout =
+      call.timeout > absl::ZeroDuration() ? call.timeout : options_.rpc_timeout;
+  const absl::Time deadline = absl::Now() + timeout + extra_wait;
+  int exhausted_attempts = 0;
+  for (int attempt_number = 0;; ++attempt_number) {
+    grpc::ClientContext context;
+    PrepareContext(&context, deadline);
+    // Queued by gRPC while the channel is down, sent once it is up (see
+    // header). Fail-fast calls would be no better: gRPC 1.51 keeps failing
+    // them for seconds after a restarted server is back.
+    context.set_wait_for_ready(true);
+    if (call.cancellation != nullptr &&
+        !call.cancellation->Register(&context)) {
+      return absl::CancelledError(absl::StrCat(method, " cancelled"));
+    }
+    Response response;
+    grpc::Status status = attempt(&context, &response, deadline, timeout);
+    if (call.cancellation != nullptr) call.cancellation->Unregister(&context);
+    if (status.ok()) return response;
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+        channel_->GetState(false) != GRPC_CHANNEL_READY) {
+      // The call never got a connection: say "unreachable", not "slow".
+      return absl::UnavailableError(absl::StrCat(
+          method, ": no connection to the rendezvous server at ",
+          options_.endpoint, " within ", absl::FormatDuration(timeout + extra_wait)));
+    }
+    const bool exhausted =
+        status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    if (!retry_unavailable ||
+        (status.error_code() != grpc::StatusCode::UNAVAILABLE && !exhausted)) {
+      return ToAbsl(status);
+    }
+    if (exhausted && ++exhausted_attempts >= options_.resource_exhausted_attempts) {
+      return ResourceExhaustedAfter(method, exhausted_attempts, status);
+    }
+    const absl::Time wake =
+        absl::Now() + JitteredBackoff(options_.backoff, attempt_number);
+    if (wake >= deadline) {
+      return exhausted ? ResourceExhaustedAfter(method, exhausted_attempts, status)
+                       : ToAbsl(status);
+    }
+    if (call.cancellation != nullptr) {
+      if (!call.cancellation->SleepUntil(wake)) {
+        return absl::CancelledError(absl::StrCat(method, " cancelled"));
+      }
+    } else {
+      absl::SleepFor(wake - absl::Now());
+    }
+  }
+}
+
+namespace {
+// The server-side wait that still fits in the call's remaining time, leaving
+// `timeout` for the reply; at least 1 ms so the request keeps blocking
+// semantics (0 would mean "do not wait").
+int64_t RemainingWaitMs(int64_t requested_ms, absl::Time deadline,
+                        absl::Duration timeout) {
+  if (requested_ms <= 0) return requested_ms;
+  int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now() - timeout);
+  return std::max<int64_t>(1, std::min(requested_ms, left));
+}
+}  // namespace
+
+#define MUSTER_RPC(Name, Request, Response, retry)                          \
+  Call<pb::Response>(#Name, retry, absl::ZeroDuration(), call,              \
+                     [&](grpc::ClientContext* context, pb::Response* out,   \
+                         absl::Time, absl::Duration) {                      \
+                       return stub_->Name(context, request, out);           \
+                     })
+
+absl::StatusOr<pb::JoinResponse> Client::Join(const pb::JoinRequest& request,
+                                              CallOptions call) {
+  // A join naming its member_id only renews that member: safe to repeat.
+  return MUSTER_RPC(Join, JoinRequest, JoinResponse, !request.member_id().empty());
+}
+absl::StatusOr<pb::KeepAliveResponse> Client::KeepAlive(
+    const pb::KeepAliveRequest& request, CallOptions call) {
+  return MUSTER_RPC(KeepAlive, KeepAliveRequest, KeepAliveResponse, true);
+}
+absl::StatusOr<pb::LeaveResponse> Client::Leave(const pb::LeaveRequest& request,
+                                                CallOptions call) {
+  return MUSTER_RPC(Leave, LeaveRequest, LeaveResponse, false);
+}
+absl::StatusOr<pb::ReportFailureResponse> Client::ReportFailure(
+    const pb::ReportFailureRequest& request, CallOptions call) {
+  return MUSTER_RPC(ReportFailure, ReportFailureRequest, ReportFailureResponse,
+                    false);
+}
+absl::StatusOr<pb::ReportDoneResponse> Client::ReportDone(
+    const pb::ReportDoneRequest& request, CallOptions call) {
+  return MUSTER_RPC(ReportDone, ReportDoneRequest, ReportDoneResponse, false);
+}
+absl::StatusOr<pb::SetResponse> Client::Set(const pb::SetRequest& request,
+                                            CallOptions call) {
+  return MUSTER_RPC(Set, SetRequest, SetResponse, true);
+}
+absl::StatusOr<pb::GetResponse> Client::Get(const pb::GetRequest& request,
+                                            CallOptions call) {
+  return Call<pb::GetResponse>(
+      "Get", true, absl::Milliseconds(std::max<int64_t>(0, request.wait_ms())),
+      call,
+      [&](grpc::ClientContext* context, pb::GetResponse* out,
+          absl::Time deadline, absl::Duration timeout) {
+        pb::GetRequest attempt = request;
+        attempt.set_wait_ms(RemainingWaitMs(request.wait_ms(), deadline, timeout));
+        return stub_->Get(context, attempt, out);
+      });
+}
+absl::StatusOr<pb::AddResponse> Client::Add(const pb::AddRequest& request,
+                                            CallOptions call) {
+  return MUSTER_RPC(Add, AddRequest, AddResponse, false);
+}
+absl::StatusOr<pb::CompareAndSetResponse> Client::CompareAndSet(
+    const pb::CompareAndSetRequest& request, CallOptions call) {
+  return MUSTER_RPC(CompareAndSet, CompareAndSetRequest, CompareAndSetResponse,
+                    false);
+}
+absl::StatusOr<pb::DeleteResponse> Client::Delete(
+    const pb::DeleteRequest& request, CallOptions call) {
+  return MUSTER_RPC(Delete, DeleteRequest, DeleteResponse, false);
+}
+absl::StatusOr<pb::MultiGetResponse> Client::MultiGet(
+    const pb::MultiGetRequest& request, CallOptions call) {
+  return MUSTER_RPC(MultiGet, MultiGetRequest, MultiGetResponse, true);
+}
+absl::StatusOr<pb::WaitResponse> Client::Wait(const pb::WaitRequest& request,
+                                              CallOptions call) {
+  return Call<pb::WaitResponse>(
+      "Wait", true, absl::Milliseconds(std::max<int64_t>(0, request.wait_ms())),
+      call,
+      [&](grpc::ClientContext* context, pb::WaitResponse* out,
+          absl::Time deadline, absl::Duration timeout) {
+        pb::WaitRequest attempt = request;
+        attempt.set_wait_ms(RemainingWaitMs(request.wait_ms(), deadline, timeout));
+        return stub_->Wait(context, attempt, out);
+      });
+}
+absl::StatusOr<pb::ListJobsResponse> Client::ListJobs(
+    const pb::ListJobsRequest& request, CallOptions call) {
+  return MUSTER_RPC(ListJobs, ListJobsRequest, ListJobsResponse, true);
+}
+absl::StatusOr<pb::DescribeJobResponse> Client::DescribeJob(
+    const pb::DescribeJobRequest& request, CallOptions call) {
+  return MUSTER_RPC(DescribeJob, DescribeJobRequest, DescribeJobResponse, true);
+}
+absl::StatusOr<pb::CloseJobResponse> Client::CloseJob(
+    const pb::CloseJobRequest& request, CallOptions call) {
+  return MUSTER_RPC(CloseJob, CloseJobRequest, CloseJobResponse, false);
+}
+
+#undef MUSTER_RPC
+
+}  // namespace muster::rdzv

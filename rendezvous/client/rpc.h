@@ -1,0 +1,244 @@
+// The rendezvous client: one gRPC channel to the server and one method per
+// RPC. Include "rendezvous/client/client.h" to get it together with
+// LeaseKeeper, JobWatcher and JoinAndWaitForRound.
+//
+// Thread-safety: a Client is thread-safe; share one per process. Every
+// method may be called from any thread at once.
+//
+// Errors: each method returns the server's gRPC status as an absl::Status
+// with the same code and message (codes: rendezvous/state/state_machine.h), or
+// DEADLINE_EXCEEDED when the call's deadline passed, or CANCELLED when its
+// Cancellation fired.
+//
+// Connection. Every call is sent with gRPC's wait_for_ready: while the
+// server is down (restarting) the call is queued in the client and sent as
+// soon as the channel reconnects, within the call's deadline. (Fail-fast
+// calls are worse here: gRPC 1.51 keeps failing them for seconds after the
+// server is back.) A call that never got a connection before its deadline
+// returns UNAVAILABLE ("no connection to the rendezvous server at ...")
+// rather than DEADLINE_EXCEEDED.
+//
+// Keepalive. Every channel pings the server after keepalive.time without
+// activity and closes the connection when a ping is not answered within
+// keepalive.timeout, even with no call in flight. A connection that died
+// silently (a NAT or firewall dropped it, the peer vanished) is so noticed
+// within about time + timeout instead of when TCP gives up (~15 min): open
+// Watch streams fail with UNAVAILABLE and reconnect, calls get a fresh
+// connection. The channel arguments are built in one place,
+// ChannelArgumentsFor.
+//
+// Retries. Calls that are safe to repeat (KeepAlive, Get, MultiGet, Wait,
+// Set, DescribeJob, ListJobs, and Join with a member_id) are also retried
+// when an attempt ends with UNAVAILABLE (the connection broke mid-call, the
+// server was shutting down), with jittered exponential backoff, until their
+// deadline. Calls that are not safe to repeat (a first Join, Leave,
+// ReportFailure, ReportDone, Add, CompareAndSet, Delete, CloseJob) are not:
+// thanks to wait_for_ready a request that was never sent does not fail, so
+// an UNAVAILABLE that does come back means the request may have reached the
+// server, and retrying a first Join could create a second member. The caller
+// decides (e.g. Leave again and accept NOT_FOUND).
+//
+// RESOURCE_EXHAUSTED (a server quota or cap, named in the message) is tried
+// at most resource_exhausted_attempts times in all, with backoff, by the
+// calls that are safe to repeat, by JobWatcher and by LeaseKeeper; after
+// that it is final and returned to the caller (a quota that frees up soon,
+// such as blocked calls per job, gets a few chances; a cap that holds does
+// not spin forever). Calls that are not safe to repeat return it at once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/rendezvous.grpc.pb.h"
+#include "proto/rendezvous.pb.h"
+
+namespace grpc {
+class Channel;
+class ChannelArguments;
+class ClientContext;
+}  // namespace grpc
+
+namespace muster::rdzv {
+
+namespace pb = ::muster::rendezvous::v1;
+
+inline constexpr int kDefaultRendezvousPort = 29400;
+
+// Full-jitter exponential backoff: attempt n (from 0) sleeps a uniform
+// random time in [0, min(max, initial * 2^n)].
+struct BackoffOptions {
+  absl::Duration initial = absl::Milliseconds(50);
+  absl::Duration max = absl::Seconds(2);
+};
+absl::Duration JitteredBackoff(const BackoffOptions& backoff, int attempt);
+
+// gRPC keepalive of a client channel (see the top of this file). Both
+// durations are rounded to whole milliseconds, at least 1 ms.
+struct KeepaliveOptions {
+  absl::Duration time = absl::Seconds(10);    // idle time before a ping
+  absl::Duration timeout = absl::Seconds(5);  // unanswered ping: dead link
+};
+
+struct ClientOptions {
+  // host[:port], "[v6addr]:port", or "unix:/path". Port defaults to 29400.
+  std::string endpoint = "127.0.0.1:29400";
+
+  // Bearer token: give it directly or as a file (whitespace trimmed), not
+  // both. Empty: no authorization header is sent.
+  std::string token;
+  std::string token_file;
+
+  // TLS is used when `use_tls` is set or any tls_* file is given.
+  // tls_ca_file verifies the server (empty: system roots); tls_cert_file and
+  // tls_key_file (both or neither) are this client's certificate for mTLS;
+  // tls_server_name overrides the name checked against the server cert.
+  bool use_tls = false;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+
+  // Sent as x-muster-job-secret on every call when non-empty: give it
+  // directly or as a file (whitespace trimmed), not both.
+  std::string job_secret;
+  std::string job_secret_file;
+
+  // Default deadline of one call, retries included. Blocking store calls
+  // get their wait time on top.
+  absl::Duration rpc_timeout = absl::Seconds(10);
+  BackoffOptions backoff;
+
+  KeepaliveOptions keepalive;
+
+  // A Watch stream is given this deadline; when it passes, JobWatcher opens
+  // a new stream resuming after the last version it saw (no state is seen
+  // twice or lost: the server sends the current state when it is newer).
+  // A stream that stalls in a way keepalive cannot see ends by then.
+  absl::Duration watch_stream_deadline = absl::Minutes(5);
+
+  // Attempts (the first included) for a RESOURCE_EXHAUSTED answer before it
+  // is final; see the top of this file. At least 1.
+  int resource_exhausted_attempts = 4;
+};
+
+// The arguments every client channel is created with: reconnect backoff
+// from `options.backoff`, keepalive from `options.keepalive`, a local
+// subchannel pool, the TLS server name override.
+grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options);
+
+// Cancels calls from another thread: the call in flight ends with CANCELLED
+// and retry sleeps end at once. Once cancelled, every later call that uses
+// it fails with CANCELLED immediately. Thread-safe; must outlive the calls.
+class Cancellation {
+ public:
+  void Cancel();
+  bool cancelled() const;
+
+  // Sleeps until `deadline` or Cancel(); returns false if cancelled.
+  bool SleepUntil(absl::Time deadline) const;
+
+ private:
+  friend class Client;
+  // False (and nothing registered) if already cancelled.
+  bool Register(grpc::ClientContext* context);
+  void Unregister(grpc::ClientContext* context);
+
+  mutable absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* active_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+// Per-call settings; the defaults use the client's options.
+struct CallOptions {
+  absl::Duration timeout = absl::ZeroDuration();  // zero: rpc_timeout
+  Cancellation* cancellation = nullptr;           // not owned
+};
+
+class Client {
+ public:
+  // Validates the options, reads the token and TLS files and creates the
+  // channel (it connects lazily). INVALID_ARGUMENT names a malformed
+  // endpoint, an unreadable or empty file, or conflicting options.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const ClientOptions& options);
+
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // ---- membership
+  absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request,
+                                        CallOptions call = {});
+  absl::StatusOr<pb::KeepAliveResponse> KeepAlive(
+      const pb::KeepAliveRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::LeaveResponse> Leave(const pb::LeaveRequest& request,
+                                          CallOptions call = {});
+  absl::StatusOr<pb::ReportFailureResponse> ReportFailure(
+      const pb::ReportFailureRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::ReportDoneResponse> ReportDone(
+      const pb::ReportDoneRequest& request, CallOptions call = {});
+
+  // ---- store (Get and Wait get request.wait_ms on top of the timeout)
+  absl::StatusOr<pb::SetResponse> Set(const pb::SetRequest& request,
+                                      CallOptions call = {});
+  absl::StatusOr<pb::GetResponse> Get(const pb::GetRequest& request,
+                                      CallOptions call = {});
+  absl::StatusOr<pb::AddResponse> Add(const pb::AddRequest& request,
+                                      CallOptions call = {});
+  absl::StatusOr<pb::CompareAndSetResponse> CompareAndSet(
+      const pb::CompareAndSetRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::DeleteResponse> Delete(const pb::DeleteRequest& request,
+                                            CallOptions call = {});
+  absl::StatusOr<pb::MultiGetResponse> MultiGet(
+      const pb::MultiGetRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::WaitResponse> Wait(const pb::WaitRequest& request,
+                                        CallOptions call = {});
+
+  // ---- admin
+  absl::StatusOr<pb::ListJobsResponse> ListJobs(
+      const pb::ListJobsRequest& request = {}, CallOptions call = {});
+  absl::StatusOr<pb::DescribeJobResponse> DescribeJob(
+      const pb::DescribeJobRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::CloseJobResponse> CloseJob(
+      const pb::CloseJobRequest& request, CallOptions call = {});
+
+  // ---- for streams and async callers (JobWatcher, the benchmark)
+
+  // Adds the auth metadata and `deadline` (InfiniteFuture: none) to a
+  // fresh context.
+  void PrepareContext(grpc::ClientContext* context, absl::Time deadline) const;
+  pb::Rendezvous::Stub* stub() const { return stub_.get(); }
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  Client(ClientOptions options, std::string token,
+         std::shared_ptr<grpc::Channel> channel);
+
+  // Runs `attempt` (one RPC on a prepared context) with deadline, retries
+  // and cancellation as described at the top of this file.
+  template <typename Response, typename Attempt>
+  absl::StatusOr<Response> Call(const char* method, bool retry_unavailable,
+                                absl::Duration extra_wait, CallOptions call,
+                                Attempt attempt);
+
+  const ClientOptions options_;
+  const std::string token_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<pb::Rendezvous::Stub> stub_;
+};
+
+// "host:port" for gRPC from "host[:port]"; INVALID_ARGUMENT if malformed.
+absl::StatusOr<std::string> NormalizeEndpoint(const std::string& endpoint);
+
+// Reads a whole file; INVALID_ARGUMENT naming `what` and the path if it
+// cannot be read.
+absl::StatusOr<std::string> ReadFileToString(const std::string& path,
+                                             const std::string& what);
+
+}  // namespace muster::rdzv

@@ -1,0 +1,121 @@
+#include "rendezvous/server/group_commit.h"
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace muster::rdzv {
+namespace {
+constexpr absl::Duration kRetryBackoff = absl::Milliseconds(200);
+}  // namespace
+
+GroupCommitter::GroupCommitter(const StateFile* file, SnapshotFn snapshot)
+    : file_(file), snapshot_(std::move(snapshot)) {}
+
+GroupCommitter::~GroupCommitter() { Stop().IgnoreError(); }
+
+void GroupCommitter::Start() {
+  {
+    absl::MutexLock lock(&mu_);
+    started_ = true;
+  }
+  writer_ = std::thread([this] { WriterLoop(); });
+}
+
+void GroupCommitter::RunWhenDurable(uint64_t seq, DurableCallback done) {
+  absl::Status inline_status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (seq > durable_seq_ && !stopping_) {
+      waiting_.emplace(seq, std::move(done));
+      if (seq > requested_seq_) requested_seq_ = seq;
+      return;
+    }
+    if (seq > durable_seq_) {
+      inline_status = absl::UnavailableError(
+          "server is shutting down; the change may not be durable");
+    }
+  }
+  done(inline_status);
+}
+
+void GroupCommitter::WriterLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto work_or_stop = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return requested_seq_ > durable_seq_ || stopping_;
+      };
+      mu_.Await(absl::Condition(&work_or_stop));
+      // Stop's final write covers whatever is still pending.
+      if (stopping_) return;
+    }
+    if (!WriteOnce()) {
+      // Back off so a full or read-only disk does not become a busy loop;
+      // the next attempt still covers every pending mutation.
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), kRetryBackoff);
+    }
+  }
+}
+
+bool GroupCommitter::WriteOnce() {
+  // The snapshot is taken outside mu_: the snapshot function takes the
+  // service mutex, and the service calls RunWhenDurable after releasing it,
+  // so holding both here could only invert the lock order.
+  std::pair<state::ServerState, uint64_t> snapshot = snapshot_();
+  absl::Status status = file_->Write(snapshot.first);
+  if (!status.ok()) {
+    spdlog::error("rendezvous: could not persist state: {}",
+                  status.ToString());
+    status = absl::UnavailableError(
+        absl::StrCat("change not durable: ", status.message()));
+  }
+  std::vector<DurableCallback> ready;
+  {
+    absl::MutexLock lock(&mu_);
+    uint64_t covered = snapshot.second;
+    if (status.ok() && covered > durable_seq_) durable_seq_ = covered;
+    // On failure the callers covered by this attempt are told so rather
+    // than left hanging; a later mutation is retried with the next write.
+    auto end = waiting_.upper_bound(covered);
+    for (auto it = waiting_.begin(); it != end; ++it) {
+      ready.push_back(std::move(it->second));
+    }
+    waiting_.erase(waiting_.begin(), end);
+    if (!status.ok() && requested_seq_ <= covered && waiting_.empty()) {
+      // Nothing is waiting any more: do not retry until a new mutation.
+      requested_seq_ = durable_seq_;
+    }
+  }
+  for (DurableCallback& done : ready) done(status);
+  return status.ok();
+}
+
+absl::Status GroupCommitter::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopped_) return last_stop_status_;
+    stopping_ = true;
+    if (!started_) {
+      // Never started (the server failed to come up, perhaps over an
+      // unreadable state file): writing now would replace that file.
+      stopped_ = true;
+      return last_stop_status_;
+    }
+  }
+  if (writer_.joinable()) writer_.join();
+  // A final snapshot, so state changed without a durable reply (deadlines
+  // applied by the timer, lease renewals) is saved as of now.
+  absl::Status status = file_->Write(snapshot_().first);
+  std::multimap<uint64_t, DurableCallback> leftover;
+  {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    last_stop_status_ = status;
+    leftover.swap(waiting_);
+  }
+  for (auto& entry : leftover) entry.second(status);
+  return status;
+}
+
+}  // namespace muster::rdzv

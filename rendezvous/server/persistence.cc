@@ -1,0 +1,138 @@
+#include "rendezvous/server/persistence.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace muster::rdzv {
+namespace {
+
+constexpr char kStateFileName[] = "state.pb";
+constexpr char kTempSuffix[] = ".tmp";
+
+absl::Status ErrnoError(const std::string& step, const std::string& path) {
+  return absl::InternalError(
+      absl::StrCat(step, " '", path, "': ", std::strerror(errno)));
+}
+
+// mkdir -p with mode 0700 for every directory it creates.
+absl::Status MakeDirectories(const std::string& dir) {
+  if (dir.empty()) return absl::OkStatus();
+  struct stat info;
+  if (stat(dir.c_str(), &info) == 0) {
+    if (!S_ISDIR(info.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state dir '", dir, "' exists but is not a directory"));
+    }
+    return absl::OkStatus();
+  }
+  size_t slash = dir.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) {
+    absl::Status parent = MakeDirectories(dir.substr(0, slash));
+    if (!parent.ok()) return parent;
+  }
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot create state dir '", dir, "': ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, const std::string& data,
+                      const std::string& path) {
+  size_t written = 0;
+  while (written < data.size()) {
+    ssize_t n = write(fd, data.data() + written, data.size() - written);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("write", path);
+    }
+    written += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsyncPath(const std::string& path, int flags) {
+  int fd = open(path.c_str(), flags | O_CLOEXEC);
+  if (fd < 0) return ErrnoError("open for fsync", path);
+  int rc = fsync(fd);
+  int saved_errno = errno;
+  close(fd);
+  errno = saved_errno;
+  if (rc != 0) return ErrnoError("fsync", path);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<StateFile> StateFile::Open(const std::string& state_dir) {
+  if (state_dir.empty()) {
+    return absl::InvalidArgumentError("state dir must not be empty");
+  }
+  absl::Status made = MakeDirectories(state_dir);
+  if (!made.ok()) return made;
+  return StateFile(state_dir, absl::StrCat(state_dir, "/", kStateFileName));
+}
+
+absl::StatusOr<std::optional<state::ServerState>> StateFile::Load() const {
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) {
+    if (access(path_.c_str(), F_OK) != 0 && errno == ENOENT) {
+      return std::optional<state::ServerState>();
+    }
+    return ErrnoError("cannot read state file", path_);
+  }
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  if (in.bad()) return ErrnoError("cannot read state file", path_);
+  state::ServerState snapshot;
+  if (!snapshot.ParseFromString(contents.str())) {
+    return absl::DataLossError(absl::StrCat(
+        "state file '", path_,
+        "' cannot be parsed as muster state; move it away to start empty"));
+  }
+  return std::optional<state::ServerState>(std::move(snapshot));
+}
+
+absl::Status StateFile::Write(const state::ServerState& snapshot) const {
+  // Protobuf cannot serialize 2 GiB or more. The state machine's byte caps
+  // keep the state far below that; say so plainly if they ever do not.
+  const size_t size = snapshot.ByteSizeLong();
+  if (size > static_cast<size_t>(INT_MAX)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the server state is ", size, " bytes; a state file holds less than ",
+        "2 GiB (lower --max-total-bytes)"));
+  }
+  std::string data;
+  if (!snapshot.SerializeToString(&data)) {
+    return absl::InternalError("cannot serialize the server state");
+  }
+  std::string temp_path = path_ + kTempSuffix;
+  int fd = open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                0600);
+  if (fd < 0) return ErrnoError("cannot create", temp_path);
+  absl::Status status = WriteAll(fd, data, temp_path);
+  if (status.ok() && fsync(fd) != 0) status = ErrnoError("fsync", temp_path);
+  if (close(fd) != 0 && status.ok()) status = ErrnoError("close", temp_path);
+  if (!status.ok()) {
+    unlink(temp_path.c_str());
+    return status;
+  }
+  if (rename(temp_path.c_str(), path_.c_str()) != 0) {
+    status = ErrnoError("cannot rename over", path_);
+    unlink(temp_path.c_str());
+    return status;
+  }
+  // The rename is only durable once the directory entry is.
+  return FsyncPath(dir_, O_RDONLY | O_DIRECTORY);
+}
+
+}  // namespace muster::rdzv

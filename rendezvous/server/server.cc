@@ -1,0 +1,241 @@
+// Server::Start: wires the token check, TLS, the state file, the service,
+// metrics and health checking into one grpc::Server.
+#include "rendezvous/server/server.h"
+
+#include <algorithm>
+#include <climits>
+#include <optional>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "rendezvous/server/auth.h"
+#include "rendezvous/server/metrics.h"
+#include "rendezvous/server/persistence.h"
+#include "rendezvous/server/service.h"
+#include "spdlog/spdlog.h"
+
+namespace muster::rdzv {
+namespace {
+
+// Room for the rest of a Set request around a value of max_value_bytes, so
+// an oversized value reaches the state machine's RESOURCE_EXHAUSTED check
+// instead of being cut off by gRPC.
+constexpr size_t kMessageOverhead = 64 * 1024;
+
+// "host:port" or "[v6]:port" with a port in 0..65535.
+absl::Status ValidateListenAddress(const std::string& address) {
+  size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "listen address '", address, "' is not host:port (port 0..65535)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateQuotas(const ServerOptions& options) {
+  if (options.max_watch_streams == 0 || options.max_watch_streams_per_job == 0 ||
+      options.max_jobs_per_identity == 0 || options.metrics_max_connections < 1) {
+    return absl::InvalidArgumentError(
+        "max_watch_streams, max_watch_streams_per_job, max_jobs_per_identity "
+        "and metrics_max_connections must be at least 1");
+  }
+  if (options.keepalive_time <= absl::ZeroDuration() ||
+      options.keepalive_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "keepalive_time and keepalive_timeout must be positive");
+  }
+  if (options.metrics_require_token && options.token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "metrics_require_token needs a token_file: there is no token to require");
+  }
+  return absl::OkStatus();
+}
+
+int Milliseconds(absl::Duration duration) {
+  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(duration),
+                                              1, INT_MAX));
+}
+
+class ServerImpl final : public Server {
+ public:
+  explicit ServerImpl(ServerOptions options) : options_(std::move(options)) {}
+  ~ServerImpl() override { Shutdown(absl::Seconds(2)); }
+
+  absl::Status Init();
+
+  int port() const override { return port_; }
+  int metrics_port() const override { return metrics_port_; }
+  void Shutdown(absl::Duration grace) override;
+  void Wait() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&shutdown_done_));
+  }
+
+ private:
+  ServerOptions options_;
+  std::optional<StateFile> state_file_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<RendezvousService> service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  int port_ = 0;
+  int metrics_port_ = 0;
+
+  absl::Mutex mu_;
+  bool shutdown_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_done_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+absl::Status ServerImpl::Init() {
+  absl::Status address_ok = ValidateListenAddress(options_.listen_address);
+  if (!address_ok.ok()) return address_ok;
+  absl::Status quotas_ok = ValidateQuotas(options_);
+  if (!quotas_ok.ok()) return quotas_ok;
+  absl::StatusOr<TokenChecker> tokens =
+      TokenChecker::FromFile(options_.token_file);
+  if (!tokens.ok()) return tokens.status();
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      BuildServerCredentials({options_.tls_cert_file, options_.tls_key_file,
+                              options_.tls_client_ca_file});
+  if (!credentials.ok()) return credentials.status();
+  if (!options_.state_dir.empty()) {
+    absl::StatusOr<StateFile> file = StateFile::Open(options_.state_dir);
+    if (!file.ok()) return file.status();
+    state_file_.emplace(*std::move(file));
+  }
+
+  metrics_ = std::make_unique<Metrics>();
+  ServiceOptions service_options;
+  service_options.limits = options_.limits;
+  service_options.clock =
+      options_.clock != nullptr ? options_.clock : MonotonicClock::Default();
+  service_options.tokens = *tokens;
+  service_options.metrics = metrics_.get();
+  service_options.state_file = state_file_ ? &*state_file_ : nullptr;
+  service_options.max_watch_streams = options_.max_watch_streams;
+  service_options.max_watch_streams_per_job = options_.max_watch_streams_per_job;
+  service_options.max_jobs_per_identity = options_.max_jobs_per_identity;
+  service_ = std::make_unique<RendezvousService>(std::move(service_options));
+  absl::Status restored = service_->RestoreFromDisk();
+  if (!restored.ok()) return restored;
+  metrics_->set_gauge_reader([service = service_.get()] {
+    return service->ReadGauges();
+  });
+  service_->Start();
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.listen_address, *credentials, &port_);
+  builder.RegisterService(service_.get());
+  size_t max_message = options_.limits.max_value_bytes + kMessageOverhead;
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::min<size_t>(max_message, INT_MAX)));
+  // Clients ping every 10 s to notice a dead connection (ChannelArgumentsFor
+  // in rendezvous/client/rpc.h), with or without calls; never punish that:
+  // no GOAWAY ("too_many_pings") however often pings come (0 strikes =
+  // unlimited).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // And the server pings its clients: a client that vanished without a
+  // FIN (power loss, a dropped NAT flow) loses its connection, and so its
+  // Watch streams and their places in the quotas, within keepalive_time +
+  // keepalive_timeout instead of when TCP gives up.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             Milliseconds(options_.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             Milliseconds(options_.keepalive_timeout));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Two servers on one port would split the clients between them.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || port_ == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on '", options_.listen_address,
+        "' (address in use, not local, or bad TLS key/certificate)"));
+  }
+  if (grpc::HealthCheckServiceInterface* health =
+          grpc_server_->GetHealthCheckService()) {
+    health->SetServingStatus(true);
+  }
+
+  if (options_.metrics_port != 0) {
+    Metrics::HttpOptions http;
+    http.address = MetricsAddress(options_);
+    http.port = options_.metrics_port;
+    http.max_connections = options_.metrics_max_connections;
+    if (options_.metrics_require_token) {
+      http.authorize = [tokens = *tokens](const std::string& authorization) {
+        return tokens.CheckAuthorization(authorization).ok();
+      };
+    }
+    absl::StatusOr<int> bound = metrics_->StartHttp(http);
+    if (!bound.ok()) return bound.status();
+    metrics_port_ = *bound;
+  }
+  return absl::OkStatus();
+}
+
+void ServerImpl::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_started_) {
+      mu_.Await(absl::Condition(&shutdown_done_));
+      return;
+    }
+    shutdown_started_ = true;
+  }
+  if (grpc_server_ != nullptr) {
+    if (grpc::HealthCheckServiceInterface* health =
+            grpc_server_->GetHealthCheckService()) {
+      health->Shutdown();
+    }
+  }
+  // Streams and blocked calls end first: gRPC's Shutdown waits for every
+  // open call to be finished.
+  if (service_) service_->BeginShutdown();
+  if (grpc_server_ != nullptr) {
+    grpc_server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  }
+  if (service_) {
+    absl::Status saved = service_->Stop();
+    if (!saved.ok()) {
+      spdlog::error("rendezvous: final state write failed: {}",
+                    saved.ToString());
+    }
+  }
+  if (metrics_) metrics_->StopHttp();
+  absl::MutexLock lock(&mu_);
+  shutdown_done_ = true;
+}
+
+}  // namespace
+
+std::string MetricsAddress(const ServerOptions& options) {
+  if (!options.metrics_address.empty()) return options.metrics_address;
+  std::string host = options.listen_address.substr(
+      0, options.listen_address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {
+  auto server = std::make_unique<ServerImpl>(std::move(options));
+  absl::Status started = server->Init();
+  if (!started.ok()) {
+    server->Shutdown(absl::ZeroDuration());
+    return started;
+  }
+  return std::unique_ptr<Server>(std::move(server));
+}
+
+}  // namespace muster::rdzv

@@ -1,0 +1,96 @@
+// An embeddable rendezvous server: the `rendezvous` binary runs one, and
+// `launch --standalone` runs one inside the agent.
+//
+// Thread-safety: Start, port and Shutdown may be called from any thread;
+// Shutdown is idempotent and also runs from the destructor.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "rendezvous/server/clock.h"
+#include "rendezvous/state/state_machine.h"
+
+namespace muster::rdzv {
+
+struct ServerOptions {
+  // host:port to listen on; port 0 picks a free port (see Server::port()).
+  std::string listen_address = "0.0.0.0:29400";
+
+  // Persistence. Empty: state lives in memory only. Otherwise the directory
+  // is created if missing, state is restored from it at start, and every
+  // acknowledged mutation is durable there before its reply is sent.
+  std::string state_dir;
+
+  // Security. A non-empty token_file holds the bearer token every RPC must
+  // present ("authorization: Bearer <token>"); surrounding whitespace is
+  // ignored. TLS is on when tls_cert_file and tls_key_file are set; mTLS
+  // when tls_client_ca_file is also set (clients must present a cert it
+  // signed).
+  std::string token_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_client_ca_file;
+
+  // Prometheus text format on http://<metrics_address>:<metrics_port>/metrics.
+  // 0 disables it; a negative port picks a free one (see metrics_port()).
+  // An empty metrics_address means the host of listen_address, so a server
+  // listening on loopback does not publish its metrics to the network.
+  // At most metrics_max_connections connections are served or queued at
+  // once; beyond that a connection is answered 503 and closed. With
+  // metrics_require_token (needs token_file), a scrape must send
+  // "Authorization: Bearer <token>" or gets 401.
+  int metrics_port = 0;
+  std::string metrics_address;
+  int metrics_max_connections = 16;
+  bool metrics_require_token = false;
+
+  // Quotas per tenant, each RESOURCE_EXHAUSTED naming it when exceeded:
+  // open Watch streams on the server and on one job, and jobs created per
+  // caller identity (the job secret presented; see service.h).
+  size_t max_watch_streams = 100000;
+  size_t max_watch_streams_per_job = 10000;
+  size_t max_jobs_per_identity = 1000;
+
+  // The server pings each client connection after keepalive_time without
+  // activity and drops it when a ping goes unanswered for keepalive_timeout,
+  // so the Watch streams of a client that vanished are freed.
+  absl::Duration keepalive_time = absl::Seconds(30);
+  absl::Duration keepalive_timeout = absl::Seconds(10);
+
+  Limits limits;
+
+  // Time source; nullptr means MonotonicClock::Default(). Not owned.
+  Clock* clock = nullptr;
+};
+
+// The address /metrics binds to: metrics_address, or else the host of
+// listen_address ("[::1]:29400" gives "::1").
+std::string MetricsAddress(const ServerOptions& options);
+
+class Server {
+ public:
+  // Starts serving. Errors: INVALID_ARGUMENT for unreadable TLS/token files,
+  // a bad address, metrics_require_token without a token_file, or a quota
+  // or keepalive that is not positive, UNAVAILABLE if the port cannot be bound,
+  // DATA_LOSS if the state dir holds state that cannot be read.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
+
+  virtual ~Server() = default;
+
+  // The port actually bound (useful with port 0).
+  virtual int port() const = 0;
+  // The metrics port actually bound, 0 if disabled.
+  virtual int metrics_port() const = 0;
+
+  // Stops accepting calls, ends open streams and waits (up to `grace`) for
+  // calls in flight, then writes the state one last time.
+  virtual void Shutdown(absl::Duration grace = absl::Seconds(2)) = 0;
+
+  // Blocks until Shutdown has completed.
+  virtual void Wait() = 0;
+};
+
+}  // namespace muster::rdzv

@@ -1,0 +1,248 @@
+// Checkpoints with real processes: a worker SIGKILLed mid-training under
+// `launch --max_restarts=1` resumes and ends bitwise where an uninterrupted
+// run ends; a worker SIGKILLed in each phase of a save resumes from the
+// previous checkpoint (the save stopped there by fault_worker's file
+// system, tests/worker/checkpoint/fault_worker.cc). Every wait has a deadline;
+// nothing sleeps.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "launcher/worker_env.h"
+#include "tests/launcher/harness.h"
+#include "worker/data.h"
+
+namespace muster::testing {
+namespace {
+
+namespace fs = std::filesystem;
+
+// L=2, C=64, T=32, B=8: a few ms a step, enough steps to kill one mid-run.
+void WriteSetup(const TempDir& dir, const std::string& name, int steps, int every) {
+  std::vector<uint16_t> tokens;
+  for (int i = 0; i < 20000; ++i) tokens.push_back("abcdefghijklm"[i % 13]);
+  if (!fs::exists(dir.File("train_000.bin"))) {
+    REQUIRE(worker::WriteTokenShard(dir.File("train_000.bin"), tokens).ok());
+  }
+  WriteFile(dir.File(name + ".yaml"),
+            absl::StrCat("model: {layers: 2, heads: 2, dim: 64, vocab: 256, seq_len: 32}\n",
+                         "data: {train: \"", dir.File("train_*.bin"), "\", micro_batch: 8}\n",
+                         "optim: {lr: 0.003}\n", "train: {steps: ", steps,
+                         ", log_every: 1, metrics_file: \"", dir.File(name + ".jsonl"), "\"}\n",
+                         "device: cpu\n", "checkpoint: {dir: \"", dir.File(name + "_ckpt"),
+                         "\", every: ", every, ", keep_last: 2}\n"));
+}
+
+std::vector<std::string> Environment(const std::vector<std::string>& extra) {
+  std::vector<std::string> env;
+  for (const auto& [key, value] : launcher::CurrentEnvironment()) {
+    if (key == "WORLD_SIZE" || key == "RANK") continue;
+    env.push_back(key + "=" + value);
+  }
+  env.push_back("OMP_WAIT_POLICY=passive");
+  env.insert(env.end(), extra.begin(), extra.end());
+  return env;
+}
+
+// `binary` (a workspace path) with `flags`, then dir/name.yaml; its output
+// is appended to dir/name.log.
+launcher::Child StartProgram(const TempDir& dir, const std::string& name,
+                             const std::string& binary, const std::vector<std::string>& flags,
+                             const std::vector<std::string>& extra_env) {
+  launcher::SpawnSpec spec;
+  spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >>" + dir.File(name + ".log") + " 2>&1",
+               BinaryPath(binary)};
+  spec.argv.insert(spec.argv.end(), flags.begin(), flags.end());
+  spec.argv.push_back(dir.File(name + ".yaml"));
+  spec.env = Environment(extra_env);
+  auto child = launcher::Child::Spawn(spec);
+  REQUIRE(child.ok());
+  return std::move(*child);
+}
+
+launcher::Child StartWorker(const TempDir& dir, const std::string& name,
+                            const std::vector<std::string>& extra_env = {}) {
+  return StartProgram(dir, name, "worker/worker", {}, extra_env);
+}
+
+// The worker on a file system that blocks the save of `step` at `phase`,
+// after creating dir/paused (tests/worker/checkpoint/fault_worker.cc).
+launcher::Child StartPausingWorker(const TempDir& dir, const std::string& name,
+                                   const std::string& phase, int step) {
+  return StartProgram(dir, name, "tests/worker/checkpoint/fault_worker",
+                      {absl::StrCat("--pause_at=", phase, "@", step),
+                       "--pause_marker=" + dir.File("paused")},
+                      {});
+}
+
+int ExitCode(launcher::Child& child) {
+  auto exit = child.WaitFor(absl::Seconds(120));
+  REQUIRE(exit.has_value());
+  return exit->ShellCode();
+}
+
+int LastStep(const std::string& path) {
+  auto losses = LossTexts(path);
+  return losses.empty() ? 0 : losses.rbegin()->first;
+}
+
+TEST_CASE("SIGKILLed mid-run under launch, the worker resumes and ends bitwise identical") {
+  TempDir dir;
+  const int steps = 60, every = 10;
+  WriteSetup(dir, "reference", steps, steps);
+  launcher::Child reference = StartWorker(dir, "reference");
+  REQUIRE(ExitCode(reference) == 0);
+
+  WriteSetup(dir, "killed", steps, every);
+  launcher::Child launch = StartLaunch(
+      {"--standalone", "--nproc_per_node=1", "--max_restarts=1", "--monitor_interval=0.05",
+       "--no_python", BinaryPath("worker/worker"), dir.File("killed.yaml")},
+      dir.File("launch.log"), {"OMP_WAIT_POLICY=passive"});
+  // Kill partway through the step after step 22 (N = 20 checkpointed, k = 3).
+  REQUIRE(WaitUntil([&] { return LastStep(dir.File("killed.jsonl")) >= 22; }, absl::Seconds(60)));
+  const int worker =
+      FindChild(launch.pid(), [](int pid) { return ProcessName(pid) == "worker"; });
+  INFO(ReadFile(dir.File("launch.log")));
+  REQUIRE(worker > 0);
+  const int killed_after = LastStep(dir.File("killed.jsonl"));
+  REQUIRE(kill(worker, SIGKILL) == 0);
+  REQUIRE(ExitCode(launch) == 0);
+
+  const std::string log = ReadFile(dir.File("launch.log"));
+  INFO("killed after step " << killed_after);
+  CHECK(killed_after < steps);
+  CHECK(absl::StrContains(log, "checkpoint: resumed from " + dir.File("killed_ckpt/step_000000")));
+  CHECK(LossTexts(dir.File("killed.jsonl")) == LossTexts(dir.File("reference.jsonl")));
+  CHECK(LossTexts(dir.File("reference.jsonl")).size() == steps);
+  // Weights and both AdamW moments: the final checkpoints' bytes.
+  const std::string a = ReadFile(dir.File("reference_ckpt/step_00000060/rank_00000.bin"));
+  const std::string b = ReadFile(dir.File("killed_ckpt/step_00000060/rank_00000.bin"));
+  CHECK(!a.empty());
+  CHECK(a == b);
+}
+
+TEST_CASE("SIGTERM: the worker saves the step it was on, exits 75, and the next run continues") {
+  TempDir dir;
+  const int steps = 60;
+  WriteSetup(dir, "reference", steps, steps);
+  launcher::Child reference = StartWorker(dir, "reference");
+  REQUIRE(ExitCode(reference) == 0);
+
+  WriteSetup(dir, "preempted", steps, 1000);  // no periodic save: only the preemption's
+  launcher::Child worker = StartWorker(dir, "preempted");
+  REQUIRE(WaitUntil([&] { return LastStep(dir.File("preempted.jsonl")) >= 10; },
+                    absl::Seconds(60)));
+  REQUIRE(kill(worker.pid(), SIGTERM) == 0);
+  REQUIRE(ExitCode(worker) == launcher::kPreemptedExitCode);
+  const int stopped_after = LastStep(dir.File("preempted.jsonl"));
+  const std::string step_dir = dir.File(absl::StrFormat("preempted_ckpt/step_%08d", stopped_after));
+  std::string log = ReadFile(dir.File("preempted.log"));
+  INFO(log);
+  CHECK(stopped_after < steps);
+  CHECK(absl::StrContains(log, absl::StrCat("worker: preempted by SIGTERM after step ",
+                                            stopped_after, "; checkpoint step ", stopped_after,
+                                            " committed in ")));
+  CHECK(fs::exists(step_dir + "/manifest.json"));
+
+  launcher::Child resumed = StartWorker(dir, "preempted");
+  REQUIRE(ExitCode(resumed) == 0);
+  log = ReadFile(dir.File("preempted.log"));
+  CHECK(absl::StrContains(log, "checkpoint: resumed from " + step_dir));
+  // No step lost or repeated: the metrics file is the uninterrupted run's.
+  CHECK(LossTexts(dir.File("preempted.jsonl")) == LossTexts(dir.File("reference.jsonl")));
+  const std::string a = ReadFile(dir.File("reference_ckpt/step_00000060/rank_00000.bin"));
+  const std::string b = ReadFile(dir.File("preempted_ckpt/step_00000060/rank_00000.bin"));
+  CHECK(!a.empty());
+  CHECK(a == b);
+}
+
+TEST_CASE("SIGTERM to launch: 2 ranks save one step, launch exits 75, the next launch continues") {
+  TempDir dir;
+  const int steps = 40;
+  auto run_launch = [&](const std::string& name) {
+    return StartLaunch({"--standalone", "--nproc_per_node=2", "--monitor_interval=0.05",
+                        "--no_python", BinaryPath("worker/worker"), dir.File(name + ".yaml")},
+                       dir.File(name + ".log"), {"OMP_WAIT_POLICY=passive"});
+  };
+  WriteSetup(dir, "reference", steps, steps);
+  launcher::Child reference = run_launch("reference");
+  REQUIRE(ExitCode(reference) == 0);
+
+  WriteSetup(dir, "preempted", steps, 1000);
+  launcher::Child launch = run_launch("preempted");
+  REQUIRE(WaitUntil([&] { return LastStep(dir.File("preempted.jsonl")) >= 8; },
+                    absl::Seconds(60)));
+  REQUIRE(kill(launch.pid(), SIGTERM) == 0);
+  const int code = ExitCode(launch);
+  std::string log = ReadFile(dir.File("preempted.log"));
+  INFO(log);
+  REQUIRE(code == launcher::kPreemptedExitCode);
+  const int stopped_after = LastStep(dir.File("preempted.jsonl"));
+  CHECK(stopped_after < steps);
+  CHECK(absl::StrContains(log, "preempted"));
+  CHECK(fs::exists(
+      dir.File(absl::StrFormat("preempted_ckpt/step_%08d/manifest.json", stopped_after))));
+
+  launcher::Child resumed = run_launch("preempted");
+  REQUIRE(ExitCode(resumed) == 0);
+  CHECK(LossTexts(dir.File("preempted.jsonl")) == LossTexts(dir.File("reference.jsonl")));
+  for (const char* file : {"rank_00000.bin", "rank_00001.bin"}) {
+    const std::string a = ReadFile(dir.File(absl::StrCat("reference_ckpt/step_00000040/", file)));
+    const std::string b = ReadFile(dir.File(absl::StrCat("preempted_ckpt/step_00000040/", file)));
+    CHECK(!a.empty());
+    CHECK(a == b);
+  }
+}
+
+TEST_CASE("SIGKILLed in any phase of a save, the worker resumes from the previous checkpoint") {
+  for (const char* phase : {"data", "manifest", "rename"}) {
+    DYNAMIC_SECTION("phase " << phase) {
+      TempDir dir;
+      WriteSetup(dir, "run", 12, 4);
+      launcher::Child paused = StartPausingWorker(dir, "run", phase, 8);
+      REQUIRE(WaitUntil([&] { return fs::exists(dir.File("paused")); }, absl::Seconds(60)));
+      paused.SignalGroup(SIGKILL);
+      REQUIRE(ExitCode(paused) == 128 + SIGKILL);
+      INFO(ReadFile(dir.File("run.log")));
+      CHECK(fs::exists(dir.File("run_ckpt/step_00000004/manifest.json")));
+      CHECK_FALSE(fs::exists(dir.File("run_ckpt/step_00000008")));
+      CHECK(fs::exists(dir.File("run_ckpt/.tmp_step_00000008")));
+      // Killed where the phase says: the same state is of the same size.
+      const std::string tmp = dir.File("run_ckpt/.tmp_step_00000008/");
+      const uintmax_t full = fs::file_size(dir.File("run_ckpt/step_00000004/rank_00000.bin"));
+      const std::string phase_name = phase;
+      if (phase_name == "data") {
+        REQUIRE(fs::exists(tmp + "rank_00000.bin"));
+        CHECK(fs::file_size(tmp + "rank_00000.bin") > 0);
+        CHECK(fs::file_size(tmp + "rank_00000.bin") < full);
+        CHECK_FALSE(fs::exists(tmp + "rank_00000.bin.done"));
+      } else {
+        REQUIRE(fs::exists(tmp + "rank_00000.bin"));
+        CHECK(fs::file_size(tmp + "rank_00000.bin") == full);
+        CHECK(fs::exists(tmp + "manifest.json") == (phase_name == "rename"));
+      }
+
+      launcher::Child resumed = StartWorker(dir, "run");
+      REQUIRE(ExitCode(resumed) == 0);
+      const std::string log = ReadFile(dir.File("run.log"));
+      INFO(log);
+      CHECK(absl::StrContains(log, "checkpoint: resumed from " +
+                                       dir.File("run_ckpt/step_00000004") + " (step 4"));
+      CHECK(fs::exists(dir.File("run_ckpt/step_00000012/manifest.json")));
+      CHECK_FALSE(fs::exists(dir.File("run_ckpt/.tmp_step_00000008")));
+    }
+  }
+}
+
+}  // namespace
+}  // namespace muster::testing

@@ -1,0 +1,509 @@
+// Checkpoints in one process: the manifest and retention rules, exact
+// resume at the same world size, resharding across world sizes with
+// threads as ranks, corrupt and torn checkpoints, bad input, and failed
+// background writes.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "tests/worker/thread_ranks.h"
+#include "worker/checkpoint/layout.h"
+#include "worker/checkpoint/manager.h"
+#include "worker/checkpoint/manifest.h"
+#include "worker/checkpoint/reader.h"
+#include "worker/checkpoint/retention.h"
+#include "worker/checkpoint/writer.h"
+#include "worker/data.h"
+#include "worker/trainer.h"
+#include "tests/worker/checkpoint/tiny_job.h"
+
+namespace muster::worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string FreshDir(const std::string& name) {
+  return testing::FreshDir("checkpoint_test", name);
+}
+
+using testing::TinyConfig;
+using testing::WriteShard;
+
+struct RunResult {
+  absl::Status status;
+  std::vector<float> losses;      // of the steps this run took
+  std::vector<float> params;      // at the end
+  std::vector<float> m, v;        // at the end
+  std::vector<float> params_at4;  // after step 4 (when it was taken)
+  TrainState resumed_at;          // the state right after Create
+  std::string log;
+};
+
+// Creates a Trainer (resuming per config) and runs it; `parallel` may be
+// nullptr, `stop_signal` as in TrainerOptions. Never REQUIREs: it may run
+// on a rank thread.
+RunResult RunTrainer(const TrainConfig& config, ParallelStrategy* parallel = nullptr,
+                     std::function<int()> stop_signal = nullptr) {
+  RunResult result;
+  TrainerOptions options;
+  FILE* log = std::tmpfile();
+  options.log = log;
+  options.strategy = parallel;
+  options.stop_signal = std::move(stop_signal);
+  Trainer* trainer_ptr = nullptr;
+  options.on_step = [&](const StepMetrics& step) {
+    result.losses.push_back(step.loss);
+    if (step.step == 4) result.params_at4 = trainer_ptr->model()->CopyParamsToHost();
+  };
+  auto trainer = Trainer::Create(config, options);
+  if (trainer.ok()) {
+    trainer_ptr = trainer->get();
+    result.resumed_at = (*trainer)->state();
+    result.status = (*trainer)->Run();
+    result.params = (*trainer)->model()->CopyParamsToHost();
+    result.m = (*trainer)->optimizer()->CopyMomentsToHost(false);
+    result.v = (*trainer)->optimizer()->CopyMomentsToHost(true);
+  } else {
+    result.status = trainer.status();
+  }
+  std::fflush(log);
+  std::rewind(log);
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), log)) > 0;) result.log.append(buffer, n);
+  std::fclose(log);
+  return result;
+}
+
+TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refused") {
+  Manifest m;
+  m.step = 7;
+  m.optimizer_step = 7;
+  m.sample_index = 1ull << 40;
+  m.data_seed = 1337;
+  m.config_hash = 0xfedcba9876543210ull;
+  m.world_size = 2;
+  m.files = {{"rank_00000.bin", 12, 0xdeadbeef}, {"rank_00001.bin", 12, 1}};
+  std::vector<StateTensor> tensors = {{"params/a", {2, 3}, 0, 6}};
+  m.tensors = SliceTensors(tensors, EvenShards(6, 2));
+  REQUIRE(m.tensors[0].slices.size() == 2);
+  auto parsed = ParseManifest(ManifestToJson(m), "test");
+  INFO(parsed.status().ToString());
+  REQUIRE(parsed.ok());
+  CHECK(parsed->sample_index == m.sample_index);
+  CHECK(parsed->config_hash == m.config_hash);
+  CHECK(parsed->files[0].crc32 == 0xdeadbeef);
+  CHECK(parsed->tensors[0].slices[1].offset == 0);
+  CHECK(parsed->tensors[0].slices[1].start == 3);
+  CHECK(ManifestToJson(*parsed) == ManifestToJson(m));
+
+  Manifest gap = m;
+  gap.tensors[0].slices[1].start = 4;
+  CHECK(ParseManifest(ManifestToJson(gap), "gap").status().code() == absl::StatusCode::kDataLoss);
+  Manifest past_end = m;
+  past_end.files[1].bytes = 8;
+  auto bad = ParseManifest(ManifestToJson(past_end), "past_end");
+  CHECK(absl::StrContains(bad.status().message(), "rank_00001.bin"));
+  CHECK(ParseManifest("{\"format_version\": 1", "cut").status().code() ==
+        absl::StatusCode::kDataLoss);
+  CHECK(ParseStepDirName("step_00000012") == 12);
+  CHECK_FALSE(ParseStepDirName(".tmp_step_00000012").has_value());
+  CHECK_FALSE(ParseStepDirName("step_12").has_value());
+}
+
+TEST_CASE("retention keeps the newest keep_last and the multiples of keep_every") {
+  CHECK(StepsToDelete({4, 8, 12, 16, 20}, 3, 0) == std::vector<int>{4, 8});
+  CHECK(StepsToDelete({20, 4, 16, 8, 12}, 2, 8) == std::vector<int>{4, 12});
+  CHECK(StepsToDelete({4}, 3, 0).empty());
+}
+
+TEST_CASE("same world size: a resumed run continues bitwise, losses and weights") {
+  std::string dir = FreshDir("exact");
+  WriteShard(dir);
+  TrainConfig plain = TinyConfig(dir);
+  plain.checkpoint.dir.clear();
+  plain.checkpoint.every = 0;
+  RunResult reference = RunTrainer(plain);
+  REQUIRE(reference.status.ok());
+
+  TrainConfig config = TinyConfig(dir);
+  RunResult saving = RunTrainer(config);
+  REQUIRE(saving.status.ok());
+  CHECK(saving.losses == reference.losses);  // saving does not perturb training
+  auto listed = ListCheckpoints(Env::Default(), config.checkpoint.dir);
+  REQUIRE(listed.ok());
+  REQUIRE(listed->size() == 3);  // 4, 8, 12
+  CHECK(saving.log.find("resumed") == std::string::npos);
+
+  // The crash: everything after step 4 is lost.
+  fs::remove_all(config.checkpoint.dir + "/step_00000008");
+  fs::remove_all(config.checkpoint.dir + "/step_00000012");
+  RunResult resumed = RunTrainer(config);
+  INFO(resumed.log);
+  REQUIRE(resumed.status.ok());
+  CHECK(resumed.resumed_at.step == 4);
+  CHECK(resumed.resumed_at.sample_index == 4u * 4);
+  REQUIRE(resumed.losses.size() == 8);
+  CHECK(resumed.losses == std::vector<float>(reference.losses.begin() + 4, reference.losses.end()));
+  CHECK(resumed.params == reference.params);
+  CHECK(resumed.m == reference.m);
+  CHECK(resumed.v == reference.v);
+}
+
+// Runs `config` on `world` thread-ranks; returns rank 0's result and
+// checks every rank succeeded.
+RunResult RunWorld(const TrainConfig& config, int world) {
+  std::vector<RunResult> results(world);
+  testing::RunRanks(world, [&](int rank, ParallelStrategy* parallel) {
+    results[rank] = RunTrainer(config, parallel);
+  });
+  for (int r = 0; r < world; ++r) {
+    INFO("rank " << r << ": " << results[r].status.ToString());
+    CHECK(results[r].status.ok());
+    CHECK(results[r].params == results[0].params);  // DDP: every rank holds the same state
+  }
+  return results[0];
+}
+
+// The decision every rank reads from the sum of `writes`' votes, summed
+// as the all-reduce sums them.
+CommitDecision Decide(const std::vector<LocalWrite>& writes) {
+  CommitTally sum;
+  for (LocalWrite write : writes) {
+    const CommitTally vote = CommitVote(write);
+    sum.durable += vote.durable;
+    sum.failed += vote.failed;
+  }
+  return DecideCommit(sum, static_cast<int>(writes.size()));
+}
+
+TEST_CASE("the commit vote never averages a failure away") {
+  using W = LocalWrite;
+  // The case that committed before: a failed rank and a rank still
+  // writing averaged to "all durable".
+  CHECK(Decide({W::kFailed, W::kWriting}) == CommitDecision::kAbandon);
+  CHECK(Decide({W::kWriting, W::kFailed}) == CommitDecision::kAbandon);
+  // Every combination of every world up to 7 ranks, and a few big worlds.
+  for (int world = 1; world <= 7; ++world) {
+    std::vector<int> counts(world, 0);  // each rank's state, as 0, 1, 2
+    for (int combination = 0; combination < std::pow(3, world); ++combination) {
+      std::vector<W> writes;
+      bool failed = false, all_durable = true;
+      for (int rank = 0, rest = combination; rank < world; ++rank, rest /= 3) {
+        const W write = rest % 3 == 0 ? W::kWriting : rest % 3 == 1 ? W::kDurable : W::kFailed;
+        writes.push_back(write);
+        failed |= write == W::kFailed;
+        all_durable &= write == W::kDurable;
+      }
+      const CommitDecision expected = failed        ? CommitDecision::kAbandon
+                                      : all_durable ? CommitDecision::kCommit
+                                                    : CommitDecision::kWait;
+      INFO("world " << world << ", combination " << combination);
+      CHECK(Decide(writes) == expected);
+    }
+  }
+  for (int world : {1024, 4095, 65536}) {
+    INFO("world " << world);
+    std::vector<W> writes(world, W::kDurable);
+    CHECK(Decide(writes) == CommitDecision::kCommit);
+    writes[world / 2] = W::kWriting;
+    CHECK(Decide(writes) == CommitDecision::kWait);
+    writes[world / 3] = W::kFailed;
+    CHECK(Decide(writes) == CommitDecision::kAbandon);
+  }
+}
+
+TEST_CASE("preemption: one signalled rank stops every rank after the same step, saved") {
+  std::string dir = FreshDir("preempt");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.checkpoint.every = 5;  // the preemption's step 7 is not one of them
+  TrainConfig plain = config;
+  plain.checkpoint.dir.clear();
+  plain.checkpoint.every = 0;
+  const int world = 2;
+  std::vector<RunResult> reference(world);
+  testing::RunRanks(world, [&](int rank, ParallelStrategy* parallel) {
+    reference[rank] = RunTrainer(plain, parallel);
+  });
+  REQUIRE(reference[0].status.ok());
+
+  // Rank 1 alone is signalled, during step 7.
+  std::vector<RunResult> stopped(world);
+  testing::RunRanks(world, [&](int rank, ParallelStrategy* parallel) {
+    int polls = 0;
+    stopped[rank] = RunTrainer(config, parallel, [&polls, rank] {
+      return rank == 1 && ++polls >= 7 ? SIGTERM : 0;
+    });
+  });
+  for (int rank = 0; rank < world; ++rank) {
+    INFO("rank " << rank << ": " << stopped[rank].status.ToString() << "\n" << stopped[rank].log);
+    CHECK(stopped[rank].status.code() == absl::StatusCode::kCancelled);
+    CHECK(stopped[rank].losses.size() == 7);
+  }
+  CHECK(absl::StrContains(stopped[1].status.message(),
+                          "preempted by SIGTERM after step 7; checkpoint step 7 committed"));
+  CHECK(absl::StrContains(stopped[0].status.message(), "preempted by a signal to another rank"));
+  CHECK(absl::StrContains(stopped[0].log, "preempted: a signal to another rank after step 7 of 12"));
+  REQUIRE(VerifyCheckpoint(Env::Default(), config.checkpoint.dir + "/step_00000007").ok());
+
+  // The next run resumes there and ends bitwise where the uninterrupted one ends.
+  std::vector<RunResult> resumed(world);
+  testing::RunRanks(world, [&](int rank, ParallelStrategy* parallel) {
+    resumed[rank] = RunTrainer(config, parallel);
+  });
+  REQUIRE(resumed[0].status.ok());
+  CHECK(resumed[0].resumed_at.step == 7);
+  CHECK(resumed[0].losses ==
+        std::vector<float>(reference[0].losses.begin() + 7, reference[0].losses.end()));
+  CHECK(resumed[0].params == reference[0].params);
+  CHECK(resumed[1].params == reference[1].params);
+}
+
+TEST_CASE("preemption without checkpoint.dir stops and says nothing was saved") {
+  std::string dir = FreshDir("preempt_nodir");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.checkpoint.dir.clear();
+  config.checkpoint.every = 0;
+  RunResult result = RunTrainer(config, nullptr, [] { return SIGUSR1; });
+  CHECK(result.status.code() == absl::StatusCode::kCancelled);
+  CHECK(result.status.message() ==
+        "preempted by SIGUSR1 after step 1; nothing saved (no checkpoint.dir)");
+  CHECK(result.losses.size() == 1);
+}
+
+TEST_CASE("an explicit resume path starts a run; a restart continues the run's own progress") {
+  std::string dir = FreshDir("resume_path");
+  WriteShard(dir);
+  TrainConfig first = TinyConfig(dir);
+  REQUIRE(RunTrainer(first).status.ok());
+  const std::string source = first.checkpoint.dir + "/step_00000004";
+
+  TrainConfig plain = TinyConfig(dir);
+  plain.checkpoint.dir = dir + "/plain";
+  plain.checkpoint.resume = source;
+  plain.checkpoint.every = 0;
+  RunResult reference = RunTrainer(plain);  // steps 5..12 from the source, uninterrupted
+  REQUIRE(reference.status.ok());
+
+  TrainConfig config = TinyConfig(dir);
+  config.checkpoint.dir = dir + "/finetune";
+  config.checkpoint.resume = source;
+  config.checkpoint.every = 3;
+  int polls = 0;
+  RunResult stopped = RunTrainer(config, nullptr, [&polls] { return ++polls >= 3 ? SIGTERM : 0; });
+  REQUIRE(stopped.status.code() == absl::StatusCode::kCancelled);
+  CHECK(stopped.resumed_at.step == 4);
+  REQUIRE(VerifyCheckpoint(Env::Default(), config.checkpoint.dir + "/step_00000007").ok());
+
+  // The restart, with the same config: step 7, not the path's step 4.
+  RunResult restarted = RunTrainer(config);
+  INFO(restarted.log);
+  REQUIRE(restarted.status.ok());
+  CHECK(restarted.resumed_at.step == 7);
+  CHECK(absl::StrContains(restarted.log, "checkpoint.resume " + source +
+                                             " started this run at step 4; continuing from the "
+                                             "run's own " + config.checkpoint.dir +
+                                             "/step_00000007"));
+  CHECK(restarted.losses ==
+        std::vector<float>(reference.losses.begin() + 3, reference.losses.end()));
+  CHECK(restarted.params == reference.params);
+}
+
+TEST_CASE("retention deletes only this run's checkpoints, never the resume source") {
+  std::string dir = FreshDir("retention_lineage");
+  WriteShard(dir);
+  TrainConfig abandoned = TinyConfig(dir);  // steps 4, 8 and 12 in dir/ckpt
+  REQUIRE(RunTrainer(abandoned).status.ok());
+  const std::string source = abandoned.checkpoint.dir + "/step_00000004";
+
+  // Rewind to step 4 in the same directory, keeping only the newest one.
+  TrainConfig rewound = abandoned;
+  rewound.checkpoint.resume = source;
+  rewound.checkpoint.every = 3;
+  rewound.checkpoint.keep_last = 1;
+  rewound.train.steps = 11;  // saves 6, 9 and 11
+  RunResult result = RunTrainer(rewound);
+  INFO(result.log);
+  REQUIRE(result.status.ok());
+  auto listed = ListCheckpoints(Env::Default(), abandoned.checkpoint.dir);
+  REQUIRE(listed.ok());
+  std::vector<int> steps;
+  for (const CheckpointEntry& entry : *listed) steps.push_back(entry.step);
+  // The source and the abandoned run's 8 and 12 are untouched; of this
+  // run's 6, 9 and 11, only 11 is kept.
+  CHECK(steps == std::vector<int>{4, 8, 11, 12});
+  CHECK(VerifyCheckpoint(Env::Default(), source).ok());
+  auto source_manifest = ReadManifest(Env::Default(), source);
+  auto newest = ReadManifest(Env::Default(), abandoned.checkpoint.dir + "/step_00000011");
+  REQUIRE(source_manifest.ok());
+  REQUIRE(newest.ok());
+  CHECK(newest->lineage == ForkLineage(*source_manifest));
+  CHECK(source_manifest->lineage.size() == 16);
+}
+
+TEST_CASE("reshard: saved by 2 thread-ranks, resumed by 1 and by 3") {
+  std::string dir = FreshDir("reshard");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  RunResult two = RunWorld(config, 2);
+  REQUIRE(two.status.ok());
+  const std::string step4 = config.checkpoint.dir + "/step_00000004";
+  auto manifest = VerifyCheckpoint(Env::Default(), step4);
+  REQUIRE(manifest.ok());
+  CHECK(manifest->world_size == 2);
+  REQUIRE(manifest->files.size() == 2);
+  // Each rank wrote half of the flat state (params, m, v), to a float.
+  CHECK(manifest->files[0].bytes - manifest->files[1].bytes <= sizeof(float));
+  CHECK(manifest->sample_index == 4u * 2 * 4);
+
+  for (int world : {1, 3}) {
+    DYNAMIC_SECTION("resumed by " << world) {
+      TrainConfig resume = config;
+      resume.checkpoint.dir = absl::StrCat(dir, "/ckpt_world", world);
+      resume.checkpoint.resume = step4;
+      // Hold the global batch: B * world stays 8 for world 1; world 3 has 12.
+      if (world == 1) resume.data.micro_batch = 8;
+      RunResult result = RunWorld(resume, world);
+      REQUIRE(result.status.ok());
+      CHECK(result.resumed_at.step == 4);
+      CHECK(result.resumed_at.sample_index == 32);
+      // The state is restored exactly...
+      auto loaded = GptModel::Create(config.model, 1, Device::kCpu);
+      REQUIRE(loaded.ok());
+      std::vector<StateTensor> tensors = StateTensors((*loaded)->stages());
+      std::vector<float> flat(StateFloats(tensors));
+      REQUIRE(LoadFlatRange(Env::Default(), step4, *manifest, tensors, 0, flat.size(),
+                            flat.data())
+                  .ok());
+      CHECK(std::vector<float>(flat.begin(), flat.begin() + flat.size() / 3) == two.params_at4);
+      // ...and the loss continues where world 2 left it.
+      REQUIRE(result.losses.size() == 8);
+      for (int i = 0; i < 8; ++i) {
+        INFO("step " << 5 + i << ": world 2 " << two.losses[4 + i] << ", world " << world << " "
+                     << result.losses[i]);
+        CHECK(std::fabs(result.losses[i] - two.losses[4 + i]) < 0.1f * two.losses[4 + i] + 0.05f);
+      }
+      if (world == 1) {
+        // Same global batch and the same samples: equal up to summation order.
+        CHECK(std::fabs(result.losses[0] - two.losses[4]) < 1e-4f);
+      }
+    }
+  }
+}
+
+TEST_CASE("a corrupt or torn newest checkpoint is skipped with a message naming it") {
+  std::string dir = FreshDir("corrupt");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  REQUIRE(RunTrainer(config).status.ok());
+  const std::string data = config.checkpoint.dir + "/step_00000012/rank_00000.bin";
+  {
+    std::fstream file(data, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(100);
+    char byte = 0;
+    file.read(&byte, 1);
+    file.seekp(100);
+    byte ^= 0x40;
+    file.write(&byte, 1);
+  }
+  auto verified = VerifyCheckpoint(Env::Default(), config.checkpoint.dir + "/step_00000012");
+  CHECK(verified.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(absl::StrContains(verified.status().message(), data));
+  // A torn one: a directory whose manifest was never written.
+  fs::create_directories(config.checkpoint.dir + "/step_00000016");
+  std::ofstream(config.checkpoint.dir + "/step_00000016/rank_00000.bin") << "partial";
+
+  TrainConfig resume = config;
+  resume.train.steps = 14;
+  RunResult result = RunTrainer(resume);
+  INFO(result.log);
+  REQUIRE(result.status.ok());
+  CHECK(result.resumed_at.step == 8);
+  CHECK(absl::StrContains(result.log, "skipping " + config.checkpoint.dir +
+                                          "/step_00000016: no manifest.json"));
+  CHECK(absl::StrContains(result.log, "skipping " + data + ": CRC-32"));
+}
+
+TEST_CASE("bad input gets a clear error and deletes nothing") {
+  std::string dir = FreshDir("bad");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.train.steps = 4;
+  REQUIRE(RunTrainer(config).status.ok());
+  const std::string saved = config.checkpoint.dir + "/step_00000004";
+  REQUIRE(fs::exists(saved + "/manifest.json"));
+
+  SECTION("a resume path that does not exist") {
+    TrainConfig bad = config;
+    bad.checkpoint.resume = dir + "/nowhere/step_00000004";
+    RunResult result = RunTrainer(bad);
+    CHECK(result.status.code() == absl::StatusCode::kNotFound);
+    CHECK(absl::StrContains(result.status.message(), dir + "/nowhere/step_00000004"));
+  }
+  SECTION("a checkpoint of another model config") {
+    TrainConfig other = config;
+    other.model.dim = 64;
+    RunResult result = RunTrainer(other);
+    CHECK(result.status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(result.status.message(), "another model"));
+    CHECK(absl::StrContains(result.status.message(), "dim 32"));
+  }
+  SECTION("a checkpoint directory under a regular file") {
+    TrainConfig bad = config;
+    std::ofstream(dir + "/plain_file") << "x";
+    bad.checkpoint.dir = dir + "/plain_file/ckpt";
+    RunResult result = RunTrainer(bad);
+    CHECK(result.status.code() == absl::StatusCode::kUnavailable);
+    CHECK(absl::StrContains(result.status.message(), "checkpoint.dir"));
+    CHECK(absl::StrContains(result.status.message(), dir + "/plain_file/ckpt"));
+  }
+  SECTION("a read-only checkpoint directory") {
+    if (geteuid() == 0) {
+      WARN("running as root, where chmod does not stop writes: sub-case skipped");
+    } else {
+      fs::permissions(config.checkpoint.dir, fs::perms::owner_read | fs::perms::owner_exec);
+      TrainConfig more = config;
+      more.train.steps = 8;
+      RunResult result = RunTrainer(more);
+      fs::permissions(config.checkpoint.dir, fs::perms::owner_all);
+      CHECK(result.status.code() == absl::StatusCode::kUnavailable);
+      CHECK(absl::StrContains(result.status.message(), config.checkpoint.dir));
+    }
+  }
+  CHECK(VerifyCheckpoint(Env::Default(), saved).ok());  // still there, still good
+}
+
+TEST_CASE("a failed background write is reported once, by the next call") {
+  std::string dir = FreshDir("writer");
+  ShardWriter writer(Env::Default());
+  auto buffer = writer.Buffer(1000);
+  REQUIRE(buffer.ok());
+  writer.Start(dir + "/missing", "rank_00000.bin");
+  auto result = writer.Wait();
+  CHECK(result.status().code() == absl::StatusCode::kNotFound);
+  CHECK(absl::StrContains(result.status().message(), dir + "/missing/rank_00000.bin"));
+
+  REQUIRE(writer.Buffer(1000).ok());
+  writer.Start(dir, "rank_00000.bin");
+  CHECK(writer.Buffer(10).ok());  // waits for that write, which succeeds
+  auto record = ReadSidecar(Env::Default(), dir, "rank_00000.bin");
+  REQUIRE(record.ok());
+  CHECK(record->bytes == 4000);
+}
+
+}  // namespace
+}  // namespace muster::worker

@@ -1,0 +1,248 @@
+// GptModel on CUDA (the fused engine, worker/model/model_cuda.cc) against the
+// CPU model: the same weights and batch give the same loss, gradients and
+// trajectory within each precision's bound; a step is bitwise repeatable;
+// running out of memory is a clear error. Needs a GPU: tagged manual, run
+// on the lent machine (docs/gpu.md).
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "worker/model/model.h"
+#include "worker/optim.h"
+
+namespace muster::worker {
+namespace {
+
+// Small, but every width a multiple of 8 as the CUDA engine requires:
+// L=2, C=64, NH=2 (hs 32), V=300 (Vp=384), maxT=48; batches use T=40.
+ModelConfig SmallConfig() {
+  ModelConfig config;
+  config.layers = 2;
+  config.heads = 2;
+  config.dim = 64;
+  config.vocab = 300;
+  config.seq_len = 48;
+  return config;
+}
+
+struct Batch {
+  int B, T;
+  std::vector<int> inputs, targets;
+};
+
+Batch RandomBatch(const ModelConfig& config, int B, int T, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> token(0, config.vocab - 1);
+  Batch batch{B, T, std::vector<int>(B * T), std::vector<int>(B * T)};
+  for (int i = 0; i < B * T; ++i) {
+    // Half the inputs from a few ids, so the embedding backward sums
+    // repeated tokens.
+    batch.inputs[i] = i % 2 ? token(rng) % 7 : token(rng);
+    batch.targets[i] = token(rng);
+  }
+  return batch;
+}
+
+std::unique_ptr<GptModel> Make(const ModelConfig& config, int B, Device device,
+                               Precision precision) {
+  auto model = GptModel::Create(config, B, device, precision);
+  INFO(model.status().ToString());
+  REQUIRE(model.ok());
+  (*model)->InitWeights(4242);
+  return *std::move(model);
+}
+
+double RelError(const std::vector<float>& got, const std::vector<float>& want) {
+  REQUIRE(got.size() == want.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    REQUIRE(std::isfinite(got[i]));
+    diff += double(got[i] - want[i]) * (got[i] - want[i]);
+    norm += double(want[i]) * want[i];
+  }
+  return std::sqrt(diff / norm);
+}
+
+struct Bounds {
+  Precision precision;
+  double loss;   // relative, of the mean loss
+  double grads;  // relative, per stage
+};
+const Bounds kBounds[] = {
+    {Precision::kFp32, 1e-5, 1e-4},
+    {Precision::kTf32, 2e-3, 1e-2},
+    {Precision::kBf16, 1e-2, 5e-2},
+};
+
+TEST_CASE("loss and every stage's gradient match the CPU model", "[cuda]") {
+  const ModelConfig config = SmallConfig();
+  const Batch batch = RandomBatch(config, 4, 40, 7);
+  auto cpu = Make(config, 4, Device::kCpu, Precision::kFp32);
+  const float cpu_loss = cpu->Forward(batch.inputs.data(), batch.targets.data(), 4, 40);
+  cpu->Backward(0.5f);
+  for (const Bounds& bounds : kBounds) {
+    SECTION(PrecisionName(bounds.precision)) {
+      auto gpu = Make(config, 4, Device::kCuda, bounds.precision);
+      const float loss = gpu->Forward(batch.inputs.data(), batch.targets.data(), 4, 40);
+      gpu->Backward(0.5f);
+      REQUIRE(gpu->DeviceStatus().ok());
+      INFO("cpu loss " << cpu_loss << ", cuda loss " << loss);
+      CHECK(std::fabs(loss - cpu_loss) / cpu_loss < bounds.loss);
+      const std::vector<float> want = cpu->CopyGradsToHost(), got = gpu->CopyGradsToHost();
+      size_t offset = 0;
+      for (const Stage& stage : cpu->stages()) {
+        std::vector<float> w(want.begin() + offset, want.begin() + offset + stage.size);
+        std::vector<float> g(got.begin() + offset, got.begin() + offset + stage.size);
+        const double error = RelError(g, w);
+        INFO("stage " << stage.name << ": gradient relative error " << error);
+        CHECK(error < bounds.grads);
+        offset += stage.size;
+      }
+    }
+  }
+}
+
+TEST_CASE("with head size 64 (flash attention), bf16 matches the CPU model", "[cuda]") {
+  ModelConfig config = SmallConfig();
+  config.dim = 128;  // 2 heads of 64
+  config.seq_len = 160;
+  const Batch batch = RandomBatch(config, 3, 150, 11);  // 3 tiles of 64, the last partial
+  auto cpu = Make(config, 3, Device::kCpu, Precision::kFp32);
+  auto gpu = Make(config, 3, Device::kCuda, Precision::kBf16);
+  const float cpu_loss = cpu->Forward(batch.inputs.data(), batch.targets.data(), 3, 150);
+  const float loss = gpu->Forward(batch.inputs.data(), batch.targets.data(), 3, 150);
+  cpu->Backward(1.0f);
+  gpu->Backward(1.0f);
+  REQUIRE(gpu->DeviceStatus().ok());
+  INFO("cpu loss " << cpu_loss << ", cuda loss " << loss);
+  CHECK(std::fabs(loss - cpu_loss) / cpu_loss < 1e-2);
+  const std::vector<float> want = cpu->CopyGradsToHost(), got = gpu->CopyGradsToHost();
+  size_t offset = 0;
+  for (const Stage& stage : cpu->stages()) {
+    std::vector<float> w(want.begin() + offset, want.begin() + offset + stage.size);
+    std::vector<float> g(got.begin() + offset, got.begin() + offset + stage.size);
+    const double error = RelError(g, w);
+    INFO("stage " << stage.name << ": gradient relative error " << error);
+    CHECK(error < 5e-2);
+    offset += stage.size;
+  }
+}
+
+TEST_CASE("logits without targets match the CPU model", "[cuda]") {
+  const ModelConfig config = SmallConfig();
+  const Batch batch = RandomBatch(config, 2, 40, 8);
+  auto cpu = Make(config, 2, Device::kCpu, Precision::kFp32);
+  cpu->Forward(batch.inputs.data(), nullptr, 2, 40);
+  for (const Bounds& bounds : kBounds) {
+    SECTION(PrecisionName(bounds.precision)) {
+      auto gpu = Make(config, 2, Device::kCuda, bounds.precision);
+      gpu->Forward(batch.inputs.data(), nullptr, 2, 40);
+      REQUIRE(gpu->DeviceStatus().ok());
+      const std::vector<float> want = cpu->Logits(1, 39), got = gpu->Logits(1, 39);
+      const double error =
+          RelError(std::vector<float>(got.begin(), got.begin() + config.vocab),
+                   std::vector<float>(want.begin(), want.begin() + config.vocab));
+      INFO("logits relative error " << error);
+      CHECK(error < bounds.grads);
+    }
+  }
+}
+
+// Steps of forward, backward, clip and AdamW; returns the losses.
+std::vector<float> Train(GptModel* model, const ModelConfig& config, int steps) {
+  OptimConfig optim;
+  optim.lr = 1e-3;
+  optim.weight_decay = 0.1;
+  auto made = AdamW::Create(model, optim);
+  REQUIRE(made.ok());
+  AdamW& adamw = **made;
+  std::vector<float> losses;
+  for (int step = 0; step < steps; ++step) {
+    const Batch batch = RandomBatch(config, 4, 40, 100 + step % 3);
+    losses.push_back(model->Forward(batch.inputs.data(), batch.targets.data(), 4, 40));
+    model->Backward(1.0f);
+    ClipGradNorm(model, 1.0f);
+    adamw.Step(1e-3f, step + 1);
+    model->ZeroGrad();
+  }
+  REQUIRE(model->DeviceStatus().ok());
+  return losses;
+}
+
+TEST_CASE("training follows the CPU model's trajectory", "[cuda]") {
+  const ModelConfig config = SmallConfig();
+  auto cpu = Make(config, 4, Device::kCpu, Precision::kFp32);
+  const std::vector<float> want = Train(cpu.get(), config, 30);
+  for (const Bounds& bounds : kBounds) {
+    SECTION(PrecisionName(bounds.precision)) {
+      auto gpu = Make(config, 4, Device::kCuda, bounds.precision);
+      const std::vector<float> got = Train(gpu.get(), config, 30);
+      for (size_t i = 0; i < want.size(); ++i) {
+        INFO("step " << i << ": cpu " << want[i] << ", cuda " << got[i]);
+        CHECK(std::fabs(got[i] - want[i]) / want[i] < 10 * bounds.loss);
+      }
+      CHECK(got.back() < got.front() - 0.5f);  // it learns
+    }
+  }
+}
+
+TEST_CASE("a training run is bitwise repeatable", "[cuda]") {
+  const ModelConfig config = SmallConfig();
+  for (const Bounds& bounds : kBounds) {
+    SECTION(PrecisionName(bounds.precision)) {
+      auto first = Make(config, 4, Device::kCuda, bounds.precision);
+      auto second = Make(config, 4, Device::kCuda, bounds.precision);
+      const std::vector<float> a = Train(first.get(), config, 8);
+      const std::vector<float> b = Train(second.get(), config, 8);
+      for (size_t i = 0; i < a.size(); ++i) {
+        INFO("step " << i);
+        CHECK(a[i] == b[i]);
+      }
+      CHECK(first->CopyParamsToHost() == second->CopyParamsToHost());
+    }
+  }
+}
+
+TEST_CASE("parameters written from the host reach the bf16 weight copy", "[cuda]") {
+  // A checkpoint load after some training: the GEMMs must see the loaded
+  // weights, not the stale bf16 copy of the trained ones.
+  const ModelConfig config = SmallConfig();
+  const Batch batch = RandomBatch(config, 4, 40, 9);
+  auto fresh = Make(config, 4, Device::kCuda, Precision::kBf16);
+  const float want = fresh->Forward(batch.inputs.data(), batch.targets.data(), 4, 40);
+  auto trained = Make(config, 4, Device::kCuda, Precision::kBf16);
+  Train(trained.get(), config, 3);
+  trained->CopyParamsFromHost(fresh->CopyParamsToHost());
+  CHECK(trained->Forward(batch.inputs.data(), batch.targets.data(), 4, 40) == want);
+}
+
+TEST_CASE("a batch that does not fit is RESOURCE_EXHAUSTED naming the bytes", "[cuda]") {
+  ModelConfig config = SmallConfig();
+  config.seq_len = 4096;
+  auto model = GptModel::Create(config, 4096, Device::kCuda, Precision::kBf16);
+  REQUIRE(!model.ok());
+  INFO(model.status().ToString());
+  CHECK(model.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(model.status().message(), "asked for"));
+  CHECK(absl::StrContains(model.status().message(), "free"));
+  // The failure is not sticky: a model that fits still trains.
+  auto small = Make(SmallConfig(), 4, Device::kCuda, Precision::kBf16);
+  Train(small.get(), SmallConfig(), 2);
+}
+
+TEST_CASE("widths that are not multiples of 8 are refused on CUDA", "[cuda]") {
+  ModelConfig config = SmallConfig();
+  config.dim = 60;
+  config.heads = 2;
+  auto model = GptModel::Create(config, 2, Device::kCuda, Precision::kBf16);
+  REQUIRE(!model.ok());
+  CHECK(model.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(model.status().message(), "model.dim"));
+}
+
+}  // namespace
+}  // namespace muster::worker

@@ -1,0 +1,483 @@
+// GptModel on the CPU: gradients against central finite differences,
+// determinism, initialisation, the grad-ready callback, llm.c files, the
+// optimizer and the schedule.
+#include "worker/model/model.h"
+#include "worker/optim.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ios>
+#include <string>
+#include <vector>
+
+namespace muster::worker {
+namespace {
+
+// A tiny model: L=2, C=16, NH=2, V=11 (Vp=128), maxT=8 (the batches use
+// T=5 < maxT, so wpe's last rows must get no gradient).
+ModelConfig TinyConfig() {
+  ModelConfig config;
+  config.layers = 2;
+  config.heads = 2;
+  config.dim = 16;
+  config.vocab = 11;
+  config.seq_len = 8;
+  return config;
+}
+
+// Deterministic pseudo-random numbers for test data (an LCG; the values
+// only need to be fixed, not good).
+class TestRandom {
+ public:
+  explicit TestRandom(uint64_t seed) : state_(seed * 6364136223846793005ull + 1) {}
+  uint32_t NextU32() {
+    state_ = state_ * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<uint32_t>(state_ >> 33);
+  }
+  float Uniform(float low, float high) { return low + (high - low) * (NextU32() / 4294967296.0f); }
+  int Below(int n) { return static_cast<int>(NextU32() % n); }
+
+ private:
+  uint64_t state_;
+};
+
+struct Batch {
+  int B, T;
+  std::vector<int> inputs, targets;
+};
+
+Batch RandomBatch(const ModelConfig& config, int B, int T, uint64_t seed) {
+  TestRandom random(seed);
+  Batch batch{B, T, std::vector<int>(B * T), std::vector<int>(B * T)};
+  for (int i = 0; i < B * T; ++i) {
+    batch.inputs[i] = random.Below(config.vocab);
+    batch.targets[i] = random.Below(config.vocab);
+  }
+  return batch;
+}
+
+std::unique_ptr<GptModel> MakeModel(const ModelConfig& config, int max_batch, uint64_t seed) {
+  auto model = GptModel::Create(config, max_batch, Device::kCpu);
+  REQUIRE(model.ok());
+  (*model)->InitWeights(seed);
+  return std::move(*model);
+}
+
+float LossAndGrads(GptModel* model, const Batch& batch) {
+  model->ZeroGrad();
+  const float loss = model->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T);
+  model->Backward(1.0f);
+  return loss;
+}
+
+// Where each tensor starts in CopyParamsToHost's layout.
+struct HostTensor {
+  std::string stage, name;
+  size_t offset, size;
+};
+std::vector<HostTensor> HostTensors(const GptModel& model) {
+  std::vector<HostTensor> tensors;
+  size_t stage_start = 0;
+  for (const Stage& stage : model.stages()) {
+    for (const TensorView& view : stage.tensors) {
+      tensors.push_back({stage.name, view.name, stage_start + view.offset, view.size});
+    }
+    stage_start += stage.size;
+  }
+  return tensors;
+}
+
+TEST_CASE("every parameter's gradient matches central finite differences") {
+  const ModelConfig config = TinyConfig();
+  auto model = MakeModel(config, 2, 7);
+  // Weights well away from GPT-2's small init, so every gradient is large
+  // enough to compare in float: noise on everything, gains around 1.
+  std::vector<float> params = model->CopyParamsToHost();
+  TestRandom random(11);
+  const auto tensors = HostTensors(*model);
+  for (const HostTensor& tensor : tensors) {
+    const bool gain = tensor.name == "ln1w" || tensor.name == "ln2w" || tensor.name == "lnfw";
+    size_t count = tensor.size;
+    if (tensor.name == "wte") count = static_cast<size_t>(config.vocab) * config.dim;
+    for (size_t i = 0; i < count; ++i) {
+      params[tensor.offset + i] = (gain ? 1.0f : 0.0f) + random.Uniform(-0.3f, 0.3f);
+    }
+  }
+  model->CopyParamsFromHost(params);
+  const Batch batch = RandomBatch(config, 2, 5, 3);
+  LossAndGrads(model.get(), batch);
+  const std::vector<float> grads = model->CopyGradsToHost();
+
+  // The loss is a float near 2.4 (ulp 2.4e-7), so a step of 1e-2 keeps the
+  // rounding noise of a difference near 1e-5, well under the tolerance,
+  // while the central difference's truncation error stays O(eps^2).
+  const float eps = 1e-2f;
+  auto loss_at = [&](size_t index, float value) {
+    const float saved = params[index];
+    params[index] = value;
+    model->CopyParamsFromHost(params);
+    params[index] = saved;
+    return model->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T);
+  };
+  constexpr size_t kSamplesPerTensor = 48;
+  for (const HostTensor& tensor : tensors) {
+    INFO(tensor.stage << "." << tensor.name);
+    double diff_sq = 0.0, ref_sq = 0.0;
+    for (size_t sample = 0; sample < std::min(kSamplesPerTensor, tensor.size); ++sample) {
+      const size_t i =
+          tensor.size <= kSamplesPerTensor
+              ? sample
+              : random.NextU32() % (tensor.name == "wte" ? config.vocab * config.dim : tensor.size);
+      const size_t index = tensor.offset + i;
+      const double numeric = (static_cast<double>(loss_at(index, params[index] + eps)) -
+                              loss_at(index, params[index] - eps)) /
+                             (2.0 * eps);
+      const double analytic = grads[index];
+      INFO("element " << i << ": analytic " << analytic << ", numeric " << numeric);
+      CHECK(std::fabs(analytic - numeric) <=
+            1e-2 * std::fmax(std::fabs(analytic), std::fabs(numeric)) + 1e-4);
+      diff_sq += (analytic - numeric) * (analytic - numeric);
+      ref_sq += numeric * numeric;
+    }
+    CHECK(std::sqrt(diff_sq) <= 1e-2 * std::sqrt(ref_sq) + 1e-4);
+  }
+}
+
+TEST_CASE("the tied wte's padded rows and wpe's unused rows get no gradient") {
+  const ModelConfig config = TinyConfig();
+  auto model = MakeModel(config, 2, 5);
+  LossAndGrads(model.get(), RandomBatch(config, 2, 5, 9));
+  const std::vector<float> grads = model->CopyGradsToHost();
+  const auto tensors = HostTensors(*model);
+  const HostTensor& wte = tensors[0];
+  const HostTensor& wpe = tensors[1];
+  REQUIRE(wte.name == "wte");
+  const size_t real = static_cast<size_t>(config.vocab) * config.dim;
+  double real_norm = 0.0;
+  for (size_t i = 0; i < real; ++i) real_norm += std::fabs(grads[wte.offset + i]);
+  CHECK(real_norm > 0.0);  // the head gives every real row gradient
+  for (size_t i = real; i < wte.size; ++i) REQUIRE(grads[wte.offset + i] == 0.0f);
+  for (size_t i = 5 * config.dim; i < wpe.size; ++i) REQUIRE(grads[wpe.offset + i] == 0.0f);
+
+  // Padded rows start at zero and AdamW, even with weight decay, keeps
+  // them there.
+  OptimConfig optim;
+  optim.weight_decay = 0.1;
+  auto made = AdamW::Create(model.get(), optim);
+  REQUIRE(made.ok());
+  AdamW& adamw = **made;
+  adamw.Step(1e-2f, 1);
+  const std::vector<float> params = model->CopyParamsToHost();
+  for (size_t i = real; i < wte.size; ++i) REQUIRE(params[wte.offset + i] == 0.0f);
+}
+
+TEST_CASE("two models with one seed compute bitwise-identical losses and gradients") {
+  ModelConfig config = TinyConfig();
+  config.dim = 32;
+  auto first = MakeModel(config, 3, 1234);
+  auto second = MakeModel(config, 3, 1234);
+  const Batch batch = RandomBatch(config, 3, 8, 4);
+  REQUIRE(first->CopyParamsToHost() == second->CopyParamsToHost());
+  const float loss1 = LossAndGrads(first.get(), batch);
+  const float loss2 = LossAndGrads(second.get(), batch);
+  REQUIRE(std::memcmp(&loss1, &loss2, sizeof(float)) == 0);
+  REQUIRE(first->CopyGradsToHost() == second->CopyGradsToHost());
+  // And again on the same model: buffers are reused without leftovers.
+  const float loss3 = LossAndGrads(first.get(), batch);
+  REQUIRE(std::memcmp(&loss1, &loss3, sizeof(float)) == 0);
+  REQUIRE(first->CopyGradsToHost() == second->CopyGradsToHost());
+
+  auto other_seed = MakeModel(config, 3, 1235);
+  REQUIRE(other_seed->CopyParamsToHost() != first->CopyParamsToHost());
+}
+
+TEST_CASE("GPT-2 initialisation") {
+  ModelConfig config;  // the bench model: L=4, C=256, NH=4, V=256, T=128
+  auto model = MakeModel(config, 1, 1337);
+  const std::vector<float> params = model->CopyParamsToHost();
+  CHECK(model->num_parameters() == params.size());
+  CHECK(model->num_parameters() ==
+        static_cast<size_t>(256 * 256 + 128 * 256 + 4 * (12 * 256 * 256 + 13 * 256) + 2 * 256));
+  // The generator is ours, so these bits hold with any standard library.
+  INFO("wte[0..2] = " << std::hexfloat << params[0] << " " << params[1] << " " << params[2]);
+  CHECK(params[0] == -0x1.aadd4ap-7f);
+  CHECK(params[1] == 0x1.a4e3aap-6f);
+  CHECK(params[2] == -0x1.c495d8p-7f);
+  for (const HostTensor& tensor : HostTensors(*model)) {
+    INFO(tensor.stage << "." << tensor.name);
+    double sum = 0.0, sum_sq = 0.0;
+    for (size_t i = 0; i < tensor.size; ++i) {
+      sum += params[tensor.offset + i];
+      sum_sq += static_cast<double>(params[tensor.offset + i]) * params[tensor.offset + i];
+    }
+    const double mean = sum / tensor.size;
+    const double std_dev = std::sqrt(sum_sq / tensor.size - mean * mean);
+    const std::string& name = tensor.name;
+    if (name == "ln1w" || name == "ln2w" || name == "lnfw") {
+      CHECK(mean == 1.0);
+      CHECK(std_dev == 0.0);
+    } else if (name.back() == 'b') {
+      CHECK(sum_sq == 0.0);
+    } else {
+      const double want = (name == "attprojw" || name == "fcprojw") ? 0.02 / std::sqrt(8.0) : 0.02;
+      CHECK(std::fabs(mean) < 0.1 * want);
+      CHECK(std_dev == Approx(want).epsilon(0.05));
+    }
+  }
+}
+
+TEST_CASE("the loss at initialisation is about ln(V)") {
+  ModelConfig config;
+  config.layers = 2;
+  config.dim = 64;
+  config.vocab = 256;
+  config.seq_len = 32;
+  auto model = MakeModel(config, 4, 42);
+  const Batch batch = RandomBatch(config, 4, 32, 1);
+  const float loss = model->Forward(batch.inputs.data(), batch.targets.data(), 4, 32);
+  CHECK(loss == Approx(std::log(256.0)).margin(0.05));
+  // Without targets: no loss, but logits (Vp,) for generation.
+  CHECK(model->Forward(batch.inputs.data(), nullptr, 4, 32) == 0.0f);
+  CHECK(model->Logits(3, 31).size() == 256u);
+}
+
+TEST_CASE("AdamW overfits one small batch") {
+  ModelConfig config = TinyConfig();
+  config.dim = 32;
+  auto model = MakeModel(config, 2, 3);
+  // Two sequences with different first tokens: every prefix determines
+  // its target, so the loss can approach zero.
+  Batch batch = RandomBatch(config, 2, 8, 8);
+  batch.inputs[0] = 1;
+  batch.inputs[8] = 2;
+  OptimConfig optim;
+  optim.lr = 1e-2;
+  optim.weight_decay = 0.0;
+  auto made = AdamW::Create(model.get(), optim);
+  REQUIRE(made.ok());
+  AdamW& adamw = **made;
+  const float initial = LossAndGrads(model.get(), batch);
+  float loss = initial;
+  for (int step = 1; step <= 300; ++step) {
+    loss = LossAndGrads(model.get(), batch);
+    ClipGradNorm(model.get(), 1.0f);
+    adamw.Step(static_cast<float>(optim.lr), step);
+  }
+  loss = model->Forward(batch.inputs.data(), batch.targets.data(), 2, 8);
+  INFO("initial loss " << initial << ", final " << loss);
+  CHECK(initial > 2.0f);
+  CHECK(loss < 0.05f);
+  // Moments round-trip through the host.
+  const std::vector<float> m = adamw.CopyMomentsToHost(false);
+  adamw.CopyMomentsFromHost(false, std::vector<float>(m.size(), 0.0f));
+  CHECK(adamw.CopyMomentsToHost(false) == std::vector<float>(m.size(), 0.0f));
+  adamw.CopyMomentsFromHost(false, m);
+  CHECK(adamw.CopyMomentsToHost(false) == m);
+}
+
+TEST_CASE("each stage's gradients are final when its post_backward hook runs") {
+  const ModelConfig config = TinyConfig();
+  auto model = MakeModel(config, 2, 21);
+  std::vector<int> order;
+  std::vector<std::vector<float>> at_callback(model->stages().size());
+  GptModel::StageHooks hooks;
+  hooks.post_backward = [&](int stage_index) {
+    order.push_back(stage_index);
+    const Stage& stage = model->stages()[stage_index];
+    // The CPU's device memory is host memory.
+    at_callback[stage_index].assign(stage.grads, stage.grads + stage.size);
+  };
+  model->SetStageHooks(hooks);
+  LossAndGrads(model.get(), RandomBatch(config, 2, 5, 13));
+  // head (L+1), blocks L-1..0 (stages L..1), embedding (0) last.
+  CHECK(order == std::vector<int>{3, 2, 1, 0});
+  const std::vector<float> final_grads = model->CopyGradsToHost();
+  size_t offset = 0;
+  for (size_t s = 0; s < model->stages().size(); ++s) {
+    const size_t size = model->stages()[s].size;
+    INFO("stage " << model->stages()[s].name);
+    CHECK(at_callback[s] ==
+          std::vector<float>(final_grads.begin() + offset, final_grads.begin() + offset + size));
+    offset += size;
+  }
+}
+
+TEST_CASE("stage hooks fire in order: forward up the stages, backward down") {
+  const ModelConfig config = TinyConfig();  // 2 layers: stages 0..3
+  auto model = MakeModel(config, 2, 3);
+  std::vector<std::string> events;
+  GptModel::StageHooks hooks;
+  hooks.pre_forward = [&](int s) { events.push_back("pre_forward " + std::to_string(s)); };
+  hooks.post_forward = [&](int s) { events.push_back("post_forward " + std::to_string(s)); };
+  hooks.pre_backward = [&](int s) { events.push_back("pre_backward " + std::to_string(s)); };
+  hooks.post_backward = [&](int s) { events.push_back("post_backward " + std::to_string(s)); };
+  model->SetStageHooks(hooks);
+  LossAndGrads(model.get(), RandomBatch(config, 2, 5, 4));
+  CHECK(events == std::vector<std::string>{
+                      "pre_forward 0",   "post_forward 0",  "pre_forward 1",   "post_forward 1",
+                      "pre_forward 2",   "post_forward 2",  "pre_forward 3",   "post_forward 3",
+                      "pre_backward 3",  "post_backward 3", "pre_backward 2",  "post_backward 2",
+                      "pre_backward 1",  "post_backward 1", "pre_backward 0",  "post_backward 0"});
+  // Cleared hooks fire nothing.
+  events.clear();
+  model->SetStageHooks({});
+  LossAndGrads(model.get(), RandomBatch(config, 2, 5, 4));
+  CHECK(events.empty());
+}
+
+TEST_CASE("a stage's parameters are read only between its pre and post hooks") {
+  // What FSDP will rely on: a model whose stage parameters are written in
+  // at pre_forward / pre_backward and poisoned at post_forward /
+  // post_backward computes exactly what a model holding them throughout
+  // computes. Stage 0's wte is read by the head too (tied), so it stays.
+  const ModelConfig config = TinyConfig();
+  auto holder = MakeModel(config, 2, 8);
+  auto sharded = MakeModel(config, 2, 9);  // other weights, replaced stage by stage
+  const Batch batch = RandomBatch(config, 2, 5, 10);
+  auto fill = [&](int s) {
+    const Stage& from = holder->stages()[s];
+    std::copy(from.params, from.params + from.size, sharded->stages()[s].params);
+  };
+  auto poison = [&](int s) {
+    if (s == 0) return;
+    Stage& stage = sharded->stages()[s];
+    std::fill(stage.params, stage.params + stage.size, std::nanf(""));
+  };
+  GptModel::StageHooks hooks;
+  hooks.pre_forward = fill;
+  hooks.post_forward = poison;
+  hooks.pre_backward = fill;
+  hooks.post_backward = poison;
+  sharded->SetStageHooks(hooks);
+  const float expected = LossAndGrads(holder.get(), batch);
+  const float loss = LossAndGrads(sharded.get(), batch);
+  CHECK(loss == expected);
+  CHECK(sharded->CopyGradsToHost() == holder->CopyGradsToHost());
+}
+
+TEST_CASE("Backward scales by loss_scale and accumulates across micro-steps") {
+  const ModelConfig config = TinyConfig();
+  auto model = MakeModel(config, 2, 2);
+  const Batch batch = RandomBatch(config, 2, 5, 6);
+  LossAndGrads(model.get(), batch);
+  const std::vector<float> full = model->CopyGradsToHost();
+  model->ZeroGrad();
+  for (int micro = 0; micro < 2; ++micro) {
+    model->Forward(batch.inputs.data(), batch.targets.data(), 2, 5);
+    model->Backward(0.5f);
+  }
+  const std::vector<float> accumulated = model->CopyGradsToHost();
+  for (size_t i = 0; i < full.size(); ++i) {
+    REQUIRE(accumulated[i] == Approx(full[i]).margin(1e-7f));
+  }
+}
+
+TEST_CASE("ClipGradNorm returns the global norm and scales down to max_norm") {
+  const ModelConfig config = TinyConfig();
+  auto model = MakeModel(config, 2, 2);
+  LossAndGrads(model.get(), RandomBatch(config, 2, 5, 6));
+  double sum_sq = 0.0;
+  for (float g : model->CopyGradsToHost()) sum_sq += static_cast<double>(g) * g;
+  const float norm = ClipGradNorm(model.get(), 0.0f);  // 0: measure only
+  CHECK(norm == Approx(std::sqrt(sum_sq)).epsilon(1e-6));
+  CHECK(ClipGradNorm(model.get(), 10.0f * norm) == norm);  // within: untouched
+  CHECK(ClipGradNorm(model.get(), 0.5f * norm) == norm);
+  CHECK(ClipGradNorm(model.get(), 0.0f) == Approx(0.5f * norm).epsilon(1e-5));
+}
+
+TEST_CASE("SaveLlmc writes llm.c's layout and LoadLlmc reads it back") {
+  const ModelConfig config = TinyConfig();
+  auto saved = MakeModel(config, 1, 100);
+  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string path = dir + "/model_roundtrip.bin";
+  REQUIRE(saved->SaveLlmc(path).ok());
+
+  // Header and order: tensor-major across layers.
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  REQUIRE(file != nullptr);
+  std::vector<char> bytes;
+  char chunk[4096];
+  for (size_t got; (got = std::fread(chunk, 1, sizeof(chunk), file)) > 0;)
+    bytes.insert(bytes.end(), chunk, chunk + got);
+  std::fclose(file);
+  REQUIRE(bytes.size() == 1024 + 4 * saved->num_parameters());
+  const int* header = reinterpret_cast<const int*>(bytes.data());
+  CHECK(std::vector<int>(header, header + 8) ==
+        std::vector<int>{20240326, 3, 8, 11, 2, 2, 16, 128});
+  const float* file_params = reinterpret_cast<const float*>(bytes.data() + 1024);
+  const std::vector<float> params = saved->CopyParamsToHost();
+  const int C = config.dim, Vp = 128, maxT = 8;
+  // ln1w of layer 1 follows ln1w of layer 0 in the file.
+  const size_t ln1w_file = static_cast<size_t>(Vp) * C + maxT * C;
+  const size_t block1_host = static_cast<size_t>(Vp) * C + maxT * C + saved->stages()[1].size;
+  CHECK(file_params[0] == params[0]);
+  CHECK(std::memcmp(file_params + ln1w_file + C, params.data() + block1_host, C * sizeof(float)) ==
+        0);
+  // qkvw of layer 1: after wte, wpe, ln1w[2], ln1b[2], qkvw[0].
+  const size_t qkvw1_file = ln1w_file + 4 * C + 3 * C * C;
+  CHECK(std::memcmp(file_params + qkvw1_file, params.data() + block1_host + 2 * C,
+                    3 * C * C * sizeof(float)) == 0);
+
+  auto loaded = MakeModel(config, 1, 200);
+  REQUIRE(loaded->CopyParamsToHost() != params);
+  REQUIRE(loaded->LoadLlmc(path).ok());
+  CHECK(loaded->CopyParamsToHost() == params);
+
+  ModelConfig wider = config;
+  wider.dim = 32;
+  auto mismatched = MakeModel(wider, 1, 1);
+  const absl::Status status = mismatched->LoadLlmc(path);
+  CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(status.message()), Catch::Contains("channels (dim) is 16"));
+  CHECK(loaded->LoadLlmc(dir + "/no_such_model.bin").code() == absl::StatusCode::kNotFound);
+
+  const std::string truncated = dir + "/model_truncated.bin";
+  file = std::fopen(truncated.c_str(), "wb");
+  std::fwrite(bytes.data(), 1, bytes.size() - 4, file);
+  std::fclose(file);
+  CHECK(loaded->LoadLlmc(truncated).code() == absl::StatusCode::kDataLoss);
+}
+
+TEST_CASE("LearningRate warms up linearly, then follows a cosine to min_lr") {
+  OptimConfig optim;
+  optim.lr = 1e-3;
+  optim.min_lr = 1e-4;
+  optim.warmup_steps = 10;
+  CHECK(LearningRate(optim, 0, 110) == Approx(1e-4));
+  CHECK(LearningRate(optim, 4, 110) == Approx(5e-4));
+  CHECK(LearningRate(optim, 9, 110) == Approx(1e-3));
+  CHECK(LearningRate(optim, 10, 110) == Approx(1e-3));
+  CHECK(LearningRate(optim, 60, 110) == Approx(5.5e-4));
+  CHECK(LearningRate(optim, 110, 110) == Approx(1e-4));
+  CHECK(LearningRate(optim, 500, 110) == Approx(1e-4));
+  for (int step = 10; step < 110; ++step) {
+    REQUIRE(LearningRate(optim, step + 1, 110) <= LearningRate(optim, step, 110));
+  }
+  optim.schedule = "constant";
+  CHECK(LearningRate(optim, 5, 110) == Approx(6e-4));
+  CHECK(LearningRate(optim, 100, 110) == Approx(1e-3));
+}
+
+TEST_CASE("devices and the FLOPs estimate") {
+  CHECK(ResolveDevice("cpu").value() == Device::kCpu);
+  CHECK(ResolveDevice("gpu").status().code() == absl::StatusCode::kInvalidArgument);
+  if (ResolveDevice("cuda").ok()) {
+    WARN("a GPU is present: the no-GPU checks are skipped");
+  } else {
+    CHECK(ResolveDevice("cuda").status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(ResolveDevice("auto").value() == Device::kCpu);
+    CHECK(GptModel::Create(TinyConfig(), 1, Device::kCuda).status().code() ==
+          absl::StatusCode::kFailedPrecondition);
+  }
+
+  ModelConfig config;
+  auto model = MakeModel(config, 1, 1);
+  CHECK(FlopsPerToken(config, 128) == Approx(6.0 * model->num_parameters() + 6.0 * 4 * 256 * 128));
+}
+
+}  // namespace
+}  // namespace muster::worker

@@ -1,0 +1,402 @@
+#include "worker/checkpoint/manager.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "worker/checkpoint/files.h"
+#include "worker/checkpoint/layout.h"
+#include "worker/checkpoint/reader.h"
+#include "worker/checkpoint/retention.h"
+
+namespace muster::worker {
+namespace {
+
+// Copies [first, first + count) of the flat state (params | m | v) between
+// the model and optimizer and host memory.
+template <typename ParamsFn, typename MomentsFn>
+void ForEachStatePart(uint64_t params, uint64_t first, uint64_t count, ParamsFn on_params,
+                      MomentsFn on_moments) {
+  for (int part = 0; part < 3; ++part) {
+    const uint64_t lo = std::max(first, part * params);
+    const uint64_t hi = std::min(first + count, (part + 1) * params);
+    if (lo >= hi) continue;
+    const uint64_t in_part = lo - part * params, in_range = lo - first, floats = hi - lo;
+    if (part == 0) {
+      on_params(in_part, in_range, floats);
+    } else {
+      on_moments(part == 2, in_part, in_range, floats);
+    }
+  }
+}
+
+// The parameters as one host array in the flat state's order, or nullptr
+// (device memory, or stages that are not back to back).
+float* HostParams(GptModel& model) {
+  if (model.device() != Device::kCpu) return nullptr;
+  std::vector<Stage>& stages = model.stages();
+  float* const base = stages.empty() ? nullptr : stages.front().params;
+  size_t offset = 0;
+  for (const Stage& stage : stages) {
+    if (stage.params != base + offset) return nullptr;
+    offset += stage.size;
+  }
+  return base;
+}
+
+std::string ResumedLine(const std::string& path, const Manifest& manifest) {
+  return absl::StrCat("resumed from ", path, " (step ", manifest.step, ", sample index ",
+                      manifest.sample_index, ", saved by ", manifest.world_size, " rank",
+                      manifest.world_size == 1 ? "" : "s", ")");
+}
+
+}  // namespace
+
+CommitTally CommitVote(LocalWrite write) {
+  CommitTally vote;
+  vote.durable = write == LocalWrite::kDurable ? 1 : 0;
+  vote.failed = write == LocalWrite::kFailed ? 1 : 0;
+  return vote;
+}
+
+CommitDecision DecideCommit(const CommitTally& sum, int world_size) {
+  if (sum.failed > 0) return CommitDecision::kAbandon;
+  if (sum.durable == world_size) return CommitDecision::kCommit;
+  return CommitDecision::kWait;
+}
+
+CheckpointManager::CheckpointManager(const TrainConfig& config, ParallelStrategy* strategy,
+                                     FILE* log, Env* env)
+    : config_(config),
+      strategy_(strategy),
+      control_(&strategy->control()),
+      log_(log),
+      env_(env != nullptr ? env : Env::Default()),
+      lineage_(NewLineage()),
+      writer_(env_),
+      local_result_(FileRecord{}) {}
+
+CheckpointManager::~CheckpointManager() {
+  if (retention_.joinable()) retention_.join();
+}
+
+absl::Status CheckpointManager::JoinRetention() {
+  if (!retention_.joinable()) return absl::OkStatus();
+  retention_.join();
+  for (const std::string& path : retention_deleted_) Log("deleted " + path + " (retention)");
+  retention_deleted_.clear();
+  return std::exchange(retention_status_, absl::OkStatus());
+}
+
+absl::Status CheckpointManager::WaitForRetention() {
+  return Agree(JoinRetention(), "checkpoint retention");
+}
+
+void CheckpointManager::Log(const std::string& line) {
+  if (control_->rank() != 0 || log_ == nullptr) return;
+  std::fprintf(log_, "checkpoint: %s\n", line.c_str());
+  std::fflush(log_);
+}
+
+absl::Status CheckpointManager::Agree(absl::Status local, const std::string& what) {
+  auto failed = control_->AllReduce(int64_t{local.ok() ? 0 : 1}, parallel::ReduceOp::kMax);
+  if (!failed.ok()) return failed.status();
+  if (!local.ok()) return local;
+  if (*failed > 0) {
+    return absl::AbortedError(absl::StrCat(what, " failed on another rank (see its log)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CheckpointManager::Broadcast(int64_t value) {
+  return control_->Broadcast(value, /*root=*/0);
+}
+
+absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer,
+                                               TrainState* state) {
+  const CheckpointConfig& c = config_.checkpoint;
+  if (c.resume == "never" || (c.resume == "auto" && c.dir.empty())) return false;
+  std::string path = c.resume;
+  if (c.resume == "auto") {
+    // 0: rank 0 failed, 1: nothing to resume, step + 2: that step.
+    int64_t choice = 0;
+    absl::Status rank0_status;
+    if (control_->rank() == 0) {
+      std::vector<std::string> skipped;
+      auto latest = FindLatestValid(env_, c.dir, &skipped);
+      for (const std::string& why : skipped) Log("skipping " + why);
+      if (latest.ok()) {
+        choice = latest->step + 2;
+      } else if (absl::IsNotFound(latest.status())) {
+        choice = 1;
+        Log(absl::StrCat("nothing to resume in ", c.dir, "; starting at step 0"));
+      } else {
+        rank0_status = latest.status();
+      }
+    }
+    auto agreed = Broadcast(choice);
+    if (!agreed.ok()) return agreed.status();
+    if (!rank0_status.ok()) return rank0_status;
+    if (*agreed == 0) return absl::AbortedError("rank 0 could not choose a checkpoint to resume");
+    if (*agreed == 1) return false;
+    path = c.dir + "/" + StepDirName(static_cast<int>(*agreed - 2));
+  } else if (!c.dir.empty()) {
+    // An explicit path starts a run; a restart of that run (elastic, or
+    // after a preemption) continues from the run's own newest checkpoint,
+    // found by the lineage forked from the path. 1: load the path,
+    // step + 2: this run's checkpoint of that step.
+    int64_t choice = 1;
+    if (control_->rank() == 0) {
+      auto source = ReadManifest(env_, path);  // an error is reported by the load below
+      if (source.ok()) {
+        const std::string fork = ForkLineage(*source);
+        std::vector<std::string> skipped;
+        auto own = FindLatestValid(env_, c.dir, &skipped, [&](const Manifest& candidate) {
+          return candidate.lineage == fork && candidate.step > source->step;
+        });
+        for (const std::string& why : skipped) Log("skipping " + why);
+        if (own.ok()) {
+          choice = own->step + 2;
+          Log(absl::StrCat("checkpoint.resume ", path, " started this run at step ", source->step,
+                           "; continuing from the run's own ", own->path));
+        }
+      }
+    }
+    auto agreed = Broadcast(choice);
+    if (!agreed.ok()) return agreed.status();
+    if (*agreed >= 2) path = c.dir + "/" + StepDirName(static_cast<int>(*agreed - 2));
+  }
+  const bool forks = c.resume != "auto" && path == c.resume;
+
+  auto load = [&]() -> absl::Status {
+    auto manifest = ReadManifest(env_, path);
+    if (!manifest.ok()) return manifest.status();
+    const uint64_t hash = ModelConfigHash(config_.model);
+    if (manifest->config_hash != hash) {
+      const ModelConfig& m = manifest->model;
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": a checkpoint of another model (layers ", m.layers, ", heads ", m.heads,
+          ", dim ", m.dim, ", vocab ", m.vocab, ", seq_len ", m.seq_len, "); the config has layers ",
+          config_.model.layers, ", heads ", config_.model.heads, ", dim ", config_.model.dim,
+          ", vocab ", config_.model.vocab, ", seq_len ", config_.model.seq_len));
+    }
+    if (manifest->data_seed != config_.train.seed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": saved with train.seed ", manifest->data_seed, ", the config has ",
+                       config_.train.seed, "; the data stream would not continue"));
+    }
+    const std::vector<StateTensor> tensors = StateTensors(model->stages());
+    const uint64_t total = StateFloats(tensors), params = total / 3;
+    const FlatRange wanted = strategy_->CheckpointLoad(total);
+    if (wanted.begin != 0 || wanted.count != total) {
+      // Sharded strategies (FSDP, pipeline stages) load their own part:
+      // planned with them.
+      return absl::UnimplementedError(absl::StrCat(
+          strategy_->Describe(), " loads part of a checkpoint, which this build cannot do"));
+    }
+    // On the CPU the state is read straight into the parameters and the
+    // moments, each one array in the flat state's order: no staging
+    // buffer, no 1.5 GB copy (docs/benchmarks.md).
+    float* const direct[3] = {HostParams(*model), optimizer->HostMoments(false),
+                              optimizer->HostMoments(true)};
+    if (direct[0] != nullptr && direct[1] != nullptr && direct[2] != nullptr) {
+      absl::Status loaded =
+          LoadFlatRange(env_, path, *manifest, tensors, 0, total, [&](uint64_t i) {
+            return direct[i / params] + i % params;
+          });
+      if (!loaded.ok()) return loaded;
+      state->step = manifest->step;
+      state->sample_index = manifest->sample_index;
+      lineage_ = forks ? ForkLineage(*manifest) : manifest->lineage;
+      Log(ResumedLine(path, *manifest));
+      return absl::OkStatus();
+    }
+    auto host = AllocateHostFloats(total);
+    if (!host.ok()) return host.status();
+    absl::Status loaded = LoadFlatRange(env_, path, *manifest, tensors, 0, total, host->get());
+    if (!loaded.ok()) return loaded;
+    model->CopyParamsRangeFromHost(0, params, host->get());
+    optimizer->CopyMomentsRangeFromHost(false, 0, params, host->get() + params);
+    optimizer->CopyMomentsRangeFromHost(true, 0, params, host->get() + 2 * params);
+    state->step = manifest->step;
+    state->sample_index = manifest->sample_index;
+    lineage_ = forks ? ForkLineage(*manifest) : manifest->lineage;
+    Log(ResumedLine(path, *manifest));
+    return absl::OkStatus();
+  };
+  absl::Status status = Agree(load(), "loading checkpoint " + path);
+  if (!status.ok()) return status;
+  last_committed_ = state->step;
+  last_started_ = state->step;
+  return true;
+}
+
+absl::Status CheckpointManager::AfterStep(const GptModel& model, const AdamW& optimizer,
+                                          const TrainState& state) {
+  if (!enabled()) return absl::OkStatus();
+  if (absl::Status committed = Commit(/*wait=*/false); !committed.ok()) return committed;
+  if (state.step % config_.checkpoint.every != 0) return absl::OkStatus();
+  return StartSave(model, optimizer, state);
+}
+
+absl::Status CheckpointManager::SaveFinal(const GptModel& model, const AdamW& optimizer,
+                                          const TrainState& state) {
+  if (!enabled()) return absl::OkStatus();
+  return SaveNow(model, optimizer, state);
+}
+
+absl::Status CheckpointManager::SaveNow(const GptModel& model, const AdamW& optimizer,
+                                        const TrainState& state) {
+  if (config_.checkpoint.dir.empty()) return absl::OkStatus();
+  if (last_started_ != state.step) {
+    if (absl::Status started = StartSave(model, optimizer, state); !started.ok()) return started;
+  }
+  if (absl::Status finished = Finish(); !finished.ok()) return finished;
+  return WaitForRetention();
+}
+
+absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& optimizer,
+                                          const TrainState& state) {
+  if (absl::Status previous = Finish(); !previous.ok()) return previous;
+  const std::string& dir = config_.checkpoint.dir;
+  const std::string tmp = dir + "/" + TempStepDirName(state.step);
+  // The previous save's retention first: it lists and deletes in `dir`.
+  absl::Status prepared = JoinRetention();
+  if (control_->rank() == 0 && prepared.ok()) {
+    absl::Status made = env_->CreateDir(dir);
+    if (made.ok()) made = env_->RemoveAll(tmp);
+    if (made.ok()) made = env_->CreateDir(tmp);
+    if (!made.ok()) {
+      // UNAVAILABLE whatever the cause: not a config mistake (exit 1, docs/worker.md).
+      prepared = absl::UnavailableError(absl::StrCat(
+          "checkpoint.dir: cannot create ", tmp, ": ", made.message(),
+          " (expected a writable directory)"));
+    }
+  }
+  if (absl::Status agreed = Agree(prepared, "preparing " + tmp); !agreed.ok()) return agreed;
+
+  tensors_ = StateTensors(model.stages());
+  const uint64_t total = StateFloats(tensors_), params = total / 3;
+  const FlatRange mine = strategy_->CheckpointFiles(total)[control_->rank()];
+  auto buffer = writer_.Buffer(mine.count);
+  if (!buffer.ok()) return buffer.status();
+  float* host = *buffer;
+  ForEachStatePart(
+      params, mine.begin, mine.count,
+      [&](uint64_t in_part, uint64_t in_range, uint64_t floats) {
+        model.CopyParamsRangeToHost(in_part, floats, host + in_range);
+      },
+      [&](bool second, uint64_t in_part, uint64_t in_range, uint64_t floats) {
+        optimizer.CopyMomentsRangeToHost(second, in_part, floats, host + in_range);
+      });
+  writer_.Start(tmp, RankFileName(control_->rank()));
+  pending_step_ = state.step;
+  last_started_ = state.step;
+  sample_index_ = state.sample_index;
+  local_done_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointManager::Commit(bool wait) {
+  if (pending_step_ < 0) return absl::OkStatus();
+  if (!local_done_ && (wait || writer_.Idle())) {
+    local_result_ = writer_.Wait();
+    local_done_ = true;
+  }
+  const LocalWrite mine = !local_done_          ? LocalWrite::kWriting
+                          : local_result_.ok() ? LocalWrite::kDurable
+                                               : LocalWrite::kFailed;
+  const CommitTally vote = CommitVote(mine);
+  int64_t tally[2] = {vote.durable, vote.failed};
+  if (absl::Status summed = control_->AllReduce(absl::MakeSpan(tally), parallel::ReduceOp::kSum);
+      !summed.ok()) {
+    return summed;
+  }
+  const CommitDecision decision =
+      DecideCommit(CommitTally{tally[0], tally[1]}, control_->size());
+  const int step = pending_step_;
+  const std::string tmp = config_.checkpoint.dir + "/" + TempStepDirName(step);
+  if (decision == CommitDecision::kCommit) {
+    pending_step_ = -1;
+    absl::Status committed = control_->rank() == 0 ? WriteManifest(step, tmp) : absl::OkStatus();
+    committed = Agree(committed, "committing " + tmp);
+    if (committed.ok()) last_committed_ = step;
+    return committed;
+  }
+  if (decision == CommitDecision::kAbandon) {
+    pending_step_ = -1;
+    if (!local_result_.ok()) {
+      return absl::Status(local_result_.status().code(),
+                          absl::StrCat("saving checkpoint step ", step, ": ",
+                                       local_result_.status().message()));
+    }
+    return absl::AbortedError(absl::StrCat("saving checkpoint step ", step,
+                                           " failed on another rank (see its log)"));
+  }
+  return absl::OkStatus();  // some rank is still writing
+}
+
+absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) {
+  const CheckpointConfig& c = config_.checkpoint;
+  Manifest manifest;
+  manifest.step = step;
+  manifest.optimizer_step = step;
+  manifest.sample_index = sample_index_;
+  manifest.data_seed = config_.train.seed;
+  manifest.config_hash = ModelConfigHash(config_.model);
+  manifest.model = config_.model;
+  manifest.world_size = control_->size();
+  manifest.strategy = config_.parallel.strategy;
+  manifest.lineage = lineage_;
+  for (int rank = 0; rank < manifest.world_size; ++rank) {
+    auto record = ReadSidecar(env_, tmp, RankFileName(rank));
+    if (!record.ok()) return record.status();
+    manifest.files.push_back(*record);
+  }
+  manifest.tensors = SliceTensors(tensors_, strategy_->CheckpointFiles(StateFloats(tensors_)));
+  for (const FileRecord& file : manifest.files) {
+    (void)env_->RemoveFile(tmp + "/" + SidecarName(file.name));  // a leftover one is harmless
+  }
+  const std::string json = ManifestToJson(manifest);
+  uint32_t crc;
+  absl::Status status =
+      WriteFileDurably(env_, tmp + "/" + kManifestName, json.data(), json.size(), &crc);
+  if (status.ok()) status = env_->SyncDir(tmp);
+  if (!status.ok()) return status;
+
+  // A checkpoint of the same step may exist (a resumed run reaching it
+  // again, or a corrupt one). Move it aside first: rename cannot replace a
+  // non-empty directory. A crash between the renames leaves an older
+  // checkpoint to resume from.
+  const std::string final_path = c.dir + "/" + StepDirName(step);
+  const std::string aside = c.dir + "/.old_" + StepDirName(step);
+  status = env_->RemoveAll(aside);
+  if (status.ok() && env_->FileExists(final_path)) status = env_->RenameFile(final_path, aside);
+  if (status.ok()) status = env_->RenameFile(tmp, final_path);
+  // UNAVAILABLE even for a path that vanished: a failed commit, not a
+  // config mistake (exit 1, docs/worker.md).
+  if (!status.ok()) return absl::UnavailableError(status.message());
+  if (status = env_->SyncDir(c.dir); !status.ok()) return status;
+  (void)env_->RemoveAll(aside);  // the old copy; a leftover one is harmless
+  uint64_t bytes = 0;
+  for (const FileRecord& file : manifest.files) bytes += file.bytes;
+  Log(absl::StrCat("saved ", final_path, " (", bytes >> 20, " MiB in ", manifest.files.size(),
+                   " file", manifest.files.size() == 1 ? "" : "s", ")"));
+  // Committed. Deleting old checkpoints is not part of the save: it runs
+  // beside the training steps that follow.
+  if (status = JoinRetention(); !status.ok()) return status;  // none in flight, normally
+  retention_ = std::thread([this, dir = c.dir, keep_last = c.keep_last,
+                            keep_every = c.keep_every, step, lineage = lineage_] {
+    retention_status_ =
+        ApplyRetention(env_, dir, keep_last, keep_every, step, lineage, &retention_deleted_);
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace muster::worker

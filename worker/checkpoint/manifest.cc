@@ -1,0 +1,227 @@
+#include "worker/checkpoint/manifest.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <limits>
+#include <random>
+#include <stdexcept>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace muster::worker {
+
+std::string StepDirName(int step) { return absl::StrFormat("step_%08d", step); }
+std::string TempStepDirName(int step) { return absl::StrFormat(".tmp_step_%08d", step); }
+std::string RankFileName(int rank) { return absl::StrFormat("rank_%05d.bin", rank); }
+
+std::optional<int> ParseStepDirName(std::string_view name) {
+  constexpr std::string_view kPrefix = "step_";
+  if (name.size() != kPrefix.size() + 8 || name.substr(0, kPrefix.size()) != kPrefix) {
+    return std::nullopt;
+  }
+  std::string_view digits = name.substr(kPrefix.size());
+  if (!std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) return std::nullopt;
+  int step = 0;
+  if (!absl::SimpleAtoi(absl::string_view(digits.data(), digits.size()), &step)) return std::nullopt;
+  return step;
+}
+
+uint64_t TensorRecord::elements() const {
+  uint64_t n = 1;
+  for (int64_t dim : shape) n *= static_cast<uint64_t>(dim);
+  return n;
+}
+
+const TensorRecord* Manifest::Find(std::string_view tensor_name) const {
+  for (const TensorRecord& tensor : tensors) {
+    if (tensor.name == tensor_name) return &tensor;
+  }
+  return nullptr;
+}
+
+std::string NewLineage() {
+  std::random_device entropy;
+  const uint64_t id = (static_cast<uint64_t>(entropy()) << 32) | entropy();
+  return absl::StrFormat("%016" PRIx64, id);
+}
+
+std::string ForkLineage(const Manifest& source) {
+  // FNV-1a over what identifies the source: stable across builds and
+  // machines, which std::hash and absl::Hash do not promise.
+  uint64_t hash = 0xcbf29ce484222325ull;
+  auto mix = [&hash](const std::string& text) {
+    for (unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ull;
+  };
+  mix(absl::StrCat(source.lineage, "@", source.step, "/", source.sample_index, "/",
+                   source.config_hash));
+  for (const FileRecord& file : source.files) mix(absl::StrCat(file.name, ":", file.crc32));
+  return absl::StrFormat("%016" PRIx64, hash);
+}
+
+std::string ManifestToJson(const Manifest& m) {
+  std::string out = "{\n";
+  // 64-bit values are strings: JSON readers commonly hold numbers in doubles.
+  absl::StrAppend(&out, "  \"format_version\": ", m.format_version, ",\n", "  \"step\": ", m.step,
+                  ",\n", "  \"optimizer_step\": ", m.optimizer_step, ",\n",
+                  "  \"sample_index\": \"", m.sample_index, "\",\n", "  \"data_seed\": \"",
+                  m.data_seed, "\",\n",
+                  absl::StrFormat("  \"config_hash\": \"%016" PRIx64 "\",\n", m.config_hash),
+                  "  \"model\": {\"layers\": ", m.model.layers, ", \"heads\": ", m.model.heads,
+                  ", \"dim\": ", m.model.dim, ", \"vocab\": ", m.model.vocab,
+                  ", \"seq_len\": ", m.model.seq_len, "},\n", "  \"world_size\": ", m.world_size,
+                  ",\n", "  \"strategy\": \"", m.strategy, "\",\n", "  \"lineage\": \"",
+                  m.lineage, "\",\n", "  \"files\": [\n");
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    const FileRecord& f = m.files[i];
+    absl::StrAppend(&out, "    {\"name\": \"", f.name, "\", \"bytes\": \"", f.bytes,
+                    absl::StrFormat("\", \"crc32\": \"%08x\"}", f.crc32),
+                    i + 1 < m.files.size() ? ",\n" : "\n");
+  }
+  absl::StrAppend(&out, "  ],\n  \"tensors\": [\n");
+  for (size_t i = 0; i < m.tensors.size(); ++i) {
+    const TensorRecord& t = m.tensors[i];
+    absl::StrAppend(&out, "    {\"name\": \"", t.name, "\", \"shape\": [",
+                    absl::StrJoin(t.shape, ", "), "], \"dtype\": \"", t.dtype,
+                    "\", \"slices\": [");
+    for (size_t j = 0; j < t.slices.size(); ++j) {
+      const TensorSlice& s = t.slices[j];
+      absl::StrAppend(&out, j > 0 ? ", " : "", "{\"file\": ", s.file, ", \"start\": \"", s.start,
+                      "\", \"count\": \"", s.count, "\", \"offset\": \"", s.offset, "\"}");
+    }
+    absl::StrAppend(&out, "]}", i + 1 < m.tensors.size() ? ",\n" : "\n");
+  }
+  absl::StrAppend(&out, "  ]\n}\n");
+  return out;
+}
+
+namespace {
+
+// yaml-cpp reads JSON (a subset of YAML's flow style); its exceptions are
+// caught at the top and turned into DATA_LOSS.
+struct Parser {
+  const std::string& source;
+
+  YAML::Node Field(const YAML::Node& node, const char* key) const {
+    YAML::Node value = node[key];
+    if (!value) throw std::runtime_error(absl::StrCat("missing field \"", key, "\""));
+    return value;
+  }
+  template <typename T>
+  T Number(const YAML::Node& node, const char* key, int base = 10) const {
+    std::string text = Field(node, key).as<std::string>();
+    uint64_t value = 0;
+    bool ok = base == 16 ? absl::SimpleHexAtoi(text, &value) : absl::SimpleAtoi(text, &value);
+    if (!ok || value > static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+      throw std::runtime_error(absl::StrCat("field \"", key, "\": \"", text,
+                                            "\" is not a valid unsigned number"));
+    }
+    return static_cast<T>(value);
+  }
+};
+
+absl::Status CheckConsistent(const Manifest& m) {
+  for (const TensorRecord& tensor : m.tensors) {
+    if (tensor.dtype != "f32") {
+      return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": dtype ", tensor.dtype,
+                                              "; only f32 is supported"));
+    }
+    std::vector<TensorSlice> slices = tensor.slices;
+    std::sort(slices.begin(), slices.end(),
+              [](const TensorSlice& a, const TensorSlice& b) { return a.start < b.start; });
+    uint64_t covered = 0;
+    for (const TensorSlice& slice : slices) {
+      if (slice.start != covered) {
+        return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": its slices leave a gap "
+                                                "or overlap at element ", covered));
+      }
+      if (slice.file < 0 || slice.file >= static_cast<int>(m.files.size())) {
+        return absl::DataLossError(
+            absl::StrCat("tensor ", tensor.name, ": slice names file ", slice.file, " of ",
+                         m.files.size()));
+      }
+      if (slice.offset + slice.count * sizeof(float) > m.files[slice.file].bytes) {
+        return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": a slice ends past the ",
+                                                m.files[slice.file].bytes, " bytes of ",
+                                                m.files[slice.file].name));
+      }
+      covered += slice.count;
+    }
+    if (covered != tensor.elements()) {
+      return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": slices cover ", covered,
+                                              " of ", tensor.elements(), " elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Manifest> ParseManifest(const std::string& json, const std::string& source) {
+  Manifest m;
+  Parser p{source};
+  try {
+    YAML::Node root = YAML::Load(json);
+    if (!root.IsMap()) throw std::runtime_error("not a JSON object");
+    m.format_version = p.Number<int>(root, "format_version");
+    if (m.format_version != kCheckpointFormatVersion) {
+      return absl::DataLossError(absl::StrCat(source, ": format_version ", m.format_version,
+                                              "; this build reads version ",
+                                              kCheckpointFormatVersion));
+    }
+    m.step = p.Number<int>(root, "step");
+    m.optimizer_step = p.Number<int>(root, "optimizer_step");
+    m.sample_index = p.Number<uint64_t>(root, "sample_index");
+    m.data_seed = p.Number<uint64_t>(root, "data_seed");
+    m.config_hash = p.Number<uint64_t>(root, "config_hash", 16);
+    YAML::Node model = p.Field(root, "model");
+    m.model.layers = p.Number<int>(model, "layers");
+    m.model.heads = p.Number<int>(model, "heads");
+    m.model.dim = p.Number<int>(model, "dim");
+    m.model.vocab = p.Number<int>(model, "vocab");
+    m.model.seq_len = p.Number<int>(model, "seq_len");
+    m.world_size = p.Number<int>(root, "world_size");
+    m.strategy = p.Field(root, "strategy").as<std::string>();
+    if (root["lineage"]) m.lineage = root["lineage"].as<std::string>();
+    for (const YAML::Node& file : p.Field(root, "files")) {
+      FileRecord record;
+      record.name = p.Field(file, "name").as<std::string>();
+      if (record.name.empty() || record.name.find('/') != std::string::npos) {
+        throw std::runtime_error(absl::StrCat("file name \"", record.name,
+                                              "\" is not a plain file name"));
+      }
+      record.bytes = p.Number<uint64_t>(file, "bytes");
+      record.crc32 = p.Number<uint32_t>(file, "crc32", 16);
+      m.files.push_back(record);
+    }
+    for (const YAML::Node& tensor : p.Field(root, "tensors")) {
+      TensorRecord record;
+      record.name = p.Field(tensor, "name").as<std::string>();
+      for (const YAML::Node& dim : p.Field(tensor, "shape")) record.shape.push_back(dim.as<int64_t>());
+      record.dtype = p.Field(tensor, "dtype").as<std::string>();
+      for (const YAML::Node& slice : p.Field(tensor, "slices")) {
+        TensorSlice s;
+        s.file = p.Number<int>(slice, "file");
+        s.start = p.Number<uint64_t>(slice, "start");
+        s.count = p.Number<uint64_t>(slice, "count");
+        s.offset = p.Number<uint64_t>(slice, "offset");
+        record.slices.push_back(s);
+      }
+      m.tensors.push_back(std::move(record));
+    }
+  } catch (const std::exception& error) {
+    return absl::DataLossError(absl::StrCat(source, ": not a valid checkpoint manifest: ",
+                                            error.what()));
+  }
+  if (absl::Status consistent = CheckConsistent(m); !consistent.ok()) {
+    return absl::DataLossError(absl::StrCat(source, ": ", consistent.message()));
+  }
+  return m;
+}
+
+}  // namespace muster::worker

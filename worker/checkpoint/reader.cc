@@ -1,0 +1,165 @@
+#include "worker/checkpoint/reader.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "worker/checkpoint/files.h"
+
+namespace muster::worker {
+namespace {
+
+// Reads `spans` (sorted, covering the file exactly) and checks the CRC.
+absl::Status ReadFileChecked(Env* env, const std::string& path, const FileRecord& record,
+                             const std::vector<FileSpan>& spans) {
+  auto file = env->NewRandomAccessFile(path);
+  if (!file.ok()) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open checkpoint data file"));
+  }
+  uint32_t crc = 0;
+  if (absl::Status status = ReadChecksummed(**file, path, spans, &crc); !status.ok()) {
+    return status;
+  }
+  char extra;
+  auto beyond = (*file)->Read(record.bytes, 1, &extra);
+  if (!beyond.ok()) return beyond.status();
+  if (*beyond > 0) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": longer than the manifest's ", record.bytes, " bytes"));
+  }
+  if (crc != record.crc32) {
+    return absl::DataLossError(absl::StrFormat("%s: CRC-32 is %08x, the manifest says %08x",
+                                               path, crc, record.crc32));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(Env* env, const std::string& dir) {
+  auto names = env->GetChildren(dir);
+  if (!names.ok()) {
+    // Whatever the reason, nothing can be resumed from it.
+    return absl::NotFoundError(absl::StrCat("checkpoint directory ", names.status().message()));
+  }
+  std::vector<CheckpointEntry> entries;
+  for (const std::string& name : *names) {
+    auto step = ParseStepDirName(name);
+    const std::string path = dir + "/" + name;
+    if (step.has_value() && env->IsDirectory(path)) entries.push_back({*step, path});
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const CheckpointEntry& a, const CheckpointEntry& b) { return a.step < b.step; });
+  return entries;
+}
+
+absl::StatusOr<Manifest> ReadManifest(Env* env, const std::string& path) {
+  const std::string file = path + "/" + kManifestName;
+  if (!env->IsDirectory(path)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint directory"));
+  }
+  if (!env->FileExists(file)) {
+    return absl::NotFoundError(
+        absl::StrCat(path, ": no ", kManifestName, " (a torn or unfinished checkpoint)"));
+  }
+  auto text = ReadSmallFile(env, file);
+  if (!text.ok()) return text.status();
+  return ParseManifest(*text, file);
+}
+
+absl::StatusOr<Manifest> VerifyCheckpoint(Env* env, const std::string& path) {
+  auto manifest = ReadManifest(env, path);
+  if (!manifest.ok()) return manifest.status();
+  for (const FileRecord& record : manifest->files) {
+    const std::string file = path + "/" + record.name;
+    uint32_t crc = 0;
+    uint64_t bytes = 0;
+    if (absl::Status status = FileCrc(env, file, &crc, &bytes); !status.ok()) return status;
+    if (bytes != record.bytes) {
+      return absl::DataLossError(absl::StrCat(file, ": ", bytes, " bytes, the manifest says ",
+                                              record.bytes));
+    }
+    if (crc != record.crc32) {
+      return absl::DataLossError(absl::StrFormat("%s: CRC-32 is %08x, the manifest says %08x",
+                                                 file, crc, record.crc32));
+    }
+  }
+  return manifest;
+}
+
+absl::StatusOr<CheckpointEntry> FindLatestValid(
+    Env* env, const std::string& dir, std::vector<std::string>* skipped,
+    const std::function<bool(const Manifest&)>& accept) {
+  auto entries = ListCheckpoints(env, dir);
+  if (!entries.ok()) return entries.status();
+  for (auto it = entries->rbegin(); it != entries->rend(); ++it) {
+    if (accept) {
+      auto manifest = ReadManifest(env, it->path);
+      if (manifest.ok() && !accept(*manifest)) continue;
+    }
+    auto verified = VerifyCheckpoint(env, it->path);
+    if (verified.ok()) return *it;
+    skipped->push_back(std::string(verified.status().message()));
+  }
+  return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir, " verifies"));
+}
+
+absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
+                           const std::vector<StateTensor>& tensors, uint64_t first,
+                           uint64_t count, float* dst) {
+  return LoadFlatRange(env, path, manifest, tensors, first, count,
+                       [dst, first](uint64_t i) { return dst + (i - first); });
+}
+
+absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
+                           const std::vector<StateTensor>& tensors, uint64_t first,
+                           uint64_t count, const std::function<float*(uint64_t)>& where) {
+  // Per file: where each of its bytes goes (or nullptr: checksum only).
+  std::map<int, std::vector<FileSpan>> wanted;
+  for (const StateTensor& tensor : tensors) {
+    const uint64_t lo = std::max(first, tensor.flat_begin);
+    const uint64_t hi = std::min(first + count, tensor.flat_begin + tensor.count);
+    if (lo >= hi) continue;
+    const TensorRecord* record = manifest.Find(tensor.name);
+    if (record == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": the checkpoint has no tensor ", tensor.name));
+    }
+    if (record->shape != tensor.shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor ", tensor.name, " has shape [", absl::StrJoin(record->shape, ","),
+          "] in the checkpoint, expected [", absl::StrJoin(tensor.shape, ","), "]"));
+    }
+    // The wanted elements of this tensor are [lo, hi) - flat_begin.
+    const uint64_t want_lo = lo - tensor.flat_begin, want_hi = hi - tensor.flat_begin;
+    for (const TensorSlice& slice : record->slices) {
+      const uint64_t a = std::max(want_lo, slice.start);
+      const uint64_t b = std::min(want_hi, slice.start + slice.count);
+      if (a >= b) continue;
+      char* into = reinterpret_cast<char*>(where(tensor.flat_begin + a));
+      wanted[slice.file].push_back({slice.offset + (a - slice.start) * sizeof(float),
+                                    (b - a) * sizeof(float), into});
+    }
+  }
+  for (auto& [file, pieces] : wanted) {
+    const FileRecord& record = manifest.files[file];
+    std::sort(pieces.begin(), pieces.end(),
+              [](const FileSpan& x, const FileSpan& y) { return x.offset < y.offset; });
+    // Fill the gaps with checksum-only pieces so the whole file is read.
+    std::vector<FileSpan> all;
+    uint64_t at = 0;
+    for (const FileSpan& piece : pieces) {
+      if (piece.offset > at) all.push_back({at, piece.offset - at, nullptr});
+      all.push_back(piece);
+      at = piece.offset + piece.bytes;
+    }
+    if (at < record.bytes) all.push_back({at, record.bytes - at, nullptr});
+    absl::Status status = ReadFileChecked(env, path + "/" + record.name, record, all);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace muster::worker

@@ -1,0 +1,62 @@
+// Finding, verifying and loading checkpoints (docs/checkpoint-format.md).
+//
+// Errors: NOT_FOUND for a missing directory or manifest (a torn checkpoint
+// has no manifest), DATA_LOSS for a manifest that does not parse or a data
+// file whose size or CRC-32 differs from the manifest's, UNAVAILABLE for
+// I/O errors. Every message names the file. All I/O goes through `env`.
+// Thread-safe: no shared state.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/checkpoint/env.h"
+#include "worker/checkpoint/layout.h"
+#include "worker/checkpoint/manifest.h"
+
+namespace muster::worker {
+
+struct CheckpointEntry {
+  int step = 0;
+  std::string path;  // dir/step_XXXXXXXX
+};
+
+// Committed-looking checkpoint directories in `dir` (names step_<8 digits>;
+// temporary directories are skipped), oldest first. NOT_FOUND if `dir`
+// does not exist.
+absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(Env* env, const std::string& dir);
+
+// Reads and parses path/manifest.json.
+absl::StatusOr<Manifest> ReadManifest(Env* env, const std::string& path);
+
+// Reads the manifest and every data file in full, checking sizes and CRCs.
+absl::StatusOr<Manifest> VerifyCheckpoint(Env* env, const std::string& path);
+
+// The newest checkpoint in `dir` that verifies and that `accept` (when
+// set) accepts. Each newer accepted one that does not verify is appended
+// to *skipped as "<path>: <why>". NOT_FOUND if none does (or `dir` is
+// missing).
+absl::StatusOr<CheckpointEntry> FindLatestValid(
+    Env* env, const std::string& dir, std::vector<std::string>* skipped,
+    const std::function<bool(const Manifest&)>& accept = nullptr);
+
+// Loads floats [first, first + count) of the flat state `tensors` from the
+// checkpoint at `path` into `dst` (count floats). Every data file holding
+// any of it is read in full, so its CRC-32 is checked on the way.
+// INVALID_ARGUMENT if the manifest lacks a wanted tensor or has it in
+// another shape.
+absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
+                           const std::vector<StateTensor>& tensors, uint64_t first,
+                           uint64_t count, float* dst);
+// The same, into memory that is contiguous within each tensor but not
+// across them: `where(i)` is the address of flat element i, called with
+// the first element of each piece, which runs on within the tensor.
+absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
+                           const std::vector<StateTensor>& tensors, uint64_t first,
+                           uint64_t count, const std::function<float*(uint64_t)>& where);
+
+}  // namespace muster::worker

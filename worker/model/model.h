@@ -1,0 +1,208 @@
+// GPT-2, as llm.c lays it out, with the memory layout the parallel
+// strategies need (docs/architecture.md, "Worker"):
+//
+//   stage 0        "embedding"  wte (Vp, C), wpe (maxT, C)
+//   stage 1..L     "block<i>"   ln1w ln1b (C), qkvw (3C, C) qkvb (3C),
+//                               attprojw (C, C) attprojb (C), ln2w ln2b (C),
+//                               fcw (4C, C) fcb (4C), fcprojw (C, 4C) fcprojb (C)
+//   stage L+1      "head"       lnfw lnfb (C); the LM head is wte (tied)
+//
+// Each stage owns ONE contiguous fp32 parameter buffer and one gradient
+// buffer of the same layout; tensors are named views into them. DDP buckets
+// are slices of these buffers; FSDP (planned) will shard them and pipeline
+// parallelism (planned) assign whole stages to ranks.
+//
+// B batch, T time (<= maxT), C channels, NH heads, V vocab, Vp V padded to
+// a multiple of 128, L layers.
+//
+// Thread-safety: none; one thread drives a model.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/config.h"
+
+namespace muster::worker {
+
+enum class Device { kCpu, kCuda };
+
+// How the model computes (train.yaml `precision`):
+//   kFp32  fp32 storage and fp32 math everywhere (the only one on the CPU);
+//   kTf32  fp32 storage, GEMMs on the tensor cores in TF32 (CUDA only);
+//   kBf16  fp32 master weights, gradients and AdamW state; bf16 weight copy
+//          and bf16 activations, fp32 accumulation, softmax, LayerNorm
+//          statistics and loss (CUDA only).
+enum class Precision { kFp32, kTf32, kBf16 };
+
+// Resolves "auto" | "fp32" | "tf32" | "bf16" for `device`: auto is bf16 on
+// CUDA and fp32 on the CPU. tf32 or bf16 on the CPU is INVALID_ARGUMENT
+// naming the `precision` field.
+absl::StatusOr<Precision> ResolvePrecision(const std::string& name, Device device);
+const char* PrecisionName(Precision precision);
+
+class Ops;  // worker/model/ops.h: the device back end (memory, copies, kernels)
+
+// Resolves "cpu" | "cuda" | "auto". "cuda" without a usable GPU (or in a
+// build without --config=cuda) is FAILED_PRECONDITION; "auto" falls back
+// to the CPU.
+absl::StatusOr<Device> ResolveDevice(const std::string& name);
+
+struct TensorView {
+  std::string name;          // "wte", "qkvw", ...
+  std::vector<int> shape;    // e.g. {3 * C, C}
+  size_t offset = 0;         // floats from the start of the stage buffer
+  size_t size = 0;           // floats
+  bool decay = false;        // AdamW weight decay applies (matrices, not
+                             // biases, LayerNorm or wpe)
+};
+
+struct Stage {
+  std::string name;                // "embedding", "block0", ..., "head"
+  std::vector<TensorView> tensors;
+  size_t size = 0;                 // floats in the buffer
+  float* params = nullptr;         // device memory (host memory on CPU)
+  float* grads = nullptr;          // same layout
+};
+
+class GptModel {
+ public:
+  // Allocates parameters, gradients and activations for micro-batches of
+  // up to `max_batch` sequences of up to config.seq_len tokens. On the CPU
+  // the precision must be kFp32 (INVALID_ARGUMENT otherwise). On CUDA the
+  // model is the fused engine of worker/model/model_cuda.cc; memory it cannot get
+  // is RESOURCE_EXHAUSTED naming the bytes asked for and the bytes free.
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const ModelConfig& config,
+                                                          int max_batch, Device device,
+                                                          Precision precision = Precision::kFp32);
+  virtual ~GptModel() = default;
+
+  const ModelConfig& config() const { return config_; }
+  Device device() const { return device_; }
+  Precision precision() const { return precision_; }
+  // The back end that owns this model's device memory; AdamW and
+  // ClipGradNorm run their kernels through it.
+  Ops& ops() const { return *ops_; }
+  // The first error of the device back end (a failed CUDA launch or copy),
+  // sticky; always OK on the CPU.
+  virtual absl::Status DeviceStatus() const;
+
+  // GPT-2 initialisation: N(0, 0.02) for matrices and embeddings, with
+  // the residual projections (attprojw, fcprojw) scaled by 1/sqrt(2L);
+  // zeros for biases; ones for LayerNorm weights. Same seed, same weights,
+  // on any device.
+  void InitWeights(uint64_t seed);
+
+  std::vector<Stage>& stages() { return stages_; }
+  const std::vector<Stage>& stages() const { return stages_; }
+  size_t num_parameters() const;  // counts Vp rows of wte, as llm.c does
+
+  // Forward pass. inputs, targets: host arrays (B, T) of token ids < V;
+  // targets may be nullptr (no loss). Returns the mean cross-entropy over
+  // the B*T positions (0 without targets). REQUIRES: B <= max_batch,
+  // T <= seq_len.
+  virtual float Forward(const int* inputs, const int* targets, int B, int T) = 0;
+
+  // Backward pass of the last Forward (which had targets). Adds into the
+  // gradient buffers, with d(loss)/d(loss) = loss_scale (1/grad_accumulation
+  // for gradient accumulation).
+  virtual void Backward(float loss_scale) = 0;
+
+  // Per-stage hooks, the points where a parallel strategy acts on a stage
+  // (worker/parallel_strategy.h): DDP reduces a stage's gradients once
+  // post_backward fires; FSDP (planned) gathers a stage's parameters at
+  // pre_forward and pre_backward. Each gets the stage index.
+  //   pre_forward(s)   before the first work that reads stage s's
+  //                    parameters in Forward is issued;
+  //   post_forward(s)  after the last such work is issued;
+  //   pre_backward(s)  before Backward issues the first work of stage s;
+  //   post_backward(s) once stage s's gradients are final for this
+  //                    micro-step (all their work issued).
+  // Forward visits the stages in order (embedding, blocks, head) and
+  // Backward in reverse (head, blocks L-1..0, embedding: the tied wte gets
+  // gradient from the head and the encoder, so the embedding is last). On
+  // CUDA, fused kernels read the next stage's LayerNorm weights with the
+  // previous stage's residual, so pre_forward(s + 1) may fire before
+  // post_forward(s); within a stage pre always comes before post. The
+  // head's forward and backward also read stage 0's wte (tied). "Issued"
+  // is "computed" on the CPU and "enqueued on the model's stream" on CUDA.
+  struct StageHooks {
+    std::function<void(int stage)> pre_forward;
+    std::function<void(int stage)> post_forward;
+    std::function<void(int stage)> pre_backward;
+    std::function<void(int stage)> post_backward;
+  };
+  // Replaces the hooks (empty ones are skipped).
+  void SetStageHooks(StageHooks hooks) { hooks_ = std::move(hooks); }
+
+  virtual void ZeroGrad() = 0;
+
+  // Sum of squares of every gradient, in double, in a fixed order.
+  virtual double GradSumOfSquares();
+
+  // Logits of the last Forward at position t of sequence b: (Vp,) copied to
+  // host; entries >= V are padding. REQUIRES: that Forward had no targets
+  // (with targets, the CUDA engine overwrites the logits with their
+  // gradient as it computes the loss).
+  virtual std::vector<float> Logits(int b, int t) const = 0;
+
+  // Parameters as one host copy (stage order) and back: checkpoints,
+  // tests, broadcast from rank 0.
+  std::vector<float> CopyParamsToHost() const;
+  void CopyParamsFromHost(const std::vector<float>& host);
+  std::vector<float> CopyGradsToHost() const;
+  // Call after writing stage.params other than through the methods here
+  // or AdamW (e.g. a broadcast into the buffers): the bf16 engine then
+  // refreshes its bf16 weight copy before the next Forward.
+  virtual void ParamsChanged() {}
+  // The bf16 copy of stage `stage`'s parameters (same layout as
+  // Stage::params), which AdamW writes as it updates the fp32 weights;
+  // nullptr unless the precision is kBf16.
+  virtual uint16_t* ParamsBf16(int stage) { return nullptr; }
+  // Floats [first, first + count) of CopyParamsToHost's layout, to and
+  // from `host` (checkpoints copy only the slice a rank writes or needs).
+  // REQUIRES: first + count <= TotalFloats.
+  void CopyParamsRangeToHost(size_t first, size_t count, float* host) const;
+  void CopyParamsRangeFromHost(size_t first, size_t count, const float* host);
+
+  // llm.c's model file (version 3, fp32): the header and tensor order in
+  // model_llmc.cc.
+  absl::Status SaveLlmc(const std::string& path) const;
+  absl::Status LoadLlmc(const std::string& path);
+
+ protected:
+  GptModel(const ModelConfig& config, Device device, Precision precision = Precision::kFp32)
+      : config_(config), device_(device), precision_(precision) {}
+
+  // Tensor `index` of stage `stage`, in the parameter or gradient buffer.
+  float* Param(int stage, int index) {
+    return stages_[stage].params + stages_[stage].tensors[index].offset;
+  }
+  float* Grad(int stage, int index) {
+    return stages_[stage].grads + stages_[stage].tensors[index].offset;
+  }
+  static void Fire(const std::function<void(int)>& hook, int stage) {
+    if (hook) hook(stage);
+  }
+  void PreForward(int stage) { Fire(hooks_.pre_forward, stage); }
+  void PostForward(int stage) { Fire(hooks_.post_forward, stage); }
+  void PreBackward(int stage) { Fire(hooks_.pre_backward, stage); }
+  void PostBackward(int stage) { Fire(hooks_.post_backward, stage); }
+
+  ModelConfig config_;
+  Device device_;
+  Precision precision_;
+  std::vector<Stage> stages_;
+  StageHooks hooks_;
+  std::shared_ptr<Ops> ops_;
+};
+
+// Model FLOPs per token for one forward+backward (6N + attention, as in
+// llm.c's MFU estimate).
+double FlopsPerToken(const ModelConfig& config, int T);
+
+}  // namespace muster::worker

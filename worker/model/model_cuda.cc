@@ -1,0 +1,501 @@
+// GptModel on CUDA: the fused engine of kernels/fast, in the manner of
+// llm.c's train_gpt2.cu. Compiled only under --config=cuda.
+//
+// Precision (model.h): parameters, their gradients and AdamW's moments are
+// always fp32 in the stage buffers, so checkpoints, clipping and data
+// parallelism see the same state on every device and precision. The
+// activations are "act" tensors: bf16 for kBf16, fp32 otherwise. For kBf16
+// the GEMMs read a bf16 copy of the parameters (one allocation laid out as
+// the fp32 one), which AdamW writes as it updates them (ParamsBf16) and
+// which is refreshed before a Forward after any other write
+// (ParamsChanged).
+//
+// Every kernel of a step runs in order on the default stream; Forward
+// waits for the losses, Backward only enqueues. The step's bits do not
+// depend on scheduling: no kernel uses atomics, and cuBLASLt gets the same
+// algorithm for the same shape (kernels/fast/gemm.h).
+//
+// B batch, T time, C channels, NH heads, V vocab, Vp padded vocab, L
+// layers; BT = B*T rows. Activations of a layer are packed for the actual
+// (B, T) at the start of a slot sized for (max_batch, seq_len).
+#include <cuda_runtime.h>
+
+#include <cassert>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/fast/adamw.h"
+#include "kernels/fast/attention.h"
+#include "kernels/fast/classifier.h"
+#include "kernels/fast/encoder.h"
+#include "kernels/fast/flash_attention.h"
+#include "kernels/fast/gemm.h"
+#include "kernels/fast/layernorm.h"
+#include "kernels/matmul.h"
+#include "worker/model/model_cuda.h"
+#include "worker/model/model_layout.h"
+#include "worker/model/ops.h"
+
+namespace muster::worker {
+namespace {
+
+namespace fast = ::muster::kernels::fast;
+
+// What one block's forward pass saves for its backward pass. void* are act
+// tensors.
+struct Layer {
+  void* ln1;         // (B, T, C)
+  float* ln1_mean;   // (B, T)
+  float* ln1_rstd;   // (B, T)
+  void* qkv;         // (B, T, 3C)
+  void* atty;        // (B, T, C) attention output, heads side by side
+  void* att;         // (B, NH, T, T) probabilities; with flash attention,
+                     // (B, NH, T) fp32 log2-sum-exp of the scores
+  void* residual2;   // (B, T, C) residual + attention projection
+  void* ln2;         // (B, T, C)
+  float* ln2_mean;   // (B, T)
+  float* ln2_rstd;   // (B, T)
+  void* fch;         // (B, T, 4C) before GELU
+  void* fch_gelu;    // (B, T, 4C)
+  void* residual3;   // (B, T, C) the block's output
+};
+
+fast::GemmMath MathOf(Precision precision) {
+  switch (precision) {
+    case Precision::kBf16:
+      return fast::GemmMath::kBf16;
+    case Precision::kTf32:
+      return fast::GemmMath::kTf32;
+    case Precision::kFp32:
+      break;
+  }
+  return fast::GemmMath::kFp32;
+}
+
+std::string GemmError(int code) {
+  if (code == fast::kNoGemmAlgorithm) return "cuBLASLt has no algorithm for this GEMM";
+  if (code >= kernels::kCublasErrorBase) {
+    return absl::StrCat("cuBLAS status ", code - kernels::kCublasErrorBase);
+  }
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}
+
+class CudaModel final : public GptModel {
+ public:
+  CudaModel(const ModelConfig& config, int max_batch, Precision precision,
+            std::unique_ptr<Ops> ops, std::unique_ptr<fast::Gemm> gemm)
+      : GptModel(config, Device::kCuda, precision),
+        max_batch_(max_batch),
+        gemm_(std::move(gemm)),
+        act_(gemm_->act()),
+        act_bytes_(fast::ActBytes(act_)) {
+    ops_ = std::move(ops);
+  }
+
+  ~CudaModel() override {
+    gemm_.reset();
+    for (void* block : allocations_) ops_->Free(block);
+  }
+
+  absl::Status Allocate();
+
+  float Forward(const int* inputs, const int* targets, int B, int T) override;
+  void Backward(float loss_scale) override;
+
+  void ZeroGrad() override { ops_->Zero(grads_base_, param_floats_ * sizeof(float)); }
+
+  // One pass over the one gradient allocation (its padding is zeros): one
+  // reduction and one wait instead of one per stage.
+  double GradSumOfSquares() override { return ops_->SumOfSquares(grads_base_, param_floats_); }
+
+  std::vector<float> Logits(int b, int t) const override;
+
+  absl::Status DeviceStatus() const override {
+    if (!status_.ok()) return status_;
+    return ops_->status();
+  }
+
+  void ParamsChanged() override { bf16_stale_ = true; }
+  uint16_t* ParamsBf16(int stage) override {
+    return params_bf16_ == nullptr ? nullptr : params_bf16_ + stage_offsets_[stage];
+  }
+
+ private:
+  // Tensor `index` of `stage` as the GEMMs read it: the bf16 copy, or the
+  // fp32 master itself.
+  const void* Weight(int stage, int index) {
+    if (params_bf16_ == nullptr) return Param(stage, index);
+    return params_bf16_ + stage_offsets_[stage] + stages_[stage].tensors[index].offset;
+  }
+
+  void BlockForward(int layer, const void* residual_in);
+  // dresidual_ holds d loss / d(block output) on entry and d loss /
+  // d(block input) on return.
+  void BlockBackward(int layer, const void* residual_in);
+  // Records the first failure of a launcher (fast.h's codes); the model's
+  // DeviceStatus() reports it through ops_.
+  void Check(const char* what, int code) {
+    if (code != 0 && status_.ok()) {
+      status_ = absl::InternalError(absl::StrCat("CUDA ", what, " failed: ", GemmError(code)));
+    }
+  }
+
+  const int max_batch_;
+  std::unique_ptr<fast::Gemm> gemm_;
+  const fast::ActType act_;
+  const size_t act_bytes_;
+  std::vector<void*> allocations_;
+  absl::Status status_;
+
+  std::vector<size_t> stage_offsets_;  // floats, in the params/grads allocations
+  size_t param_floats_ = 0;            // of one allocation, padding included
+  float* params_base_ = nullptr;
+  float* grads_base_ = nullptr;
+  uint16_t* params_bf16_ = nullptr;  // kBf16 only
+  bool bf16_stale_ = true;
+
+  // Shape and presence of targets of the last Forward.
+  int batch_ = 0, time_ = 0;
+  bool has_targets_ = false;
+
+  int* inputs_ = nullptr;   // (B, T) device copies
+  int* targets_ = nullptr;  // (B, T)
+  int* groups_ = nullptr;   // EncoderGroups: tokens (BT) | starts (BT + 1) | positions (BT)
+  int group_count_ = 0;
+  void* encoded_ = nullptr;  // (B, T, C)
+  std::vector<Layer> layers_;
+  void* lnf_ = nullptr;        // (B, T, C)
+  float* lnf_mean_ = nullptr;  // (B, T)
+  float* lnf_rstd_ = nullptr;  // (B, T)
+  void* logits_ = nullptr;     // (B, T, Vp); after a Forward with targets, their gradient
+  float* losses_ = nullptr;    // (B, T)
+  std::vector<float> host_losses_;
+
+  // Scratch shared by the layers.
+  void* projected_ = nullptr;   // (B, T, C) attention / MLP projection before the residual add
+  // (B, NH, T, T) fp32 scores, then their gradient; with flash attention,
+  // (B, NH, T) fp32 for the backward's row sums.
+  float* scores_ = nullptr;
+  bool flash_ = false;  // flash attention (bf16, head size 64) or GEMMs
+  void* dresidual_ = nullptr;   // (B, T, C)
+  void* dnarrow_ = nullptr;     // (B, T, C) dlnf, dln2, datty, dln1 in turn
+  void* dwide_ = nullptr;       // (B, T, 4C) dfch, then dqkv (3C)
+  float* bias_scratch_ = nullptr;
+  float* norm_scratch_ = nullptr;
+};
+
+absl::Status CudaModel::Allocate() {
+  const size_t B = max_batch_, T = config_.seq_len, C = config_.dim;
+  const size_t NH = config_.heads, Vp = config_.padded_vocab(), BT = B * T;
+
+  stages_ = layout::PlanStages(config_);
+  param_floats_ = layout::StageOffsets(stages_, &stage_offsets_);
+  layout::MemoryPlanner weights;
+  weights.Request(&params_base_, param_floats_);
+  weights.Request(&grads_base_, param_floats_);
+  if (precision_ == Precision::kBf16) weights.Request(&params_bf16_, param_floats_);
+  absl::StatusOr<void*> block = ops_->Alloc(weights.total_bytes());
+  if (!block.ok()) return block.status();
+  allocations_.push_back(*block);
+  weights.Assign(*block);
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    stages_[s].params = params_base_ + stage_offsets_[s];
+    stages_[s].grads = grads_base_ + stage_offsets_[s];
+  }
+
+  const size_t act = act_bytes_;
+  flash_ = fast::FlashAttentionSupports(act_, config_.dim, config_.heads);
+  // Per head and row: the whole (T, T) map, or one float with flash.
+  const size_t attention_map = flash_ ? B * NH * T * sizeof(float) : B * NH * T * T * act;
+  const size_t attention_scratch = flash_ ? B * NH * T : B * NH * T * T;
+  layout::MemoryPlanner plan;
+  plan.Request(&encoded_, BT * C * act);
+  layers_.resize(config_.layers);
+  for (Layer& layer : layers_) {
+    plan.Request(&layer.ln1, BT * C * act);
+    plan.Request(&layer.ln1_mean, BT);
+    plan.Request(&layer.ln1_rstd, BT);
+    plan.Request(&layer.qkv, BT * 3 * C * act);
+    plan.Request(&layer.atty, BT * C * act);
+    plan.Request(&layer.att, attention_map);
+    plan.Request(&layer.residual2, BT * C * act);
+    plan.Request(&layer.ln2, BT * C * act);
+    plan.Request(&layer.ln2_mean, BT);
+    plan.Request(&layer.ln2_rstd, BT);
+    plan.Request(&layer.fch, BT * 4 * C * act);
+    plan.Request(&layer.fch_gelu, BT * 4 * C * act);
+    plan.Request(&layer.residual3, BT * C * act);
+  }
+  plan.Request(&lnf_, BT * C * act);
+  plan.Request(&lnf_mean_, BT);
+  plan.Request(&lnf_rstd_, BT);
+  plan.Request(&logits_, BT * Vp * act);
+  plan.Request(&losses_, BT);
+  plan.Request(&projected_, BT * C * act);
+  plan.Request(&scores_, attention_scratch);
+  plan.Request(&dresidual_, BT * C * act);
+  plan.Request(&dnarrow_, BT * C * act);
+  plan.Request(&dwide_, BT * 4 * C * act);
+  plan.Request(&bias_scratch_, fast::Gemm::BiasGradScratchFloats(BT, 4 * C));
+  plan.Request(&norm_scratch_, fast::LayerNormBackwardScratchFloats(BT, C));
+  plan.Request(&inputs_, BT);
+  plan.Request(&targets_, BT);
+  plan.Request(&groups_, 3 * BT + 1);
+  absl::StatusOr<void*> activations = ops_->Alloc(plan.total_bytes());
+  if (!activations.ok()) return activations.status();
+  allocations_.push_back(*activations);
+  plan.Assign(*activations);
+  host_losses_.resize(BT);
+  return absl::OkStatus();
+}
+
+void CudaModel::BlockForward(int layer, const void* residual_in) {
+  const int B = batch_, T = time_, C = config_.dim, NH = config_.heads;
+  const int BT = B * T;
+  const int stage = layout::BlockStage(layer);
+  Layer& a = layers_[layer];
+  // a.ln1 was made by the LayerNorm fused with the previous residual add.
+  Check("qkv matmul", gemm_->Forward(a.qkv, nullptr, a.ln1, Weight(stage, layout::kQkvw),
+                                     Weight(stage, layout::kQkvb), BT, C, 3 * C));
+  if (flash_) {
+    Check("flash attention", fast::FlashAttentionForward(a.atty, static_cast<float*>(a.att),
+                                                         a.qkv, B, T, C, NH, nullptr));
+  } else {
+    Check("attention",
+          fast::AttentionForward(*gemm_, a.atty, a.att, scores_, a.qkv, B, T, C, NH));
+  }
+  Check("attention projection",
+        gemm_->Forward(projected_, nullptr, a.atty, Weight(stage, layout::kAttprojw),
+                       Weight(stage, layout::kAttprojb), BT, C, C));
+  Check("residual + layernorm 2",
+        fast::LayerNormForward(act_, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, residual_in,
+                               projected_, Param(stage, layout::kLn2w),
+                               Param(stage, layout::kLn2b), BT, C, nullptr));
+  Check("fc matmul + gelu", gemm_->Forward(a.fch_gelu, a.fch, a.ln2, Weight(stage, layout::kFcw),
+                                           Weight(stage, layout::kFcb), BT, C, 4 * C));
+  Check("fc projection",
+        gemm_->Forward(projected_, nullptr, a.fch_gelu, Weight(stage, layout::kFcprojw),
+                       Weight(stage, layout::kFcprojb), BT, 4 * C, C));
+  // residual3 = residual2 + projected_ is made by the caller, fused with
+  // the next LayerNorm.
+}
+
+float CudaModel::Forward(const int* inputs, const int* targets, int B, int T) {
+  assert(B >= 1 && B <= max_batch_ && T >= 1 && T <= config_.seq_len);
+  batch_ = B;
+  time_ = T;
+  has_targets_ = targets != nullptr;
+  const int C = config_.dim, V = config_.vocab, Vp = config_.padded_vocab(), L = config_.layers;
+  const int BT = B * T;
+#ifndef NDEBUG
+  for (int i = 0; i < BT; ++i) {
+    assert(inputs[i] >= 0 && inputs[i] < V);
+    assert(targets == nullptr || (targets[i] >= 0 && targets[i] < V));
+  }
+#endif
+  if (params_bf16_ != nullptr && bf16_stale_) {
+    Check("bf16 weight copy", fast::CastToBf16(params_bf16_, params_base_, param_floats_, nullptr));
+    bf16_stale_ = false;
+  }
+  ops_->ToDevice(inputs_, inputs, BT * sizeof(int));
+  if (has_targets_) ops_->ToDevice(targets_, targets, BT * sizeof(int));
+
+  PreForward(0);
+  Check("encoder", fast::EncoderForward(act_, encoded_, inputs_, Param(0, layout::kWte),
+                                        Param(0, layout::kWpe), B, T, C, nullptr));
+  PostForward(0);
+  // Each block's LayerNorm 1 (and the head's final one) is fused with the
+  // residual of the stage before: the next stage's hook comes first.
+  PreForward(1);
+  Check("layernorm 1",
+        fast::LayerNormForward(act_, layers_[0].ln1, layers_[0].ln1_mean, layers_[0].ln1_rstd,
+                               nullptr, encoded_, nullptr, Param(1, layout::kLn1w),
+                               Param(1, layout::kLn1b), BT, C, nullptr));
+  const void* residual = encoded_;
+  const int head = layout::HeadStage(config_);
+  for (int layer = 0; layer < L; ++layer) {
+    BlockForward(layer, residual);
+    Layer& a = layers_[layer];
+    const bool last = layer + 1 == L;
+    Layer* next = last ? nullptr : &layers_[layer + 1];
+    const int next_stage = last ? head : layout::BlockStage(layer + 1);
+    PreForward(next_stage);
+    Check("residual + layernorm",
+          fast::LayerNormForward(
+              act_, last ? lnf_ : next->ln1, last ? lnf_mean_ : next->ln1_mean,
+              last ? lnf_rstd_ : next->ln1_rstd, a.residual3, a.residual2, projected_,
+              Param(next_stage, last ? int{layout::kLnfw} : int{layout::kLn1w}),
+              Param(next_stage, last ? int{layout::kLnfb} : int{layout::kLn1b}), BT, C, nullptr));
+    PostForward(layout::BlockStage(layer));
+    residual = a.residual3;
+  }
+  // The LM head is wte, tied: logits (BT, Vp) = lnf (BT, C) @ wte^T.
+  Check("lm head", gemm_->Forward(logits_, nullptr, lnf_, Weight(0, layout::kWte), nullptr, BT, C,
+                                  Vp));
+  PostForward(head);
+  if (!has_targets_) return 0.0f;
+
+  // The mean loss has gradient 1/BT per row; Backward's loss_scale is
+  // applied by the head's GEMMs.
+  Check("classifier", fast::ClassifierForward(act_, losses_, logits_, targets_,
+                                              1.0f / static_cast<float>(BT), true, BT, V, Vp,
+                                              nullptr));
+
+  // The encoder's backward sums each token's rows: group them on the host
+  // while the GPU runs the forward pass enqueued above.
+  fast::EncoderGroups groups = fast::GroupByToken(inputs, BT);
+  group_count_ = groups.groups();
+  std::vector<int> packed;
+  packed.reserve(3 * BT + 1);
+  packed.insert(packed.end(), groups.tokens.begin(), groups.tokens.end());
+  packed.insert(packed.end(), groups.starts.begin(), groups.starts.end());
+  packed.insert(packed.end(), groups.positions.begin(), groups.positions.end());
+  ops_->ToDevice(groups_, packed.data(), packed.size() * sizeof(int));
+
+  ops_->ToHost(host_losses_.data(), losses_, BT * sizeof(float));
+  double sum = 0.0;  // in a fixed order, so the mean is deterministic
+  for (int row = 0; row < BT; ++row) sum += host_losses_[row];
+  return static_cast<float>(sum / static_cast<double>(BT));
+}
+
+void CudaModel::BlockBackward(int layer, const void* residual_in) {
+  const int B = batch_, T = time_, C = config_.dim, NH = config_.heads;
+  const int BT = B * T;
+  const int stage = layout::BlockStage(layer);
+  Layer& a = layers_[layer];
+  // residual3 = residual2 + fcproj: both get dresidual unchanged, so the
+  // projection's gradient is read from dresidual_.
+  Check("fc projection dW", gemm_->BackwardWeight(Grad(stage, layout::kFcprojw), dresidual_,
+                                                  a.fch_gelu, BT, 4 * C, C, 1.0f));
+  Check("fc projection db",
+        gemm_->BackwardBias(Grad(stage, layout::kFcprojb), dresidual_, BT, C, bias_scratch_));
+  // dfch = (dresidual @ Wfcproj) * GELU'(fch), in the GEMM's epilogue.
+  Check("fc projection dx + gelu", gemm_->BackwardInput(dwide_, dresidual_,
+                                                        Weight(stage, layout::kFcprojw), a.fch,
+                                                        BT, 4 * C, C, 1.0f));
+  Check("fc dW", gemm_->BackwardWeight(Grad(stage, layout::kFcw), dwide_, a.ln2, BT, C, 4 * C,
+                                       1.0f));
+  Check("fc db", gemm_->BackwardBias(Grad(stage, layout::kFcb), dwide_, BT, 4 * C, bias_scratch_));
+  Check("fc dx", gemm_->BackwardInput(dnarrow_, dwide_, Weight(stage, layout::kFcw), nullptr, BT,
+                                      C, 4 * C, 1.0f));
+  // LayerNorm's backward adds into dresidual_, which becomes d loss /
+  // d residual2 (the skip path plus the MLP path).
+  Check("layernorm 2 backward",
+        fast::LayerNormBackward(act_, dresidual_, Grad(stage, layout::kLn2w),
+                                Grad(stage, layout::kLn2b), dnarrow_, a.residual2,
+                                Param(stage, layout::kLn2w), a.ln2_mean, a.ln2_rstd, BT, C,
+                                norm_scratch_, nullptr));
+  // residual2 = residual_in + attproj: the same pass-through as above.
+  Check("attention projection dW", gemm_->BackwardWeight(Grad(stage, layout::kAttprojw),
+                                                         dresidual_, a.atty, BT, C, C, 1.0f));
+  Check("attention projection db", gemm_->BackwardBias(Grad(stage, layout::kAttprojb),
+                                                       dresidual_, BT, C, bias_scratch_));
+  Check("attention projection dx",
+        gemm_->BackwardInput(dnarrow_, dresidual_, Weight(stage, layout::kAttprojw), nullptr, BT,
+                             C, C, 1.0f));
+  // dqkv into dwide_ (its first BT * 3C); consumes a.att.
+  if (flash_) {
+    Check("flash attention backward",
+          fast::FlashAttentionBackward(dwide_, scores_, dnarrow_, a.atty, a.qkv,
+                                       static_cast<const float*>(a.att), B, T, C, NH, nullptr));
+  } else {
+    Check("attention backward", fast::AttentionBackward(*gemm_, dwide_, scores_, a.att, dnarrow_,
+                                                        a.qkv, B, T, C, NH));
+  }
+  Check("qkv dW",
+        gemm_->BackwardWeight(Grad(stage, layout::kQkvw), dwide_, a.ln1, BT, C, 3 * C, 1.0f));
+  Check("qkv db",
+        gemm_->BackwardBias(Grad(stage, layout::kQkvb), dwide_, BT, 3 * C, bias_scratch_));
+  Check("qkv dx", gemm_->BackwardInput(dnarrow_, dwide_, Weight(stage, layout::kQkvw), nullptr,
+                                       BT, C, 3 * C, 1.0f));
+  Check("layernorm 1 backward",
+        fast::LayerNormBackward(act_, dresidual_, Grad(stage, layout::kLn1w),
+                                Grad(stage, layout::kLn1b), dnarrow_, residual_in,
+                                Param(stage, layout::kLn1w), a.ln1_mean, a.ln1_rstd, BT, C,
+                                norm_scratch_, nullptr));
+}
+
+void CudaModel::Backward(float loss_scale) {
+  assert(has_targets_);
+  const int B = batch_, T = time_, C = config_.dim, Vp = config_.padded_vocab();
+  const int BT = B * T;
+  const int head = layout::HeadStage(config_);
+
+  // logits_ holds d(mean loss)/d logits; loss_scale scales both GEMMs.
+  PreBackward(head);
+  Check("lm head dx", gemm_->BackwardInput(dnarrow_, logits_, Weight(0, layout::kWte), nullptr,
+                                           BT, C, Vp, loss_scale));
+  // dwte gets the head's share here (padded columns of dlogits are zero,
+  // so wte's padded rows get none) and the encoder's share last.
+  Check("lm head dW", gemm_->BackwardWeight(Grad(0, layout::kWte), logits_, lnf_, BT, C, Vp,
+                                            loss_scale));
+  ops_->Zero(dresidual_, static_cast<size_t>(BT) * C * act_bytes_);
+  const void* last_residual = layers_.back().residual3;
+  Check("layernorm f backward",
+        fast::LayerNormBackward(act_, dresidual_, Grad(head, layout::kLnfw),
+                                Grad(head, layout::kLnfb), dnarrow_, last_residual,
+                                Param(head, layout::kLnfw), lnf_mean_, lnf_rstd_, BT, C,
+                                norm_scratch_, nullptr));
+  PostBackward(head);
+
+  for (int layer = config_.layers - 1; layer >= 0; --layer) {
+    PreBackward(layout::BlockStage(layer));
+    BlockBackward(layer, layer > 0 ? layers_[layer - 1].residual3 : encoded_);
+    PostBackward(layout::BlockStage(layer));
+  }
+
+  PreBackward(0);
+
+  const int* group_tokens = groups_;
+  const int* group_starts = groups_ + group_count_;
+  const int* positions = group_starts + group_count_ + 1;
+  Check("encoder backward",
+        fast::EncoderBackward(act_, Grad(0, layout::kWte), Grad(0, layout::kWpe), dresidual_,
+                              group_tokens, group_starts, positions, group_count_, B, T, C,
+                              nullptr));
+  PostBackward(0);
+}
+
+std::vector<float> CudaModel::Logits(int b, int t) const {
+  assert(b < batch_ && t < time_ && !has_targets_);
+  const int Vp = config_.padded_vocab();
+  const size_t offset = (static_cast<size_t>(b) * time_ + t) * Vp;
+  std::vector<float> row(Vp);
+  if (act_ == fast::ActType::kF32) {
+    ops_->ToHost(row.data(), static_cast<const float*>(logits_) + offset, Vp * sizeof(float));
+    return row;
+  }
+  std::vector<uint16_t> bits(Vp);
+  ops_->ToHost(bits.data(), static_cast<const uint16_t*>(logits_) + offset,
+               Vp * sizeof(uint16_t));
+  for (int v = 0; v < Vp; ++v) {
+    const uint32_t word = static_cast<uint32_t>(bits[v]) << 16;  // bf16 is fp32's top half
+    std::memcpy(&row[v], &word, sizeof(float));
+  }
+  return row;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& config,
+                                                          int max_batch, Precision precision) {
+  const int head_size = config.dim / config.heads;
+  if (!fast::RowWidthOk(config.dim) || !fast::RowWidthOk(head_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: on CUDA, model.dim (", config.dim, ") and the head size dim/heads (", head_size,
+        ") must be multiples of ", fast::kRowMultiple));
+  }
+  absl::StatusOr<std::unique_ptr<Ops>> ops = MakeCudaOps();
+  if (!ops.ok()) return ops.status();
+  std::unique_ptr<fast::Gemm> gemm;
+  if (int code = fast::Gemm::Create(MathOf(precision), nullptr, &gemm); code != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device cuda: cuBLASLt set-up failed: ", GemmError(code)));
+  }
+  auto model = std::make_unique<CudaModel>(config, max_batch, precision, std::move(*ops),
+                                           std::move(gemm));
+  if (absl::Status allocated = model->Allocate(); !allocated.ok()) return allocated;
+  return std::unique_ptr<GptModel>(std::move(model));
+}
+
+}  // namespace muster::worker

@@ -1,0 +1,322 @@
+// GptModel's forward and backward passes, op by op as llm.c's
+// train_gpt2.c, on any Ops back end. All memory is planned and allocated
+// once in Create: parameters and gradients (one allocation each, stages at
+// aligned offsets), the activations the backward pass reads, and the
+// activation-gradient scratch.
+//
+// B batch, T time, C channels, NH heads, V vocab, Vp padded vocab, L
+// layers; BT = B*T rows. Activations of a layer are packed for the actual
+// (B, T) at the start of a slot sized for (max_batch, seq_len).
+#include <cassert>
+
+#include "absl/strings/str_cat.h"
+
+#include "worker/model/model.h"
+#include "worker/model/model_cuda.h"
+#include "worker/model/model_layout.h"
+#include "worker/model/ops.h"
+
+namespace muster::worker {
+namespace {
+
+using layout::BlockTensor;
+
+// What one block's forward pass saves for its backward pass.
+struct LayerActivations {
+  float* ln1;        // (B, T, C)
+  float* ln1_mean;   // (B, T)
+  float* ln1_rstd;   // (B, T)
+  float* qkv;        // (B, T, 3C)
+  float* atty;       // (B, T, C) attention output, per head concatenated
+  float* att;        // (B, NH, T, T) softmax probabilities
+  float* residual2;  // (B, T, C) residual + attention projection
+  float* ln2;        // (B, T, C)
+  float* ln2_mean;   // (B, T)
+  float* ln2_rstd;   // (B, T)
+  float* fch;        // (B, T, 4C) before GELU
+  float* fch_gelu;   // (B, T, 4C)
+  float* residual3;  // (B, T, C) the block's output
+};
+
+class GptModelImpl final : public GptModel {
+ public:
+  GptModelImpl(const ModelConfig& config, int max_batch, Device device, std::unique_ptr<Ops> ops)
+      : GptModel(config, device), max_batch_(max_batch) {
+    ops_ = std::move(ops);
+  }
+
+  ~GptModelImpl() override {
+    for (void* block : allocations_) ops_->Free(block);
+  }
+
+  absl::Status Allocate();
+
+  float Forward(const int* inputs, const int* targets, int B, int T) override;
+  void Backward(float loss_scale) override;
+
+  void ZeroGrad() override {
+    for (Stage& stage : stages_) ops_->Zero(stage.grads, stage.size * sizeof(float));
+  }
+
+  std::vector<float> Logits(int b, int t) const override {
+    assert(b < batch_ && t < time_);
+    const int Vp = config_.padded_vocab();
+    std::vector<float> row(Vp);
+    ops_->ToHost(row.data(), logits_ + (static_cast<size_t>(b) * time_ + t) * Vp,
+                 Vp * sizeof(float));
+    return row;
+  }
+
+ private:
+  void BlockForward(int layer, const float* residual_in);
+  // dresidual_ holds d loss / d(block output) on entry and d loss /
+  // d(block input) on return.
+  void BlockBackward(int layer, const float* residual_in);
+
+  const int max_batch_;
+  std::vector<void*> allocations_;
+
+  // Shape and presence of targets of the last Forward.
+  int batch_ = 0, time_ = 0;
+  bool has_targets_ = false;
+
+  int* inputs_ = nullptr;                 // (B, T) device copy: the encoder's backward
+  int* targets_ = nullptr;                // (B, T) reads the tokens after Forward returns
+  float* encoded_ = nullptr;              // (B, T, C)
+  std::vector<LayerActivations> layers_;  // L
+  float* lnf_ = nullptr;                  // (B, T, C)
+  float* lnf_mean_ = nullptr;             // (B, T)
+  float* lnf_rstd_ = nullptr;             // (B, T)
+  float* logits_ = nullptr;               // (B, T, Vp)
+  float* lse_ = nullptr;                  // (B, T)
+  float* losses_ = nullptr;               // (B, T)
+  std::vector<float> host_losses_;        // (B, T)
+
+  // Backward scratch, reused by every layer (see BlockBackward).
+  float* dlogits_ = nullptr;    // (B, T, Vp)
+  float* dresidual_ = nullptr;  // (B, T, C) gradient of the residual stream
+  float* dnarrow_ = nullptr;    // (B, T, C) dlnf, dln2, datty, dln1 in turn
+  float* dwide_ = nullptr;      // (B, T, 4C) dfch, then dqkv (3C)
+  float* dpreatt_ = nullptr;    // (B, NH, T, T)
+};
+
+absl::Status GptModelImpl::Allocate() {
+  stages_ = layout::PlanStages(config_);
+  std::vector<size_t> offsets;
+  const size_t param_floats = layout::StageOffsets(stages_, &offsets);
+  for (bool grads : {false, true}) {
+    absl::StatusOr<void*> block = ops_->Alloc(param_floats * sizeof(float));
+    if (!block.ok()) return block.status();
+    allocations_.push_back(*block);
+    for (size_t s = 0; s < stages_.size(); ++s) {
+      float* start = static_cast<float*>(*block) + offsets[s];
+      (grads ? stages_[s].grads : stages_[s].params) = start;
+    }
+  }
+
+  const size_t B = max_batch_, T = config_.seq_len, C = config_.dim;
+  const size_t NH = config_.heads, Vp = config_.padded_vocab(), BT = B * T;
+  layout::MemoryPlanner plan;
+  plan.Request(&encoded_, BT * C);
+  layers_.resize(config_.layers);
+  for (LayerActivations& layer : layers_) {
+    plan.Request(&layer.ln1, BT * C);
+    plan.Request(&layer.ln1_mean, BT);
+    plan.Request(&layer.ln1_rstd, BT);
+    plan.Request(&layer.qkv, BT * 3 * C);
+    plan.Request(&layer.atty, BT * C);
+    plan.Request(&layer.att, B * NH * T * T);
+    plan.Request(&layer.residual2, BT * C);
+    plan.Request(&layer.ln2, BT * C);
+    plan.Request(&layer.ln2_mean, BT);
+    plan.Request(&layer.ln2_rstd, BT);
+    plan.Request(&layer.fch, BT * 4 * C);
+    plan.Request(&layer.fch_gelu, BT * 4 * C);
+    plan.Request(&layer.residual3, BT * C);
+  }
+  plan.Request(&lnf_, BT * C);
+  plan.Request(&lnf_mean_, BT);
+  plan.Request(&lnf_rstd_, BT);
+  plan.Request(&logits_, BT * Vp);
+  plan.Request(&lse_, BT);
+  plan.Request(&losses_, BT);
+  plan.Request(&dlogits_, BT * Vp);
+  plan.Request(&dresidual_, BT * C);
+  plan.Request(&dnarrow_, BT * C);
+  plan.Request(&dwide_, BT * 4 * C);
+  plan.Request(&dpreatt_, B * NH * T * T);
+  absl::StatusOr<void*> activations = ops_->Alloc(plan.total_bytes());
+  if (!activations.ok()) return activations.status();
+  allocations_.push_back(*activations);
+  plan.Assign(*activations);
+
+  absl::StatusOr<void*> tokens = ops_->Alloc(2 * BT * sizeof(int));
+  if (!tokens.ok()) return tokens.status();
+  allocations_.push_back(*tokens);
+  inputs_ = static_cast<int*>(*tokens);
+  targets_ = inputs_ + BT;
+  host_losses_.resize(BT);
+  return absl::OkStatus();
+}
+
+void GptModelImpl::BlockForward(int layer, const float* residual_in) {
+  const int B = batch_, T = time_, C = config_.dim, NH = config_.heads;
+  const size_t BT = static_cast<size_t>(B) * T;
+  const int stage = layout::BlockStage(layer);
+  LayerActivations& a = layers_[layer];
+  ops_->LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, Param(stage, layout::kLn1w),
+                         Param(stage, layout::kLn1b), BT, C);
+  ops_->MatmulForward(a.qkv, a.ln1, Param(stage, layout::kQkvw), Param(stage, layout::kQkvb), BT, C,
+                      3 * C);
+  ops_->AttentionForward(a.atty, a.att, a.qkv, B, T, C, NH);
+  // The projection is written straight into residual2 and the residual
+  // added in place: llm.c's separate attproj buffer is never read back.
+  ops_->MatmulForward(a.residual2, a.atty, Param(stage, layout::kAttprojw),
+                      Param(stage, layout::kAttprojb), BT, C, C);
+  ops_->ResidualForward(a.residual2, residual_in, a.residual2, BT * C);
+  ops_->LayerNormForward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, Param(stage, layout::kLn2w),
+                         Param(stage, layout::kLn2b), BT, C);
+  ops_->MatmulForward(a.fch, a.ln2, Param(stage, layout::kFcw), Param(stage, layout::kFcb), BT, C,
+                      4 * C);
+  ops_->GeluForward(a.fch_gelu, a.fch, BT * 4 * C);
+  ops_->MatmulForward(a.residual3, a.fch_gelu, Param(stage, layout::kFcprojw),
+                      Param(stage, layout::kFcprojb), BT, 4 * C, C);
+  ops_->ResidualForward(a.residual3, a.residual2, a.residual3, BT * C);
+}
+
+float GptModelImpl::Forward(const int* inputs, const int* targets, int B, int T) {
+  assert(B >= 1 && B <= max_batch_ && T >= 1 && T <= config_.seq_len);
+  batch_ = B;
+  time_ = T;
+  has_targets_ = targets != nullptr;
+  const int C = config_.dim, V = config_.vocab, Vp = config_.padded_vocab();
+  const size_t BT = static_cast<size_t>(B) * T;
+#ifndef NDEBUG
+  // An id >= V would read outside wte (inputs) or pick a padded logit.
+  for (size_t i = 0; i < BT; ++i) {
+    assert(inputs[i] >= 0 && inputs[i] < V);
+    assert(targets == nullptr || (targets[i] >= 0 && targets[i] < V));
+  }
+#endif
+  ops_->ToDevice(inputs_, inputs, BT * sizeof(int));
+  if (has_targets_) ops_->ToDevice(targets_, targets, BT * sizeof(int));
+
+  PreForward(0);
+  ops_->EncoderForward(encoded_, inputs_, Param(0, layout::kWte), Param(0, layout::kWpe), B, T, C);
+  PostForward(0);
+  const float* residual = encoded_;
+  for (int layer = 0; layer < config_.layers; ++layer) {
+    PreForward(layout::BlockStage(layer));
+    BlockForward(layer, residual);
+    PostForward(layout::BlockStage(layer));
+    residual = layers_[layer].residual3;
+  }
+  const int head = layout::HeadStage(config_);
+  PreForward(head);
+  ops_->LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, residual, Param(head, layout::kLnfw),
+                         Param(head, layout::kLnfb), BT, C);
+  // The LM head is wte, tied: logits (BT, Vp) = lnf (BT, C) @ wte^T.
+  ops_->MatmulForward(logits_, lnf_, Param(0, layout::kWte), nullptr, BT, C, Vp);
+  PostForward(head);
+  if (!has_targets_) return 0.0f;
+
+  ops_->CrossEntropyForward(losses_, lse_, logits_, targets_, BT, V, Vp);
+  ops_->ToHost(host_losses_.data(), losses_, BT * sizeof(float));
+  double sum = 0.0;  // in a fixed order, so the mean is deterministic
+  for (size_t row = 0; row < BT; ++row) sum += host_losses_[row];
+  return static_cast<float>(sum / static_cast<double>(BT));
+}
+
+void GptModelImpl::BlockBackward(int layer, const float* residual_in) {
+  const int B = batch_, T = time_, C = config_.dim, NH = config_.heads;
+  const size_t BT = static_cast<size_t>(B) * T;
+  const int stage = layout::BlockStage(layer);
+  const LayerActivations& a = layers_[layer];
+  // residual3 = residual2 + fcproj: both get dresidual unchanged, so the
+  // fcproj gradient is read from dresidual_ and no copy is made.
+  ops_->Zero(dwide_, BT * 4 * C * sizeof(float));
+  ops_->MatmulBackward(dwide_, Grad(stage, layout::kFcprojw), Grad(stage, layout::kFcprojb),
+                       dresidual_, a.fch_gelu, Param(stage, layout::kFcprojw), BT, 4 * C, C);
+  ops_->GeluBackward(dwide_, a.fch, dwide_, BT * 4 * C);  // in place: dfch_gelu -> dfch
+  ops_->Zero(dnarrow_, BT * C * sizeof(float));
+  ops_->MatmulBackward(dnarrow_, Grad(stage, layout::kFcw), Grad(stage, layout::kFcb), dwide_,
+                       a.ln2, Param(stage, layout::kFcw), BT, C, 4 * C);
+  // LayerNorm's backward adds into dinp, so dresidual_ becomes
+  // d loss / d residual2 (the skip path plus the MLP path).
+  ops_->LayerNormBackward(dresidual_, Grad(stage, layout::kLn2w), Grad(stage, layout::kLn2b),
+                          dnarrow_, a.residual2, Param(stage, layout::kLn2w), a.ln2_mean,
+                          a.ln2_rstd, BT, C);
+  // residual2 = residual_in + attproj: the same pass-through as above.
+  ops_->Zero(dnarrow_, BT * C * sizeof(float));
+  ops_->MatmulBackward(dnarrow_, Grad(stage, layout::kAttprojw), Grad(stage, layout::kAttprojb),
+                       dresidual_, a.atty, Param(stage, layout::kAttprojw), BT, C, C);
+  ops_->Zero(dwide_, BT * 3 * C * sizeof(float));
+  ops_->AttentionBackward(dwide_, dpreatt_, dnarrow_, a.qkv, a.att, B, T, C, NH);
+  ops_->Zero(dnarrow_, BT * C * sizeof(float));
+  ops_->MatmulBackward(dnarrow_, Grad(stage, layout::kQkvw), Grad(stage, layout::kQkvb), dwide_,
+                       a.ln1, Param(stage, layout::kQkvw), BT, C, 3 * C);
+  ops_->LayerNormBackward(dresidual_, Grad(stage, layout::kLn1w), Grad(stage, layout::kLn1b),
+                          dnarrow_, residual_in, Param(stage, layout::kLn1w), a.ln1_mean,
+                          a.ln1_rstd, BT, C);
+}
+
+void GptModelImpl::Backward(float loss_scale) {
+  assert(has_targets_);
+  const int B = batch_, T = time_, C = config_.dim, V = config_.vocab;
+  const int Vp = config_.padded_vocab();
+  const size_t BT = static_cast<size_t>(B) * T;
+  const int head = layout::HeadStage(config_);
+
+  // loss = mean over BT rows, scaled: each row's loss has gradient
+  // loss_scale / BT.
+  const float dloss = loss_scale / static_cast<float>(BT);
+  PreBackward(head);
+  ops_->CrossEntropyBackward(dlogits_, logits_, lse_, targets_, dloss, BT, V, Vp);
+  // dwte gets the head's share here (padded columns of dlogits are zero,
+  // so wte's padded rows get none) and the encoder's share last.
+  ops_->Zero(dnarrow_, BT * C * sizeof(float));
+  ops_->MatmulBackward(dnarrow_, Grad(0, layout::kWte), nullptr, dlogits_, lnf_,
+                       Param(0, layout::kWte), BT, C, Vp);
+  const float* last_residual = config_.layers > 0 ? layers_.back().residual3 : encoded_;
+  ops_->Zero(dresidual_, BT * C * sizeof(float));
+  ops_->LayerNormBackward(dresidual_, Grad(head, layout::kLnfw), Grad(head, layout::kLnfb),
+                          dnarrow_, last_residual, Param(head, layout::kLnfw), lnf_mean_, lnf_rstd_,
+                          BT, C);
+  PostBackward(head);
+
+  for (int layer = config_.layers - 1; layer >= 0; --layer) {
+    PreBackward(layout::BlockStage(layer));
+    BlockBackward(layer, layer > 0 ? layers_[layer - 1].residual3 : encoded_);
+    PostBackward(layout::BlockStage(layer));
+  }
+
+  PreBackward(0);
+  ops_->EncoderBackward(Grad(0, layout::kWte), Grad(0, layout::kWpe), dresidual_, inputs_, B, T, C);
+  PostBackward(0);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& config, int max_batch,
+                                                           Device device, Precision precision) {
+  if (config.layers < 1 || config.dim < 1 || config.heads < 1 || config.dim % config.heads != 0 ||
+      config.vocab < 1 || config.seq_len < 1) {
+    return absl::InvalidArgumentError(
+        "model: layers, heads, dim, vocab and seq_len must be positive, and heads must "
+        "divide dim");
+  }
+  if (max_batch < 1) return absl::InvalidArgumentError("model: max_batch must be positive");
+  if (device == Device::kCpu && precision != Precision::kFp32) {
+    return absl::InvalidArgumentError(absl::StrCat("precision: ", PrecisionName(precision),
+                                                   " needs device cuda; the CPU computes in "
+                                                   "fp32 only"));
+  }
+  if (device == Device::kCuda) return CreateCudaModel(config, max_batch, precision);
+  absl::StatusOr<std::unique_ptr<Ops>> ops = MakeOps(device);
+  if (!ops.ok()) return ops.status();
+  auto model = std::make_unique<GptModelImpl>(config, max_batch, device, std::move(*ops));
+  if (absl::Status allocated = model->Allocate(); !allocated.ok()) return allocated;
+  return std::unique_ptr<GptModel>(std::move(model));
+}
+
+}  // namespace muster::worker

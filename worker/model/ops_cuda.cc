@@ -1,0 +1,303 @@
+// The CUDA back end: cudaMalloc'd memory, the kernels' ...Cuda launchers
+// on the default stream, and one cuBLAS handle. Compiled only under
+// --config=cuda (worker/model/ops_nocuda.cc stands in otherwise).
+#include <algorithm>
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/attention.h"
+#include "kernels/crossentropy.h"
+#include "kernels/encoder.h"
+#include "kernels/fast/adamw.h"
+#include "kernels/gelu.h"
+#include "kernels/grad_norm.h"
+#include "kernels/layernorm.h"
+#include "kernels/matmul.h"
+#include "kernels/residual.h"
+#include "worker/model/ops.h"
+
+namespace muster::worker {
+namespace {
+
+namespace k = ::muster::kernels;
+
+class CudaOps final : public Ops {
+ public:
+  explicit CudaOps(cublasHandle_t blas) : blas_(blas) {}
+  ~CudaOps() override {
+    cudaFree(adamw_chunks_);
+    cudaFree(norm_scratch_);
+    cublasDestroy(blas_);
+  }
+
+  Device device() const override { return Device::kCuda; }
+  absl::Status status() const override { return status_; }
+
+  absl::StatusOr<void*> Alloc(size_t bytes) override {
+    void* ptr = nullptr;
+    const cudaError_t error = cudaMalloc(&ptr, bytes == 0 ? 1 : bytes);
+    if (error != cudaSuccess) {
+      cudaGetLastError();  // an allocation failure is not sticky: clear it
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "out of GPU memory: asked for ", bytes, " bytes (", absl::StrFormat("%.2f", bytes / 1e9),
+          " GB) with ", free_bytes, " bytes (", absl::StrFormat("%.2f", free_bytes / 1e9),
+          " GB) free of ", absl::StrFormat("%.2f", total_bytes / 1e9),
+          " GB (cudaMalloc: ", cudaGetErrorString(error),
+          "); lower data.micro_batch or model.seq_len"));
+    }
+    Check("cudaMemset", cudaMemset(ptr, 0, bytes));
+    return ptr;
+  }
+  void Free(void* ptr) override { cudaFree(ptr); }
+  void ToDevice(void* dst, const void* src, size_t bytes) override {
+    Check("cudaMemcpy to device", cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  }
+  void ToHost(void* dst, const void* src, size_t bytes) const override {
+    Check("cudaMemcpy to host", cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  }
+  void Zero(void* dst, size_t bytes) override { Check("cudaMemset", cudaMemset(dst, 0, bytes)); }
+
+  void EncoderForward(float* out, const int* tokens, const float* wte, const float* wpe, int B,
+                      int T, int C) override {
+    Check("encoder forward", k::EncoderForwardCuda(out, tokens, wte, wpe, B, T, C, kStream));
+  }
+  void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T,
+                       int C) override {
+    Check("encoder backward", k::EncoderBackwardCuda(dwte, dwpe, dout, tokens, B, T, C, kStream));
+  }
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                        const float* bias, size_t N, int C) override {
+    Check("layernorm forward",
+          k::LayerNormForwardCuda(out, mean, rstd, inp, weight, bias, N, C, kStream));
+  }
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, size_t N, int C) override {
+    Check("layernorm backward", k::LayerNormBackwardCuda(dinp, dweight, dbias, dout, inp, weight,
+                                                         mean, rstd, N, C, kStream));
+  }
+  void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
+                     size_t BT, int C, int OC) override {
+    Check("matmul forward",
+          k::MatmulForwardCuda(out, inp, weight, bias, BT, C, OC, blas_, kStream));
+  }
+  void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                      const float* inp, const float* weight, size_t BT, int C, int OC) override {
+    Check("matmul backward", k::MatmulBackwardCuda(dinp, dweight, dbias, dout, inp, weight, BT, C,
+                                                   OC, blas_, kStream));
+  }
+  void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
+                        int NH) override {
+    Check("attention forward", k::AttentionForwardCuda(out, att, qkv, B, T, C, NH, kStream));
+  }
+  void AttentionBackward(float* dqkv, float* dpreatt, const float* dout, const float* qkv,
+                         const float* att, int B, int T, int C, int NH) override {
+    Check("attention backward",
+          k::AttentionBackwardCuda(dqkv, dpreatt, dout, qkv, att, B, T, C, NH, kStream));
+  }
+  void GeluForward(float* out, const float* inp, size_t n) override {
+    Check("gelu forward", k::GeluForwardCuda(out, inp, n, kStream));
+  }
+  void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) override {
+    Check("gelu backward", k::GeluBackwardCuda(dinp, inp, dout, n, kStream));
+  }
+  void ResidualForward(float* out, const float* inp1, const float* inp2, size_t n) override {
+    Check("residual forward", k::ResidualForwardCuda(out, inp1, inp2, n, kStream));
+  }
+  void CrossEntropyForward(float* losses, float* lse, const float* logits, const int* targets,
+                           size_t N, int V, int Vp) override {
+    Check("crossentropy forward",
+          k::CrossEntropyForwardCuda(losses, lse, logits, targets, N, V, Vp, kStream));
+  }
+  void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
+                            const int* targets, float dloss, size_t N, int V, int Vp) override {
+    Check("crossentropy backward",
+          k::CrossEntropyBackwardCuda(dlogits, logits, lse, targets, dloss, N, V, Vp, kStream));
+  }
+  void AdamWUpdate(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
+                   const std::vector<AdamWRun>& runs, const k::AdamWHyper& hyper,
+                   int step) override {
+    if (runs.size() != adamw_runs_.size() ||
+        !std::equal(runs.begin(), runs.end(), adamw_runs_.begin(),
+                    [](const AdamWRun& a, const AdamWRun& b) {
+                      return a.begin == b.begin && a.count == b.count && a.decay == b.decay;
+                    })) {
+      if (!UploadAdamWChunks(runs)) return;
+    }
+    Check("adamw", k::fast::AdamWUpdateChunks(params, m, v, grads, params_bf16, adamw_chunks_,
+                                              adamw_chunk_count_, adamw_aligned_, hyper, step,
+                                              kStream));
+  }
+  double SumOfSquares(const float* x, size_t n) override {
+    // One device result double followed by the kernel's scratch, grown to
+    // the largest buffer seen and then reused.
+    const size_t doubles = 1 + k::SumOfSquaresCudaScratch(n);
+    if (doubles > norm_scratch_doubles_) {
+      cudaFree(norm_scratch_);
+      norm_scratch_ = nullptr;
+      norm_scratch_doubles_ = 0;
+      if (!Check("cudaMalloc",
+                 cudaMalloc(reinterpret_cast<void**>(&norm_scratch_), doubles * sizeof(double)))) {
+        return 0.0;
+      }
+      norm_scratch_doubles_ = doubles;
+    }
+    Check("sum of squares", k::SumOfSquaresCuda(norm_scratch_, norm_scratch_ + 1, x, n, kStream));
+    double sum = 0.0;
+    ToHost(&sum, norm_scratch_, sizeof(double));
+    return sum;
+  }
+  void Scale(float* x, size_t n, float scale) override {
+    Check("scale", k::ScaleCuda(x, n, scale, kStream));
+  }
+
+ private:
+  static constexpr void* kStream = nullptr;  // the default stream orders all work
+
+  // Records the first failure; `code` is a cudaError_t, or for matmuls
+  // kCublasErrorBase + a cublasStatus_t.
+  bool Check(const char* what, int code) const {
+    if (code == 0) return true;
+    if (status_.ok()) {
+      std::string detail = code >= k::kCublasErrorBase
+                               ? absl::StrCat("cuBLAS status ", code - k::kCublasErrorBase)
+                               : cudaGetErrorString(static_cast<cudaError_t>(code));
+      status_ = absl::InternalError(absl::StrCat("CUDA ", what, " failed: ", detail));
+    }
+    return false;
+  }
+
+  // The run table of AdamWUpdate, split into one chunk per block, on the
+  // device (a model's runs never change, so this happens once).
+  bool UploadAdamWChunks(const std::vector<AdamWRun>& runs) {
+    std::vector<k::fast::AdamWChunk> table;
+    adamw_aligned_ = true;  // every run starts on 16 bytes: 128-bit accesses
+    for (const AdamWRun& run : runs) {
+      table.push_back(k::fast::AdamWChunk{run.begin, run.count, run.decay ? 1u : 0u});
+      adamw_aligned_ = adamw_aligned_ && run.begin % 4 == 0;
+    }
+    const std::vector<k::fast::AdamWChunk> pieces = k::fast::SplitAdamWRuns(table);
+    cudaFree(adamw_chunks_);
+    adamw_chunks_ = nullptr;
+    adamw_runs_.clear();
+    const size_t bytes = pieces.size() * sizeof(k::fast::AdamWChunk);
+    if (!Check("cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&adamw_chunks_), bytes))) {
+      return false;
+    }
+    ToDevice(adamw_chunks_, pieces.data(), bytes);
+    adamw_chunk_count_ = static_cast<int>(pieces.size());
+    adamw_runs_ = runs;
+    return true;
+  }
+
+  cublasHandle_t blas_;
+  std::vector<AdamWRun> adamw_runs_;
+  k::fast::AdamWChunk* adamw_chunks_ = nullptr;
+  int adamw_chunk_count_ = 0;
+  bool adamw_aligned_ = true;
+  double* norm_scratch_ = nullptr;
+  size_t norm_scratch_doubles_ = 0;
+  mutable absl::Status status_;
+};
+
+}  // namespace
+
+absl::Status CudaAvailable() {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device cuda: no usable GPU (cudaGetDeviceCount: ",
+                     error != cudaSuccess ? cudaGetErrorString(error) : "0 devices", ")"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Dense (no sparsity) peak FLOP/s by GPU name, from NVIDIA's data sheets:
+// bf16, tf32 and fp32 (non-tensor) rates. The first entry whose every
+// name part the device name contains wins, so specific names come first.
+struct PeakEntry {
+  const char* parts[2];
+  double bf16, tf32, fp32;
+};
+constexpr PeakEntry kPeaks[] = {
+    {{"H100", "PCIe"}, 756e12, 378e12, 51.2e12},
+    {{"H100", "NVL"}, 835e12, 418e12, 60e12},
+    {{"H100", ""}, 989.4e12, 494.7e12, 66.9e12},  // SXM ("H100 80GB HBM3")
+    {{"H200", ""}, 989.4e12, 494.7e12, 66.9e12},
+    {{"A100", ""}, 312e12, 156e12, 19.5e12},
+};
+
+}  // namespace
+
+absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(Precision precision) {
+  if (absl::Status available = CudaAvailable(); !available.ok()) return available;
+  int device = 0;
+  cudaDeviceProp properties;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaGetDeviceProperties(&properties, device) != cudaSuccess) {
+    return absl::InternalError("cudaGetDeviceProperties failed");
+  }
+  CudaDeviceInfo info;
+  info.name = properties.name;
+  info.memory_total = properties.totalGlobalMem;
+  for (const PeakEntry& entry : kPeaks) {
+    if (!absl::StrContains(info.name, entry.parts[0]) ||
+        !absl::StrContains(info.name, entry.parts[1])) {
+      continue;
+    }
+    info.peak_flops = precision == Precision::kBf16   ? entry.bf16
+                      : precision == Precision::kTf32 ? entry.tf32
+                                                      : entry.fp32;
+    break;
+  }
+  return info;
+}
+
+absl::StatusOr<CudaDeviceChoice> SelectCudaDevice(int local_rank) {
+  if (absl::Status available = CudaAvailable(); !available.ok()) return available;
+  if (local_rank < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("LOCAL_RANK ", local_rank, " is negative"));
+  }
+  CudaDeviceChoice choice;
+  cudaGetDeviceCount(&choice.visible);
+  choice.device = local_rank % choice.visible;
+  const cudaError_t error = cudaSetDevice(choice.device);
+  if (error != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaSetDevice(", choice.device,
+                                            ") for LOCAL_RANK ", local_rank, ": ",
+                                            cudaGetErrorString(error)));
+  }
+  return choice;
+}
+
+absl::StatusOr<size_t> CudaMemoryInUse() {
+  if (absl::Status available = CudaAvailable(); !available.ok()) return available;
+  size_t free_bytes = 0, total_bytes = 0;
+  const cudaError_t error = cudaMemGetInfo(&free_bytes, &total_bytes);
+  if (error != cudaSuccess) {
+    return absl::InternalError(absl::StrCat("cudaMemGetInfo: ", cudaGetErrorString(error)));
+  }
+  return total_bytes - free_bytes;
+}
+
+absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps() {
+  if (absl::Status available = CudaAvailable(); !available.ok()) return available;
+  cublasHandle_t blas = nullptr;
+  const cublasStatus_t created = cublasCreate(&blas);
+  if (created != CUBLAS_STATUS_SUCCESS) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device cuda: cublasCreate failed with status ", created));
+  }
+  return std::unique_ptr<Ops>(new CudaOps(blas));
+}
+
+}  // namespace muster::worker

@@ -1,0 +1,140 @@
+// The seam every parallelism plugs into: how a worker process takes part
+// in a job (docs/architecture.md, "The parallel seam").
+//
+// A strategy shapes construction, as torchtitan's parallelize_fn runs
+// before the optimizer is built, and owns the step's communication:
+//
+//   Build              the model's parameter and gradient storage, its
+//                      initial weights (equal on every rank that must
+//                      hold the same ones), and the optimizer over the
+//                      parameters this rank updates;
+//   BeginBackward,     the gradient reduction, driven by the model's stage
+//   ReduceGradients    hooks (model.h, StageHooks);
+//   GradSumOfSquares   the squared global gradient norm, over the right
+//                      group, for clipping;
+//   OptimizerStep      the update of this rank's parameters;
+//   CheckpointFiles,   what each rank writes to a checkpoint, and what
+//   CheckpointLoad     this rank reads back at a resume.
+//
+// It also gives the job's control plane (control(): losses, votes, the
+// checkpoint's agreement, over host memory) and where the rank sits
+// (dims(), dp_rank(): the data stream is indexed by the dp rank).
+//
+// The trainer's step, for A micro-steps:
+//   for m in [0, A): Forward; BeginBackward(model, m == A - 1); Backward
+//   ReduceGradients; clip from GradSumOfSquares; OptimizerStep
+//
+// Implementations: SingleProcess (below), Ddp (worker/ddp.h). FSDP and
+// pipeline parallelism are planned on this interface. Every method is
+// pure: a strategy states what it does at each point, even "nothing".
+//
+// Errors: those of the strategy's process groups (parallel/process_group.h)
+// and of the model and optimizer's construction.
+// Thread-safety: none; the training thread drives a strategy.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "parallel/collectives.h"
+#include "parallel/parallel_dims.h"
+#include "parallel/process_group.h"
+#include "worker/checkpoint/layout.h"
+#include "worker/config.h"
+#include "worker/model/model.h"
+#include "worker/optim.h"
+
+namespace muster::worker {
+
+// What Build makes.
+struct BuildSpec {
+  ModelConfig model;
+  int micro_batch = 1;  // the largest batch a Forward takes
+  Device device = Device::kCpu;
+  Precision precision = Precision::kFp32;
+  OptimConfig optim;
+  uint64_t seed = 0;  // GptModel::InitWeights
+};
+
+struct BuiltModel {
+  std::unique_ptr<GptModel> model;
+  std::unique_ptr<AdamW> optimizer;
+};
+
+class ParallelStrategy {
+ public:
+  virtual ~ParallelStrategy() = default;
+
+  // "single process", "ddp over gloo, 2 ranks", ...: the start-up banner.
+  virtual std::string Describe() const = 0;
+  virtual const parallel::ParallelDims& dims() const = 0;
+  virtual int rank() const = 0;     // in the world
+  virtual int dp_rank() const = 0;  // in [0, dims().dp()): which share of the data
+  // The job's control plane: every rank of the world.
+  virtual parallel::Collectives& control() = 0;
+
+  // Builds the model (storage, weights from spec.seed, agreed over ranks)
+  // and the optimizer over this rank's parameters. Called once.
+  virtual absl::StatusOr<BuiltModel> Build(const BuildSpec& spec) = 0;
+
+  // Before each micro-step's Backward; `last` on the last micro-step of an
+  // optimizer step, the one whose backward may start communicating.
+  virtual void BeginBackward(GptModel* model, bool last) = 0;
+  // After the last micro-step's Backward: returns when this rank's
+  // gradients are the ones its optimizer step needs (DDP: the mean over
+  // ranks).
+  virtual absl::Status ReduceGradients(GptModel* model) = 0;
+  // The sum of squares of the whole model's gradient (after
+  // ReduceGradients), the same on every rank.
+  virtual absl::StatusOr<double> GradSumOfSquares(GptModel* model) = 0;
+  // One AdamW update (optim.h: lr, 1-based step, the clip factor) of this
+  // rank's parameters, leaving every parameter the next Forward reads
+  // up to date.
+  virtual absl::Status OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
+                                     float grad_scale) = 0;
+
+  // The flat checkpoint state (worker/checkpoint/layout.h) of `total` floats: the
+  // range each rank's file holds (element r is rank r's; rank 0 describes
+  // every file in the manifest) and the range this rank loads at a resume.
+  virtual std::vector<FlatRange> CheckpointFiles(uint64_t total) const = 0;
+  virtual FlatRange CheckpointLoad(uint64_t total) const = 0;
+};
+
+// A world of one: no communication; the control plane is a group of one.
+class SingleProcess final : public ParallelStrategy {
+ public:
+  SingleProcess();
+  ~SingleProcess() override;
+
+  std::string Describe() const override { return "single process"; }
+  const parallel::ParallelDims& dims() const override { return dims_; }
+  int rank() const override { return 0; }
+  int dp_rank() const override { return 0; }
+  parallel::Collectives& control() override { return *control_; }
+  absl::StatusOr<BuiltModel> Build(const BuildSpec& spec) override;
+  void BeginBackward(GptModel* model, bool last) override;
+  absl::Status ReduceGradients(GptModel* model) override;
+  absl::StatusOr<double> GradSumOfSquares(GptModel* model) override;
+  absl::Status OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
+                             float grad_scale) override;
+  std::vector<FlatRange> CheckpointFiles(uint64_t total) const override;
+  FlatRange CheckpointLoad(uint64_t total) const override;
+
+ private:
+  parallel::ParallelDims dims_;
+  std::unique_ptr<parallel::ProcessGroup> group_;
+  std::unique_ptr<parallel::Collectives> control_;
+};
+
+// The build of a strategy whose every rank holds the whole model: created,
+// initialised from spec.seed, then `agree` (may be empty: nothing to agree
+// on) makes the ranks' weights equal, then AdamW over every parameter.
+absl::StatusOr<BuiltModel> BuildWholeModel(const BuildSpec& spec,
+                                           const std::function<absl::Status(GptModel*)>& agree);
+
+}  // namespace muster::worker

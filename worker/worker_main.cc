@@ -1,0 +1,343 @@
+// The `worker` program (worker_main.h): trains a train.yaml (usually
+// started by `launch`), prints the resolved config, or samples text from a
+// freshly trained model.
+//
+// Exit codes: 0 success; 2 a usage, config or data error (the message is
+// one line on stderr); 75 (launcher::kPreemptedExitCode) preempted: a
+// SIGTERM or SIGUSR1 stopped training after a step, whose checkpoint was
+// committed; 1 any other failure. A failure's message also goes to
+// TORCHELASTIC_ERROR_FILE when the launcher set it.
+#include "worker/worker_main.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "launcher/worker_env.h"
+#include "parallel/bootstrap.h"
+#include "parallel/nccl_group.h"
+#include "parallel/nccl_transport.h"
+#include "worker/checkpoint/env.h"
+#include "worker/config.h"
+#include "worker/ddp.h"
+#include "worker/generate.h"
+#include "worker/model/ops.h"
+#include "worker/trainer.h"
+
+namespace muster::worker {
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+// Config and data mistakes are the user's to fix: exit 2, like a usage
+// error. Anything else (out of memory, a diverged loss) is 1.
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+      return kExitUsage;
+    default:
+      return kExitFailure;
+  }
+}
+
+void WriteErrorFile(const std::string& message) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (path == nullptr || *path == '\0') return;
+  std::string escaped = absl::StrReplaceAll(
+      message, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}, {"\t", "\\t"}});
+  if (FILE* file = std::fopen(path, "w")) {
+    std::fprintf(file, "{\"message\": {\"message\": \"%s\", \"extraInfo\": {}}}\n",
+                 escaped.c_str());
+    std::fclose(file);
+  }
+}
+
+int Fail(int code, const std::string& message) {
+  std::fprintf(stderr, "worker: %s\n", message.c_str());
+  WriteErrorFile(message);
+  return code;
+}
+
+int Fail(const absl::Status& status) {
+  return Fail(ExitCodeFor(status), std::string(status.message()));
+}
+
+// Preemption. The handler only records the signal; the trainer polls it
+// once per step (TrainerOptions::stop_signal), so the step under way
+// finishes and its checkpoint is written by the training thread itself.
+volatile sig_atomic_t stop_signal = 0;
+
+void RecordStopSignal(int signal_number) { stop_signal = signal_number; }
+
+void HandlePreemptionSignals() {
+  struct sigaction action = {};
+  action.sa_handler = RecordStopSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // reads, writes and waits carry on
+  for (int signal_number : {SIGTERM, SIGUSR1}) sigaction(signal_number, &action, nullptr);
+}
+
+// Run()'s outcome as an exit code: CANCELLED is a preemption, whose state
+// is saved: a line on stderr, not an error file.
+int Finish(const absl::Status& status) {
+  if (status.ok()) return 0;
+  if (absl::IsCancelled(status)) {
+    std::fprintf(stderr, "worker: %s\n", std::string(status.message()).c_str());
+    return launcher::kPreemptedExitCode;
+  }
+  return Fail(status);
+}
+
+// How this process trains: alone (a world of one) or as one DDP rank whose
+// peers it finds through the launcher's rendezvous round. Owns the
+// communicator, which must outlive the trainer that uses `strategy`.
+struct Parallelism {
+  std::unique_ptr<parallel::Communicator> communicator;
+  std::unique_ptr<Ddp> ddp;
+  std::string description;  // for the banner: the ranks, the GPU, the backend ("" alone)
+  // Rank 0 over NCCL without the user's NCCL_DEBUG: NCCL's INIT log, read
+  // after the first step for the transports (parallel/nccl_transport.h).
+  std::optional<std::string> nccl_log;
+  ParallelStrategy* strategy() const { return ddp.get(); }  // nullptr: alone
+};
+
+// The watchdog's last resort (parallel/watchdog.h): the communicator was
+// aborted, yet the process is still here seconds later. Exit now with the
+// cause rather than wait on whatever is stuck.
+void ExitStuck(const absl::Status& cause) {
+  std::string message =
+      absl::StrCat(cause.message(), " (still running after aborting the communicator: exiting)");
+  std::fprintf(stderr, "worker: %s\n", message.c_str());
+  WriteErrorFile(message);
+  std::fflush(nullptr);
+  _exit(kExitFailure);
+}
+
+absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
+  auto world = parallel::WorldFromEnvironment();
+  if (!world.ok()) return world.status();
+  auto device = ResolveDevice(config.device);
+  if (!device.ok()) return device.status();
+  Parallelism result;
+  int cuda_device = 0;
+  bool shares_gpu = false;
+  if (*device == Device::kCuda) {
+    // Before the model, cuBLAS or NCCL touch the GPU.
+    auto choice = SelectCudaDevice(world->local_rank);
+    if (!choice.ok()) return choice.status();
+    cuda_device = choice->device;
+    shares_gpu = world->local_rank >= choice->visible;
+    if (shares_gpu) {
+      std::fprintf(stderr, "worker: LOCAL_RANK %d shares CUDA device %d (%d visible)\n",
+                   world->local_rank, cuda_device, choice->visible);
+    }
+  }
+  // A world of one reduces nothing, unless a backend was asked for by name
+  // (a world of one over NCCL must match one process bit for bit).
+  if (world->world_size == 1 && config.parallel.backend == "auto") return result;
+  auto backend = ChooseDataBackend(config.parallel.backend, *device);
+  if (!backend.ok()) return backend.status();
+
+  if (*backend == parallel::DataBackend::kNccl && world->rank == 0) {
+    const char* tmp = std::getenv("TMPDIR");
+    result.nccl_log = parallel::NcclTransportLog(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
+  }
+  parallel::CommunicatorOptions options;
+  options.timeout = absl::Seconds(config.parallel.timeout_s);
+  options.data_backend = *backend;
+  options.cuda_device = cuda_device;
+  options.compute_stream = nullptr;  // the CUDA engine runs on the default stream
+  options.on_stuck = ExitStuck;
+  auto communicator = parallel::Communicator::Connect(*world, options);
+  if (!communicator.ok()) {
+    std::string hint;
+    if (*backend == parallel::DataBackend::kNccl && shares_gpu) {
+      hint = "; NCCL refuses two ranks on one GPU: use parallel.backend: gloo to share one";
+    }
+    return absl::Status(communicator.status().code(),
+                        absl::StrCat("rank ", world->rank, " of ", world->world_size,
+                                     ": joining the peers: ", communicator.status().message(),
+                                     hint));
+  }
+  result.communicator = *std::move(communicator);
+  std::string backend_name = DataBackendName(*backend);
+  if (*backend == parallel::DataBackend::kNccl) {
+    absl::StrAppend(&backend_name, " ", parallel::NcclVersionString());
+  }
+  result.ddp = std::make_unique<Ddp>(&result.communicator->data_group(),
+                                     &result.communicator->control_group(),
+                                     BucketOptionsFor(config.parallel), backend_name);
+  result.description = absl::StrCat(
+      world->world_size, " rank(s), ",
+      *device == Device::kCuda ? absl::StrCat("cuda:", cuda_device, " on rank 0, ") : "",
+      "DDP over ", DataBackendName(*backend));
+  if (*backend == parallel::DataBackend::kNccl) {
+    absl::StrAppend(&result.description, " ", parallel::NcclVersionString());
+  }
+  return result;
+}
+
+void PrintBanner(Trainer& trainer, const std::string& parallelism, FILE* out) {
+  const TrainConfig& config = trainer.config();
+  const ModelConfig& m = config.model;
+  std::fprintf(out,
+               "worker: GPT-2 L=%d C=%d NH=%d T=%d V=%d (%.2fM parameters), B=%d x %d "
+               "micro-steps, %d steps on %s in %s\n",
+               m.layers, m.dim, m.heads, m.seq_len, m.vocab,
+               trainer.model()->num_parameters() / 1e6,
+               config.data.micro_batch, config.data.grad_accumulation, config.train.steps,
+               trainer.model()->device() == Device::kCuda ? "cuda" : "cpu",
+               PrecisionName(trainer.model()->precision()));
+  if (!parallelism.empty()) std::fprintf(out, "worker: %s\n", parallelism.c_str());
+  std::fprintf(out, "worker: MFU peak %s\n", trainer.peak_flops_description().c_str());
+  std::fflush(out);
+}
+
+int Train(const std::string& config_path, Env* env) {
+  HandlePreemptionSignals();
+  auto config = LoadConfig(config_path);
+  if (!config.ok()) return Fail(config.status());
+  auto parallelism = JoinPeers(*config);
+  if (!parallelism.ok()) return Fail(parallelism.status());
+  TrainerOptions options;
+  options.progress_bar = isatty(STDERR_FILENO) == 1;
+  options.env = env;
+  options.strategy = parallelism->strategy();
+  options.stop_signal = [] { return static_cast<int>(stop_signal); };
+  if (parallelism->nccl_log.has_value()) {
+    // NCCL connects its channels in the first collectives: after step one
+    // the log names every transport.
+    options.on_step = [path = *parallelism->nccl_log, reported = false](const StepMetrics&) mutable {
+      if (std::exchange(reported, true)) return;
+      std::ifstream file(path);
+      std::stringstream text;
+      text << file.rdbuf();
+      std::fprintf(stdout, "worker: NCCL transports: %s\n",
+                   parallel::DescribeNcclTransports(parallel::ParseNcclTransports(text.str()))
+                       .c_str());
+      std::fflush(stdout);
+      std::remove(path.c_str());
+    };
+  }
+  auto trainer = Trainer::Create(*config, options);
+  if (!trainer.ok()) return Fail(trainer.status());
+  if (options.strategy == nullptr || options.strategy->rank() == 0) {
+    PrintBanner(**trainer, parallelism->description, stdout);
+  }
+  return Finish((*trainer)->Run());
+}
+
+struct GenerateArgs {
+  std::string config;
+  GenerateOptions sample;
+  int steps_before = -1;  // -1: the config's train.steps
+  std::string checkpoint;  // load this instead of training
+};
+
+int Generate(const GenerateArgs& args, Env* env) {
+  auto config = LoadConfig(args.config);
+  if (!config.ok()) return Fail(config.status());
+  // Without --checkpoint the model is trained here first. Its log goes
+  // to stderr so stdout carries only the text, and it writes no metrics
+  // file (that belongs to the training run).
+  if (args.steps_before >= 0) config->train.steps = args.steps_before;
+  if (!args.checkpoint.empty()) {  // load it; train no steps, save nothing
+    config->checkpoint.resume = args.checkpoint;
+    config->checkpoint.dir.clear();  // exactly this checkpoint, not a newer one of its run
+    config->checkpoint.every = 0;
+    config->train.steps = 0;
+  }
+  config->train.metrics_file.clear();
+  config->train.eval_every = 0;
+  TrainerOptions options;
+  options.log = stderr;
+  options.progress_bar = isatty(STDERR_FILENO) == 1;
+  options.env = env;
+  auto trainer = Trainer::Create(*config, options);
+  if (!trainer.ok()) return Fail(trainer.status());
+  PrintBanner(**trainer, "", stderr);
+  absl::Status status = (*trainer)->Run();
+  if (!status.ok()) return Fail(status);
+  auto text = GenerateText((*trainer)->model(), args.sample);
+  if (!text.ok()) return Fail(text.status());
+  std::fwrite(text->data(), 1, text->size(), stdout);
+  std::fputc('\n', stdout);
+  return 0;
+}
+
+int Main(int argc, char** argv, Env* env) {
+  CLI::App app("worker: train a GPT-2 from a train.yaml (usually started by `launch`)");
+  std::string config_path;
+  bool print_config = false;
+  app.add_option("config", config_path, "train.yaml to train");
+  app.add_flag("--print-config", print_config, "Print the resolved config as yaml and exit");
+
+  GenerateArgs gen;
+  CLI::App* generate = app.add_subcommand(
+      "generate", "Sample text from a checkpoint, or from the config's model trained first");
+  generate->add_option("--config", gen.config, "train.yaml")->required();
+  generate->add_option("--prompt", gen.sample.prompt, "Text to continue");
+  generate->add_option("--tokens", gen.sample.tokens, "Bytes to sample")->capture_default_str();
+  generate->add_option("--temperature", gen.sample.temperature, "0: greedy")
+      ->capture_default_str();
+  generate->add_option("--seed", gen.sample.seed, "Sampling seed")->capture_default_str();
+  generate->add_option("--steps-before", gen.steps_before,
+                       "Training steps before sampling (default: the config's train.steps)");
+  generate->add_option("--checkpoint", gen.checkpoint,
+                       "Sample from this checkpoint (a step_XXXXXXXX directory) instead of "
+                       "training first");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    int code = app.exit(error);
+    return code == 0 ? 0 : kExitUsage;
+  }
+
+  if (generate->parsed()) {
+    auto world = parallel::WorldFromEnvironment();
+    if (!world.ok()) return Fail(world.status());
+    if (world->world_size > 1) {
+      return Fail(kExitUsage, absl::StrCat("generate runs in one process, not under WORLD_SIZE=",
+                                           world->world_size));
+    }
+    return Generate(gen, env);
+  }
+  if (config_path.empty()) {
+    return Fail(kExitUsage, "missing CONFIG.yaml; run `worker --help`");
+  }
+  if (print_config) {
+    auto config = LoadConfig(config_path);
+    if (!config.ok()) return Fail(config.status());
+    std::fputs(ConfigToYaml(*config).c_str(), stdout);
+    return 0;
+  }
+  return Train(config_path, env);
+}
+
+}  // namespace
+
+void WaitPassivelyUnlessChosen(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  execv("/proc/self/exe", argv);
+  // exec failed: carry on with spinning threads.
+}
+
+int WorkerMain(int argc, char** argv, Env* env) { return Main(argc, argv, env); }
+
+}  // namespace muster::worker
