@@ -37,9 +37,8 @@ inline float AdamWBiasCorrection(float beta, int step) {
 }
 
 // One parameter; bias_correction1/2 are AdamWBiasCorrection(beta1/2, step).
-MUSTER_HD void AdamWElem(float* param, float* m, float* v, float gradient,
-                         const AdamWHyper& hyper, float bias_correction1,
-                         float bias_correction2) {
+MUSTER_HD void AdamWElem(float* param, float* m, float* v, float gradient, const AdamWHyper& hyper,
+                         float bias_correction1, float bias_correction2) {
   const float grad = gradient * hyper.grad_scale;
   const float m_new = hyper.beta1 * *m + (1.0f - hyper.beta1) * grad;
   const float v_new = hyper.beta2 * *v + (1.0f - hyper.beta2) * grad * grad;
@@ -47,18 +46,18 @@ MUSTER_HD void AdamWElem(float* param, float* m, float* v, float gradient,
   const float v_hat = v_new / bias_correction2;
   *m = m_new;
   *v = v_new;
-  *param -= hyper.learning_rate *
-            (m_hat / (sqrtf(v_hat) + hyper.eps) + hyper.weight_decay * *param);
+  *param -=
+      hyper.learning_rate * (m_hat / (sqrtf(v_hat) + hyper.eps) + hyper.weight_decay * *param);
 }
 
 // ---- CPU back end (host pointers) ----
-void AdamWUpdateCpu(float* params, float* m, float* v, const float* grads,
-                    size_t n, const AdamWHyper& hyper, int step);
+void AdamWUpdateCpu(float* params, float* m, float* v, const float* grads, size_t n,
+                    const AdamWHyper& hyper, int step);
 
 // ---- CUDA back end (--config=cuda only) ----
 // Device pointers, enqueued on `stream` (a cudaStream_t). Returns 0 or the
 // cudaError_t of the launch.
-int AdamWUpdateCuda(float* params, float* m, float* v, const float* grads,
-                    size_t n, const AdamWHyper& hyper, int step, void* stream);
+int AdamWUpdateCuda(float* params, float* m, float* v, const float* grads, size_t n,
+                    const AdamWHyper& hyper, int step, void* stream);
 
 }  // namespace muster::kernels

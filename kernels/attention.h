@@ -71,8 +71,7 @@ MUSTER_HD void AttentionSoftmaxRow(float* att_row, int t, int T) {
 // holds datt[t, t2] = dout(t) . v(t2) for t2 <= t on entry (later entries
 // are ignored), and on return dpreatt[t, t2] = att[t, t2] * (datt[t, t2] -
 // sum_j att[t, j] * datt[t, j]), zero for t2 > t. att_row (T).
-MUSTER_HD void AttentionScoreGradRow(float* dpreatt_row, const float* att_row,
-                                     int t, int T) {
+MUSTER_HD void AttentionScoreGradRow(float* dpreatt_row, const float* att_row, int t, int T) {
   float weighted_sum = 0.0f;
   for (int t2 = 0; t2 <= t; ++t2) weighted_sum += att_row[t2] * dpreatt_row[t2];
   MUSTER_SIMD
@@ -85,8 +84,8 @@ MUSTER_HD void AttentionScoreGradRow(float* dpreatt_row, const float* att_row,
 // The per-row loops (the CUDA kernels' products; the CPU runs GEMMs).
 
 // Query row t of one (b, h): writes att[t, :] (T) and out(t) (hs).
-MUSTER_HD void AttentionRowForward(float* out, float* att, const float* qkv,
-                                   int t, int T, int C, int hs) {
+MUSTER_HD void AttentionRowForward(float* out, float* att, const float* qkv, int t, int T, int C,
+                                   int hs) {
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
   const float* query = qkv + static_cast<size_t>(t) * 3 * C;
   float* att_row = att + static_cast<size_t>(t) * T;
@@ -108,9 +107,8 @@ MUSTER_HD void AttentionRowForward(float* out, float* att, const float* qkv,
 
 // Pass 1, query row t of one (b, h): dpreatt[t, :] (see
 // AttentionScoreGradRow).
-MUSTER_HD void AttentionRowBackwardScores(float* dpreatt, const float* att,
-                                          const float* qkv, const float* dout,
-                                          int t, int T, int C, int hs) {
+MUSTER_HD void AttentionRowBackwardScores(float* dpreatt, const float* att, const float* qkv,
+                                          const float* dout, int t, int T, int C, int hs) {
   float* dpreatt_row = dpreatt + static_cast<size_t>(t) * T;
   const float* dout_row = dout + static_cast<size_t>(t) * C;
   for (int t2 = 0; t2 <= t; ++t2) {
@@ -127,10 +125,9 @@ MUSTER_HD void AttentionRowBackwardScores(float* dpreatt, const float* att,
 //   dq(t) += scale * sum_{t2 <= t} dpreatt[t, t2] * k(t2)
 //   dk(t) += scale * sum_{t1 >= t} dpreatt[t1, t] * q(t1)
 //   dv(t) +=         sum_{t1 >= t} att[t1, t] * dout(t1)
-MUSTER_HD void AttentionRowBackwardInputs(float* dqkv, const float* dpreatt,
-                                          const float* att, const float* qkv,
-                                          const float* dout, int t, int T,
-                                          int C, int hs) {
+MUSTER_HD void AttentionRowBackwardInputs(float* dqkv, const float* dpreatt, const float* att,
+                                          const float* qkv, const float* dout, int t, int T, int C,
+                                          int hs) {
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
   float* dquery = dqkv + static_cast<size_t>(t) * 3 * C;
   float* dkey = dquery + C;
@@ -153,19 +150,16 @@ MUSTER_HD void AttentionRowBackwardInputs(float* dqkv, const float* dpreatt,
 }
 
 // ---- CPU back end (host pointers) ----
-void AttentionForwardCpu(float* out, float* att, const float* qkv, int B, int T,
-                         int C, int NH);
-void AttentionBackwardCpu(float* dqkv, float* dpreatt, const float* dout,
-                          const float* qkv, const float* att, int B, int T,
-                          int C, int NH);
+void AttentionForwardCpu(float* out, float* att, const float* qkv, int B, int T, int C, int NH);
+void AttentionBackwardCpu(float* dqkv, float* dpreatt, const float* dout, const float* qkv,
+                          const float* att, int B, int T, int C, int NH);
 
 // ---- CUDA back end (--config=cuda only) ----
 // Device pointers, enqueued on `stream` (a cudaStream_t). Returns 0 or the
 // cudaError_t of the launch.
-int AttentionForwardCuda(float* out, float* att, const float* qkv, int B, int T,
-                         int C, int NH, void* stream);
-int AttentionBackwardCuda(float* dqkv, float* dpreatt, const float* dout,
-                          const float* qkv, const float* att, int B, int T,
-                          int C, int NH, void* stream);
+int AttentionForwardCuda(float* out, float* att, const float* qkv, int B, int T, int C, int NH,
+                         void* stream);
+int AttentionBackwardCuda(float* dqkv, float* dpreatt, const float* dout, const float* qkv,
+                          const float* att, int B, int T, int C, int NH, void* stream);
 
 }  // namespace muster::kernels

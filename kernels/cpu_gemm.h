@@ -67,19 +67,17 @@ inline void UseSingleThreadedBlas() {
 }
 
 // One single-threaded GEMM; safe to call from inside a parallel loop.
-inline void Sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                  const float* a, int lda, const float* b, int ldb, float beta,
-                  float* c, int ldc) {
+inline void Sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* a,
+                  int lda, const float* b, int ldb, float beta, float* c, int ldc) {
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, a, lda, b,
-              ldb, beta, c, ldc);
+              trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 // One GEMM, its M rows split in blocks of GemmRowsPerTask(M) across OpenMP
 // threads. Must not be called from inside a parallel loop.
-inline void ParallelSgemm(bool trans_a, bool trans_b, int M, int N, int K,
-                          float alpha, const float* a, int lda, const float* b,
-                          int ldb, float beta, float* c, int ldc) {
+inline void ParallelSgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                          const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                          int ldc) {
   if (M <= 0 || N <= 0) return;
   UseSingleThreadedBlas();
   if (GemmAsOneCall(M, N, K, omp_get_max_threads())) {

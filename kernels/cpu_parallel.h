@@ -27,8 +27,7 @@ constexpr long kElementsPerTask = 1 << 14;
 // -ffp-contract=off: the AVX-512 clone could), and no loop given clones
 // reduces across its vector lanes in an order of the vector width's
 // (LaneSum's lanes are fixed), so every clone computes the same bits.
-#define MUSTER_CPU_CLONES \
-  __attribute__((target_clones("avx512f", "avx2", "default")))
+#define MUSTER_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
 // fn(begin, end) over [0, count) in ranges of `block`, split statically.
 template <typename Fn>

@@ -28,8 +28,7 @@ namespace muster::kernels {
 constexpr int kCrossEntropyChunk = 64;
 
 // One row: logits_row (Vp, only :V read). Writes *lse, returns the loss.
-MUSTER_HD float CrossEntropyRowForward(float* lse, const float* logits_row,
-                                       int V, int target) {
+MUSTER_HD float CrossEntropyRowForward(float* lse, const float* logits_row, int V, int target) {
   float max_logit = logits_row[0];
   MUSTER_SIMD_MAX(max_logit)
   for (int v = 1; v < V; ++v) {
@@ -55,29 +54,27 @@ MUSTER_HD float CrossEntropyRowForward(float* lse, const float* logits_row,
 // gradient of the objective with respect to this row's loss, e.g. 1/(B*T)
 // for a mean). Zero in the padding. logit <= lse (lse is the row's max
 // plus the log of a sum >= 1), so the exponent is <= 0.
-MUSTER_HD float CrossEntropyBackwardElem(float logit, float lse, int v, int V,
-                                         int target, float dloss) {
+MUSTER_HD float CrossEntropyBackwardElem(float logit, float lse, int v, int V, int target,
+                                         float dloss) {
   const float prob = ExpNonPositive(logit - lse);
   const float indicator = v == target ? 1.0f : 0.0f;
   return v < V ? (prob - indicator) * dloss : 0.0f;
 }
 
 // ---- CPU back end (host pointers) ----
-void CrossEntropyForwardCpu(float* losses, float* lse, const float* logits,
-                            const int* targets, size_t N, int V, int Vp);
+void CrossEntropyForwardCpu(float* losses, float* lse, const float* logits, const int* targets,
+                            size_t N, int V, int Vp);
 // Every row's loss gets the same upstream gradient dloss.
-void CrossEntropyBackwardCpu(float* dlogits, const float* logits,
-                             const float* lse, const int* targets, float dloss,
-                             size_t N, int V, int Vp);
+void CrossEntropyBackwardCpu(float* dlogits, const float* logits, const float* lse,
+                             const int* targets, float dloss, size_t N, int V, int Vp);
 
 // ---- CUDA back end (--config=cuda only) ----
 // Device pointers, enqueued on `stream` (a cudaStream_t). Returns 0 or the
 // cudaError_t of the launch.
-int CrossEntropyForwardCuda(float* losses, float* lse, const float* logits,
-                            const int* targets, size_t N, int V, int Vp,
-                            void* stream);
-int CrossEntropyBackwardCuda(float* dlogits, const float* logits,
-                             const float* lse, const int* targets, float dloss,
-                             size_t N, int V, int Vp, void* stream);
+int CrossEntropyForwardCuda(float* losses, float* lse, const float* logits, const int* targets,
+                            size_t N, int V, int Vp, void* stream);
+int CrossEntropyBackwardCuda(float* dlogits, const float* logits, const float* lse,
+                             const int* targets, float dloss, size_t N, int V, int Vp,
+                             void* stream);
 
 }  // namespace muster::kernels

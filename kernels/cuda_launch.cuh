@@ -15,9 +15,7 @@ inline unsigned Blocks(size_t threads) {
   return static_cast<unsigned>((threads + kBlock - 1) / kBlock);
 }
 
-inline cudaStream_t AsStream(void* stream) {
-  return static_cast<cudaStream_t>(stream);
-}
+inline cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
 // The error of the most recent launch, as the launchers' int status.
 inline int LaunchStatus() { return static_cast<int>(cudaGetLastError()); }

@@ -31,8 +31,7 @@ MUSTER_HD GeluTanhSech GeluTanhAndSechSq(float u) {
   const float z = ExpNonPositive(-2.0f * abs_u);
   const float inv_one_plus_z = 1.0f / (1.0f + z);
   const float tanh_abs = (1.0f - z) * inv_one_plus_z;
-  return GeluTanhSech{u < 0.0f ? -tanh_abs : tanh_abs,
-                      4.0f * z * inv_one_plus_z * inv_one_plus_z};
+  return GeluTanhSech{u < 0.0f ? -tanh_abs : tanh_abs, 4.0f * z * inv_one_plus_z * inv_one_plus_z};
 }
 
 MUSTER_HD float GeluForwardElem(float x) {
@@ -45,22 +44,20 @@ MUSTER_HD float GeluBackwardElem(float x, float grad_out) {
   float cube = kGeluCubic * x * x * x;
   const GeluTanhSech th = GeluTanhAndSechSq(kGeluScale * (x + cube));
   float local_grad = 0.5f * (1.0f + th.tanh_u) +
-                     x * 0.5f * th.sech_sq * kGeluScale *
-                         (1.0f + 3.0f * kGeluCubic * x * x);
+                     x * 0.5f * th.sech_sq * kGeluScale * (1.0f + 3.0f * kGeluCubic * x * x);
   return local_grad * grad_out;
 }
 
 // CPU back end. out, in: (n,). May run in place (out == in).
 void GeluForwardCpu(float* out, const float* in, size_t n);
 // grad_in, in, grad_out: (n,). grad_in may alias grad_out.
-void GeluBackwardCpu(float* grad_in, const float* in, const float* grad_out,
-                     size_t n);
+void GeluBackwardCpu(float* grad_in, const float* in, const float* grad_out, size_t n);
 
 // CUDA back end (--config=cuda only): device pointers, enqueued on `stream`
 // (a cudaStream_t, passed as void* so host code needs no CUDA headers).
 // Returns 0 on success or the cudaError_t of the launch.
 int GeluForwardCuda(float* out, const float* in, size_t n, void* stream);
-int GeluBackwardCuda(float* grad_in, const float* in, const float* grad_out,
-                     size_t n, void* stream);
+int GeluBackwardCuda(float* grad_in, const float* in, const float* grad_out, size_t n,
+                     void* stream);
 
 }  // namespace muster::kernels

@@ -14,8 +14,8 @@ __global__ void GeluForwardKernel(float* out, const float* in, size_t n) {
   if (i < n) out[i] = GeluForwardElem(in[i]);
 }
 
-__global__ void GeluBackwardKernel(float* grad_in, const float* in,
-                                   const float* grad_out, size_t n) {
+__global__ void GeluBackwardKernel(float* grad_in, const float* in, const float* grad_out,
+                                   size_t n) {
   size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i < n) grad_in[i] = GeluBackwardElem(in[i], grad_out[i]);
 }
@@ -26,16 +26,15 @@ unsigned Blocks(size_t n) { return static_cast<unsigned>((n + kBlock - 1) / kBlo
 
 int GeluForwardCuda(float* out, const float* in, size_t n, void* stream) {
   if (n == 0) return 0;
-  GeluForwardKernel<<<Blocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
-      out, in, n);
+  GeluForwardKernel<<<Blocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(out, in, n);
   return static_cast<int>(cudaGetLastError());
 }
 
-int GeluBackwardCuda(float* grad_in, const float* in, const float* grad_out,
-                     size_t n, void* stream) {
+int GeluBackwardCuda(float* grad_in, const float* in, const float* grad_out, size_t n,
+                     void* stream) {
   if (n == 0) return 0;
-  GeluBackwardKernel<<<Blocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(
-      grad_in, in, grad_out, n);
+  GeluBackwardKernel<<<Blocks(n), kBlock, 0, static_cast<cudaStream_t>(stream)>>>(grad_in, in,
+                                                                                  grad_out, n);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -21,8 +21,7 @@ namespace muster::kernels {
 constexpr size_t kSumOfSquaresChunk = 4096;
 
 // sum of x[i]^2 for i = begin, begin + stride, ... < end, in double.
-MUSTER_HD double SumOfSquaresStrided(const float* x, size_t begin, size_t end,
-                                     size_t stride) {
+MUSTER_HD double SumOfSquaresStrided(const float* x, size_t begin, size_t end, size_t stride) {
   double sum = 0.0;
   for (size_t i = begin; i < end; i += stride) {
     sum += static_cast<double>(x[i]) * x[i];
@@ -33,8 +32,7 @@ MUSTER_HD double SumOfSquaresStrided(const float* x, size_t begin, size_t end,
 // The factor that brings a gradient of norm global_norm down to max_norm
 // (1 when it is already within it).
 MUSTER_HD float ClipScale(double global_norm, float max_norm) {
-  return global_norm > max_norm ? static_cast<float>(max_norm / global_norm)
-                                : 1.0f;
+  return global_norm > max_norm ? static_cast<float>(max_norm / global_norm) : 1.0f;
 }
 
 // ---- CPU back end (host pointers) ----
@@ -48,8 +46,7 @@ void ScaleCpu(float* x, size_t n, float scale);
 // Writes the sum to *result (one device double, left on the device so it
 // can be all-reduced). scratch holds SumOfSquaresCudaScratch(n) doubles.
 size_t SumOfSquaresCudaScratch(size_t n);
-int SumOfSquaresCuda(double* result, double* scratch, const float* x, size_t n,
-                     void* stream);
+int SumOfSquaresCuda(double* result, double* scratch, const float* x, size_t n, void* stream);
 int ScaleCuda(float* x, size_t n, float scale, void* stream);
 
 }  // namespace muster::kernels

@@ -12,8 +12,7 @@ double SumOfSquaresCpu(const float* x, size_t n) {
   double* sums = chunk_sums.data();
   cpu::ParallelFor(static_cast<long>(chunks), [=](long chunk) {
     const size_t begin = chunk * kSumOfSquaresChunk;
-    sums[chunk] = SumOfSquaresStrided(
-        x, begin, std::min(n, begin + kSumOfSquaresChunk), 1);
+    sums[chunk] = SumOfSquaresStrided(x, begin, std::min(n, begin + kSumOfSquaresChunk), 1);
   });
   double total = 0.0;  // chunk order, whatever the thread count
   for (double chunk_sum : chunk_sums) total += chunk_sum;

@@ -6,12 +6,10 @@ namespace {
 
 // LayerNormChannelsBackwardParams, vectorized across the channels: each
 // channel still adds its rows in order, so the bits are the same.
-MUSTER_CPU_CLONES void ChannelsBackwardParams(float* dweight, float* dbias,
-                                              const float* dout,
-                                              const float* inp,
-                                              const float* mean,
-                                              const float* rstd, long N, long C,
-                                              int c_begin, int c_end) {
+MUSTER_CPU_CLONES void ChannelsBackwardParams(float* dweight, float* dbias, const float* dout,
+                                              const float* inp, const float* mean,
+                                              const float* rstd, long N, long C, int c_begin,
+                                              int c_end) {
   for (long row = 0; row < N; ++row) {
     const float* dout_row = dout + row * C;
     const float* inp_row = inp + row * C;
@@ -27,50 +25,41 @@ MUSTER_CPU_CLONES void ChannelsBackwardParams(float* dweight, float* dbias,
 
 // Rows [begin, end), in clones so that their loops use the widest vectors
 // there are.
-MUSTER_CPU_CLONES void ForwardRows(float* out, float* mean, float* rstd,
-                                   const float* inp, const float* weight,
-                                   const float* bias, long begin, long end,
+MUSTER_CPU_CLONES void ForwardRows(float* out, float* mean, float* rstd, const float* inp,
+                                   const float* weight, const float* bias, long begin, long end,
                                    int C) {
   for (long row = begin; row < end; ++row) {
-    LayerNormRowForward(out + row * C, mean + row, rstd + row, inp + row * C,
-                        weight, bias, C);
+    LayerNormRowForward(out + row * C, mean + row, rstd + row, inp + row * C, weight, bias, C);
   }
 }
 
-MUSTER_CPU_CLONES void BackwardInputRows(float* dinp, const float* dout,
-                                         const float* inp, const float* weight,
-                                         const float* mean, const float* rstd,
+MUSTER_CPU_CLONES void BackwardInputRows(float* dinp, const float* dout, const float* inp,
+                                         const float* weight, const float* mean, const float* rstd,
                                          long begin, long end, int C) {
   for (long row = begin; row < end; ++row) {
-    LayerNormRowBackwardInput(dinp + row * C, dout + row * C, inp + row * C,
-                              weight, mean[row], rstd[row], C);
+    LayerNormRowBackwardInput(dinp + row * C, dout + row * C, inp + row * C, weight, mean[row],
+                              rstd[row], C);
   }
 }
 
 }  // namespace
 
 void LayerNormForwardCpu(float* out, float* mean, float* rstd, const float* inp,
-                         const float* weight, const float* bias, size_t N,
-                         int C) {
-  cpu::ParallelForBlocks(static_cast<long>(N), cpu::kRowsPerTask,
-                         [=](long begin, long end) {
-                           ForwardRows(out, mean, rstd, inp, weight, bias,
-                                       begin, end, C);
-                         });
+                         const float* weight, const float* bias, size_t N, int C) {
+  cpu::ParallelForBlocks(static_cast<long>(N), cpu::kRowsPerTask, [=](long begin, long end) {
+    ForwardRows(out, mean, rstd, inp, weight, bias, begin, end, C);
+  });
 }
 
-void LayerNormBackwardCpu(float* dinp, float* dweight, float* dbias,
-                          const float* dout, const float* inp,
-                          const float* weight, const float* mean,
+void LayerNormBackwardCpu(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const float* inp, const float* weight, const float* mean,
                           const float* rstd, size_t N, int C) {
-  cpu::ParallelForBlocks(static_cast<long>(N), cpu::kRowsPerTask,
-                         [=](long begin, long end) {
-                           BackwardInputRows(dinp, dout, inp, weight, mean,
-                                             rstd, begin, end, C);
-                         });
+  cpu::ParallelForBlocks(static_cast<long>(N), cpu::kRowsPerTask, [=](long begin, long end) {
+    BackwardInputRows(dinp, dout, inp, weight, mean, rstd, begin, end, C);
+  });
   cpu::ParallelForChannelRanges(C, [=](int begin, int end) {
-    ChannelsBackwardParams(dweight, dbias, dout, inp, mean, rstd,
-                           static_cast<long>(N), C, begin, end);
+    ChannelsBackwardParams(dweight, dbias, dout, inp, mean, rstd, static_cast<long>(N), C, begin,
+                           end);
   });
 }
 

@@ -21,9 +21,8 @@ namespace muster::kernels {
 // every row, rows in order, so the result does not depend on how channels
 // are split among threads. dout (BT, OC). (matmul_cpu.cc has a vectorized
 // copy: keep the two in step.)
-MUSTER_HD void MatmulBiasGradChannels(float* dbias, const float* dout,
-                                      size_t BT, int OC, int o_begin,
-                                      int o_end) {
+MUSTER_HD void MatmulBiasGradChannels(float* dbias, const float* dout, size_t BT, int OC,
+                                      int o_begin, int o_end) {
   for (size_t row = 0; row < BT; ++row) {
     const float* dout_row = dout + row * OC;
     for (int o = o_begin; o < o_end; ++o) dbias[o] += dout_row[o];
@@ -32,14 +31,13 @@ MUSTER_HD void MatmulBiasGradChannels(float* dbias, const float* dout,
 
 // ---- CPU back end (host pointers) ----
 // out (BT, OC) is overwritten.
-void MatmulForwardCpu(float* out, const float* inp, const float* weight,
-                      const float* bias, size_t BT, int C, int OC);
+void MatmulForwardCpu(float* out, const float* inp, const float* weight, const float* bias,
+                      size_t BT, int C, int OC);
 // dinp (BT, C), dweight (OC, C), dbias (OC) accumulate; dbias may be
 // nullptr when the layer has no bias. dinp may be nullptr when the input
 // needs no gradient (e.g. it is data).
-void MatmulBackwardCpu(float* dinp, float* dweight, float* dbias,
-                       const float* dout, const float* inp, const float* weight,
-                       size_t BT, int C, int OC);
+void MatmulBackwardCpu(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, size_t BT, int C, int OC);
 
 // ---- CUDA back end (--config=cuda only) ----
 // Device pointers; work is enqueued on `stream` (a cudaStream_t), and
@@ -48,11 +46,10 @@ void MatmulBackwardCpu(float* dinp, float* dweight, float* dbias,
 // cudaError_t from a launch, or kCublasErrorBase + a cublasStatus_t.
 constexpr int kCublasErrorBase = 1 << 16;
 
-int MatmulForwardCuda(float* out, const float* inp, const float* weight,
-                      const float* bias, size_t BT, int C, int OC, void* cublas,
-                      void* stream);
-int MatmulBackwardCuda(float* dinp, float* dweight, float* dbias,
-                       const float* dout, const float* inp, const float* weight,
-                       size_t BT, int C, int OC, void* cublas, void* stream);
+int MatmulForwardCuda(float* out, const float* inp, const float* weight, const float* bias,
+                      size_t BT, int C, int OC, void* cublas, void* stream);
+int MatmulBackwardCuda(float* dinp, float* dweight, float* dbias, const float* dout,
+                       const float* inp, const float* weight, size_t BT, int C, int OC,
+                       void* cublas, void* stream);
 
 }  // namespace muster::kernels

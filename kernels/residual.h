@@ -20,17 +20,13 @@ MUSTER_HD void ResidualBackwardElem(float* din1, float* din2, float dout) {
 }
 
 // ---- CPU back end (host pointers); all arrays (n,) ----
-void ResidualForwardCpu(float* out, const float* inp1, const float* inp2,
-                        size_t n);
-void ResidualBackwardCpu(float* dinp1, float* dinp2, const float* dout,
-                         size_t n);
+void ResidualForwardCpu(float* out, const float* inp1, const float* inp2, size_t n);
+void ResidualBackwardCpu(float* dinp1, float* dinp2, const float* dout, size_t n);
 
 // ---- CUDA back end (--config=cuda only) ----
 // Device pointers, enqueued on `stream` (a cudaStream_t). Returns 0 or the
 // cudaError_t of the launch.
-int ResidualForwardCuda(float* out, const float* inp1, const float* inp2,
-                        size_t n, void* stream);
-int ResidualBackwardCuda(float* dinp1, float* dinp2, const float* dout,
-                         size_t n, void* stream);
+int ResidualForwardCuda(float* out, const float* inp1, const float* inp2, size_t n, void* stream);
+int ResidualBackwardCuda(float* dinp1, float* dinp2, const float* dout, size_t n, void* stream);
 
 }  // namespace muster::kernels

@@ -189,8 +189,7 @@ int Agent::Run() {
   }
 }
 
-std::optional<rdzv::RoundAssignment> Agent::AwaitJoinedRound(uint64_t round,
-                                                             int64_t lease_ttl_ms) {
+std::optional<rdzv::RoundAssignment> Agent::AwaitJoinedRound(uint64_t round, int64_t lease_ttl_ms) {
   auto self_in = [this](const pb::JobState& state) -> const pb::Member* {
     for (const pb::Member& member : state.members()) {
       if (member.member_id() == member_id_) return &member;
@@ -283,16 +282,17 @@ Outcome Agent::FinishPreemption(const WorkerGroup& group, int signal_number) {
   // up, so the other nodes' workers were not torn out of it.
   LeaveRendezvous();
   if (group.preempted()) {
-    spdlog::warn("job {} preempted ({}): this node's workers saved their state ({}); "
-                 "exiting {} so the job can be requeued",
-                 setup_.job_id, SignalName(signal_number), group.DescribeExits(),
-                 kPreemptedExitCode);
+    spdlog::warn(
+        "job {} preempted ({}): this node's workers saved their state ({}); "
+        "exiting {} so the job can be requeued",
+        setup_.job_id, SignalName(signal_number), group.DescribeExits(), kPreemptedExitCode);
     exit_code_ = kPreemptedExitCode;
   } else {
     exit_code_ = 128 + signal_number;
-    spdlog::error("job {}: preemption ({}) not clean, not every worker saved its state ({}); "
-                  "exiting {}",
-                  setup_.job_id, SignalName(signal_number), group.DescribeExits(), exit_code_);
+    spdlog::error(
+        "job {}: preemption ({}) not clean, not every worker saved its state ({}); "
+        "exiting {}",
+        setup_.job_id, SignalName(signal_number), group.DescribeExits(), exit_code_);
   }
   return Outcome::kExit;
 }
@@ -388,8 +388,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
       }
       const WorkerFailure& first = group.failures().front();
       std::fprintf(stderr, "workers failed on %s in round %lu:\n%s", setup_.hostname.c_str(),
-                   static_cast<unsigned long>(round),
-                   FormatFailureTable(group.failures()).c_str());
+                   static_cast<unsigned long>(round), FormatFailureTable(group.failures()).c_str());
       pb::ReportFailureRequest report;
       report.set_job_id(setup_.job_id);
       report.set_round(round);
@@ -469,8 +468,7 @@ int RunAgent(const LaunchOptions& options, const std::map<std::string, std::stri
   absl::StatusOr<RendezvousSetup> setup = SetUpRendezvous(options, signals.cancellation());
   if (!setup.ok()) {
     if (int signal_number = signals.received(); signal_number != 0) {
-      spdlog::warn("got {} while connecting to the rendezvous service",
-                   SignalName(signal_number));
+      spdlog::warn("got {} while connecting to the rendezvous service", SignalName(signal_number));
       return 128 + signal_number;
     }
     spdlog::error("{}", std::string(setup.status().message()));

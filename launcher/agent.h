@@ -2,10 +2,12 @@
 // this node's workers for each round, and restarts them when the round
 // ends, until the job succeeds or fails.
 //
-//   join ─► round R RUNNING ─► spawn workers ─► watch ─┬─► all exit 0 ─► report done ─► job SUCCEEDED: exit 0
-//     ▲                                                ├─► a worker fails ─► report, stop workers ─┐
-//     │                                                ├─► round R ended elsewhere ─► stop workers ─┤
-//     │                                                ├─► nodes waiting, room left ─► stop workers ┤
+//   join ─► round R RUNNING ─► spawn workers ─► watch ─┬─► all exit 0 ─► report done ─► job
+//   SUCCEEDED: exit 0
+//     ▲                                                ├─► a worker fails ─► report, stop workers
+//     ─┐ │                                                ├─► round R ended elsewhere ─► stop
+//     workers ─┤ │                                                ├─► nodes waiting, room left ─►
+//     stop workers ┤
 //     └────────────────────────────────────────────────┴────────────────────────────────────────────┘
 //   signal ─► forward it to the workers, stop them, leave, exit 128+signal
 //   SIGTERM/SIGUSR1 (preemption) ─► forward, wait --preempt_grace; if every

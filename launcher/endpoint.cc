@@ -45,12 +45,14 @@ int VisibleGpuCount() {
     auto init = reinterpret_cast<Init>(dlsym(driver, "cuInit"));
     auto get_count = reinterpret_cast<GetCount>(dlsym(driver, "cuDeviceGetCount"));
     int count = 0;
-    bool counted = init != nullptr && get_count != nullptr && init(0) == 0 && get_count(&count) == 0;
+    bool counted =
+        init != nullptr && get_count != nullptr && init(0) == 0 && get_count(&count) == 0;
     dlclose(driver);
     if (counted) return count;
   }
   void* runtime = dlopen("libcudart.so", RTLD_LAZY | RTLD_LOCAL);
-  if (runtime == nullptr) runtime = dlopen("/usr/local/cuda/lib64/libcudart.so", RTLD_LAZY | RTLD_LOCAL);
+  if (runtime == nullptr)
+    runtime = dlopen("/usr/local/cuda/lib64/libcudart.so", RTLD_LAZY | RTLD_LOCAL);
   if (runtime == nullptr) return 0;
   using GetDeviceCount = int (*)(int*);
   auto get_count = reinterpret_cast<GetDeviceCount>(dlsym(runtime, "cudaGetDeviceCount"));
@@ -78,8 +80,9 @@ absl::StatusOr<std::string> MakeLogRoot(const LaunchOptions& options, const std:
     return root;
   }
   // Error files need a home even without --log_dir, as in torchrun.
-  std::string pattern = (std::filesystem::temp_directory_path() /
-                         absl::StrCat("muster_", job_id, "_XXXXXX")).string();
+  std::string pattern =
+      (std::filesystem::temp_directory_path() / absl::StrCat("muster_", job_id, "_XXXXXX"))
+          .string();
   if (mkdtemp(pattern.data()) == nullptr) {
     return absl::InternalError(absl::StrCat("cannot create a log directory: ", strerror(errno)));
   }
@@ -117,9 +120,10 @@ std::string LocalAddressToward(const std::string& host) {
   if (fd >= 0 && connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
       getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
     char text[INET6_ADDRSTRLEN] = {};
-    const void* raw = local.ss_family == AF_INET
-                          ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
-                          : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
+    const void* raw =
+        local.ss_family == AF_INET
+            ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr)
+            : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr);
     if (inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) result = text;
   }
   if (fd >= 0) close(fd);
@@ -150,9 +154,8 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
       server.token_file = conf.token_file;
       absl::StatusOr<std::unique_ptr<rdzv::Server>> started = rdzv::Server::Start(server);
       if (!started.ok()) {
-        return absl::UnavailableError(absl::StrCat("static rendezvous on port ",
-                                                   options.master_port, ": ",
-                                                   started.status().message()));
+        return absl::UnavailableError(absl::StrCat(
+            "static rendezvous on port ", options.master_port, ": ", started.status().message()));
       }
       setup.server = *std::move(started);
     }
@@ -192,9 +195,9 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
   // Only gpu and auto need the count, and counting initialises the CUDA
   // driver (a fraction of a second): a plain number skips it.
   const bool needs_gpus = options.nproc_per_node == "gpu" || options.nproc_per_node == "auto";
-  absl::StatusOr<int> nproc = ResolveNprocPerNode(
-      options.nproc_per_node, needs_gpus ? VisibleGpuCount() : 0,
-      static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))));
+  absl::StatusOr<int> nproc =
+      ResolveNprocPerNode(options.nproc_per_node, needs_gpus ? VisibleGpuCount() : 0,
+                          static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))));
   if (!nproc.ok()) return nproc.status();
 
   rendezvous::v1::JoinRequest& join = setup.join;

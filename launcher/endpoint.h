@@ -25,7 +25,7 @@ struct RendezvousSetup {
   rendezvous::v1::JoinRequest join;  // this node's join (member_id unset)
   RendezvousAccess access;           // passed on to the workers
   std::string hostname;
-  std::string log_root;              // <log_dir>/<run_id>, or a temp dir
+  std::string log_root;  // <log_dir>/<run_id>, or a temp dir
 };
 
 // Starts the embedded server if the mode needs one, connects, and checks

@@ -31,8 +31,8 @@ std::string ReadErrorFileMessage(const std::string& path) {
 }
 
 std::string FormatFailureTable(const std::vector<WorkerFailure>& failures) {
-  std::string table = absl::StrFormat("%-24s %-20s %6s %-22s %8s  %s\n", "time", "host",
-                                      "rank", "exit", "pid", "message");
+  std::string table = absl::StrFormat("%-24s %-20s %6s %-22s %8s  %s\n", "time", "host", "rank",
+                                      "exit", "pid", "message");
   for (const WorkerFailure& failure : failures) {
     // First line of the message only: tracebacks belong in the log files.
     std::string message = failure.message.empty()
@@ -40,8 +40,8 @@ std::string FormatFailureTable(const std::vector<WorkerFailure>& failures) {
                               : failure.message.substr(0, failure.message.find('\n'));
     table += absl::StrFormat(
         "%-24s %-20s %6d %-22s %8d  %s\n",
-        absl::FormatTime("%Y-%m-%d %H:%M:%E3S", failure.time, absl::LocalTimeZone()),
-        failure.host, failure.global_rank, failure.exit.Describe(), failure.pid, message);
+        absl::FormatTime("%Y-%m-%d %H:%M:%E3S", failure.time, absl::LocalTimeZone()), failure.host,
+        failure.global_rank, failure.exit.Describe(), failure.pid, message);
   }
   return table;
 }

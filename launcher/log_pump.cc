@@ -51,8 +51,7 @@ struct Stream {
         ++line_end;
       }
       if (line_end == end) break;  // no line end yet: keep the rest
-      if (*line_end == '\n' && after_carriage_return && partial_line.empty() &&
-          line_end == data) {
+      if (*line_end == '\n' && after_carriage_return && partial_line.empty() && line_end == data) {
         out.push_back('\n');
       } else {
         out.append(sink.prefix).append(partial_line).append(data, line_end);
@@ -170,9 +169,8 @@ void LogPump::Add(int read_fd, LogSink sink) {
 
 bool LogPump::WaitDrained(absl::Duration timeout) {
   absl::MutexLock lock(&impl_->mu);
-  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mu) {
-    return impl_->open_streams == 0;
-  };
+  auto drained = [this]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(impl_->mu) { return impl_->open_streams == 0; };
   return impl_->mu.AwaitWithTimeout(absl::Condition(&drained), timeout);
 }
 

@@ -26,9 +26,9 @@ namespace muster::launcher {
 inline constexpr size_t kMaxConsoleLine = 64 * 1024;
 
 struct LogSink {
-  int file_fd = -1;        // log file to append to (owned by the pump), or -1
-  int console_fd = -1;     // STDOUT_FILENO / STDERR_FILENO (not owned), or -1
-  std::string prefix;      // put before each console line
+  int file_fd = -1;     // log file to append to (owned by the pump), or -1
+  int console_fd = -1;  // STDOUT_FILENO / STDERR_FILENO (not owned), or -1
+  std::string prefix;   // put before each console line
 };
 
 class LogPump {

@@ -25,14 +25,11 @@ std::string Names(const std::string& flag, const std::string& short_name = "") {
   return names;
 }
 
-std::string PetName(const std::string& flag) {
-  return "PET_" + absl::AsciiStrToUpper(flag);
-}
+std::string PetName(const std::string& flag) { return "PET_" + absl::AsciiStrToUpper(flag); }
 
 // Seconds as torchrun writes them ("600", "0.5"), or an absl duration
 // ("500ms", "2s").
-absl::StatusOr<absl::Duration> ParseSeconds(const std::string& key,
-                                             const std::string& text) {
+absl::StatusOr<absl::Duration> ParseSeconds(const std::string& key, const std::string& text) {
   double seconds = 0;
   if (absl::SimpleAtod(text, &seconds) && seconds >= 0) {
     return absl::Seconds(seconds);
@@ -46,14 +43,14 @@ absl::StatusOr<absl::Duration> ParseSeconds(const std::string& key,
 }
 
 absl::StatusOr<int> ParseSignalName(const std::string& name) {
-  static const std::map<std::string, int> kSignals = {
-      {"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGHUP", SIGHUP},
-      {"SIGQUIT", SIGQUIT}, {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}};
+  static const std::map<std::string, int> kSignals = {{"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},
+                                                      {"SIGHUP", SIGHUP},   {"SIGQUIT", SIGQUIT},
+                                                      {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}};
   auto it = kSignals.find(absl::AsciiStrToUpper(absl::StripAsciiWhitespace(name)));
   if (it == kSignals.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--signals_to_handle: unknown signal '", name,
-        "'; expected a list of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--signals_to_handle: unknown signal '", name,
+                     "'; expected a list of SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2"));
   }
   return it->second;
 }
@@ -81,8 +78,8 @@ absl::Status ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes
     ok = absl::SimpleAtoi(parts[0], &low) && absl::SimpleAtoi(parts[1], &high);
   }
   if (!ok || low < 1 || high < low) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--nnodes ", text, ": expected N or MIN:MAX with 1 <= MIN <= MAX"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nnodes ", text, ": expected N or MIN:MAX with 1 <= MIN <= MAX"));
   }
   *min_nodes = low;
   *max_nodes = high;
@@ -175,8 +172,7 @@ int StreamsFor(const std::map<int, int>& setting, int local_rank) {
   return it == setting.end() ? 0 : it->second;
 }
 
-absl::StatusOr<int> ResolveNprocPerNode(const std::string& text, int gpu_count,
-                                        int cpu_count) {
+absl::StatusOr<int> ResolveNprocPerNode(const std::string& text, int gpu_count, int cpu_count) {
   if (text == "gpu") {
     if (gpu_count == 0) {
       return absl::FailedPreconditionError(
@@ -188,18 +184,16 @@ absl::StatusOr<int> ResolveNprocPerNode(const std::string& text, int gpu_count,
   if (text == "auto") return gpu_count > 0 ? gpu_count : cpu_count;
   int count = 0;
   if (!absl::SimpleAtoi(text, &count) || count < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--nproc_per_node ", text, ": expected a positive integer, auto, cpu or gpu"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nproc_per_node ", text, ": expected a positive integer, auto, cpu or gpu"));
   }
   return count;
 }
 
-absl::StatusOr<LaunchOptions> ParseLaunchOptions(
-    const std::vector<std::string>& argv,
-    const std::map<std::string, std::string>& env) {
+absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& argv,
+                                                 const std::map<std::string, std::string>& env) {
   LaunchOptions options;
-  CLI::App app("launch: start and supervise a distributed job's workers on this node",
-               "launch");
+  CLI::App app("launch: start and supervise a distributed job's workers on this node", "launch");
   app.prefix_command();  // the first unknown argument is the target
   app.set_help_flag("-h,--help", "Show this help and exit");
 
@@ -210,8 +204,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
     return it == env.end() ? nullptr : &it->second;
   };
   std::map<std::string, std::string> text;  // string-typed flags as given
-  auto add_text = [&](const std::string& flag, const std::string& fallback,
-                      const std::string& help, const std::string& short_name = "") {
+  auto add_text = [&](const std::string& flag, const std::string& fallback, const std::string& help,
+                      const std::string& short_name = "") {
     text[flag] = pet(flag) ? *pet(flag) : fallback;
     app.add_option(Names(flag, short_name), text[flag], help);
   };
@@ -231,8 +225,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
   add_text("rdzv_backend", "grpc", "Rendezvous backend: grpc (ours) or static");
   add_text("rdzv_endpoint", "", "Rendezvous service, host[:port] (port 29400)");
   add_text("rdzv_id", "none", "Job id shared by every node of the job");
-  add_text("rdzv_conf", "", "k=v,... : join_timeout, last_call_timeout, close_timeout, "
-                            "lease_ttl, keep_alive_interval, token_file, tls_*, job_secret_file");
+  add_text("rdzv_conf", "",
+           "k=v,... : join_timeout, last_call_timeout, close_timeout, "
+           "lease_ttl, keep_alive_interval, token_file, tls_*, job_secret_file");
   add_bool("standalone", &options.standalone, "Run an embedded rendezvous server");
   add_text("max_restarts", "0", "Job-wide failure restarts before giving up");
   add_text("monitor_interval", "0.1", "Seconds between worker health checks");
@@ -274,8 +269,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
 
   auto int_flag = [&](const std::string& flag, int low, int* out) -> absl::Status {
     if (!absl::SimpleAtoi(text[flag], out) || *out < low) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, " ", text[flag], ": expected an integer >= ", low));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, " ", text[flag], ": expected an integer >= ", low));
     }
     return absl::OkStatus();
   };
@@ -317,9 +312,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
   options.local_addr = text["local_addr"];
 
   if (options.rdzv_backend != "grpc" && options.rdzv_backend != "static") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--rdzv_backend ", options.rdzv_backend,
-        ": unknown backend; expected grpc (the muster rendezvous service) or static"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rdzv_backend ", options.rdzv_backend,
+                     ": unknown backend; expected grpc (the muster rendezvous service) or static"));
   }
   if (options.rdzv_backend == "grpc" && !options.standalone && options.rdzv_endpoint.empty()) {
     return absl::InvalidArgumentError(
@@ -329,12 +324,11 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
     return absl::InvalidArgumentError("--node_rank is required with --rdzv_backend static");
   }
 
-  for (auto [flag, field] : {std::pair{"redirects", &options.redirects},
-                             std::pair{"tee", &options.tee}}) {
+  for (auto [flag, field] :
+       {std::pair{"redirects", &options.redirects}, std::pair{"tee", &options.tee}}) {
     absl::StatusOr<std::map<int, int>> parsed = ParseStdStreams(text[flag]);
     if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, " ", parsed.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", parsed.status().message()));
     }
     *field = *parsed;
   }
@@ -342,9 +336,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(
        absl::StrSplit(text["local_ranks_filter"], ',', absl::SkipWhitespace())) {
     int rank = 0;
     if (!absl::SimpleAtoi(item, &rank) || rank < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--local_ranks_filter ", text["local_ranks_filter"],
-          ": expected a comma-separated list of local ranks"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--local_ranks_filter ", text["local_ranks_filter"],
+                       ": expected a comma-separated list of local ranks"));
     }
     options.local_ranks_filter.push_back(rank);
   }

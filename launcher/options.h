@@ -17,9 +17,9 @@ namespace muster::launcher {
 
 // What the target names, and so how workers are started.
 enum class TargetKind {
-  kYamlConfig,   // *.yaml / *.yml: our `worker` binary with that config
-  kPythonScript, // *.py (or -m module): python3 -u
-  kExecutable,   // --no_python: the target itself
+  kYamlConfig,    // *.yaml / *.yml: our `worker` binary with that config
+  kPythonScript,  // *.py (or -m module): python3 -u
+  kExecutable,    // --no_python: the target itself
 };
 
 // --rdzv_conf k=v,... with torchrun's keys and ours.
@@ -84,13 +84,11 @@ struct LaunchOptions {
 // Errors are INVALID_ARGUMENT with one line naming the flag and the value
 // expected; `launch` prints it and exits 2. `--help` yields CANCELLED with
 // the help text as the message (print it, exit 0).
-absl::StatusOr<LaunchOptions> ParseLaunchOptions(
-    const std::vector<std::string>& argv,
-    const std::map<std::string, std::string>& env);
+absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& argv,
+                                                 const std::map<std::string, std::string>& env);
 
 // Parses `N` or `MIN:MAX` (1 <= MIN <= MAX).
-absl::Status ParseNnodes(const std::string& text, int* min_nodes,
-                         int* max_nodes);
+absl::Status ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes);
 
 // Parses `k=v,k=v` into `conf`. Unknown keys are INVALID_ARGUMENT.
 absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf);
@@ -105,7 +103,6 @@ int StreamsFor(const std::map<int, int>& setting, int local_rank);
 // CUDA devices visible (0 when there is no CUDA runtime or device);
 // `cpu_count` the CPUs this process may run on. "gpu" with no GPU is
 // FAILED_PRECONDITION.
-absl::StatusOr<int> ResolveNprocPerNode(const std::string& text, int gpu_count,
-                                        int cpu_count);
+absl::StatusOr<int> ResolveNprocPerNode(const std::string& text, int gpu_count, int cpu_count);
 
 }  // namespace muster::launcher

@@ -83,8 +83,7 @@ absl::StatusOr<Child> Child::Spawn(const SpawnSpec& spec) {
     }
   };
   if ((spec.pipe_stdout && pipe2(out_pipe, O_CLOEXEC) != 0) ||
-      (spec.pipe_stderr && pipe2(err_pipe, O_CLOEXEC) != 0) ||
-      pipe2(exec_error, O_CLOEXEC) != 0) {
+      (spec.pipe_stderr && pipe2(err_pipe, O_CLOEXEC) != 0) || pipe2(exec_error, O_CLOEXEC) != 0) {
     int error = errno;
     close_all();
     return absl::InternalError(absl::StrCat("spawn: pipe: ", strerror(error)));
@@ -98,8 +97,7 @@ absl::StatusOr<Child> Child::Spawn(const SpawnSpec& spec) {
     return absl::InternalError(absl::StrCat("spawn: fork: ", strerror(error)));
   }
   if (pid == 0) {
-    ExecChild(spec, argv.data(), envp.data(), agent_pid, out_pipe[1], err_pipe[1],
-              exec_error[1]);
+    ExecChild(spec, argv.data(), envp.data(), agent_pid, out_pipe[1], err_pipe[1], exec_error[1]);
   }
   // Also set the group from the parent, so signalling it cannot race the
   // child's own setpgid.

@@ -102,7 +102,6 @@ class Child {
 // before its leader is reaped, never after. Returns when every child is
 // reaped. `signal` replaces SIGTERM for the first stage (the agent
 // forwards the signal it received).
-void StopAll(const std::vector<Child*>& children, absl::Duration timeout,
-             int signal);
+void StopAll(const std::vector<Child*>& children, absl::Duration timeout, int signal);
 
 }  // namespace muster::launcher

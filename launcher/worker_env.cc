@@ -8,14 +8,13 @@ extern char** environ;
 
 namespace muster::launcher {
 
-std::vector<std::string> WorkerEnvironment(
-    const std::map<std::string, std::string>& base, const RoundAssignment& round,
-    const RendezvousAccess& access, int local_rank, const std::string& error_file) {
+std::vector<std::string> WorkerEnvironment(const std::map<std::string, std::string>& base,
+                                           const RoundAssignment& round,
+                                           const RendezvousAccess& access, int local_rank,
+                                           const std::string& error_file) {
   std::map<std::string, std::string> env = base;
   int rank = round.rank_offset + local_rank;
-  auto set = [&](const std::string& key, const auto& value) {
-    env[key] = absl::StrCat(value);
-  };
+  auto set = [&](const std::string& key, const auto& value) { env[key] = absl::StrCat(value); };
   set("RANK", rank);
   set("LOCAL_RANK", local_rank);
   set("WORLD_SIZE", round.world_size);

@@ -19,16 +19,16 @@ inline constexpr int kPreemptedExitCode = 75;
 // What the agent knows once a round has formed.
 struct RoundAssignment {
   uint64_t round = 0;
-  int group_rank = 0;         // this node's rank
-  int group_world_size = 1;   // nodes in the round
-  int rank_offset = 0;        // global rank of this node's local rank 0
-  int local_world_size = 1;   // workers on this node
-  int world_size = 1;         // workers in the round
+  int group_rank = 0;        // this node's rank
+  int group_world_size = 1;  // nodes in the round
+  int rank_offset = 0;       // global rank of this node's local rank 0
+  int local_world_size = 1;  // workers on this node
+  int world_size = 1;        // workers in the round
   std::string master_addr;
   int master_port = 0;
   int restart_count = 0;
   int max_restarts = 0;
-  std::string run_id;         // the rendezvous job id
+  std::string run_id;  // the rendezvous job id
   std::string role = "default";
   // Not the round's but the agent's setting, passed on to every worker
   // (MUSTER_PREEMPT_GRACE_S): the seconds between a forwarded preemption
@@ -50,9 +50,10 @@ struct RendezvousAccess {
 // Returns "KEY=VALUE" entries: `base` (the agent's environment) with the
 // worker's variables set on top. OMP_NUM_THREADS=1 is added when `base`
 // has none and local_world_size > 1.
-std::vector<std::string> WorkerEnvironment(
-    const std::map<std::string, std::string>& base, const RoundAssignment& round,
-    const RendezvousAccess& access, int local_rank, const std::string& error_file);
+std::vector<std::string> WorkerEnvironment(const std::map<std::string, std::string>& base,
+                                           const RoundAssignment& round,
+                                           const RendezvousAccess& access, int local_rank,
+                                           const std::string& error_file);
 
 // The process environment as a map.
 std::map<std::string, std::string> CurrentEnvironment();

@@ -56,9 +56,9 @@ absl::StatusOr<std::vector<std::string>> WorkerCommand(
       }
       if (found.empty()) found = FindOnPath("worker", env);
       if (found.empty()) {
-        return absl::NotFoundError(absl::StrCat(
-            "cannot find the `worker` binary to run ", options.target,
-            ": looked next to launch and on PATH"));
+        return absl::NotFoundError(absl::StrCat("cannot find the `worker` binary to run ",
+                                                options.target,
+                                                ": looked next to launch and on PATH"));
       }
       command = {found, options.target};
       break;
@@ -83,7 +83,7 @@ absl::StatusOr<std::vector<std::string>> WorkerCommand(
 }
 
 absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGroupSpec& spec,
-                                                                 LogPump* pump) {
+                                                                LogPump* pump) {
   auto group = std::unique_ptr<WorkerGroup>(new WorkerGroup());
   group->host_ = spec.host;
   for (int local_rank = 0; local_rank < spec.round.local_world_size; ++local_rank) {
@@ -108,9 +108,9 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGrou
       return child.status();
     }
 
-    bool on_console = spec.local_ranks_filter.empty() ||
-                      std::count(spec.local_ranks_filter.begin(),
-                                 spec.local_ranks_filter.end(), local_rank) > 0;
+    bool on_console =
+        spec.local_ranks_filter.empty() ||
+        std::count(spec.local_ranks_filter.begin(), spec.local_ranks_filter.end(), local_rank) > 0;
     int redirects = StreamsFor(spec.redirects, local_rank);
     int tee = StreamsFor(spec.tee, local_rank);
     std::string prefix = absl::StrCat("[", spec.host, " rank", global_rank, "]: ");

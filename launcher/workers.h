@@ -43,8 +43,8 @@ class WorkerGroup {
  public:
   // Spawns round.local_world_size workers. If one cannot be spawned, the
   // ones already started are stopped and the error is returned.
-  static absl::StatusOr<std::unique_ptr<WorkerGroup>> Start(
-      const WorkerGroupSpec& spec, LogPump* pump);
+  static absl::StatusOr<std::unique_ptr<WorkerGroup>> Start(const WorkerGroupSpec& spec,
+                                                            LogPump* pump);
 
   // Stops whatever still runs (SIGKILL) before going away.
   ~WorkerGroup();

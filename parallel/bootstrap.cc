@@ -37,8 +37,7 @@ absl::StatusOr<Int> ParseInt(const Env& env, const std::string& name, Int fallba
   if (text == nullptr) return fallback;
   Int value;
   if (!absl::SimpleAtoi(*text, &value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, "='", *text, "' is not an integer"));
+    return absl::InvalidArgumentError(absl::StrCat(name, "='", *text, "' is not an integer"));
   }
   return value;
 }
@@ -46,9 +45,9 @@ absl::StatusOr<Int> ParseInt(const Env& env, const std::string& name, Int fallba
 absl::StatusOr<std::string> Required(const Env& env, const std::string& name, int world_size) {
   const std::string* value = Find(env, name);
   if (value == nullptr || value->empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, " is not set; a worker of a world of ", world_size,
-        " needs the environment `launch` gives it"));
+    return absl::InvalidArgumentError(absl::StrCat(name, " is not set; a worker of a world of ",
+                                                   world_size,
+                                                   " needs the environment `launch` gives it"));
   }
   return *value;
 }
@@ -73,8 +72,8 @@ absl::StatusOr<WorldInfo> WorldFromEnvironment(const Env& env) {
   if (const std::string* text = Find(env, "MUSTER_COMM_TIMEOUT_S")) {
     double seconds = 0;
     if (!absl::SimpleAtod(*text, &seconds) || !(seconds > 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "MUSTER_COMM_TIMEOUT_S='", *text, "' must be a positive number of seconds"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("MUSTER_COMM_TIMEOUT_S='", *text, "' must be a positive number of seconds"));
     }
     world.comm_timeout = absl::Seconds(seconds);
   }
@@ -86,8 +85,7 @@ absl::StatusOr<WorldInfo> WorldFromEnvironment(const Env& env) {
     return absl::InvalidArgumentError(
         Find(env, "RANK") == nullptr
             ? absl::StrCat("RANK is not set but WORLD_SIZE is ", world.world_size)
-            : absl::StrCat("RANK=", *rank, " is outside [0, WORLD_SIZE=", world.world_size,
-                           ")"));
+            : absl::StrCat("RANK=", *rank, " is outside [0, WORLD_SIZE=", world.world_size, ")"));
   }
   world.rank = *rank;
   absl::StatusOr<int> local_rank = ParseInt<int>(env, "LOCAL_RANK", 0);
@@ -143,11 +141,10 @@ std::string LocalAddressToward(const std::string& host) {
     char text[INET6_ADDRSTRLEN] = {};
     if (connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
         getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
-      const void* raw = local.ss_family == AF_INET6
-                            ? static_cast<const void*>(
-                                  &reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
-                            : static_cast<const void*>(
-                                  &reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
+      const void* raw =
+          local.ss_family == AF_INET6
+              ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(&local)->sin6_addr)
+              : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(&local)->sin_addr);
       if (inet_ntop(local.ss_family, raw, text, sizeof(text)) != nullptr) address = text;
     }
     close(fd);
@@ -187,10 +184,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
   absl::StatusOr<std::unique_ptr<ProcessGroup>> group =
       CreateGlooGroup(comm->scoped_store_.get(), world.rank, world.world_size, gloo);
   if (!group.ok()) {
-    return absl::Status(group.status().code(),
-                        absl::StrCat("joining the process group of job '", world.job_id,
-                                     "' round ", world.round, " at ", comm->local_address_,
-                                     ": ", group.status().message()));
+    return absl::Status(
+        group.status().code(),
+        absl::StrCat("joining the process group of job '", world.job_id, "' round ", world.round,
+                     " at ", comm->local_address_, ": ", group.status().message()));
   }
   comm->group_ = *std::move(group);
 
@@ -221,9 +218,9 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
       absl::StatusOr<std::unique_ptr<ProcessGroup>> made =
           CreateHostStagedGroup(comm->group_.get(), staged);
       if (!made.ok()) {
-        return absl::Status(made.status().code(),
-                            absl::StrCat(where, ": staging Gloo through host memory: ",
-                                         made.status().message()));
+        return absl::Status(
+            made.status().code(),
+            absl::StrCat(where, ": staging Gloo through host memory: ", made.status().message()));
       }
       comm->data_group_ = *std::move(made);
       comm->data_group_owns_group_ = true;
@@ -251,8 +248,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
   return comm;
 }
 
-absl::Status RoundStatus(const std::optional<rdzv::pb::JobState>& latest,
-                         const std::string& job_id, uint64_t round) {
+absl::Status RoundStatus(const std::optional<rdzv::pb::JobState>& latest, const std::string& job_id,
+                         uint64_t round) {
   if (!latest.has_value()) return absl::OkStatus();
   if (latest->round() == round && latest->phase() == rdzv::pb::RUNNING) return absl::OkStatus();
   std::string reason = rdzv::pb::RoundEndReason_Name(latest->last_end_reason());
@@ -262,8 +259,7 @@ absl::Status RoundStatus(const std::optional<rdzv::pb::JobState>& latest,
     if (failure->round() != round) continue;
     // A lapsed lease is recorded as a failure with no exit code.
     if (failure->exit_code() >= 0) {
-      absl::StrAppend(&reason, ": member ", failure->member_id(), " exited ",
-                      failure->exit_code(),
+      absl::StrAppend(&reason, ": member ", failure->member_id(), " exited ", failure->exit_code(),
                       failure->message().empty() ? "" : absl::StrCat(", ", failure->message()));
     } else if (!failure->message().empty()) {
       absl::StrAppend(&reason, ": ", failure->message());
@@ -271,15 +267,14 @@ absl::Status RoundStatus(const std::optional<rdzv::pb::JobState>& latest,
     break;
   }
   if (latest->round() != round) {
-    return absl::AbortedError(absl::StrCat(
-        "rendezvous round ", round, " of job '", job_id, "' ended (", reason,
-        "); the job is now at round ", latest->round(), ", ",
-        rdzv::pb::Phase_Name(latest->phase())));
+    return absl::AbortedError(absl::StrCat("rendezvous round ", round, " of job '", job_id,
+                                           "' ended (", reason, "); the job is now at round ",
+                                           latest->round(), ", ",
+                                           rdzv::pb::Phase_Name(latest->phase())));
   }
   return absl::AbortedError(absl::StrCat("rendezvous round ", round, " of job '", job_id,
                                          "' ended: the job is ",
-                                         rdzv::pb::Phase_Name(latest->phase()), " (", reason,
-                                         ")"));
+                                         rdzv::pb::Phase_Name(latest->phase()), " (", reason, ")"));
 }
 
 absl::StatusOr<ProcessGroup*> Communicator::NewGroup(const std::string& name,
@@ -304,8 +299,8 @@ absl::StatusOr<ProcessGroup*> Communicator::NewGroup(const std::string& name,
     if (ranks[i] == world_.rank) group_rank = static_cast<int>(i);
   }
   if (group_rank < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, ": this rank is not a member; only the members create a group"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": this rank is not a member; only the members create a group"));
   }
   {
     absl::MutexLock lock(&sub_groups_mu_);
@@ -330,8 +325,8 @@ absl::StatusOr<ProcessGroup*> Communicator::NewGroup(const std::string& name,
                           absl::StrCat(where, ": ", recorded.status().message()));
     }
     if (!recorded->swapped && recorded->value != listed) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, ", but another member created it with ranks ", recorded->value));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ", but another member created it with ranks ", recorded->value));
     }
     GlooOptions gloo;
     gloo.address = local_address_;

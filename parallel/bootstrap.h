@@ -76,8 +76,8 @@ std::string LocalAddressToward(const std::string& host);
 // OK while `latest` (the newest state of the job, if any) is still
 // running `round`; otherwise ABORTED naming the round, the job and why the
 // round ended (the watchdog's round probe).
-absl::Status RoundStatus(const std::optional<rdzv::pb::JobState>& latest,
-                         const std::string& job_id, uint64_t round);
+absl::Status RoundStatus(const std::optional<rdzv::pb::JobState>& latest, const std::string& job_id,
+                         uint64_t round);
 
 // Where gradients (device or host buffers) are reduced.
 enum class DataBackend {
@@ -154,9 +154,7 @@ class Communicator {
   ProcessGroup& group() { return *group_; }
   ProcessGroup& data_group() { return data_group_ != nullptr ? *data_group_ : *group_; }
   // The group for control messages: group(), unless data_group() wraps it.
-  ProcessGroup& control_group() {
-    return data_group_owns_group_ ? *data_group_ : *group_;
-  }
+  ProcessGroup& control_group() { return data_group_owns_group_ ? *data_group_ : *group_; }
   // nullptr for a world of one or without a rendezvous round.
   const Watchdog* watchdog() const { return watchdog_.get(); }
   const WorldInfo& world() const { return world_; }
@@ -180,8 +178,7 @@ class Communicator {
   absl::Duration timeout_;  // of every Gloo group
   absl::Mutex sub_groups_mu_;
   // NewGroup's, by name; nullptr while being created, or when creating failed.
-  std::map<std::string, std::unique_ptr<ProcessGroup>> sub_groups_
-      ABSL_GUARDED_BY(sub_groups_mu_);
+  std::map<std::string, std::unique_ptr<ProcessGroup>> sub_groups_ ABSL_GUARDED_BY(sub_groups_mu_);
 };
 
 }  // namespace muster::parallel

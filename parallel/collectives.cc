@@ -33,10 +33,11 @@ absl::StatusOr<float> Collectives::AllReduce(float value, ReduceOp op) {
 absl::StatusOr<int64_t> Collectives::Broadcast(int64_t value, int root) {
   // As its 8 bytes: every rank runs the same build, so the representation
   // is the same everywhere.
-  if (absl::Status status = group_->BroadcastBytes(
-                                absl::MakeSpan(reinterpret_cast<uint8_t*>(&value), sizeof(value)),
-                                root)
-                                ->Wait();
+  if (absl::Status status =
+          group_
+              ->BroadcastBytes(absl::MakeSpan(reinterpret_cast<uint8_t*>(&value), sizeof(value)),
+                               root)
+              ->Wait();
       !status.ok()) {
     return status;
   }
@@ -59,8 +60,9 @@ absl::Status Collectives::Broadcast(std::string* bytes, int root) {
   }
   if (!is_root) bytes->assign(static_cast<size_t>(*length), '\0');
   if (*length == 0) return absl::OkStatus();  // every rank knows: none issues
-  return group_->BroadcastBytes(
-                   absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes->data()), bytes->size()), root)
+  return group_
+      ->BroadcastBytes(absl::MakeSpan(reinterpret_cast<uint8_t*>(bytes->data()), bytes->size()),
+                       root)
       ->Wait();
 }
 

@@ -33,9 +33,7 @@ Millis ToMillis(absl::Duration duration) {
 
 // tcp addresses print as "[ip]:port$seq"; the sequence number tells pairs
 // apart on one listener and is noise for naming a peer.
-std::string WithoutSequence(std::string address) {
-  return address.substr(0, address.find('$'));
-}
+std::string WithoutSequence(std::string address) { return address.substr(0, address.find('$')); }
 
 // What a gloo exception message means, as process_group.h's codes.
 // `peer_addresses[r]` is rank r's listening address (may be empty).
@@ -43,20 +41,22 @@ absl::Status StatusFromGlooError(absl::string_view message, absl::Duration timeo
                                  const std::vector<std::string>& peer_addresses) {
   std::string lower = absl::AsciiStrToLower(message);
   if (absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout")) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "timed out (timeout ", absl::FormatDuration(timeout), "): ", message));
+    return absl::DeadlineExceededError(
+        absl::StrCat("timed out (timeout ", absl::FormatDuration(timeout), "): ", message));
   }
   // The side of a pair that accepted the connection knows its peer only by
   // the peer's ephemeral port, so not every message can name a rank.
   for (size_t peer = 0; peer < peer_addresses.size(); ++peer) {
     if (!peer_addresses[peer].empty() && absl::StrContains(message, peer_addresses[peer])) {
-      return absl::UnavailableError(absl::StrCat(
-          "connection to rank ", peer, " at ", peer_addresses[peer],
-          " failed (that process died or closed the group): ", message));
+      return absl::UnavailableError(
+          absl::StrCat("connection to rank ", peer, " at ", peer_addresses[peer],
+                       " failed (that process died or closed the group): ", message));
     }
   }
-  return absl::UnavailableError(absl::StrCat("a peer connection failed (a peer process died or closed "
-                                              "the group): ", message));
+  return absl::UnavailableError(
+      absl::StrCat("a peer connection failed (a peer process died or closed "
+                   "the group): ",
+                   message));
 }
 
 // What a running operation needs, shared with it: a stuck operation may
@@ -151,13 +151,13 @@ class GlooGroup : public ProcessGroup {
         !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("reduce_scatter (", ReduceOpName(op), ") of ", input.size(),
-                              " floats"),
-                 [context = context_, input, output, counts = std::move(counts), op](
-                     uint32_t tag, Millis timeout) {
-                   gloo_ops::ReduceScatter(context, input, output, counts, op, tag, timeout);
-                   if (op == ReduceOp::kAvg) Scale(output, context->size);
-                 });
+    return Issue(
+        absl::StrCat("reduce_scatter (", ReduceOpName(op), ") of ", input.size(), " floats"),
+        [context = context_, input, output, counts = std::move(counts), op](uint32_t tag,
+                                                                            Millis timeout) {
+          gloo_ops::ReduceScatter(context, input, output, counts, op, tag, timeout);
+          if (op == ReduceOp::kAvg) Scale(output, context->size);
+        });
   }
 
   std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
@@ -167,8 +167,8 @@ class GlooGroup : public ProcessGroup {
       return WorkQueue::Finished(bad);
     }
     return Issue(absl::StrCat("allgather of ", output.size(), " floats"),
-                 [context = context_, input, output, counts = std::move(counts)](
-                     uint32_t tag, Millis timeout) {
+                 [context = context_, input, output, counts = std::move(counts)](uint32_t tag,
+                                                                                 Millis timeout) {
                    if (!output.empty()) {
                      gloo_ops::AllGather(context, input, output, counts, tag, timeout);
                    }
@@ -199,22 +199,22 @@ class GlooGroup : public ProcessGroup {
     if (absl::Status bad = CheckPointToPoint("send destination", destination, tag); !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("send of ", data.size(), " floats to rank ", destination,
-                              " with tag ", tag),
-                 [context = context_, data, destination, tag](uint32_t, Millis timeout) {
-                   gloo_ops::Send(context, data, destination, tag, timeout);
-                 });
+    return Issue(
+        absl::StrCat("send of ", data.size(), " floats to rank ", destination, " with tag ", tag),
+        [context = context_, data, destination, tag](uint32_t, Millis timeout) {
+          gloo_ops::Send(context, data, destination, tag, timeout);
+        });
   }
 
   std::shared_ptr<Work> Recv(absl::Span<float> data, int source, int tag) override {
     if (absl::Status bad = CheckPointToPoint("recv source", source, tag); !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("recv of ", data.size(), " floats from rank ", source,
-                              " with tag ", tag),
-                 [context = context_, data, source, tag](uint32_t, Millis timeout) {
-                   gloo_ops::Recv(context, data, source, tag, timeout);
-                 });
+    return Issue(
+        absl::StrCat("recv of ", data.size(), " floats from rank ", source, " with tag ", tag),
+        [context = context_, data, source, tag](uint32_t, Millis timeout) {
+          gloo_ops::Recv(context, data, source, tag, timeout);
+        });
   }
 
   std::shared_ptr<Work> Barrier() override {
@@ -278,8 +278,7 @@ class GlooGroup : public ProcessGroup {
               status.code(),
               status.code() == absl::StatusCode::kUnavailable
                   ? absl::StrCat("connection to rank ", peer,
-                                 " failed (that process died or closed the group): ",
-                                 error.what())
+                                 " failed (that process died or closed the group): ", error.what())
                   : absl::StrCat("connection to rank ", peer, ": ", status.message())));
           CloseConnections(*shared_);
           break;
@@ -317,15 +316,13 @@ absl::StatusOr<std::vector<std::string>> ExchangeAddresses(rdzv::Store* store,
   std::vector<std::string> addresses(context.size);
   if (context.size == 1) return addresses;
   const int rank = context.rank;
-  addresses[rank] =
-      WithoutSequence(context.getPair((rank + 1) % context.size)->address().str());
+  addresses[rank] = WithoutSequence(context.getPair((rank + 1) % context.size)->address().str());
   absl::Status set = store->Set(absl::StrCat("address/", rank), addresses[rank]);
   if (!set.ok()) return set;
   for (int peer = 0; peer < context.size; ++peer) {
     if (peer == rank) continue;
-    absl::StatusOr<std::string> address =
-        store->Get(absl::StrCat("address/", peer),
-                   std::max(deadline - absl::Now(), absl::Milliseconds(1)));
+    absl::StatusOr<std::string> address = store->Get(
+        absl::StrCat("address/", peer), std::max(deadline - absl::Now(), absl::Milliseconds(1)));
     if (!address.ok()) return address.status();
     addresses[peer] = *std::move(address);
   }
@@ -351,8 +348,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(rdzv::Store* store
                                                               const GlooOptions& options) {
   if (store == nullptr) return absl::InvalidArgumentError("CreateGlooGroup: store is null");
   if (size < 1 || rank < 0 || rank >= size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CreateGlooGroup: rank ", rank, " and size ", size, "; expected 0 <= rank < size"));
+    return absl::InvalidArgumentError(absl::StrCat("CreateGlooGroup: rank ", rank, " and size ",
+                                                   size, "; expected 0 <= rank < size"));
   }
   if (options.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -368,8 +365,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(rdzv::Store* store
     attr.hostname = options.address;
     device = gloo::transport::tcp::CreateDevice(attr);
   } catch (const std::exception& error) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, "cannot listen on address '", options.address, "': ", error.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "cannot listen on address '", options.address, "': ", error.what()));
   }
 
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
@@ -386,8 +383,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(rdzv::Store* store
     return absl::Status(status.code(), absl::StrCat(where, status.message()));
   }
 
-  absl::StatusOr<std::vector<std::string>> addresses =
-      ExchangeAddresses(store, *context, deadline);
+  absl::StatusOr<std::vector<std::string>> addresses = ExchangeAddresses(store, *context, deadline);
   if (!addresses.ok()) {
     return absl::Status(addresses.status().code(),
                         absl::StrCat(where, addresses.status().message()));

@@ -55,7 +55,8 @@ struct GlooOptions {
 // that cannot be bound); DEADLINE_EXCEEDED when the peers did not all show
 // up within the timeout; UNAVAILABLE when a connection failed; the store's
 // own codes (e.g. ABORTED: the rendezvous round is over).
-absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(
-    rdzv::Store* store, int rank, int size, const GlooOptions& options = {});
+absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(rdzv::Store* store, int rank,
+                                                              int size,
+                                                              const GlooOptions& options = {});
 
 }  // namespace muster::parallel

@@ -88,8 +88,8 @@ ReduceFunction FunctionFor(ReduceOp op) {
 }
 
 template <typename T>
-void RingAllReduce(const std::shared_ptr<gloo::Context>& context, absl::Span<T> data,
-                   ReduceOp op, uint32_t tag, Millis timeout) {
+void RingAllReduce(const std::shared_ptr<gloo::Context>& context, absl::Span<T> data, ReduceOp op,
+                   uint32_t tag, Millis timeout) {
   gloo::AllreduceOptions options(context);
   options.setOutput(data.data(), data.size());
   options.setReduceFunction(FunctionFor<T>(op));
@@ -121,19 +121,19 @@ void Check(bool completed, const char* what) {
 
 }  // namespace
 
-void AllReduce(const std::shared_ptr<gloo::Context>& context,
-               absl::Span<float> data, ReduceOp op, uint32_t tag, Millis timeout) {
+void AllReduce(const std::shared_ptr<gloo::Context>& context, absl::Span<float> data, ReduceOp op,
+               uint32_t tag, Millis timeout) {
   RingAllReduce(context, data, op, tag, timeout);
 }
 
-void AllReduce(const std::shared_ptr<gloo::Context>& context,
-               absl::Span<int64_t> data, ReduceOp op, uint32_t tag, Millis timeout) {
+void AllReduce(const std::shared_ptr<gloo::Context>& context, absl::Span<int64_t> data, ReduceOp op,
+               uint32_t tag, Millis timeout) {
   RingAllReduce(context, data, op, tag, timeout);
 }
 
-void AllGather(const std::shared_ptr<gloo::Context>& context,
-               absl::Span<const float> input, absl::Span<float> output,
-               const std::vector<size_t>& counts, uint32_t tag, Millis timeout) {
+void AllGather(const std::shared_ptr<gloo::Context>& context, absl::Span<const float> input,
+               absl::Span<float> output, const std::vector<size_t>& counts, uint32_t tag,
+               Millis timeout) {
   gloo::AllgathervOptions options(context);
   options.setInput(Mutable(input), input.size());
   options.setOutput(output.data(), counts);
@@ -142,34 +142,32 @@ void AllGather(const std::shared_ptr<gloo::Context>& context,
   gloo::allgatherv(options);
 }
 
-void Broadcast(const std::shared_ptr<gloo::Context>& context,
-               absl::Span<float> data, int root, uint32_t tag, Millis timeout) {
+void Broadcast(const std::shared_ptr<gloo::Context>& context, absl::Span<float> data, int root,
+               uint32_t tag, Millis timeout) {
   BroadcastFrom(context, data, root, tag, timeout);
 }
 
-void Broadcast(const std::shared_ptr<gloo::Context>& context,
-               absl::Span<uint8_t> data, int root, uint32_t tag, Millis timeout) {
+void Broadcast(const std::shared_ptr<gloo::Context>& context, absl::Span<uint8_t> data, int root,
+               uint32_t tag, Millis timeout) {
   BroadcastFrom(context, data, root, tag, timeout);
 }
 
-void Barrier(const std::shared_ptr<gloo::Context>& context, uint32_t tag,
-             Millis timeout) {
+void Barrier(const std::shared_ptr<gloo::Context>& context, uint32_t tag, Millis timeout) {
   gloo::BarrierOptions options(context);
   options.setTag(tag);
   options.setTimeout(timeout);
   gloo::barrier(options);
 }
 
-void Send(const std::shared_ptr<gloo::Context>& context,
-          absl::Span<const float> data, int destination, uint32_t tag,
-          Millis timeout) {
+void Send(const std::shared_ptr<gloo::Context>& context, absl::Span<const float> data,
+          int destination, uint32_t tag, Millis timeout) {
   auto buffer = context->createUnboundBuffer(Mutable(data), data.size() * sizeof(float));
   buffer->send(destination, gloo::Slot::build(kSendRecvSlotPrefix, tag));
   Check(buffer->waitSend(timeout), "send");
 }
 
-void Recv(const std::shared_ptr<gloo::Context>& context, absl::Span<float> data,
-          int source, uint32_t tag, Millis timeout) {
+void Recv(const std::shared_ptr<gloo::Context>& context, absl::Span<float> data, int source,
+          uint32_t tag, Millis timeout) {
   auto buffer = context->createUnboundBuffer(data.data(), data.size() * sizeof(float));
   buffer->recv(source, gloo::Slot::build(kSendRecvSlotPrefix, tag));
   Check(buffer->waitRecv(timeout), "recv");
@@ -202,10 +200,9 @@ void ProbeConnection(gloo::Context& context, int peer) {
 // chunk r (or its min, or max: any associative, commutative op). Chunks are
 // matched by order on one slot: a pair's messages on a slot are delivered in
 // the order posted.
-void ReduceScatter(const std::shared_ptr<gloo::Context>& context,
-                   absl::Span<const float> input, absl::Span<float> output,
-                   const std::vector<size_t>& counts, ReduceOp op, uint32_t tag,
-                   Millis timeout) {
+void ReduceScatter(const std::shared_ptr<gloo::Context>& context, absl::Span<const float> input,
+                   absl::Span<float> output, const std::vector<size_t>& counts, ReduceOp op,
+                   uint32_t tag, Millis timeout) {
   const int P = context->size;
   const int r = context->rank;
   std::vector<size_t> offsets(P + 1, 0);
@@ -216,10 +213,10 @@ void ReduceScatter(const std::shared_ptr<gloo::Context>& context,
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto left = [&] {
-    return std::max(Millis(1), std::chrono::duration_cast<Millis>(
-                                   deadline - std::chrono::steady_clock::now()));
+    return std::max(
+        Millis(1), std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()));
   };
-  std::vector<float> sums(input.begin(), input.end());                     // (total)
+  std::vector<float> sums(input.begin(), input.end());                           // (total)
   std::vector<float> incoming(*std::max_element(counts.begin(), counts.end()));  // (max count)
   auto sums_buffer = context->createUnboundBuffer(sums.data(), sums.size() * sizeof(float));
   auto incoming_buffer =

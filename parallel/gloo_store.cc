@@ -29,9 +29,8 @@ void GlooStore::wait(const std::vector<std::string>& keys) {
 void GlooStore::wait(const std::vector<std::string>& keys,
                      const std::chrono::milliseconds& timeout) {
   // gloo passes kNoTimeout (zero) for "no limit"; never block forever.
-  absl::Duration limit = timeout > std::chrono::milliseconds::zero()
-                             ? absl::FromChrono(timeout)
-                             : timeout_;
+  absl::Duration limit =
+      timeout > std::chrono::milliseconds::zero() ? absl::FromChrono(timeout) : timeout_;
   absl::Status status = store_->Wait(keys, limit);
   if (!status.ok()) {
     Throw(status, absl::StrCat("wait for '", absl::StrJoin(keys, "', '"), "'"));
@@ -47,8 +46,8 @@ void GlooStore::Throw(const absl::Status& status, const std::string& what) {
   {
     absl::MutexLock lock(&mu_);
     if (first_error_.ok()) {
-      first_error_ = absl::Status(status.code(), absl::StrCat("store ", what, ": ",
-                                                              status.message()));
+      first_error_ =
+          absl::Status(status.code(), absl::StrCat("store ", what, ": ", status.message()));
     }
   }
   throw gloo::IoException(absl::StrCat("store ", what, " failed: ", status.ToString()));

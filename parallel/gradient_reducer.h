@@ -37,7 +37,7 @@
 namespace muster::parallel {
 
 struct BucketOptions {
-  size_t bucket_bytes = 25u << 20;      // parallel.bucket_mb
+  size_t bucket_bytes = 25u << 20;       // parallel.bucket_mb
   size_t first_bucket_bytes = 1u << 20;  // as PyTorch DDP's first bucket
 };
 

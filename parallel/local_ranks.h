@@ -39,7 +39,6 @@ absl::Status FirstError(const std::vector<absl::Status>& statuses);
 // all have joined), keys under `prefix` (a fresh prefix per world sharing
 // the store). Element r is rank r's group. The first rank's error, if any.
 absl::StatusOr<std::vector<std::unique_ptr<ProcessGroup>>> ConnectLocalGroups(
-    rdzv::Store* store, int size, const std::string& prefix = "",
-    const GlooOptions& options = {});
+    rdzv::Store* store, int size, const std::string& prefix = "", const GlooOptions& options = {});
 
 }  // namespace muster::parallel

@@ -150,8 +150,8 @@ class NcclGroup : public ProcessGroup {
   std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
     return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " floats"),
                  [=](ncclComm_t comm, cudaStream_t stream) {
-                   return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat,
-                                        Nccl(op), comm, stream);
+                   return ncclAllReduce(data.data(), data.data(), data.size(), ncclFloat, Nccl(op),
+                                        comm, stream);
                  });
   }
 
@@ -159,8 +159,8 @@ class NcclGroup : public ProcessGroup {
     if (absl::Status bad = CheckInt64Op(op); !bad.ok()) return WorkQueue::Finished(bad);
     return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " int64s"),
                  [=](ncclComm_t comm, cudaStream_t stream) {
-                   return ncclAllReduce(data.data(), data.data(), data.size(), ncclInt64,
-                                        Nccl(op), comm, stream);
+                   return ncclAllReduce(data.data(), data.data(), data.size(), ncclInt64, Nccl(op),
+                                        comm, stream);
                  });
   }
 
@@ -172,27 +172,26 @@ class NcclGroup : public ProcessGroup {
       return WorkQueue::Finished(bad);
     }
     const int size = size_;
-    return Issue(absl::StrCat("reduce_scatter (", ReduceOpName(op), ") of ", input.size(),
-                              " floats"),
-                 [=](ncclComm_t comm, cudaStream_t stream) {
-                   if (AllEqual(counts)) {
-                     return ncclReduceScatter(input.data(), output.data(), counts[0], ncclFloat,
-                                              Nccl(op), comm, stream);
-                   }
-                   // Uneven chunks: chunk r reduced to rank r, all in one NCCL group.
-                   std::vector<size_t> offsets = Offsets(counts);
-                   ncclGroupStart();
-                   for (int root = 0; root < size; ++root) {
-                     ncclResult_t result =
-                         ncclReduce(input.data() + offsets[root], output.data(), counts[root],
-                                    ncclFloat, Nccl(op), root, comm, stream);
-                     if (result != ncclSuccess && result != ncclInProgress) {
-                       ncclGroupEnd();
-                       return result;
-                     }
-                   }
-                   return ncclGroupEnd();
-                 });
+    return Issue(
+        absl::StrCat("reduce_scatter (", ReduceOpName(op), ") of ", input.size(), " floats"),
+        [=](ncclComm_t comm, cudaStream_t stream) {
+          if (AllEqual(counts)) {
+            return ncclReduceScatter(input.data(), output.data(), counts[0], ncclFloat, Nccl(op),
+                                     comm, stream);
+          }
+          // Uneven chunks: chunk r reduced to rank r, all in one NCCL group.
+          std::vector<size_t> offsets = Offsets(counts);
+          ncclGroupStart();
+          for (int root = 0; root < size; ++root) {
+            ncclResult_t result = ncclReduce(input.data() + offsets[root], output.data(),
+                                             counts[root], ncclFloat, Nccl(op), root, comm, stream);
+            if (result != ncclSuccess && result != ncclInProgress) {
+              ncclGroupEnd();
+              return result;
+            }
+          }
+          return ncclGroupEnd();
+        });
   }
 
   std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
@@ -203,26 +202,24 @@ class NcclGroup : public ProcessGroup {
       return WorkQueue::Finished(bad);
     }
     const int size = size_;
-    return Issue(absl::StrCat("allgather of ", output.size(), " floats"),
-                 [=](ncclComm_t comm, cudaStream_t stream) {
-                   if (AllEqual(counts)) {
-                     return ncclAllGather(input.data(), output.data(), counts[0], ncclFloat,
-                                          comm, stream);
-                   }
-                   // Uneven pieces: every rank broadcasts its piece into its place.
-                   std::vector<size_t> offsets = Offsets(counts);
-                   ncclGroupStart();
-                   for (int root = 0; root < size; ++root) {
-                     ncclResult_t result =
-                         ncclBroadcast(input.data(), output.data() + offsets[root],
-                                       counts[root], ncclFloat, root, comm, stream);
-                     if (result != ncclSuccess && result != ncclInProgress) {
-                       ncclGroupEnd();
-                       return result;
-                     }
-                   }
-                   return ncclGroupEnd();
-                 });
+    return Issue(absl::StrCat("allgather of ", output.size(), " floats"), [=](ncclComm_t comm,
+                                                                              cudaStream_t stream) {
+      if (AllEqual(counts)) {
+        return ncclAllGather(input.data(), output.data(), counts[0], ncclFloat, comm, stream);
+      }
+      // Uneven pieces: every rank broadcasts its piece into its place.
+      std::vector<size_t> offsets = Offsets(counts);
+      ncclGroupStart();
+      for (int root = 0; root < size; ++root) {
+        ncclResult_t result = ncclBroadcast(input.data(), output.data() + offsets[root],
+                                            counts[root], ncclFloat, root, comm, stream);
+        if (result != ncclSuccess && result != ncclInProgress) {
+          ncclGroupEnd();
+          return result;
+        }
+      }
+      return ncclGroupEnd();
+    });
   }
 
   std::shared_ptr<Work> Broadcast(absl::Span<float> data, int root) override {
@@ -256,14 +253,12 @@ class NcclGroup : public ProcessGroup {
     }
     return Issue(absl::StrCat("send of ", data.size(), " floats to rank ", destination),
                  [=](ncclComm_t comm, cudaStream_t stream) {
-                   return ncclSend(data.data(), data.size(), ncclFloat, destination, comm,
-                                   stream);
+                   return ncclSend(data.data(), data.size(), ncclFloat, destination, comm, stream);
                  });
   }
 
   std::shared_ptr<Work> Recv(absl::Span<float> data, int source, int tag) override {
-    if (absl::Status bad = CheckPointToPoint("recv source", source, tag, rank_, size_);
-        !bad.ok()) {
+    if (absl::Status bad = CheckPointToPoint("recv source", source, tag, rank_, size_); !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
     return Issue(absl::StrCat("recv of ", data.size(), " floats from rank ", source),
@@ -319,23 +314,21 @@ class NcclGroup : public ProcessGroup {
       if (ready != nullptr) cudaEventDestroy(ready);
       return WorkQueue::Finished(recorded);
     }
-    return queue_->Enqueue(
-        absl::StrCat(what, " on rank ", rank_, " of ", size_),
-        [comm = comm_, ready, launch = std::move(launch)](absl::Time deadline) {
-          absl::Status status = Run(*comm, ready, launch, deadline);
-          cudaEventDestroy(ready);
-          // Broken for good: aborting frees the peers blocked on us.
-          if (!status.ok()) comm->Abort(status);
-          return status;
-        });
+    return queue_->Enqueue(absl::StrCat(what, " on rank ", rank_, " of ", size_),
+                           [comm = comm_, ready, launch = std::move(launch)](absl::Time deadline) {
+                             absl::Status status = Run(*comm, ready, launch, deadline);
+                             cudaEventDestroy(ready);
+                             // Broken for good: aborting frees the peers blocked on us.
+                             if (!status.ok()) comm->Abort(status);
+                             return status;
+                           });
   }
 
   // On the communication thread: wait for `ready`, launch, then poll the
   // completion event and the communicator until done or `deadline`.
   static absl::Status Run(NcclComm& comm, cudaEvent_t ready, const Launch& launch,
                           absl::Time deadline) {
-    if (absl::Status s = CudaStatus(cudaSetDevice(comm.options.device), "cudaSetDevice");
-        !s.ok()) {
+    if (absl::Status s = CudaStatus(cudaSetDevice(comm.options.device), "cudaSetDevice"); !s.ok()) {
       return s;
     }
     if (absl::Status s =
@@ -343,8 +336,7 @@ class NcclGroup : public ProcessGroup {
         !s.ok()) {
       return s;
     }
-    if (absl::Status s =
-            comm.Call("launch", [&](ncclComm_t c) { return launch(c, comm.stream); });
+    if (absl::Status s = comm.Call("launch", [&](ncclComm_t c) { return launch(c, comm.stream); });
         !s.ok()) {
       return s;
     }
@@ -363,8 +355,8 @@ class NcclGroup : public ProcessGroup {
       absl::SleepFor(kPollInterval);
     }
     cudaEvent_t done = nullptr;
-    if (absl::Status s = CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
-                                    "cudaEventCreate");
+    if (absl::Status s =
+            CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
         !s.ok()) {
       return s;
     }
@@ -380,9 +372,9 @@ class NcclGroup : public ProcessGroup {
       // watchdog's Abort, shows here.
       status = comm.AsyncError("operation");
       if (status.ok() && absl::Now() >= deadline) {
-        status = absl::DeadlineExceededError(absl::StrCat(
-            "not finished on the GPU within the timeout (",
-            absl::FormatDuration(comm.options.timeout), "); communicator aborted"));
+        status = absl::DeadlineExceededError(
+            absl::StrCat("not finished on the GPU within the timeout (",
+                         absl::FormatDuration(comm.options.timeout), "); communicator aborted"));
       }
       if (status.ok()) absl::SleepFor(kPollInterval);
     }
@@ -430,10 +422,11 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclGroup(rdzv::Store* store
                                                               const NcclOptions& options) {
   if (store == nullptr || size < 1 || rank < 0 || rank >= size ||
       options.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CreateNcclGroup: rank ", rank, ", size ", size, ", timeout ",
-        absl::FormatDuration(options.timeout), "; expected a store, 0 <= rank < size and a "
-        "positive timeout"));
+    return absl::InvalidArgumentError(absl::StrCat("CreateNcclGroup: rank ", rank, ", size ", size,
+                                                   ", timeout ",
+                                                   absl::FormatDuration(options.timeout),
+                                                   "; expected a store, 0 <= rank < size and a "
+                                                   "positive timeout"));
   }
   const absl::Time deadline = absl::Now() + options.timeout;
   if (absl::Status s = CudaStatus(cudaSetDevice(options.device), "cudaSetDevice"); !s.ok()) {

@@ -56,8 +56,7 @@ std::string DescribeNcclTransports(const NcclTransports& transports) {
   std::string text;
   for (size_t i = 0; i < by_count.size(); ++i) {
     absl::StrAppend(&text, i == 0 ? "" : ", ", by_count[i].first, " (", by_count[i].second,
-                    i == 0 ? (by_count[i].second == 1 ? " connection" : " connections") : "",
-                    ")");
+                    i == 0 ? (by_count[i].second == 1 ? " connection" : " connections") : "", ")");
   }
   if (text.empty()) text = "no connections (a world of one)";
   if (!transports.network.empty()) absl::StrAppend(&text, "; network ", transports.network);

@@ -12,10 +12,10 @@ absl::StatusOr<ParallelDims> ParallelDims::Create(int world_size, int dp_replica
     return absl::InvalidArgumentError(
         absl::StrCat("the world has ", world_size, " ranks; expected at least 1"));
   }
-  for (const auto& [field, value] : {std::pair<const char*, int>{"parallel.dp_replicate",
-                                                                 dp_replicate},
-                                     {"parallel.dp_shard", dp_shard},
-                                     {"parallel.pp", pp}}) {
+  for (const auto& [field, value] :
+       {std::pair<const char*, int>{"parallel.dp_replicate", dp_replicate},
+        {"parallel.dp_shard", dp_shard},
+        {"parallel.pp", pp}}) {
     if (value < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, " is ", value, "; expected at least 1"));
@@ -24,10 +24,10 @@ absl::StatusOr<ParallelDims> ParallelDims::Create(int world_size, int dp_replica
   // In 64 bits: three ints may overflow 32.
   const int64_t product = int64_t{dp_replicate} * dp_shard * pp;
   if (product != world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallel.dp_replicate (", dp_replicate, ") x parallel.dp_shard (", dp_shard,
-        ") x parallel.pp (", pp, ") = ", product, ", but the world has ", world_size,
-        world_size == 1 ? " rank" : " ranks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.dp_replicate (", dp_replicate, ") x parallel.dp_shard (", dp_shard,
+                     ") x parallel.pp (", pp, ") = ", product, ", but the world has ", world_size,
+                     world_size == 1 ? " rank" : " ranks"));
   }
   ParallelDims dims;
   dims.dp_replicate = dp_replicate;

@@ -15,13 +15,13 @@ std::vector<size_t> EvenCounts(size_t total, int parts) {
 absl::Status CheckCounts(const char* op, const std::vector<size_t>& counts, size_t total,
                          size_t mine, int rank, int size) {
   if (counts.size() != static_cast<size_t>(size)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": counts has ", counts.size(), " entries; expected one per rank (", size, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(op, ": counts has ", counts.size(),
+                                                   " entries; expected one per rank (", size, ")"));
   }
   size_t sum = std::accumulate(counts.begin(), counts.end(), size_t{0});
   if (sum != total) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        op, ": counts sum to ", sum, " but the full buffer holds ", total, " floats"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": counts sum to ", sum, " but the full buffer holds ", total, " floats"));
   }
   if (counts[rank] != mine) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": this rank's buffer holds ", mine,
@@ -33,8 +33,8 @@ absl::Status CheckCounts(const char* op, const std::vector<size_t>& counts, size
 
 absl::Status CheckPeer(const char* what, int peer, bool self_ok, int rank, int size) {
   if (peer < 0 || peer >= size || (!self_ok && peer == rank)) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " is ", peer,
-                                                   "; expected a rank in [0, ", size, ")",
+    return absl::InvalidArgumentError(absl::StrCat(what, " is ", peer, "; expected a rank in [0, ",
+                                                   size, ")",
                                                    self_ok ? "" : " other than this rank"));
   }
   return absl::OkStatus();

@@ -93,14 +93,12 @@ class ProcessGroup {
   // rank r receives the reduction (any ReduceOp) of every rank's chunk r in
   // `output` (output.size() == counts[rank]). Counts may differ and may be 0.
   virtual std::shared_ptr<Work> ReduceScatter(absl::Span<const float> input,
-                                              absl::Span<float> output,
-                                              std::vector<size_t> counts,
+                                              absl::Span<float> output, std::vector<size_t> counts,
                                               ReduceOp op) = 0;
 
   // Every rank contributes `input` (counts[rank] elements); `output` (sum of
   // counts) becomes the concatenation in rank order on every rank.
-  virtual std::shared_ptr<Work> AllGather(absl::Span<const float> input,
-                                          absl::Span<float> output,
+  virtual std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
                                           std::vector<size_t> counts) = 0;
 
   // Every rank's `data` becomes root's.
@@ -114,8 +112,7 @@ class ProcessGroup {
   // Point to point. `tag` tells apart several messages in flight between
   // the same pair; a Recv matches the Send with the same tag from `source`,
   // and the two must have the same length.
-  virtual std::shared_ptr<Work> Send(absl::Span<const float> data, int destination,
-                                     int tag) = 0;
+  virtual std::shared_ptr<Work> Send(absl::Span<const float> data, int destination, int tag) = 0;
   virtual std::shared_ptr<Work> Recv(absl::Span<float> data, int source, int tag) = 0;
 
   // Finishes when every rank has reached it.

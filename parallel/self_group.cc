@@ -44,9 +44,7 @@ class SelfGroup : public ProcessGroup {
     return Done([&] { std::copy(input.begin(), input.end(), output.begin()); });
   }
 
-  std::shared_ptr<Work> Broadcast(absl::Span<float>, int root) override {
-    return CheckRoot(root);
-  }
+  std::shared_ptr<Work> Broadcast(absl::Span<float>, int root) override { return CheckRoot(root); }
 
   std::shared_ptr<Work> BroadcastBytes(absl::Span<uint8_t>, int root) override {
     return CheckRoot(root);

@@ -149,8 +149,7 @@ absl::Status Classify(Region& region, int device) {
   }
   if (region.staged && region.host_only) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the buffer is CUDA ",
-        attributes.type == cudaMemoryTypeManaged ? "managed" : "device",
+        "the buffer is CUDA ", attributes.type == cudaMemoryTypeManaged ? "managed" : "device",
         " memory; this operation takes host memory only (the control plane's)"));
   }
   return absl::OkStatus();
@@ -230,10 +229,9 @@ absl::Status RunStaged(Staging& s, cudaEvent_t ready, const std::vector<Region>&
     for (size_t i = 0; i < regions.size(); ++i) {
       const Region& region = regions[i];
       if (!region.staged || !region.copy_in || region.bytes == 0) continue;
-      if (absl::Status st =
-              CudaStatus(cudaMemcpyAsync(host[i].data(), region.user, region.bytes,
-                                         cudaMemcpyDeviceToHost, s.stream),
-                         "cudaMemcpyAsync device to host");
+      if (absl::Status st = CudaStatus(cudaMemcpyAsync(host[i].data(), region.user, region.bytes,
+                                                       cudaMemcpyDeviceToHost, s.stream),
+                                       "cudaMemcpyAsync device to host");
           !st.ok()) {
         return st;
       }
@@ -268,10 +266,9 @@ absl::Status RunStaged(Staging& s, cudaEvent_t ready, const std::vector<Region>&
   for (size_t i = 0; i < regions.size(); ++i) {
     const Region& region = regions[i];
     if (!region.staged || !region.copy_out || region.bytes == 0) continue;
-    if (absl::Status st =
-            CudaStatus(cudaMemcpyAsync(region.user, host[i].data(), region.bytes,
-                                       cudaMemcpyHostToDevice, s.stream),
-                       "cudaMemcpyAsync host to device");
+    if (absl::Status st = CudaStatus(cudaMemcpyAsync(region.user, host[i].data(), region.bytes,
+                                                     cudaMemcpyHostToDevice, s.stream),
+                                     "cudaMemcpyAsync host to device");
         !st.ok()) {
       return st;
     }
@@ -348,13 +345,13 @@ class StagedGroup : public ProcessGroup {
         !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("reduce_scatter (", ReduceOpName(op), ") of ", input.size(),
-                              " floats"),
-                 {Buffer(input.data(), input.size(), true, false),
-                  Buffer(output.data(), output.size(), false, true)},
-                 [counts = std::move(counts), op](ProcessGroup& inner, const HostViews& host) {
-                   return inner.ReduceScatter(Floats(host[0]), Floats(host[1]), counts, op);
-                 });
+    return Issue(
+        absl::StrCat("reduce_scatter (", ReduceOpName(op), ") of ", input.size(), " floats"),
+        {Buffer(input.data(), input.size(), true, false),
+         Buffer(output.data(), output.size(), false, true)},
+        [counts = std::move(counts), op](ProcessGroup& inner, const HostViews& host) {
+          return inner.ReduceScatter(Floats(host[0]), Floats(host[1]), counts, op);
+        });
   }
 
   std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
@@ -421,9 +418,8 @@ class StagedGroup : public ProcessGroup {
 
   std::shared_ptr<Work> Barrier() override {
     // No buffers, no event: it does not wait for the compute stream.
-    return Issue("barrier", {}, [](ProcessGroup& inner, const HostViews&) {
-      return inner.Barrier();
-    });
+    return Issue("barrier", {},
+                 [](ProcessGroup& inner, const HostViews&) { return inner.Barrier(); });
   }
 
   GroupHealth Health() const override {

@@ -15,10 +15,10 @@ absl::Status Decide(const WatchdogObservation& observation, absl::Duration limit
     return absl::AbortedError(observation.round.message());
   }
   if (health.running_since.has_value() && observation.now - *health.running_since > limit) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        health.running.empty() ? "an operation" : health.running, " has run for ",
-        absl::FormatDuration(observation.now - *health.running_since), ", past ",
-        absl::FormatDuration(limit), "; communicator aborted"));
+    return absl::DeadlineExceededError(
+        absl::StrCat(health.running.empty() ? "an operation" : health.running, " has run for ",
+                     absl::FormatDuration(observation.now - *health.running_since), ", past ",
+                     absl::FormatDuration(limit), "; communicator aborted"));
   }
   return absl::OkStatus();
 }

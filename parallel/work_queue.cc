@@ -65,9 +65,8 @@ class WorkQueue::QueuedWork : public Work {
         if (absl::Now() >= bound) {
           s.Break(absl::DeadlineExceededError(absl::StrCat(
               s.running->description, ": still running ",
-              absl::FormatDuration(s.timeout + kStuckGrace),
-              " after it started (timeout ", absl::FormatDuration(s.timeout),
-              "); the communication thread is stuck")));
+              absl::FormatDuration(s.timeout + kStuckGrace), " after it started (timeout ",
+              absl::FormatDuration(s.timeout), "); the communication thread is stuck")));
           break;
         }
       }
@@ -106,9 +105,9 @@ WorkQueue::~WorkQueue() {
     absl::MutexLock lock(&state_->mu);
     state_->stopping = true;
     for (const std::shared_ptr<Item>& item : state_->queue) {
-      state_->Finish(*item, absl::CancelledError(absl::StrCat(
-                                item->description,
-                                ": the process group was destroyed before it ran")));
+      state_->Finish(*item,
+                     absl::CancelledError(absl::StrCat(
+                         item->description, ": the process group was destroyed before it ran")));
     }
     state_->queue.clear();
     state_->changed.SignalAll();
@@ -125,8 +124,8 @@ void WorkQueue::Fail(const absl::Status& error) {
   if (state_->first_error.ok()) {
     state_->Break(state_->running == nullptr
                       ? error
-                      : absl::Status(error.code(), absl::StrCat(state_->running->description,
-                                                                ": ", error.message())));
+                      : absl::Status(error.code(), absl::StrCat(state_->running->description, ": ",
+                                                                error.message())));
   }
 }
 
@@ -165,9 +164,8 @@ void WorkQueue::Run(State& s) {
   absl::MutexLock lock(&s.mu);
   while (true) {
     s.mu.Await(absl::Condition(
-        +[](State* st) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-          return st->stopping || !st->queue.empty();
-        },
+        +[](State* st)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS { return st->stopping || !st->queue.empty(); },
         &s));
     if (s.queue.empty()) return;  // stopping
     std::shared_ptr<Item> item = std::move(s.queue.front());
@@ -188,8 +186,7 @@ void WorkQueue::Run(State& s) {
     if (result.ok()) {
       s.Finish(*item, absl::OkStatus());
     } else {
-      absl::Status error(result.code(),
-                         absl::StrCat(item->description, ": ", result.message()));
+      absl::Status error(result.code(), absl::StrCat(item->description, ": ", result.message()));
       s.Finish(*item, error);
       s.Break(error);
     }

@@ -22,8 +22,7 @@ constexpr int kExitUsage = 2;
 // The host part of host:port, as the listening line shows it.
 std::string HostOf(const std::string& listen_address) {
   size_t colon = listen_address.rfind(':');
-  return colon == std::string::npos ? listen_address
-                                    : listen_address.substr(0, colon);
+  return colon == std::string::npos ? listen_address : listen_address.substr(0, colon);
 }
 
 }  // namespace
@@ -46,8 +45,7 @@ int main(int argc, char** argv) {
   app.add_option("--tls-key", options.tls_key_file, "PEM server private key");
   app.add_option("--tls-client-ca", options.tls_client_ca_file,
                  "PEM CA that client certificates must chain to (mTLS)");
-  app.add_option("--metrics-port", options.metrics_port,
-                 "port for Prometheus /metrics (0: off)")
+  app.add_option("--metrics-port", options.metrics_port, "port for Prometheus /metrics (0: off)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
   app.add_option("--metrics-address", options.metrics_address,
@@ -74,22 +72,18 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str()
-      ->check(CLI::IsMember(
-          {"trace", "debug", "info", "warn", "error", "critical", "off"}));
-  app.add_option("--max-value-bytes", options.limits.max_value_bytes,
-                 "largest store value")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+  app.add_option("--max-value-bytes", options.limits.max_value_bytes, "largest store value")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--max-key-bytes", options.limits.max_key_bytes,
-                 "largest store key")
+  app.add_option("--max-key-bytes", options.limits.max_key_bytes, "largest store key")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--max-keys-per-job", options.limits.max_keys_per_job,
                  "keys in one job's round store")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--max-members-per-job", options.limits.max_members_per_job,
-                 "members of one job")
+  app.add_option("--max-members-per-job", options.limits.max_members_per_job, "members of one job")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--max-jobs", options.limits.max_jobs, "jobs on this server")
@@ -133,8 +127,7 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
   options.limits.closed_retention = absl::Seconds(closed_retention_s);
-  if (absl::Status limits = muster::rdzv::ValidateLimits(options.limits);
-      !limits.ok()) {
+  if (absl::Status limits = muster::rdzv::ValidateLimits(options.limits); !limits.ok()) {
     std::cerr << "rendezvous: " << limits.message() << " (see --help)\n";
     return kExitUsage;
   }
@@ -150,23 +143,20 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<muster::rdzv::Server>> server =
       muster::rdzv::Server::Start(options);
   if (!server.ok()) {
-    std::cerr << "rendezvous: cannot start: " << server.status().message()
-              << "\n";
+    std::cerr << "rendezvous: cannot start: " << server.status().message() << "\n";
     return kExitUsage;
   }
-  std::printf("rendezvous: listening on %s:%d\n",
-              HostOf(options.listen_address).c_str(), (*server)->port());
+  std::printf("rendezvous: listening on %s:%d\n", HostOf(options.listen_address).c_str(),
+              (*server)->port());
   if ((*server)->metrics_port() != 0) {
     std::printf("rendezvous: metrics on %s:%d/metrics\n",
-                muster::rdzv::MetricsAddress(options).c_str(),
-                (*server)->metrics_port());
+                muster::rdzv::MetricsAddress(options).c_str(), (*server)->metrics_port());
   }
   std::fflush(stdout);
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
-  spdlog::info("rendezvous: signal {} received, shutting down",
-               signal_number);
+  spdlog::info("rendezvous: signal {} received, shutting down", signal_number);
   (*server)->Shutdown(absl::Seconds(2));
   return 0;
 }

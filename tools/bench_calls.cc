@@ -47,10 +47,14 @@ struct Progress {
 // One simulated node: Join, then Watch until its RUNNING round shows up.
 class Node : public grpc::ClientReadReactor<pb::JobState> {
  public:
-  Node(Client* client, int index, const std::string& job_id, int nodes,
-       absl::Time start, Progress* progress, RendezvousResult* result)
-      : client_(client), index_(index), nodes_(nodes), start_(start),
-        progress_(progress), result_(result) {
+  Node(Client* client, int index, const std::string& job_id, int nodes, absl::Time start,
+       Progress* progress, RendezvousResult* result)
+      : client_(client),
+        index_(index),
+        nodes_(nodes),
+        start_(start),
+        progress_(progress),
+        result_(result) {
     join_request_.set_job_id(job_id);
     pb::JobConfig* config = join_request_.mutable_config();
     config->set_min_nodes(nodes);
@@ -69,9 +73,8 @@ class Node : public grpc::ClientReadReactor<pb::JobState> {
   void StartJoin() {
     client_->PrepareContext(&join_context_, absl::Now() + absl::Seconds(30));
     join_sent_ = absl::Now();
-    client_->stub()->async()->Join(
-        &join_context_, &join_request_, &join_response_,
-        [this](grpc::Status status) { OnJoined(status); });
+    client_->stub()->async()->Join(&join_context_, &join_request_, &join_response_,
+                                   [this](grpc::Status status) { OnJoined(status); });
   }
 
   void Cancel() { watch_context_.TryCancel(); }
@@ -79,9 +82,9 @@ class Node : public grpc::ClientReadReactor<pb::JobState> {
  private:
   void OnJoined(const grpc::Status& status) {
     if (!status.ok()) {
-      progress_->Fail(absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                                   absl::StrCat("join of node ", index_, ": ",
-                                                status.error_message())));
+      progress_->Fail(
+          absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                       absl::StrCat("join of node ", index_, ": ", status.error_message())));
       absl::MutexLock lock(&progress_->mu);
       ++progress_->finished;  // its watch never starts
       return;
@@ -124,10 +127,10 @@ class Node : public grpc::ClientReadReactor<pb::JobState> {
   void OnDone(const grpc::Status& status) override {
     absl::MutexLock lock(&progress_->mu);
     if (!seen_running_ && progress_->error.ok()) {
-      progress_->error = absl::Status(
-          static_cast<absl::StatusCode>(status.error_code()),
-          absl::StrCat("watch of node ", index_, " ended before RUNNING: ",
-                       status.error_message()));
+      progress_->error =
+          absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                       absl::StrCat("watch of node ", index_,
+                                    " ended before RUNNING: ", status.error_message()));
     }
     ++progress_->finished;
   }
@@ -151,7 +154,8 @@ class Node : public grpc::ClientReadReactor<pb::JobState> {
 // Runs `issue` with `in_flight` calls outstanding until `length` is over.
 class ClosedLoop {
  public:
-  using Issue = std::function<void(int64_t sequence, std::function<void(const grpc::Status&)> done)>;
+  using Issue =
+      std::function<void(int64_t sequence, std::function<void(const grpc::Status&)> done)>;
 
   ClosedLoop(int in_flight, absl::Duration length, Issue issue)
       : in_flight_(in_flight), issue_(std::move(issue)) {
@@ -217,8 +221,8 @@ void StartUnary(Client* client, Request request, Method method,
   auto* call = new UnaryCall<Request, Response>;
   call->request = std::move(request);
   client->PrepareContext(&call->context, absl::Now() + absl::Seconds(10));
-  method(client->stub()->async(), &call->context, &call->request,
-         &call->response, [call, done = std::move(done)](grpc::Status status) {
+  method(client->stub()->async(), &call->context, &call->request, &call->response,
+         [call, done = std::move(done)](grpc::Status status) {
            done(status);
            delete call;
          });
@@ -231,28 +235,26 @@ void StartUnary(Client* client, Request request, Method method,
 
 }  // namespace
 
-void RunRendezvous(const std::vector<std::unique_ptr<Client>>& clients,
-                   const std::string& job_id, int nodes,
-                   absl::Duration timeout, RendezvousResult* result) {
+void RunRendezvous(const std::vector<std::unique_ptr<Client>>& clients, const std::string& job_id,
+                   int nodes, absl::Duration timeout, RendezvousResult* result) {
   result->member_ids.resize(nodes);
   Progress progress;
   const absl::Time start = absl::Now();
   std::vector<std::unique_ptr<Node>> all;
   for (int i = 0; i < nodes; ++i) {
-    all.push_back(std::make_unique<Node>(clients[i % clients.size()].get(), i,
-                                         job_id, nodes, start, &progress, result));
+    all.push_back(std::make_unique<Node>(clients[i % clients.size()].get(), i, job_id, nodes, start,
+                                         &progress, result));
   }
   for (auto& node : all) node->StartJoin();
 
   absl::MutexLock lock(&progress.mu);
   auto all_running = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress.mu) {
-    return progress.running == nodes || progress.finished == nodes ||
-           !progress.error.ok();
+    return progress.running == nodes || progress.finished == nodes || !progress.error.ok();
   };
   if (!progress.mu.AwaitWithTimeout(absl::Condition(&all_running), timeout)) {
-    progress.error = absl::DeadlineExceededError(absl::StrCat(
-        progress.running, " of ", nodes, " nodes saw the round RUNNING within ",
-        absl::FormatDuration(timeout), " (", progress.joined, " joined)"));
+    progress.error = absl::DeadlineExceededError(
+        absl::StrCat(progress.running, " of ", nodes, " nodes saw the round RUNNING within ",
+                     absl::FormatDuration(timeout), " (", progress.joined, " joined)"));
   }
   progress.mu.Unlock();
   for (auto& node : all) node->Cancel();
@@ -267,23 +269,22 @@ void RunRendezvous(const std::vector<std::unique_ptr<Client>>& clients,
 }
 
 Throughput RunKeepAlives(const std::vector<std::unique_ptr<Client>>& clients,
-                         const std::string& job_id,
-                         const std::vector<std::string>& member_ids,
+                         const std::string& job_id, const std::vector<std::string>& member_ids,
                          int in_flight, absl::Duration length) {
   ClosedLoop loop(in_flight, length, [&](int64_t n, auto done) {
     pb::KeepAliveRequest request;
     request.set_job_id(job_id);
     request.set_member_id(member_ids[n % member_ids.size()]);
     StartUnary<pb::KeepAliveRequest, pb::KeepAliveResponse>(
-        clients[n % clients.size()].get(), std::move(request),
-        MUSTER_ASYNC(KeepAlive), std::move(done));
+        clients[n % clients.size()].get(), std::move(request), MUSTER_ASYNC(KeepAlive),
+        std::move(done));
   });
   return loop.Run();
 }
 
 Throughput RunStoreSets(const std::vector<std::unique_ptr<Client>>& clients,
-                        const std::string& job_id, uint64_t round,
-                        int in_flight, absl::Duration length) {
+                        const std::string& job_id, uint64_t round, int in_flight,
+                        absl::Duration length) {
   const std::string value(64, 'v');
   ClosedLoop loop(in_flight, length, [&](int64_t n, auto done) {
     pb::SetRequest request;
@@ -292,16 +293,14 @@ Throughput RunStoreSets(const std::vector<std::unique_ptr<Client>>& clients,
     request.set_key(absl::StrCat("bench/", n % 10000));
     request.set_value(value);
     StartUnary<pb::SetRequest, pb::SetResponse>(
-        clients[n % clients.size()].get(), std::move(request),
-        MUSTER_ASYNC(Set), std::move(done));
+        clients[n % clients.size()].get(), std::move(request), MUSTER_ASYNC(Set), std::move(done));
   });
   return loop.Run();
 }
 
 Throughput RunStoreGets(const std::vector<std::unique_ptr<Client>>& clients,
-                        const std::string& job_id, uint64_t round,
-                        int in_flight, absl::Duration length,
-                        int64_t keys_written) {
+                        const std::string& job_id, uint64_t round, int in_flight,
+                        absl::Duration length, int64_t keys_written) {
   const int64_t keys = std::min<int64_t>(keys_written, 10000);
   if (keys <= 0) return Throughput{};
   ClosedLoop loop(in_flight, length, [&](int64_t n, auto done) {
@@ -311,8 +310,7 @@ Throughput RunStoreGets(const std::vector<std::unique_ptr<Client>>& clients,
     request.set_key(absl::StrCat("bench/", n % keys));
     request.set_wait_ms(0);
     StartUnary<pb::GetRequest, pb::GetResponse>(
-        clients[n % clients.size()].get(), std::move(request),
-        MUSTER_ASYNC(Get), std::move(done));
+        clients[n % clients.size()].get(), std::move(request), MUSTER_ASYNC(Get), std::move(done));
   });
   return loop.Run();
 }

@@ -31,11 +31,11 @@ class LatencySamples {
 };
 
 struct RendezvousResult {
-  absl::Status error;                 // first failure, if any
-  absl::Duration all_joined;          // until every Join was answered
-  absl::Duration all_running;         // until every node saw its RUNNING round
+  absl::Status error;          // first failure, if any
+  absl::Duration all_joined;   // until every Join was answered
+  absl::Duration all_running;  // until every node saw its RUNNING round
   LatencySamples join_latency_ms;
-  int64_t watch_messages = 0;         // JobStates received over all streams
+  int64_t watch_messages = 0;  // JobStates received over all streams
   uint64_t round = 0;
   std::vector<std::string> member_ids;  // in node order
 };
@@ -45,8 +45,8 @@ struct RendezvousResult {
 // sees a RUNNING round of all nodes that includes itself.
 // Fills `result` (result->error: the first failure).
 void RunRendezvous(const std::vector<std::unique_ptr<rdzv::Client>>& clients,
-                   const std::string& job_id, int nodes,
-                   absl::Duration timeout, RendezvousResult* result);
+                   const std::string& job_id, int nodes, absl::Duration timeout,
+                   RendezvousResult* result);
 
 struct Throughput {
   int64_t ok = 0;
@@ -62,18 +62,16 @@ struct Throughput {
 // Keeps `in_flight` KeepAlive calls going for `length`, cycling through the
 // members.
 Throughput RunKeepAlives(const std::vector<std::unique_ptr<rdzv::Client>>& clients,
-                         const std::string& job_id,
-                         const std::vector<std::string>& member_ids,
+                         const std::string& job_id, const std::vector<std::string>& member_ids,
                          int in_flight, absl::Duration length);
 
 // Store Set then Get throughput in the round's store (keys "bench/<n>",
 // 64-byte values). Gets read the first min(keys_written, 10000) keys.
 Throughput RunStoreSets(const std::vector<std::unique_ptr<rdzv::Client>>& clients,
-                        const std::string& job_id, uint64_t round,
-                        int in_flight, absl::Duration length);
+                        const std::string& job_id, uint64_t round, int in_flight,
+                        absl::Duration length);
 Throughput RunStoreGets(const std::vector<std::unique_ptr<rdzv::Client>>& clients,
-                        const std::string& job_id, uint64_t round,
-                        int in_flight, absl::Duration length,
-                        int64_t keys_written);
+                        const std::string& job_id, uint64_t round, int in_flight,
+                        absl::Duration length, int64_t keys_written);
 
 }  // namespace muster::tools

@@ -114,8 +114,8 @@ int Main(int argc, char** argv) {
   // dd: the same number of bytes, written sequentially and fsynced.
   const long mib = static_cast<long>(bytes / (1 << 20)) + 1;
   const std::string dd_file = dir + "/dd.bin";
-  const std::string dd_write = absl::StrCat("dd if=/dev/zero of=", dd_file, " bs=1M count=", mib,
-                                            " conv=fsync status=none");
+  const std::string dd_write =
+      absl::StrCat("dd if=/dev/zero of=", dd_file, " bs=1M count=", mib, " conv=fsync status=none");
   TrainState state = (*trainer)->state();
   std::vector<double> dd_write_gbs, save_gbs;
   // A save is timed to its commit. The retention that follows it (from the
@@ -138,11 +138,12 @@ int Main(int argc, char** argv) {
     auto retention_start = Clock::now();
     if (absl::Status s = manager.WaitForRetention(); !s.ok()) return Fail(s);
     const double retention_seconds = Since(retention_start);
-    std::printf("  round %d: dd write %.2f GB/s, save %.2f GB/s = %3.0f%% (snapshot %.3f s, "
-                "write + commit %.3f s); then retention %.3f s\n",
-                round + 1, dd_write_gbs.back(), save_gbs.back(),
-                100 * save_gbs.back() / dd_write_gbs.back(), snapshot, save_seconds - snapshot,
-                retention_seconds);
+    std::printf(
+        "  round %d: dd write %.2f GB/s, save %.2f GB/s = %3.0f%% (snapshot %.3f s, "
+        "write + commit %.3f s); then retention %.3f s\n",
+        round + 1, dd_write_gbs.back(), save_gbs.back(),
+        100 * save_gbs.back() / dd_write_gbs.back(), snapshot, save_seconds - snapshot,
+        retention_seconds);
   }
   const double dd_write_median = median(dd_write_gbs), save_median = median(save_gbs);
   std::printf("dd write (conv=fsync)         %6.2f GB/s\n", dd_write_median);
@@ -190,11 +191,12 @@ int Main(int argc, char** argv) {
   const double dd_read_median = median(dd_read_gbs), load_median = median(load_gbs);
   const char* cache = dropped ? "page cache dropped first" : "page cache NOT dropped: cannot";
   std::printf("dd read (bs=1M)               %6.2f GB/s  (%s)\n", dd_read_median, cache);
-  std::printf("read + CRC (LoadFlatRange)    %6.2f GB/s  = %3.0f%% of dd read\n",
-              median(read_gbs), 100 * median(read_gbs) / dd_read_median);
-  std::printf("load (read+CRC+copy in)       %6.2f GB/s  = %3.0f%% of dd read, %3.0f%% of dd "
-              "write\n",
-              load_median, 100 * load_median / dd_read_median, 100 * load_median / dd_write_median);
+  std::printf("read + CRC (LoadFlatRange)    %6.2f GB/s  = %3.0f%% of dd read\n", median(read_gbs),
+              100 * median(read_gbs) / dd_read_median);
+  std::printf(
+      "load (read+CRC+copy in)       %6.2f GB/s  = %3.0f%% of dd read, %3.0f%% of dd "
+      "write\n",
+      load_median, 100 * load_median / dd_read_median, 100 * load_median / dd_write_median);
 
   // Stall: mean step time alone, then the step(s) that overlap a save.
   auto step_seconds = [&]() -> double {
@@ -221,9 +223,10 @@ int Main(int argc, char** argv) {
     if (absl::Status s = manager.AfterStep(model, optimizer, state); !s.ok()) return Fail(s);
   }
   const double stall = during / (overlapped * baseline) - 1;
-  std::printf("step %.3f s alone; snapshot %.3f s; %d step(s) overlapping the save took %.3f s "
-              "with the snapshot: stall %.1f%%\n",
-              baseline, snapshot, overlapped, during, 100 * stall);
+  std::printf(
+      "step %.3f s alone; snapshot %.3f s; %d step(s) overlapping the save took %.3f s "
+      "with the snapshot: stall %.1f%%\n",
+      baseline, snapshot, overlapped, during, 100 * stall);
   if (absl::Status s = manager.WaitForRetention(); !s.ok()) return Fail(s);
   std::filesystem::remove_all(dir);
   return 0;

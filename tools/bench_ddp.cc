@@ -17,8 +17,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -74,8 +74,10 @@ void PrintAllreduce(int ranks, double max_mb) {
     std::printf("allreduce, %d ranks: failed: %s\n", ranks, rows.status().ToString().c_str());
     return;
   }
-  std::printf("\nallreduce (sum, float32) over loopback, %d ranks as threads; "
-              "busbw = 2(n-1)/n * bytes / time\n", ranks);
+  std::printf(
+      "\nallreduce (sum, float32) over loopback, %d ranks as threads; "
+      "busbw = 2(n-1)/n * bytes / time\n",
+      ranks);
   std::printf("%10s %6s %12s %12s %12s %12s %8s\n", "bytes", "iters", "ours us", "gloo us",
               "ours GB/s", "gloo GB/s", "ours/gloo");
   for (const AllreduceFigures& row : *rows) {
@@ -106,8 +108,8 @@ Throughput MedianRound(const Job& job) {
 // Our worker and PyTorch DDP at 1 and `nproc` ranks. The jobs run in
 // rounds, each round all of them in turn, so load from elsewhere on the
 // machine lands on every job alike; each figure is the median round.
-int PrintThroughput(const JobPaths& paths, const worker::TrainConfig& config, int nproc,
-                    int warmup, int steps, int rounds, bool skip_torch) {
+int PrintThroughput(const JobPaths& paths, const worker::TrainConfig& config, int nproc, int warmup,
+                    int steps, int rounds, bool skip_torch) {
   std::vector<Job> jobs;
   for (int ranks : {1, nproc}) {
     jobs.push_back({absl::StrCat("muster worker, ", ranks, ranks == 1 ? " rank" : " ranks"),
@@ -163,8 +165,10 @@ int PrintThroughput(const JobPaths& paths, const worker::TrainConfig& config, in
 
 int PrintOverlap(worker::TrainConfig config, const std::vector<double>& bucket_mbs, int nproc,
                  int warmup, int steps) {
-  std::printf("\noverlap (%d ranks as threads, Trainer + Ddp; medians over "
-              "steps):\n", nproc);
+  std::printf(
+      "\noverlap (%d ranks as threads, Trainer + Ddp; medians over "
+      "steps):\n",
+      nproc);
   std::printf("%10s %8s %12s %10s %10s %12s %10s %8s\n", "bucket_mb", "buckets", "gradient MB",
               "step ms", "skew ms", "exposed ms", "bare ms", "hidden");
   int status = 0;
@@ -181,11 +185,12 @@ int PrintOverlap(worker::TrainConfig config, const std::vector<double>& bucket_m
                 overlap->skew_ms, overlap->exposed_ms, overlap->bare_ms, 100 * overlap->hidden);
     std::fflush(stdout);
   }
-  std::printf("  skew: between the ranks' ends of backward; exposed: the wait for the "
-              "reduction after backward\n"
-              "  (GradientReducer::last_exposed_wait) of the rank that ended backward last;\n"
-              "  bare: the same buckets reduced with nothing else running; "
-              "hidden = 1 - exposed / bare\n");
+  std::printf(
+      "  skew: between the ranks' ends of backward; exposed: the wait for the "
+      "reduction after backward\n"
+      "  (GradientReducer::last_exposed_wait) of the rank that ended backward last;\n"
+      "  bare: the same buckets reduced with nothing else running; "
+      "hidden = 1 - exposed / bare\n");
   return status;
 }
 
@@ -207,7 +212,8 @@ int Main(int argc, char** argv) {
   app.add_option("--bucket-mb", bucket_mb, "parallel.bucket_mb (and PyTorch's bucket_cap_mb)")
       ->capture_default_str();
   app.add_option("--allreduce-ranks", allreduce_ranks, "Rank counts of the allreduce table");
-  app.add_option("--overlap-bucket-mb", overlap_bucket_mb, "bucket_mb values of the overlap "
+  app.add_option("--overlap-bucket-mb", overlap_bucket_mb,
+                 "bucket_mb values of the overlap "
                  "table");
   app.add_option("--max-mb", max_mb, "Largest allreduce, MB")->capture_default_str();
   app.add_flag("--skip-allreduce", skip_allreduce, "No allreduce table");
@@ -231,10 +237,10 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const worker::ModelConfig& m = config.model;
-  std::printf("\nDDP on GPT L=%d C=%d NH=%d T=%d V=%d, B=%d per rank, bucket_mb %g, "
-              "%d timed steps after %d; one thread per rank\n",
-              m.layers, m.dim, m.heads, m.seq_len, m.vocab, micro_batch, bucket_mb, steps,
-              warmup);
+  std::printf(
+      "\nDDP on GPT L=%d C=%d NH=%d T=%d V=%d, B=%d per rank, bucket_mb %g, "
+      "%d timed steps after %d; one thread per rank\n",
+      m.layers, m.dim, m.heads, m.seq_len, m.vocab, micro_batch, bucket_mb, steps, warmup);
   int status = PrintThroughput(paths, config, nproc, warmup, steps, rounds, skip_torch);
   worker::TrainConfig in_process = config;
   in_process.data.train = paths.dir + "/train_*.bin";

@@ -91,27 +91,27 @@ absl::StatusOr<std::vector<AllreduceFigures>> MeasureAllreduce(int ranks,
   std::vector<std::vector<double>> theirs(sizes.size(), std::vector<double>(ranks));
   auto groups = parallel::ConnectLocalGroups(&store, ranks);
   if (!groups.ok()) return groups.status();
-  absl::Status status = parallel::FirstError(parallel::OnEveryRank(
-      ranks, [&](int rank) -> absl::Status {
-    parallel::ProcessGroup* group = (*groups)[rank].get();
-    auto gloo = DirectGloo::Connect(gloo_store, rank, ranks);
-    if (!gloo.ok()) return gloo.status();
-    // Sizes interleave ours and gloo's, so a burst of load from elsewhere
-    // on the machine hits both sides of a row alike.
-    for (size_t s = 0; s < sizes.size(); ++s) {
-      std::vector<float> data(sizes[s] / sizeof(float), 1.0f);
-      const int iterations = IterationsFor(sizes[s]);
-      auto ours_seconds = TimeSeries(iterations, [&] {
-        return group->AllReduce(absl::MakeSpan(data), parallel::ReduceOp::kSum)->Wait();
-      });
-      if (!ours_seconds.ok()) return ours_seconds.status();
-      auto gloo_seconds = TimeSeries(iterations, [&] { return (*gloo)->AllReduce(data); });
-      if (!gloo_seconds.ok()) return gloo_seconds.status();
-      ours[s][rank] = *ours_seconds;
-      theirs[s][rank] = *gloo_seconds;
-    }
-    return absl::OkStatus();
-  }));
+  absl::Status status =
+      parallel::FirstError(parallel::OnEveryRank(ranks, [&](int rank) -> absl::Status {
+        parallel::ProcessGroup* group = (*groups)[rank].get();
+        auto gloo = DirectGloo::Connect(gloo_store, rank, ranks);
+        if (!gloo.ok()) return gloo.status();
+        // Sizes interleave ours and gloo's, so a burst of load from elsewhere
+        // on the machine hits both sides of a row alike.
+        for (size_t s = 0; s < sizes.size(); ++s) {
+          std::vector<float> data(sizes[s] / sizeof(float), 1.0f);
+          const int iterations = IterationsFor(sizes[s]);
+          auto ours_seconds = TimeSeries(iterations, [&] {
+            return group->AllReduce(absl::MakeSpan(data), parallel::ReduceOp::kSum)->Wait();
+          });
+          if (!ours_seconds.ok()) return ours_seconds.status();
+          auto gloo_seconds = TimeSeries(iterations, [&] { return (*gloo)->AllReduce(data); });
+          if (!gloo_seconds.ok()) return gloo_seconds.status();
+          ours[s][rank] = *ours_seconds;
+          theirs[s][rank] = *gloo_seconds;
+        }
+        return absl::OkStatus();
+      }));
   if (!status.ok()) return status;
 
   std::vector<AllreduceFigures> figures;

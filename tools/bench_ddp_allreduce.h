@@ -17,7 +17,7 @@ namespace muster::tools {
 struct AllreduceFigures {
   size_t bytes = 0;
   int iterations = 0;
-  double ours_us = 0;   // per allreduce, the slowest rank's mean
+  double ours_us = 0;  // per allreduce, the slowest rank's mean
   double gloo_us = 0;
   double ours_busbw_gbs = 0;  // GB/s (1e9 bytes)
   double gloo_busbw_gbs = 0;

@@ -48,8 +48,8 @@ struct RankSamples {
   size_t floats = 0;
 };
 
-absl::Status RunRank(const worker::TrainConfig& config, parallel::ProcessGroup* group,
-                     int warmup, int steps, RankSamples* samples) {
+absl::Status RunRank(const worker::TrainConfig& config, parallel::ProcessGroup* group, int warmup,
+                     int steps, RankSamples* samples) {
   const parallel::BucketOptions buckets = worker::BucketOptionsFor(config.parallel);
   TimedDdp ddp(group, group, buckets, "gloo");
   worker::TrainerOptions options;
@@ -95,9 +95,8 @@ double Median(std::vector<double> values) {
 // Per sample i: the wait of the rank that started waiting last (earlier
 // ranks also wait for it to get there, which is skew, not communication),
 // and the skew itself.
-void LastArrivals(const std::vector<RankSamples>& ranks,
-                  std::vector<Wait> RankSamples::*waits, std::vector<double>* last_ms,
-                  std::vector<double>* skew_ms) {
+void LastArrivals(const std::vector<RankSamples>& ranks, std::vector<Wait> RankSamples::*waits,
+                  std::vector<double>* last_ms, std::vector<double>* skew_ms) {
   for (size_t i = 0; i < (ranks[0].*waits).size(); ++i) {
     const Wait* last = &(ranks[0].*waits)[i];
     Clock::time_point first_start = last->start;

@@ -43,10 +43,11 @@ absl::Status RunLogged(const std::vector<std::string>& argv, const std::string& 
   if (exit.has_value() && exit->Succeeded()) return absl::OkStatus();
   std::string text = Slurp(log);
   if (text.size() > 600) text = "..." + text.substr(text.size() - 600);
-  return absl::InternalError(absl::StrCat(
-      argv[0], exit.has_value() ? absl::StrCat(" exited with code ", exit->ShellCode())
-                                : std::string(" ran past 10 minutes"),
-      "; log ", log, ":\n", text));
+  return absl::InternalError(
+      absl::StrCat(argv[0],
+                   exit.has_value() ? absl::StrCat(" exited with code ", exit->ShellCode())
+                                    : std::string(" ran past 10 minutes"),
+                   "; log ", log, ":\n", text));
 }
 
 // Throughput over the steps after `warmup` in a metrics JSONL.
@@ -97,36 +98,56 @@ absl::StatusOr<Throughput> RunWorkerJob(const JobPaths& paths, worker::TrainConf
   std::ofstream(name + ".yaml") << worker::ConfigToYaml(config);
   absl::Status ran =
       nproc == 1 ? RunLogged({paths.worker, name + ".yaml"}, name + ".log", {"OMP_NUM_THREADS=1"})
-                 : RunLogged({paths.launch, "--standalone", absl::StrCat("--nproc_per_node=", nproc),
-                              name + ".yaml"},
+                 : RunLogged({paths.launch, "--standalone",
+                              absl::StrCat("--nproc_per_node=", nproc), name + ".yaml"},
                              name + ".log");
   if (!ran.ok()) return ran;
   return FromMetrics(config.train.metrics_file, warmup);
 }
 
 absl::StatusOr<Throughput> RunTorchDdpJob(const JobPaths& paths, const std::string& script,
-                                          const worker::TrainConfig& config, int nproc,
-                                          int warmup, int steps) {
+                                          const worker::TrainConfig& config, int nproc, int warmup,
+                                          int steps) {
   if (std::system((std::string(kPython) + " -c 'import torch' >/dev/null 2>&1").c_str()) != 0) {
     return absl::NotFoundError(absl::StrCat(kPython, " cannot import torch"));
   }
   const std::string name = absl::StrCat(paths.dir, "/torch_", nproc);
   const worker::ModelConfig& m = config.model;
   std::remove((name + ".out").c_str());
-  absl::Status ran = RunLogged(
-      {paths.launch, "--standalone", absl::StrCat("--nproc_per_node=", nproc), "--no_python",
-       kPython, script, "--layers", absl::StrCat(m.layers), "--dim", absl::StrCat(m.dim),
-       "--heads", absl::StrCat(m.heads), "--vocab", absl::StrCat(m.vocab), "--seq",
-       absl::StrCat(m.seq_len), "--batch", absl::StrCat(config.data.micro_batch), "--steps",
-       absl::StrCat(steps), "--warmup", absl::StrCat(warmup), "--bucket_mb",
-       absl::StrCat(config.parallel.bucket_mb), "--out", name + ".out"},
-      name + ".log");
+  absl::Status ran = RunLogged({paths.launch,
+                                "--standalone",
+                                absl::StrCat("--nproc_per_node=", nproc),
+                                "--no_python",
+                                kPython,
+                                script,
+                                "--layers",
+                                absl::StrCat(m.layers),
+                                "--dim",
+                                absl::StrCat(m.dim),
+                                "--heads",
+                                absl::StrCat(m.heads),
+                                "--vocab",
+                                absl::StrCat(m.vocab),
+                                "--seq",
+                                absl::StrCat(m.seq_len),
+                                "--batch",
+                                absl::StrCat(config.data.micro_batch),
+                                "--steps",
+                                absl::StrCat(steps),
+                                "--warmup",
+                                absl::StrCat(warmup),
+                                "--bucket_mb",
+                                absl::StrCat(config.parallel.bucket_mb),
+                                "--out",
+                                name + ".out"},
+                               name + ".log");
   if (!ran.ok()) return ran;
   Throughput result;
   if (std::sscanf(Slurp(name + ".out").c_str(), "tokens_per_s %lf ms_per_step %lf steps %d",
                   &result.tokens_per_s, &result.ms_per_step, &result.steps) != 3) {
-    return absl::InternalError(absl::StrCat(name, ".out: expected \"tokens_per_s X "
-                                                  "ms_per_step Y steps N\", got: ",
+    return absl::InternalError(absl::StrCat(name,
+                                            ".out: expected \"tokens_per_s X "
+                                            "ms_per_step Y steps N\", got: ",
                                             Slurp(name + ".out")));
   }
   return result;

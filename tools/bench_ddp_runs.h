@@ -16,7 +16,7 @@ namespace muster::tools {
 struct Throughput {
   double tokens_per_s = 0;  // global: every rank's tokens
   double ms_per_step = 0;
-  int steps = 0;            // timed steps
+  int steps = 0;  // timed steps
 };
 
 struct JobPaths {
@@ -39,7 +39,7 @@ absl::StatusOr<Throughput> RunWorkerJob(const JobPaths& paths, worker::TrainConf
 // `script` is tools/bench_ddp_torch.py. NOT_FOUND when /usr/bin/python3
 // cannot import torch.
 absl::StatusOr<Throughput> RunTorchDdpJob(const JobPaths& paths, const std::string& script,
-                                          const worker::TrainConfig& config, int nproc,
-                                          int warmup, int steps);
+                                          const worker::TrainConfig& config, int nproc, int warmup,
+                                          int steps);
 
 }  // namespace muster::tools

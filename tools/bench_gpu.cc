@@ -43,9 +43,9 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "kernels/grad_norm.h"
 #include "launcher/process.h"
 #include "launcher/worker_env.h"
-#include "kernels/grad_norm.h"
 #include "worker/model/model.h"
 #include "worker/model/ops.h"
 #include "worker/optim.h"
@@ -60,7 +60,7 @@ struct GpuResult {
   double ms_per_step = 0;  // median over the timed steps
   double min_ms = 0, max_ms = 0;
   double tokens_per_s = 0;
-  double mfu = 0;  // 0 when the GPU's peak is unknown
+  double mfu = 0;        // 0 when the GPU's peak is unknown
   double peak_gb = 0;    // max CudaMemoryInUse() sampled (whole GPU)
   double before_gb = 0;  // CudaMemoryInUse() before the model was created
   float first_loss = 0, last_loss = 0;
@@ -146,9 +146,8 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
   for (int s = 0; s < steps; ++s) {
     auto start = std::chrono::steady_clock::now();
     absl::StatusOr<float> loss = step(warmup + s);
-    ms.push_back(
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count());
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
     if (!loss.ok()) return loss.status();
     if (warmup == 0 && s == 0) result.first_loss = *loss;
     result.last_loss = *loss;
@@ -179,8 +178,7 @@ void PrintRow(const std::string& name, int T, const GpuResult& r) {
 }
 
 void PrintError(const std::string& name, int B, int T, const absl::Status& status) {
-  std::printf("%-16s B=%-3d T=%-4d FAILED: %s\n", name.c_str(), B, T,
-              status.ToString().c_str());
+  std::printf("%-16s B=%-3d T=%-4d FAILED: %s\n", name.c_str(), B, T, status.ToString().c_str());
   std::fflush(stdout);
 }
 
@@ -294,8 +292,8 @@ absl::StatusOr<TorchRun> RunTorch(const std::string& python, const std::string& 
     }
     pollfd polls[2];
     for (int i = 0; i < 2; ++i) polls[i] = {fds[i], POLLIN, 0};  // fd -1: ignored
-    int ready = poll(polls, 2, static_cast<int>(std::min<int64_t>(
-                                   absl::ToInt64Milliseconds(left) + 1, 1000)));
+    int ready = poll(
+        polls, 2, static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1000)));
     if (ready < 0 && errno != EINTR) break;
     for (int i = 0; i < 2; ++i) {
       if (fds[i] < 0 || (polls[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
@@ -335,8 +333,7 @@ absl::StatusOr<TorchRun> RunTorch(const std::string& python, const std::string& 
     line = absl::StripAsciiWhitespace(line);
     if (!absl::StartsWith(line, "{")) continue;
     if (std::optional<std::string> torch = JsonField(line, "torch"); torch.has_value()) {
-      run.info = absl::StrCat("PyTorch ", *torch, " on ",
-                              JsonField(line, "device").value_or("?"));
+      run.info = absl::StrCat("PyTorch ", *torch, " on ", JsonField(line, "device").value_or("?"));
       continue;
     }
     std::optional<std::string> mode = JsonField(line, "mode");
@@ -354,7 +351,7 @@ absl::StatusOr<TorchRun> RunTorch(const std::string& python, const std::string& 
   bool ok = exit.has_value() && exit->Succeeded() && !timed_out;
   if (!ok) {
     std::string tail = err.size() > 2000 ? "..." + err.substr(err.size() - 2000) : err;
-    std::string why = timed_out ? absl::StrCat("ran past ", absl::FormatDuration(timeout))
+    std::string why = timed_out          ? absl::StrCat("ran past ", absl::FormatDuration(timeout))
                       : exit.has_value() ? exit->Describe()
                                          : std::string("did not exit");
     absl::Status status = absl::InternalError(
@@ -412,8 +409,7 @@ int Main(int argc, char** argv) {
   app.add_option("--batch", B, "Sequences per step")->capture_default_str();
   app.add_option("--seq", T, "Tokens per sequence (T)")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
-  app.add_option("--steps", steps, "Timed steps (the median is reported)")
-      ->capture_default_str();
+  app.add_option("--steps", steps, "Timed steps (the median is reported)")->capture_default_str();
   app.add_option("--batches", batches,
                  "Also sweep these batch sizes in bf16, e.g. 8,16,32 (one row each)");
   app.add_flag("--no-torch", no_torch, "No PyTorch comparison");
@@ -441,12 +437,12 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "bench_gpu: %s\n", device.status().ToString().c_str());
     return 1;
   }
-  std::printf("bench_gpu: %s, %.1f GB; %s\n", device->name.c_str(),
-              device->memory_total / kGB,
+  std::printf("bench_gpu: %s, %.1f GB; %s\n", device->name.c_str(), device->memory_total / kGB,
               absl::FormatTime("%Y-%m-%d %H:%M:%S %Z", absl::Now(), absl::LocalTimeZone()).c_str());
-  std::printf("GPT-2 124M (L=12 C=768 NH=12 V=50257), B=%d T=%d, %d warm-up + %d timed steps, "
-              "median ms/step; peak memory: cudaMemGetInfo in use, whole GPU\n",
-              B, T, warmup, steps);
+  std::printf(
+      "GPT-2 124M (L=12 C=768 NH=12 V=50257), B=%d T=%d, %d warm-up + %d timed steps, "
+      "median ms/step; peak memory: cudaMemGetInfo in use, whole GPU\n",
+      B, T, warmup, steps);
   std::fflush(stdout);
   const ModelConfig config = Gpt2(T);
 
@@ -491,8 +487,8 @@ int Main(int argc, char** argv) {
     double best_tokens = 0;
     int best_batch = 0;
     for (int batch : sweep) {
-      absl::StatusOr<GpuResult> result = Bench(config, Precision::kBf16, batch, T, warmup, steps,
-                                               peak_for(Precision::kBf16));
+      absl::StatusOr<GpuResult> result =
+          Bench(config, Precision::kBf16, batch, T, warmup, steps, peak_for(Precision::kBf16));
       if (!result.ok()) {
         PrintError("muster bf16", batch, T, result.status());
         continue;
@@ -512,18 +508,20 @@ int Main(int argc, char** argv) {
   if (!no_torch) {
     std::string script = TorchScript(argc > 0 ? argv[0] : nullptr);
     if (script.empty()) {
-      std::printf("\nPyTorch: bench_gpu_torch.py not found in runfiles or beside the binary; "
-                  "skipping\n");
+      std::printf(
+          "\nPyTorch: bench_gpu_torch.py not found in runfiles or beside the binary; "
+          "skipping\n");
     } else {
-      std::vector<std::string> args = {
-          "--device", "cuda", "--batch", std::to_string(B), "--seq", std::to_string(T),
-          "--steps", std::to_string(steps), "--warmup", std::to_string(warmup)};
+      std::vector<std::string> args = {"--device", "cuda",
+                                       "--batch",  std::to_string(B),
+                                       "--seq",    std::to_string(T),
+                                       "--steps",  std::to_string(steps),
+                                       "--warmup", std::to_string(warmup)};
       if (!torch_modes.empty()) {
         args.push_back("--modes");
         args.push_back(torch_modes);
       }
-      absl::StatusOr<TorchRun> run =
-          RunTorch(python, script, args, absl::Seconds(torch_timeout));
+      absl::StatusOr<TorchRun> run = RunTorch(python, script, args, absl::Seconds(torch_timeout));
       if (!run.ok()) {
         std::printf("PyTorch: %s\n", run.status().ToString().c_str());
       } else {
@@ -544,17 +542,17 @@ int Main(int argc, char** argv) {
     }
   }
 
-  std::printf("\n%s, B=%d T=%d%s%s\n", device->name.c_str(), B, T,
-              torch_info.empty() ? "" : "; ", torch_info.c_str());
-  std::printf("ratio = system ms/step / muster bf16 ms/step (above 1: muster bf16 is faster); "
-              "peak GB: muster's is the whole GPU in use (cudaMemGetInfo, with the CUDA "
-              "context), PyTorch's torch.cuda.max_memory_allocated\n");
-  std::printf("| %-22s | %9s | %9s | %7s | %6s | %13s |\n", "system", "ms/step", "tok/s",
-              "peak GB", "MFU", "vs muster bf16");
-  std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(24, '-').c_str(),
-              std::string(11, '-').c_str(), std::string(11, '-').c_str(),
-              std::string(9, '-').c_str(), std::string(8, '-').c_str(),
-              std::string(15, '-').c_str());
+  std::printf("\n%s, B=%d T=%d%s%s\n", device->name.c_str(), B, T, torch_info.empty() ? "" : "; ",
+              torch_info.c_str());
+  std::printf(
+      "ratio = system ms/step / muster bf16 ms/step (above 1: muster bf16 is faster); "
+      "peak GB: muster's is the whole GPU in use (cudaMemGetInfo, with the CUDA "
+      "context), PyTorch's torch.cuda.max_memory_allocated\n");
+  std::printf("| %-22s | %9s | %9s | %7s | %6s | %13s |\n", "system", "ms/step", "tok/s", "peak GB",
+              "MFU", "vs muster bf16");
+  std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(24, '-').c_str(), std::string(11, '-').c_str(),
+              std::string(11, '-').c_str(), std::string(9, '-').c_str(),
+              std::string(8, '-').c_str(), std::string(15, '-').c_str());
   for (const Row& row : table) {
     PrintTableRow(row.system, row.ms, row.tokens_per_s, row.peak_gb, row.mfu, base_ms);
   }

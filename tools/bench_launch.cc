@@ -111,9 +111,17 @@ absl::Duration MeasureRecovery(const std::string& launch) {
   std::string dir = mkdtemp(dir_template);
   std::string starts = dir + "/starts";
   SpawnSpec spec;
-  spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >/dev/null 2>&1", launch, "--standalone",
-               "--nproc_per_node=2", "--max_restarts=1", "--shutdown_timeout=5", "--no_python",
-               "/bin/sh", "-c",
+  spec.argv = {"/bin/sh",
+               "-c",
+               "exec \"$0\" \"$@\" >/dev/null 2>&1",
+               launch,
+               "--standalone",
+               "--nproc_per_node=2",
+               "--max_restarts=1",
+               "--shutdown_timeout=5",
+               "--no_python",
+               "/bin/sh",
+               "-c",
                "echo $TORCHELASTIC_RESTART_COUNT $$ $(date +%s%N) >> " + starts +
                    "; [ $TORCHELASTIC_RESTART_COUNT = 1 ] && exit 0; exec sleep 60"};
   spec.env = Environment();
@@ -145,8 +153,8 @@ std::string Ms(absl::Duration duration) {
 int main(int argc, char** argv) {
   int runs = 7;
   std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  std::string launch = (std::filesystem::path(self).parent_path().parent_path() / "launcher" /
-                        "launch").string();
+  std::string launch =
+      (std::filesystem::path(self).parent_path().parent_path() / "launcher" / "launch").string();
   std::string torchrun = "/usr/bin/torchrun";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
@@ -186,10 +194,10 @@ int main(int argc, char** argv) {
     if (have_torchrun) {
       std::vector<absl::Duration> theirs;
       for (int run = 0; run < torch_runs; ++run) {
-        theirs.push_back(TimeRun({torchrun, "--standalone",
-                                  absl::StrCat("--nproc_per_node=", nproc),
-                                  "--monitor_interval", "0.05", "--redirects", "1", "--tee", "1",
-                                  "--no_python", "true"}));
+        theirs.push_back(
+            TimeRun({torchrun, "--standalone", absl::StrCat("--nproc_per_node=", nproc),
+                     "--monitor_interval", "0.05", "--redirects", "1", "--tee", "1", "--no_python",
+                     "true"}));
       }
       absl::Duration their_median = Median(theirs);
       theirs_text = Ms(their_median);
@@ -206,7 +214,9 @@ int main(int argc, char** argv) {
   for (int run = 0; run < std::min(runs, 5); ++run) recoveries.push_back(MeasureRecovery(launch));
   absl::Duration recovery = Median(recoveries);
   if (recovery < absl::ZeroDuration()) status = 1;
-  std::printf("recovery after SIGKILL of one of 2 workers, until both restarted workers run "
-              "(median of %zu): %s\n", recoveries.size(), Ms(recovery).c_str());
+  std::printf(
+      "recovery after SIGKILL of one of 2 workers, until both restarted workers run "
+      "(median of %zu): %s\n",
+      recoveries.size(), Ms(recovery).c_str());
   return status;
 }

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <grpcpp/grpcpp.h>
+#include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -47,22 +47,19 @@ int Run(const Flags& flags) {
   std::string endpoint = flags.endpoint;
   if (endpoint.empty()) {
     ServerProcessOptions options;
-    options.binary = flags.server.empty()
-                         ? ExecutableDir() + "/../rendezvous/rendezvous"
-                         : flags.server;
+    options.binary =
+        flags.server.empty() ? ExecutableDir() + "/../rendezvous/rendezvous" : flags.server;
     options.echo_output = flags.server_output;
     auto started = ServerProcess::Start(options);
     if (!started.ok()) {
-      std::fprintf(stderr, "bench_rendezvous: %s\n",
-                   started.status().ToString().c_str());
+      std::fprintf(stderr, "bench_rendezvous: %s\n", started.status().ToString().c_str());
       return 1;
     }
     server = *std::move(started);
     endpoint = server->endpoint();
     std::printf("server: pid %d on %s\n", server->pid(), endpoint.c_str());
   } else {
-    std::printf("server: %s (running elsewhere; RSS not measured)\n",
-                endpoint.c_str());
+    std::printf("server: %s (running elsewhere; RSS not measured)\n", endpoint.c_str());
   }
 
   std::vector<std::unique_ptr<Client>> clients;
@@ -71,8 +68,7 @@ int Run(const Flags& flags) {
     options.endpoint = endpoint;
     auto client = Client::Connect(options);
     if (!client.ok()) {
-      std::fprintf(stderr, "bench_rendezvous: %s\n",
-                   client.status().ToString().c_str());
+      std::fprintf(stderr, "bench_rendezvous: %s\n", client.status().ToString().c_str());
       return 1;
     }
     clients.push_back(*std::move(client));
@@ -89,34 +85,31 @@ int Run(const Flags& flags) {
   const absl::Duration phase = absl::Seconds(flags.phase_seconds);
   Throughput renewals =
       RunKeepAlives(clients, job_id, rendezvous.member_ids, flags.in_flight, phase);
-  Throughput sets = RunStoreSets(clients, job_id, rendezvous.round,
-                                 flags.in_flight, phase);
-  Throughput gets = RunStoreGets(clients, job_id, rendezvous.round,
-                                 flags.in_flight, phase, sets.ok);
+  Throughput sets = RunStoreSets(clients, job_id, rendezvous.round, flags.in_flight, phase);
+  Throughput gets =
+      RunStoreGets(clients, job_id, rendezvous.round, flags.in_flight, phase, sets.ok);
 
   const double rendezvous_s = absl::ToDoubleSeconds(rendezvous.all_running);
-  std::printf("\n%-34s %d (job %s, round %llu, %d channels)\n", "nodes",
-              flags.nodes, job_id.c_str(),
-              static_cast<unsigned long long>(rendezvous.round), flags.channels);
-  std::printf("%-34s %.3f s   (goal < 2 s: %s; every node learnt it over its "
-              "own Watch stream)\n",
-              "rendezvous complete (all nodes)", rendezvous_s,
-              rendezvous_s < 2 ? "met" : "MISSED");
+  std::printf("\n%-34s %d (job %s, round %llu, %d channels)\n", "nodes", flags.nodes,
+              job_id.c_str(), static_cast<unsigned long long>(rendezvous.round), flags.channels);
+  std::printf(
+      "%-34s %.3f s   (goal < 2 s: %s; every node learnt it over its "
+      "own Watch stream)\n",
+      "rendezvous complete (all nodes)", rendezvous_s, rendezvous_s < 2 ? "met" : "MISSED");
   std::printf("%-34s %.3f s\n", "  of which: all joins answered",
               absl::ToDoubleSeconds(rendezvous.all_joined));
   std::printf("%-34s %lld (%.1f per node)\n", "  watch states received",
               static_cast<long long>(rendezvous.watch_messages),
               static_cast<double>(rendezvous.watch_messages) / flags.nodes);
   std::printf("%-34s p50 %.2f ms, p99 %.2f ms, max %.2f ms\n", "join latency",
-              rendezvous.join_latency_ms.Percentile(50),
-              rendezvous.join_latency_ms.Percentile(99),
+              rendezvous.join_latency_ms.Percentile(50), rendezvous.join_latency_ms.Percentile(99),
               rendezvous.join_latency_ms.Percentile(100));
   const double renewal_rate = renewals.PerSecond();
-  std::printf("%-34s %.0f /s  (goal >= 20000: %s; %d in flight for %.1f s, "
-              "%lld errors)\n",
-              "keepalive renewals", renewal_rate,
-              renewal_rate >= 20000 ? "met" : "MISSED", flags.in_flight,
-              flags.phase_seconds, static_cast<long long>(renewals.failed));
+  std::printf(
+      "%-34s %.0f /s  (goal >= 20000: %s; %d in flight for %.1f s, "
+      "%lld errors)\n",
+      "keepalive renewals", renewal_rate, renewal_rate >= 20000 ? "met" : "MISSED", flags.in_flight,
+      flags.phase_seconds, static_cast<long long>(renewals.failed));
   std::printf("%-34s %.0f /s  (%lld errors)\n", "store Set", sets.PerSecond(),
               static_cast<long long>(sets.failed));
   std::printf("%-34s %.0f /s  (%lld errors)\n", "store Get", gets.PerSecond(),
@@ -126,12 +119,10 @@ int Run(const Flags& flags) {
     auto rss = server->PeakRssKib();
     if (rss.ok()) {
       const double mib = *rss / 1024.0;
-      std::printf("%-34s %.1f MiB  (goal < 200 MB: %s)\n",
-                  "server peak RSS (VmHWM)", mib,
+      std::printf("%-34s %.1f MiB  (goal < 200 MB: %s)\n", "server peak RSS (VmHWM)", mib,
                   *rss * 1024.0 < 200e6 ? "met" : "MISSED");
     } else {
-      std::printf("%-34s unknown: %s\n", "server peak RSS",
-                  rss.status().ToString().c_str());
+      std::printf("%-34s unknown: %s\n", "server peak RSS", rss.status().ToString().c_str());
     }
     (void)server->Kill(SIGTERM);
     if (!server->Wait(absl::Now() + absl::Seconds(10)).ok()) {
@@ -151,24 +142,20 @@ int main(int argc, char** argv) {
   app.add_option("--server", flags.server,
                  "rendezvous binary (default: ../rendezvous/rendezvous next "
                  "to this binary)");
-  app.add_option("--endpoint", flags.endpoint,
-                 "use a running server instead of starting one");
+  app.add_option("--endpoint", flags.endpoint, "use a running server instead of starting one");
   app.add_option("--nodes", flags.nodes, "simulated nodes")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
   app.add_option("--channels", flags.channels, "client connections")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--in-flight", flags.in_flight,
-                 "concurrent calls in the throughput phases")
+  app.add_option("--in-flight", flags.in_flight, "concurrent calls in the throughput phases")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_option("--phase-seconds", flags.phase_seconds,
-                 "length of each throughput phase")
+  app.add_option("--phase-seconds", flags.phase_seconds, "length of each throughput phase")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  app.add_flag("--server-output", flags.server_output,
-               "echo the server's log to stderr");
+  app.add_flag("--server-output", flags.server_output, "echo the server's log to stderr");
   CLI11_PARSE(app, argc, argv);
   return muster::tools::Run(flags);
 }

@@ -34,8 +34,8 @@ struct BenchResult {
   size_t parameters = 0;
 };
 
-absl::StatusOr<BenchResult> Bench(const ModelConfig& config, int B, int T, int warmup,
-                                  int steps, double peak) {
+absl::StatusOr<BenchResult> Bench(const ModelConfig& config, int B, int T, int warmup, int steps,
+                                  double peak) {
   auto created = GptModel::Create(config, B, Device::kCpu);
   if (!created.ok()) return created.status();
   std::unique_ptr<GptModel> model = *std::move(created);
@@ -122,8 +122,8 @@ double TorchMsPerStep(int B, int T, int warmup, int steps, int threads) {
   double ms = 0, tokens = 0;
   size_t at = output.find("torch ms_per_step");
   if (at == std::string::npos ||
-      std::sscanf(output.c_str() + at, "torch ms_per_step %lf tokens_per_s %lf", &ms,
-                  &tokens) != 2) {
+      std::sscanf(output.c_str() + at, "torch ms_per_step %lf tokens_per_s %lf", &ms, &tokens) !=
+          2) {
     std::printf("PyTorch run failed:\n%s", output.c_str());
     return 0;
   }
@@ -182,9 +182,10 @@ int Main(int argc, char** argv) {
     if (threads <= 0) threads = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
     double torch_ms = TorchMsPerStep(8, 128, warmup, steps, threads);
     if (torch_ms > 0) {
-      std::printf("(a) in PyTorch on the CPU (%d threads): %.1f ms/step; "
-                  "PyTorch time / muster time = %.2f (above 1: muster is faster)\n",
-                  threads, torch_ms, torch_ms / a->ms_per_step);
+      std::printf(
+          "(a) in PyTorch on the CPU (%d threads): %.1f ms/step; "
+          "PyTorch time / muster time = %.2f (above 1: muster is faster)\n",
+          threads, torch_ms, torch_ms / a->ms_per_step);
     }
   }
   return 0;

@@ -38,9 +38,9 @@ int Fail(const std::string& message) {
 absl::Status AppendFile(const std::string& path, std::vector<uint16_t>* tokens) {
   std::error_code error;
   if (!std::filesystem::is_regular_file(path, error)) {
-    return absl::NotFoundError(absl::StrCat(
-        "cannot read ", path, ": ",
-        std::filesystem::exists(path, error) ? "not a regular file" : "no such file"));
+    return absl::NotFoundError(
+        absl::StrCat("cannot read ", path, ": ",
+                     std::filesystem::exists(path, error) ? "not a regular file" : "no such file"));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot open ", path));
@@ -51,15 +51,15 @@ absl::Status AppendFile(const std::string& path, std::vector<uint16_t>* tokens) 
   return absl::OkStatus();
 }
 
-std::string ShardPath(const std::string& dir, const std::string& prefix,
-                      const std::string& split, size_t index) {
+std::string ShardPath(const std::string& dir, const std::string& prefix, const std::string& split,
+                      size_t index) {
   return absl::StrFormat("%s/%s%s_%06d.bin", dir, prefix, split, index);
 }
 
 // Writes tokens[begin, end) as shards of at most shard_tokens; returns the paths.
 absl::StatusOr<std::vector<std::string>> WriteSplit(const std::vector<uint16_t>& tokens,
-                                                    size_t begin, size_t end,
-                                                    size_t shard_tokens, const std::string& dir,
+                                                    size_t begin, size_t end, size_t shard_tokens,
+                                                    const std::string& dir,
                                                     const std::string& prefix,
                                                     const std::string& split) {
   std::vector<std::string> paths;
@@ -80,8 +80,8 @@ std::vector<std::string> RemoveStaleShards(const std::string& dir, const std::st
                                            const std::set<std::string>& written) {
   std::vector<std::string> removed;
   for (const char* split : {"train", "val"}) {
-    std::string pattern = absl::StrCat(dir, "/", prefix, split,
-                                       "_[0-9][0-9][0-9][0-9][0-9][0-9].bin");
+    std::string pattern =
+        absl::StrCat(dir, "/", prefix, split, "_[0-9][0-9][0-9][0-9][0-9][0-9].bin");
     glob_t matches;
     if (::glob(pattern.c_str(), 0, nullptr, &matches) == 0) {
       for (size_t i = 0; i < matches.gl_pathc; ++i) {
@@ -134,8 +134,8 @@ int main(int argc, char** argv) {
   size_t val_tokens = static_cast<size_t>(static_cast<double>(total) * val_fraction);
   size_t train_tokens = total - val_tokens;
   if (train_tokens == 0) {
-    return Fail(absl::StrCat("--val-fraction ", val_fraction, " leaves no training tokens of ",
-                             total));
+    return Fail(
+        absl::StrCat("--val-fraction ", val_fraction, " leaves no training tokens of ", total));
   }
   std::string prefix = name.empty() ? "" : name + "_";
   auto train = WriteSplit(tokens, 0, train_tokens, static_cast<size_t>(shard_tokens), out_dir,

@@ -26,8 +26,7 @@ constexpr int kExitCallFailed = 1;
 constexpr int kExitUsage = 2;
 
 int Fail(const absl::Status& status, int exit_code) {
-  std::fprintf(stderr, "rdzvctl: %s: %s\n",
-               absl::StatusCodeToString(status.code()).c_str(),
+  std::fprintf(stderr, "rdzvctl: %s: %s\n", absl::StatusCodeToString(status.code()).c_str(),
                std::string(status.message()).c_str());
   return exit_code;
 }
@@ -45,15 +44,13 @@ std::string FormatAge(int64_t millis) {
 int List(Client& client) {
   absl::StatusOr<pb::ListJobsResponse> jobs = client.ListJobs();
   if (!jobs.ok()) return Fail(jobs.status(), kExitCallFailed);
-  std::printf("%-24s %-10s %6s %6s %6s %8s %9s\n", "JOB", "PHASE", "ROUND",
-              "NODES", "WORLD", "WAITING", "RESTARTS");
+  std::printf("%-24s %-10s %6s %6s %6s %8s %9s\n", "JOB", "PHASE", "ROUND", "NODES", "WORLD",
+              "WAITING", "RESTARTS");
   for (const pb::JobSummary& job : jobs->jobs()) {
     std::printf("%-24s %-10s %6llu %6u %6u %8u %9s\n", job.job_id().c_str(),
-                PhaseName(job.phase()).c_str(),
-                static_cast<unsigned long long>(job.round()), job.nodes(),
-                job.world_size(), job.nodes_waiting(),
-                absl::StrCat(job.restart_count(), "/", job.max_restarts())
-                    .c_str());
+                PhaseName(job.phase()).c_str(), static_cast<unsigned long long>(job.round()),
+                job.nodes(), job.world_size(), job.nodes_waiting(),
+                absl::StrCat(job.restart_count(), "/", job.max_restarts()).c_str());
   }
   if (jobs->jobs().empty()) std::printf("(no jobs)\n");
   return 0;
@@ -62,45 +59,38 @@ int List(Client& client) {
 void PrintState(const pb::JobState& state) {
   std::printf("job:        %s\n", state.job_id().c_str());
   std::printf("phase:      %s\n", PhaseName(state.phase()).c_str());
-  std::printf("round:      %llu (version %llu)\n",
-              static_cast<unsigned long long>(state.round()),
+  std::printf("round:      %llu (version %llu)\n", static_cast<unsigned long long>(state.round()),
               static_cast<unsigned long long>(state.version()));
-  std::printf("nodes:      %d of min %u, max %u; world size %u\n",
-              state.members_size(), state.config().min_nodes(),
-              state.config().max_nodes(), state.world_size());
-  std::printf("restarts:   %d/%d\n", state.restart_count(),
-              state.config().max_restarts());
+  std::printf("nodes:      %d of min %u, max %u; world size %u\n", state.members_size(),
+              state.config().min_nodes(), state.config().max_nodes(), state.world_size());
+  std::printf("restarts:   %d/%d\n", state.restart_count(), state.config().max_restarts());
   if (state.last_end_reason() != pb::END_REASON_UNSPECIFIED) {
-    std::printf("last end:   %s\n",
-                pb::RoundEndReason_Name(state.last_end_reason()).c_str());
+    std::printf("last end:   %s\n", pb::RoundEndReason_Name(state.last_end_reason()).c_str());
   }
   if (!state.status_message().empty()) {
     std::printf("status:     %s\n", state.status_message().c_str());
   }
   std::printf("\nmembers (%d):\n", state.members_size());
-  std::printf("  %5s %7s %5s %-20s %-16s %-36s %9s\n", "RANK", "OFFSET",
-              "NPROC", "ADDRESS", "HOSTNAME", "MEMBER", "LEASE AGE");
+  std::printf("  %5s %7s %5s %-20s %-16s %-36s %9s\n", "RANK", "OFFSET", "NPROC", "ADDRESS",
+              "HOSTNAME", "MEMBER", "LEASE AGE");
   for (const pb::Member& member : state.members()) {
-    std::printf("  %5d %7u %5u %-20s %-16s %-36s %9s\n", member.group_rank(),
-                member.rank_offset(), member.nproc(), member.address().c_str(),
-                member.hostname().c_str(), member.member_id().c_str(),
-                FormatAge(member.lease_age_ms()).c_str());
+    std::printf("  %5d %7u %5u %-20s %-16s %-36s %9s\n", member.group_rank(), member.rank_offset(),
+                member.nproc(), member.address().c_str(), member.hostname().c_str(),
+                member.member_id().c_str(), FormatAge(member.lease_age_ms()).c_str());
   }
   std::printf("\nwaiting (%u waiting, %u pending):\n", state.nodes_waiting(),
               state.nodes_pending());
   for (const pb::Member& member : state.waiting()) {
-    std::printf("  %-36s %-20s %-16s nproc %u, lease age %s\n",
-                member.member_id().c_str(), member.address().c_str(),
-                member.hostname().c_str(), member.nproc(),
+    std::printf("  %-36s %-20s %-16s nproc %u, lease age %s\n", member.member_id().c_str(),
+                member.address().c_str(), member.hostname().c_str(), member.nproc(),
                 FormatAge(member.lease_age_ms()).c_str());
   }
   if (state.failures_size() > 0) {
     std::printf("\nfailures (%d):\n", state.failures_size());
     for (const pb::Failure& failure : state.failures()) {
       std::printf("  round %llu member %s exit %d: %s\n",
-                  static_cast<unsigned long long>(failure.round()),
-                  failure.member_id().c_str(), failure.exit_code(),
-                  failure.message().c_str());
+                  static_cast<unsigned long long>(failure.round()), failure.member_id().c_str(),
+                  failure.exit_code(), failure.message().c_str());
     }
   }
 }
@@ -108,22 +98,19 @@ void PrintState(const pb::JobState& state) {
 int Describe(Client& client, const std::string& job_id) {
   pb::DescribeJobRequest request;
   request.set_job_id(job_id);
-  absl::StatusOr<pb::DescribeJobResponse> response =
-      client.DescribeJob(request);
+  absl::StatusOr<pb::DescribeJobResponse> response = client.DescribeJob(request);
   if (!response.ok()) return Fail(response.status(), kExitCallFailed);
   PrintState(response->state());
   return 0;
 }
 
-int Close(Client& client, const std::string& job_id,
-          const std::string& reason) {
+int Close(Client& client, const std::string& job_id, const std::string& reason) {
   pb::CloseJobRequest request;
   request.set_job_id(job_id);
   request.set_reason(reason);
   absl::StatusOr<pb::CloseJobResponse> response = client.CloseJob(request);
   if (!response.ok()) return Fail(response.status(), kExitCallFailed);
-  std::printf("job %s: %s\n", job_id.c_str(),
-              PhaseName(response->state().phase()).c_str());
+  std::printf("job %s: %s\n", job_id.c_str(), PhaseName(response->state().phase()).c_str());
   return 0;
 }
 
@@ -131,9 +118,8 @@ int Health(Client& client) {
   const absl::Time start = absl::Now();
   absl::StatusOr<pb::ListJobsResponse> jobs = client.ListJobs();
   if (!jobs.ok()) return Fail(jobs.status(), kExitCallFailed);
-  std::printf("ok: %s serving, %d jobs, %.1f ms\n",
-              client.options().endpoint.c_str(), jobs->jobs_size(),
-              absl::ToDoubleMilliseconds(absl::Now() - start));
+  std::printf("ok: %s serving, %d jobs, %.1f ms\n", client.options().endpoint.c_str(),
+              jobs->jobs_size(), absl::ToDoubleMilliseconds(absl::Now() - start));
   return 0;
 }
 
@@ -143,8 +129,7 @@ int Main(int argc, char** argv) {
   ClientOptions options;
   std::string job_secret_file;
   double timeout_seconds = 5;
-  app.add_option("--endpoint", options.endpoint, "server host[:port]")
-      ->capture_default_str();
+  app.add_option("--endpoint", options.endpoint, "server host[:port]")->capture_default_str();
   app.add_option("--token-file", options.token_file, "bearer token file");
   app.add_option("--tls-ca", options.tls_ca_file, "CA to verify the server");
   app.add_option("--tls-cert", options.tls_cert_file, "client cert (mTLS)");
@@ -172,8 +157,7 @@ int Main(int argc, char** argv) {
 
   options.rpc_timeout = absl::Seconds(timeout_seconds);
   if (!job_secret_file.empty()) {
-    absl::StatusOr<std::string> secret =
-        ReadFileToString(job_secret_file, "job secret file");
+    absl::StatusOr<std::string> secret = ReadFileToString(job_secret_file, "job secret file");
     if (!secret.ok()) return Fail(secret.status(), kExitUsage);
     options.job_secret = std::string(absl::StripAsciiWhitespace(*secret));
   }

@@ -35,12 +35,11 @@ int ParseListeningPort(const std::string& text) {
   if (at == std::string::npos) return 0;
   size_t end = text.find('\n', at);
   if (end == std::string::npos) return 0;  // line not complete yet
-  std::string address = text.substr(at + std::strlen(kListeningMarker),
-                                    end - at - std::strlen(kListeningMarker));
+  std::string address =
+      text.substr(at + std::strlen(kListeningMarker), end - at - std::strlen(kListeningMarker));
   size_t colon = address.rfind(':');
   int port = 0;
-  if (colon == std::string::npos ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
     return 0;
   }
   return port;
@@ -60,8 +59,8 @@ std::string ExecutableDir() {
 absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     const ServerProcessOptions& options) {
   if (access(options.binary.c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat(
-        "rendezvous binary \"", options.binary, "\" is not executable"));
+    return absl::NotFoundError(
+        absl::StrCat("rendezvous binary \"", options.binary, "\" is not executable"));
   }
   std::vector<std::string> args = {options.binary, "--listen", options.listen};
   args.insert(args.end(), options.extra_args.begin(), options.extra_args.end());
@@ -106,13 +105,12 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
       process->port_ = port;
       break;
     }
-    int wait_ms = static_cast<int>(
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+    int wait_ms =
+        static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
     if (wait_ms == 0) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "rendezvous server did not print \"", kListeningMarker,
-          "\" within ", absl::FormatDuration(options.start_timeout),
-          "; output:\n", seen));
+      return absl::DeadlineExceededError(
+          absl::StrCat("rendezvous server did not print \"", kListeningMarker, "\" within ",
+                       absl::FormatDuration(options.start_timeout), "; output:\n", seen));
     }
     pollfd poll_fd{fds[0], POLLIN, 0};
     int ready = poll(&poll_fd, 1, wait_ms);
@@ -121,8 +119,8 @@ absl::StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Start(
     ssize_t n = read(fds[0], buffer, sizeof(buffer));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      return absl::InternalError(absl::StrCat(
-          "rendezvous server exited before listening; output:\n", seen));
+      return absl::InternalError(
+          absl::StrCat("rendezvous server exited before listening; output:\n", seen));
     }
     seen.append(buffer, n);
     if (options.echo_output) fwrite(buffer, 1, n, stderr);
@@ -178,8 +176,7 @@ absl::StatusOr<int> ServerProcess::Wait(absl::Time deadline) {
       return status;
     }
     if (done < 0 && errno != EINTR) {
-      return absl::InternalError(
-          absl::StrCat("waitpid(", pid_, "): ", std::strerror(errno)));
+      return absl::InternalError(absl::StrCat("waitpid(", pid_, "): ", std::strerror(errno)));
     }
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -200,8 +197,7 @@ absl::StatusOr<int64_t> ServerProcess::PeakRssKib() const {
       if (fields >> kib) return kib;
     }
   }
-  return absl::NotFoundError(
-      absl::StrCat("no VmHWM in /proc/", pid_, "/status"));
+  return absl::NotFoundError(absl::StrCat("no VmHWM in /proc/", pid_, "/status"));
 }
 
 std::string ServerProcess::output() const {

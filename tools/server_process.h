@@ -24,8 +24,8 @@
 namespace muster::tools {
 
 struct ServerProcessOptions {
-  std::string binary;              // path of the `rendezvous` binary
-  std::string listen = "127.0.0.1:0";  // passed as --listen; port 0: any
+  std::string binary;                   // path of the `rendezvous` binary
+  std::string listen = "127.0.0.1:0";   // passed as --listen; port 0: any
   std::vector<std::string> extra_args;  // e.g. {"--state-dir", dir}
   absl::Duration start_timeout = absl::Seconds(30);
   bool echo_output = false;
@@ -36,8 +36,7 @@ class ServerProcess {
   // Starts the binary and waits for its "listening on" line. Errors:
   // NOT_FOUND if the binary is missing; DEADLINE_EXCEEDED or INTERNAL
   // (with the child's output) if it does not come up.
-  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(
-      const ServerProcessOptions& options);
+  static absl::StatusOr<std::unique_ptr<ServerProcess>> Start(const ServerProcessOptions& options);
 
   // Kills (SIGKILL) and reaps the child if it is still running.
   ~ServerProcess();

@@ -44,10 +44,14 @@ bool ByLength(const std::string& a, const std::string& b) { return a.size() < b.
 // How a value looks in a message: the scalar itself, or its kind.
 std::string Describe(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Scalar: return absl::StrCat("'", node.Scalar(), "'");
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a map";
-    default: return "nothing";
+    case YAML::NodeType::Scalar:
+      return absl::StrCat("'", node.Scalar(), "'");
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a map";
+    default:
+      return "nothing";
   }
 }
 
@@ -74,12 +78,12 @@ enum class PathKind { kNone, kGlob, kPath };
 struct Rule {
   enum class Bound { kNone, kPositive, kNonNegative, kFraction /* [0, 1) */ };
   Bound bound = Bound::kNone;
-  int64_t at_most = 0;             // > 0: the largest value allowed, and why
+  int64_t at_most = 0;  // > 0: the largest value allowed, and why
   absl::string_view at_most_why;
-  absl::string_view words;          // a string's allowed words, "cosine|constant"; empty: any
-  absl::string_view or_else;        // what else the string may be, any non-empty one
-  absl::string_view noun, nouns;    // "unknown strategy 'x'; known strategies: ..."
-  absl::string_view required;       // set: the field has no default, and this is what it is
+  absl::string_view words;        // a string's allowed words, "cosine|constant"; empty: any
+  absl::string_view or_else;      // what else the string may be, any non-empty one
+  absl::string_view noun, nouns;  // "unknown strategy 'x'; known strategies: ..."
+  absl::string_view required;     // set: the field has no default, and this is what it is
   PathKind path = PathKind::kNone;
 
   constexpr Rule AtMost(int64_t max, absl::string_view why) const {
@@ -172,8 +176,7 @@ struct Table<DataConfig> {
        Glob().Required("a glob of token shards (llm.c format)")},
       {"val", &D::val, "validation shards; empty: no validation", Glob()},
       {"micro_batch", &D::micro_batch, "B, sequences per rank per micro-step", Positive()},
-      {"grad_accumulation", &D::grad_accumulation, "micro-steps per optimizer step",
-       Positive()},
+      {"grad_accumulation", &D::grad_accumulation, "micro-steps per optimizer step", Positive()},
   };
 };
 
@@ -202,8 +205,7 @@ struct Table<TrainLoopConfig> {
       {"steps", &T::steps, "optimizer steps", Positive()},
       {"seed", &T::seed, "initial weights and the data order"},
       {"log_every", &T::log_every, "steps between log lines", Positive()},
-      {"eval_every", &T::eval_every, "steps between validation passes; 0: none",
-       NonNegative()},
+      {"eval_every", &T::eval_every, "steps between validation passes; 0: none", NonNegative()},
       {"eval_batches", &T::eval_batches, "micro-batches per validation pass", Positive()},
       {"metrics_file", &T::metrics_file, "JSONL of per-step metrics; empty: none", Path()},
   };
@@ -382,7 +384,8 @@ std::optional<std::string> CheckValue(const Rule& rule, const T& value) {
   } else {
     const double number = static_cast<double>(value);
     switch (rule.bound) {
-      case Rule::Bound::kNone: break;
+      case Rule::Bound::kNone:
+        break;
       case Rule::Bound::kPositive:
         if (!(number > 0)) return absl::StrCat("must be > 0, got ", number);
         break;
@@ -462,7 +465,7 @@ void ListFields(const std::string& prefix, const Access& access, std::vector<Con
         [&](auto member) {
           using T = Pointee<decltype(member)>;
           if constexpr (kIsSection<T>) {
-            auto section = [access, member](auto& config) -> auto& {
+            auto section = [ access, member ](auto& config) -> auto& {
               return access(config).*member;
             };
             ListFields<T>(path + ".", section, out);
@@ -483,8 +486,8 @@ void ListFields(const std::string& prefix, const Access& access, std::vector<Con
               try {
                 node = YAML::Load(yaml_value);
               } catch (const YAML::Exception& error) {
-                return absl::InvalidArgumentError(absl::StrCat(path, ": invalid yaml: ",
-                                                               error.msg));
+                return absl::InvalidArgumentError(
+                    absl::StrCat(path, ": invalid yaml: ", error.msg));
               }
               T value;
               if (std::optional<std::string> what = ReadScalar(node, &value)) {
@@ -554,8 +557,8 @@ absl::Status ConfigReader::ReadMap(const YAML::Node& map, const std::string& pre
     const std::string path = prefix.empty() ? key.Scalar() : prefix + "." + key.Scalar();
     auto [seen, inserted] = lines_.emplace(path, key_line);
     if (!inserted) {
-      return Error(key_line, path, absl::StrCat("duplicate key (first set on line ",
-                                                seen->second, ")"));
+      return Error(key_line, path,
+                   absl::StrCat("duplicate key (first set on line ", seen->second, ")"));
     }
     const Field<S>* field = nullptr;
     for (const Field<S>& candidate : Table<S>::kFields) {
@@ -606,8 +609,7 @@ absl::Status ConfigReader::Read(const YAML::Node& root, TrainConfig* config) {
   }
   if (!root.IsMap()) {
     return Error(LineOf(root, 1), "",
-                 absl::StrCat("expected a map of sections at the top level, got ",
-                              Describe(root)));
+                 absl::StrCat("expected a map of sections at the top level, got ", Describe(root)));
   }
   return ReadMap(root, "", 1, config);
 }
@@ -640,8 +642,7 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                 {"model.dim"});
   }
   if (o.min_lr > o.lr) {
-    return fail("optim.min_lr", absl::StrCat(o.min_lr, " is above optim.lr ", o.lr),
-                {"optim.lr"});
+    return fail("optim.min_lr", absl::StrCat(o.min_lr, " is above optim.lr ", o.lr), {"optim.lr"});
   }
   if (t.eval_every > 0 && d.val.empty()) {
     return fail("train.eval_every", "evaluation needs data.val (a glob of token shards)");
@@ -655,16 +656,16 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
   }
   if (config.device == "cpu" && config.parallel.backend == "nccl") {
     return fail("parallel.backend",
-                "nccl needs device cuda; on the CPU gradients are reduced over gloo",
-                {"device"});
+                "nccl needs device cuda; on the CPU gradients are reduced over gloo", {"device"});
   }
   if (c.every > 0 && c.dir.empty()) {
     return fail("checkpoint.every", "saving checkpoints needs checkpoint.dir");
   }
   if (!c.dir.empty() && c.every > 0 && c.keep_last < 2) {
     return fail("checkpoint.keep_last",
-                absl::StrCat(c.keep_last, " is too few while checkpoints are on; keep at "
-                                          "least 2, so that one survives a bad newest one"),
+                absl::StrCat(c.keep_last,
+                             " is too few while checkpoints are on; keep at "
+                             "least 2, so that one survives a bad newest one"),
                 {"checkpoint.every", "checkpoint.dir"});
   }
   return absl::OkStatus();
@@ -727,7 +728,8 @@ std::string ConfigToYaml(const TrainConfig& config) {
 const std::vector<ConfigField>& ConfigFields() {
   static const std::vector<ConfigField>* const kFields = [] {
     auto* fields = new std::vector<ConfigField>;
-    ListFields<TrainConfig>("", [](auto& config) -> auto& { return config; }, fields);
+    ListFields<TrainConfig>(
+        "", [](auto& config) -> auto& { return config; }, fields);
     return fields;
   }();
   return *kFields;

@@ -18,19 +18,19 @@
 namespace muster::worker {
 
 struct ModelConfig {
-  int layers = 4;        // L
-  int heads = 4;         // NH
-  int dim = 256;         // C; heads must divide it
-  int vocab = 256;       // V; padded to a multiple of 128 (Vp) in memory
-  int seq_len = 128;     // T, the longest context (maxT)
+  int layers = 4;     // L
+  int heads = 4;      // NH
+  int dim = 256;      // C; heads must divide it
+  int vocab = 256;    // V; padded to a multiple of 128 (Vp) in memory
+  int seq_len = 128;  // T, the longest context (maxT)
   int padded_vocab() const { return (vocab + 127) / 128 * 128; }
 };
 
 struct DataConfig {
-  std::string train;              // glob of llm.c token shards
-  std::string val;                // glob; empty: no validation
-  int micro_batch = 8;            // B, sequences per rank per micro-step
-  int grad_accumulation = 1;      // micro-steps per optimizer step
+  std::string train;          // glob of llm.c token shards
+  std::string val;            // glob; empty: no validation
+  int micro_batch = 8;        // B, sequences per rank per micro-step
+  int grad_accumulation = 1;  // micro-steps per optimizer step
 };
 
 struct OptimConfig {
@@ -42,14 +42,14 @@ struct OptimConfig {
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
-  double grad_clip = 1.0;           // global-norm clip; 0 disables
+  double grad_clip = 1.0;  // global-norm clip; 0 disables
 };
 
 struct TrainLoopConfig {
   int steps = 100;
   uint64_t seed = 1337;
   int log_every = 10;
-  int eval_every = 0;      // 0: no evaluation
+  int eval_every = 0;  // 0: no evaluation
   int eval_batches = 4;
   std::string metrics_file;  // JSONL; empty: none
 };
@@ -67,11 +67,11 @@ struct ParallelConfig {
 };
 
 struct CheckpointConfig {
-  std::string dir;             // empty: no checkpoints
-  int every = 0;               // steps between saves; 0: never
+  std::string dir;  // empty: no checkpoints
+  int every = 0;    // steps between saves; 0: never
   int keep_last = 3;
   int keep_every = 0;
-  std::string resume = "auto"; // auto | never | <path>
+  std::string resume = "auto";  // auto | never | <path>
 };
 
 struct TrainConfig {
@@ -80,7 +80,7 @@ struct TrainConfig {
   DataConfig data;
   OptimConfig optim;
   TrainLoopConfig train;
-  std::string device = "auto";  // cpu | cuda | auto
+  std::string device = "auto";     // cpu | cuda | auto
   std::string precision = "auto";  // auto | fp32 | tf32 | bf16 (worker/model/model.h)
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
@@ -90,8 +90,7 @@ struct TrainConfig {
 // against the yaml file's directory.
 absl::StatusOr<TrainConfig> LoadConfig(const std::string& path);
 // The same from text; `name` is used in messages.
-absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text,
-                                        const std::string& name,
+absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text, const std::string& name,
                                         const std::string& base_dir);
 
 // The resolved config, every field, as yaml (worker --print-config).

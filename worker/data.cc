@@ -29,8 +29,8 @@ absl::Status OpenError(const std::string& path, const char* what, int error) {
 
 int32_t HeaderWord(const unsigned char* header, int index) {
   const unsigned char* p = header + 4 * index;
-  uint32_t value = uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
-                   uint32_t{p[3]} << 24;
+  uint32_t value =
+      uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
   return static_cast<int32_t>(value);
 }
 
@@ -53,7 +53,6 @@ bool WriteAll(int fd, const void* bytes, size_t count) {
   }
   return true;
 }
-
 
 // A pseudo-random permutation of [0, size) per epoch, computed per element
 // without storing it: a balanced Feistel network over the smallest even
@@ -115,8 +114,7 @@ class WindowPermutation {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TokenShard>> TokenShard::Open(const std::string& path,
-                                                             int vocab) {
+absl::StatusOr<std::unique_ptr<TokenShard>> TokenShard::Open(const std::string& path, int vocab) {
   if (vocab <= 0 || vocab > 65536) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": vocab ", vocab, " is outside [1, 65536]"));
@@ -136,9 +134,9 @@ absl::StatusOr<std::unique_ptr<TokenShard>> TokenShard::Open(const std::string& 
   size_t file_bytes = static_cast<size_t>(info.st_size);
   if (file_bytes < kShardHeaderBytes) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": ", file_bytes, " bytes is too small for the ", kShardHeaderBytes,
-        "-byte header (not an llm.c token shard?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", file_bytes, " bytes is too small for the ", kShardHeaderBytes,
+                     "-byte header (not an llm.c token shard?)"));
   }
   void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, fd, 0);
   int map_error = errno;
@@ -155,13 +153,12 @@ absl::StatusOr<std::unique_ptr<TokenShard>> TokenShard::Open(const std::string& 
   int32_t magic = HeaderWord(header, 0);
   if (magic != kShardMagic) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": wrong magic ", magic, ", expected ",
-                                                   kShardMagic,
-                                                   " (not an llm.c token shard?)"));
+                                                   kShardMagic, " (not an llm.c token shard?)"));
   }
   int32_t version = HeaderWord(header, 1);
   if (version != kShardVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": unsupported version ", version,
-                                                   ", expected ", kShardVersion));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": unsupported version ", version, ", expected ", kShardVersion));
   }
   int32_t token_count = HeaderWord(header, 2);
   if (token_count < 0) {
@@ -170,9 +167,9 @@ absl::StatusOr<std::unique_ptr<TokenShard>> TokenShard::Open(const std::string& 
   }
   uint64_t expected_bytes = kShardHeaderBytes + 2 * static_cast<uint64_t>(token_count);
   if (file_bytes != expected_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": file is ", file_bytes, " bytes but the header's ", token_count,
-        " tokens need ", expected_bytes, " (truncated or corrupt?)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": file is ", file_bytes, " bytes but the header's ", token_count,
+                     " tokens need ", expected_bytes, " (truncated or corrupt?)"));
   }
   const auto* tokens = reinterpret_cast<const uint16_t*>(header + kShardHeaderBytes);
   // One pass now, so a bad token is reported at open time, not as an
@@ -194,8 +191,8 @@ TokenShard::~TokenShard() {
 
 absl::Status WriteTokenShard(const std::string& path, const std::vector<uint16_t>& tokens) {
   if (tokens.size() > static_cast<size_t>(INT32_MAX)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": ", tokens.size(), " tokens do not fit the header's int32 count"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", tokens.size(), " tokens do not fit the header's int32 count"));
   }
   unsigned char header[kShardHeaderBytes] = {};
   PutLittleEndian32(kShardMagic, header);
@@ -252,8 +249,8 @@ absl::StatusOr<std::unique_ptr<TokenStream>> TokenStream::Open(const std::string
   }
   if (glob_result != 0) {
     ::globfree(&matches);
-    return absl::InvalidArgumentError(absl::StrCat("cannot expand '", pattern, "' (glob error ",
-                                                   glob_result, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot expand '", pattern, "' (glob error ", glob_result, ")"));
   }
   std::vector<std::string> files(matches.gl_pathv, matches.gl_pathv + matches.gl_pathc);
   ::globfree(&matches);
@@ -278,9 +275,9 @@ absl::StatusOr<std::unique_ptr<TokenStream>> TokenStream::Open(const std::string
     windows += shard_windows;
   }
   if (windows == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", pattern, "': no shard holds a window of seq_len + 1 = ", seq_len + 1,
-        " tokens (largest of ", files.size(), " holds ", largest, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", pattern, "': no shard holds a window of seq_len + 1 = ", seq_len + 1,
+                     " tokens (largest of ", files.size(), " holds ", largest, ")"));
   }
   impl->permutation = WindowPermutation(windows, seed);
 

@@ -31,14 +31,13 @@ inline constexpr size_t kShardHeaderBytes = 256 * sizeof(int32_t);
 // naming the file and what is wrong.
 class TokenShard {
  public:
-  static absl::StatusOr<std::unique_ptr<TokenShard>> Open(const std::string& path,
-                                                          int vocab);
+  static absl::StatusOr<std::unique_ptr<TokenShard>> Open(const std::string& path, int vocab);
   ~TokenShard();
   TokenShard(const TokenShard&) = delete;
   TokenShard& operator=(const TokenShard&) = delete;
 
   const std::string& path() const { return path_; }
-  size_t size() const { return size_; }             // tokens
+  size_t size() const { return size_; }  // tokens
   const uint16_t* tokens() const { return tokens_; }
 
  private:
@@ -57,9 +56,8 @@ class TokenStream {
  public:
   // `pattern` is a glob (sorted matches); NOT_FOUND if it matches nothing,
   // INVALID_ARGUMENT if no shard holds even one window of seq_len + 1.
-  static absl::StatusOr<std::unique_ptr<TokenStream>> Open(const std::string& pattern,
-                                                           int seq_len, int vocab,
-                                                           uint64_t seed);
+  static absl::StatusOr<std::unique_ptr<TokenStream>> Open(const std::string& pattern, int seq_len,
+                                                           int vocab, uint64_t seed);
 
   int seq_len() const { return seq_len_; }
   uint64_t samples_per_epoch() const { return windows_; }

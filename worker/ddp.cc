@@ -25,8 +25,7 @@ parallel::BucketOptions BucketOptionsFor(const ParallelConfig& config) {
   return options;
 }
 
-absl::StatusOr<parallel::DataBackend> ChooseDataBackend(const std::string& backend,
-                                                        Device device) {
+absl::StatusOr<parallel::DataBackend> ChooseDataBackend(const std::string& backend, Device device) {
   const bool cuda = device == Device::kCuda;
   if (backend == "auto") return cuda ? parallel::DataBackend::kNccl : parallel::DataBackend::kGloo;
   if (backend == "gloo") {
@@ -72,8 +71,7 @@ absl::StatusOr<BuiltModel> Ddp::Build(const BuildSpec& spec) {
   if (model_ != nullptr) return absl::FailedPreconditionError("Ddp::Build called twice");
   // Every rank starts from rank 0's weights; a resumed run then loads the
   // same checkpoint on every rank.
-  auto built =
-      BuildWholeModel(spec, [this](GptModel* model) { return SyncParameters(model); });
+  auto built = BuildWholeModel(spec, [this](GptModel* model) { return SyncParameters(model); });
   if (!built.ok()) return built.status();
   model_ = built->model.get();
   reducer_ = std::make_unique<parallel::GradientReducer>(data_, GradientSegments(model_), options_);

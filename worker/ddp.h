@@ -80,8 +80,7 @@ class Ddp : public ParallelStrategy {
 // parallel.backend on `device`: auto is NCCL on CUDA and Gloo on the CPU;
 // gloo on CUDA stages device buffers through pinned host memory.
 // INVALID_ARGUMENT for nccl on the CPU or an unknown name.
-absl::StatusOr<parallel::DataBackend> ChooseDataBackend(const std::string& backend,
-                                                        Device device);
+absl::StatusOr<parallel::DataBackend> ChooseDataBackend(const std::string& backend, Device device);
 const char* DataBackendName(parallel::DataBackend backend);
 
 // The buckets of parallel.bucket_mb for a model: segments are the stages'

@@ -38,8 +38,8 @@ int SampleToken(const std::vector<float>& logits, int V, float temperature, doub
 absl::StatusOr<std::string> GenerateText(GptModel* model, const GenerateOptions& options) {
   const ModelConfig& config = model->config();
   if (config.vocab != 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "generate decodes bytes: it needs model.vocab 256, not ", config.vocab));
+    return absl::InvalidArgumentError(
+        absl::StrCat("generate decodes bytes: it needs model.vocab 256, not ", config.vocab));
   }
   if (options.tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--tokens ", options.tokens, " is negative"));

@@ -12,9 +12,9 @@
 namespace muster::worker {
 
 struct GenerateOptions {
-  std::string prompt;          // "" starts from a newline
-  int tokens = 200;            // new tokens to sample
-  float temperature = 0.8f;    // 0: greedy (argmax)
+  std::string prompt;        // "" starts from a newline
+  int tokens = 200;          // new tokens to sample
+  float temperature = 0.8f;  // 0: greedy (argmax)
   uint64_t seed = 1337;
 };
 

@@ -17,9 +17,9 @@ namespace muster::worker {
 
 std::string FormatStepLine(const StepMetrics& m) {
   std::string mfu = m.mfu > 0 ? absl::StrFormat("%.1f%%", 100.0 * m.mfu) : "n/a";
-  return absl::StrFormat("step %d/%d | loss %.4f | lr %.1e | norm %.2f | %.0f ms | %.0f tok/s | MFU %s",
-                         m.step, m.total_steps, m.loss, m.lr, m.grad_norm, m.ms,
-                         m.tokens_per_s, mfu);
+  return absl::StrFormat(
+      "step %d/%d | loss %.4f | lr %.1e | norm %.2f | %.0f ms | %.0f tok/s | MFU %s", m.step,
+      m.total_steps, m.loss, m.lr, m.grad_norm, m.ms, m.tokens_per_s, mfu);
 }
 
 std::string FormatEvalLine(const EvalMetrics& m) {
@@ -38,7 +38,7 @@ std::string EvalJson(const EvalMetrics& m) {
 }
 
 absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::string& path,
-                                                                  bool append) {
+                                                                   bool append) {
   // The yaml may name a directory no one made yet (out/tiny/...).
   std::error_code ignored;
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
@@ -110,8 +110,7 @@ void CpuCoreFigures(double* hz, int* flops_per_cycle, std::string* vector_unit) 
     if (*hz == 0 && absl::StartsWith(line, "cpu MHz")) {
       double mhz = 0;
       auto colon = line.find(':');
-      if (colon != std::string::npos &&
-          absl::SimpleAtod(line.substr(colon + 1), &mhz)) {
+      if (colon != std::string::npos && absl::SimpleAtod(line.substr(colon + 1), &mhz)) {
         *hz = mhz * 1e6;
       }
     }

@@ -19,12 +19,12 @@ namespace muster::worker {
 struct StepMetrics {
   int step = 0;
   int total_steps = 0;
-  float loss = 0;          // mean over the step's micro-batches
+  float loss = 0;  // mean over the step's micro-batches
   float lr = 0;
-  float grad_norm = 0;     // before clipping
-  double ms = 0;           // wall time of the step
-  double tokens_per_s = 0; // every rank's tokens
-  double mfu = 0;          // fraction of peak, 0 when the peak is unknown
+  float grad_norm = 0;      // before clipping
+  double ms = 0;            // wall time of the step
+  double tokens_per_s = 0;  // every rank's tokens
+  double mfu = 0;           // fraction of peak, 0 when the peak is unknown
 };
 
 // One evaluation, after `step` completed steps.

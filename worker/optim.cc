@@ -55,9 +55,9 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(GptModel* model, const Opti
   const std::vector<Stage>& stages = model->stages();
   const size_t total = layout::TotalFloats(stages);
   if (owned.first > total || owned.count > total - owned.first) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AdamW: parameter range [", owned.first, ", ", owned.first + owned.count,
-        ") is outside the model's ", total, " parameters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("AdamW: parameter range [", owned.first, ", ", owned.first + owned.count,
+                     ") is outside the model's ", total, " parameters"));
   }
   auto impl = std::make_unique<Impl>();
   impl->model = model;
@@ -95,8 +95,8 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(GptModel* model, const Opti
       // [first, last) of this run in the flat layout, clipped to `owned`.
       const size_t first =
           std::max(stage_flat + tensors[run].offset, static_cast<size_t>(owned.first));
-      const size_t last = std::min(stage_flat + tensors[stop - 1].offset + tensors[stop - 1].size,
-                                   owned_end);
+      const size_t last =
+          std::min(stage_flat + tensors[stop - 1].offset + tensors[stop - 1].size, owned_end);
       if (first < last) {
         Ops::AdamWRun piece;
         piece.begin = impl->offsets[s] + (first - stage_flat) - impl->base;

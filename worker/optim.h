@@ -34,8 +34,7 @@ class AdamW {
   static absl::StatusOr<std::unique_ptr<AdamW>> Create(GptModel* model, const OptimConfig& config,
                                                        ParamRange owned);
   // Over every parameter.
-  static absl::StatusOr<std::unique_ptr<AdamW>> Create(GptModel* model,
-                                                       const OptimConfig& config);
+  static absl::StatusOr<std::unique_ptr<AdamW>> Create(GptModel* model, const OptimConfig& config);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;

@@ -26,9 +26,8 @@ bool ShouldEvaluate(int step, int total_steps, int eval_every) {
 Trainer::Trainer(const TrainConfig& config, TrainerOptions options)
     : config_(config),
       options_(std::move(options)),
-      progress_(options_.progress,
-                options_.progress_bar &&
-                    (options_.strategy == nullptr || options_.strategy->rank() == 0)) {
+      progress_(options_.progress, options_.progress_bar && (options_.strategy == nullptr ||
+                                                             options_.strategy->rank() == 0)) {
   if (options_.strategy == nullptr) single_process_ = std::make_unique<SingleProcess>();
   strategy_ = options_.strategy != nullptr ? options_.strategy : single_process_.get();
 }
@@ -71,9 +70,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   if (!built.ok()) return built.status();
   trainer->model_ = std::move(built->model);
   trainer->optimizer_ = std::move(built->optimizer);
-  trainer->checkpoints_ = std::make_unique<CheckpointManager>(config, trainer->strategy_,
-                                                              trainer->options_.log,
-                                                              trainer->options_.env);
+  trainer->checkpoints_ = std::make_unique<CheckpointManager>(
+      config, trainer->strategy_, trainer->options_.log, trainer->options_.env);
   auto resumed = trainer->checkpoints_->Resume(trainer->model_.get(), trainer->optimizer_.get(),
                                                &trainer->state_);
   if (!resumed.ok()) return resumed.status();
@@ -119,14 +117,14 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   const float max_norm = static_cast<float>(config_.optim.grad_clip);
   const float clip = max_norm > 0.0f ? kernels::ClipScale(norm, max_norm) : 1.0f;
   float lr = LearningRate(config_.optim, step, config_.train.steps);
-  absl::Status stepped = strategy_->OptimizerStep(model_.get(), optimizer_.get(), lr, step + 1, clip);
+  absl::Status stepped =
+      strategy_->OptimizerStep(model_.get(), optimizer_.get(), lr, step + 1, clip);
   if (!stepped.ok()) return stepped;
   model_->ZeroGrad();
   // A failed kernel launch or copy is sticky: caught here, once per step,
   // it names the step instead of surfacing as a NaN loss later.
   if (absl::Status device = model_->DeviceStatus(); !device.ok()) {
-    return absl::Status(device.code(),
-                        absl::StrCat("step ", step + 1, ": ", device.message()));
+    return absl::Status(device.code(), absl::StrCat("step ", step + 1, ": ", device.message()));
   }
   state_.step = step + 1;
   // The stop vote rides on the loss's all-reduce: its mean is positive
@@ -153,9 +151,8 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   if (peak_flops_ > 0) {
     // tokens/s is the whole job's and peak_flops_ one process's (its
     // threads' cores), so the job's peak is world times that.
-    metrics.mfu =
-        FlopsPerToken(config_.model, T) * metrics.tokens_per_s /
-        (peak_flops_ * strategy_->dims().world());
+    metrics.mfu = FlopsPerToken(config_.model, T) * metrics.tokens_per_s /
+                  (peak_flops_ * strategy_->dims().world());
   }
   return metrics;
 }
@@ -175,7 +172,7 @@ absl::StatusOr<float> Trainer::Evaluate() {
   }
   int batches = config_.train.eval_batches > 0 ? config_.train.eval_batches : 1;
   return strategy_->control().AllReduce(static_cast<float>(loss_sum / batches),
-                                         parallel::ReduceOp::kAvg);
+                                        parallel::ReduceOp::kAvg);
 }
 
 absl::Status Trainer::Log(const StepMetrics& metrics) {
@@ -231,9 +228,8 @@ absl::Status Trainer::Run() {
     auto metrics = Step();
     if (!metrics.ok()) return metrics.status();
     if (!std::isfinite(metrics->loss)) {
-      return absl::InternalError(
-          absl::StrCat("step ", metrics->step, ": the loss is ", metrics->loss,
-                       "; lower optim.lr or check the data"));
+      return absl::InternalError(absl::StrCat("step ", metrics->step, ": the loss is ",
+                                              metrics->loss, "; lower optim.lr or check the data"));
     }
     if (options_.on_step) options_.on_step(*metrics);
     if (ShouldLog(metrics->step, total, config_.train.log_every)) {

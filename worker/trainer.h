@@ -35,8 +35,8 @@
 #include "worker/data.h"
 #include "worker/metrics.h"
 #include "worker/model/model.h"
-#include "worker/parallel_strategy.h"
 #include "worker/optim.h"
+#include "worker/parallel_strategy.h"
 
 namespace muster::worker {
 
@@ -48,9 +48,9 @@ inline uint64_t RankFirstSample(uint64_t global_first, int dp_rank, int micro_ba
 }
 
 struct TrainerOptions {
-  FILE* log = stdout;                  // human log lines
-  FILE* progress = stderr;             // progress bar, when enabled
-  bool progress_bar = false;           // main() sets isatty(stderr)
+  FILE* log = stdout;         // human log lines
+  FILE* progress = stderr;    // progress bar, when enabled
+  bool progress_bar = false;  // main() sets isatty(stderr)
   // How this process takes part in the job; not owned, outlives the
   // Trainer. nullptr: a single process.
   ParallelStrategy* strategy = nullptr;

@@ -58,8 +58,8 @@ int ExitCodeFor(const absl::Status& status) {
 void WriteErrorFile(const std::string& message) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path == nullptr || *path == '\0') return;
-  std::string escaped = absl::StrReplaceAll(
-      message, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}, {"\t", "\\t"}});
+  std::string escaped =
+      absl::StrReplaceAll(message, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}, {"\t", "\\t"}});
   if (FILE* file = std::fopen(path, "w")) {
     std::fprintf(file, "{\"message\": {\"message\": \"%s\", \"extraInfo\": {}}}\n",
                  escaped.c_str());
@@ -169,10 +169,10 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
     if (*backend == parallel::DataBackend::kNccl && shares_gpu) {
       hint = "; NCCL refuses two ranks on one GPU: use parallel.backend: gloo to share one";
     }
-    return absl::Status(communicator.status().code(),
-                        absl::StrCat("rank ", world->rank, " of ", world->world_size,
-                                     ": joining the peers: ", communicator.status().message(),
-                                     hint));
+    return absl::Status(
+        communicator.status().code(),
+        absl::StrCat("rank ", world->rank, " of ", world->world_size,
+                     ": joining the peers: ", communicator.status().message(), hint));
   }
   result.communicator = *std::move(communicator);
   std::string backend_name = DataBackendName(*backend);
@@ -199,8 +199,8 @@ void PrintBanner(Trainer& trainer, const std::string& parallelism, FILE* out) {
                "worker: GPT-2 L=%d C=%d NH=%d T=%d V=%d (%.2fM parameters), B=%d x %d "
                "micro-steps, %d steps on %s in %s\n",
                m.layers, m.dim, m.heads, m.seq_len, m.vocab,
-               trainer.model()->num_parameters() / 1e6,
-               config.data.micro_batch, config.data.grad_accumulation, config.train.steps,
+               trainer.model()->num_parameters() / 1e6, config.data.micro_batch,
+               config.data.grad_accumulation, config.train.steps,
                trainer.model()->device() == Device::kCuda ? "cuda" : "cpu",
                PrecisionName(trainer.model()->precision()));
   if (!parallelism.empty()) std::fprintf(out, "worker: %s\n", parallelism.c_str());
@@ -222,14 +222,15 @@ int Train(const std::string& config_path, Env* env) {
   if (parallelism->nccl_log.has_value()) {
     // NCCL connects its channels in the first collectives: after step one
     // the log names every transport.
-    options.on_step = [path = *parallelism->nccl_log, reported = false](const StepMetrics&) mutable {
+    options.on_step = [path = *parallelism->nccl_log,
+                       reported = false](const StepMetrics&) mutable {
       if (std::exchange(reported, true)) return;
       std::ifstream file(path);
       std::stringstream text;
       text << file.rdbuf();
-      std::fprintf(stdout, "worker: NCCL transports: %s\n",
-                   parallel::DescribeNcclTransports(parallel::ParseNcclTransports(text.str()))
-                       .c_str());
+      std::fprintf(
+          stdout, "worker: NCCL transports: %s\n",
+          parallel::DescribeNcclTransports(parallel::ParseNcclTransports(text.str())).c_str());
       std::fflush(stdout);
       std::remove(path.c_str());
     };
@@ -245,7 +246,7 @@ int Train(const std::string& config_path, Env* env) {
 struct GenerateArgs {
   std::string config;
   GenerateOptions sample;
-  int steps_before = -1;  // -1: the config's train.steps
+  int steps_before = -1;   // -1: the config's train.steps
   std::string checkpoint;  // load this instead of training
 };
 
@@ -293,8 +294,7 @@ int Main(int argc, char** argv, Env* env) {
   generate->add_option("--config", gen.config, "train.yaml")->required();
   generate->add_option("--prompt", gen.sample.prompt, "Text to continue");
   generate->add_option("--tokens", gen.sample.tokens, "Bytes to sample")->capture_default_str();
-  generate->add_option("--temperature", gen.sample.temperature, "0: greedy")
-      ->capture_default_str();
+  generate->add_option("--temperature", gen.sample.temperature, "0: greedy")->capture_default_str();
   generate->add_option("--seed", gen.sample.seed, "Sampling seed")->capture_default_str();
   generate->add_option("--steps-before", gen.steps_before,
                        "Training steps before sampling (default: the config's train.steps)");

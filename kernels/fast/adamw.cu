@@ -17,8 +17,8 @@ constexpr int kWidth = 4;
 // Block i: chunk i. With kVector, every chunk starts on a multiple of 4
 // floats and the buffers on 16 bytes (the caller checked).
 template <bool kVector>
-__global__ void AdamWChunksKernel(float* params, float* m, float* v, const float* grads,
-                                  bf16* copy, const AdamWChunk* chunks, AdamWHyper hyper,
+__global__ void AdamWChunksKernel(float* params, float* m, float* v, const float* grads, bf16* copy,
+                                  const AdamWChunk* chunks, AdamWHyper hyper,
                                   float bias_correction1, float bias_correction2) {
   const AdamWChunk chunk = chunks[blockIdx.x];
   if (!chunk.decay) hyper.weight_decay = 0.0f;
@@ -62,9 +62,9 @@ __global__ void CastKernel(bf16* out, const float* in, size_t n) {
 
 }  // namespace
 
-int AdamWUpdateChunks(float* params, float* m, float* v, const float* grads,
-                      uint16_t* params_bf16, const AdamWChunk* chunks, int num_chunks,
-                      bool aligned, const AdamWHyper& hyper, int step, void* stream) {
+int AdamWUpdateChunks(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
+                      const AdamWChunk* chunks, int num_chunks, bool aligned,
+                      const AdamWHyper& hyper, int step, void* stream) {
   if (num_chunks == 0) return 0;
   const bool vector = aligned && Aligned(params, 16) && Aligned(m, 16) && Aligned(v, 16) &&
                       Aligned(grads, 16) && Aligned(params_bf16, 8);
@@ -83,8 +83,8 @@ int AdamWUpdateChunks(float* params, float* m, float* v, const float* grads,
 
 int CastToBf16(uint16_t* out, const float* in, size_t n, void* stream) {
   if (n == 0) return 0;
-  CastKernel<<<CeilDiv(n, kThreads), kThreads, 0, AsStream(stream)>>>(
-      reinterpret_cast<bf16*>(out), in, n);
+  CastKernel<<<CeilDiv(n, kThreads), kThreads, 0, AsStream(stream)>>>(reinterpret_cast<bf16*>(out),
+                                                                      in, n);
   return LaunchStatus();
 }
 

@@ -27,9 +27,8 @@ inline std::vector<AdamWChunk> SplitAdamWRuns(const std::vector<AdamWChunk>& run
   for (const AdamWChunk& run : runs) {
     for (unsigned long long done = 0; done < run.count; done += kAdamWChunkFloats) {
       const unsigned long long left = run.count - done;
-      chunks.push_back(
-          AdamWChunk{run.begin + done, left < kAdamWChunkFloats ? left : kAdamWChunkFloats,
-                     run.decay});
+      chunks.push_back(AdamWChunk{run.begin + done,
+                                  left < kAdamWChunkFloats ? left : kAdamWChunkFloats, run.decay});
     }
   }
   return chunks;
@@ -42,9 +41,9 @@ inline std::vector<AdamWChunk> SplitAdamWRuns(const std::vector<AdamWChunk>& run
 // params (raw bits) that gets the new weights rounded to nearest even.
 // aligned: every chunk starts on a multiple of 4 floats (then, with
 // 16-byte aligned buffers, 128-bit accesses are used).
-int AdamWUpdateChunks(float* params, float* m, float* v, const float* grads,
-                      uint16_t* params_bf16, const AdamWChunk* chunks, int num_chunks,
-                      bool aligned, const AdamWHyper& hyper, int step, void* stream);
+int AdamWUpdateChunks(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
+                      const AdamWChunk* chunks, int num_chunks, bool aligned,
+                      const AdamWHyper& hyper, int step, void* stream);
 
 // out (n, raw bf16 bits) = in (n) fp32 rounded to nearest even.
 int CastToBf16(uint16_t* out, const float* in, size_t n, void* stream);

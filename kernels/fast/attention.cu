@@ -38,8 +38,7 @@ __global__ void SoftmaxForwardKernel(T* att, const float* scores, size_t rows, i
 // In place over att: dscores[s] = scale * att[s] (datt[s] - sum_j att[j]
 // datt[j]), 0 above the diagonal (where att is 0).
 template <typename T>
-__global__ void SoftmaxBackwardKernel(T* att, const float* datt, size_t rows, int Tn,
-                                      float scale) {
+__global__ void SoftmaxBackwardKernel(T* att, const float* datt, size_t rows, int Tn, float scale) {
   const size_t row = blockIdx.x * static_cast<size_t>(kRowsPerBlock) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -99,8 +98,8 @@ int PerHead(Gemm& gemm, bool trans_a, bool trans_b, int m, int n, int k, const O
 
 }  // namespace
 
-int AttentionForward(Gemm& gemm, void* out, void* att, float* scores, const void* qkv, int B,
-                     int T, int C, int NH) {
+int AttentionForward(Gemm& gemm, void* out, void* att, float* scores, const void* qkv, int B, int T,
+                     int C, int NH) {
   const int hs = C / NH;
   const size_t act = ActBytes(gemm.act());
   const char* q = static_cast<const char*>(qkv);
@@ -121,9 +120,9 @@ int AttentionForward(Gemm& gemm, void* out, void* att, float* scores, const void
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
   status = Dispatch(gemm.act(), [&](auto tag) {
     using Tp = decltype(tag);
-    SoftmaxForwardKernel<Tp><<<CeilDiv(rows, kRowsPerBlock), 32 * kRowsPerBlock, 0,
-                               AsStream(gemm.stream())>>>(static_cast<Tp*>(att), scores, rows,
-                                                           T, scale);
+    SoftmaxForwardKernel<Tp>
+        <<<CeilDiv(rows, kRowsPerBlock), 32 * kRowsPerBlock, 0, AsStream(gemm.stream())>>>(
+            static_cast<Tp*>(att), scores, rows, T, scale);
     return LaunchStatus();
   });
   if (status != 0) return status;
@@ -163,9 +162,9 @@ int AttentionBackward(Gemm& gemm, void* dqkv, float* datt, void* att, const void
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
   status = Dispatch(gemm.act(), [&](auto tag) {
     using Tp = decltype(tag);
-    SoftmaxBackwardKernel<Tp><<<CeilDiv(rows, kRowsPerBlock), 32 * kRowsPerBlock, 0,
-                                AsStream(gemm.stream())>>>(static_cast<Tp*>(att), datt, rows, T,
-                                                            scale);
+    SoftmaxBackwardKernel<Tp>
+        <<<CeilDiv(rows, kRowsPerBlock), 32 * kRowsPerBlock, 0, AsStream(gemm.stream())>>>(
+            static_cast<Tp*>(att), datt, rows, T, scale);
     return LaunchStatus();
   });
   if (status != 0) return status;

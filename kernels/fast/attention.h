@@ -15,8 +15,8 @@ namespace muster::kernels::fast {
 // att (B, NH, T, T) act: the probabilities, exactly zero above the
 //   diagonal; kept for AttentionBackward.
 // scores (B, NH, T, T) fp32: scratch.
-int AttentionForward(Gemm& gemm, void* out, void* att, float* scores, const void* qkv, int B,
-                     int T, int C, int NH);
+int AttentionForward(Gemm& gemm, void* out, void* att, float* scores, const void* qkv, int B, int T,
+                     int C, int NH);
 
 // dqkv (B, T, 3C) act, overwritten, from dout (B, T, C) act.
 // datt (B, NH, T, T) fp32: scratch. att is consumed: overwritten with the

@@ -8,8 +8,8 @@ constexpr int kThreads = 128;
 
 // Thread: one pack of channels of one row.
 template <typename T>
-__global__ void ForwardKernel(T* out, const int* tokens, const float* wte, const float* wpe,
-                              int BT, int T_, int C) {
+__global__ void ForwardKernel(T* out, const int* tokens, const float* wte, const float* wpe, int BT,
+                              int T_, int C) {
   constexpr int P = Pack<T>::kSize;
   const size_t index = (blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x) * P;
   if (index >= static_cast<size_t>(BT) * C) return;

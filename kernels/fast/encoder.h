@@ -30,8 +30,7 @@ struct EncoderGroups {
 inline EncoderGroups GroupByToken(const int* tokens, int BT) {
   std::vector<int> order(BT);
   for (int i = 0; i < BT; ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return tokens[a] < tokens[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return tokens[a] < tokens[b]; });
   EncoderGroups groups;
   groups.positions = order;
   for (int i = 0; i < BT; ++i) {

@@ -23,9 +23,9 @@
 namespace muster::kernels::fast {
 namespace {
 
-constexpr int kTile = 64;       // rows of a tile (queries or keys)
+constexpr int kTile = 64;  // rows of a tile (queries or keys)
 constexpr int kHs = kFlashHeadSize;
-constexpr int kLd = kHs + 8;    // padded row, in bf16 elements
+constexpr int kLd = kHs + 8;  // padded row, in bf16 elements
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -116,9 +116,10 @@ __device__ __forceinline__ void LoadTileAsync(bf16* tile, const bf16* base, size
     const int r = i / (kHs / 8), c = (i % (kHs / 8)) * 8;
     const bool valid = row0 + r < T;
     const bf16* source = valid ? base + (row0 + r) * row_stride + c : base;
-    const uint32_t destination = static_cast<uint32_t>(__cvta_generic_to_shared(tile + r * kLd + c));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination),
-                 "l"(source), "r"(valid ? 16 : 0));
+    const uint32_t destination =
+        static_cast<uint32_t>(__cvta_generic_to_shared(tile + r * kLd + c));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(source),
+                 "r"(valid ? 16 : 0));
   }
 }
 __device__ __forceinline__ void CommitTiles() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -214,8 +215,8 @@ __device__ __forceinline__ void StoreRows(bf16* base, size_t row_stride, int row
 }
 
 // ---- forward: block = 64 queries of one (b, h) ----
-__global__ void __launch_bounds__(kThreads) ForwardKernel(bf16* out, float* lse, const bf16* qkv,
-                                                          int T, int C, int NH, float scale_log2) {
+__global__ void __launch_bounds__(kThreads)
+    ForwardKernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2) {
   __shared__ __align__(16) bf16 q_tile[kTile * kLd];
   // Two buffers: tile kt + 1 is copied in while tile kt is used.
   __shared__ __align__(16) bf16 k_tiles[2][kTile * kLd];
@@ -429,8 +430,8 @@ __global__ void __launch_bounds__(kThreads)
 // dQ: block = 64 queries of one (b, h); loops over the key tiles at and
 // below the diagonal.
 __global__ void __launch_bounds__(kThreads)
-    QueryKernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                const float* delta, int T, int C, int NH, float scale, float scale_log2) {
+    QueryKernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
+                int T, int C, int NH, float scale, float scale_log2) {
   __shared__ __align__(16) bf16 k_tiles[2][kTile * kLd];
   __shared__ __align__(16) bf16 v_tiles[2][kTile * kLd];
   const int tiles = (T + kTile - 1) / kTile;
@@ -486,7 +487,7 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     AccumulateProduct(dq, ds, k_tile, lane);  // dQ += dS @ K
-    __syncthreads();  // done with this buffer before it is refilled
+    __syncthreads();                          // done with this buffer before it is refilled
   }
   bf16* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
   StoreRows(dseq, stride, q0 + 16 * warp, T, dq, 1.0f, g, q);

@@ -144,9 +144,22 @@ int SetEpiloguePointers(cublasLtMatmulDesc_t desc, const LtCall& c) {
 }  // namespace
 
 int Gemm::PlanFor(const LtCall& c, Plan** out) {
-  const Key key{c.trans_a, c.trans_b, c.m,        c.n,        c.k,     c.lda,
-                c.ldb,     c.ldd,     c.stride_a, c.stride_b, c.stride_d, c.batch,
-                c.d_fp32,  c.beta != 0.0f,       static_cast<int>(c.epilogue), c.aux_ld};
+  const Key key{c.trans_a,
+                c.trans_b,
+                c.m,
+                c.n,
+                c.k,
+                c.lda,
+                c.ldb,
+                c.ldd,
+                c.stride_a,
+                c.stride_b,
+                c.stride_d,
+                c.batch,
+                c.d_fp32,
+                c.beta != 0.0f,
+                static_cast<int>(c.epilogue),
+                c.aux_ld};
   auto found = plans_.find(key);
   if (found != plans_.end()) {
     *out = found->second.get();
@@ -161,11 +174,11 @@ int Gemm::PlanFor(const LtCall& c, Plan** out) {
   if (status != 0) return status;
   const cublasOperation_t op_a = c.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = c.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  status = LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
-                                                   &op_a, sizeof(op_a)));
+  status = LtStatus(
+      cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
   if (status == 0) {
-    status = LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
-                                                     &op_b, sizeof(op_b)));
+    status = LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b,
+                                                     sizeof(op_b)));
   }
   if (status == 0 && c.epilogue != CUBLASLT_EPILOGUE_DEFAULT) {
     status = LtStatus(cublasLtMatmulDescSetAttribute(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE,
@@ -209,8 +222,7 @@ int Gemm::PlanFor(const LtCall& c, Plan** out) {
   cublasLtMatmulHeuristicResult_t heuristic;
   int returned = 0;
   status = LtStatus(cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->a, plan->b, plan->d,
-                                                   plan->d, preference, 1, &heuristic,
-                                                   &returned));
+                                                   plan->d, preference, 1, &heuristic, &returned));
   cublasLtMatmulPreferenceDestroy(preference);
   if (status != 0) return status;
   if (returned == 0) return kNoGemmAlgorithm;
@@ -227,13 +239,13 @@ int Gemm::Run(const LtCall& c) {
   if (status != 0) return status;
   status = SetEpiloguePointers(plan->desc, c);
   if (status != 0) return status;
-  return LtStatus(cublasLtMatmul(handle_, plan->desc, &c.alpha, c.a, plan->a, c.b, plan->b,
-                                 &c.beta, c.d, plan->d, c.d, plan->d, &plan->algo, workspace_,
+  return LtStatus(cublasLtMatmul(handle_, plan->desc, &c.alpha, c.a, plan->a, c.b, plan->b, &c.beta,
+                                 c.d, plan->d, c.d, plan->d, &plan->algo, workspace_,
                                  kWorkspaceBytes, AsStream(stream_)));
 }
 
-int Gemm::Forward(void* out, void* pre_gelu, const void* inp, const void* weight,
-                  const void* bias, int BT, int C, int OC) {
+int Gemm::Forward(void* out, void* pre_gelu, const void* inp, const void* weight, const void* bias,
+                  int BT, int C, int OC) {
   // out^T (OC, BT) = weight (stored (C, OC), transposed) @ inp^T (C, BT).
   LtCall call;
   call.trans_a = true;
@@ -308,8 +320,8 @@ int Gemm::BackwardInput(void* dinp, const void* dout, const void* weight, const 
   });
 }
 
-int Gemm::BackwardWeight(float* dweight, const void* dout, const void* inp, int BT, int C,
-                         int OC, float alpha) {
+int Gemm::BackwardWeight(float* dweight, const void* dout, const void* inp, int BT, int C, int OC,
+                         float alpha) {
   // dweight^T (C, OC) += inp^T (C, BT) @ dout (stored (OC, BT), transposed).
   LtCall call;
   call.trans_b = true;
@@ -339,27 +351,25 @@ int Gemm::BackwardBias(float* dbias, const void* dout, int BT, int OC, float* sc
   int status = Dispatch(act(), [&](auto tag) {
     using T = decltype(tag);
     const dim3 grid(CeilDiv(OC, 32 * Pack<T>::kSize), chunks);
-    BiasPartialsKernel<T><<<grid, 32 * kBiasWarps, 0, stream>>>(
-        scratch, static_cast<const T*>(dout), BT, OC);
+    BiasPartialsKernel<T>
+        <<<grid, 32 * kBiasWarps, 0, stream>>>(scratch, static_cast<const T*>(dout), BT, OC);
     return LaunchStatus();
   });
   if (status != 0) return status;
   return AddColumnSums(dbias, scratch, static_cast<int>(chunks), OC, OC, stream_);
 }
 
-int AddColumnSums2(float* out1, float* out2, const float* partials, int rows, int n,
-                   void* stream) {
+int AddColumnSums2(float* out1, float* out2, const float* partials, int rows, int n, void* stream) {
   if (n == 0) return 0;
   AddColumnSums2Kernel<<<CeilDiv(2 * n, 256), 256, 0, AsStream(stream)>>>(out1, out2, partials,
-                                                                         rows, n);
+                                                                          rows, n);
   return LaunchStatus();
 }
 
-int AddColumnSums(float* out, const float* partials, int rows, int n, int stride,
-                  void* stream) {
+int AddColumnSums(float* out, const float* partials, int rows, int n, int stride, void* stream) {
   if (n == 0) return 0;
   AddColumnSumsKernel<<<CeilDiv(n, 256), 256, 0, AsStream(stream)>>>(out, partials, rows, n,
-                                                                      stride);
+                                                                     stride);
   return LaunchStatus();
 }
 

@@ -69,8 +69,8 @@ class Gemm {
               int BT, int C, int OC);
   // dinp (BT, C) = alpha * dout (BT, OC) @ weight (OC, C), overwritten; with
   // pre_gelu (BT, C), times GELU'(pre_gelu) (the GELU before this layer).
-  int BackwardInput(void* dinp, const void* dout, const void* weight, const void* pre_gelu,
-                    int BT, int C, int OC, float alpha);
+  int BackwardInput(void* dinp, const void* dout, const void* weight, const void* pre_gelu, int BT,
+                    int C, int OC, float alpha);
   // dweight (OC, C) fp32 += alpha * dout (BT, OC)^T @ inp (BT, C).
   int BackwardWeight(float* dweight, const void* dout, const void* inp, int BT, int C, int OC,
                      float alpha);
@@ -81,8 +81,8 @@ class Gemm {
 
  private:
   struct Plan;  // descriptors and algorithm of one shape
-  using Key = std::tuple<bool, bool, int, int, int, int, int, int, long long, long long,
-                         long long, int, bool, bool, int, int>;
+  using Key = std::tuple<bool, bool, int, int, int, int, int, int, long long, long long, long long,
+                         int, bool, bool, int, int>;
   Gemm(GemmMath math, void* stream);
   int PlanFor(const LtCall& call, Plan** plan);
 
@@ -99,7 +99,6 @@ class Gemm {
 int AddColumnSums(float* out, const float* partials, int rows, int n, int stride, void* stream);
 // The same over partials (rows, 2n) in one launch: columns [0, n) go to
 // out1, [n, 2n) to out2.
-int AddColumnSums2(float* out1, float* out2, const float* partials, int rows, int n,
-                   void* stream);
+int AddColumnSums2(float* out1, float* out2, const float* partials, int rows, int n, void* stream);
 
 }  // namespace muster::kernels::fast

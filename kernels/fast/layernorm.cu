@@ -12,9 +12,8 @@ namespace {
 constexpr int kForwardRowsPerBlock = 8;
 
 template <typename T, bool kResidual>
-__global__ void ForwardKernel(T* out, float* mean_out, float* rstd_out, T* residual,
-                              const T* inp1, const T* inp2, const float* weight,
-                              const float* bias, int N, int C) {
+__global__ void ForwardKernel(T* out, float* mean_out, float* rstd_out, T* residual, const T* inp1,
+                              const T* inp2, const float* weight, const float* bias, int N, int C) {
   constexpr int P = Pack<T>::kSize;
   const int row = blockIdx.x * kForwardRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -138,12 +137,12 @@ int LayerNormForward(ActType act, void* out, float* mean, float* rstd, void* res
     const unsigned threads = 32 * kForwardRowsPerBlock;
     if (inp2 != nullptr) {
       ForwardKernel<T, true><<<blocks, threads, 0, AsStream(stream)>>>(
-          static_cast<T*>(out), mean, rstd, static_cast<T*>(residual),
-          static_cast<const T*>(inp1), static_cast<const T*>(inp2), weight, bias, N, C);
+          static_cast<T*>(out), mean, rstd, static_cast<T*>(residual), static_cast<const T*>(inp1),
+          static_cast<const T*>(inp2), weight, bias, N, C);
     } else {
       ForwardKernel<T, false><<<blocks, threads, 0, AsStream(stream)>>>(
-          static_cast<T*>(out), mean, rstd, nullptr, static_cast<const T*>(inp1), nullptr,
-          weight, bias, N, C);
+          static_cast<T*>(out), mean, rstd, nullptr, static_cast<const T*>(inp1), nullptr, weight,
+          bias, N, C);
     }
     return LaunchStatus();
   });
@@ -162,9 +161,9 @@ int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, con
   int status = Dispatch(act, [&](auto tag) {
     using T = decltype(tag);
     if (shared_bytes > 48 * 1024) {
-      const cudaError_t error = cudaFuncSetAttribute(
-          BackwardKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-          static_cast<int>(shared_bytes));
+      const cudaError_t error =
+          cudaFuncSetAttribute(BackwardKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(shared_bytes));
       if (error != cudaSuccess) return static_cast<int>(error);
     }
     BackwardKernel<T><<<blocks, 32 * kBackwardWarps, shared_bytes, AsStream(stream)>>>(

@@ -22,8 +22,8 @@ bool IsTransient(absl::StatusCode code) {
 
 }  // namespace
 
-LeaseKeeper::LeaseKeeper(Client* client, std::string job_id,
-                         std::string member_id, absl::Duration lease_ttl)
+LeaseKeeper::LeaseKeeper(Client* client, std::string job_id, std::string member_id,
+                         absl::Duration lease_ttl)
     : client_(client),
       job_id_(std::move(job_id)),
       member_id_(std::move(member_id)),
@@ -93,8 +93,7 @@ void LeaseKeeper::Run() {
     CallOptions call;
     call.timeout = std::max(ttl / 3, absl::Milliseconds(10));
     call.cancellation = &cancellation_;
-    absl::StatusOr<pb::KeepAliveResponse> response =
-        client_->KeepAlive(request, call);
+    absl::StatusOr<pb::KeepAliveResponse> response = client_->KeepAlive(request, call);
 
     absl::MutexLock lock(&mu_);
     if (stopping_) break;
@@ -109,13 +108,11 @@ void LeaseKeeper::Run() {
       next_renewal = absl::Now() + lease_ttl_ / 3;
     } else if (IsTransient(response.status().code())) {
       last_transient_error_ = response.status();
-      next_renewal = absl::Now() + JitteredBackoff(client_->options().backoff,
-                                                   failures_in_a_row++);
+      next_renewal = absl::Now() + JitteredBackoff(client_->options().backoff, failures_in_a_row++);
     } else {
-      error_ = absl::Status(
-          response.status().code(),
-          absl::StrCat("lease of member ", member_id_, " in job ", job_id_,
-                       " lost: ", response.status().message()));
+      error_ = absl::Status(response.status().code(),
+                            absl::StrCat("lease of member ", member_id_, " in job ", job_id_,
+                                         " lost: ", response.status().message()));
       break;
     }
   }

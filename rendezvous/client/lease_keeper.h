@@ -31,8 +31,7 @@ class LeaseKeeper {
  public:
   // Starts renewing; the first renewal is due lease_ttl/3 from now (the
   // caller has just joined or renewed). REQUIRES: lease_ttl > 0.
-  LeaseKeeper(Client* client, std::string job_id, std::string member_id,
-              absl::Duration lease_ttl);
+  LeaseKeeper(Client* client, std::string job_id, std::string member_id, absl::Duration lease_ttl);
   ~LeaseKeeper();
 
   LeaseKeeper(const LeaseKeeper&) = delete;

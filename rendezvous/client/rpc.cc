@@ -13,16 +13,14 @@ namespace muster::rdzv {
 namespace {
 
 absl::Status ToAbsl(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      status.error_message());
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 // RESOURCE_EXHAUSTED made final: the server's message names the quota.
-absl::Status ResourceExhaustedAfter(const char* method, int attempts,
-                                    const grpc::Status& status) {
+absl::Status ResourceExhaustedAfter(const char* method, int attempts, const grpc::Status& status) {
   return absl::ResourceExhaustedError(
-      absl::StrCat(method, " refused ", attempts, " time(s) for lack of a server resource: ",
-                   status.error_message()));
+      absl::StrCat(method, " refused ", attempts,
+                   " time(s) for lack of a server resource: ", status.error_message()));
 }
 
 // A secret given directly (`value`) or as a file (`file`, whitespace
@@ -31,8 +29,8 @@ absl::StatusOr<std::string> SecretFromFile(const std::string& value, const std::
                                            const char* what, const char* file_what) {
   if (file.empty()) return value;
   if (!value.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("give the ", what, " or a ", file_what,
-                                                   ", not both"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("give the ", what, " or a ", file_what, ", not both"));
   }
   absl::StatusOr<std::string> contents = ReadFileToString(file, file_what);
   if (!contents.ok()) return contents.status();
@@ -46,8 +44,8 @@ absl::StatusOr<std::string> SecretFromFile(const std::string& value, const std::
 
 // Whole milliseconds for a channel argument, at least 1.
 int PositiveMs(absl::Duration duration) {
-  return static_cast<int>(std::clamp<int64_t>(
-      absl::ToInt64Milliseconds(duration), 1, std::numeric_limits<int>::max()));
+  return static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(duration), 1, std::numeric_limits<int>::max()));
 }
 
 }  // namespace
@@ -61,12 +59,10 @@ grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options) {
   // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS is left alone: it is also the least
   // time one connection attempt gets, and 50 ms handshakes time out on a
   // busy machine ("tcp handshaker shutdown"), leaving the channel down.
-  const int initial_ms =
-      std::max<int64_t>(1, absl::ToInt64Milliseconds(options.backoff.initial));
+  const int initial_ms = std::max<int64_t>(1, absl::ToInt64Milliseconds(options.backoff.initial));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, initial_ms);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-              std::max<int64_t>(initial_ms,
-                                absl::ToInt64Milliseconds(options.backoff.max)));
+              std::max<int64_t>(initial_ms, absl::ToInt64Milliseconds(options.backoff.max)));
   // Each Client is its own connection, as each node would be.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   // Keepalive (see header). Pings continue while no call is open and
@@ -74,8 +70,7 @@ grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options) {
   // an idle Watch stream or a lease between renewals is covered too. The
   // server never GOAWAYs for pings (server.cc), however often they come.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, PositiveMs(options.keepalive.time));
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
-              PositiveMs(options.keepalive.timeout));
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, PositiveMs(options.keepalive.timeout));
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   if (!options.tls_server_name.empty()) {
@@ -84,8 +79,7 @@ grpc::ChannelArguments ChannelArgumentsFor(const ClientOptions& options) {
   return args;
 }
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
-    const ClientOptions& options) {
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options) {
   absl::StatusOr<std::string> target = NormalizeEndpoint(options.endpoint);
   if (!target.ok()) return target.status();
   if (options.rpc_timeout <= absl::ZeroDuration()) {
@@ -99,25 +93,22 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         "positive");
   }
   if (options.resource_exhausted_attempts < 1) {
-    return absl::InvalidArgumentError(
-        "resource_exhausted_attempts must be at least 1");
+    return absl::InvalidArgumentError("resource_exhausted_attempts must be at least 1");
   }
 
   absl::StatusOr<std::string> token =
       SecretFromFile(options.token, options.token_file, "bearer token", "token file");
   if (!token.ok()) return token.status();
-  absl::StatusOr<std::string> job_secret = SecretFromFile(
-      options.job_secret, options.job_secret_file, "job secret", "job secret file");
+  absl::StatusOr<std::string> job_secret =
+      SecretFromFile(options.job_secret, options.job_secret_file, "job secret", "job secret file");
   if (!job_secret.ok()) return job_secret.status();
 
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   const bool tls = options.use_tls || !options.tls_ca_file.empty() ||
-                   !options.tls_cert_file.empty() ||
-                   !options.tls_key_file.empty();
+                   !options.tls_cert_file.empty() || !options.tls_key_file.empty();
   if (tls) {
     if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
-      return absl::InvalidArgumentError(
-          "tls_cert_file and tls_key_file must be given together");
+      return absl::InvalidArgumentError("tls_cert_file and tls_key_file must be given together");
     }
     grpc::SslCredentialsOptions ssl;
     struct {
@@ -138,15 +129,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     credentials = grpc::InsecureChannelCredentials();
   }
 
-  auto channel = grpc::CreateCustomChannel(*target, credentials,
-                                           ChannelArgumentsFor(options));
+  auto channel = grpc::CreateCustomChannel(*target, credentials, ChannelArgumentsFor(options));
   ClientOptions kept = options;
   kept.job_secret = *std::move(job_secret);
-  return std::unique_ptr<Client>(new Client(std::move(kept), *std::move(token), std::move(channel)));
+  return std::unique_ptr<Client>(
+      new Client(std::move(kept), *std::move(token), std::move(channel)));
 }
 
-Client::Client(ClientOptions options, std::string token,
-               std::shared_ptr<grpc::Channel> channel)
+Client::Client(ClientOptions options, std::string token, std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       token_(std::move(token)),
       channel_(std::move(channel)),
@@ -154,8 +144,7 @@ Client::Client(ClientOptions options, std::string token,
 
 Client::~Client() = default;
 
-void Client::PrepareContext(grpc::ClientContext* context,
-                            absl::Time deadline) const {
+void Client::PrepareContext(grpc::ClientContext* context, absl::Time deadline) const {
   if (!token_.empty()) {
     context->AddMetadata("authorization", "Bearer " + token_);
   }
@@ -168,10 +157,9 @@ void Client::PrepareContext(grpc::ClientContext* context,
 }
 
 template <typename Response, typename Attempt>
-absl::StatusOr<Response> Client::Call(const char* method,
-                                      bool retry_unavailable,
-                                      absl::Duration extra_wait,
-                                      CallOptions call, Attempt attempt) {
+absl::StatusOr<Response> Client::Call(const char* method, bool retry_unavailable,
+                                      absl::Duration extra_wait, CallOptions call,
+                                      Attempt attempt) {
   const absl::Duration timeout =
       call.timeout > absl::ZeroDuration() ? call.timeout : options_.rpc_timeout;
   const absl::Time deadline = absl::Now() + timeout + extra_wait;
@@ -183,8 +171,7 @@ absl::StatusOr<Response> Client::Call(const char* method,
     // header). Fail-fast calls would be no better: gRPC 1.51 keeps failing
     // them for seconds after a restarted server is back.
     context.set_wait_for_ready(true);
-    if (call.cancellation != nullptr &&
-        !call.cancellation->Register(&context)) {
+    if (call.cancellation != nullptr && !call.cancellation->Register(&context)) {
       return absl::CancelledError(absl::StrCat(method, " cancelled"));
     }
     Response response;
@@ -194,12 +181,11 @@ absl::StatusOr<Response> Client::Call(const char* method,
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
         channel_->GetState(false) != GRPC_CHANNEL_READY) {
       // The call never got a connection: say "unreachable", not "slow".
-      return absl::UnavailableError(absl::StrCat(
-          method, ": no connection to the rendezvous server at ",
-          options_.endpoint, " within ", absl::FormatDuration(timeout + extra_wait)));
+      return absl::UnavailableError(
+          absl::StrCat(method, ": no connection to the rendezvous server at ", options_.endpoint,
+                       " within ", absl::FormatDuration(timeout + extra_wait)));
     }
-    const bool exhausted =
-        status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    const bool exhausted = status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     if (!retry_unavailable ||
         (status.error_code() != grpc::StatusCode::UNAVAILABLE && !exhausted)) {
       return ToAbsl(status);
@@ -207,8 +193,7 @@ absl::StatusOr<Response> Client::Call(const char* method,
     if (exhausted && ++exhausted_attempts >= options_.resource_exhausted_attempts) {
       return ResourceExhaustedAfter(method, exhausted_attempts, status);
     }
-    const absl::Time wake =
-        absl::Now() + JitteredBackoff(options_.backoff, attempt_number);
+    const absl::Time wake = absl::Now() + JitteredBackoff(options_.backoff, attempt_number);
     if (wake >= deadline) {
       return exhausted ? ResourceExhaustedAfter(method, exhausted_attempts, status)
                        : ToAbsl(status);
@@ -227,98 +212,85 @@ namespace {
 // The server-side wait that still fits in the call's remaining time, leaving
 // `timeout` for the reply; at least 1 ms so the request keeps blocking
 // semantics (0 would mean "do not wait").
-int64_t RemainingWaitMs(int64_t requested_ms, absl::Time deadline,
-                        absl::Duration timeout) {
+int64_t RemainingWaitMs(int64_t requested_ms, absl::Time deadline, absl::Duration timeout) {
   if (requested_ms <= 0) return requested_ms;
   int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now() - timeout);
   return std::max<int64_t>(1, std::min(requested_ms, left));
 }
 }  // namespace
 
-#define MUSTER_RPC(Name, Request, Response, retry)                          \
-  Call<pb::Response>(#Name, retry, absl::ZeroDuration(), call,              \
-                     [&](grpc::ClientContext* context, pb::Response* out,   \
-                         absl::Time, absl::Duration) {                      \
-                       return stub_->Name(context, request, out);           \
-                     })
+#define MUSTER_RPC(Name, Request, Response, retry)                                    \
+  Call<pb::Response>(#Name, retry, absl::ZeroDuration(), call,                        \
+                     [&](grpc::ClientContext* context, pb::Response* out, absl::Time, \
+                         absl::Duration) { return stub_->Name(context, request, out); })
 
-absl::StatusOr<pb::JoinResponse> Client::Join(const pb::JoinRequest& request,
-                                              CallOptions call) {
+absl::StatusOr<pb::JoinResponse> Client::Join(const pb::JoinRequest& request, CallOptions call) {
   // A join naming its member_id only renews that member: safe to repeat.
   return MUSTER_RPC(Join, JoinRequest, JoinResponse, !request.member_id().empty());
 }
-absl::StatusOr<pb::KeepAliveResponse> Client::KeepAlive(
-    const pb::KeepAliveRequest& request, CallOptions call) {
+absl::StatusOr<pb::KeepAliveResponse> Client::KeepAlive(const pb::KeepAliveRequest& request,
+                                                        CallOptions call) {
   return MUSTER_RPC(KeepAlive, KeepAliveRequest, KeepAliveResponse, true);
 }
-absl::StatusOr<pb::LeaveResponse> Client::Leave(const pb::LeaveRequest& request,
-                                                CallOptions call) {
+absl::StatusOr<pb::LeaveResponse> Client::Leave(const pb::LeaveRequest& request, CallOptions call) {
   return MUSTER_RPC(Leave, LeaveRequest, LeaveResponse, false);
 }
 absl::StatusOr<pb::ReportFailureResponse> Client::ReportFailure(
     const pb::ReportFailureRequest& request, CallOptions call) {
-  return MUSTER_RPC(ReportFailure, ReportFailureRequest, ReportFailureResponse,
-                    false);
+  return MUSTER_RPC(ReportFailure, ReportFailureRequest, ReportFailureResponse, false);
 }
-absl::StatusOr<pb::ReportDoneResponse> Client::ReportDone(
-    const pb::ReportDoneRequest& request, CallOptions call) {
+absl::StatusOr<pb::ReportDoneResponse> Client::ReportDone(const pb::ReportDoneRequest& request,
+                                                          CallOptions call) {
   return MUSTER_RPC(ReportDone, ReportDoneRequest, ReportDoneResponse, false);
 }
-absl::StatusOr<pb::SetResponse> Client::Set(const pb::SetRequest& request,
-                                            CallOptions call) {
+absl::StatusOr<pb::SetResponse> Client::Set(const pb::SetRequest& request, CallOptions call) {
   return MUSTER_RPC(Set, SetRequest, SetResponse, true);
 }
-absl::StatusOr<pb::GetResponse> Client::Get(const pb::GetRequest& request,
-                                            CallOptions call) {
+absl::StatusOr<pb::GetResponse> Client::Get(const pb::GetRequest& request, CallOptions call) {
   return Call<pb::GetResponse>(
-      "Get", true, absl::Milliseconds(std::max<int64_t>(0, request.wait_ms())),
-      call,
-      [&](grpc::ClientContext* context, pb::GetResponse* out,
-          absl::Time deadline, absl::Duration timeout) {
+      "Get", true, absl::Milliseconds(std::max<int64_t>(0, request.wait_ms())), call,
+      [&](grpc::ClientContext* context, pb::GetResponse* out, absl::Time deadline,
+          absl::Duration timeout) {
         pb::GetRequest attempt = request;
         attempt.set_wait_ms(RemainingWaitMs(request.wait_ms(), deadline, timeout));
         return stub_->Get(context, attempt, out);
       });
 }
-absl::StatusOr<pb::AddResponse> Client::Add(const pb::AddRequest& request,
-                                            CallOptions call) {
+absl::StatusOr<pb::AddResponse> Client::Add(const pb::AddRequest& request, CallOptions call) {
   return MUSTER_RPC(Add, AddRequest, AddResponse, false);
 }
 absl::StatusOr<pb::CompareAndSetResponse> Client::CompareAndSet(
     const pb::CompareAndSetRequest& request, CallOptions call) {
-  return MUSTER_RPC(CompareAndSet, CompareAndSetRequest, CompareAndSetResponse,
-                    false);
+  return MUSTER_RPC(CompareAndSet, CompareAndSetRequest, CompareAndSetResponse, false);
 }
-absl::StatusOr<pb::DeleteResponse> Client::Delete(
-    const pb::DeleteRequest& request, CallOptions call) {
+absl::StatusOr<pb::DeleteResponse> Client::Delete(const pb::DeleteRequest& request,
+                                                  CallOptions call) {
   return MUSTER_RPC(Delete, DeleteRequest, DeleteResponse, false);
 }
-absl::StatusOr<pb::MultiGetResponse> Client::MultiGet(
-    const pb::MultiGetRequest& request, CallOptions call) {
+absl::StatusOr<pb::MultiGetResponse> Client::MultiGet(const pb::MultiGetRequest& request,
+                                                      CallOptions call) {
   return MUSTER_RPC(MultiGet, MultiGetRequest, MultiGetResponse, true);
 }
-absl::StatusOr<pb::WaitResponse> Client::Wait(const pb::WaitRequest& request,
-                                              CallOptions call) {
+absl::StatusOr<pb::WaitResponse> Client::Wait(const pb::WaitRequest& request, CallOptions call) {
   return Call<pb::WaitResponse>(
-      "Wait", true, absl::Milliseconds(std::max<int64_t>(0, request.wait_ms())),
-      call,
-      [&](grpc::ClientContext* context, pb::WaitResponse* out,
-          absl::Time deadline, absl::Duration timeout) {
+      "Wait", true, absl::Milliseconds(std::max<int64_t>(0, request.wait_ms())), call,
+      [&](grpc::ClientContext* context, pb::WaitResponse* out, absl::Time deadline,
+          absl::Duration timeout) {
         pb::WaitRequest attempt = request;
         attempt.set_wait_ms(RemainingWaitMs(request.wait_ms(), deadline, timeout));
         return stub_->Wait(context, attempt, out);
       });
 }
-absl::StatusOr<pb::ListJobsResponse> Client::ListJobs(
-    const pb::ListJobsRequest& request, CallOptions call) {
+absl::StatusOr<pb::ListJobsResponse> Client::ListJobs(const pb::ListJobsRequest& request,
+                                                      CallOptions call) {
   return MUSTER_RPC(ListJobs, ListJobsRequest, ListJobsResponse, true);
 }
-absl::StatusOr<pb::DescribeJobResponse> Client::DescribeJob(
-    const pb::DescribeJobRequest& request, CallOptions call) {
+absl::StatusOr<pb::DescribeJobResponse> Client::DescribeJob(const pb::DescribeJobRequest& request,
+                                                            CallOptions call) {
   return MUSTER_RPC(DescribeJob, DescribeJobRequest, DescribeJobResponse, true);
 }
-absl::StatusOr<pb::CloseJobResponse> Client::CloseJob(
-    const pb::CloseJobRequest& request, CallOptions call) {
+absl::StatusOr<pb::CloseJobResponse> Client::CloseJob(const pb::CloseJobRequest& request,
+                                                      CallOptions call) {
   return MUSTER_RPC(CloseJob, CloseJobRequest, CloseJobResponse, false);
 }
 

@@ -165,48 +165,41 @@ class Client {
   // Validates the options, reads the token and TLS files and creates the
   // channel (it connects lazily). INVALID_ARGUMENT names a malformed
   // endpoint, an unreadable or empty file, or conflicting options.
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(
-      const ClientOptions& options);
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options);
 
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
   // ---- membership
-  absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request,
-                                        CallOptions call = {});
-  absl::StatusOr<pb::KeepAliveResponse> KeepAlive(
-      const pb::KeepAliveRequest& request, CallOptions call = {});
-  absl::StatusOr<pb::LeaveResponse> Leave(const pb::LeaveRequest& request,
-                                          CallOptions call = {});
-  absl::StatusOr<pb::ReportFailureResponse> ReportFailure(
-      const pb::ReportFailureRequest& request, CallOptions call = {});
-  absl::StatusOr<pb::ReportDoneResponse> ReportDone(
-      const pb::ReportDoneRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::KeepAliveResponse> KeepAlive(const pb::KeepAliveRequest& request,
+                                                  CallOptions call = {});
+  absl::StatusOr<pb::LeaveResponse> Leave(const pb::LeaveRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::ReportFailureResponse> ReportFailure(const pb::ReportFailureRequest& request,
+                                                          CallOptions call = {});
+  absl::StatusOr<pb::ReportDoneResponse> ReportDone(const pb::ReportDoneRequest& request,
+                                                    CallOptions call = {});
 
   // ---- store (Get and Wait get request.wait_ms on top of the timeout)
-  absl::StatusOr<pb::SetResponse> Set(const pb::SetRequest& request,
-                                      CallOptions call = {});
-  absl::StatusOr<pb::GetResponse> Get(const pb::GetRequest& request,
-                                      CallOptions call = {});
-  absl::StatusOr<pb::AddResponse> Add(const pb::AddRequest& request,
-                                      CallOptions call = {});
-  absl::StatusOr<pb::CompareAndSetResponse> CompareAndSet(
-      const pb::CompareAndSetRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::SetResponse> Set(const pb::SetRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::GetResponse> Get(const pb::GetRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::AddResponse> Add(const pb::AddRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::CompareAndSetResponse> CompareAndSet(const pb::CompareAndSetRequest& request,
+                                                          CallOptions call = {});
   absl::StatusOr<pb::DeleteResponse> Delete(const pb::DeleteRequest& request,
                                             CallOptions call = {});
-  absl::StatusOr<pb::MultiGetResponse> MultiGet(
-      const pb::MultiGetRequest& request, CallOptions call = {});
-  absl::StatusOr<pb::WaitResponse> Wait(const pb::WaitRequest& request,
-                                        CallOptions call = {});
+  absl::StatusOr<pb::MultiGetResponse> MultiGet(const pb::MultiGetRequest& request,
+                                                CallOptions call = {});
+  absl::StatusOr<pb::WaitResponse> Wait(const pb::WaitRequest& request, CallOptions call = {});
 
   // ---- admin
-  absl::StatusOr<pb::ListJobsResponse> ListJobs(
-      const pb::ListJobsRequest& request = {}, CallOptions call = {});
-  absl::StatusOr<pb::DescribeJobResponse> DescribeJob(
-      const pb::DescribeJobRequest& request, CallOptions call = {});
-  absl::StatusOr<pb::CloseJobResponse> CloseJob(
-      const pb::CloseJobRequest& request, CallOptions call = {});
+  absl::StatusOr<pb::ListJobsResponse> ListJobs(const pb::ListJobsRequest& request = {},
+                                                CallOptions call = {});
+  absl::StatusOr<pb::DescribeJobResponse> DescribeJob(const pb::DescribeJobRequest& request,
+                                                      CallOptions call = {});
+  absl::StatusOr<pb::CloseJobResponse> CloseJob(const pb::CloseJobRequest& request,
+                                                CallOptions call = {});
 
   // ---- for streams and async callers (JobWatcher, the benchmark)
 
@@ -217,15 +210,13 @@ class Client {
   const ClientOptions& options() const { return options_; }
 
  private:
-  Client(ClientOptions options, std::string token,
-         std::shared_ptr<grpc::Channel> channel);
+  Client(ClientOptions options, std::string token, std::shared_ptr<grpc::Channel> channel);
 
   // Runs `attempt` (one RPC on a prepared context) with deadline, retries
   // and cancellation as described at the top of this file.
   template <typename Response, typename Attempt>
   absl::StatusOr<Response> Call(const char* method, bool retry_unavailable,
-                                absl::Duration extra_wait, CallOptions call,
-                                Attempt attempt);
+                                absl::Duration extra_wait, CallOptions call, Attempt attempt);
 
   const ClientOptions options_;
   const std::string token_;
@@ -238,7 +229,6 @@ absl::StatusOr<std::string> NormalizeEndpoint(const std::string& endpoint);
 
 // Reads a whole file; INVALID_ARGUMENT naming `what` and the path if it
 // cannot be read.
-absl::StatusOr<std::string> ReadFileToString(const std::string& path,
-                                             const std::string& what);
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what);
 
 }  // namespace muster::rdzv

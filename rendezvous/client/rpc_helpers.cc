@@ -39,8 +39,8 @@ absl::Duration JitteredBackoff(const BackoffOptions& backoff, int attempt) {
   for (int i = 0; i < attempt && cap < backoff.max; ++i) cap *= 2;
   cap = std::min(cap, backoff.max);
   if (cap <= absl::ZeroDuration()) return absl::ZeroDuration();
-  return absl::Nanoseconds(absl::Uniform<int64_t>(
-      absl::IntervalClosed, random, 0, absl::ToInt64Nanoseconds(cap)));
+  return absl::Nanoseconds(
+      absl::Uniform<int64_t>(absl::IntervalClosed, random, 0, absl::ToInt64Nanoseconds(cap)));
 }
 
 absl::StatusOr<std::string> NormalizeEndpoint(const std::string& endpoint) {
@@ -79,19 +79,16 @@ absl::StatusOr<std::string> NormalizeEndpoint(const std::string& endpoint) {
   return endpoint;
 }
 
-absl::StatusOr<std::string> ReadFileToString(const std::string& path,
-                                             const std::string& what) {
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cannot read ", what, " \"", path,
-                     "\": expected a readable file"));
+        absl::StrCat("cannot read ", what, " \"", path, "\": expected a readable file"));
   }
   std::ostringstream contents;
   contents << in.rdbuf();
   if (in.bad()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("error reading ", what, " \"", path, "\""));
+    return absl::InvalidArgumentError(absl::StrCat("error reading ", what, " \"", path, "\""));
   }
   return contents.str();
 }

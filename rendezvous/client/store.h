@@ -45,40 +45,35 @@ class Store {
 
   // Blocks until `key` exists and returns its value. A zero timeout does
   // not block: NOT_FOUND if absent.
-  virtual absl::StatusOr<std::string> Get(absl::string_view key,
-                                          absl::Duration timeout) = 0;
+  virtual absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) = 0;
 
   // Adds `delta` to the decimal integer stored at `key` (absent: 0) and
   // returns the new value.
-  virtual absl::StatusOr<int64_t> Add(absl::string_view key,
-                                      int64_t delta) = 0;
+  virtual absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) = 0;
 
   // Stores `desired` if the key's value equals `expected`, or, when
   // `expected` is nullopt, if the key is absent.
-  virtual absl::StatusOr<CasResult> CompareAndSet(
-      absl::string_view key, const std::optional<std::string>& expected,
-      absl::string_view desired) = 0;
+  virtual absl::StatusOr<CasResult> CompareAndSet(absl::string_view key,
+                                                  const std::optional<std::string>& expected,
+                                                  absl::string_view desired) = 0;
 
   // Returns whether the key existed.
   virtual absl::StatusOr<bool> Delete(absl::string_view key) = 0;
 
   // Blocks until every key exists.
-  virtual absl::Status Wait(const std::vector<std::string>& keys,
-                            absl::Duration timeout) = 0;
+  virtual absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) = 0;
 };
 
 class InMemoryStore : public Store {
  public:
   absl::Status Set(absl::string_view key, absl::string_view value) override;
-  absl::StatusOr<std::string> Get(absl::string_view key,
-                                  absl::Duration timeout) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
-  absl::StatusOr<CasResult> CompareAndSet(
-      absl::string_view key, const std::optional<std::string>& expected,
-      absl::string_view desired) override;
+  absl::StatusOr<CasResult> CompareAndSet(absl::string_view key,
+                                          const std::optional<std::string>& expected,
+                                          absl::string_view desired) override;
   absl::StatusOr<bool> Delete(absl::string_view key) override;
-  absl::Status Wait(const std::vector<std::string>& keys,
-                    absl::Duration timeout) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
 
  private:
   absl::Mutex mu_;
@@ -93,15 +88,13 @@ class PrefixStore : public Store {
   PrefixStore(Store* base, std::string prefix);
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
-  absl::StatusOr<std::string> Get(absl::string_view key,
-                                  absl::Duration timeout) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
-  absl::StatusOr<CasResult> CompareAndSet(
-      absl::string_view key, const std::optional<std::string>& expected,
-      absl::string_view desired) override;
+  absl::StatusOr<CasResult> CompareAndSet(absl::string_view key,
+                                          const std::optional<std::string>& expected,
+                                          absl::string_view desired) override;
   absl::StatusOr<bool> Delete(absl::string_view key) override;
-  absl::Status Wait(const std::vector<std::string>& keys,
-                    absl::Duration timeout) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
 
  private:
   std::string Scoped(absl::string_view key) const;
@@ -119,15 +112,13 @@ class RemoteStore : public Store {
   RemoteStore(Client* client, std::string job_id, uint64_t round);
 
   absl::Status Set(absl::string_view key, absl::string_view value) override;
-  absl::StatusOr<std::string> Get(absl::string_view key,
-                                  absl::Duration timeout) override;
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
-  absl::StatusOr<CasResult> CompareAndSet(
-      absl::string_view key, const std::optional<std::string>& expected,
-      absl::string_view desired) override;
+  absl::StatusOr<CasResult> CompareAndSet(absl::string_view key,
+                                          const std::optional<std::string>& expected,
+                                          absl::string_view desired) override;
   absl::StatusOr<bool> Delete(absl::string_view key) override;
-  absl::Status Wait(const std::vector<std::string>& keys,
-                    absl::Duration timeout) override;
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
 
   uint64_t round() const { return round_; }
 

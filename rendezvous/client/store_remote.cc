@@ -11,8 +11,8 @@ namespace {
 // sub-millisecond timeout up so it still means "block".
 int64_t WaitMs(absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration()) return 0;
-  return std::max<int64_t>(1, absl::ToInt64Milliseconds(absl::Ceil(
-                                  timeout, absl::Milliseconds(1))));
+  return std::max<int64_t>(1,
+                           absl::ToInt64Milliseconds(absl::Ceil(timeout, absl::Milliseconds(1))));
 }
 
 }  // namespace
@@ -29,8 +29,7 @@ absl::Status RemoteStore::Set(absl::string_view key, absl::string_view value) {
   return client_->Set(request).status();
 }
 
-absl::StatusOr<std::string> RemoteStore::Get(absl::string_view key,
-                                             absl::Duration timeout) {
+absl::StatusOr<std::string> RemoteStore::Get(absl::string_view key, absl::Duration timeout) {
   pb::GetRequest request;
   request.set_job_id(job_id_);
   request.set_round(round_);
@@ -41,8 +40,7 @@ absl::StatusOr<std::string> RemoteStore::Get(absl::string_view key,
   return std::move(*response->mutable_value());
 }
 
-absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key,
-                                         int64_t delta) {
+absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key, int64_t delta) {
   pb::AddRequest request;
   request.set_job_id(job_id_);
   request.set_round(round_);
@@ -54,8 +52,7 @@ absl::StatusOr<int64_t> RemoteStore::Add(absl::string_view key,
 }
 
 absl::StatusOr<Store::CasResult> RemoteStore::CompareAndSet(
-    absl::string_view key, const std::optional<std::string>& expected,
-    absl::string_view desired) {
+    absl::string_view key, const std::optional<std::string>& expected, absl::string_view desired) {
   pb::CompareAndSetRequest request;
   request.set_job_id(job_id_);
   request.set_round(round_);
@@ -63,8 +60,7 @@ absl::StatusOr<Store::CasResult> RemoteStore::CompareAndSet(
   request.set_expect_absent(!expected.has_value());
   if (expected.has_value()) request.set_expected(*expected);
   request.set_desired(std::string(desired));
-  absl::StatusOr<pb::CompareAndSetResponse> response =
-      client_->CompareAndSet(request);
+  absl::StatusOr<pb::CompareAndSetResponse> response = client_->CompareAndSet(request);
   if (!response.ok()) return response.status();
   CasResult result;
   result.swapped = response->swapped();
@@ -83,8 +79,7 @@ absl::StatusOr<bool> RemoteStore::Delete(absl::string_view key) {
   return response->deleted();
 }
 
-absl::Status RemoteStore::Wait(const std::vector<std::string>& keys,
-                               absl::Duration timeout) {
+absl::Status RemoteStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   pb::WaitRequest request;
   request.set_job_id(job_id_);
   request.set_round(round_);

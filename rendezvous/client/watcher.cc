@@ -13,8 +13,7 @@ namespace {
 // RESOURCE_EXHAUSTED (a stream quota) is retried too, but only
 // ClientOptions::resource_exhausted_attempts times in a row.
 bool IsTransient(grpc::StatusCode code) {
-  return code == grpc::StatusCode::UNAVAILABLE ||
-         code == grpc::StatusCode::UNKNOWN ||
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::UNKNOWN ||
          code == grpc::StatusCode::DEADLINE_EXCEEDED ||
          code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
          code == grpc::StatusCode::CANCELLED;  // server-side cancel on drain
@@ -26,8 +25,7 @@ bool IsTerminalPhase(pb::Phase phase) {
   return phase == pb::SUCCEEDED || phase == pb::FAILED || phase == pb::CLOSED;
 }
 
-JobWatcher::JobWatcher(Client* client, std::string job_id, Callback on_state,
-                       bool wait_for_job)
+JobWatcher::JobWatcher(Client* client, std::string job_id, Callback on_state, bool wait_for_job)
     : client_(client),
       job_id_(std::move(job_id)),
       on_state_(std::move(on_state)),
@@ -94,24 +92,23 @@ void JobWatcher::Run() {
     absl::MutexLock lock(&mu_);
     active_ = nullptr;
     if (stopping_) return;
-    if (terminal || (status.ok() && !history_.empty() &&
-                     IsTerminalPhase(history_.back().phase()))) {
+    if (terminal ||
+        (status.ok() && !history_.empty() && IsTerminalPhase(history_.back().phase()))) {
       ended_ = true;
       return;
     }
-    bool job_not_created_yet = wait_for_job_ && received_ == 0 &&
-                               status.error_code() == grpc::StatusCode::NOT_FOUND;
+    bool job_not_created_yet =
+        wait_for_job_ && received_ == 0 && status.error_code() == grpc::StatusCode::NOT_FOUND;
     if (!status.ok() && !IsTransient(status.error_code()) && !job_not_created_yet) {
       error_ = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                            absl::StrCat("watch of job ", job_id_, ": ",
-                                         status.error_message()));
+                            absl::StrCat("watch of job ", job_id_, ": ", status.error_message()));
       return;
     }
     if (status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
         ++refusals_in_a_row >= options.resource_exhausted_attempts) {
-      error_ = absl::ResourceExhaustedError(absl::StrCat(
-          "watch of job ", job_id_, " refused ", refusals_in_a_row,
-          " time(s) for lack of a server resource: ", status.error_message()));
+      error_ = absl::ResourceExhaustedError(
+          absl::StrCat("watch of job ", job_id_, " refused ", refusals_in_a_row,
+                       " time(s) for lack of a server resource: ", status.error_message()));
       return;
     }
     ++reconnects_;
@@ -120,16 +117,14 @@ void JobWatcher::Run() {
       continue;  // the stream's own deadline: resume at once, no failure
     }
     // Broken (or ended early without a terminal state): reconnect.
-    const absl::Time wake =
-        absl::Now() + JitteredBackoff(options.backoff, failures_in_a_row++);
+    const absl::Time wake = absl::Now() + JitteredBackoff(options.backoff, failures_in_a_row++);
     mu_.AwaitWithDeadline(absl::Condition(&stopping_), wake);
     if (stopping_) return;
   }
 }
 
 absl::StatusOr<pb::JobState> JobWatcher::WaitFor(
-    const std::function<bool(const pb::JobState&)>& predicate,
-    absl::Time deadline) const {
+    const std::function<bool(const pb::JobState&)>& predicate, absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
   // Sequence number of the next state to test; start at the latest.
   uint64_t next = received_ == 0 ? 0 : received_ - 1;
@@ -142,13 +137,12 @@ absl::StatusOr<pb::JobState> JobWatcher::WaitFor(
     if (!error_.ok()) return error_;
     if (ended_) {
       const pb::JobState& last = history_.back();
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job_id_, " ended in phase ", pb::Phase_Name(last.phase()),
-          last.status_message().empty() ? "" : ": ", last.status_message()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", job_id_, " ended in phase ", pb::Phase_Name(last.phase()),
+                       last.status_message().empty() ? "" : ": ", last.status_message()));
     }
     if (stopping_) {
-      return absl::CancelledError(
-          absl::StrCat("watcher of job ", job_id_, " stopped"));
+      return absl::CancelledError(absl::StrCat("watcher of job ", job_id_, " stopped"));
     }
     const uint64_t seen = received_;
     auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -157,11 +151,10 @@ absl::StatusOr<pb::JobState> JobWatcher::WaitFor(
     if (!mu_.AwaitWithDeadline(absl::Condition(&changed), deadline)) {
       return absl::DeadlineExceededError(absl::StrCat(
           "no matching state of job ", job_id_, " before the deadline",
-          history_.empty()
-              ? std::string(" (no state received)")
-              : absl::StrCat(" (latest: version ", history_.back().version(),
-                             ", round ", history_.back().round(), ", ",
-                             pb::Phase_Name(history_.back().phase()), ")")));
+          history_.empty() ? std::string(" (no state received)")
+                           : absl::StrCat(" (latest: version ", history_.back().version(),
+                                          ", round ", history_.back().round(), ", ",
+                                          pb::Phase_Name(history_.back().phase()), ")")));
     }
   }
 }

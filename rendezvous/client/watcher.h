@@ -65,9 +65,8 @@ class JobWatcher {
   // DEADLINE_EXCEEDED at `deadline`; the stream's permanent error;
   // FAILED_PRECONDITION if the job reached a terminal phase and no state
   // matched; CANCELLED after Stop().
-  absl::StatusOr<pb::JobState> WaitFor(
-      const std::function<bool(const pb::JobState&)>& predicate,
-      absl::Time deadline) const;
+  absl::StatusOr<pb::JobState> WaitFor(const std::function<bool(const pb::JobState&)>& predicate,
+                                       absl::Time deadline) const;
 
   // The newest state received, if any.
   std::optional<pb::JobState> latest() const;
@@ -120,8 +119,7 @@ struct RoundAssignment {
 // watch the same job; nullptr makes a temporary one. Errors: the Join's or
 // KeepAlive's error; FAILED_PRECONDITION if the job ends (message names the
 // phase and status_message); DEADLINE_EXCEEDED at `deadline`.
-absl::StatusOr<RoundAssignment> JoinAndWaitForRound(
-    Client& client, const pb::JoinRequest& request, JobWatcher* watcher,
-    absl::Time deadline);
+absl::StatusOr<RoundAssignment> JoinAndWaitForRound(Client& client, const pb::JoinRequest& request,
+                                                    JobWatcher* watcher, absl::Time deadline);
 
 }  // namespace muster::rdzv

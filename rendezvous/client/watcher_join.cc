@@ -8,8 +8,7 @@
 namespace muster::rdzv {
 namespace {
 
-const pb::Member* FindMember(const pb::JobState& state,
-                             const std::string& member_id) {
+const pb::Member* FindMember(const pb::JobState& state, const std::string& member_id) {
   for (const pb::Member& member : state.members()) {
     if (member.member_id() == member_id) return &member;
   }
@@ -19,18 +18,15 @@ const pb::Member* FindMember(const pb::JobState& state,
 CallOptions WithinDeadline(const Client& client, absl::Time deadline) {
   CallOptions call;
   call.timeout = std::max(absl::Milliseconds(1),
-                          std::min(client.options().rpc_timeout,
-                                   deadline - absl::Now()));
+                          std::min(client.options().rpc_timeout, deadline - absl::Now()));
   return call;
 }
 
 }  // namespace
 
-absl::StatusOr<RoundAssignment> JoinAndWaitForRound(
-    Client& client, const pb::JoinRequest& request, JobWatcher* watcher,
-    absl::Time deadline) {
-  absl::StatusOr<pb::JoinResponse> joined =
-      client.Join(request, WithinDeadline(client, deadline));
+absl::StatusOr<RoundAssignment> JoinAndWaitForRound(Client& client, const pb::JoinRequest& request,
+                                                    JobWatcher* watcher, absl::Time deadline) {
+  absl::StatusOr<pb::JoinResponse> joined = client.Join(request, WithinDeadline(client, deadline));
   if (!joined.ok()) return joined.status();
 
   RoundAssignment result;
@@ -46,8 +42,7 @@ absl::StatusOr<RoundAssignment> JoinAndWaitForRound(
 
   const std::string& member_id = result.member_id;
   auto renew_every = [&] {
-    return std::max(absl::Milliseconds(result.lease_ttl_ms) / 3,
-                    absl::Milliseconds(10));
+    return std::max(absl::Milliseconds(result.lease_ttl_ms) / 3, absl::Milliseconds(10));
   };
   absl::Time next_renewal = absl::Now() + renew_every();
   for (;;) {
@@ -66,10 +61,9 @@ absl::StatusOr<RoundAssignment> JoinAndWaitForRound(
         return result;
       }
       if (IsTerminalPhase(state->phase())) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "job ", request.job_id(), " is ", pb::Phase_Name(state->phase()),
-            state->status_message().empty() ? "" : ": ",
-            state->status_message()));
+        return absl::FailedPreconditionError(
+            absl::StrCat("job ", request.job_id(), " is ", pb::Phase_Name(state->phase()),
+                         state->status_message().empty() ? "" : ": ", state->status_message()));
       }
       // A newer round formed or is forming without us: join it, keeping
       // our member id (and so our place in the order).
@@ -82,8 +76,7 @@ absl::StatusOr<RoundAssignment> JoinAndWaitForRound(
       next_renewal = absl::Now() + renew_every();
       continue;
     }
-    if (state.status().code() != absl::StatusCode::kDeadlineExceeded ||
-        absl::Now() >= deadline) {
+    if (state.status().code() != absl::StatusCode::kDeadlineExceeded || absl::Now() >= deadline) {
       return state.status();
     }
     pb::KeepAliveRequest keep_alive;
@@ -91,8 +84,7 @@ absl::StatusOr<RoundAssignment> JoinAndWaitForRound(
     keep_alive.set_member_id(member_id);
     absl::StatusOr<pb::KeepAliveResponse> renewed =
         client.KeepAlive(keep_alive, WithinDeadline(client, deadline));
-    if (!renewed.ok() &&
-        renewed.status().code() != absl::StatusCode::kUnavailable &&
+    if (!renewed.ok() && renewed.status().code() != absl::StatusCode::kUnavailable &&
         renewed.status().code() != absl::StatusCode::kDeadlineExceeded) {
       return renewed.status();
     }

@@ -13,8 +13,7 @@ namespace {
 constexpr char kBearerPrefix[] = "bearer ";
 
 // The first value of `key` in the client's metadata, if any.
-bool FindMetadata(const grpc::ServerContextBase& context, const char* key,
-                  std::string* value) {
+bool FindMetadata(const grpc::ServerContextBase& context, const char* key, std::string* value) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(key);
   if (it == metadata.end()) return false;
@@ -27,26 +26,23 @@ bool FindMetadata(const grpc::ServerContextBase& context, const char* key,
 absl::Status ExpectPem(const std::string& contents, const std::string& marker,
                        const std::string& what, const std::string& path) {
   if (contents.find(marker) == std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " file '", path, "' is not PEM; expected '", marker, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " file '", path, "' is not PEM; expected '", marker, "'"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::string> ReadFileForServer(const std::string& path,
-                                              const std::string& what) {
+absl::StatusOr<std::string> ReadFileForServer(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read ", what, " file '", path, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("cannot read ", what, " file '", path, "'"));
   }
   std::ostringstream contents;
   contents << in.rdbuf();
   if (in.bad()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("error reading ", what, " file '", path, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("error reading ", what, " file '", path, "'"));
   }
   return contents.str();
 }
@@ -63,16 +59,14 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return difference == 0;
 }
 
-absl::StatusOr<TokenChecker> TokenChecker::FromFile(
-    const std::string& token_file) {
+absl::StatusOr<TokenChecker> TokenChecker::FromFile(const std::string& token_file) {
   if (token_file.empty()) return TokenChecker();
-  absl::StatusOr<std::string> contents =
-      ReadFileForServer(token_file, "token");
+  absl::StatusOr<std::string> contents = ReadFileForServer(token_file, "token");
   if (!contents.ok()) return contents.status();
   std::string token(absl::StripAsciiWhitespace(*contents));
   if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token file '", token_file, "' is empty; expected a bearer token"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file '", token_file, "' is empty; expected a bearer token"));
   }
   return TokenChecker(std::move(token));
 }
@@ -81,8 +75,7 @@ absl::Status TokenChecker::Check(const grpc::ServerContextBase& context) const {
   if (token_.empty()) return absl::OkStatus();
   std::string header;
   if (!FindMetadata(context, "authorization", &header)) {
-    return absl::UnauthenticatedError(
-        "missing 'authorization: Bearer <token>' metadata");
+    return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
   }
   return CheckAuthorization(header);
 }
@@ -90,16 +83,14 @@ absl::Status TokenChecker::Check(const grpc::ServerContextBase& context) const {
 absl::Status TokenChecker::CheckAuthorization(const std::string& header) const {
   if (token_.empty()) return absl::OkStatus();
   if (header.empty()) {
-    return absl::UnauthenticatedError(
-        "missing 'authorization: Bearer <token>' header");
+    return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' header");
   }
   if (header.size() < sizeof(kBearerPrefix) - 1 ||
       !absl::StartsWithIgnoreCase(header, kBearerPrefix)) {
     return absl::UnauthenticatedError(
         "malformed authorization metadata; expected 'Bearer <token>'");
   }
-  std::string presented(
-      absl::StripAsciiWhitespace(header.substr(sizeof(kBearerPrefix) - 1)));
+  std::string presented(absl::StripAsciiWhitespace(header.substr(sizeof(kBearerPrefix) - 1)));
   if (!ConstantTimeEquals(presented, token_)) {
     return absl::UnauthenticatedError("invalid bearer token");
   }
@@ -120,23 +111,18 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
     const TlsFiles& files) {
   if (files.cert_file.empty() && files.key_file.empty()) {
     if (!files.client_ca_file.empty()) {
-      return absl::InvalidArgumentError(
-          "a TLS client CA needs a TLS certificate and key as well");
+      return absl::InvalidArgumentError("a TLS client CA needs a TLS certificate and key as well");
     }
     return grpc::InsecureServerCredentials();
   }
   if (files.cert_file.empty() || files.key_file.empty()) {
-    return absl::InvalidArgumentError(
-        "TLS needs both a certificate file and a key file");
+    return absl::InvalidArgumentError("TLS needs both a certificate file and a key file");
   }
-  absl::StatusOr<std::string> cert =
-      ReadFileForServer(files.cert_file, "TLS certificate");
+  absl::StatusOr<std::string> cert = ReadFileForServer(files.cert_file, "TLS certificate");
   if (!cert.ok()) return cert.status();
-  absl::StatusOr<std::string> key =
-      ReadFileForServer(files.key_file, "TLS key");
+  absl::StatusOr<std::string> key = ReadFileForServer(files.key_file, "TLS key");
   if (!key.ok()) return key.status();
-  absl::Status pem =
-      ExpectPem(*cert, "BEGIN CERTIFICATE", "TLS certificate", files.cert_file);
+  absl::Status pem = ExpectPem(*cert, "BEGIN CERTIFICATE", "TLS certificate", files.cert_file);
   if (!pem.ok()) return pem;
   pem = ExpectPem(*key, "PRIVATE KEY", "TLS key", files.key_file);
   if (!pem.ok()) return pem;
@@ -147,12 +133,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
     absl::StatusOr<std::string> client_ca =
         ReadFileForServer(files.client_ca_file, "TLS client CA");
     if (!client_ca.ok()) return client_ca.status();
-    pem = ExpectPem(*client_ca, "BEGIN CERTIFICATE", "TLS client CA",
-                    files.client_ca_file);
+    pem = ExpectPem(*client_ca, "BEGIN CERTIFICATE", "TLS client CA", files.client_ca_file);
     if (!pem.ok()) return pem;
     options.pem_root_certs = *client_ca;
-    options.client_certificate_request =
-        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+    options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
   return grpc::SslServerCredentials(options);
 }

@@ -21,8 +21,7 @@ inline constexpr char kJobSecretMetadata[] = "x-muster-job-secret";
 
 // Reads a whole file. INVALID_ARGUMENT naming `what` and the path when it
 // cannot be read.
-absl::StatusOr<std::string> ReadFileForServer(const std::string& path,
-                                              const std::string& what);
+absl::StatusOr<std::string> ReadFileForServer(const std::string& path, const std::string& what);
 
 // Checks "authorization: Bearer <token>". Immutable after construction, so
 // any thread may call Check concurrently.

@@ -33,8 +33,7 @@ class MonotonicClock : public Clock {
 // A clock tests move by hand. Thread-safe.
 class FakeClock : public Clock {
  public:
-  explicit FakeClock(absl::Time start = absl::UnixEpoch() + absl::Hours(1))
-      : now_(start) {}
+  explicit FakeClock(absl::Time start = absl::UnixEpoch() + absl::Hours(1)) : now_(start) {}
   absl::Time Now() override {
     absl::MutexLock lock(&mu_);
     return now_;

@@ -31,8 +31,8 @@ void GroupCommitter::RunWhenDurable(uint64_t seq, DurableCallback done) {
       return;
     }
     if (seq > durable_seq_) {
-      inline_status = absl::UnavailableError(
-          "server is shutting down; the change may not be durable");
+      inline_status =
+          absl::UnavailableError("server is shutting down; the change may not be durable");
     }
   }
   done(inline_status);
@@ -65,10 +65,8 @@ bool GroupCommitter::WriteOnce() {
   std::pair<state::ServerState, uint64_t> snapshot = snapshot_();
   absl::Status status = file_->Write(snapshot.first);
   if (!status.ok()) {
-    spdlog::error("rendezvous: could not persist state: {}",
-                  status.ToString());
-    status = absl::UnavailableError(
-        absl::StrCat("change not durable: ", status.message()));
+    spdlog::error("rendezvous: could not persist state: {}", status.ToString());
+    status = absl::UnavailableError(absl::StrCat("change not durable: ", status.message()));
   }
   std::vector<DurableCallback> ready;
   {

@@ -14,8 +14,7 @@ bool IsFinished(int phase) {
 
 }  // namespace
 
-void JobEventTracker::Observe(const std::string& job_id,
-                              const absl::StatusOr<pb::JobState>& state,
+void JobEventTracker::Observe(const std::string& job_id, const absl::StatusOr<pb::JobState>& state,
                               std::vector<std::string>* log_lines) {
   auto it = seen_.find(job_id);
   if (!state.ok()) {
@@ -27,38 +26,33 @@ void JobEventTracker::Observe(const std::string& job_id,
   }
   if (it == seen_.end()) {
     const pb::JobConfig& config = state->config();
-    log_lines->push_back(absl::StrCat(
-        "job ", job_id, ": created (nodes ", config.min_nodes(), "..",
-        config.max_nodes(), ", lease ttl ", config.lease_ttl_ms(),
-        " ms, max restarts ", config.max_restarts(), ")"));
-    it = seen_.emplace(job_id, Seen{state->round(), pb::PHASE_UNSPECIFIED,
-                                    state->restart_count()})
+    log_lines->push_back(absl::StrCat("job ", job_id, ": created (nodes ", config.min_nodes(), "..",
+                                      config.max_nodes(), ", lease ttl ", config.lease_ttl_ms(),
+                                      " ms, max restarts ", config.max_restarts(), ")"));
+    it = seen_.emplace(job_id, Seen{state->round(), pb::PHASE_UNSPECIFIED, state->restart_count()})
              .first;
   }
   Seen& seen = it->second;
 
   if (state->round() > seen.round) {
-    log_lines->push_back(absl::StrCat(
-        "job ", job_id, ": round ", seen.round, " ended (",
-        pb::RoundEndReason_Name(state->last_end_reason()), "), gathering round ",
-        state->round(), ", restarts ", state->restart_count(), "/",
-        state->config().max_restarts()));
+    log_lines->push_back(absl::StrCat("job ", job_id, ": round ", seen.round, " ended (",
+                                      pb::RoundEndReason_Name(state->last_end_reason()),
+                                      "), gathering round ", state->round(), ", restarts ",
+                                      state->restart_count(), "/", state->config().max_restarts()));
   }
   if (state->restart_count() > seen.restart_count && metrics_ != nullptr) {
     metrics_->AddRestarts(state->restart_count() - seen.restart_count);
   }
   bool round_closed =
-      state->phase() == pb::RUNNING &&
-      (seen.phase != pb::RUNNING || state->round() != seen.round);
+      state->phase() == pb::RUNNING && (seen.phase != pb::RUNNING || state->round() != seen.round);
   if (round_closed) {
-    log_lines->push_back(absl::StrCat(
-        "job ", job_id, ": round ", state->round(), " closed with ",
-        state->members_size(), " nodes, world size ", state->world_size()));
+    log_lines->push_back(absl::StrCat("job ", job_id, ": round ", state->round(), " closed with ",
+                                      state->members_size(), " nodes, world size ",
+                                      state->world_size()));
     if (metrics_ != nullptr) metrics_->AddRounds(1);
   }
   if (IsFinished(state->phase()) && !IsFinished(seen.phase)) {
-    std::string line = absl::StrCat("job ", job_id, ": finished ",
-                                    pb::Phase_Name(state->phase()));
+    std::string line = absl::StrCat("job ", job_id, ": finished ", pb::Phase_Name(state->phase()));
     if (!state->status_message().empty()) {
       absl::StrAppend(&line, " (", state->status_message(), ")");
     }
@@ -69,8 +63,7 @@ void JobEventTracker::Observe(const std::string& job_id,
   seen.restart_count = state->restart_count();
 }
 
-void JobEventTracker::Remember(const std::string& job_id,
-                               const pb::JobState& state) {
+void JobEventTracker::Remember(const std::string& job_id, const pb::JobState& state) {
   seen_[job_id] = Seen{state.round(), state.phase(), state.restart_count()};
 }
 

@@ -33,8 +33,7 @@ class JobEventTracker {
 
   // Records `state` as already seen without logging or counting (jobs
   // restored from disk are not "created" again).
-  void Remember(const std::string& job_id,
-                const ::muster::rendezvous::v1::JobState& state);
+  void Remember(const std::string& job_id, const ::muster::rendezvous::v1::JobState& state);
 
  private:
   struct Seen {

@@ -14,19 +14,16 @@ namespace muster::rdzv {
 namespace {
 
 // Upper bounds in seconds; the last bucket is +Inf.
-constexpr double kBucketBounds[] = {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
-                                    1e-2, 2.5e-2, 5e-2, 0.1,  0.25,   0.5,
-                                    1,    2.5,    5,    10};
+constexpr double kBucketBounds[] = {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2,
+                                    5e-2, 0.1,    0.25, 0.5,  1,      2.5,  5,    10};
 
 const char* const kRpcNames[kRpcCount] = {
-    "Join", "KeepAlive", "Leave", "ReportFailure", "ReportDone", "Watch",
-    "Set", "Get", "Add", "CompareAndSet", "Delete", "MultiGet", "Wait",
-    "ListJobs", "DescribeJob", "CloseJob"};
+    "Join", "KeepAlive", "Leave",       "ReportFailure", "ReportDone", "Watch",
+    "Set",  "Get",       "Add",         "CompareAndSet", "Delete",     "MultiGet",
+    "Wait", "ListJobs",  "DescribeJob", "CloseJob"};
 
-void Header(std::string* out, const char* name, const char* type,
-            const char* help) {
-  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
-                  type, "\n");
+void Header(std::string* out, const char* name, const char* type, const char* help) {
+  absl::StrAppend(out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
 }
 
 std::string FormatDouble(double value) { return absl::StrFormat("%.17g", value); }
@@ -75,8 +72,7 @@ class CappedTaskQueue final : public httplib::TaskQueue {
 
 const char* RpcName(Rpc rpc) { return kRpcNames[static_cast<int>(rpc)]; }
 
-Metrics::Metrics(std::function<Gauges()> read_gauges)
-    : read_gauges_(std::move(read_gauges)) {
+Metrics::Metrics(std::function<Gauges()> read_gauges) : read_gauges_(std::move(read_gauges)) {
   static_assert(sizeof(kBucketBounds) / sizeof(double) == kBucketCount);
 }
 
@@ -94,9 +90,8 @@ void Metrics::RecordRpc(Rpc rpc, int code, absl::Duration duration) {
   int bucket = 0;
   while (bucket < kBucketCount && seconds > kBucketBounds[bucket]) ++bucket;
   stats.buckets[bucket].fetch_add(1, std::memory_order_relaxed);
-  stats.duration_sum_ns.fetch_add(
-      static_cast<uint64_t>(absl::ToInt64Nanoseconds(duration)),
-      std::memory_order_relaxed);
+  stats.duration_sum_ns.fetch_add(static_cast<uint64_t>(absl::ToInt64Nanoseconds(duration)),
+                                  std::memory_order_relaxed);
   stats.duration_count.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -109,28 +104,21 @@ std::string Metrics::Render() const {
   Header(&out, "muster_rdzv_members", "gauge", "Members across all jobs.");
   absl::StrAppend(&out, "muster_rdzv_members ", gauges.members, "\n");
   Header(&out, "muster_rdzv_watch_streams", "gauge", "Open Watch streams.");
-  absl::StrAppend(&out, "muster_rdzv_watch_streams ", watch_streams_.load(),
-                  "\n");
-  Header(&out, "muster_rdzv_rounds_total", "counter",
-         "Rounds that closed and started running.");
-  absl::StrAppend(&out, "muster_rdzv_rounds_total ", rounds_total_.load(),
-                  "\n");
+  absl::StrAppend(&out, "muster_rdzv_watch_streams ", watch_streams_.load(), "\n");
+  Header(&out, "muster_rdzv_rounds_total", "counter", "Rounds that closed and started running.");
+  absl::StrAppend(&out, "muster_rdzv_rounds_total ", rounds_total_.load(), "\n");
   Header(&out, "muster_rdzv_restarts_total", "counter",
          "Failure restarts counted against jobs' budgets.");
-  absl::StrAppend(&out, "muster_rdzv_restarts_total ", restarts_total_.load(),
-                  "\n");
+  absl::StrAppend(&out, "muster_rdzv_restarts_total ", restarts_total_.load(), "\n");
 
-  Header(&out, "muster_rdzv_rpcs_total", "counter",
-         "Finished RPCs by method and status code.");
+  Header(&out, "muster_rdzv_rpcs_total", "counter", "Finished RPCs by method and status code.");
   for (int rpc = 0; rpc < kRpcCount; ++rpc) {
     for (int code = 0; code < kCodeCount; ++code) {
       uint64_t calls = per_rpc_[rpc].calls[code].load();
       if (calls == 0) continue;
-      absl::StrAppend(
-          &out, "muster_rdzv_rpcs_total{method=\"", kRpcNames[rpc],
-          "\",code=\"",
-          absl::StatusCodeToString(static_cast<absl::StatusCode>(code)),
-          "\"} ", calls, "\n");
+      absl::StrAppend(&out, "muster_rdzv_rpcs_total{method=\"", kRpcNames[rpc], "\",code=\"",
+                      absl::StatusCodeToString(static_cast<absl::StatusCode>(code)), "\"} ", calls,
+                      "\n");
     }
   }
 
@@ -143,18 +131,15 @@ std::string Metrics::Render() const {
     uint64_t cumulative = 0;
     for (int bucket = 0; bucket <= kBucketCount; ++bucket) {
       cumulative += stats.buckets[bucket].load();
-      std::string bound = bucket < kBucketCount
-                              ? FormatDouble(kBucketBounds[bucket])
-                              : std::string("+Inf");
-      absl::StrAppend(&out, "muster_rdzv_rpc_duration_seconds_bucket{method=\"",
-                      kRpcNames[rpc], "\",le=\"", bound, "\"} ", cumulative,
-                      "\n");
+      std::string bound =
+          bucket < kBucketCount ? FormatDouble(kBucketBounds[bucket]) : std::string("+Inf");
+      absl::StrAppend(&out, "muster_rdzv_rpc_duration_seconds_bucket{method=\"", kRpcNames[rpc],
+                      "\",le=\"", bound, "\"} ", cumulative, "\n");
     }
-    absl::StrAppend(&out, "muster_rdzv_rpc_duration_seconds_sum{method=\"",
-                    kRpcNames[rpc], "\"} ",
+    absl::StrAppend(&out, "muster_rdzv_rpc_duration_seconds_sum{method=\"", kRpcNames[rpc], "\"} ",
                     FormatDouble(stats.duration_sum_ns.load() / 1e9), "\n");
-    absl::StrAppend(&out, "muster_rdzv_rpc_duration_seconds_count{method=\"",
-                    kRpcNames[rpc], "\"} ", count, "\n");
+    absl::StrAppend(&out, "muster_rdzv_rpc_duration_seconds_count{method=\"", kRpcNames[rpc],
+                    "\"} ", count, "\n");
   }
   return out;
 }
@@ -162,8 +147,7 @@ std::string Metrics::Render() const {
 absl::StatusOr<int> Metrics::StartHttp(const HttpOptions& options) {
   if (options.max_connections < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "metrics max_connections is ", options.max_connections,
-        "; expected at least 1"));
+        "metrics max_connections is ", options.max_connections, "; expected at least 1"));
   }
   auto http = std::make_unique<httplib::Server>();
   const int threads = std::min(options.max_connections, kHttpThreads);
@@ -177,24 +161,22 @@ absl::StatusOr<int> Metrics::StartHttp(const HttpOptions& options) {
   http->set_keep_alive_max_count(1);
   http->set_read_timeout(kHttpReadTimeoutSeconds, 0);
   http->set_write_timeout(kHttpReadTimeoutSeconds, 0);
-  http->set_pre_routing_handler(
-      [authorize = options.authorize](const httplib::Request& request,
-                                      httplib::Response& response) {
-        if (t_over_connection_cap) {
-          response.status = 503;
-          response.set_header("Connection", "close");
-          response.set_content("too many connections to /metrics\n", "text/plain");
-          return httplib::Server::HandlerResponse::Handled;
-        }
-        if (authorize && !authorize(request.get_header_value("Authorization"))) {
-          response.status = 401;
-          response.set_header("WWW-Authenticate", "Bearer");
-          response.set_content("expected 'Authorization: Bearer <token>'\n",
-                               "text/plain");
-          return httplib::Server::HandlerResponse::Handled;
-        }
-        return httplib::Server::HandlerResponse::Unhandled;
-      });
+  http->set_pre_routing_handler([authorize = options.authorize](const httplib::Request& request,
+                                                                httplib::Response& response) {
+    if (t_over_connection_cap) {
+      response.status = 503;
+      response.set_header("Connection", "close");
+      response.set_content("too many connections to /metrics\n", "text/plain");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    if (authorize && !authorize(request.get_header_value("Authorization"))) {
+      response.status = 401;
+      response.set_header("WWW-Authenticate", "Bearer");
+      response.set_content("expected 'Authorization: Bearer <token>'\n", "text/plain");
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(Render(), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -206,13 +188,11 @@ absl::StatusOr<int> Metrics::StartHttp(const HttpOptions& options) {
     bound_port = 0;
   }
   if (bound_port <= 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot bind the metrics endpoint to ", options.address, ":", options.port));
+    return absl::UnavailableError(
+        absl::StrCat("cannot bind the metrics endpoint to ", options.address, ":", options.port));
   }
   http_ = std::move(http);
-  http_thread_ = std::thread([server = http_.get()] {
-    server->listen_after_bind();
-  });
+  http_thread_ = std::thread([server = http_.get()] { server->listen_after_bind(); });
   // stop() is a no-op until listen has begun, so StopHttp right after this
   // could otherwise leave the thread listening forever.
   absl::Time give_up = absl::Now() + absl::Seconds(5);

@@ -34,9 +34,22 @@ namespace muster::rdzv {
 
 // The RPCs of pb::Rendezvous, as metric label values.
 enum class Rpc {
-  kJoin, kKeepAlive, kLeave, kReportFailure, kReportDone, kWatch,
-  kSet, kGet, kAdd, kCompareAndSet, kDelete, kMultiGet, kWait,
-  kListJobs, kDescribeJob, kCloseJob,
+  kJoin,
+  kKeepAlive,
+  kLeave,
+  kReportFailure,
+  kReportDone,
+  kWatch,
+  kSet,
+  kGet,
+  kAdd,
+  kCompareAndSet,
+  kDelete,
+  kMultiGet,
+  kWait,
+  kListJobs,
+  kDescribeJob,
+  kCloseJob,
 };
 inline constexpr int kRpcCount = 16;
 const char* RpcName(Rpc rpc);

@@ -19,8 +19,7 @@ constexpr char kStateFileName[] = "state.pb";
 constexpr char kTempSuffix[] = ".tmp";
 
 absl::Status ErrnoError(const std::string& step, const std::string& path) {
-  return absl::InternalError(
-      absl::StrCat(step, " '", path, "': ", std::strerror(errno)));
+  return absl::InternalError(absl::StrCat(step, " '", path, "': ", std::strerror(errno)));
 }
 
 // mkdir -p with mode 0700 for every directory it creates.
@@ -29,8 +28,8 @@ absl::Status MakeDirectories(const std::string& dir) {
   struct stat info;
   if (stat(dir.c_str(), &info) == 0) {
     if (!S_ISDIR(info.st_mode)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state dir '", dir, "' exists but is not a directory"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("state dir '", dir, "' exists but is not a directory"));
     }
     return absl::OkStatus();
   }
@@ -40,14 +39,13 @@ absl::Status MakeDirectories(const std::string& dir) {
     if (!parent.ok()) return parent;
   }
   if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cannot create state dir '", dir, "': ", std::strerror(errno)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot create state dir '", dir, "': ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }
 
-absl::Status WriteAll(int fd, const std::string& data,
-                      const std::string& path) {
+absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
   size_t written = 0;
   while (written < data.size()) {
     ssize_t n = write(fd, data.data() + written, data.size() - written);
@@ -96,8 +94,7 @@ absl::StatusOr<std::optional<state::ServerState>> StateFile::Load() const {
   state::ServerState snapshot;
   if (!snapshot.ParseFromString(contents.str())) {
     return absl::DataLossError(absl::StrCat(
-        "state file '", path_,
-        "' cannot be parsed as muster state; move it away to start empty"));
+        "state file '", path_, "' cannot be parsed as muster state; move it away to start empty"));
   }
   return std::optional<state::ServerState>(std::move(snapshot));
 }
@@ -107,17 +104,16 @@ absl::Status StateFile::Write(const state::ServerState& snapshot) const {
   // keep the state far below that; say so plainly if they ever do not.
   const size_t size = snapshot.ByteSizeLong();
   if (size > static_cast<size_t>(INT_MAX)) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the server state is ", size, " bytes; a state file holds less than ",
-        "2 GiB (lower --max-total-bytes)"));
+    return absl::ResourceExhaustedError(absl::StrCat("the server state is ", size,
+                                                     " bytes; a state file holds less than ",
+                                                     "2 GiB (lower --max-total-bytes)"));
   }
   std::string data;
   if (!snapshot.SerializeToString(&data)) {
     return absl::InternalError("cannot serialize the server state");
   }
   std::string temp_path = path_ + kTempSuffix;
-  int fd = open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                0600);
+  int fd = open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoError("cannot create", temp_path);
   absl::Status status = WriteAll(fd, data, temp_path);
   if (status.ok() && fsync(fd) != 0) status = ErrnoError("fsync", temp_path);

@@ -40,8 +40,7 @@ class StateFile {
   const std::string& path() const { return path_; }
 
  private:
-  StateFile(std::string dir, std::string path)
-      : dir_(std::move(dir)), path_(std::move(path)) {}
+  StateFile(std::string dir, std::string path) : dir_(std::move(dir)), path_(std::move(path)) {}
 
   std::string dir_;
   std::string path_;

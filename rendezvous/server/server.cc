@@ -31,10 +31,9 @@ absl::Status ValidateListenAddress(const std::string& address) {
   size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
-      port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "listen address '", address, "' is not host:port (port 0..65535)"));
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen address '", address, "' is not host:port (port 0..65535)"));
   }
   return absl::OkStatus();
 }
@@ -48,8 +47,7 @@ absl::Status ValidateQuotas(const ServerOptions& options) {
   }
   if (options.keepalive_time <= absl::ZeroDuration() ||
       options.keepalive_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        "keepalive_time and keepalive_timeout must be positive");
+    return absl::InvalidArgumentError("keepalive_time and keepalive_timeout must be positive");
   }
   if (options.metrics_require_token && options.token_file.empty()) {
     return absl::InvalidArgumentError(
@@ -59,8 +57,7 @@ absl::Status ValidateQuotas(const ServerOptions& options) {
 }
 
 int Milliseconds(absl::Duration duration) {
-  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(duration),
-                                              1, INT_MAX));
+  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(duration), 1, INT_MAX));
 }
 
 class ServerImpl final : public Server {
@@ -97,12 +94,10 @@ absl::Status ServerImpl::Init() {
   if (!address_ok.ok()) return address_ok;
   absl::Status quotas_ok = ValidateQuotas(options_);
   if (!quotas_ok.ok()) return quotas_ok;
-  absl::StatusOr<TokenChecker> tokens =
-      TokenChecker::FromFile(options_.token_file);
+  absl::StatusOr<TokenChecker> tokens = TokenChecker::FromFile(options_.token_file);
   if (!tokens.ok()) return tokens.status();
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
-      BuildServerCredentials({options_.tls_cert_file, options_.tls_key_file,
-                              options_.tls_client_ca_file});
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = BuildServerCredentials(
+      {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file});
   if (!credentials.ok()) return credentials.status();
   if (!options_.state_dir.empty()) {
     absl::StatusOr<StateFile> file = StateFile::Open(options_.state_dir);
@@ -113,8 +108,7 @@ absl::Status ServerImpl::Init() {
   metrics_ = std::make_unique<Metrics>();
   ServiceOptions service_options;
   service_options.limits = options_.limits;
-  service_options.clock =
-      options_.clock != nullptr ? options_.clock : MonotonicClock::Default();
+  service_options.clock = options_.clock != nullptr ? options_.clock : MonotonicClock::Default();
   service_options.tokens = *tokens;
   service_options.metrics = metrics_.get();
   service_options.state_file = state_file_ ? &*state_file_ : nullptr;
@@ -124,9 +118,7 @@ absl::Status ServerImpl::Init() {
   service_ = std::make_unique<RendezvousService>(std::move(service_options));
   absl::Status restored = service_->RestoreFromDisk();
   if (!restored.ok()) return restored;
-  metrics_->set_gauge_reader([service = service_.get()] {
-    return service->ReadGauges();
-  });
+  metrics_->set_gauge_reader([service = service_.get()] { return service->ReadGauges(); });
   service_->Start();
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -134,21 +126,18 @@ absl::Status ServerImpl::Init() {
   builder.AddListeningPort(options_.listen_address, *credentials, &port_);
   builder.RegisterService(service_.get());
   size_t max_message = options_.limits.max_value_bytes + kMessageOverhead;
-  builder.SetMaxReceiveMessageSize(
-      static_cast<int>(std::min<size_t>(max_message, INT_MAX)));
+  builder.SetMaxReceiveMessageSize(static_cast<int>(std::min<size_t>(max_message, INT_MAX)));
   // Clients ping every 10 s to notice a dead connection (ChannelArgumentsFor
   // in rendezvous/client/rpc.h), with or without calls; never punish that:
   // no GOAWAY ("too_many_pings") however often pings come (0 strikes =
   // unlimited).
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
-                             1000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 1000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   // And the server pings its clients: a client that vanished without a
   // FIN (power loss, a dropped NAT flow) loses its connection, and so its
   // Watch streams and their places in the quotas, within keepalive_time +
   // keepalive_timeout instead of when TCP gives up.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
-                             Milliseconds(options_.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, Milliseconds(options_.keepalive_time));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                              Milliseconds(options_.keepalive_timeout));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
@@ -157,12 +146,11 @@ absl::Status ServerImpl::Init() {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || port_ == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on '", options_.listen_address,
-        "' (address in use, not local, or bad TLS key/certificate)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on '", options_.listen_address,
+                     "' (address in use, not local, or bad TLS key/certificate)"));
   }
-  if (grpc::HealthCheckServiceInterface* health =
-          grpc_server_->GetHealthCheckService()) {
+  if (grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService()) {
     health->SetServingStatus(true);
   }
 
@@ -193,8 +181,7 @@ void ServerImpl::Shutdown(absl::Duration grace) {
     shutdown_started_ = true;
   }
   if (grpc_server_ != nullptr) {
-    if (grpc::HealthCheckServiceInterface* health =
-            grpc_server_->GetHealthCheckService()) {
+    if (grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService()) {
       health->Shutdown();
     }
   }
@@ -207,8 +194,7 @@ void ServerImpl::Shutdown(absl::Duration grace) {
   if (service_) {
     absl::Status saved = service_->Stop();
     if (!saved.ok()) {
-      spdlog::error("rendezvous: final state write failed: {}",
-                    saved.ToString());
+      spdlog::error("rendezvous: final state write failed: {}", saved.ToString());
     }
   }
   if (metrics_) metrics_->StopHttp();
@@ -220,8 +206,7 @@ void ServerImpl::Shutdown(absl::Duration grace) {
 
 std::string MetricsAddress(const ServerOptions& options) {
   if (!options.metrics_address.empty()) return options.metrics_address;
-  std::string host = options.listen_address.substr(
-      0, options.listen_address.rfind(':'));
+  std::string host = options.listen_address.substr(0, options.listen_address.rfind(':'));
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }

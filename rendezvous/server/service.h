@@ -49,15 +49,15 @@ namespace muster::rdzv {
 
 struct ServiceOptions {
   Limits limits;
-  Clock* clock = nullptr;               // not owned; required
-  TokenChecker tokens;                  // default: no token
-  Metrics* metrics = nullptr;           // not owned; required
+  Clock* clock = nullptr;                 // not owned; required
+  TokenChecker tokens;                    // default: no token
+  Metrics* metrics = nullptr;             // not owned; required
   const StateFile* state_file = nullptr;  // not owned; null: memory only
   // Open Watch streams on the server and on one job (so one tenant cannot
   // take them all); beyond either: RESOURCE_EXHAUSTED naming it.
   size_t max_watch_streams = 100000;
   size_t max_watch_streams_per_job = 10000;
-  size_t max_waiters_per_job = 10000;   // blocked Get/Wait per job
+  size_t max_waiters_per_job = 10000;  // blocked Get/Wait per job
   // Jobs that exist at once per caller identity (CallerIdentity, auth.h):
   // a Join that would create one more gets RESOURCE_EXHAUSTED naming the
   // quota. Joins of existing jobs are never refused by it.
@@ -101,29 +101,23 @@ class RendezvousService final : public pb::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
                                   const pb::LeaveRequest* request,
                                   pb::LeaveResponse* response) override;
-  grpc::ServerUnaryReactor* ReportFailure(
-      grpc::CallbackServerContext* context,
-      const pb::ReportFailureRequest* request,
-      pb::ReportFailureResponse* response) override;
+  grpc::ServerUnaryReactor* ReportFailure(grpc::CallbackServerContext* context,
+                                          const pb::ReportFailureRequest* request,
+                                          pb::ReportFailureResponse* response) override;
   grpc::ServerUnaryReactor* ReportDone(grpc::CallbackServerContext* context,
                                        const pb::ReportDoneRequest* request,
                                        pb::ReportDoneResponse* response) override;
-  grpc::ServerWriteReactor<pb::JobState>* Watch(
-      grpc::CallbackServerContext* context,
-      const pb::WatchRequest* request) override;
-  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context,
-                                const pb::SetRequest* request,
+  grpc::ServerWriteReactor<pb::JobState>* Watch(grpc::CallbackServerContext* context,
+                                                const pb::WatchRequest* request) override;
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext* context, const pb::SetRequest* request,
                                 pb::SetResponse* response) override;
-  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context,
-                                const pb::GetRequest* request,
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext* context, const pb::GetRequest* request,
                                 pb::GetResponse* response) override;
-  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context,
-                                const pb::AddRequest* request,
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext* context, const pb::AddRequest* request,
                                 pb::AddResponse* response) override;
-  grpc::ServerUnaryReactor* CompareAndSet(
-      grpc::CallbackServerContext* context,
-      const pb::CompareAndSetRequest* request,
-      pb::CompareAndSetResponse* response) override;
+  grpc::ServerUnaryReactor* CompareAndSet(grpc::CallbackServerContext* context,
+                                          const pb::CompareAndSetRequest* request,
+                                          pb::CompareAndSetResponse* response) override;
   grpc::ServerUnaryReactor* Delete(grpc::CallbackServerContext* context,
                                    const pb::DeleteRequest* request,
                                    pb::DeleteResponse* response) override;
@@ -136,10 +130,9 @@ class RendezvousService final : public pb::Rendezvous::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
                                      const pb::ListJobsRequest* request,
                                      pb::ListJobsResponse* response) override;
-  grpc::ServerUnaryReactor* DescribeJob(
-      grpc::CallbackServerContext* context,
-      const pb::DescribeJobRequest* request,
-      pb::DescribeJobResponse* response) override;
+  grpc::ServerUnaryReactor* DescribeJob(grpc::CallbackServerContext* context,
+                                        const pb::DescribeJobRequest* request,
+                                        pb::DescribeJobResponse* response) override;
   grpc::ServerUnaryReactor* CloseJob(grpc::CallbackServerContext* context,
                                      const pb::CloseJobRequest* request,
                                      pb::CloseJobResponse* response) override;
@@ -151,49 +144,43 @@ class RendezvousService final : public pb::Rendezvous::CallbackService {
   // What a call under mu_ changed, to act on after releasing it.
   struct Effects {
     std::vector<std::string> changed_jobs;
-    bool durable = false;    // a snapshot must be written before replying
-    uint64_t sequence = 0;   // mutation number, when durable
+    bool durable = false;   // a snapshot must be written before replying
+    uint64_t sequence = 0;  // mutation number, when durable
   };
   using Reply = std::function<void(absl::Status durable)>;
 
   // Runs `call` (which uses sm_) under mu_, catching exceptions, then
   // replies through `reactor` once its effects are durable.
   template <typename Call>
-  grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context,
-                                     Rpc rpc, bool may_move_deadlines,
-                                     Call call);
+  grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, Rpc rpc,
+                                     bool may_move_deadlines, Call call);
 
   // Collects changed jobs and the dirty bit; wakes the timer if the next
   // deadline moved earlier (skipped for KeepAlive, which only defers).
-  Effects TakeEffects(bool may_move_deadlines)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Effects TakeEffects(bool may_move_deadlines) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // After releasing mu_: once durable, notifies changed jobs, then `reply`.
   void AfterCommit(Effects effects, Reply reply) ABSL_LOCKS_EXCLUDED(mu_);
   // Re-checks waiters and offers watchers the state of each job.
-  void NotifyJobs(const std::vector<std::string>& job_ids)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void NotifyJobs(const std::vector<std::string>& job_ids) ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- waiters (service_store.cc)
   // Whether `waiter` is satisfied now: OK (response filled), an error, or
   // nullopt to keep waiting.
-  std::optional<absl::Status> CheckWaiter(StoreWaiter* waiter)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::optional<absl::Status> CheckWaiter(StoreWaiter* waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RegisterWaiter(StoreWaiter* waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // False if it was not registered (someone else finishes it).
   bool UnregisterWaiter(StoreWaiter* waiter) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelWaiter(StoreWaiter* waiter) ABSL_LOCKS_EXCLUDED(mu_);
-  grpc::ServerUnaryReactor* StartWaiter(StoreWaiter* waiter,
-                                        grpc::CallbackServerContext* context)
+  grpc::ServerUnaryReactor* StartWaiter(StoreWaiter* waiter, grpc::CallbackServerContext* context)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- jobs per identity (service.cc)
   // OK if `identity` may create one more job; RESOURCE_EXHAUSTED otherwise.
-  absl::Status CheckJobQuota(const std::string& identity)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckJobQuota(const std::string& identity) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts `job_id` for `identity`: always when `created`, else only if the
   // job is counted for no one yet (restored from the state file).
-  void CountJob(const std::string& job_id, const std::string& identity,
-                bool created) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountJob(const std::string& job_id, const std::string& identity, bool created)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets counted jobs that the state machine has dropped.
   void ForgetDroppedJobs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -203,8 +190,7 @@ class RendezvousService final : public pb::Rendezvous::CallbackService {
   // ---- timer (service_core.cc)
   void TimerLoop();
 
-  std::pair<state::ServerState, uint64_t> SnapshotForCommit()
-      ABSL_LOCKS_EXCLUDED(mu_);
+  std::pair<state::ServerState, uint64_t> SnapshotForCommit() ABSL_LOCKS_EXCLUDED(mu_);
 
   const ServiceOptions options_;
   Clock* const clock_;
@@ -220,29 +206,24 @@ class RendezvousService final : public pb::Rendezvous::CallbackService {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 
   // Blocked Get/Wait calls by job, and by real-time deadline for the timer.
-  absl::flat_hash_map<std::string, std::set<StoreWaiter*>> waiters_
-      ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<absl::Time, StoreWaiter*>> waiter_deadlines_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::set<StoreWaiter*>> waiters_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<absl::Time, StoreWaiter*>> waiter_deadlines_ ABSL_GUARDED_BY(mu_);
   // Open Watch streams by job; shared so a notifier holding one after
   // releasing mu_ never sees it deleted under it.
-  absl::flat_hash_map<std::string,
-                      std::map<WatchReactor*, std::shared_ptr<WatchReactor>>>
-      watchers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::map<WatchReactor*, std::shared_ptr<WatchReactor>>> watchers_
+      ABSL_GUARDED_BY(mu_);
   std::atomic<size_t> open_watches_{0};
   // Who created each job, and the jobs of each identity, for
   // max_jobs_per_identity. A dropped job lingers here until the identity
   // creates again or ForgetDroppedJobs sweeps (when the map outgrows the
   // state machine's jobs), so the bookkeeping stays O(jobs).
-  absl::flat_hash_map<std::string, std::string> identity_of_job_
+  absl::flat_hash_map<std::string, std::string> identity_of_job_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>> jobs_of_identity_
       ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, absl::flat_hash_set<std::string>>
-      jobs_of_identity_ ABSL_GUARDED_BY(mu_);
   // The watch view last built per job, so a store write (which leaves the
   // view as it was) does not rebuild a 1000-member state.
-  absl::flat_hash_map<std::string,
-                      std::shared_ptr<const absl::StatusOr<pb::JobState>>>
-      last_views_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const absl::StatusOr<pb::JobState>>> last_views_
+      ABSL_GUARDED_BY(mu_);
 
   // When the timer sleeps: the clock instant and real instant it wakes at
   // (InfinitePast while it is awake), so a change only signals it when it

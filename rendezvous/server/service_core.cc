@@ -10,20 +10,18 @@
 namespace muster::rdzv {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
 RendezvousService::RendezvousService(ServiceOptions options)
     : options_(std::move(options)),
-      clock_(options_.clock != nullptr ? options_.clock
-                                       : MonotonicClock::Default()),
+      clock_(options_.clock != nullptr ? options_.clock : MonotonicClock::Default()),
       metrics_(options_.metrics),
       machine_(options_.limits),
       events_(options_.metrics) {
   if (options_.state_file != nullptr) {
-    committer_ = std::make_unique<GroupCommitter>(
-        options_.state_file, [this] { return SnapshotForCommit(); });
+    committer_ = std::make_unique<GroupCommitter>(options_.state_file,
+                                                  [this] { return SnapshotForCommit(); });
   }
 }
 
@@ -34,17 +32,15 @@ RendezvousService::~RendezvousService() {
 
 absl::Status RendezvousService::RestoreFromDisk() {
   if (options_.state_file == nullptr) return absl::OkStatus();
-  absl::StatusOr<std::optional<state::ServerState>> loaded =
-      options_.state_file->Load();
+  absl::StatusOr<std::optional<state::ServerState>> loaded = options_.state_file->Load();
   if (!loaded.ok()) return loaded.status();
   if (!loaded->has_value()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   absl::Status restored = machine_.Restore(**loaded, clock_->Now());
   if (!restored.ok()) {
-    return absl::Status(
-        restored.code(),
-        absl::StrCat("cannot restore state from '",
-                     options_.state_file->path(), "': ", restored.message()));
+    return absl::Status(restored.code(),
+                        absl::StrCat("cannot restore state from '", options_.state_file->path(),
+                                     "': ", restored.message()));
   }
   // What was restored is neither a change to announce nor to write back.
   machine_.TakeChangedJobs();
@@ -54,9 +50,8 @@ absl::Status RendezvousService::RestoreFromDisk() {
     absl::StatusOr<pb::JobState> state = machine_.State(job.job_id());
     if (state.ok()) events_.Remember(job.job_id(), *state);
   }
-  spdlog::info("rendezvous: restored {} jobs, {} members from {}",
-               machine_.job_count(), machine_.member_count(),
-               options_.state_file->path());
+  spdlog::info("rendezvous: restored {} jobs, {} members from {}", machine_.job_count(),
+               machine_.member_count(), options_.state_file->path());
   return absl::OkStatus();
 }
 
@@ -78,8 +73,8 @@ void RendezvousService::BeginShutdown() {
     waiters_.clear();
     waiter_deadlines_.clear();
   }
-  absl::Status unavailable = absl::UnavailableError(
-      "rendezvous server is shutting down; reconnect and retry");
+  absl::Status unavailable =
+      absl::UnavailableError("rendezvous server is shutting down; reconnect and retry");
   for (auto& watcher : watchers) watcher->Terminate(unavailable);
   for (StoreWaiter* waiter : waiters) waiter->Complete(unavailable);
 }
@@ -112,8 +107,7 @@ std::pair<state::ServerState, uint64_t> RendezvousService::SnapshotForCommit() {
   return {machine_.Snapshot(clock_->Now()), mutation_sequence_};
 }
 
-RendezvousService::Effects RendezvousService::TakeEffects(
-    bool may_move_deadlines) {
+RendezvousService::Effects RendezvousService::TakeEffects(bool may_move_deadlines) {
   Effects effects;
   effects.changed_jobs = machine_.TakeChangedJobs();
   if (machine_.TakeDirty() && committer_) {
@@ -144,18 +138,15 @@ void RendezvousService::AfterCommit(Effects effects, Reply reply) {
   }
   // Watchers and waiters only learn of a change once it is durable, so no
   // client acts on state a crash could take back.
-  committer_->RunWhenDurable(
-      effects.sequence,
-      [this, jobs = std::move(effects.changed_jobs),
-       reply = std::move(reply)](absl::Status durable) {
-        if (!jobs.empty()) NotifyJobs(jobs);
-        if (reply) reply(durable);
-      });
+  committer_->RunWhenDurable(effects.sequence, [this, jobs = std::move(effects.changed_jobs),
+                                                reply = std::move(reply)](absl::Status durable) {
+    if (!jobs.empty()) NotifyJobs(jobs);
+    if (reply) reply(durable);
+  });
 }
 
 void RendezvousService::NotifyJobs(const std::vector<std::string>& job_ids) {
-  std::vector<std::pair<std::shared_ptr<WatchReactor>,
-                        WatchReactor::SharedState>> offers;
+  std::vector<std::pair<std::shared_ptr<WatchReactor>, WatchReactor::SharedState>> offers;
   std::vector<std::pair<StoreWaiter*, absl::Status>> completions;
   std::vector<std::string> log_lines;
   uint64_t observed = 0;
@@ -167,12 +158,10 @@ void RendezvousService::NotifyJobs(const std::vector<std::string>& job_ids) {
     for (const std::string& job_id : job_ids) {
       absl::StatusOr<uint64_t> version = machine_.Version(job_id);
       auto cached = last_views_.find(job_id);
-      bool view_changed = !version.ok() || cached == last_views_.end() ||
-                          !cached->second->ok() ||
+      bool view_changed = !version.ok() || cached == last_views_.end() || !cached->second->ok() ||
                           (*cached->second)->version() != *version;
       if (view_changed) {
-        auto state = std::make_shared<const absl::StatusOr<pb::JobState>>(
-            machine_.State(job_id));
+        auto state = std::make_shared<const absl::StatusOr<pb::JobState>>(machine_.State(job_id));
         events_.Observe(job_id, *state, &log_lines);
         if (state->ok()) {
           last_views_[job_id] = state;
@@ -188,8 +177,7 @@ void RendezvousService::NotifyJobs(const std::vector<std::string>& job_ids) {
       }
       auto waiting = waiters_.find(job_id);
       if (waiting == waiters_.end()) continue;
-      std::vector<StoreWaiter*> candidates(waiting->second.begin(),
-                                           waiting->second.end());
+      std::vector<StoreWaiter*> candidates(waiting->second.begin(), waiting->second.end());
       for (StoreWaiter* waiter : candidates) {
         std::optional<absl::Status> outcome = CheckWaiter(waiter);
         if (!outcome.has_value()) continue;
@@ -200,12 +188,11 @@ void RendezvousService::NotifyJobs(const std::vector<std::string>& job_ids) {
   }
   for (const std::string& line : log_lines) spdlog::info("rendezvous: {}", line);
   if (committer_ && !completions.empty()) {
-    committer_->RunWhenDurable(
-        observed, [completions](absl::Status durable) {
-          for (auto& [waiter, status] : completions) {
-            waiter->Complete(status.ok() ? durable : status);
-          }
-        });
+    committer_->RunWhenDurable(observed, [completions](absl::Status durable) {
+      for (auto& [waiter, status] : completions) {
+        waiter->Complete(status.ok() ? durable : status);
+      }
+    });
   } else {
     for (auto& [waiter, status] : completions) waiter->Complete(status);
   }
@@ -230,8 +217,7 @@ void RendezvousService::TimerLoop() {
       spdlog::error("rendezvous: applying deadlines failed: {}", error.what());
     }
     absl::Time real_now = absl::Now();
-    while (!waiter_deadlines_.empty() &&
-           waiter_deadlines_.begin()->first <= real_now) {
+    while (!waiter_deadlines_.empty() && waiter_deadlines_.begin()->first <= real_now) {
       StoreWaiter* waiter = waiter_deadlines_.begin()->second;
       UnregisterWaiter(waiter);
       expired.push_back(waiter);
@@ -240,9 +226,9 @@ void RendezvousService::TimerLoop() {
       mu_.Unlock();
       AfterCommit(std::move(effects), nullptr);
       for (StoreWaiter* waiter : expired) {
-        waiter->Complete(absl::DeadlineExceededError(absl::StrCat(
-            "keys of job '", waiter->job_id_, "' round ", waiter->round_,
-            " still absent when the wait ended")));
+        waiter->Complete(absl::DeadlineExceededError(
+            absl::StrCat("keys of job '", waiter->job_id_, "' round ", waiter->round_,
+                         " still absent when the wait ended")));
       }
       mu_.Lock();
       continue;  // time moved on while notifying: look again

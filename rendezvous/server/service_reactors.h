@@ -24,9 +24,8 @@ namespace muster::rdzv {
 // gRPC deletes it (OnDone) after Finish.
 class RendezvousService::StoreWaiter final : public grpc::ServerUnaryReactor {
  public:
-  StoreWaiter(RendezvousService* service, Rpc rpc, std::string job_id,
-              uint64_t round, std::vector<std::string> keys,
-              pb::GetResponse* get_response, absl::Time deadline)
+  StoreWaiter(RendezvousService* service, Rpc rpc, std::string job_id, uint64_t round,
+              std::vector<std::string> keys, pb::GetResponse* get_response, absl::Time deadline)
       : service_(service),
         rpc_(rpc),
         job_id_(std::move(job_id)),
@@ -38,8 +37,7 @@ class RendezvousService::StoreWaiter final : public grpc::ServerUnaryReactor {
 
   // Replies with `status` and records the call's metrics. Call once.
   void Complete(const absl::Status& status) {
-    service_->metrics_->RecordRpc(rpc_, static_cast<int>(status.code()),
-                                  absl::Now() - started_);
+    service_->metrics_->RecordRpc(rpc_, static_cast<int>(status.code()), absl::Now() - started_);
     Finish(ToGrpcStatus(status));
   }
 
@@ -60,14 +58,12 @@ class RendezvousService::StoreWaiter final : public grpc::ServerUnaryReactor {
 // meanwhile are coalesced into the newest, sent when the write completes.
 // Owned by a shared_ptr to itself (self_) until OnDone, and by the
 // service's registry while registered.
-class RendezvousService::WatchReactor final
-    : public grpc::ServerWriteReactor<pb::JobState> {
+class RendezvousService::WatchReactor final : public grpc::ServerWriteReactor<pb::JobState> {
  public:
   using SharedState = std::shared_ptr<const absl::StatusOr<pb::JobState>>;
 
   // Creates a reactor that owns itself until OnDone.
-  static std::shared_ptr<WatchReactor> Create(RendezvousService* service,
-                                              std::string job_id,
+  static std::shared_ptr<WatchReactor> Create(RendezvousService* service, std::string job_id,
                                               uint64_t after_version);
 
   // Sends `state` if it is newer than anything sent or queued; a finished
@@ -85,8 +81,7 @@ class RendezvousService::WatchReactor final
   void OnDone() override;
 
  private:
-  WatchReactor(RendezvousService* service, std::string job_id,
-               uint64_t after_version)
+  WatchReactor(RendezvousService* service, std::string job_id, uint64_t after_version)
       : service_(service),
         job_id_(std::move(job_id)),
         started_(absl::Now()),
@@ -123,9 +118,8 @@ class RendezvousService::WatchReactor final
 namespace muster::rdzv {
 
 template <typename Call>
-grpc::ServerUnaryReactor* RendezvousService::RunUnary(
-    grpc::CallbackServerContext* context, Rpc rpc, bool may_move_deadlines,
-    Call call) {
+grpc::ServerUnaryReactor* RendezvousService::RunUnary(grpc::CallbackServerContext* context, Rpc rpc,
+                                                      bool may_move_deadlines, Call call) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Time started = absl::Now();
   absl::Status status = options_.tokens.Check(*context);
@@ -141,17 +135,14 @@ grpc::ServerUnaryReactor* RendezvousService::RunUnary(
       status = absl::InternalError(
           absl::StrCat("unexpected error in ", RpcName(rpc), ": ", error.what()));
     } catch (...) {
-      status = absl::InternalError(
-          absl::StrCat("unexpected error in ", RpcName(rpc)));
+      status = absl::InternalError(absl::StrCat("unexpected error in ", RpcName(rpc)));
     }
     effects = TakeEffects(may_move_deadlines);
   }
   Metrics* metrics = metrics_;
-  AfterCommit(std::move(effects), [reactor, status, started, metrics,
-                                   rpc](absl::Status durable) {
+  AfterCommit(std::move(effects), [reactor, status, started, metrics, rpc](absl::Status durable) {
     absl::Status reply = status.ok() ? durable : status;
-    metrics->RecordRpc(rpc, static_cast<int>(reply.code()),
-                       absl::Now() - started);
+    metrics->RecordRpc(rpc, static_cast<int>(reply.code()), absl::Now() - started);
     reactor->Finish(ToGrpcStatus(reply));
   });
   return reactor;

@@ -12,52 +12,48 @@
 
 namespace muster::rdzv {
 
-grpc::ServerUnaryReactor* RendezvousService::Get(
-    grpc::CallbackServerContext* context, const pb::GetRequest* request,
-    pb::GetResponse* response) {
+grpc::ServerUnaryReactor* RendezvousService::Get(grpc::CallbackServerContext* context,
+                                                 const pb::GetRequest* request,
+                                                 pb::GetResponse* response) {
   if (request->wait_ms() <= 0) {
-    return RunUnary(context, Rpc::kGet, false,
-                    [&](const std::string& secret) -> absl::Status {
-                      if (request->wait_ms() < 0) {
-                        return absl::InvalidArgumentError(absl::StrCat(
-                            "wait_ms must be >= 0, got ", request->wait_ms()));
-                      }
-                      absl::Status allowed =
-                          machine_.Authorize(request->job_id(), secret);
-                      if (!allowed.ok()) return allowed;
-                      absl::StatusOr<std::string> value = machine_.Get(
-                          request->job_id(), request->round(), request->key());
-                      if (!value.ok()) return value.status();
-                      response->set_value(*std::move(value));
-                      return absl::OkStatus();
-                    });
+    return RunUnary(context, Rpc::kGet, false, [&](const std::string& secret) -> absl::Status {
+      if (request->wait_ms() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("wait_ms must be >= 0, got ", request->wait_ms()));
+      }
+      absl::Status allowed = machine_.Authorize(request->job_id(), secret);
+      if (!allowed.ok()) return allowed;
+      absl::StatusOr<std::string> value =
+          machine_.Get(request->job_id(), request->round(), request->key());
+      if (!value.ok()) return value.status();
+      response->set_value(*std::move(value));
+      return absl::OkStatus();
+    });
   }
-  auto* waiter = new StoreWaiter(
-      this, Rpc::kGet, request->job_id(), request->round(), {request->key()},
-      response, absl::Now() + absl::Milliseconds(request->wait_ms()));
+  auto* waiter =
+      new StoreWaiter(this, Rpc::kGet, request->job_id(), request->round(), {request->key()},
+                      response, absl::Now() + absl::Milliseconds(request->wait_ms()));
   return StartWaiter(waiter, context);
 }
 
-grpc::ServerUnaryReactor* RendezvousService::Wait(
-    grpc::CallbackServerContext* context, const pb::WaitRequest* request,
-    pb::WaitResponse* /*response*/) {
-  std::vector<std::string> keys(request->keys().begin(),
-                                request->keys().end());
+grpc::ServerUnaryReactor* RendezvousService::Wait(grpc::CallbackServerContext* context,
+                                                  const pb::WaitRequest* request,
+                                                  pb::WaitResponse* /*response*/) {
+  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   absl::Duration wait = absl::Milliseconds(std::max<int64_t>(0, request->wait_ms()));
-  auto* waiter = new StoreWaiter(this, Rpc::kWait, request->job_id(),
-                                 request->round(), std::move(keys), nullptr,
-                                 absl::Now() + wait);
+  auto* waiter = new StoreWaiter(this, Rpc::kWait, request->job_id(), request->round(),
+                                 std::move(keys), nullptr, absl::Now() + wait);
   if (request->wait_ms() < 0) {
-    waiter->Complete(absl::InvalidArgumentError(absl::StrCat(
-        "wait_ms must be >= 0, got ", request->wait_ms())));
+    waiter->Complete(
+        absl::InvalidArgumentError(absl::StrCat("wait_ms must be >= 0, got ", request->wait_ms())));
     return waiter;
   }
   // Too many keys is RESOURCE_EXHAUSTED from the first check (AllSet).
   return StartWaiter(waiter, context);
 }
 
-grpc::ServerUnaryReactor* RendezvousService::StartWaiter(
-    StoreWaiter* waiter, grpc::CallbackServerContext* context) {
+grpc::ServerUnaryReactor* RendezvousService::StartWaiter(StoreWaiter* waiter,
+                                                         grpc::CallbackServerContext* context) {
   absl::Status status = options_.tokens.Check(*context);
   // Set when the first check answered from the state machine: what it saw
   // may not be on disk yet, so the answer waits until that much is.
@@ -69,8 +65,7 @@ grpc::ServerUnaryReactor* RendezvousService::StartWaiter(
       std::optional<absl::Status> outcome;
       if (shutting_down_) {
         outcome = absl::UnavailableError("rendezvous server is shutting down");
-      } else if (absl::Status allowed =
-                     machine_.Authorize(waiter->job_id_, secret);
+      } else if (absl::Status allowed = machine_.Authorize(waiter->job_id_, secret);
                  !allowed.ok()) {
         outcome = allowed;
       } else {
@@ -78,16 +73,16 @@ grpc::ServerUnaryReactor* RendezvousService::StartWaiter(
         if (outcome.has_value() && committer_) observed = mutation_sequence_;
       }
       if (!outcome.has_value() && waiter->deadline_ <= absl::Now()) {
-        outcome = absl::DeadlineExceededError(absl::StrCat(
-            "keys of job '", waiter->job_id_, "' round ", waiter->round_,
-            " absent and wait_ms is 0"));
+        outcome =
+            absl::DeadlineExceededError(absl::StrCat("keys of job '", waiter->job_id_, "' round ",
+                                                     waiter->round_, " absent and wait_ms is 0"));
       }
       auto already = waiters_.find(waiter->job_id_);
       if (!outcome.has_value() && already != waiters_.end() &&
           already->second.size() >= options_.max_waiters_per_job) {
-        outcome = absl::ResourceExhaustedError(absl::StrCat(
-            "job '", waiter->job_id_, "' already has ",
-            options_.max_waiters_per_job, " blocked store calls"));
+        outcome = absl::ResourceExhaustedError(
+            absl::StrCat("job '", waiter->job_id_, "' already has ", options_.max_waiters_per_job,
+                         " blocked store calls"));
       }
       if (!outcome.has_value()) {
         RegisterWaiter(waiter);
@@ -95,16 +90,15 @@ grpc::ServerUnaryReactor* RendezvousService::StartWaiter(
       }
       status = *outcome;
     } catch (const std::exception& error) {
-      status = absl::InternalError(
-          absl::StrCat("unexpected error in a store call: ", error.what()));
+      status =
+          absl::InternalError(absl::StrCat("unexpected error in a store call: ", error.what()));
       observed.reset();
     }
   }
   if (observed.has_value()) {
-    committer_->RunWhenDurable(
-        *observed, [waiter, status](absl::Status durable) {
-          waiter->Complete(status.ok() ? durable : status);
-        });
+    committer_->RunWhenDurable(*observed, [waiter, status](absl::Status durable) {
+      waiter->Complete(status.ok() ? durable : status);
+    });
     return waiter;
   }
   waiter->Complete(status);
@@ -127,8 +121,7 @@ std::optional<absl::Status> RendezvousService::CheckWaiter(StoreWaiter* waiter) 
     return value.status();  // ABORTED once the round is over, ...
   }
   // Checked on every change to the job: presence only, nothing copied.
-  absl::StatusOr<bool> all_set =
-      machine_.AllSet(waiter->job_id_, waiter->round_, waiter->keys_);
+  absl::StatusOr<bool> all_set = machine_.AllSet(waiter->job_id_, waiter->round_, waiter->keys_);
   if (!all_set.ok()) return all_set.status();
   if (!*all_set) return std::nullopt;
   return absl::OkStatus();
@@ -137,8 +130,7 @@ std::optional<absl::Status> RendezvousService::CheckWaiter(StoreWaiter* waiter) 
 void RendezvousService::RegisterWaiter(StoreWaiter* waiter) {
   waiters_[waiter->job_id_].insert(waiter);
   waiter_deadlines_.emplace(waiter->deadline_, waiter);
-  if (timer_wakes_at_real_ != absl::InfinitePast() &&
-      waiter->deadline_ < timer_wakes_at_real_) {
+  if (timer_wakes_at_real_ != absl::InfinitePast() && waiter->deadline_ < timer_wakes_at_real_) {
     timer_wake_.Signal();
   }
 }

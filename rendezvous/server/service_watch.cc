@@ -22,8 +22,8 @@ bool IsFinished(pb::Phase phase) {
 
 grpc::ServerWriteReactor<pb::JobState>* RendezvousService::Watch(
     grpc::CallbackServerContext* context, const pb::WatchRequest* request) {
-  std::shared_ptr<WatchReactor> watcher = WatchReactor::Create(
-      this, request->job_id(), request->after_version());
+  std::shared_ptr<WatchReactor> watcher =
+      WatchReactor::Create(this, request->job_id(), request->after_version());
   WatchReactor* reactor = watcher.get();
   absl::Status status = options_.tokens.Check(*context);
   WatchReactor::SharedState initial;
@@ -34,22 +34,22 @@ grpc::ServerWriteReactor<pb::JobState>* RendezvousService::Watch(
       if (shutting_down_) {
         status = absl::UnavailableError("rendezvous server is shutting down");
       } else if (open_watches_.load() >= options_.max_watch_streams) {
-        status = absl::ResourceExhaustedError(absl::StrCat(
-            "server already has ", options_.max_watch_streams,
-            " open Watch streams (--max-watch-streams)"));
+        status = absl::ResourceExhaustedError(
+            absl::StrCat("server already has ", options_.max_watch_streams,
+                         " open Watch streams (--max-watch-streams)"));
       } else if (auto job = watchers_.find(request->job_id());
                  job != watchers_.end() &&
                  job->second.size() >= options_.max_watch_streams_per_job) {
-        status = absl::ResourceExhaustedError(absl::StrCat(
-            "job ", request->job_id(), " already has ", job->second.size(),
-            " open Watch streams, the quota per job "
-            "(--max-watch-streams-per-job)"));
+        status = absl::ResourceExhaustedError(absl::StrCat("job ", request->job_id(),
+                                                           " already has ", job->second.size(),
+                                                           " open Watch streams, the quota per job "
+                                                           "(--max-watch-streams-per-job)"));
       } else {
         status = machine_.Authorize(request->job_id(), secret);
       }
       if (status.ok()) {
-        auto state = std::make_shared<const absl::StatusOr<pb::JobState>>(
-            machine_.State(request->job_id()));
+        auto state =
+            std::make_shared<const absl::StatusOr<pb::JobState>>(machine_.State(request->job_id()));
         status = state->status();
         if (status.ok()) {
           watchers_[request->job_id()].emplace(reactor, watcher);
@@ -59,8 +59,7 @@ grpc::ServerWriteReactor<pb::JobState>* RendezvousService::Watch(
         }
       }
     } catch (const std::exception& error) {
-      status = absl::InternalError(
-          absl::StrCat("unexpected error in Watch: ", error.what()));
+      status = absl::InternalError(absl::StrCat("unexpected error in Watch: ", error.what()));
     }
   }
   if (!status.ok()) {
@@ -82,10 +81,8 @@ void RendezvousService::UnregisterWatcher(WatchReactor* watcher) {
   metrics_->AddWatchStreams(-1);
 }
 
-std::shared_ptr<RendezvousService::WatchReactor>
-RendezvousService::WatchReactor::Create(RendezvousService* service,
-                                        std::string job_id,
-                                        uint64_t after_version) {
+std::shared_ptr<RendezvousService::WatchReactor> RendezvousService::WatchReactor::Create(
+    RendezvousService* service, std::string job_id, uint64_t after_version) {
   std::shared_ptr<WatchReactor> watcher(
       new WatchReactor(service, std::move(job_id), after_version));
   watcher->self_ = watcher;
@@ -104,8 +101,7 @@ void RendezvousService::WatchReactor::Offer(SharedState state) {
       uint64_t newest = queued_ ? (*queued_)->version() : last_sent_version_;
       if ((*state)->version() > newest) {
         queued_ = std::move(state);
-      } else if (!queued_ && !write_in_flight_ &&
-                 IsFinished((*state)->phase())) {
+      } else if (!queued_ && !write_in_flight_ && IsFinished((*state)->phase())) {
         // The client already holds the final state (after_version).
         end_with_ = absl::OkStatus();
       }
@@ -127,8 +123,7 @@ void RendezvousService::WatchReactor::Terminate(const absl::Status& status) {
   Perform(step);
 }
 
-RendezvousService::WatchReactor::Step
-RendezvousService::WatchReactor::NextStep() {
+RendezvousService::WatchReactor::Step RendezvousService::WatchReactor::NextStep() {
   if (finished_ || write_in_flight_) return Step::kNone;
   if (end_with_.has_value()) {
     finished_ = true;

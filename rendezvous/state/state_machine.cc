@@ -12,32 +12,28 @@
 
 namespace muster::rdzv {
 
-#define MUSTER_RETURN_IF_ERROR(expr)            \
-  do {                                          \
+#define MUSTER_RETURN_IF_ERROR(expr)                                  \
+  do {                                                                \
     if (absl::Status status_ = (expr); !status_.ok()) return status_; \
   } while (false)
 
 namespace {
 
-absl::Status UnknownMember(const std::string& job_id,
-                           const std::string& member_id) {
-  return absl::NotFoundError(absl::StrFormat(
-      "member %s is not in job %s; its lease may have expired; join without "
-      "a member_id",
-      member_id, job_id));
+absl::Status UnknownMember(const std::string& job_id, const std::string& member_id) {
+  return absl::NotFoundError(
+      absl::StrFormat("member %s is not in job %s; its lease may have expired; join without "
+                      "a member_id",
+                      member_id, job_id));
 }
 
 absl::Status UnknownJob(const std::string& job_id) {
   return absl::NotFoundError(absl::StrFormat("job \"%s\" not found", job_id));
 }
 
-
-absl::Status ValidateJoin(const pb::JoinRequest& request,
-                          const Limits& limits) {
+absl::Status ValidateJoin(const pb::JoinRequest& request, const Limits& limits) {
   MUSTER_RETURN_IF_ERROR(ValidateId("job_id", request.job_id(), limits));
   if (!request.member_id().empty()) {
-    MUSTER_RETURN_IF_ERROR(
-        ValidateId("member_id", request.member_id(), limits));
+    MUSTER_RETURN_IF_ERROR(ValidateId("member_id", request.member_id(), limits));
   }
   MUSTER_RETURN_IF_ERROR(ValidateJobConfig(request.config()));
   if (request.nproc() < 1) {
@@ -49,31 +45,27 @@ absl::Status ValidateJoin(const pb::JoinRequest& request,
   // Addresses and hostnames are echoed to every member: keep them id-sized.
   if (request.address().size() > limits.max_id_bytes ||
       request.hostname().size() > limits.max_id_bytes) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "address or hostname is longer than %d bytes", limits.max_id_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrFormat("address or hostname is longer than %d bytes", limits.max_id_bytes));
   }
   if (request.requested_rank() < -1) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "requested_rank is %d; use -1 to let the server choose",
-        request.requested_rank()));
+        "requested_rank is %d; use -1 to let the server choose", request.requested_rank()));
   }
   if (request.requested_rank() >= 0 &&
-      static_cast<uint32_t>(request.requested_rank()) >=
-          request.config().max_nodes()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "requested_rank %d is not below max_nodes %d",
-        request.requested_rank(), request.config().max_nodes()));
+      static_cast<uint32_t>(request.requested_rank()) >= request.config().max_nodes()) {
+    return absl::InvalidArgumentError(absl::StrFormat("requested_rank %d is not below max_nodes %d",
+                                                      request.requested_rank(),
+                                                      request.config().max_nodes()));
   }
   return absl::OkStatus();
 }
 
 // The member a join would leave behind, for sizing it before it exists.
-MemberRecord NewMember(const pb::JoinRequest& request, const Job& job,
-                       const Limits& limits) {
+MemberRecord NewMember(const pb::JoinRequest& request, const Job& job, const Limits& limits) {
   MemberRecord member;
   member.id = request.member_id().empty()
-                  ? MakeMemberId(request.hostname(), job.next_member_number,
-                                 limits)
+                  ? MakeMemberId(request.hostname(), job.next_member_number, limits)
                   : request.member_id();
   member.address = request.address();
   member.hostname = request.hostname();
@@ -82,14 +74,12 @@ MemberRecord NewMember(const pb::JoinRequest& request, const Job& job,
 
 }  // namespace
 
-StateMachine::StateMachine(Limits limits)
-    : impl_(std::make_unique<Impl>(std::move(limits))) {}
+StateMachine::StateMachine(Limits limits) : impl_(std::make_unique<Impl>(std::move(limits))) {}
 
 StateMachine::~StateMachine() = default;
 
-absl::StatusOr<pb::JoinResponse> StateMachine::Join(
-    const pb::JoinRequest& request, const std::string& secret,
-    absl::Time now) {
+absl::StatusOr<pb::JoinResponse> StateMachine::Join(const pb::JoinRequest& request,
+                                                    const std::string& secret, absl::Time now) {
   Impl& s = *impl_;
   MUSTER_RETURN_IF_ERROR(ValidateJoin(request, s.limits));
   s.TickUntil(now);
@@ -102,8 +92,7 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(
     }
     if (s.jobs.size() >= s.limits.max_jobs) {
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "the server holds %d jobs, its limit; job %s cannot be created",
-          s.jobs.size(), job_id));
+          "the server holds %d jobs, its limit; job %s cannot be created", s.jobs.size(), job_id));
     }
     if (s.limits.max_members_per_job == 0) {
       return absl::ResourceExhaustedError("max_members_per_job is 0");
@@ -115,28 +104,24 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(
     if (!secret.empty()) created->secret_digest = Sha256(secret);
     created->gather_start = now;
     MUSTER_RETURN_IF_ERROR(s.CheckGrowth(
-        nullptr, RecordBytes(*created) +
-                     MemberBytes(NewMember(request, *created, s.limits))));
+        nullptr, RecordBytes(*created) + MemberBytes(NewMember(request, *created, s.limits))));
     job = created.get();
     s.jobs.emplace(job_id, std::move(created));
     s.ChargeJob(*job);
     s.MarkDurableChanged(*job);
   } else {
-    if (!job->secret_digest.empty() &&
-        !DigestsEqual(Sha256(secret), job->secret_digest)) {
-      return absl::PermissionDeniedError(
-          absl::StrFormat("wrong secret for job %s", job_id));
+    if (!job->secret_digest.empty() && !DigestsEqual(Sha256(secret), job->secret_digest)) {
+      return absl::PermissionDeniedError(absl::StrFormat("wrong secret for job %s", job_id));
     }
     if (job->finished()) return JobClosedError(*job);
-    MUSTER_RETURN_IF_ERROR(CheckSameConfig(job_id, job->config,
-                                           request.config()));
+    MUSTER_RETURN_IF_ERROR(CheckSameConfig(job_id, job->config, request.config()));
   }
 
   std::string member_id = request.member_id();
   if (member_id.empty()) {
     if (job->members.size() >= s.limits.max_members_per_job) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "job %s has %d members, the limit", job_id, job->members.size()));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("job %s has %d members, the limit", job_id, job->members.size()));
     }
   } else if (!job->members.contains(member_id)) {
     return UnknownMember(job_id, member_id);
@@ -145,8 +130,7 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(
     // Addresses and hostnames count against the job's bytes: only growth
     // is checked, so a member re-joining as it was always may.
     auto existing = job->members.find(member_id);
-    const size_t old_bytes =
-        existing == job->members.end() ? 0 : MemberBytes(existing->second);
+    const size_t old_bytes = existing == job->members.end() ? 0 : MemberBytes(existing->second);
     const size_t new_bytes = MemberBytes(NewMember(request, *job, s.limits));
     if (new_bytes > old_bytes) {
       MUSTER_RETURN_IF_ERROR(s.CheckGrowth(job, new_bytes - old_bytes));
@@ -155,9 +139,9 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(
   if (requested_rank >= 0) {
     auto holder = job->requested_ranks.find(requested_rank);
     if (holder != job->requested_ranks.end() && holder->second != member_id) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "rank %d of job %s is already requested by member %s",
-          requested_rank, job_id, holder->second));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("rank %d of job %s is already requested by member %s", requested_rank,
+                          job_id, holder->second));
     }
   }
 
@@ -165,8 +149,7 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(
   const bool fresh_member = member_id.empty();
   if (fresh_member) {
     do {
-      member_id = MakeMemberId(request.hostname(), job->next_member_number++,
-                               s.limits);
+      member_id = MakeMemberId(request.hostname(), job->next_member_number++, s.limits);
     } while (job->members.contains(member_id));
     MemberRecord& created = job->members[member_id];
     created.id = member_id;
@@ -227,8 +210,8 @@ absl::StatusOr<std::pair<Job*, MemberRecord*>> StateMachine::Impl::LiveMember(
   return std::make_pair(job, &it->second);
 }
 
-absl::StatusOr<pb::KeepAliveResponse> StateMachine::KeepAlive(
-    const pb::KeepAliveRequest& request, absl::Time now) {
+absl::StatusOr<pb::KeepAliveResponse> StateMachine::KeepAlive(const pb::KeepAliveRequest& request,
+                                                              absl::Time now) {
   absl::StatusOr<std::pair<Job*, MemberRecord*>> found =
       impl_->LiveMember(request.job_id(), request.member_id(), now);
   if (!found.ok()) return found.status();
@@ -242,8 +225,7 @@ absl::StatusOr<pb::KeepAliveResponse> StateMachine::KeepAlive(
   return response;
 }
 
-absl::Status StateMachine::Leave(const pb::LeaveRequest& request,
-                                 absl::Time now) {
+absl::Status StateMachine::Leave(const pb::LeaveRequest& request, absl::Time now) {
   Impl& s = *impl_;
   absl::StatusOr<std::pair<Job*, MemberRecord*>> found =
       s.LiveMember(request.job_id(), request.member_id(), now);
@@ -267,14 +249,13 @@ absl::Status StateMachine::Leave(const pb::LeaveRequest& request,
   return absl::OkStatus();
 }
 
-absl::StatusOr<pb::JobState> StateMachine::ReportFailure(
-    const pb::ReportFailureRequest& request, absl::Time now) {
+absl::StatusOr<pb::JobState> StateMachine::ReportFailure(const pb::ReportFailureRequest& request,
+                                                         absl::Time now) {
   Impl& s = *impl_;
   s.TickUntil(now);
   absl::StatusOr<Job*> job = s.FenceRound(request.job_id(), request.round());
   if (!job.ok()) return job.status();
-  absl::StatusOr<MemberRecord*> member =
-      s.RoundMember(**job, request.member_id());
+  absl::StatusOr<MemberRecord*> member = s.RoundMember(**job, request.member_id());
   if (!member.ok()) return member.status();
   pb::Failure failure;
   failure.set_member_id(request.member_id());
@@ -287,8 +268,8 @@ absl::StatusOr<pb::JobState> StateMachine::ReportFailure(
   return s.BuildState(**job);
 }
 
-absl::StatusOr<pb::JobState> StateMachine::ReportDone(
-    const pb::ReportDoneRequest& request, absl::Time now) {
+absl::StatusOr<pb::JobState> StateMachine::ReportDone(const pb::ReportDoneRequest& request,
+                                                      absl::Time now) {
   Impl& s = *impl_;
   s.TickUntil(now);
   absl::StatusOr<Job*> job_or = s.FenceRound(request.job_id(), request.round());
@@ -308,30 +289,27 @@ absl::StatusOr<pb::JobState> StateMachine::ReportDone(
   return s.BuildState(job);
 }
 
-absl::StatusOr<pb::JobState> StateMachine::Close(
-    const pb::CloseJobRequest& request, absl::Time now) {
+absl::StatusOr<pb::JobState> StateMachine::Close(const pb::CloseJobRequest& request,
+                                                 absl::Time now) {
   Impl& s = *impl_;
   MUSTER_RETURN_IF_ERROR(ValidateId("job_id", request.job_id(), s.limits));
   s.TickUntil(now);
   Job* job = s.FindJob(request.job_id());
   if (job == nullptr) return UnknownJob(request.job_id());
   if (job->finished()) return JobClosedError(*job);
-  std::string reason = request.reason().empty()
-                           ? "closed by administrator"
-                           : Truncate(request.reason(), kMaxMessageBytes);
+  std::string reason = request.reason().empty() ? "closed by administrator"
+                                                : Truncate(request.reason(), kMaxMessageBytes);
   s.FinishJob(*job, pb::CLOSED, std::move(reason), now);
   return s.BuildState(*job);
 }
 
-absl::Status StateMachine::Authorize(const std::string& job_id,
-                                     const std::string& secret) const {
+absl::Status StateMachine::Authorize(const std::string& job_id, const std::string& secret) const {
   Job* job = impl_->FindJob(job_id);
   if (job == nullptr || job->secret_digest.empty()) return absl::OkStatus();
   if (DigestsEqual(Sha256(secret), job->secret_digest)) {
     return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(
-      absl::StrFormat("wrong secret for job %s", job_id));
+  return absl::PermissionDeniedError(absl::StrFormat("wrong secret for job %s", job_id));
 }
 
 void StateMachine::Tick(absl::Time now) { impl_->TickUntil(now); }
@@ -347,8 +325,7 @@ absl::Time StateMachine::NextDeadline() const {
 }
 
 std::vector<std::string> StateMachine::TakeChangedJobs() {
-  std::vector<std::string> changed(impl_->changed_jobs.begin(),
-                                   impl_->changed_jobs.end());
+  std::vector<std::string> changed(impl_->changed_jobs.begin(), impl_->changed_jobs.end());
   impl_->changed_jobs.clear();
   return changed;
 }

@@ -57,9 +57,9 @@ namespace state = ::muster::rendezvous::state;  // rendezvous/state/state.proto
 // lowered limits (an operator lowered a flag and restarted), and from then on
 // only calls that would grow past a cap are refused.
 struct Limits {
-  size_t max_id_bytes = 256;             // job ids, member ids
+  size_t max_id_bytes = 256;  // job ids, member ids
   size_t max_key_bytes = 4096;
-  size_t max_value_bytes = 1 << 20;      // 1 MiB
+  size_t max_value_bytes = 1 << 20;  // 1 MiB
   size_t max_keys_per_job = 100000;
   size_t max_members_per_job = 10000;
   size_t max_jobs = 10000;
@@ -71,14 +71,14 @@ struct Limits {
   // What one job may hold in the state file (see StateMachine::JobBytes):
   // its store's keys and values, its members' ids, addresses and hostnames,
   // and its records. At least max_key_bytes + max_value_bytes.
-  size_t max_job_bytes = size_t{64} << 20;       // 64 MiB
+  size_t max_job_bytes = size_t{64} << 20;  // 64 MiB
   // The same measure summed over every job. Together with what a job
   // records without asking (failures, status messages: at most
   // MaxUnrefusedJobBytes each) it stays below kMaxStateBytes, so the state
   // always serializes (ValidateLimits).
-  size_t max_total_bytes = size_t{256} << 20;    // 256 MiB
+  size_t max_total_bytes = size_t{256} << 20;  // 256 MiB
   // The longest join_timeout_ms a new job may ask for.
-  int64_t max_join_timeout_ms = 3'600'000;       // 1 hour
+  int64_t max_join_timeout_ms = 3'600'000;  // 1 hour
   // Closed, succeeded and failed jobs are dropped after this long; until
   // then they answer joins with FAILED_PRECONDITION ("job ... is closed").
   absl::Duration closed_retention = absl::Minutes(10);
@@ -115,13 +115,12 @@ class StateMachine {
   // Any other join while a round RUNS waits for the next round
   // (JoinResponse.round = round + 1, counted in nodes_waiting). A join on a
   // finished job gets FAILED_PRECONDITION ("job ... is closed (...)").
-  absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request,
-                                        const std::string& secret,
+  absl::StatusOr<pb::JoinResponse> Join(const pb::JoinRequest& request, const std::string& secret,
                                         absl::Time now);
 
   // Renews the member's lease to now + lease_ttl.
-  absl::StatusOr<pb::KeepAliveResponse> KeepAlive(
-      const pb::KeepAliveRequest& request, absl::Time now);
+  absl::StatusOr<pb::KeepAliveResponse> KeepAlive(const pb::KeepAliveRequest& request,
+                                                  absl::Time now);
 
   // Removes the member. If it was in the RUNNING round, the round ends
   // (MEMBER_LEFT; no restart counted).
@@ -129,13 +128,12 @@ class StateMachine {
 
   // Ends the running round at once (MEMBER_FAILED) and counts one restart;
   // once restarts exceed max_restarts the job is FAILED.
-  absl::StatusOr<pb::JobState> ReportFailure(
-      const pb::ReportFailureRequest& request, absl::Time now);
+  absl::StatusOr<pb::JobState> ReportFailure(const pb::ReportFailureRequest& request,
+                                             absl::Time now);
 
   // Marks the member done. When every member of the round is done the job
   // is SUCCEEDED.
-  absl::StatusOr<pb::JobState> ReportDone(const pb::ReportDoneRequest& request,
-                                          absl::Time now);
+  absl::StatusOr<pb::JobState> ReportDone(const pb::ReportDoneRequest& request, absl::Time now);
 
   // ---- store: keys of (job, round). None of these block; the service
   // implements waiting by retrying when the job shows up in
@@ -146,14 +144,12 @@ class StateMachine {
   absl::StatusOr<std::string> Get(const std::string& job_id, uint64_t round,
                                   const std::string& key) const;
   absl::StatusOr<pb::AddResponse> Add(const pb::AddRequest& request);
-  absl::StatusOr<pb::CompareAndSetResponse> CompareAndSet(
-      const pb::CompareAndSetRequest& request);
+  absl::StatusOr<pb::CompareAndSetResponse> CompareAndSet(const pb::CompareAndSetRequest& request);
   absl::StatusOr<pb::DeleteResponse> Delete(const pb::DeleteRequest& request);
   // RESOURCE_EXHAUSTED when the request names more than
   // max_keys_per_request keys or the values would pass max_response_bytes;
   // sizes are summed before anything is copied.
-  absl::StatusOr<pb::MultiGetResponse> MultiGet(
-      const pb::MultiGetRequest& request) const;
+  absl::StatusOr<pb::MultiGetResponse> MultiGet(const pb::MultiGetRequest& request) const;
   // Whether every key is set in (job, round), copying nothing (what a
   // blocked Wait checks on every change). Errors as MultiGet's.
   absl::StatusOr<bool> AllSet(const std::string& job_id, uint64_t round,
@@ -167,16 +163,13 @@ class StateMachine {
   // The version of State(job_id), without building it.
   absl::StatusOr<uint64_t> Version(const std::string& job_id) const;
   // State plus lease ages and the waiting/pending members.
-  absl::StatusOr<pb::JobState> Describe(const std::string& job_id,
-                                        absl::Time now) const;
+  absl::StatusOr<pb::JobState> Describe(const std::string& job_id, absl::Time now) const;
   // Closes the job (phase CLOSED) with the reason as status_message.
-  absl::StatusOr<pb::JobState> Close(const pb::CloseJobRequest& request,
-                                     absl::Time now);
+  absl::StatusOr<pb::JobState> Close(const pb::CloseJobRequest& request, absl::Time now);
 
   // OK when the job does not exist, has no secret, or `secret` matches it;
   // PERMISSION_DENIED otherwise. Compared in constant time.
-  absl::Status Authorize(const std::string& job_id,
-                         const std::string& secret) const;
+  absl::Status Authorize(const std::string& job_id, const std::string& secret) const;
 
   // ---- time
 

@@ -26,18 +26,17 @@ constexpr size_t kJobOverhead = 256;
 // Failure records beside their strings.
 constexpr size_t kFailureOverhead = 64;
 
-absl::Status Exhausted(const char* what, const char* flag, size_t holds,
-                       size_t more, size_t limit) {
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "%s holds %d bytes; %d more would pass the limit of %d (%s)", what,
-      holds, more, limit, flag));
+absl::Status Exhausted(const char* what, const char* flag, size_t holds, size_t more,
+                       size_t limit) {
+  return absl::ResourceExhaustedError(
+      absl::StrFormat("%s holds %d bytes; %d more would pass the limit of %d (%s)", what, holds,
+                      more, limit, flag));
 }
 
 }  // namespace
 
 size_t MaxUnrefusedJobBytes(const Limits& limits) {
-  const size_t failure =
-      kMaxMessageBytes + limits.max_id_bytes + kFailureOverhead;
+  const size_t failure = kMaxMessageBytes + limits.max_id_bytes + kFailureOverhead;
   // The status message quotes the last failure ("restart budget ...").
   const size_t status = failure + kFailureOverhead;
   return kMaxFailuresKept * failure + status;
@@ -50,8 +49,8 @@ size_t StoreEntryBytes(const std::string& key, const std::string& value) {
 size_t MemberBytes(const MemberRecord& member) {
   // The id also appears in round_members, a queue and
   // previous_round_members.
-  return 4 * (member.id.size() + kFieldOverhead) + member.address.size() +
-         member.hostname.size() + kMemberOverhead;
+  return 4 * (member.id.size() + kFieldOverhead) + member.address.size() + member.hostname.size() +
+         kMemberOverhead;
 }
 
 size_t RecordBytes(const Job& job) {
@@ -82,35 +81,30 @@ void CountJobBytes(Job& job) {
   job.record_bytes = RecordBytes(job);
 }
 
-absl::Status StateMachine::Impl::CheckGrowth(const Job* job,
-                                             size_t more) const {
+absl::Status StateMachine::Impl::CheckGrowth(const Job* job, size_t more) const {
   if (job != nullptr && job->bytes() + more > limits.max_job_bytes) {
-    return Exhausted(absl::StrFormat("job %s", job->id).c_str(),
-                     "max_job_bytes, --max-job-bytes", job->bytes(), more,
-                     limits.max_job_bytes);
+    return Exhausted(absl::StrFormat("job %s", job->id).c_str(), "max_job_bytes, --max-job-bytes",
+                     job->bytes(), more, limits.max_job_bytes);
   }
   if (total_bytes + more > limits.max_total_bytes) {
-    return Exhausted("the server", "max_total_bytes, --max-total-bytes",
-                     total_bytes, more, limits.max_total_bytes);
+    return Exhausted("the server", "max_total_bytes, --max-total-bytes", total_bytes, more,
+                     limits.max_total_bytes);
   }
   return absl::OkStatus();
 }
 
-absl::Status StateMachine::Impl::PutKey(Job& job, const std::string& key,
-                                        std::string value) {
+absl::Status StateMachine::Impl::PutKey(Job& job, const std::string& key, std::string value) {
   auto it = job.store.find(key);
   const size_t new_bytes = StoreEntryBytes(key, value);
-  const size_t old_bytes =
-      it == job.store.end() ? 0 : StoreEntryBytes(key, it->second);
+  const size_t old_bytes = it == job.store.end() ? 0 : StoreEntryBytes(key, it->second);
   if (it == job.store.end() && job.store.size() >= limits.max_keys_per_job) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "round %d of job %s holds %d keys, the limit (max_keys_per_job, "
-        "--max-keys-per-job)",
-        job.round, job.id, job.store.size()));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("round %d of job %s holds %d keys, the limit (max_keys_per_job, "
+                        "--max-keys-per-job)",
+                        job.round, job.id, job.store.size()));
   }
   if (new_bytes > old_bytes) {
-    if (absl::Status room = CheckGrowth(&job, new_bytes - old_bytes);
-        !room.ok()) {
+    if (absl::Status room = CheckGrowth(&job, new_bytes - old_bytes); !room.ok()) {
       return room;
     }
   }
@@ -140,8 +134,7 @@ void StateMachine::Impl::ClearStore(Job& job) {
   job.store_bytes = 0;
 }
 
-void StateMachine::Impl::RechargeMember(Job& job, const MemberRecord& member,
-                                        size_t old_bytes) {
+void StateMachine::Impl::RechargeMember(Job& job, const MemberRecord& member, size_t old_bytes) {
   const size_t new_bytes = MemberBytes(member);
   job.member_bytes = job.member_bytes - old_bytes + new_bytes;
   total_bytes = total_bytes - old_bytes + new_bytes;
@@ -158,9 +151,7 @@ void StateMachine::Impl::ChargeJob(Job& job) {
   total_bytes += job.bytes();
 }
 
-void StateMachine::Impl::UnchargeJob(const Job& job) {
-  total_bytes -= job.bytes();
-}
+void StateMachine::Impl::UnchargeJob(const Job& job) { total_bytes -= job.bytes(); }
 
 absl::StatusOr<size_t> StateMachine::JobBytes(const std::string& job_id) const {
   const Job* job = impl_->FindJob(job_id);

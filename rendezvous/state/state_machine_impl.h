@@ -50,17 +50,17 @@ struct MemberRecord {
 
   enum class Queue { kNone, kPending, kWaiting };
   Queue queue = Queue::kNone;
-  uint64_t queue_seq = 0;            // key in the job's pending/waiting map
+  uint64_t queue_seq = 0;  // key in the job's pending/waiting map
 
   absl::Time lease_deadline;
   absl::Time last_renewal;
-  bool in_lease_index = false;       // false once done, or the job finished
+  bool in_lease_index = false;  // false once done, or the job finished
 };
 
 struct Job {
   std::string id;
   pb::JobConfig config;
-  std::string secret_digest;         // SHA-256, empty when no secret
+  std::string secret_digest;  // SHA-256, empty when no secret
   pb::Phase phase = pb::GATHERING;
   uint64_t round = 0;
   uint64_t version = 1;
@@ -84,20 +84,19 @@ struct Job {
 
   // What the job holds in the state file (StateMachine::JobBytes), in
   // three parts kept up to date by the Impl::Charge* helpers.
-  size_t store_bytes = 0;    // StoreEntryBytes of every key
-  size_t member_bytes = 0;   // MemberBytes of every member
-  size_t record_bytes = 0;   // RecordBytes: ids, config, failures, status
+  size_t store_bytes = 0;   // StoreEntryBytes of every key
+  size_t member_bytes = 0;  // MemberBytes of every member
+  size_t record_bytes = 0;  // RecordBytes: ids, config, failures, status
   size_t bytes() const { return store_bytes + member_bytes + record_bytes; }
 
   // Time windows (not persisted; Restore restarts them).
-  absl::Time gather_start;                    // gathering of `round` began
-  std::optional<absl::Time> last_call_start;  // pending first reached min
-  absl::Time finished_at;                     // phase became terminal
+  absl::Time gather_start;                               // gathering of `round` began
+  std::optional<absl::Time> last_call_start;             // pending first reached min
+  absl::Time finished_at;                                // phase became terminal
   absl::Time indexed_deadline = absl::InfiniteFuture();  // in job_deadlines
 
   bool finished() const {
-    return phase == pb::SUCCEEDED || phase == pb::FAILED ||
-           phase == pb::CLOSED;
+    return phase == pb::SUCCEEDED || phase == pb::FAILED || phase == pb::CLOSED;
   }
 };
 
@@ -152,18 +151,17 @@ struct StateMachine::Impl {
   // Ends the RUNNING round for a failure: records it and counts a restart.
   // Once restarts exceed max_restarts the job is FAILED at this round;
   // otherwise gathering of round + 1 starts (EndRound).
-  void FailRound(Job& job, pb::RoundEndReason reason, pb::Failure failure,
-                 absl::Time now);
-  void FinishJob(Job& job, pb::Phase phase, std::string message,
-                 absl::Time now);
+  void FailRound(Job& job, pb::RoundEndReason reason, pb::Failure failure, absl::Time now);
+  void FinishJob(Job& job, pb::Phase phase, std::string message, absl::Time now);
   void DropJob(const std::string& job_id);
   // A member's lease lapsed (Tick).
   void ExpireMember(Job& job, const std::string& member_id, absl::Time now);
   void TickUntil(absl::Time now);
   // The live member a KeepAlive or Leave names, after applying due
   // deadlines (so a lapsed lease is NOT_FOUND before the timer fires).
-  absl::StatusOr<std::pair<Job*, MemberRecord*>> LiveMember(
-      const std::string& job_id, const std::string& member_id, absl::Time now);
+  absl::StatusOr<std::pair<Job*, MemberRecord*>> LiveMember(const std::string& job_id,
+                                                            const std::string& member_id,
+                                                            absl::Time now);
 
   // ---- byte accounting (state_machine_bytes.cc)
 
@@ -194,19 +192,16 @@ struct StateMachine::Impl {
   // ---- views (state_machine_view.cc)
 
   pb::JobState BuildState(const Job& job) const;
-  void FillMember(const Job& job, const MemberRecord& member,
-                  pb::Member* out) const;
+  void FillMember(const Job& job, const MemberRecord& member, pb::Member* out) const;
 
   // ---- fencing (state_machine_validate.cc)
 
   // The job for a round-scoped call: NOT_FOUND, ABORTED for an old round,
   // FAILED_PRECONDITION for a finished job, a future round or a round that
   // is not RUNNING.
-  absl::StatusOr<Job*> FenceRound(const std::string& job_id,
-                                  uint64_t round) const;
+  absl::StatusOr<Job*> FenceRound(const std::string& job_id, uint64_t round) const;
   // FAILED_PRECONDITION unless `member_id` is in the job's current round.
-  absl::StatusOr<MemberRecord*> RoundMember(Job& job,
-                                            const std::string& member_id) const;
+  absl::StatusOr<MemberRecord*> RoundMember(Job& job, const std::string& member_id) const;
 };
 
 // ---- byte accounting (state_machine_bytes.cc): upper bounds on what each
@@ -222,14 +217,11 @@ void CountJobBytes(Job& job);
 
 // ---- validation helpers (state_machine_validate.cc)
 
-absl::Status ValidateId(const char* field, const std::string& id,
-                        const Limits& limits);
+absl::Status ValidateId(const char* field, const std::string& id, const Limits& limits);
 absl::Status ValidateJobConfig(const pb::JobConfig& config);
 // INVALID_ARGUMENT when a new job asks for a join_timeout_ms over the cap.
-absl::Status CheckJoinTimeout(const pb::JobConfig& config,
-                              const Limits& limits);
-absl::Status CheckSameConfig(const std::string& job_id,
-                             const pb::JobConfig& job_config,
+absl::Status CheckJoinTimeout(const pb::JobConfig& config, const Limits& limits);
+absl::Status CheckSameConfig(const std::string& job_id, const pb::JobConfig& job_config,
                              const pb::JobConfig& requested);
 absl::Status ValidateKey(const std::string& key, const Limits& limits);
 absl::Status ValidateValue(const std::string& value, const Limits& limits);
@@ -239,7 +231,6 @@ std::string Sha256(const std::string& data);
 bool DigestsEqual(const std::string& a, const std::string& b);
 std::string Truncate(const std::string& text, size_t max_bytes);
 // A server-generated member id: "<hostname or node>-<number>", made valid.
-std::string MakeMemberId(const std::string& hostname, uint64_t number,
-                         const Limits& limits);
+std::string MakeMemberId(const std::string& hostname, uint64_t number, const Limits& limits);
 
 }  // namespace muster::rdzv

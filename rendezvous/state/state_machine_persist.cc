@@ -74,8 +74,7 @@ state::ServerState StateMachine::Snapshot(absl::Time /*now*/) const {
   return snapshot;
 }
 
-absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record,
-                                            absl::Time now) {
+absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record, absl::Time now) {
   Impl& s = *this;
   const std::string& job_id = record.job_id();
   // Well-formed whatever their size: limits bound growth, not the past.
@@ -97,8 +96,7 @@ absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record,
   if (!record.secret_sha256().empty() && record.secret_sha256().size() != 32) {
     return Bad(job_id, "secret digest is not SHA-256");
   }
-  if (record.failures_size() > static_cast<int>(kMaxFailuresKept) ||
-      record.restart_count() < 0) {
+  if (record.failures_size() > static_cast<int>(kMaxFailuresKept) || record.restart_count() < 0) {
     return Bad(job_id, "failures or restart count out of range");
   }
   auto owned = std::make_unique<Job>();
@@ -114,8 +112,7 @@ absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record,
     job.failures.push_back(failure);
   }
   job.status_message = record.status_message();
-  job.last_end_reason =
-      static_cast<pb::RoundEndReason>(record.last_end_reason());
+  job.last_end_reason = static_cast<pb::RoundEndReason>(record.last_end_reason());
   job.next_member_number = record.next_member_number();
   for (const state::StoreEntry& entry : record.store()) {
     if (!ValidateKey(entry.key(), any_size).ok() ||
@@ -128,8 +125,7 @@ absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record,
     if (!ValidateId("member_id", id, any_size).ok() || saved.nproc() < 1 ||
         saved.requested_rank() < -1 ||
         (saved.requested_rank() >= 0 &&
-         static_cast<uint32_t>(saved.requested_rank()) >=
-             job.config.max_nodes())) {
+         static_cast<uint32_t>(saved.requested_rank()) >= job.config.max_nodes())) {
       return Bad(job_id, "member " + id);
     }
     MemberRecord& member = job.members[id];
@@ -206,22 +202,20 @@ absl::Status StateMachine::Impl::RestoreJob(const state::JobRecord& record,
   return absl::OkStatus();
 }
 
-absl::Status StateMachine::Restore(const state::ServerState& snapshot,
-                                   absl::Time now) {
+absl::Status StateMachine::Restore(const state::ServerState& snapshot, absl::Time now) {
   Impl& s = *impl_;
   if (!s.jobs.empty()) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "Restore needs an empty state machine; this one holds %d jobs",
-        s.jobs.size()));
+        "Restore needs an empty state machine; this one holds %d jobs", s.jobs.size()));
   }
   absl::Status status;
   if (snapshot.format_version() == 0 && snapshot.jobs_size() == 0) {
     return absl::OkStatus();  // nothing was ever saved
   }
   if (snapshot.format_version() != kFormatVersion) {
-    status = absl::DataLossError(absl::StrCat(
-        "snapshot format_version is ", snapshot.format_version(),
-        "; this server reads ", kFormatVersion));
+    status =
+        absl::DataLossError(absl::StrCat("snapshot format_version is ", snapshot.format_version(),
+                                         "; this server reads ", kFormatVersion));
   }
   for (int i = 0; status.ok() && i < snapshot.jobs_size(); ++i) {
     status = s.RestoreJob(snapshot.jobs(i), now);
@@ -229,8 +223,8 @@ absl::Status StateMachine::Restore(const state::ServerState& snapshot,
   if (status.ok()) {
     absl::Status invariants = CheckInvariants(now);
     if (!invariants.ok()) {
-      status = absl::DataLossError(absl::StrCat(
-          "restored state breaks an invariant: ", invariants.message()));
+      status = absl::DataLossError(
+          absl::StrCat("restored state breaks an invariant: ", invariants.message()));
     }
   }
   if (!status.ok()) {

@@ -35,8 +35,7 @@ void StateMachine::Impl::UnindexLease(const Job& job, MemberRecord& member) {
   member.in_lease_index = false;
 }
 
-void StateMachine::Impl::RenewLease(Job& job, MemberRecord& member,
-                                    absl::Time now) {
+void StateMachine::Impl::RenewLease(Job& job, MemberRecord& member, absl::Time now) {
   // A done member or one of a finished job is not indexed: it may exit.
   bool indexed = member.in_lease_index;
   UnindexLease(job, member);
@@ -49,8 +48,7 @@ absl::Time StateMachine::Impl::JobDeadline(const Job& job) const {
   if (job.finished()) return job.finished_at + limits.closed_retention;
   if (job.phase != pb::GATHERING) return absl::InfiniteFuture();
   if (job.pending.size() >= job.config.min_nodes() && job.last_call_start) {
-    return *job.last_call_start +
-           absl::Milliseconds(job.config.last_call_timeout_ms());
+    return *job.last_call_start + absl::Milliseconds(job.config.last_call_timeout_ms());
   }
   return job.gather_start + absl::Milliseconds(job.config.join_timeout_ms());
 }
@@ -97,13 +95,11 @@ void StateMachine::Impl::RemoveMember(Job& job, const std::string& member_id) {
   UnindexLease(job, member);
   Dequeue(job, member);
   auto requested = job.requested_ranks.find(member.requested_rank);
-  if (requested != job.requested_ranks.end() &&
-      requested->second == member_id) {
+  if (requested != job.requested_ranks.end() && requested->second == member_id) {
     job.requested_ranks.erase(requested);
   }
   auto& previous = job.previous_round_members;
-  previous.erase(std::remove(previous.begin(), previous.end(), member_id),
-                 previous.end());
+  previous.erase(std::remove(previous.begin(), previous.end(), member_id), previous.end());
   const size_t bytes = MemberBytes(member);
   job.member_bytes -= bytes;
   total_bytes -= bytes;
@@ -123,8 +119,7 @@ void StateMachine::Impl::EvaluateGathering(Job& job, absl::Time now) {
     }
     bool last_call_over =
         job.last_call_start &&
-        now >= *job.last_call_start +
-                   absl::Milliseconds(job.config.last_call_timeout_ms());
+        now >= *job.last_call_start + absl::Milliseconds(job.config.last_call_timeout_ms());
     // After a restart nobody beyond the job's live members is expected, so
     // once all of them are back there is no point waiting out last call.
     bool everyone_back = job.round > 0 && pending == job.members.size();
@@ -133,13 +128,11 @@ void StateMachine::Impl::EvaluateGathering(Job& job, absl::Time now) {
       CloseRound(job, now);
     } else if (pending < min_nodes &&
                // Like every deadline, it applies at the instant it is reached.
-               now >= job.gather_start +
-                          absl::Milliseconds(job.config.join_timeout_ms())) {
+               now >= job.gather_start + absl::Milliseconds(job.config.join_timeout_ms())) {
       FinishJob(job, pb::FAILED,
                 absl::StrFormat("join timeout: only %d of min_nodes %d nodes "
                                 "joined round %d within %d ms",
-                                pending, min_nodes, job.round,
-                                job.config.join_timeout_ms()),
+                                pending, min_nodes, job.round, job.config.join_timeout_ms()),
                 now);
     }
   }
@@ -234,8 +227,7 @@ void StateMachine::Impl::ReleaseRoundMembers(Job& job, absl::Time now) {
       // A done member was allowed to exit; give it one ttl to re-join, then
       // its lease lapses like anyone's.
       member.done = false;
-      member.lease_deadline =
-          now + absl::Milliseconds(job.config.lease_ttl_ms());
+      member.lease_deadline = now + absl::Milliseconds(job.config.lease_ttl_ms());
       if (!job.finished()) IndexLease(job, member);
     }
   }
@@ -246,8 +238,7 @@ void StateMachine::Impl::ReleaseRoundMembers(Job& job, absl::Time now) {
   ClearStore(job);
 }
 
-void StateMachine::Impl::EndRound(Job& job, pb::RoundEndReason reason,
-                                  absl::Time now) {
+void StateMachine::Impl::EndRound(Job& job, pb::RoundEndReason reason, absl::Time now) {
   ReleaseRoundMembers(job, now);
   job.last_end_reason = reason;
   job.round += 1;
@@ -263,11 +254,11 @@ void StateMachine::Impl::EndRound(Job& job, pb::RoundEndReason reason,
   MarkViewChanged(job);
 }
 
-void StateMachine::Impl::FailRound(Job& job, pb::RoundEndReason reason,
-                                   pb::Failure failure, absl::Time now) {
+void StateMachine::Impl::FailRound(Job& job, pb::RoundEndReason reason, pb::Failure failure,
+                                   absl::Time now) {
   std::string description =
-      absl::StrFormat("member %s in round %d: exit code %d", failure.member_id(),
-                      failure.round(), failure.exit_code());
+      absl::StrFormat("member %s in round %d: exit code %d", failure.member_id(), failure.round(),
+                      failure.exit_code());
   if (!failure.message().empty()) absl::StrAppend(&description, ": ", failure.message());
   job.failures.push_back(std::move(failure));
   while (job.failures.size() > kMaxFailuresKept) job.failures.pop_front();
@@ -280,15 +271,13 @@ void StateMachine::Impl::FailRound(Job& job, pb::RoundEndReason reason,
   // The job fails in the round that failed: no new round starts.
   ReleaseRoundMembers(job, now);
   job.last_end_reason = reason;
-  FinishJob(job,
-            pb::FAILED,
+  FinishJob(job, pb::FAILED,
             absl::StrFormat("restart budget of %d spent; last failure: %s",
                             job.config.max_restarts(), description),
             now);
 }
 
-void StateMachine::Impl::FinishJob(Job& job, pb::Phase phase,
-                                   std::string message, absl::Time now) {
+void StateMachine::Impl::FinishJob(Job& job, pb::Phase phase, std::string message, absl::Time now) {
   job.phase = phase;
   job.status_message = std::move(message);
   RechargeRecord(job);
@@ -316,8 +305,7 @@ void StateMachine::Impl::DropJob(const std::string& job_id) {
   jobs.erase(it);
 }
 
-void StateMachine::Impl::ExpireMember(Job& job, const std::string& member_id,
-                                      absl::Time now) {
+void StateMachine::Impl::ExpireMember(Job& job, const std::string& member_id, absl::Time now) {
   MemberRecord& member = job.members.at(member_id);
   if (member.group_rank >= 0 && job.phase == pb::RUNNING) {
     pb::Failure failure;
@@ -337,11 +325,10 @@ void StateMachine::Impl::ExpireMember(Job& job, const std::string& member_id,
 
 void StateMachine::Impl::TickUntil(absl::Time now) {
   while (true) {
-    absl::Time lease_top = lease_index.empty()
-                               ? absl::InfiniteFuture()
-                               : std::get<0>(*lease_index.begin());
-    absl::Time job_top = job_deadlines.empty() ? absl::InfiniteFuture()
-                                               : job_deadlines.begin()->first;
+    absl::Time lease_top =
+        lease_index.empty() ? absl::InfiniteFuture() : std::get<0>(*lease_index.begin());
+    absl::Time job_top =
+        job_deadlines.empty() ? absl::InfiniteFuture() : job_deadlines.begin()->first;
     if (std::min(lease_top, job_top) > now) break;
     // Deadlines are applied in time order, leases first on a tie.
     if (lease_top <= job_top) {

@@ -14,13 +14,12 @@ namespace {
 
 // Keys one MultiGet or Wait names: each valid, at most max_keys_per_request.
 template <typename Keys>
-absl::Status ValidateKeys(const Keys& keys, const char* call,
-                          const Limits& limits) {
+absl::Status ValidateKeys(const Keys& keys, const char* call, const Limits& limits) {
   if (static_cast<size_t>(keys.size()) > limits.max_keys_per_request) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "%s names %d keys; the limit is %d (max_keys_per_request, "
-        "--max-keys-per-request)",
-        call, keys.size(), limits.max_keys_per_request));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("%s names %d keys; the limit is %d (max_keys_per_request, "
+                        "--max-keys-per-request)",
+                        call, keys.size(), limits.max_keys_per_request));
   }
   for (const std::string& key : keys) {
     if (auto status = ValidateKey(key, limits); !status.ok()) return status;
@@ -40,16 +39,14 @@ absl::Status StateMachine::Set(const pb::SetRequest& request) {
   if (auto status = ValidateValue(request.value(), s.limits); !status.ok()) {
     return status;
   }
-  if (auto status = s.PutKey(**job, request.key(), request.value());
-      !status.ok()) {
+  if (auto status = s.PutKey(**job, request.key(), request.value()); !status.ok()) {
     return status;
   }
   s.MarkDurableChanged(**job);
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> StateMachine::Get(const std::string& job_id,
-                                              uint64_t round,
+absl::StatusOr<std::string> StateMachine::Get(const std::string& job_id, uint64_t round,
                                               const std::string& key) const {
   const Impl& s = *impl_;
   absl::StatusOr<Job*> job = s.FenceRound(job_id, round);
@@ -57,14 +54,13 @@ absl::StatusOr<std::string> StateMachine::Get(const std::string& job_id,
   if (auto status = ValidateKey(key, s.limits); !status.ok()) return status;
   auto it = (*job)->store.find(key);
   if (it == (*job)->store.end()) {
-    return absl::NotFoundError(absl::StrFormat(
-        "key \"%s\" is not set in round %d of job %s", key, round, job_id));
+    return absl::NotFoundError(
+        absl::StrFormat("key \"%s\" is not set in round %d of job %s", key, round, job_id));
   }
   return it->second;
 }
 
-absl::StatusOr<pb::AddResponse> StateMachine::Add(
-    const pb::AddRequest& request) {
+absl::StatusOr<pb::AddResponse> StateMachine::Add(const pb::AddRequest& request) {
   Impl& s = *impl_;
   absl::StatusOr<Job*> job = s.FenceRound(request.job_id(), request.round());
   if (!job.ok()) return job.status();
@@ -74,19 +70,18 @@ absl::StatusOr<pb::AddResponse> StateMachine::Add(
   int64_t value = 0;
   auto it = (*job)->store.find(request.key());
   if (it != (*job)->store.end() && !absl::SimpleAtoi(it->second, &value)) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "key \"%s\" of job %s holds a value that is not a decimal integer; "
-        "Add needs one",
-        request.key(), request.job_id()));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("key \"%s\" of job %s holds a value that is not a decimal integer; "
+                        "Add needs one",
+                        request.key(), request.job_id()));
   }
   int64_t sum = 0;
   if (__builtin_add_overflow(value, request.delta(), &sum)) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "adding %d to key \"%s\" (%d) would overflow int64", request.delta(),
-        request.key(), value));
+    return absl::FailedPreconditionError(
+        absl::StrFormat("adding %d to key \"%s\" (%d) would overflow int64", request.delta(),
+                        request.key(), value));
   }
-  if (auto status = s.PutKey(**job, request.key(), std::to_string(sum));
-      !status.ok()) {
+  if (auto status = s.PutKey(**job, request.key(), std::to_string(sum)); !status.ok()) {
     return status;
   }
   s.MarkDurableChanged(**job);
@@ -109,13 +104,11 @@ absl::StatusOr<pb::CompareAndSetResponse> StateMachine::CompareAndSet(
   auto& store = (*job)->store;
   auto it = store.find(request.key());
   const bool present = it != store.end();
-  const bool swap = request.expect_absent()
-                        ? !present
-                        : present && it->second == request.expected();
+  const bool swap =
+      request.expect_absent() ? !present : present && it->second == request.expected();
   pb::CompareAndSetResponse response;
   if (swap) {
-    if (auto status = s.PutKey(**job, request.key(), request.desired());
-        !status.ok()) {
+    if (auto status = s.PutKey(**job, request.key(), request.desired()); !status.ok()) {
       return status;
     }
     s.MarkDurableChanged(**job);
@@ -129,8 +122,7 @@ absl::StatusOr<pb::CompareAndSetResponse> StateMachine::CompareAndSet(
   return response;
 }
 
-absl::StatusOr<pb::DeleteResponse> StateMachine::Delete(
-    const pb::DeleteRequest& request) {
+absl::StatusOr<pb::DeleteResponse> StateMachine::Delete(const pb::DeleteRequest& request) {
   Impl& s = *impl_;
   absl::StatusOr<Job*> job = s.FenceRound(request.job_id(), request.round());
   if (!job.ok()) return job.status();
@@ -148,8 +140,7 @@ absl::StatusOr<pb::MultiGetResponse> StateMachine::MultiGet(
   const Impl& s = *impl_;
   absl::StatusOr<Job*> job = s.FenceRound(request.job_id(), request.round());
   if (!job.ok()) return job.status();
-  if (auto status = ValidateKeys(request.keys(), "MultiGet", s.limits);
-      !status.ok()) {
+  if (auto status = ValidateKeys(request.keys(), "MultiGet", s.limits); !status.ok()) {
     return status;
   }
   const auto& store = (*job)->store;
@@ -160,10 +151,10 @@ absl::StatusOr<pb::MultiGetResponse> StateMachine::MultiGet(
     if (it != store.end()) response_bytes += it->second.size();
   }
   if (response_bytes > s.limits.max_response_bytes) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "MultiGet would return %d bytes of values; the limit is %d "
-        "(max_response_bytes, --max-response-bytes)",
-        response_bytes, s.limits.max_response_bytes));
+    return absl::ResourceExhaustedError(
+        absl::StrFormat("MultiGet would return %d bytes of values; the limit is %d "
+                        "(max_response_bytes, --max-response-bytes)",
+                        response_bytes, s.limits.max_response_bytes));
   }
   pb::MultiGetResponse response;
   response.mutable_present()->Reserve(request.keys_size());
@@ -176,9 +167,8 @@ absl::StatusOr<pb::MultiGetResponse> StateMachine::MultiGet(
   return response;
 }
 
-absl::StatusOr<bool> StateMachine::AllSet(
-    const std::string& job_id, uint64_t round,
-    const std::vector<std::string>& keys) const {
+absl::StatusOr<bool> StateMachine::AllSet(const std::string& job_id, uint64_t round,
+                                          const std::vector<std::string>& keys) const {
   const Impl& s = *impl_;
   absl::StatusOr<Job*> job = s.FenceRound(job_id, round);
   if (!job.ok()) return job.status();

@@ -39,8 +39,7 @@ pb::JobState StateMachine::Impl::BuildState(const Job& job) const {
   return state;
 }
 
-absl::StatusOr<pb::JobState> StateMachine::State(
-    const std::string& job_id) const {
+absl::StatusOr<pb::JobState> StateMachine::State(const std::string& job_id) const {
   const Job* job = impl_->FindJob(job_id);
   if (job == nullptr) {
     return absl::NotFoundError(absl::StrFormat("job \"%s\" not found", job_id));
@@ -102,8 +101,7 @@ pb::ListJobsResponse StateMachine::ListJobs() const {
 namespace {
 
 absl::Status Broken(const Job& job, const std::string& what) {
-  return absl::InternalError(
-      absl::StrFormat("invariant broken in job %s: %s", job.id, what));
+  return absl::InternalError(absl::StrFormat("invariant broken in job %s: %s", job.id, what));
 }
 
 }  // namespace
@@ -119,9 +117,8 @@ absl::Status StateMachine::CheckInvariants(absl::Time now) const {
     const size_t n = job.round_members.size();
     if (job.phase == pb::RUNNING) {
       if (n < job.config.min_nodes() || n > job.config.max_nodes()) {
-        return Broken(job, absl::StrFormat("RUNNING with %d nodes; min %d max %d",
-                                           n, job.config.min_nodes(),
-                                           job.config.max_nodes()));
+        return Broken(job, absl::StrFormat("RUNNING with %d nodes; min %d max %d", n,
+                                           job.config.min_nodes(), job.config.max_nodes()));
       }
       if (!job.pending.empty()) return Broken(job, "RUNNING with pending");
     }
@@ -135,13 +132,11 @@ absl::Status StateMachine::CheckInvariants(absl::Time now) const {
       auto it = job.members.find(job.round_members[rank]);
       if (it == job.members.end()) return Broken(job, "round member missing");
       const MemberRecord& member = it->second;
-      if (member.group_rank != static_cast<int32_t>(rank) ||
-          member.rank_offset != offset) {
-        return Broken(job, absl::StrFormat(
-                               "member %s at rank %d has group_rank %d, "
-                               "rank_offset %d (expected %d)",
-                               member.id, rank, member.group_rank,
-                               member.rank_offset, offset));
+      if (member.group_rank != static_cast<int32_t>(rank) || member.rank_offset != offset) {
+        return Broken(
+            job, absl::StrFormat("member %s at rank %d has group_rank %d, "
+                                 "rank_offset %d (expected %d)",
+                                 member.id, rank, member.group_rank, member.rank_offset, offset));
       }
       if (member.queue != MemberRecord::Queue::kNone) {
         return Broken(job, "round member " + member.id + " is also queued");
@@ -155,11 +150,9 @@ absl::Status StateMachine::CheckInvariants(absl::Time now) const {
     for (const auto& [id, member] : job.members) {
       if (member.id != id) return Broken(job, "member id mismatch");
       if (member.group_rank >= 0) ++in_rounds;
-      const auto* queue = member.queue == MemberRecord::Queue::kPending
-                              ? &job.pending
-                              : member.queue == MemberRecord::Queue::kWaiting
-                                    ? &job.waiting
-                                    : nullptr;
+      const auto* queue = member.queue == MemberRecord::Queue::kPending   ? &job.pending
+                          : member.queue == MemberRecord::Queue::kWaiting ? &job.waiting
+                                                                          : nullptr;
       if (queue != nullptr) {
         auto entry = queue->find(member.queue_seq);
         if (entry == queue->end() || entry->second != id) {
@@ -172,16 +165,14 @@ absl::Status StateMachine::CheckInvariants(absl::Time now) const {
       }
       if (member.in_lease_index) {
         ++leases;
-        if (s.lease_index.count(
-                LeaseKey(member.lease_deadline, job.id, id)) == 0) {
+        if (s.lease_index.count(LeaseKey(member.lease_deadline, job.id, id)) == 0) {
           return Broken(job, "member " + id + " missing from lease index");
         }
         if (member.lease_deadline <= s.last_tick) {
           return Broken(job, "member " + id + " outlived its lease past Tick");
         }
       }
-      if (member.requested_rank >= 0 &&
-          job.requested_ranks.at(member.requested_rank) != id) {
+      if (member.requested_rank >= 0 && job.requested_ranks.at(member.requested_rank) != id) {
         return Broken(job, "requested rank of " + id + " not unique");
       }
     }
@@ -191,8 +182,7 @@ absl::Status StateMachine::CheckInvariants(absl::Time now) const {
     }
     // Caps bound growth only (a restore may hold more), so the check is
     // that the byte accounting matches a recount.
-    if (CountStoreBytes(job) != job.store_bytes ||
-        CountMemberBytes(job) != job.member_bytes ||
+    if (CountStoreBytes(job) != job.store_bytes || CountMemberBytes(job) != job.member_bytes ||
         RecordBytes(job) != job.record_bytes) {
       return Broken(job, "byte accounting does not match a recount");
     }

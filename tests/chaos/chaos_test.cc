@@ -90,13 +90,12 @@ class Job {
   }
 
   Child StartAgent(int node) {
-    return StartLaunch(
-        {"--nnodes=2", "--nproc_per_node=2", "--rdzv_endpoint", server_->endpoint(),
-         "--rdzv_id=" + name_, "--rdzv_conf=lease_ttl=2,keep_alive_interval=0.3",
-         "--max_restarts=30", "--monitor_interval=0.05", "--no_python",
-         BinaryPath("worker/worker"), dir_.File(name_ + ".yaml")},
-        dir_.File(absl::StrCat(name_, "_agent", node, ".log")),
-        {"OMP_WAIT_POLICY=passive", Mark()});
+    return StartLaunch({"--nnodes=2", "--nproc_per_node=2", "--rdzv_endpoint", server_->endpoint(),
+                        "--rdzv_id=" + name_, "--rdzv_conf=lease_ttl=2,keep_alive_interval=0.3",
+                        "--max_restarts=30", "--monitor_interval=0.05", "--no_python",
+                        BinaryPath("worker/worker"), dir_.File(name_ + ".yaml")},
+                       dir_.File(absl::StrCat(name_, "_agent", node, ".log")),
+                       {"OMP_WAIT_POLICY=passive", Mark()});
   }
 
   void StartAgents() {
@@ -112,8 +111,8 @@ class Job {
 
   // SIGKILLs one worker of `node`'s agent; false if it has none right now.
   bool KillWorker(int node) {
-    const int worker = FindChild(agents_[node].pid(),
-                                 [](int pid) { return ProcessName(pid) == "worker"; });
+    const int worker =
+        FindChild(agents_[node].pid(), [](int pid) { return ProcessName(pid) == "worker"; });
     return worker > 0 && kill(worker, SIGKILL) == 0;
   }
 
@@ -165,9 +164,10 @@ std::vector<int> ProcessesWith(const std::string& entry) {
 TEST_CASE("kills of workers, agents and the server, then a preemption: nothing lost") {
   const int steps = EnvInt("CHAOS_STEPS", 60);
   const int events = EnvInt("CHAOS_EVENTS", 4);
-  const unsigned seed = static_cast<unsigned>(EnvInt("CHAOS_SEED", static_cast<int>(time(nullptr))));
-  std::printf("chaos: seed %u (CHAOS_SEED=%u replays it), %d kills, %d steps\n", seed, seed,
-              events, steps);
+  const unsigned seed =
+      static_cast<unsigned>(EnvInt("CHAOS_SEED", static_cast<int>(time(nullptr))));
+  std::printf("chaos: seed %u (CHAOS_SEED=%u replays it), %d kills, %d steps\n", seed, seed, events,
+              steps);
   std::fflush(stdout);
   std::mt19937 random(seed);
   TempDir dir;
@@ -216,8 +216,8 @@ TEST_CASE("kills of workers, agents and the server, then a preemption: nothing l
   // The preemption, once the job trains again after the last kill.
   {
     INFO(chaos.Logs());
-    REQUIRE(WaitUntil([&] { return LastStep(chaos.Metrics()) >= progress + 2; },
-                      absl::Seconds(120)));
+    REQUIRE(
+        WaitUntil([&] { return LastStep(chaos.Metrics()) >= progress + 2; }, absl::Seconds(120)));
   }
   const int preempted_at = LastStep(chaos.Metrics());
   chaos.SignalAgents(SIGTERM);

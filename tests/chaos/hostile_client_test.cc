@@ -52,12 +52,10 @@ std::string ServerBinary() {
       return absl::StrCat(dir, "/muster/rendezvous/rendezvous");
     }
   }
-  return tools::ExecutableDir() +
-         "/hostile_client_test.runfiles/muster/rendezvous/rendezvous";
+  return tools::ExecutableDir() + "/hostile_client_test.runfiles/muster/rendezvous/rendezvous";
 }
 
-std::unique_ptr<grpc::ClientContext> Deadline(
-    absl::Duration timeout = absl::Seconds(10)) {
+std::unique_ptr<grpc::ClientContext> Deadline(absl::Duration timeout = absl::Seconds(10)) {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   return context;
@@ -82,8 +80,7 @@ pb::JoinRequest JoinRequestFor(const std::string& job_id, uint32_t nodes,
 }
 
 std::string Describe(const grpc::Status& status) {
-  return absl::StrCat("code ", status.error_code(), ": ",
-                      status.error_message());
+  return absl::StrCat("code ", status.error_code(), ": ", status.error_message());
 }
 
 bool Mentions(const grpc::Status& status, const std::string& text) {
@@ -104,8 +101,7 @@ class Target {
     server_ = *std::move(started);
     grpc::ChannelArguments arguments;
     arguments.SetMaxReceiveMessageSize(-1);
-    channel_ = grpc::CreateCustomChannel(server_->endpoint(),
-                                         grpc::InsecureChannelCredentials(),
+    channel_ = grpc::CreateCustomChannel(server_->endpoint(), grpc::InsecureChannelCredentials(),
                                          arguments);
     stub_ = pb::Rendezvous::NewStub(channel_);
     StartCanary();
@@ -117,16 +113,15 @@ class Target {
   // Joins a one-node job and returns its running round.
   uint64_t RunOneNodeJob(const std::string& job_id) {
     pb::JoinResponse joined;
-    grpc::Status status =
-        stub_->Join(Deadline().get(), JoinRequestFor(job_id, 1), &joined);
+    grpc::Status status = stub_->Join(Deadline().get(), JoinRequestFor(job_id, 1), &joined);
     INFO(Describe(status));
     REQUIRE(status.ok());
     REQUIRE(joined.state().phase() == pb::RUNNING);
     return joined.state().round();
   }
 
-  grpc::Status Set(const std::string& job_id, uint64_t round,
-                   const std::string& key, const std::string& value) {
+  grpc::Status Set(const std::string& job_id, uint64_t round, const std::string& key,
+                   const std::string& value) {
     pb::SetRequest request;
     request.set_job_id(job_id);
     request.set_round(round);
@@ -142,13 +137,12 @@ class Target {
     const absl::Time start = absl::Now();
     pb::JoinResponse first;
     pb::JoinResponse second;
-    grpc::Status status = stub_->Join(
-        Deadline().get(), JoinRequestFor("canary", 2, canary_[0]), &first);
+    grpc::Status status =
+        stub_->Join(Deadline().get(), JoinRequestFor("canary", 2, canary_[0]), &first);
     INFO("canary join: " << Describe(status));
     REQUIRE(status.ok());
     absl::Time t_join1 = absl::Now();
-    status = stub_->Join(Deadline().get(),
-                         JoinRequestFor("canary", 2, canary_[1]), &second);
+    status = stub_->Join(Deadline().get(), JoinRequestFor("canary", 2, canary_[1]), &second);
     INFO("canary join: " << Describe(status));
     REQUIRE(status.ok());
     REQUIRE(second.state().phase() == pb::RUNNING);
@@ -170,7 +164,11 @@ class Target {
     REQUIRE(status.ok());
     REQUIRE(got.value() == value);
     absl::Duration took = absl::Now() - start;
-    if (took > absl::Seconds(1)) WARN("TEMP slow canary " << absl::FormatDuration(took) << " join1 " << absl::FormatDuration(t_join1 - start) << " join2 " << absl::FormatDuration(t_join2 - start) << " set " << absl::FormatDuration(t_set - start));
+    if (took > absl::Seconds(1))
+      WARN("TEMP slow canary " << absl::FormatDuration(took) << " join1 "
+                               << absl::FormatDuration(t_join1 - start) << " join2 "
+                               << absl::FormatDuration(t_join2 - start) << " set "
+                               << absl::FormatDuration(t_set - start));
     worst_canary_ = std::max(worst_canary_, took);
     return took;
   }
@@ -193,9 +191,8 @@ class Target {
     }
     absl::StatusOr<int64_t> peak = server_->PeakRssKib();
     REQUIRE(peak.ok());
-    WARN(name << ": server peak RSS " << *peak / 1024 << " MiB (bound "
-              << kRssBoundKib / 1024 << " MiB); slowest canary round "
-              << absl::FormatDuration(worst_canary_));
+    WARN(name << ": server peak RSS " << *peak / 1024 << " MiB (bound " << kRssBoundKib / 1024
+              << " MiB); slowest canary round " << absl::FormatDuration(worst_canary_));
     CHECK(*peak < kRssBoundKib);
     REQUIRE(server_->Kill(SIGTERM).ok());
     absl::StatusOr<int> exit = server_->Wait(absl::Now() + absl::Seconds(20));
@@ -208,8 +205,7 @@ class Target {
   void StartCanary() {
     pb::JoinResponse joined;
     for (int i = 0; i < 2; ++i) {
-      grpc::Status status = stub_->Join(
-          Deadline().get(), JoinRequestFor("canary", 2), &joined);
+      grpc::Status status = stub_->Join(Deadline().get(), JoinRequestFor("canary", 2), &joined);
       INFO(Describe(status));
       REQUIRE(status.ok());
       canary_.push_back(joined.member_id());
@@ -226,8 +222,7 @@ class Target {
   absl::Duration worst_canary_;
 };
 
-TEST_CASE("one MultiGet or Wait cannot make the server copy a value per name",
-          "[chaos]") {
+TEST_CASE("one MultiGet or Wait cannot make the server copy a value per name", "[chaos]") {
   Target target;
   const uint64_t round = target.RunOneNodeJob("hostile");
   REQUIRE(target.Set("hostile", round, "blob", std::string(kMiB, 'b')).ok());
@@ -272,8 +267,7 @@ TEST_CASE("one MultiGet or Wait cannot make the server copy a value per name",
   blocked.set_wait_ms(30'000);
   auto wait = std::async(std::launch::async, [&] {
     pb::WaitResponse reply;
-    return target.stub().Wait(Deadline(absl::Seconds(40)).get(), blocked,
-                              &reply);
+    return target.stub().Wait(Deadline(absl::Seconds(40)).get(), blocked, &reply);
   });
   for (int i = 0; i < 50; ++i) {
     REQUIRE(target.Set("hostile", round, absl::StrCat("tick", i), "t").ok());
@@ -293,8 +287,7 @@ TEST_CASE("one job cannot grow past its byte cap", "[chaos]") {
   grpc::Status status;
   int stored = 0;
   for (; stored < 200; ++stored) {
-    status = target.Set("hostile", round, absl::StrCat("k", stored),
-                        std::string(kMiB, 'f'));
+    status = target.Set("hostile", round, absl::StrCat("k", stored), std::string(kMiB, 'f'));
     if (!status.ok()) break;
     if (stored % 16 == 0) target.CanaryRound();
   }
@@ -309,13 +302,12 @@ TEST_CASE("one job cannot grow past its byte cap", "[chaos]") {
 
 TEST_CASE("join timeouts are bounded and jobs are capped", "[chaos]") {
   Target target;
-  for (int64_t timeout : {int64_t{3'600'001}, int64_t{1'000'000'000'000},
-                          std::numeric_limits<int64_t>::max()}) {
+  for (int64_t timeout :
+       {int64_t{3'600'001}, int64_t{1'000'000'000'000}, std::numeric_limits<int64_t>::max()}) {
     pb::JoinRequest request = JoinRequestFor("patient", 2);
     request.mutable_config()->set_join_timeout_ms(timeout);
     pb::JoinResponse joined;
-    grpc::Status status =
-        target.stub().Join(Deadline().get(), request, &joined);
+    grpc::Status status = target.stub().Join(Deadline().get(), request, &joined);
     INFO(timeout << ": " << Describe(status));
     REQUIRE(status.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     CHECK(Mentions(status, "join_timeout_ms"));
@@ -329,8 +321,7 @@ TEST_CASE("join timeouts are bounded and jobs are capped", "[chaos]") {
   int created = 0;
   for (; created < 400; ++created) {
     pb::JoinResponse joined;
-    status = target.stub().Join(Deadline().get(),
-                                JoinRequestFor(absl::StrCat("many", created), 2),
+    status = target.stub().Join(Deadline().get(), JoinRequestFor(absl::StrCat("many", created), 2),
                                 &joined);
     if (!status.ok()) break;
     if (created % 50 == 0) target.CanaryRound();
@@ -349,11 +340,10 @@ TEST_CASE("join timeouts are bounded and jobs are capped", "[chaos]") {
 void MutateField(Message& message, std::mt19937_64& rng) {
   const auto* descriptor = message.GetDescriptor();
   if (descriptor->field_count() == 0) return;  // ListJobsRequest
-  const FieldDescriptor* field =
-      descriptor->field(rng() % descriptor->field_count());
+  const FieldDescriptor* field = descriptor->field(rng() % descriptor->field_count());
   const auto* reflection = message.GetReflection();
-  static const int64_t kEdges[] = {0, -1, 1, 2, 255, 1 << 20, INT32_MAX,
-                                   INT32_MIN, INT64_MAX, INT64_MIN};
+  static const int64_t kEdges[] = {0,       -1,        1,         2,         255,
+                                   1 << 20, INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN};
   int64_t number = rng() % 2 ? kEdges[rng() % 10] : static_cast<int64_t>(rng());
   static const size_t kLengths[] = {0, 1, 255, 256, 257, 4097, 70000};
   std::string text(kLengths[rng() % 7], static_cast<char>('!' + rng() % 90));
@@ -430,8 +420,7 @@ std::vector<Template> Templates(uint64_t round) {
   std::vector<Template> templates;
   auto add = [&](const std::string& method, Message* request) {
     templates.push_back(
-        {"/muster.rendezvous.v1.Rendezvous/" + method,
-         std::unique_ptr<Message>(request)});
+        {"/muster.rendezvous.v1.Rendezvous/" + method, std::unique_ptr<Message>(request)});
   };
   add("Join", new pb::JoinRequest(JoinRequestFor("fuzz", 2)));
   auto keys = [&](auto* request) {
@@ -522,12 +511,10 @@ TEST_CASE("fuzzed requests get errors, not a crash or a hang", "[chaos]") {
         call->parses = request->ParseFromString(bytes);
         unparseable += call->parses ? 0 : 1;
       }
-      call->context.set_deadline(
-          absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
+      call->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
       grpc::Slice slice(bytes);
       grpc::ByteBuffer buffer(&slice, 1);
-      call->reader = generic.PrepareUnaryCall(&call->context, base.method,
-                                              buffer, &queue);
+      call->reader = generic.PrepareUnaryCall(&call->context, base.method, buffer, &queue);
       call->reader->StartCall();
       call->reader->Finish(&call->reply, &call->status, call.get());
       calls.push_back(std::move(call));
@@ -535,8 +522,7 @@ TEST_CASE("fuzzed requests get errors, not a crash or a hang", "[chaos]") {
     for (size_t done = 0; done < calls.size(); ++done) {
       void* tag = nullptr;
       bool ok = false;
-      REQUIRE(queue.AsyncNext(&tag, &ok, absl::ToChronoTime(
-                                             absl::Now() + absl::Seconds(10))) ==
+      REQUIRE(queue.AsyncNext(&tag, &ok, absl::ToChronoTime(absl::Now() + absl::Seconds(10))) ==
               grpc::CompletionQueue::GOT_EVENT);
       auto* call = static_cast<Call*>(tag);
       codes[call->status.error_code()]++;
@@ -559,8 +545,7 @@ TEST_CASE("fuzzed requests get errors, not a crash or a hang", "[chaos]") {
   std::string histogram;
   for (auto& [code, count] : codes) absl::StrAppend(&histogram, " ", code, ":", count);
   WARN(kInputs << " fuzzed requests (" << unparseable << " unparseable) in "
-               << absl::FormatDuration(absl::Now() - start)
-               << "; codes:" << histogram);
+               << absl::FormatDuration(absl::Now() - start) << "; codes:" << histogram);
   target.CanaryRound();
   target.Finish("fuzz");
 }

@@ -24,8 +24,7 @@ struct Reference {
 // Causal softmax(q k^T / sqrt(hs)) v per (batch, head), from the
 // definition in double.
 Reference ReferenceForward(const std::vector<double>& qkv) {
-  Reference ref{std::vector<double>(B * T * C, 0.0),
-                std::vector<double>(B * NH * T * T, 0.0)};
+  Reference ref{std::vector<double>(B * T * C, 0.0), std::vector<double>(B * NH * T * T, 0.0)};
   auto at = [&](int b, int t, int part, int h, int i) {
     return qkv[(b * T + t) * 3 * C + part * C + h * hs + i];
   };
@@ -36,8 +35,7 @@ Reference ReferenceForward(const std::vector<double>& qkv) {
         double sum = 0;
         for (int t2 = 0; t2 <= t; ++t2) {
           double score = 0;
-          for (int i = 0; i < hs; ++i)
-            score += at(b, t, 0, h, i) * at(b, t2, 1, h, i);
+          for (int i = 0; i < hs; ++i) score += at(b, t, 0, h, i) * at(b, t2, 1, h, i);
           weights[t2] = std::exp(score / std::sqrt(double{hs}));
           sum += weights[t2];
         }
@@ -71,12 +69,10 @@ TEST_CASE("attention backward matches finite differences and accumulates") {
   AttentionForwardCpu(out.data(), att.data(), qkv.data(), B, T, C, NH);
   const float prior = 0.75f;
   std::vector<float> dqkv(B * T * 3 * C, prior), dpreatt(B * NH * T * T, -9.0f);
-  AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(),
-                       att.data(), B, T, C, NH);
+  AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                       NH);
   auto want = FiniteDifferenceGradient(
-      [&](const std::vector<double>& x) {
-        return Dot(ReferenceForward(x).out, dout);
-      },
+      [&](const std::vector<double>& x) { return Dot(ReferenceForward(x).out, dout); },
       ToDouble(qkv));
   for (double& g : want) g += prior;
   RequireClose(dqkv, want, 1e-4, 1e-5, "dqkv");
@@ -102,35 +98,32 @@ TEST_CASE("the per-row loops the CUDA kernels run match the CPU path") {
   auto qkv = RandomFloats(batch * time * 3 * channels, 10, -2.0f, 2.0f);
   auto dout = RandomFloats(batch * time * channels, 11);
   const size_t map_size = static_cast<size_t>(batch) * heads * time * time;
-  std::vector<float> out(batch * time * channels), att(map_size),
-      dpreatt(map_size), dqkv(qkv.size(), 0.25f);
-  AttentionForwardCpu(out.data(), att.data(), qkv.data(), batch, time,
-                      channels, heads);
-  AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(),
-                       att.data(), batch, time, channels, heads);
+  std::vector<float> out(batch * time * channels), att(map_size), dpreatt(map_size),
+      dqkv(qkv.size(), 0.25f);
+  AttentionForwardCpu(out.data(), att.data(), qkv.data(), batch, time, channels, heads);
+  AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(), att.data(), batch,
+                       time, channels, heads);
 
-  std::vector<float> row_out(out.size()), row_att(map_size, 7.0f),
-      row_dpreatt(map_size, -9.0f), row_dqkv(qkv.size(), 0.25f);
+  std::vector<float> row_out(out.size()), row_att(map_size, 7.0f), row_dpreatt(map_size, -9.0f),
+      row_dqkv(qkv.size(), 0.25f);
   for (int b = 0; b < batch; ++b) {
     for (int h = 0; h < heads; ++h) {
       const size_t qkv_at = AttentionQkvOffset(b, h, time, channels, head_size);
       const size_t out_at = AttentionOutOffset(b, h, time, channels, head_size);
       const size_t map_at = AttentionMapOffset(b, h, heads, time);
       for (int t = 0; t < time; ++t) {
-        AttentionRowForward(row_out.data() + out_at, row_att.data() + map_at,
-                            qkv.data() + qkv_at, t, time, channels, head_size);
+        AttentionRowForward(row_out.data() + out_at, row_att.data() + map_at, qkv.data() + qkv_at,
+                            t, time, channels, head_size);
       }
       for (int t = 0; t < time; ++t) {
-        AttentionRowBackwardScores(row_dpreatt.data() + map_at,
-                                   row_att.data() + map_at, qkv.data() + qkv_at,
-                                   dout.data() + out_at, t, time, channels,
+        AttentionRowBackwardScores(row_dpreatt.data() + map_at, row_att.data() + map_at,
+                                   qkv.data() + qkv_at, dout.data() + out_at, t, time, channels,
                                    head_size);
       }
       for (int t = 0; t < time; ++t) {
-        AttentionRowBackwardInputs(
-            row_dqkv.data() + qkv_at, row_dpreatt.data() + map_at,
-            row_att.data() + map_at, qkv.data() + qkv_at, dout.data() + out_at,
-            t, time, channels, head_size);
+        AttentionRowBackwardInputs(row_dqkv.data() + qkv_at, row_dpreatt.data() + map_at,
+                                   row_att.data() + map_at, qkv.data() + qkv_at,
+                                   dout.data() + out_at, t, time, channels, head_size);
       }
     }
   }
@@ -144,13 +137,11 @@ TEST_CASE("attention is bitwise deterministic") {
   auto qkv = RandomFloats(batch * time * 3 * channels, 5);
   auto dout = RandomFloats(batch * time * channels, 6);
   auto run = [&] {
-    std::vector<float> out(batch * time * channels),
-        att(batch * heads * time * time), dpreatt(att.size()),
-        dqkv(qkv.size(), 0.0f);
-    AttentionForwardCpu(out.data(), att.data(), qkv.data(), batch, time,
-                        channels, heads);
-    AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(),
-                         att.data(), batch, time, channels, heads);
+    std::vector<float> out(batch * time * channels), att(batch * heads * time * time),
+        dpreatt(att.size()), dqkv(qkv.size(), 0.0f);
+    AttentionForwardCpu(out.data(), att.data(), qkv.data(), batch, time, channels, heads);
+    AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(), att.data(), batch,
+                         time, channels, heads);
     out.insert(out.end(), att.begin(), att.end());
     out.insert(out.end(), dqkv.begin(), dqkv.end());
     return out;

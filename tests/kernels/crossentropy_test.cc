@@ -42,13 +42,11 @@ std::vector<double> ReferenceLosses(const std::vector<double>& logits) {
 TEST_CASE("cross-entropy loss matches the log-sum-exp reference") {
   auto logits = MakeLogits(1);
   std::vector<float> losses(N), lse(N);
-  CrossEntropyForwardCpu(losses.data(), lse.data(), logits.data(),
-                         kTargets.data(), N, V, Vp);
+  CrossEntropyForwardCpu(losses.data(), lse.data(), logits.data(), kTargets.data(), N, V, Vp);
   const auto want = ReferenceLosses(ToDouble(logits));
   RequireClose(losses, want, 1e-5, 1e-6, "losses");
   std::vector<double> want_lse(N);
-  for (size_t row = 0; row < N; ++row)
-    want_lse[row] = want[row] + logits[row * Vp + kTargets[row]];
+  for (size_t row = 0; row < N; ++row) want_lse[row] = want[row] + logits[row * Vp + kTargets[row]];
   RequireClose(lse, want_lse, 1e-6, 1e-6, "lse");
 }
 
@@ -62,16 +60,14 @@ TEST_CASE("cross-entropy survives logits that would overflow expf") {
   REQUIRE(loss == Approx(1.0 + std::log1p(std::exp(-1.0))).epsilon(1e-5));
 }
 
-TEST_CASE(
-    "cross-entropy backward matches finite differences, zero in padding") {
+TEST_CASE("cross-entropy backward matches finite differences, zero in padding") {
   auto logits = MakeLogits(2);
   const float dloss = 1.0f / N;  // the gradient of a mean over positions
   std::vector<float> losses(N), lse(N);
-  CrossEntropyForwardCpu(losses.data(), lse.data(), logits.data(),
-                         kTargets.data(), N, V, Vp);
+  CrossEntropyForwardCpu(losses.data(), lse.data(), logits.data(), kTargets.data(), N, V, Vp);
   std::vector<float> dlogits(N * Vp, 123.0f);  // stale contents are overwritten
-  CrossEntropyBackwardCpu(dlogits.data(), logits.data(), lse.data(),
-                          kTargets.data(), dloss, N, V, Vp);
+  CrossEntropyBackwardCpu(dlogits.data(), logits.data(), lse.data(), kTargets.data(), dloss, N, V,
+                          Vp);
 
   auto want = FiniteDifferenceGradient(
       [&](const std::vector<double>& x) {
@@ -87,8 +83,8 @@ TEST_CASE(
 
   SECTION("in place over the logits gives the same gradient") {
     std::vector<float> in_place = logits;
-    CrossEntropyBackwardCpu(in_place.data(), in_place.data(), lse.data(),
-                            kTargets.data(), dloss, N, V, Vp);
+    CrossEntropyBackwardCpu(in_place.data(), in_place.data(), lse.data(), kTargets.data(), dloss, N,
+                            V, Vp);
     REQUIRE(BitwiseEqual(in_place, dlogits));
   }
 }
@@ -101,10 +97,10 @@ TEST_CASE("cross-entropy is bitwise deterministic") {
   for (size_t row = 0; row < rows; ++row) targets[row] = (row * 37) % vocab;
   auto run = [&] {
     std::vector<float> losses(rows), lse(rows), dlogits(rows * padded);
-    CrossEntropyForwardCpu(losses.data(), lse.data(), logits.data(),
-                           targets.data(), rows, vocab, padded);
-    CrossEntropyBackwardCpu(dlogits.data(), logits.data(), lse.data(),
-                            targets.data(), 0.01f, rows, vocab, padded);
+    CrossEntropyForwardCpu(losses.data(), lse.data(), logits.data(), targets.data(), rows, vocab,
+                           padded);
+    CrossEntropyBackwardCpu(dlogits.data(), logits.data(), lse.data(), targets.data(), 0.01f, rows,
+                            vocab, padded);
     losses.insert(losses.end(), lse.begin(), lse.end());
     losses.insert(losses.end(), dlogits.begin(), dlogits.end());
     return losses;

@@ -28,11 +28,11 @@
 namespace muster::kernels::fast {
 namespace {
 
-#define CUDA_REQUIRE(call)                                        \
-  do {                                                            \
-    const int code_ = static_cast<int>(call);                     \
-    INFO(#call << " returned " << code_);                         \
-    REQUIRE(code_ == 0);                                          \
+#define CUDA_REQUIRE(call)                    \
+  do {                                        \
+    const int code_ = static_cast<int>(call); \
+    INFO(#call << " returned " << code_);     \
+    REQUIRE(code_ == 0);                      \
   } while (0)
 
 unsigned Seed() {
@@ -153,7 +153,8 @@ double GeluRef(double x) {
 double GeluGradRef(double x) {
   const double u = std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x);
   const double th = std::tanh(u);
-  return 0.5 * (1 + th) + 0.5 * x * (1 - th * th) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
+  return 0.5 * (1 + th) +
+         0.5 * x * (1 - th * th) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
 }
 
 std::unique_ptr<Gemm> MakeGemm(GemmMath math) {
@@ -184,8 +185,8 @@ TEST_CASE("GEMM forward with bias and GELU epilogues matches fp64", "[gemm]") {
         }
       }
       Buffer out(BT * OC, act), pre_gelu(BT * OC, act);
-      CUDA_REQUIRE(gemm->Forward(out.get(), nullptr, d_inp.get(), d_weight.get(), d_bias.get(), BT,
-                                 C, OC));
+      CUDA_REQUIRE(
+          gemm->Forward(out.get(), nullptr, d_inp.get(), d_weight.get(), d_bias.get(), BT, C, OC));
       RequireClose(out.Download(), pre, mode.tolerance, "bias epilogue");
       out.Poison();
       CUDA_REQUIRE(gemm->Forward(out.get(), pre_gelu.get(), d_inp.get(), d_weight.get(),
@@ -244,7 +245,8 @@ TEST_CASE("GEMM backward: input (with GELU gradient), weight and bias match fp64
       Buffer scratch(Gemm::BiasGradScratchFloats(BT, OC), ActType::kF32);
       d_dweight.Upload(&dweight0);
       d_dbias.Upload(&dbias0);
-      CUDA_REQUIRE(gemm->BackwardWeight(d_dweight.f(), d_dout.get(), d_inp.get(), BT, C, OC, alpha));
+      CUDA_REQUIRE(
+          gemm->BackwardWeight(d_dweight.f(), d_dout.get(), d_inp.get(), BT, C, OC, alpha));
       CUDA_REQUIRE(gemm->BackwardBias(d_dbias.f(), d_dout.get(), BT, OC, scratch.f()));
       RequireClose(d_dweight.Download(), dweight, mode.tolerance, "dweight (accumulated)");
       RequireClose(d_dbias.Download(), dbias, 1e-5, "dbias (accumulated, fp32 sums)");
@@ -270,8 +272,8 @@ TEST_CASE("attention forward and backward match the CPU back end", "[attention]"
                            C, NH);
       Buffer d_out(out.size(), act), d_att(att.size(), act), scores(att.size(), ActType::kF32),
           d_dqkv(qkv.size(), act);
-      CUDA_REQUIRE(AttentionForward(*gemm, d_out.get(), d_att.get(), scores.f(), d_qkv.get(), B, T,
-                                    C, NH));
+      CUDA_REQUIRE(
+          AttentionForward(*gemm, d_out.get(), d_att.get(), scores.f(), d_qkv.get(), B, T, C, NH));
       RequireClose(d_out.Download(), AsDoubles(out), mode.tolerance, "out");
       const std::vector<float> got_att = d_att.Download();
       RequireClose(got_att, AsDoubles(att), mode.tolerance, "probabilities");
@@ -318,8 +320,8 @@ TEST_CASE("flash attention forward and backward match the CPU back end", "[atten
             const float* k = &qkv[(size_t(b) * T + 0) * 3 * C + C + h * hs];
             for (int d = 0; d < hs; ++d) s0 += double(q[d]) * k[d];
             const double p0 = att[((size_t(b) * NH + h) * T + t) * T + 0];
-            lse_ref[(size_t(b) * NH + h) * T + t] = s0 / std::sqrt(double(hs)) / std::log(2.0) -
-                                                    std::log2(p0);
+            lse_ref[(size_t(b) * NH + h) * T + t] =
+                s0 / std::sqrt(double(hs)) / std::log(2.0) - std::log2(p0);
           }
         }
       }
@@ -357,8 +359,8 @@ TEST_CASE("layernorm with the fused residual add, forward and backward, match fp
       Buffer d_a(N * C, act), d_b(N * C, act), d_w(C, ActType::kF32), d_bias(C, ActType::kF32);
       // Uploads round bf16 inputs in place: the references below use the
       // rounded values.
-      Buffer d_dout(N * C, act), d_dinp(N * C, act), d_dw(C, ActType::kF32),
-          d_db(C, ActType::kF32), scratch(LayerNormBackwardScratchFloats(N, C), ActType::kF32);
+      Buffer d_dout(N * C, act), d_dinp(N * C, act), d_dw(C, ActType::kF32), d_db(C, ActType::kF32),
+          scratch(LayerNormBackwardScratchFloats(N, C), ActType::kF32);
       d_dout.Upload(&dout);
       d_dinp.Upload(&dinp0);
       d_a.Upload(&a);
@@ -372,9 +374,8 @@ TEST_CASE("layernorm with the fused residual add, forward and backward, match fp
       std::vector<double> x_ref(N * C), out_ref(N * C), mean_ref(N), rstd_ref(N);
       for (size_t i = 0; i < x.size(); ++i) x_ref[i] = double(a[i]) + b[i];
       RequireClose(x, x_ref, mode.tolerance, "residual");
-      std::vector<double> dinp_ref(dinp0.begin(), dinp0.end()), dw_ref(dweight0.begin(),
-                                                                        dweight0.end()),
-          db_ref(dbias0.begin(), dbias0.end());
+      std::vector<double> dinp_ref(dinp0.begin(), dinp0.end()),
+          dw_ref(dweight0.begin(), dweight0.end()), db_ref(dbias0.begin(), dbias0.end());
       for (int r = 0; r < N; ++r) {
         const float* row = &x[size_t(r) * C];
         double m = 0, v = 0;
@@ -452,8 +453,8 @@ TEST_CASE("fused classifier: loss and logit gradient match fp64", "[classifier]"
       }
       // Loss only: the logits stay as they are.
       const std::vector<uint8_t> before = d_logits.Bytes();
-      CUDA_REQUIRE(ClassifierForward(act, losses.f(), d_logits.get(), d_targets, dloss, false, BT, V,
-                                     Vp, nullptr));
+      CUDA_REQUIRE(ClassifierForward(act, losses.f(), d_logits.get(), d_targets, dloss, false, BT,
+                                     V, Vp, nullptr));
       RequireClose(losses.Download(), loss_ref, 1e-5, "losses");
       REQUIRE(d_logits.Bytes() == before);
       losses.Poison();
@@ -495,7 +496,8 @@ TEST_CASE("encoder forward and token-grouped backward match fp64", "[encoder]") 
                          cudaMemcpyHostToDevice) == cudaSuccess);
       const int G = groups.groups();
       const int* d_tokens = d_ints + 2 * G + 1 + B * T;
-      CUDA_REQUIRE(EncoderForward(act, out.get(), d_tokens, d_wte.f(), d_wpe.f(), B, T, C, nullptr));
+      CUDA_REQUIRE(
+          EncoderForward(act, out.get(), d_tokens, d_wte.f(), d_wpe.f(), B, T, C, nullptr));
       std::vector<double> out_ref(B * T * C), dwte_ref(dwte0.begin(), dwte0.end()),
           dwpe_ref(dwpe0.begin(), dwpe0.end());
       for (int r = 0; r < B * T; ++r) {
@@ -515,9 +517,10 @@ TEST_CASE("encoder forward and token-grouped backward match fp64", "[encoder]") 
   }
 }
 
-TEST_CASE("AdamW over runs in one launch matches the CPU; the bf16 copy is the rounded weights; "
-          "gaps between runs stay untouched",
-          "[adamw]") {
+TEST_CASE(
+    "AdamW over runs in one launch matches the CPU; the bf16 copy is the rounded weights; "
+    "gaps between runs stay untouched",
+    "[adamw]") {
   std::mt19937 rng(Seed());
   const size_t n = 4 * kAdamWChunkFloats;
   // A long decayed run split over several blocks (its length not a
@@ -547,10 +550,9 @@ TEST_CASE("AdamW over runs in one launch matches the CPU; the bf16 copy is the r
       REQUIRE(cudaMalloc(&d_chunks, chunks.size() * sizeof(AdamWChunk)) == cudaSuccess);
       REQUIRE(cudaMemcpy(d_chunks, chunks.data(), chunks.size() * sizeof(AdamWChunk),
                          cudaMemcpyHostToDevice) == cudaSuccess);
-      CUDA_REQUIRE(AdamWUpdateChunks(d_params.f(), d_m.f(), d_v.f(), d_grads.f(),
-                                     static_cast<uint16_t*>(copy.get()), d_chunks,
-                                     static_cast<int>(chunks.size()), odd_begin == 0, hyper, 3,
-                                     nullptr));
+      CUDA_REQUIRE(AdamWUpdateChunks(
+          d_params.f(), d_m.f(), d_v.f(), d_grads.f(), static_cast<uint16_t*>(copy.get()), d_chunks,
+          static_cast<int>(chunks.size()), odd_begin == 0, hyper, 3, nullptr));
       const std::vector<float> before = params;
       for (const AdamWChunk& run : runs) {
         AdamWHyper run_hyper = hyper;
@@ -603,7 +605,8 @@ TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
     std::vector<std::vector<uint8_t>> results;
     Buffer out(BT * C, act), att(size_t(B) * NH * T * T, act),
         scores(size_t(B) * NH * T * T, ActType::kF32), dqkv(qkv.size(), act);
-    CUDA_REQUIRE(AttentionForward(*gemm, out.get(), att.get(), scores.f(), d_qkv.get(), B, T, C, NH));
+    CUDA_REQUIRE(
+        AttentionForward(*gemm, out.get(), att.get(), scores.f(), d_qkv.get(), B, T, C, NH));
     results.push_back(out.Bytes());
     CUDA_REQUIRE(AttentionBackward(*gemm, dqkv.get(), scores.f(), att.get(), d_dout.get(),
                                    d_qkv.get(), B, T, C, NH));
@@ -614,8 +617,8 @@ TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
     CUDA_REQUIRE(FlashAttentionForward(out.get(), lse.f(), d_qkv.get(), B, T, C, NH, nullptr));
     results.push_back(out.Bytes());
     results.push_back(lse.Bytes());
-    CUDA_REQUIRE(FlashAttentionBackward(dqkv.get(), delta.f(), d_dout.get(), out.get(),
-                                        d_qkv.get(), lse.f(), B, T, C, NH, nullptr));
+    CUDA_REQUIRE(FlashAttentionBackward(dqkv.get(), delta.f(), d_dout.get(), out.get(), d_qkv.get(),
+                                        lse.f(), B, T, C, NH, nullptr));
     results.push_back(dqkv.Bytes());
     Buffer dinp(BT * C, act), dw(C, ActType::kF32), db(C, ActType::kF32), mean(BT, ActType::kF32),
         rstd(BT, ActType::kF32), ln(BT * C, act),
@@ -625,12 +628,12 @@ TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
     CUDA_REQUIRE(cudaMemset(db.get(), 0, C * 4));
     CUDA_REQUIRE(LayerNormForward(act, ln.get(), mean.f(), rstd.f(), nullptr, out.get(), nullptr,
                                   d_w.f(), d_w.f(), BT, C, nullptr));
-    CUDA_REQUIRE(LayerNormBackward(act, dinp.get(), dw.f(), db.f(), d_dout.get(), out.get(), d_w.f(),
-                                   mean.f(), rstd.f(), BT, C, scratch.f(), nullptr));
+    CUDA_REQUIRE(LayerNormBackward(act, dinp.get(), dw.f(), db.f(), d_dout.get(), out.get(),
+                                   d_w.f(), mean.f(), rstd.f(), BT, C, scratch.f(), nullptr));
     results.push_back(dinp.Bytes());
     results.push_back(dw.Bytes());
-    Buffer bias_grad(3 * C, ActType::kF32), bias_scratch(Gemm::BiasGradScratchFloats(BT, 3 * C),
-                                                         ActType::kF32);
+    Buffer bias_grad(3 * C, ActType::kF32),
+        bias_scratch(Gemm::BiasGradScratchFloats(BT, 3 * C), ActType::kF32);
     CUDA_REQUIRE(cudaMemset(bias_grad.get(), 0, 3 * C * 4));
     CUDA_REQUIRE(gemm->BackwardBias(bias_grad.f(), dqkv.get(), BT, 3 * C, bias_scratch.f()));
     results.push_back(bias_grad.Bytes());

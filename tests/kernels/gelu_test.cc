@@ -26,8 +26,7 @@ TEST_CASE("ExpNonPositive is within 2^-23 relative of e^w on [-87, 0]") {
 
 TEST_CASE("gelu forward matches the double-precision definition") {
   for (double x = -6.0; x <= 6.0; x += 0.125) {
-    REQUIRE(GeluForwardElem(static_cast<float>(x)) ==
-            Approx(GeluReference(x)).margin(1e-6));
+    REQUIRE(GeluForwardElem(static_cast<float>(x)) == Approx(GeluReference(x)).margin(1e-6));
   }
 }
 
@@ -49,10 +48,8 @@ TEST_CASE("gelu backward matches central finite differences") {
   const double h = 1e-4;
   for (double x = -5.0; x <= 5.0; x += 0.25) {
     double numeric = (GeluReference(x + h) - GeluReference(x - h)) / (2 * h);
-    REQUIRE(GeluBackwardElem(static_cast<float>(x), 1.0f) ==
-            Approx(numeric).margin(1e-5));
-    REQUIRE(GeluBackwardElem(static_cast<float>(x), -2.5f) ==
-            Approx(-2.5 * numeric).margin(1e-4));
+    REQUIRE(GeluBackwardElem(static_cast<float>(x), 1.0f) == Approx(numeric).margin(1e-5));
+    REQUIRE(GeluBackwardElem(static_cast<float>(x), -2.5f) == Approx(-2.5 * numeric).margin(1e-4));
   }
 }
 

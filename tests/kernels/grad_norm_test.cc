@@ -21,8 +21,7 @@ double ReferenceSumOfSquares(const std::vector<float>& x) {
 }
 
 TEST_CASE("sum of squares matches the reference across chunk boundaries") {
-  for (size_t n :
-       {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{10037}}) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{10037}}) {
     auto x = RandomFloats(n, 1 + n, -3.0f, 3.0f);
     INFO("n = " << n);
     REQUIRE(SumOfSquaresCpu(x.data(), n) ==
@@ -45,9 +44,8 @@ TEST_CASE("clip scale brings the global norm down to the limit") {
   const float scale = ClipScale(norm, max_norm);
   ScaleCpu(first.data(), first.size(), scale);
   ScaleCpu(second.data(), second.size(), scale);
-  const double clipped =
-      std::sqrt(SumOfSquaresCpu(first.data(), first.size()) +
-                SumOfSquaresCpu(second.data(), second.size()));
+  const double clipped = std::sqrt(SumOfSquaresCpu(first.data(), first.size()) +
+                                   SumOfSquaresCpu(second.data(), second.size()));
   REQUIRE(clipped == Approx(max_norm).epsilon(1e-6));
 }
 

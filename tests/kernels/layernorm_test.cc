@@ -23,11 +23,9 @@ struct Reference {
 };
 
 // inp (N, C), weight and bias (C), from the definition in double.
-Reference ReferenceForward(const std::vector<double>& inp,
-                           const std::vector<double>& weight,
+Reference ReferenceForward(const std::vector<double>& inp, const std::vector<double>& weight,
                            const std::vector<double>& bias) {
-  Reference ref{std::vector<double>(N * C), std::vector<double>(N),
-                std::vector<double>(N)};
+  Reference ref{std::vector<double>(N * C), std::vector<double>(N), std::vector<double>(N)};
   for (size_t row = 0; row < N; ++row) {
     double mean = 0;
     for (int c = 0; c < C; ++c) mean += inp[row * C + c] / C;
@@ -37,8 +35,7 @@ Reference ReferenceForward(const std::vector<double>& inp,
     }
     const double rstd = 1.0 / std::sqrt(var + 1e-5);
     for (int c = 0; c < C; ++c) {
-      ref.out[row * C + c] =
-          (inp[row * C + c] - mean) * rstd * weight[c] + bias[c];
+      ref.out[row * C + c] = (inp[row * C + c] - mean) * rstd * weight[c] + bias[c];
     }
     ref.mean[row] = mean;
     ref.rstd[row] = rstd;
@@ -51,10 +48,9 @@ TEST_CASE("layernorm forward matches the definition and saves mean, rstd") {
   auto weight = RandomFloats(C, 2, 0.5f, 1.5f);
   auto bias = RandomFloats(C, 3);
   std::vector<float> out(N * C), mean(N), rstd(N);
-  LayerNormForwardCpu(out.data(), mean.data(), rstd.data(), inp.data(),
-                      weight.data(), bias.data(), N, C);
-  Reference ref =
-      ReferenceForward(ToDouble(inp), ToDouble(weight), ToDouble(bias));
+  LayerNormForwardCpu(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(),
+                      N, C);
+  Reference ref = ReferenceForward(ToDouble(inp), ToDouble(weight), ToDouble(bias));
   RequireClose(out, ref.out, 1e-5, 1e-5, "out");
   RequireClose(mean, ref.mean, 1e-5, 1e-6, "mean");
   RequireClose(rstd, ref.rstd, 1e-5, 1e-6, "rstd");
@@ -65,17 +61,15 @@ TEST_CASE("layernorm backward matches finite differences and accumulates") {
   auto weight = RandomFloats(C, 5, 0.5f, 1.5f);
   auto bias = RandomFloats(C, 6);
   auto dout = RandomFloats(N * C, 7);
-  const auto inp_d = ToDouble(inp), weight_d = ToDouble(weight),
-             bias_d = ToDouble(bias);
+  const auto inp_d = ToDouble(inp), weight_d = ToDouble(weight), bias_d = ToDouble(bias);
 
   std::vector<float> out(N * C), mean(N), rstd(N);
-  LayerNormForwardCpu(out.data(), mean.data(), rstd.data(), inp.data(),
-                      weight.data(), bias.data(), N, C);
+  LayerNormForwardCpu(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(),
+                      N, C);
   const float prior = -0.5f;
   std::vector<float> dinp(N * C, prior), dweight(C, prior), dbias(C, prior);
-  LayerNormBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(),
-                       inp.data(), weight.data(), mean.data(), rstd.data(), N,
-                       C);
+  LayerNormBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                       weight.data(), mean.data(), rstd.data(), N, C);
 
   auto want_dinp = FiniteDifferenceGradient(
       [&](const std::vector<double>& x) {
@@ -108,14 +102,12 @@ TEST_CASE("layernorm is bitwise deterministic") {
   auto bias = RandomFloats(channels, 10);
   auto dout = RandomFloats(rows * channels, 11);
   auto run = [&] {
-    std::vector<float> out(rows * channels), mean(rows), rstd(rows),
-        dinp(rows * channels, 0.0f), dweight(channels, 0.0f),
-        dbias(channels, 0.0f);
-    LayerNormForwardCpu(out.data(), mean.data(), rstd.data(), inp.data(),
-                        weight.data(), bias.data(), rows, channels);
-    LayerNormBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(),
-                         inp.data(), weight.data(), mean.data(), rstd.data(),
-                         rows, channels);
+    std::vector<float> out(rows * channels), mean(rows), rstd(rows), dinp(rows * channels, 0.0f),
+        dweight(channels, 0.0f), dbias(channels, 0.0f);
+    LayerNormForwardCpu(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(),
+                        bias.data(), rows, channels);
+    LayerNormBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                         weight.data(), mean.data(), rstd.data(), rows, channels);
     for (auto* part : {&mean, &rstd, &dinp, &dweight, &dbias}) {
       out.insert(out.end(), part->begin(), part->end());
     }

@@ -39,15 +39,13 @@ TEST_CASE("matmul forward matches the definition, with and without bias") {
   auto bias = RandomFloats(OC, 3);
   std::vector<float> out(BT * OC, 99.0f);  // stale contents are overwritten
 
-  MatmulForwardCpu(out.data(), inp.data(), weight.data(), bias.data(), BT, C,
-                   OC);
-  RequireClose(
-      out, ReferenceForward(ToDouble(inp), ToDouble(weight), ToDouble(bias)),
-      1e-5, 1e-6, "with bias");
+  MatmulForwardCpu(out.data(), inp.data(), weight.data(), bias.data(), BT, C, OC);
+  RequireClose(out, ReferenceForward(ToDouble(inp), ToDouble(weight), ToDouble(bias)), 1e-5, 1e-6,
+               "with bias");
 
   MatmulForwardCpu(out.data(), inp.data(), weight.data(), nullptr, BT, C, OC);
-  RequireClose(out, ReferenceForward(ToDouble(inp), ToDouble(weight), {}), 1e-5,
-               1e-6, "without bias");
+  RequireClose(out, ReferenceForward(ToDouble(inp), ToDouble(weight), {}), 1e-5, 1e-6,
+               "without bias");
 }
 
 TEST_CASE("matmul backward matches finite differences and accumulates") {
@@ -55,15 +53,13 @@ TEST_CASE("matmul backward matches finite differences and accumulates") {
   auto weight = RandomFloats(OC * C, 5);
   auto bias = RandomFloats(OC, 6);
   auto dout = RandomFloats(BT * OC, 7);
-  const auto inp_d = ToDouble(inp), weight_d = ToDouble(weight),
-             bias_d = ToDouble(bias);
+  const auto inp_d = ToDouble(inp), weight_d = ToDouble(weight), bias_d = ToDouble(bias);
 
   // Gradients start at a known non-zero value to check they accumulate.
   const float prior = 0.25f;
-  std::vector<float> dinp(BT * C, prior), dweight(OC * C, prior),
-      dbias(OC, prior);
-  MatmulBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(),
-                    inp.data(), weight.data(), BT, C, OC);
+  std::vector<float> dinp(BT * C, prior), dweight(OC * C, prior), dbias(OC, prior);
+  MatmulBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                    weight.data(), BT, C, OC);
 
   auto want_dinp = FiniteDifferenceGradient(
       [&](const std::vector<double>& x) {
@@ -71,14 +67,10 @@ TEST_CASE("matmul backward matches finite differences and accumulates") {
       },
       inp_d);
   auto want_dweight = FiniteDifferenceGradient(
-      [&](const std::vector<double>& w) {
-        return Dot(ReferenceForward(inp_d, w, bias_d), dout);
-      },
+      [&](const std::vector<double>& w) { return Dot(ReferenceForward(inp_d, w, bias_d), dout); },
       weight_d);
   auto want_dbias = FiniteDifferenceGradient(
-      [&](const std::vector<double>& b) {
-        return Dot(ReferenceForward(inp_d, weight_d, b), dout);
-      },
+      [&](const std::vector<double>& b) { return Dot(ReferenceForward(inp_d, weight_d, b), dout); },
       bias_d);
   for (double& g : want_dinp) g += prior;
   for (double& g : want_dweight) g += prior;
@@ -94,10 +86,10 @@ TEST_CASE("matmul backward skips dinp and dbias when given nullptr") {
   auto dout = RandomFloats(BT * OC, 10);
   std::vector<float> with_all(OC * C, 0.0f), weight_only(OC * C, 0.0f);
   std::vector<float> dinp(BT * C, 0.0f), dbias(OC, 0.0f);
-  MatmulBackwardCpu(dinp.data(), with_all.data(), dbias.data(), dout.data(),
-                    inp.data(), weight.data(), BT, C, OC);
-  MatmulBackwardCpu(nullptr, weight_only.data(), nullptr, dout.data(),
-                    inp.data(), weight.data(), BT, C, OC);
+  MatmulBackwardCpu(dinp.data(), with_all.data(), dbias.data(), dout.data(), inp.data(),
+                    weight.data(), BT, C, OC);
+  MatmulBackwardCpu(nullptr, weight_only.data(), nullptr, dout.data(), inp.data(), weight.data(),
+                    BT, C, OC);
   REQUIRE(BitwiseEqual(with_all, weight_only));
 }
 
@@ -110,12 +102,11 @@ TEST_CASE("matmul is bitwise deterministic") {
   auto bias = RandomFloats(outc, 13);
   auto dout = RandomFloats(rows * outc, 14);
   auto run = [&] {
-    std::vector<float> out(rows * outc), dinp(rows * in, 0.0f),
-        dweight(outc * in, 0.0f), dbias(outc, 0.0f);
-    MatmulForwardCpu(out.data(), inp.data(), weight.data(), bias.data(), rows,
-                     in, outc);
-    MatmulBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(),
-                      inp.data(), weight.data(), rows, in, outc);
+    std::vector<float> out(rows * outc), dinp(rows * in, 0.0f), dweight(outc * in, 0.0f),
+        dbias(outc, 0.0f);
+    MatmulForwardCpu(out.data(), inp.data(), weight.data(), bias.data(), rows, in, outc);
+    MatmulBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                      weight.data(), rows, in, outc);
     out.insert(out.end(), dinp.begin(), dinp.end());
     out.insert(out.end(), dweight.begin(), dweight.end());
     out.insert(out.end(), dbias.begin(), dbias.end());

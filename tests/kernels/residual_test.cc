@@ -16,8 +16,7 @@ using testing::ToDouble;
 
 constexpr size_t kCount = 2 * 5 * 8;  // B=2, T=5, C=8
 
-std::vector<double> ReferenceForward(const std::vector<double>& a,
-                                     const std::vector<double>& b) {
+std::vector<double> ReferenceForward(const std::vector<double>& a, const std::vector<double>& b) {
   std::vector<double> out(a.size());
   for (size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
   return out;
@@ -43,15 +42,9 @@ TEST_CASE("residual backward matches finite differences and accumulates") {
   std::vector<float> da(kCount, prior), db(kCount, prior);
   ResidualBackwardCpu(da.data(), db.data(), dout.data(), kCount);
   auto want_da = FiniteDifferenceGradient(
-      [&](const std::vector<double>& x) {
-        return Dot(ReferenceForward(x, b_d), dout);
-      },
-      a_d);
+      [&](const std::vector<double>& x) { return Dot(ReferenceForward(x, b_d), dout); }, a_d);
   auto want_db = FiniteDifferenceGradient(
-      [&](const std::vector<double>& x) {
-        return Dot(ReferenceForward(a_d, x), dout);
-      },
-      b_d);
+      [&](const std::vector<double>& x) { return Dot(ReferenceForward(a_d, x), dout); }, b_d);
   for (double& g : want_da) g += prior;
   for (double& g : want_db) g += prior;
   RequireClose(da, want_da, 1e-6, 1e-7, "dinp1");
@@ -60,8 +53,7 @@ TEST_CASE("residual backward matches finite differences and accumulates") {
 
 TEST_CASE("residual is bitwise deterministic") {
   const size_t n = 100000;
-  auto a = RandomFloats(n, 6), b = RandomFloats(n, 7),
-       dout = RandomFloats(n, 8);
+  auto a = RandomFloats(n, 6), b = RandomFloats(n, 7), dout = RandomFloats(n, 8);
   auto run = [&] {
     std::vector<float> out(n), da(n, 0.0f), db(n, 0.0f);
     ResidualForwardCpu(out.data(), a.data(), b.data(), n);

@@ -12,8 +12,7 @@
 
 namespace muster::kernels::testing {
 
-inline std::vector<float> RandomFloats(size_t n, unsigned seed,
-                                       float lo = -1.0f, float hi = 1.0f) {
+inline std::vector<float> RandomFloats(size_t n, unsigned seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> values(n);
@@ -29,8 +28,8 @@ inline std::vector<double> ToDouble(const std::vector<float>& values) {
 // usually sum(reference_forward(x) * upstream), whose gradient is exactly
 // what a backward pass given dout = upstream must produce.
 inline std::vector<double> FiniteDifferenceGradient(
-    const std::function<double(const std::vector<double>&)>& objective,
-    std::vector<double> x, double step = 1e-5) {
+    const std::function<double(const std::vector<double>&)>& objective, std::vector<double> x,
+    double step = 1e-5) {
   std::vector<double> grad(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
     const double saved = x[i];
@@ -52,8 +51,7 @@ inline double Dot(const std::vector<double>& a, const std::vector<float>& b) {
 
 // Every element within rel * |want| + abs of the reference; the message
 // names the first element that is not.
-inline void RequireClose(const std::vector<float>& got,
-                         const std::vector<double>& want, double rel,
+inline void RequireClose(const std::vector<float>& got, const std::vector<double>& want, double rel,
                          double abs, const char* what) {
   INFO(what);
   REQUIRE(got.size() == want.size());
@@ -63,10 +61,8 @@ inline void RequireClose(const std::vector<float>& got,
   }
 }
 
-inline bool BitwiseEqual(const std::vector<float>& a,
-                         const std::vector<float>& b) {
-  return a.size() == b.size() &&
-         std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+inline bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace muster::kernels::testing

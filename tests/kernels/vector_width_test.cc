@@ -22,21 +22,18 @@ constexpr int C = 77;
 TEST_CASE("layernorm rows give the bits of the scalar row math") {
   auto inp = RandomFloats(N * C, 1, -3.0f, 3.0f), weight = RandomFloats(C, 2),
        bias = RandomFloats(C, 3), dout = RandomFloats(N * C, 4);
-  std::vector<float> out(N * C), mean(N), rstd(N), dinp(N * C, 0.25f),
-      dweight(C, 0.0f), dbias(C, 0.0f);
-  LayerNormForwardCpu(out.data(), mean.data(), rstd.data(), inp.data(),
-                      weight.data(), bias.data(), N, C);
-  LayerNormBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(),
-                       inp.data(), weight.data(), mean.data(), rstd.data(), N,
-                       C);
-  std::vector<float> want_out(N * C), want_mean(N), want_rstd(N),
-      want_dinp(N * C, 0.25f);
+  std::vector<float> out(N * C), mean(N), rstd(N), dinp(N * C, 0.25f), dweight(C, 0.0f),
+      dbias(C, 0.0f);
+  LayerNormForwardCpu(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), bias.data(),
+                      N, C);
+  LayerNormBackwardCpu(dinp.data(), dweight.data(), dbias.data(), dout.data(), inp.data(),
+                       weight.data(), mean.data(), rstd.data(), N, C);
+  std::vector<float> want_out(N * C), want_mean(N), want_rstd(N), want_dinp(N * C, 0.25f);
   for (size_t row = 0; row < N; ++row) {
-    LayerNormRowForward(&want_out[row * C], &want_mean[row], &want_rstd[row],
-                        &inp[row * C], weight.data(), bias.data(), C);
-    LayerNormRowBackwardInput(&want_dinp[row * C], &dout[row * C],
-                              &inp[row * C], weight.data(), want_mean[row],
-                              want_rstd[row], C);
+    LayerNormRowForward(&want_out[row * C], &want_mean[row], &want_rstd[row], &inp[row * C],
+                        weight.data(), bias.data(), C);
+    LayerNormRowBackwardInput(&want_dinp[row * C], &dout[row * C], &inp[row * C], weight.data(),
+                              want_mean[row], want_rstd[row], C);
   }
   REQUIRE(BitwiseEqual(out, want_out));
   REQUIRE(BitwiseEqual(mean, want_mean));
@@ -50,17 +47,15 @@ TEST_CASE("cross-entropy rows give the bits of the scalar row math") {
   std::vector<int> targets(N);
   for (size_t i = 0; i < N; ++i) targets[i] = (i * 31) % V;
   std::vector<float> losses(N), lse(N), dlogits(N * Vp);
-  CrossEntropyForwardCpu(losses.data(), lse.data(), logits.data(),
-                         targets.data(), N, V, Vp);
-  CrossEntropyBackwardCpu(dlogits.data(), logits.data(), lse.data(),
-                          targets.data(), 0.125f, N, V, Vp);
+  CrossEntropyForwardCpu(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
+  CrossEntropyBackwardCpu(dlogits.data(), logits.data(), lse.data(), targets.data(), 0.125f, N, V,
+                          Vp);
   std::vector<float> want_losses(N), want_lse(N), want_dlogits(N * Vp);
   for (size_t row = 0; row < N; ++row) {
-    want_losses[row] = CrossEntropyRowForward(&want_lse[row], &logits[row * Vp],
-                                              V, targets[row]);
+    want_losses[row] = CrossEntropyRowForward(&want_lse[row], &logits[row * Vp], V, targets[row]);
     for (int v = 0; v < Vp; ++v) {
-      want_dlogits[row * Vp + v] = CrossEntropyBackwardElem(
-          logits[row * Vp + v], want_lse[row], v, V, targets[row], 0.125f);
+      want_dlogits[row * Vp + v] =
+          CrossEntropyBackwardElem(logits[row * Vp + v], want_lse[row], v, V, targets[row], 0.125f);
     }
   }
   REQUIRE(BitwiseEqual(losses, want_losses));

@@ -21,8 +21,8 @@ namespace muster::testing {
 std::string RunfilePath(const std::string& workspace_relative) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
-  std::string path = absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "muster",
-                                  "/", workspace_relative);
+  std::string path = absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "muster", "/",
+                                  workspace_relative);
   REQUIRE(access(path.c_str(), R_OK) == 0);
   return path;
 }
@@ -164,7 +164,8 @@ launcher::Child StartLaunch(const std::vector<std::string>& args, const std::str
   launcher::SpawnSpec spec;
   spec.argv = {"/bin/sh", "-c", command, BinaryPath("launcher/launch")};
   spec.argv.insert(spec.argv.end(), args.begin(), args.end());
-  for (const auto& [key, value] : launcher::CurrentEnvironment()) spec.env.push_back(key + "=" + value);
+  for (const auto& [key, value] : launcher::CurrentEnvironment())
+    spec.env.push_back(key + "=" + value);
   spec.env.insert(spec.env.end(), extra_env.begin(), extra_env.end());
   absl::StatusOr<launcher::Child> child = launcher::Child::Spawn(spec);
   REQUIRE(child.ok());

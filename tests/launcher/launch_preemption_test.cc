@@ -27,21 +27,19 @@ std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<st
 // `stubborn_rank` >= 0, that rank ignores the signal instead.
 std::vector<std::string> PreemptibleWorker(const TempDir& dir, const std::string& signal,
                                            int stubborn_rank = -1) {
-  std::string script =
-      "trap 'echo saved > " + dir.path() + "/marker.$RANK; exit " +
-      absl::StrCat(kPreemptedExitCode) + "' " + signal + "; " +
-      "[ $RANK = " + absl::StrCat(stubborn_rank) + " ] && trap '' " + signal + "; " +
-      "echo $MUSTER_PREEMPT_GRACE_S > " + dir.path() + "/grace.$RANK; " +
-      "echo $$ > " + dir.path() + "/pid.$RANK; " +
-      "while :; do sleep 0.05; done";
+  std::string script = "trap 'echo saved > " + dir.path() + "/marker.$RANK; exit " +
+                       absl::StrCat(kPreemptedExitCode) + "' " + signal + "; " +
+                       "[ $RANK = " + absl::StrCat(stubborn_rank) + " ] && trap '' " + signal +
+                       "; " + "echo $MUSTER_PREEMPT_GRACE_S > " + dir.path() + "/grace.$RANK; " +
+                       "echo $$ > " + dir.path() + "/pid.$RANK; " + "while :; do sleep 0.05; done";
   return {"--no_python", "/bin/sh", "-c", script};
 }
 
 std::vector<int> Pids(const TempDir& dir, int count) {
   std::vector<int> pids;
-  REQUIRE(WaitUntil(
-      [&] { return ReadLines(dir.path(), "pid.").size() == static_cast<size_t>(count); },
-      absl::Seconds(30)));
+  REQUIRE(
+      WaitUntil([&] { return ReadLines(dir.path(), "pid.").size() == static_cast<size_t>(count); },
+                absl::Seconds(30)));
   for (const std::string& line : ReadLines(dir.path(), "pid.")) {
     int pid = 0;
     REQUIRE(absl::SimpleAtoi(line, &pid));
@@ -92,8 +90,7 @@ TEST_CASE("a worker that ignores the preemption signal is SIGKILLed after the gr
   TempDir dir;
   // The grace, not the (much longer) shutdown timeout, bounds the wait.
   Child agent = StartLaunch(
-      Concat({"--standalone", "--nproc_per_node=2", "--preempt_grace=1",
-              "--shutdown_timeout=60"},
+      Concat({"--standalone", "--nproc_per_node=2", "--preempt_grace=1", "--shutdown_timeout=60"},
              PreemptibleWorker(dir, "TERM", /*stubborn_rank=*/1)),
       dir.File("agent.log"));
   std::vector<int> workers = Pids(dir, 2);
@@ -128,16 +125,21 @@ TEST_CASE("a worker preempted directly (the scheduler signalled it) preempts its
   // its agent reads its own SIGTERM. That is a preemption, not a failure to
   // restart from.
   TempDir dir;
-  std::string script =
-      "echo run >> " + dir.path() + "/runs.$RANK; "
-      "trap 'echo saved > " + dir.path() + "/marker.$RANK; exit 75' TERM; "
-      "[ $RANK = 1 ] && echo > " + dir.path() + "/ready; "
-      "if [ $RANK = 0 ]; then while [ ! -e " + dir.path() + "/ready ]; do sleep 0.02; done; "
-      "exit 75; fi; while :; do sleep 0.05; done";
-  Child agent = StartLaunch(
-      {"--standalone", "--nproc_per_node=2", "--max_restarts=3", "--no_python", "/bin/sh", "-c",
-       script},
-      dir.File("agent.log"));
+  std::string script = "echo run >> " + dir.path() +
+                       "/runs.$RANK; "
+                       "trap 'echo saved > " +
+                       dir.path() +
+                       "/marker.$RANK; exit 75' TERM; "
+                       "[ $RANK = 1 ] && echo > " +
+                       dir.path() +
+                       "/ready; "
+                       "if [ $RANK = 0 ]; then while [ ! -e " +
+                       dir.path() +
+                       "/ready ]; do sleep 0.02; done; "
+                       "exit 75; fi; while :; do sleep 0.05; done";
+  Child agent = StartLaunch({"--standalone", "--nproc_per_node=2", "--max_restarts=3",
+                             "--no_python", "/bin/sh", "-c", script},
+                            dir.File("agent.log"));
   auto exit = agent.WaitFor(absl::Seconds(30));
   std::string log = ReadFile(dir.File("agent.log"));
   INFO(log);

@@ -29,8 +29,8 @@ constexpr int64_t kLeaseTtlMs = 60000;
 constexpr absl::Duration kPromptExit = absl::Seconds(2);
 
 std::vector<std::string> AgentArgs(const std::string& endpoint, const std::string& job) {
-  return {"--nnodes=2", "--nproc_per_node=1", "--rdzv_endpoint", endpoint,
-          "--rdzv_id=" + job, "--rdzv_conf=lease_ttl=60,last_call_timeout=30",
+  return {"--nnodes=2",  "--nproc_per_node=1", "--rdzv_endpoint",
+          endpoint,      "--rdzv_id=" + job,   "--rdzv_conf=lease_ttl=60,last_call_timeout=30",
           "--no_python", "/bin/true"};
 }
 
@@ -159,10 +159,10 @@ TEST_CASE("SIGTERM while a static node waits for node 0's service") {
   TempDir dir;
   absl::StatusOr<int> port = launcher::PickFreePort();
   REQUIRE(port.ok());
-  Child agent = StartLaunch({"--rdzv_backend=static", "--nnodes=2", "--node_rank=1",
-                             "--master_addr=127.0.0.1", absl::StrCat("--master_port=", *port),
-                             "--no_python", "/bin/true"},
-                            dir.File("agent.log"));
+  Child agent = StartLaunch(
+      {"--rdzv_backend=static", "--nnodes=2", "--node_rank=1", "--master_addr=127.0.0.1",
+       absl::StrCat("--master_port=", *port), "--no_python", "/bin/true"},
+      dir.File("agent.log"));
   absl::SleepFor(absl::Seconds(1));  // connecting, with nobody listening
   CHECK(TerminateAndTime(agent, dir.File("agent.log")) < kPromptExit);
 }

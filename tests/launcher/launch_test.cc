@@ -51,9 +51,9 @@ TEST_CASE("two agents with two workers each give every worker torchrun's environ
   WriteFile(dir.File("token"), "s3cret-token\n");
   auto server = StartServer({"--token-file", dir.File("token")});
   std::vector<std::string> args = {
-      "--nnodes=2", "--nproc-per-node=2", "--rdzv_endpoint", server->endpoint(),
-      "--rdzv_id=envjob", "--rdzv_conf=token_file=" + dir.File("token"),
-      "--log_dir", dir.File("logs"), "--tee=3"};
+      "--nnodes=2",       "--nproc-per-node=2", "--rdzv_endpoint",
+      server->endpoint(), "--rdzv_id=envjob",   "--rdzv_conf=token_file=" + dir.File("token"),
+      "--log_dir",        dir.File("logs"),     "--tee=3"};
   std::string script = "env > " + dir.path() + "/env.$RANK; echo hello from $RANK";
   Child first = StartLaunch(Concat(args, ShellWorker(script)), dir.File("agent0.log"),
                             {"CUDA_VISIBLE_DEVICES=0,1"});
@@ -107,9 +107,11 @@ TEST_CASE("a failed worker restarts the job until the budget is spent") {
   TempDir dir;
   SECTION("a failure in attempt 0, success in attempt 1: exit 0") {
     Child agent = StartLaunch(
-        Concat({"--standalone", "--nproc_per_node=2", "--max_restarts=1"},
-               ShellWorker("echo $TORCHELASTIC_RESTART_COUNT >> " + dir.path() + "/runs.$RANK; "
-                           "[ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 1 ] && exit 5; exit 0")),
+        Concat(
+            {"--standalone", "--nproc_per_node=2", "--max_restarts=1"},
+            ShellWorker("echo $TORCHELASTIC_RESTART_COUNT >> " + dir.path() +
+                        "/runs.$RANK; "
+                        "[ $TORCHELASTIC_RESTART_COUNT = 0 ] && [ $RANK = 1 ] && exit 5; exit 0")),
         dir.File("agent.log"));
     CHECK(ExitCodeWithin(agent, absl::Seconds(60)) == 0);
     // Rank 0 of attempt 0 may be stopped before it writes; attempt 1 ran
@@ -123,9 +125,10 @@ TEST_CASE("a failed worker restarts the job until the budget is spent") {
         R"({"message": {"message": "ValueError: rank one is unhappy", "extraInfo": {}}})";
     Child agent = StartLaunch(
         Concat({"--standalone", "--nproc_per_node=2", "--max_restarts=1"},
-               ShellWorker("echo run >> " + dir.path() + "/runs.$RANK; "
-                           "if [ $RANK = 1 ]; then echo '" + error_json +
-                           "' > $TORCHELASTIC_ERROR_FILE; exit 7; fi; exec sleep 30")),
+               ShellWorker("echo run >> " + dir.path() +
+                           "/runs.$RANK; "
+                           "if [ $RANK = 1 ]; then echo '" +
+                           error_json + "' > $TORCHELASTIC_ERROR_FILE; exit 7; fi; exec sleep 30")),
         dir.File("agent.log"));
     CHECK(ExitCodeWithin(agent, absl::Seconds(60)) == 7);
     CHECK(ReadFile(dir.File("runs.1")) == "run\nrun\n");
@@ -137,8 +140,9 @@ TEST_CASE("a failed worker restarts the job until the budget is spent") {
 
 std::vector<int> Pids(const TempDir& dir, int count) {
   std::vector<int> pids;
-  REQUIRE(WaitUntil([&] { return ReadLines(dir.path(), "pid.").size() == static_cast<size_t>(count); },
-                    absl::Seconds(30)));
+  REQUIRE(
+      WaitUntil([&] { return ReadLines(dir.path(), "pid.").size() == static_cast<size_t>(count); },
+                absl::Seconds(30)));
   for (const std::string& line : ReadLines(dir.path(), "pid.")) {
     int pid = 0;
     REQUIRE(absl::SimpleAtoi(line, &pid));
@@ -152,11 +156,12 @@ TEST_CASE("signals to the agent reach every worker, and nothing outlives it") {
   SECTION("SIGINT: forwarded, SIGKILL after the shutdown timeout, exit 128+2") {
     // Rank 1 ignores SIGINT, so only the escalation stops it. (SIGTERM is
     // a preemption: launch_preemption_test.cc.)
-    Child agent = StartLaunch(
-        Concat({"--standalone", "--nproc_per_node=2", "--shutdown_timeout=0.5"},
-               ShellWorker("echo $$ > " + dir.path() + "/pid.$RANK; "
-                           "[ $RANK = 1 ] && trap '' INT; exec sleep 60")),
-        dir.File("agent.log"));
+    Child agent =
+        StartLaunch(Concat({"--standalone", "--nproc_per_node=2", "--shutdown_timeout=0.5"},
+                           ShellWorker("echo $$ > " + dir.path() +
+                                       "/pid.$RANK; "
+                                       "[ $RANK = 1 ] && trap '' INT; exec sleep 60")),
+                    dir.File("agent.log"));
     std::vector<int> workers = Pids(dir, 2);
     absl::Time sent = absl::Now();
     kill(agent.pid(), SIGINT);
@@ -165,10 +170,10 @@ TEST_CASE("signals to the agent reach every worker, and nothing outlives it") {
     for (int pid : workers) CHECK(ProcessGone(pid));
   }
   SECTION("SIGKILL: the workers die with their agent") {
-    Child agent = StartLaunch(
-        Concat({"--standalone", "--nproc_per_node=2"},
-               ShellWorker("echo $$ > " + dir.path() + "/pid.$RANK; exec sleep 60")),
-        dir.File("agent.log"));
+    Child agent =
+        StartLaunch(Concat({"--standalone", "--nproc_per_node=2"},
+                           ShellWorker("echo $$ > " + dir.path() + "/pid.$RANK; exec sleep 60")),
+                    dir.File("agent.log"));
     std::vector<int> workers = Pids(dir, 2);
     kill(agent.pid(), SIGKILL);
     agent.WaitFor(absl::Seconds(10));
@@ -180,9 +185,13 @@ TEST_CASE("signals to the agent reach every worker, and nothing outlives it") {
 
 // Workers that record "<round> <world size>" and run until told to stop.
 std::string ElasticWorker(const TempDir& dir) {
-  return "echo $MUSTER_ROUND $WORLD_SIZE >> " + dir.path() + "/rounds.$GROUP_RANK.$LOCAL_RANK.$$; "
-         "echo $$ > " + dir.path() + "/pid.$RANK.$MUSTER_ROUND; "
-         "while [ ! -e " + dir.path() + "/stop ]; do sleep 0.05; done";
+  return "echo $MUSTER_ROUND $WORLD_SIZE >> " + dir.path() +
+         "/rounds.$GROUP_RANK.$LOCAL_RANK.$$; "
+         "echo $$ > " +
+         dir.path() +
+         "/pid.$RANK.$MUSTER_ROUND; "
+         "while [ ! -e " +
+         dir.path() + "/stop ]; do sleep 0.05; done";
 }
 
 // How many workers have reported running in a world of `world` workers.
@@ -198,8 +207,12 @@ size_t WorkersInWorld(const TempDir& dir, int world) {
 TEST_CASE("elastic membership: nodes join and leave a running job") {
   TempDir dir;
   auto server = StartServer();
-  std::vector<std::string> args = {"--nnodes=2:3", "--nproc_per_node=2", "--rdzv_endpoint",
-                                   server->endpoint(), "--rdzv_id=elastic", "--max_restarts=3",
+  std::vector<std::string> args = {"--nnodes=2:3",
+                                   "--nproc_per_node=2",
+                                   "--rdzv_endpoint",
+                                   server->endpoint(),
+                                   "--rdzv_id=elastic",
+                                   "--max_restarts=3",
                                    "--rdzv_conf=last_call_timeout=0.3,lease_ttl=1",
                                    "--shutdown_timeout=2"};
   std::vector<std::string> command = Concat(args, ShellWorker(ElasticWorker(dir)));
@@ -237,9 +250,10 @@ TEST_CASE("an unmodified PyTorch gloo DDP script runs under 2 agents x 2 workers
   REQUIRE(system("/usr/bin/python3 -c 'import torch.distributed' 2>/dev/null") == 0);
   TempDir dir;
   auto server = StartServer();
-  std::vector<std::string> args = {"--nnodes=2", "--nproc_per_node=2", "--rdzv_endpoint",
-                                   server->endpoint(), "--rdzv_id=torchjob",
-                                   RunfilePath("tests/launcher/ddp_allreduce.py"), dir.path()};
+  std::vector<std::string> args = {
+      "--nnodes=2",       "--nproc_per_node=2", "--rdzv_endpoint",
+      server->endpoint(), "--rdzv_id=torchjob", RunfilePath("tests/launcher/ddp_allreduce.py"),
+      dir.path()};
   std::vector<std::string> env = {"PYTHON_EXEC=/usr/bin/python3"};
   Child first = StartLaunch(args, dir.File("agent0.log"), env);
   Child second = StartLaunch(args, dir.File("agent1.log"), env);
@@ -268,12 +282,12 @@ TEST_CASE("static backend: node 0 hosts the rendezvous, node ranks are kept") {
   std::vector<Child> agents;
   // Node 1 starts first: it waits (with backoff) for node 0's server.
   for (int node_rank : {1, 0}) {
-    agents.push_back(StartLaunch(
-        Concat({"--rdzv_backend=static", "--nnodes=2", "--nproc_per_node=2",
-                absl::StrCat("--node_rank=", node_rank), "--master_addr=127.0.0.1",
-                absl::StrCat("--master_port=", *port), "--rdzv_conf=join_timeout=30"},
-               ShellWorker(script)),
-        dir.File(absl::StrCat("node", node_rank, ".log"))));
+    agents.push_back(
+        StartLaunch(Concat({"--rdzv_backend=static", "--nnodes=2", "--nproc_per_node=2",
+                            absl::StrCat("--node_rank=", node_rank), "--master_addr=127.0.0.1",
+                            absl::StrCat("--master_port=", *port), "--rdzv_conf=join_timeout=30"},
+                           ShellWorker(script)),
+                    dir.File(absl::StrCat("node", node_rank, ".log"))));
   }
   for (Child& agent : agents) CHECK(ExitCodeWithin(agent, absl::Seconds(60)) == 0);
   for (int rank = 0; rank < 4; ++rank) {
@@ -284,11 +298,10 @@ TEST_CASE("static backend: node 0 hosts the rendezvous, node ranks are kept") {
 
 TEST_CASE("--local_ranks_filter limits the console, not the log files") {
   TempDir dir;
-  Child agent = StartLaunch(
-      Concat({"--standalone", "--nproc_per_node=2", "--local_ranks_filter=1", "--tee=1",
-              "--log_dir", dir.File("logs"), "--rdzv_id=filtered"},
-             ShellWorker("echo line from $RANK")),
-      dir.File("agent.log"));
+  Child agent = StartLaunch(Concat({"--standalone", "--nproc_per_node=2", "--local_ranks_filter=1",
+                                    "--tee=1", "--log_dir", dir.File("logs"), "--rdzv_id=filtered"},
+                                   ShellWorker("echo line from $RANK")),
+                            dir.File("agent.log"));
   CHECK(ExitCodeWithin(agent, absl::Seconds(30)) == 0);
   std::string console = ReadFile(dir.File("agent.log"));
   CHECK(console.find("rank1]: line from 1") != std::string::npos);
@@ -301,10 +314,9 @@ int64_t PeakRssMib(int pid) {
   std::string status = ReadFile(absl::StrCat("/proc/", pid, "/status"));
   size_t at = status.find("VmHWM:");
   int64_t kib = 0;
-  if (at == std::string::npos ||
-      !absl::SimpleAtoi(absl::StripAsciiWhitespace(status.substr(
-                            at + 6, status.find(" kB", at) - at - 6)),
-                        &kib)) {
+  if (at == std::string::npos || !absl::SimpleAtoi(absl::StripAsciiWhitespace(status.substr(
+                                                       at + 6, status.find(" kB", at) - at - 6)),
+                                                   &kib)) {
     return -1;
   }
   return kib / 1024;
@@ -317,8 +329,11 @@ TEST_CASE("a progress bar without newlines does not grow the agent") {
   std::string script =
       "awk 'BEGIN { for (i = 0; i < 1000000; i++) "
       "printf \"\\r%3d%%|#####     | %7d/1000000 [00:12<00:09]\", i % 100, i }'; "
-      "echo > " + dir.path() + "/printed; "
-      "while [ ! -e " + dir.path() + "/stop ]; do sleep 0.05; done";
+      "echo > " +
+      dir.path() +
+      "/printed; "
+      "while [ ! -e " +
+      dir.path() + "/stop ]; do sleep 0.05; done";
   Child agent = StartLaunch(Concat({"--standalone"}, ShellWorker(script)), dir.File("agent.log"));
   REQUIRE(WaitUntil([&] { return !ReadFile(dir.File("printed")).empty(); }, absl::Seconds(60)));
   absl::SleepFor(absl::Milliseconds(500));  // the pump's last reads
@@ -356,8 +371,8 @@ TEST_CASE("bad command lines and unreachable services fail fast with exit 2") {
   // One worker per GPU with no GPU: refused, naming why (no GPU here, and
   // none visible on any machine with CUDA_VISIBLE_DEVICES empty).
   std::string log = dir.File("gpu.log");
-  Child agent = StartLaunch({"--standalone", "--nproc_per_node", "gpu", "--no_python", "true"},
-                            log, {"CUDA_VISIBLE_DEVICES="});
+  Child agent = StartLaunch({"--standalone", "--nproc_per_node", "gpu", "--no_python", "true"}, log,
+                            {"CUDA_VISIBLE_DEVICES="});
   CHECK(ExitCodeWithin(agent, absl::Seconds(20)) == 2);
   CHECK_THAT(ReadFile(log), Catch::Contains("--nproc_per_node gpu: no CUDA device is visible"));
 }

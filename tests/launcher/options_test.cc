@@ -28,8 +28,7 @@ TEST_CASE("torchrun's defaults hold when only a target is given") {
   CHECK(options->rdzv_conf.join_timeout == absl::Seconds(600));
   CHECK(options->rdzv_conf.last_call_timeout == absl::Seconds(30));
   CHECK(options->rdzv_conf.close_timeout == absl::Seconds(30));
-  CHECK(options->signals_to_handle ==
-        std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+  CHECK(options->signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
   CHECK(options->target_kind == TargetKind::kYamlConfig);
 }
 
@@ -45,9 +44,8 @@ TEST_CASE("both spellings of a flag, and = or space") {
 }
 
 TEST_CASE("PET_ variables are defaults that flags override") {
-  std::map<std::string, std::string> env = {{"PET_NNODES", "2:4"},
-                                            {"PET_MAX_RESTARTS", "3"},
-                                            {"PET_STANDALONE", "1"}};
+  std::map<std::string, std::string> env = {
+      {"PET_NNODES", "2:4"}, {"PET_MAX_RESTARTS", "3"}, {"PET_STANDALONE", "1"}};
   auto from_env = Parse({"t.yaml"}, env);
   REQUIRE(from_env.ok());
   CHECK(from_env->min_nodes == 2);
@@ -82,8 +80,8 @@ TEST_CASE("rdzv_conf keys") {
 }
 
 TEST_CASE("redirects, tee and the local rank filter") {
-  auto options = Parse({"--standalone", "-r", "3", "--tee", "0:1,2:3",
-                        "--local_ranks_filter", "0,2", "t.yaml"});
+  auto options = Parse(
+      {"--standalone", "-r", "3", "--tee", "0:1,2:3", "--local_ranks_filter", "0,2", "t.yaml"});
   REQUIRE(options.ok());
   CHECK(StreamsFor(options->redirects, 5) == 3);
   CHECK(StreamsFor(options->tee, 0) == 1);
@@ -139,8 +137,7 @@ TEST_CASE("nproc_per_node resolution") {
   CHECK(*ResolveNprocPerNode("auto", 8, 6) == 8);
   CHECK(*ResolveNprocPerNode("cpu", 8, 6) == 6);
   CHECK(*ResolveNprocPerNode("3", 8, 6) == 3);
-  CHECK(ResolveNprocPerNode("gpu", 0, 6).status().code() ==
-        absl::StatusCode::kFailedPrecondition);
+  CHECK(ResolveNprocPerNode("gpu", 0, 6).status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("help is reported, not an error") {

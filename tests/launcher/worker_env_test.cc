@@ -29,17 +29,30 @@ TEST_CASE("workers get torchrun's variables and ours") {
   round.max_restarts = 3;
   round.run_id = "job7";
   RendezvousAccess access{"rdzv:29400", "/run/token", "", "", "", ""};
-  auto env = AsMap(WorkerEnvironment({{"PATH", "/bin"}, {"MUSTER_TLS_CA", "stale"}}, round,
-                                     access, 1, "/logs/error.json"));
-  std::map<std::string, std::string> want = {
-      {"RANK", "3"}, {"LOCAL_RANK", "1"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"},
-      {"GROUP_RANK", "1"}, {"GROUP_WORLD_SIZE", "2"}, {"ROLE_RANK", "3"},
-      {"ROLE_WORLD_SIZE", "4"}, {"ROLE_NAME", "default"}, {"MASTER_ADDR", "10.0.0.1"},
-      {"MASTER_PORT", "41000"}, {"TORCHELASTIC_RESTART_COUNT", "1"},
-      {"TORCHELASTIC_MAX_RESTARTS", "3"}, {"TORCHELASTIC_RUN_ID", "job7"},
-      {"TORCHELASTIC_USE_AGENT_STORE", "False"}, {"TORCHELASTIC_ERROR_FILE", "/logs/error.json"},
-      {"OMP_NUM_THREADS", "1"}, {"MUSTER_RDZV_ENDPOINT", "rdzv:29400"}, {"MUSTER_JOB", "job7"},
-      {"MUSTER_ROUND", "4"}, {"MUSTER_TOKEN_FILE", "/run/token"}, {"PATH", "/bin"}};
+  auto env = AsMap(WorkerEnvironment({{"PATH", "/bin"}, {"MUSTER_TLS_CA", "stale"}}, round, access,
+                                     1, "/logs/error.json"));
+  std::map<std::string, std::string> want = {{"RANK", "3"},
+                                             {"LOCAL_RANK", "1"},
+                                             {"WORLD_SIZE", "4"},
+                                             {"LOCAL_WORLD_SIZE", "2"},
+                                             {"GROUP_RANK", "1"},
+                                             {"GROUP_WORLD_SIZE", "2"},
+                                             {"ROLE_RANK", "3"},
+                                             {"ROLE_WORLD_SIZE", "4"},
+                                             {"ROLE_NAME", "default"},
+                                             {"MASTER_ADDR", "10.0.0.1"},
+                                             {"MASTER_PORT", "41000"},
+                                             {"TORCHELASTIC_RESTART_COUNT", "1"},
+                                             {"TORCHELASTIC_MAX_RESTARTS", "3"},
+                                             {"TORCHELASTIC_RUN_ID", "job7"},
+                                             {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+                                             {"TORCHELASTIC_ERROR_FILE", "/logs/error.json"},
+                                             {"OMP_NUM_THREADS", "1"},
+                                             {"MUSTER_RDZV_ENDPOINT", "rdzv:29400"},
+                                             {"MUSTER_JOB", "job7"},
+                                             {"MUSTER_ROUND", "4"},
+                                             {"MUSTER_TOKEN_FILE", "/run/token"},
+                                             {"PATH", "/bin"}};
   for (const auto& [key, value] : want) {
     INFO(key);
     CHECK(env[key] == value);

@@ -14,9 +14,13 @@ namespace {
 using Env = std::map<std::string, std::string>;
 
 Env LaunchEnv() {
-  return {{"RANK", "2"},           {"WORLD_SIZE", "4"},  {"LOCAL_RANK", "0"},
-          {"MASTER_ADDR", "127.0.0.1"}, {"MUSTER_RDZV_ENDPOINT", "127.0.0.1:29400"},
-          {"MUSTER_JOB", "job7"},  {"MUSTER_ROUND", "3"}};
+  return {{"RANK", "2"},
+          {"WORLD_SIZE", "4"},
+          {"LOCAL_RANK", "0"},
+          {"MASTER_ADDR", "127.0.0.1"},
+          {"MUSTER_RDZV_ENDPOINT", "127.0.0.1:29400"},
+          {"MUSTER_JOB", "job7"},
+          {"MUSTER_ROUND", "3"}};
 }
 
 void CheckRejected(const Env& env, const std::string& variable) {

@@ -27,9 +27,9 @@ bool AllExist(const TempDir& dir, const std::string& prefix, int ranks) {
 
 std::vector<std::string> Launch(const TempDir& dir, std::vector<std::string> launch_args,
                                 const std::vector<std::string>& worker_args) {
-  launch_args.insert(launch_args.end(), {"--log_dir", dir.File("logs"), "--no_python",
-                                         BinaryPath("tests/parallel/collective_rank"),
-                                         "--dir=" + dir.path()});
+  launch_args.insert(launch_args.end(),
+                     {"--log_dir", dir.File("logs"), "--no_python",
+                      BinaryPath("tests/parallel/collective_rank"), "--dir=" + dir.path()});
   launch_args.insert(launch_args.end(), worker_args.begin(), worker_args.end());
   return launch_args;
 }
@@ -50,7 +50,8 @@ TEST_CASE("a rank killed mid-loop: survivors fail fast naming the connection, th
   TempDir dir;
   const absl::Duration comm_timeout = absl::Seconds(20);
   launcher::Child agent = StartLaunch(
-      Launch(dir, {"--standalone", "--nproc_per_node=3", "--max_restarts=1", "--shutdown_timeout=5"},
+      Launch(dir,
+             {"--standalone", "--nproc_per_node=3", "--max_restarts=1", "--shutdown_timeout=5"},
              {"--first_attempt_loops", "--iterations=10"}),
       dir.File("agent.log"),
       {absl::StrCat("MUSTER_COMM_TIMEOUT_S=", absl::ToInt64Seconds(comm_timeout))});
@@ -63,9 +64,9 @@ TEST_CASE("a rank killed mid-loop: survivors fail fast naming the connection, th
 
   // Both survivors report the broken connection themselves, long before
   // the communication timeout could have fired.
-  bool reported = WaitUntil(
-      [&] { return Exists(dir.File("error.0.0")) && Exists(dir.File("error.0.2")); },
-      comm_timeout / 2);
+  bool reported =
+      WaitUntil([&] { return Exists(dir.File("error.0.0")) && Exists(dir.File("error.0.2")); },
+                comm_timeout / 2);
   INFO(ReadFile(dir.File("agent.log")));
   REQUIRE(reported);
   CHECK(absl::Now() - killed < absl::Seconds(5));

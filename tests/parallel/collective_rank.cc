@@ -105,9 +105,9 @@ absl::Status RunIteration(ProcessGroup& group, int iteration) {
   std::vector<absl::Status> checks = {
       Expect(summed == sum, "allreduce sum", iteration),
       Expect(averaged == mean, "allreduce avg", iteration),
-      Expect(scattered == std::vector<float>(sum.begin() + offset,
-                                             sum.begin() + offset + counts[r]),
-             "reduce_scatter", iteration),
+      Expect(
+          scattered == std::vector<float>(sum.begin() + offset, sum.begin() + offset + counts[r]),
+          "reduce_scatter", iteration),
       Expect(gathered == ExpectedGather(P, iteration, counts), "allgather", iteration),
       Expect(broadcast == Data(root, iteration, n), "broadcast", iteration),
       Expect(from_prev == Data(prev, iteration, 17), "send/recv", iteration),

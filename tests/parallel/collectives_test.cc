@@ -28,9 +28,11 @@ TEST_CASE("Broadcast(string): root's string of any length reaches every rank") {
   const std::string big(3 * 1024 * 1024 + 17, 'q');
   // Root, then what root sends; the other ranks start with strings of
   // other lengths, which must be replaced whole.
-  const std::vector<std::pair<int, std::string>> cases = {
-      {0, "checkpoints/step_000120"}, {size - 1, ""}, {size / 2, std::string("a\0b", 3)},
-      {size - 1, big},                {0, "x"}};
+  const std::vector<std::pair<int, std::string>> cases = {{0, "checkpoints/step_000120"},
+                                                          {size - 1, ""},
+                                                          {size / 2, std::string("a\0b", 3)},
+                                                          {size - 1, big},
+                                                          {0, "x"}};
   for (const auto& [root, message] : cases) {
     INFO("size " << size << ", root " << root << ", " << message.size() << " bytes");
     std::vector<std::pair<absl::Status, std::string>> got =

@@ -150,8 +150,9 @@ TEST_CASE("bad arguments fail at once with INVALID_ARGUMENT and leave the group 
   std::vector<float> data(4, 1.0f), out(2);
   CHECK(groups[0]->ReduceScatter(data, absl::MakeSpan(out), {2}, ReduceOp::kSum)->Wait().code() ==
         absl::StatusCode::kInvalidArgument);
-  CHECK(groups[0]->ReduceScatter(data, absl::MakeSpan(out), {1, 1}, ReduceOp::kSum)->Wait().code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(
+      groups[0]->ReduceScatter(data, absl::MakeSpan(out), {1, 1}, ReduceOp::kSum)->Wait().code() ==
+      absl::StatusCode::kInvalidArgument);
   CHECK(groups[0]->AllGather(data, absl::MakeSpan(out), {2, 2})->Wait().code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(groups[0]->Broadcast(absl::MakeSpan(data), 2)->Wait().code() ==

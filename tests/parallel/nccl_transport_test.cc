@@ -26,9 +26,9 @@ TEST_CASE("transports are counted per kind, device numbers dropped") {
       "gpu-05:1789225:1789736 [1] NCCL WARN Channel 05/0 : 1[1] -> 0[0] via nothing\n";
   NcclTransports transports = ParseNcclTransports(log);
   CHECK(transports.network == "IB");
-  CHECK(transports.connections == std::map<std::string, int>{
-                                      {"NET/IB/GDRDMA", 3}, {"P2P/CUMEM", 3},
-                                      {"SHM/direct/direct", 1}});
+  CHECK(transports.connections == std::map<std::string, int>{{"NET/IB/GDRDMA", 3},
+                                                             {"P2P/CUMEM", 3},
+                                                             {"SHM/direct/direct", 1}});
   CHECK(DescribeNcclTransports(transports) ==
         "NET/IB/GDRDMA (3 connections), P2P/CUMEM (3), SHM/direct/direct (1); network IB");
 }

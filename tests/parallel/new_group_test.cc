@@ -98,10 +98,9 @@ struct World {
 
 // Every rank's sub-group along `dim`.
 std::vector<ProcessGroup*> MakeGroups(World& world, const ParallelDims& dims, Dim dim) {
-  std::vector<absl::StatusOr<ProcessGroup*>> made =
-      OnEveryRank(dims.world(), [&](int rank) {
-        return world.comms[rank]->NewGroup(dims.GroupName(dim, rank), dims.GroupRanks(dim, rank));
-      });
+  std::vector<absl::StatusOr<ProcessGroup*>> made = OnEveryRank(dims.world(), [&](int rank) {
+    return world.comms[rank]->NewGroup(dims.GroupName(dim, rank), dims.GroupRanks(dim, rank));
+  });
   std::vector<ProcessGroup*> groups;
   for (int rank = 0; rank < dims.world(); ++rank) {
     INFO("rank " << rank << ": " << made[rank].status().ToString());
@@ -165,9 +164,9 @@ TEST_CASE("NewGroup refuses a rank not in the list, bad lists, a name used twice
   absl::StatusOr<ProcessGroup*> refused = rank0.NewGroup("others", {1, 2});
   INFO(refused.status().ToString());
   CHECK(code(refused) == absl::StatusCode::kInvalidArgument);
-  CHECK_THAT(std::string(refused.status().message()),
-             Catch::Contains("'others'") && Catch::Contains("[1,2]") &&
-                 Catch::Contains("not a member"));
+  CHECK_THAT(std::string(refused.status().message()), Catch::Contains("'others'") &&
+                                                          Catch::Contains("[1,2]") &&
+                                                          Catch::Contains("not a member"));
   CHECK(code(rank0.NewGroup("", {0, 1})) == absl::StatusCode::kInvalidArgument);
   CHECK(code(rank0.NewGroup("outside", {0, 4})) == absl::StatusCode::kInvalidArgument);
   CHECK(code(rank0.NewGroup("negative", {-1, 0})) == absl::StatusCode::kInvalidArgument);
@@ -224,8 +223,7 @@ TEST_CASE("the watchdog aborts the sub-groups when a group of the rank fails") {
   const absl::Duration took = absl::Now() - start;
   INFO(shard_status.ToString() << "; " << replicate_status.ToString());
   CHECK(absl::IsUnavailable(shard_status));
-  CHECK_THAT(std::string(shard_status.message()),
-             Catch::Contains("rank 0's world group failed"));
+  CHECK_THAT(std::string(shard_status.message()), Catch::Contains("rank 0's world group failed"));
   CHECK(absl::IsUnavailable(replicate_status));
   CHECK_THAT(std::string(replicate_status.message()),
              Catch::Contains("rank 0's world group failed"));

@@ -3,8 +3,8 @@
 // their members agree on the name; the config errors.
 #include "parallel/parallel_dims.h"
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <map>
 #include <set>
 #include <string>
@@ -79,8 +79,8 @@ TEST_CASE("every layout of every world up to 16 ranks") {
       for (int replicate = 1; replicate * pp <= world; ++replicate) {
         if (world % (pp * replicate) != 0) continue;
         const int shard = world / (pp * replicate);
-        INFO("world " << world << ": pp " << pp << ", dp_replicate " << replicate
-                      << ", dp_shard " << shard);
+        INFO("world " << world << ": pp " << pp << ", dp_replicate " << replicate << ", dp_shard "
+                      << shard);
         absl::StatusOr<ParallelDims> made = ParallelDims::Create(world, replicate, shard, pp);
         REQUIRE(made.ok());
         const ParallelDims& dims = *made;

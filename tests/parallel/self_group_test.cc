@@ -52,8 +52,8 @@ TEST_CASE("a self group checks arguments like every back end") {
   std::vector<float> data(4, 1.0f), out(2);
   std::vector<int64_t> ints = {1};
   std::vector<uint8_t> bytes = {1};
-  CHECK(absl::IsInvalidArgument(
-      group->AllReduceInt64(absl::MakeSpan(ints), ReduceOp::kAvg)->Wait()));
+  CHECK(
+      absl::IsInvalidArgument(group->AllReduceInt64(absl::MakeSpan(ints), ReduceOp::kAvg)->Wait()));
   CHECK(absl::IsInvalidArgument(
       group->ReduceScatter(data, absl::MakeSpan(out), {2}, ReduceOp::kSum)->Wait()));
   CHECK(absl::IsInvalidArgument(group->AllGather(data, absl::MakeSpan(out), {4})->Wait()));

@@ -464,9 +464,10 @@ TEST_CASE("int64 and byte operations on device memory are INVALID_ARGUMENT, grou
   INFO(status.ToString());
   CHECK(absl::IsInvalidArgument(status));
   CHECK(absl::StrContains(status.message(), "host memory"));
-  status = staged[0]->BroadcastBytes(
-                        absl::MakeSpan(reinterpret_cast<uint8_t*>(ints), 4 * sizeof(int64_t)), 0)
-               ->Wait();
+  status =
+      staged[0]
+          ->BroadcastBytes(absl::MakeSpan(reinterpret_cast<uint8_t*>(ints), 4 * sizeof(int64_t)), 0)
+          ->Wait();
   CHECK(absl::IsInvalidArgument(status));
   cudaFree(ints);
   CHECK(absl::IsInvalidArgument(

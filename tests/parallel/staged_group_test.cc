@@ -3,8 +3,8 @@
 // set by the BUILD file), a machine without a GPU gives INTERNAL and one
 // with a GPU a group. The operations themselves need a GPU:
 // tests/parallel/staged_group_cuda_test.cc.
-#include "absl/strings/match.h"
 #include "parallel/staged_group.h"
+#include "absl/strings/match.h"
 #include "tests/parallel/group_test_util.h"
 
 namespace muster::parallel::testing {

@@ -31,9 +31,7 @@ class FakeGroup : public ProcessGroup {
                                   std::vector<size_t>) override {
     return Nothing();
   }
-  std::shared_ptr<Work> AllReduceInt64(absl::Span<int64_t>, ReduceOp) override {
-    return Nothing();
-  }
+  std::shared_ptr<Work> AllReduceInt64(absl::Span<int64_t>, ReduceOp) override { return Nothing(); }
   std::shared_ptr<Work> Broadcast(absl::Span<float>, int) override { return Nothing(); }
   std::shared_ptr<Work> BroadcastBytes(absl::Span<uint8_t>, int) override { return Nothing(); }
   std::shared_ptr<Work> Send(absl::Span<const float>, int, int) override { return Nothing(); }
@@ -128,8 +126,8 @@ TEST_CASE("Decide: the group's error comes first, then the round, then the clock
   o.round = absl::OkStatus();
   cause = Decide(o, absl::Seconds(10));
   CHECK(absl::IsDeadlineExceeded(cause));
-  CHECK_THAT(std::string(cause.message()), Catch::Contains("allreduce of 1000 floats") &&
-                                               Catch::Contains("has run for 5m"));
+  CHECK_THAT(std::string(cause.message()),
+             Catch::Contains("allreduce of 1000 floats") && Catch::Contains("has run for 5m"));
 }
 
 TEST_CASE("a healthy group is never aborted") {
@@ -316,7 +314,8 @@ TEST_CASE("a group watched after the cause is aborted with it at once") {
   WatchdogOptions options;
   options.now = [&] { return clock.now; };
   absl::Status round = absl::AbortedError("rendezvous round 5 of job j ended (MEMBER_LOST)");
-  Watchdog dog({&world}, [&] { return round; }, nullptr, options);
+  Watchdog dog(
+      {&world}, [&] { return round; }, nullptr, options);
   absl::Status cause = dog.PollOnce();
   REQUIRE(absl::IsAborted(cause));
   dog.Watch(&late);

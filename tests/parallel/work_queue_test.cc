@@ -49,10 +49,13 @@ TEST_CASE("the first error fails what is queued behind it and everything later")
   CHECK(error.code() == absl::StatusCode::kUnavailable);
   CHECK(error.message() == "first: peer gone");
   CHECK(queued->Wait() == error);
-  CHECK(queue.Enqueue("later", [&](absl::Time) {
-                ++ran_after;
-                return absl::OkStatus();
-              })->Wait() == error);
+  CHECK(queue
+            .Enqueue("later",
+                     [&](absl::Time) {
+                       ++ran_after;
+                       return absl::OkStatus();
+                     })
+            ->Wait() == error);
   CHECK(queue.first_error() == error);
   CHECK(ran_after == 0);
 }
@@ -62,10 +65,14 @@ TEST_CASE("the deadline handed to an operation is its start plus the timeout") {
   WorkQueue queue(timeout);
   absl::Time deadline;
   absl::Time before = absl::Now();
-  CHECK(queue.Enqueue("op", [&](absl::Time d) {
-                deadline = d;
-                return absl::OkStatus();
-              })->Wait().ok());
+  CHECK(queue
+            .Enqueue("op",
+                     [&](absl::Time d) {
+                       deadline = d;
+                       return absl::OkStatus();
+                     })
+            ->Wait()
+            .ok());
   CHECK(deadline >= before + timeout);
   CHECK(deadline <= absl::Now() + timeout);
 }

@@ -71,8 +71,7 @@ TEST_CASE("64 clients join one job and all see the same world", "[e2e]") {
   for (int i = 0; i < kNodes; ++i) {
     nodes.emplace_back([&, i] {
       results[i] = JoinAndWaitForRound(
-          *clients[i], testing::JoinRequestFor("big", config, i, 1 + i % 4),
-          nullptr, deadline);
+          *clients[i], testing::JoinRequestFor("big", config, i, 1 + i % 4), nullptr, deadline);
     });
   }
   for (auto& node : nodes) node.join();
@@ -106,8 +105,7 @@ TEST_CASE("64 clients join one job and all see the same world", "[e2e]") {
   CHECK(world.world_size() == offset);
 }
 
-TEST_CASE("An expired lease reaches the other members within ttl + 1 s",
-          "[e2e][lease]") {
+TEST_CASE("An expired lease reaches the other members within ttl + 1 s", "[e2e][lease]") {
   auto server = StartServer("127.0.0.1:0");
   const absl::Duration ttl = absl::Seconds(1);
   const pb::JobConfig config = testing::Config(2, 3, 1000);
@@ -117,8 +115,7 @@ TEST_CASE("An expired lease reaches the other members within ttl + 1 s",
   for (int i = 0; i < 3; ++i) clients.push_back(testing::ConnectTo(server->port()));
   for (int i = 0; i < 3; ++i) {
     nodes.emplace_back([&, i] {
-      joined[i] = JoinAndWaitForRound(*clients[i],
-                                      testing::JoinRequestFor("lease", config, i, 1),
+      joined[i] = JoinAndWaitForRound(*clients[i], testing::JoinRequestFor("lease", config, i, 1),
                                       nullptr, absl::Now() + absl::Seconds(20));
     });
   }
@@ -129,8 +126,8 @@ TEST_CASE("An expired lease reaches the other members within ttl + 1 s",
 
   std::vector<std::unique_ptr<LeaseKeeper>> keepers;
   for (int i = 0; i < 3; ++i) {
-    keepers.push_back(std::make_unique<LeaseKeeper>(
-        clients[i].get(), "lease", joined[i]->member_id, ttl));
+    keepers.push_back(
+        std::make_unique<LeaseKeeper>(clients[i].get(), "lease", joined[i]->member_id, ttl));
   }
   JobWatcher watcher0(clients[0].get(), "lease");
   JobWatcher watcher1(clients[1].get(), "lease");
@@ -138,9 +135,8 @@ TEST_CASE("An expired lease reaches the other members within ttl + 1 s",
   const absl::Time stopped = absl::Now();
   keepers[2]->Stop();  // node 2 goes silent
   for (JobWatcher* watcher : {&watcher0, &watcher1}) {
-    auto told = watcher->WaitFor(
-        [&](const pb::JobState& s) { return s.round() > round; },
-        stopped + absl::Seconds(10));
+    auto told = watcher->WaitFor([&](const pb::JobState& s) { return s.round() > round; },
+                                 stopped + absl::Seconds(10));
     REQUIRE(told.ok());
     const absl::Duration latency = absl::Now() - stopped;
     INFO("told after " << absl::FormatDuration(latency));
@@ -151,11 +147,9 @@ TEST_CASE("An expired lease reaches the other members within ttl + 1 s",
   CHECK(keepers[1]->status().ok());
 }
 
-TEST_CASE("The job carries on across server restarts with --state-dir",
-          "[e2e][restart]") {
-  const std::string state_dir =
-      absl::StrCat(testing::TempDir(), "/e2e_state_", getpid(), "_",
-                   absl::ToUnixMicros(absl::Now()));
+TEST_CASE("The job carries on across server restarts with --state-dir", "[e2e][restart]") {
+  const std::string state_dir = absl::StrCat(testing::TempDir(), "/e2e_state_", getpid(), "_",
+                                             absl::ToUnixMicros(absl::Now()));
   const std::vector<std::string> args = {"--state-dir", state_dir};
   auto server = StartServer("127.0.0.1:0", args);
   const std::string listen = server->endpoint();
@@ -167,12 +161,10 @@ TEST_CASE("The job carries on across server restarts with --state-dir",
   for (int i = 0; i < 3; ++i) clients.push_back(testing::ConnectTo(server->port()));
   {
     std::thread other([&] {
-      joined[1] = JoinAndWaitForRound(*clients[1],
-                                      testing::JoinRequestFor("durable", config, 1, 2),
+      joined[1] = JoinAndWaitForRound(*clients[1], testing::JoinRequestFor("durable", config, 1, 2),
                                       nullptr, absl::Now() + absl::Seconds(20));
     });
-    joined[0] = JoinAndWaitForRound(*clients[0],
-                                    testing::JoinRequestFor("durable", config, 0, 2),
+    joined[0] = JoinAndWaitForRound(*clients[0], testing::JoinRequestFor("durable", config, 0, 2),
                                     nullptr, absl::Now() + absl::Seconds(20));
     other.join();
   }
@@ -184,8 +176,8 @@ TEST_CASE("The job carries on across server restarts with --state-dir",
   std::vector<std::unique_ptr<LeaseKeeper>> keepers;
   std::vector<std::unique_ptr<JobWatcher>> watchers;
   for (int i = 0; i < 2; ++i) {
-    keepers.push_back(std::make_unique<LeaseKeeper>(
-        clients[i].get(), "durable", joined[i]->member_id, ttl));
+    keepers.push_back(
+        std::make_unique<LeaseKeeper>(clients[i].get(), "durable", joined[i]->member_id, ttl));
     watchers.push_back(std::make_unique<JobWatcher>(clients[i].get(), "durable"));
   }
   RemoteStore store(clients[0].get(), "durable", round);
@@ -209,8 +201,7 @@ TEST_CASE("The job carries on across server restarts with --state-dir",
       auto spare = clients[2]->Join(testing::JoinRequestFor("durable", config, 2, 2));
       REQUIRE(spare.ok());
       spare_id = spare->member_id();
-      spare_keeper = std::make_unique<LeaseKeeper>(
-          clients[2].get(), "durable", spare_id, ttl);
+      spare_keeper = std::make_unique<LeaseKeeper>(clients[2].get(), "durable", spare_id, ttl);
       expect_waiting = 1;
     } else {
       spare_keeper->Stop();
@@ -234,11 +225,9 @@ TEST_CASE("The job carries on across server restarts with --state-dir",
           absl::Now() + absl::Seconds(10));
       REQUIRE(seen.ok());
       INFO("state seen: " << seen->ShortDebugString());
-      INFO("keeper 0: " << keepers[0]->status().ToString() << ", "
-                        << keepers[0]->renewals() << " renewals ("
-                        << keepers[0]->last_transient_error().ToString()
-                        << "); keeper 1: "
-                        << keepers[1]->status().ToString() << ", "
+      INFO("keeper 0: " << keepers[0]->status().ToString() << ", " << keepers[0]->renewals()
+                        << " renewals (" << keepers[0]->last_transient_error().ToString()
+                        << "); keeper 1: " << keepers[1]->status().ToString() << ", "
                         << keepers[1]->renewals() << " renewals");
       CHECK(seen->phase() == pb::RUNNING);
       CHECK(seen->round() == round);
@@ -275,8 +264,7 @@ TEST_CASE("The job carries on across server restarts with --state-dir",
 
 // gRPC 1.51 fails fail-fast calls for seconds after a server comes back;
 // the client's wait_for_ready calls must not (see rendezvous/client/rpc.h).
-TEST_CASE("Calls get through promptly once a killed server is back",
-          "[e2e][restart]") {
+TEST_CASE("Calls get through promptly once a killed server is back", "[e2e][restart]") {
   auto server = StartServer("127.0.0.1:0");
   const std::string listen = server->endpoint();
   auto client = testing::ConnectTo(server->port());

@@ -30,7 +30,8 @@ Result RunCkpt(const TempDir& dir, const std::vector<std::string>& args,
                shell_prefix + "exec \"$0\" \"$@\" >" + dir.File("out") + " 2>" + dir.File("err"),
                BinaryPath("tools/ckpt")};
   spec.argv.insert(spec.argv.end(), args.begin(), args.end());
-  for (const auto& [key, value] : launcher::CurrentEnvironment()) spec.env.push_back(key + "=" + value);
+  for (const auto& [key, value] : launcher::CurrentEnvironment())
+    spec.env.push_back(key + "=" + value);
   auto child = launcher::Child::Spawn(spec);
   REQUIRE(child.ok());
   auto exit = child->WaitFor(absl::Seconds(60));

@@ -37,14 +37,18 @@ Output Rdzvctl(const std::string& endpoint, std::vector<std::string> args) {
 TEST_CASE("rdzvctl lists, describes and closes a running job") {
   TempDir dir;
   auto server = StartServer();
-  std::vector<std::string> args = {"--nnodes=2", "--nproc_per_node=2", "--rdzv_endpoint",
-                                   server->endpoint(), "--rdzv_id=ctl", "--no_python",
-                                   "/bin/sh", "-c",
+  std::vector<std::string> args = {"--nnodes=2",
+                                   "--nproc_per_node=2",
+                                   "--rdzv_endpoint",
+                                   server->endpoint(),
+                                   "--rdzv_id=ctl",
+                                   "--no_python",
+                                   "/bin/sh",
+                                   "-c",
                                    "echo up > " + dir.path() + "/up.$RANK; exec sleep 60"};
   launcher::Child first = StartLaunch(args, dir.File("a.log"));
   launcher::Child second = StartLaunch(args, dir.File("b.log"));
-  REQUIRE(WaitUntil([&] { return ReadLines(dir.path(), "up.").size() == 4; },
-                    absl::Seconds(30)));
+  REQUIRE(WaitUntil([&] { return ReadLines(dir.path(), "up.").size() == 4; }, absl::Seconds(30)));
 
   Output health = Rdzvctl(server->endpoint(), {"health"});
   CHECK(health.exit_code == 0);

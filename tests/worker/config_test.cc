@@ -23,8 +23,8 @@ namespace {
 std::string RunfilePath(const std::string& file) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
-  std::string path = std::string(srcdir ? srcdir : ".") + "/" +
-                     (workspace ? workspace : "muster") + "/" + file;
+  std::string path =
+      std::string(srcdir ? srcdir : ".") + "/" + (workspace ? workspace : "muster") + "/" + file;
   REQUIRE(access(path.c_str(), R_OK) == 0);
   return path;
 }
@@ -91,8 +91,7 @@ TEST_CASE("a missing file is NOT_FOUND naming it") {
   absl::StatusOr<TrainConfig> config = LoadConfig("/nonexistent/train.yaml");
   REQUIRE_FALSE(config.ok());
   CHECK(config.status().code() == absl::StatusCode::kNotFound);
-  CHECK_THAT(std::string(config.status().message()),
-             Catch::Contains("/nonexistent/train.yaml"));
+  CHECK_THAT(std::string(config.status().message()), Catch::Contains("/nonexistent/train.yaml"));
 }
 
 TEST_CASE("errors name the file, the line, the key path and what was expected") {
@@ -108,8 +107,9 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {"model: [1,\n", "t.yaml:2: invalid yaml"},
       {train + "model:\n  layer: 4\n",
        "t.yaml:4: model.layer: unknown key; did you mean 'layers'?"},
-      {train + "model:\n  colour: 4\n", "t.yaml:4: model.colour: unknown key (known keys in model: "
-                                        "layers, heads, dim, vocab, seq_len)"},
+      {train + "model:\n  colour: 4\n",
+       "t.yaml:4: model.colour: unknown key (known keys in model: "
+       "layers, heads, dim, vocab, seq_len)"},
       {train + "optimizer:\n  lr: 1\n", "t.yaml:3: optimizer: unknown key; did you mean 'optim'?"},
       {train + "model:\n  layers: four\n",
        "t.yaml:4: model.layers: expected an integer, got 'four'"},
@@ -143,7 +143,8 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "optim:\n  lr: 0\n", "t.yaml:4: optim.lr: must be > 0, got 0"},
       {train + "optim:\n  lr: 1e-4\n  min_lr: 1e-3\n",
        "t.yaml:5: optim.min_lr: 0.001 is above optim.lr 0.0001"},
-      {train + "optim:\n  beta1: 1.0\n", "t.yaml:4: optim.beta1: expected a value in [0, 1), got 1"},
+      {train + "optim:\n  beta1: 1.0\n",
+       "t.yaml:4: optim.beta1: expected a value in [0, 1), got 1"},
       {train + "optim:\n  beta2: -0.1\n", "t.yaml:4: optim.beta2: expected a value in [0, 1)"},
       {train + "optim:\n  eps: 0\n", "t.yaml:4: optim.eps: must be > 0, got 0"},
       {train + "optim:\n  schedule: linear\n",
@@ -165,7 +166,8 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "checkpoint:\n  resume: \"\"\n",
        "t.yaml:4: checkpoint.resume: expected auto, never or a checkpoint path"},
       {train + "checkpoint:\n  keep_every: -5\n", "t.yaml:4: checkpoint.keep_every: must be >= 0"},
-      {train + "train:\n  eval_every: 10\n", "t.yaml:4: train.eval_every: evaluation needs data.val"},
+      {train + "train:\n  eval_every: 10\n",
+       "t.yaml:4: train.eval_every: evaluation needs data.val"},
       {"model:\n  layers: 2\n", "t.yaml:1: data.train: missing"},
       {"data:\n  val: v.bin\n", "t.yaml:1: data.train: missing"},
   };
@@ -205,7 +207,8 @@ TEST_CASE("parallel.backend: auto, nccl, gloo; nccl is refused with an explicit 
   }
   CHECK(ParseConfig(kMinimal, "t.yaml", "")->parallel.backend == "auto");
   std::string text = std::string(kMinimal) + "parallel:\n  backend: mpi\n";
-  CHECK_THAT(ErrorOf(text), Catch::Contains("parallel.backend: expected auto, nccl or gloo, got 'mpi'"));
+  CHECK_THAT(ErrorOf(text),
+             Catch::Contains("parallel.backend: expected auto, nccl or gloo, got 'mpi'"));
   text = std::string(kMinimal) + "device: cpu\nparallel:\n  backend: nccl\n";
   CHECK_THAT(ErrorOf(text), Catch::Contains("parallel.backend: nccl needs device cuda"));
   text = std::string(kMinimal) + "device: cpu\nparallel:\n  backend: gloo\n";
@@ -271,13 +274,45 @@ TEST_CASE("ConfigToYaml parses back to an equal config") {
 
 TEST_CASE("ConfigToYaml prints every field") {
   std::string yaml = ConfigToYaml(*ParseConfig(kMinimal, "t.yaml", ""));
-  for (const char* key :
-       {"model:", "layers:", "heads:", "dim:", "vocab:", "seq_len:", "data:", "train:", "val:",
-        "micro_batch:", "grad_accumulation:", "optim:", "lr:", "warmup_steps:", "schedule:",
-        "min_lr:", "weight_decay:", "beta1:", "beta2:", "eps:", "grad_clip:", "steps:", "seed:",
-        "log_every:", "eval_every:", "eval_batches:", "metrics_file:", "device:", "precision:",
-        "parallel:", "strategy:", "backend:", "bucket_mb:", "checkpoint:", "dir:", "every:", "keep_last:",
-        "keep_every:", "resume:"}) {
+  for (const char* key : {"model:",
+                          "layers:",
+                          "heads:",
+                          "dim:",
+                          "vocab:",
+                          "seq_len:",
+                          "data:",
+                          "train:",
+                          "val:",
+                          "micro_batch:",
+                          "grad_accumulation:",
+                          "optim:",
+                          "lr:",
+                          "warmup_steps:",
+                          "schedule:",
+                          "min_lr:",
+                          "weight_decay:",
+                          "beta1:",
+                          "beta2:",
+                          "eps:",
+                          "grad_clip:",
+                          "steps:",
+                          "seed:",
+                          "log_every:",
+                          "eval_every:",
+                          "eval_batches:",
+                          "metrics_file:",
+                          "device:",
+                          "precision:",
+                          "parallel:",
+                          "strategy:",
+                          "backend:",
+                          "bucket_mb:",
+                          "checkpoint:",
+                          "dir:",
+                          "every:",
+                          "keep_last:",
+                          "keep_every:",
+                          "resume:"}) {
     CHECK_THAT(yaml, Catch::Contains(key));
   }
 }
@@ -322,8 +357,8 @@ TEST_CASE("ModelConfigHash is stable and covers exactly the model's shape") {
   CHECK(ModelConfigHash(base) == ModelConfigHash(ModelConfig{}));
 
   std::vector<std::function<void(ModelConfig&)>> changes = {
-      [](ModelConfig& m) { m.layers += 1; }, [](ModelConfig& m) { m.heads = 8; },
-      [](ModelConfig& m) { m.dim = 384; },   [](ModelConfig& m) { m.vocab = 257; },
+      [](ModelConfig& m) { m.layers += 1; },  [](ModelConfig& m) { m.heads = 8; },
+      [](ModelConfig& m) { m.dim = 384; },    [](ModelConfig& m) { m.vocab = 257; },
       [](ModelConfig& m) { m.seq_len = 64; },
   };
   for (size_t i = 0; i < changes.size(); ++i) {

@@ -107,8 +107,7 @@ TEST_CASE("each malformed shard is rejected with the file and the problem named"
   CHECK(Contains(open_error("short.bin", std::string(1000, '\0')), "1000 bytes"));
   CHECK(Contains(open_error("magic.bin", ShardBytes(123, 1, 2, {1, 2})),
                  "wrong magic 123, expected 20240520 (not an llm.c token shard?)"));
-  CHECK(Contains(open_error("version.bin", ShardBytes(kShardMagic, 2, 2, {1, 2})),
-                 "version 2"));
+  CHECK(Contains(open_error("version.bin", ShardBytes(kShardMagic, 2, 2, {1, 2})), "version 2"));
   std::string size = open_error("size.bin", ShardBytes(kShardMagic, 1, 5, {1, 2}));
   CHECK(Contains(size, "1028"));  // the file's size
   CHECK(Contains(size, "1034"));  // what 5 tokens need
@@ -158,8 +157,7 @@ TEST_CASE("every epoch visits every window exactly once, in a new order") {
   SmallStream data;
   auto stream = data.Open(42);
   REQUIRE(stream->samples_per_epoch() == 15);
-  CHECK(stream->files() ==
-        std::vector<std::string>{data.dir + "/s_a.bin", data.dir + "/s_b.bin"});
+  CHECK(stream->files() == std::vector<std::string>{data.dir + "/s_a.bin", data.dir + "/s_b.bin"});
   std::set<std::vector<int>> orders;
   for (uint64_t epoch = 0; epoch < 5; ++epoch) {
     std::vector<int> order;
@@ -286,7 +284,6 @@ TEST_CASE("one stream may be sampled from many threads at once") {
   for (const std::vector<int>& inputs : got) CHECK(inputs == expected);
 }
 
-
 // ---- tools/mkdata, run as a process from the test's runfiles.
 
 struct Run {
@@ -297,8 +294,8 @@ struct Run {
 Run Mkdata(const std::vector<std::string>& args, const std::string& dir) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
-  std::string binary = absl::StrCat(srcdir ? srcdir : ".", "/",
-                                    workspace ? workspace : "muster", "/tools/mkdata");
+  std::string binary =
+      absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "muster", "/tools/mkdata");
   launcher::SpawnSpec spec;
   // The shell sends both streams to one file, so the test reads them after
   // the exit without pipes to drain.

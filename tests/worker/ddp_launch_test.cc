@@ -6,8 +6,8 @@
 //     collective with an error by themselves, and launch restarts the job.
 #include <signal.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "tests/launcher/harness.h"
 #include "worker/data.h"
@@ -47,16 +47,21 @@ std::string JobYaml(int micro_batch, int accumulation, int steps, const std::str
   return absl::StrCat(R"(model: {layers: 2, heads: 2, dim: 32, vocab: 256, seq_len: 16}
 data:
   train: train_*.bin
-  micro_batch: )", micro_batch, R"(
-  grad_accumulation: )", accumulation, R"(
+  micro_batch: )",
+                      micro_batch, R"(
+  grad_accumulation: )",
+                      accumulation, R"(
 optim: {lr: 1.0e-2, warmup_steps: 2}
 train:
-  steps: )", steps, R"(
+  steps: )",
+                      steps, R"(
   log_every: 1
-  metrics_file: )", metrics, R"(
+  metrics_file: )",
+                      metrics, R"(
 device: cpu
 parallel: {strategy: ddp, bucket_mb: 0.01, timeout_s: 30}
-)", checkpoint.empty() ? "" : absl::StrCat("checkpoint: ", checkpoint, "\n"));
+)",
+                      checkpoint.empty() ? "" : absl::StrCat("checkpoint: ", checkpoint, "\n"));
 }
 
 int ExitCodeWithin(Child& child, absl::Duration timeout) {
@@ -84,8 +89,8 @@ TEST_CASE("2 and 3 DDP ranks follow the 1-process loss curve at the same global 
 
   for (int world : {2, 3}) {
     std::string name = world == 2 ? "two" : "three";
-    Child job = StartLaunch({"--standalone", absl::StrCat("--nproc_per_node=", world),
-                             "--log_dir", dir.File("logs"), worker, dir.File(name + ".yaml")},
+    Child job = StartLaunch({"--standalone", absl::StrCat("--nproc_per_node=", world), "--log_dir",
+                             dir.File("logs"), worker, dir.File(name + ".yaml")},
                             dir.File(name + ".log"));
     int code = ExitCodeWithin(job, absl::Seconds(120));
     INFO(ReadFile(dir.File(name + ".log")));
@@ -121,13 +126,12 @@ TEST_CASE("SIGKILL of one rank: the others fail out of their collective and laun
   std::string script = absl::StrCat(
       "trap '' TERM; if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then exec ", worker, " ",
       dir.File("long.yaml"), "; else exec ", worker, " ", dir.File("short.yaml"), "; fi");
-  Child job = StartLaunch({"--standalone", "--nproc_per_node=3", "--max_restarts=1",
-                           "--shutdown_timeout=60", "--log_dir", dir.File("logs"),
-                           "--rdzv_id=ddpkill", "--no_python", "/bin/sh", "-c", script},
-                          dir.File("launch.log"));
+  Child job = StartLaunch(
+      {"--standalone", "--nproc_per_node=3", "--max_restarts=1", "--shutdown_timeout=60",
+       "--log_dir", dir.File("logs"), "--rdzv_id=ddpkill", "--no_python", "/bin/sh", "-c", script},
+      dir.File("launch.log"));
   // Training is under way once rank 0 has logged a few steps.
-  REQUIRE(WaitUntil([&] { return Losses(dir.File("long.jsonl")).size() >= 3; },
-                    absl::Seconds(60)));
+  REQUIRE(WaitUntil([&] { return Losses(dir.File("long.jsonl")).size() >= 3; }, absl::Seconds(60)));
   int victim = RankPid(job.pid(), 1);
   int survivor0 = RankPid(job.pid(), 0);
   int survivor2 = RankPid(job.pid(), 2);
@@ -174,17 +178,17 @@ TEST_CASE("a 2-rank DDP job SIGKILLed mid-run resumes under launch and ends bitw
   WriteFile(dir.File("killed.yaml"),
             JobYaml(3, 1, kSteps, "killed.jsonl", checkpoint("killed_ckpt", 5)));
   const std::string worker = BinaryPath("worker/worker");
-  Child reference = StartLaunch({"--standalone", "--nproc_per_node=2", worker,
-                                 dir.File("reference.yaml")},
-                                dir.File("reference.log"));
+  Child reference =
+      StartLaunch({"--standalone", "--nproc_per_node=2", worker, dir.File("reference.yaml")},
+                  dir.File("reference.log"));
   REQUIRE(ExitCodeWithin(reference, absl::Seconds(120)) == 0);
 
   Child job = StartLaunch({"--standalone", "--nproc_per_node=2", "--max_restarts=1",
                            "--rdzv_id=ddpresume", worker, dir.File("killed.yaml")},
                           dir.File("killed.log"));
   // Partway through a step after step 17 (checkpointed at 15).
-  REQUIRE(WaitUntil([&] { return Losses(dir.File("killed.jsonl")).size() >= 17; },
-                    absl::Seconds(60)));
+  REQUIRE(
+      WaitUntil([&] { return Losses(dir.File("killed.jsonl")).size() >= 17; }, absl::Seconds(60)));
   int victim = RankPid(job.pid(), 1);
   REQUIRE(victim > 0);
   int killed_after = Losses(dir.File("killed.jsonl")).rbegin()->first;
@@ -227,10 +231,9 @@ TEST_CASE("a 2-rank checkpoint resumes at 3 ranks and at 1, continuing the same 
   // global batch, so the same samples in every step.
   for (int world : {3, 1}) {
     std::string name = absl::StrCat("world", world);
-    WriteFile(dir.File(name + ".yaml"),
-              JobYaml(6 / world, 1, kSteps, name + ".jsonl",
-                      absl::StrCat("{dir: \"", dir.File(name + "_ckpt"), "\", resume: \"", saved,
-                                   "\"}")));
+    WriteFile(dir.File(name + ".yaml"), JobYaml(6 / world, 1, kSteps, name + ".jsonl",
+                                                absl::StrCat("{dir: \"", dir.File(name + "_ckpt"),
+                                                             "\", resume: \"", saved, "\"}")));
     Child job = StartLaunch({"--standalone", absl::StrCat("--nproc_per_node=", world), worker,
                              dir.File(name + ".yaml")},
                             dir.File(name + ".log"));
@@ -276,20 +279,25 @@ TEST_CASE("scale-up and scale-down under launch resume from the last checkpoint"
   };
   // Long enough never to finish before the test has scaled the job.
   WriteFile(dir.File("job.yaml"), yaml(1000000));
-  std::vector<std::string> command = {
-      "--nnodes=1:2", "--nproc_per_node=1", "--rdzv_endpoint", server->endpoint(),
-      "--rdzv_id=elastic_ckpt", "--max_restarts=3",
-      "--rdzv_conf=last_call_timeout=0.3,lease_ttl=1", "--shutdown_timeout=2",
-      BinaryPath("worker/worker"), dir.File("job.yaml")};
+  std::vector<std::string> command = {"--nnodes=1:2",
+                                      "--nproc_per_node=1",
+                                      "--rdzv_endpoint",
+                                      server->endpoint(),
+                                      "--rdzv_id=elastic_ckpt",
+                                      "--max_restarts=3",
+                                      "--rdzv_conf=last_call_timeout=0.3,lease_ttl=1",
+                                      "--shutdown_timeout=2",
+                                      BinaryPath("worker/worker"),
+                                      dir.File("job.yaml")};
   Child a = StartLaunch(command, dir.File("a.log"));
-  REQUIRE(WaitUntil([&] { return NewestCheckpointOfWorld(checkpoints, 1) >= 10; },
-                    absl::Seconds(60)));
+  REQUIRE(
+      WaitUntil([&] { return NewestCheckpointOfWorld(checkpoints, 1) >= 10; }, absl::Seconds(60)));
 
   // Scale-up: a second node joins; the job restarts at world 2 from the
   // world-1 checkpoint and goes on saving.
   Child b = StartLaunch(command, dir.File("b.log"));
-  REQUIRE(WaitUntil([&] { return NewestCheckpointOfWorld(checkpoints, 2) > 0; },
-                    absl::Seconds(60)));
+  REQUIRE(
+      WaitUntil([&] { return NewestCheckpointOfWorld(checkpoints, 2) > 0; }, absl::Seconds(60)));
   CHECK(absl::StrContains(ReadFile(dir.File("a.log")), "resumed from"));
 
   // Scale-down: the second node dies. After the lease ttl the job restarts

@@ -160,8 +160,9 @@ InProcessLosses TrainInProcess(GptModel& model, const TrainConfig& config,
 TEST_CASE("PyTorch DDP (gloo) under launch agrees with our DDP worker on the loss") {
   const std::string probe = std::string(kPython) + " -c 'import torch' >/dev/null 2>&1";
   if (std::system(probe.c_str()) != 0) {
-    WARN("skipped: " << kPython << " cannot import torch (scripts/setup.sh --test installs "
-                                   "Debian's python3-torch)");
+    WARN("skipped: " << kPython
+                     << " cannot import torch (scripts/setup.sh --test installs "
+                        "Debian's python3-torch)");
     return;
   }
   TempDir dir;
@@ -201,10 +202,10 @@ TEST_CASE("PyTorch DDP (gloo) under launch agrees with our DDP worker on the los
                   dir.File("model.bin"), dir.path(), dir.File("torch_losses.txt"), "--steps",
                   absl::StrCat(kSteps),
                   // The schedule's value at step 0 (the one step taken).
-                  "--lr", absl::StrCat(LearningRate(optim, 0, config->train.steps)),
-                  "--beta1", absl::StrCat(optim.beta1), "--beta2", absl::StrCat(optim.beta2),
-                  "--eps", absl::StrCat(optim.eps), "--weight_decay",
-                  absl::StrCat(optim.weight_decay), "--grad_clip", absl::StrCat(optim.grad_clip)},
+                  "--lr", absl::StrCat(LearningRate(optim, 0, config->train.steps)), "--beta1",
+                  absl::StrCat(optim.beta1), "--beta2", absl::StrCat(optim.beta2), "--eps",
+                  absl::StrCat(optim.eps), "--weight_decay", absl::StrCat(optim.weight_decay),
+                  "--grad_clip", absl::StrCat(optim.grad_clip)},
                  dir.File("torch.log"), absl::Seconds(150));
   std::map<int, double> theirs = TorchLosses(dir.File("torch_losses.txt"));
   INFO("torch:\n" << ReadFile(dir.File("torch_losses.txt")));

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "parallel/gradient_reducer.h"
 #include "parallel/gloo_group.h"
+#include "parallel/gradient_reducer.h"
 #include "rendezvous/client/store.h"
 #include "tests/parallel/group_test_util.h"
 #include "worker/data.h"
@@ -113,8 +113,7 @@ class CountingGroup : public parallel::ProcessGroup {
                                                 parallel::ReduceOp op) override {
     return group_->ReduceScatter(input, output, std::move(counts), op);
   }
-  std::shared_ptr<parallel::Work> AllGather(absl::Span<const float> input,
-                                            absl::Span<float> output,
+  std::shared_ptr<parallel::Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
                                             std::vector<size_t> counts) override {
     return group_->AllGather(input, output, std::move(counts));
   }
@@ -347,8 +346,8 @@ TEST_CASE("SingleProcess and a world-of-one Ddp honour the same strategy contrac
   Ddp ddp(&counting, &counting, {}, "gloo");
   ContractRun replicated = RunContract(&ddp, spec);
 
-  for (ParallelStrategy* strategy : {static_cast<ParallelStrategy*>(&single),
-                                     static_cast<ParallelStrategy*>(&ddp)}) {
+  for (ParallelStrategy* strategy :
+       {static_cast<ParallelStrategy*>(&single), static_cast<ParallelStrategy*>(&ddp)}) {
     INFO(strategy->Describe());
     CHECK(strategy->rank() == 0);
     CHECK(strategy->dp_rank() == 0);

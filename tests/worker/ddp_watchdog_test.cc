@@ -20,8 +20,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "rendezvous/client/client.h"
 #include "launcher/worker_env.h"
+#include "rendezvous/client/client.h"
 #include "tests/launcher/harness.h"
 #include "worker/data.h"
 
@@ -78,7 +78,8 @@ struct TwoNodes {
   TwoNodes() {
     WriteCorpus(dir.path());
     // Many steps: the run is stopped long before it could finish.
-    WriteFile(dir.File("train.yaml"), R"(model: {layers: 2, heads: 2, dim: 32, vocab: 256, seq_len: 16}
+    WriteFile(dir.File("train.yaml"),
+              R"(model: {layers: 2, heads: 2, dim: 32, vocab: 256, seq_len: 16}
 data: {train: train_*.bin, micro_batch: 2}
 optim: {lr: 1.0e-2}
 train: {steps: 1000000, log_every: 1, metrics_file: metrics.jsonl}
@@ -112,14 +113,13 @@ parallel: {strategy: ddp, bucket_mb: 0.01, timeout_s: 300}
     for (const auto& [key, value] : launcher::CurrentEnvironment()) {
       spec.env.push_back(key + "=" + value);
     }
-    for (std::string entry : {
-             absl::StrCat("RANK=", rank), std::string("WORLD_SIZE=2"),
-             std::string("LOCAL_RANK=0"), std::string("LOCAL_WORLD_SIZE=1"),
-             std::string("MASTER_ADDR=127.0.0.1"), std::string("MUSTER_LOCAL_ADDR=127.0.0.1"),
-             absl::StrCat("MUSTER_RDZV_ENDPOINT=", server->endpoint()),
-             absl::StrCat("MUSTER_JOB=", job),
-             absl::StrCat("MUSTER_ROUND=", rounds[0].state.round()),
-             std::string("OMP_NUM_THREADS=1")}) {
+    for (std::string entry :
+         {absl::StrCat("RANK=", rank), std::string("WORLD_SIZE=2"), std::string("LOCAL_RANK=0"),
+          std::string("LOCAL_WORLD_SIZE=1"), std::string("MASTER_ADDR=127.0.0.1"),
+          std::string("MUSTER_LOCAL_ADDR=127.0.0.1"),
+          absl::StrCat("MUSTER_RDZV_ENDPOINT=", server->endpoint()),
+          absl::StrCat("MUSTER_JOB=", job), absl::StrCat("MUSTER_ROUND=", rounds[0].state.round()),
+          std::string("OMP_NUM_THREADS=1")}) {
       spec.env.push_back(entry);
     }
     absl::StatusOr<Child> child = Child::Spawn(spec);

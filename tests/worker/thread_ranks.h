@@ -26,8 +26,8 @@ inline void RunRanks(int size, const std::function<void(int, ParallelStrategy*)>
   parallel::testing::Groups groups = parallel::testing::ConnectGroups(store, size);
   std::vector<std::unique_ptr<Ddp>> ranks;
   for (int r = 0; r < size; ++r) {
-    ranks.push_back(std::make_unique<Ddp>(groups[r].get(), groups[r].get(),
-                                          parallel::BucketOptions{}, "gloo"));
+    ranks.push_back(
+        std::make_unique<Ddp>(groups[r].get(), groups[r].get(), parallel::BucketOptions{}, "gloo"));
   }
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {

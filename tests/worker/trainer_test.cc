@@ -275,8 +275,7 @@ TEST_CASE("sampling is reproducible and byte-level only") {
   TrainConfig big_vocab = TinyConfig(dir);
   big_vocab.model.vocab = 512;
   auto other = MakeTrainer(big_vocab);
-  CHECK(GenerateText(other->model(), sample).status().code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(GenerateText(other->model(), sample).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("a precision the device cannot do is INVALID_ARGUMENT naming precision") {

@@ -61,8 +61,7 @@ RunResult RunWorker(const std::string& dir, const std::vector<std::string>& args
                     const std::vector<std::string>& extra_env = {}) {
   launcher::SpawnSpec spec;
   // The shell only redirects; "$0" "$@" pass the arguments unquoted-safe.
-  spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >\"$CLI_OUT\" 2>\"$CLI_ERR\"",
-               WorkerBinary()};
+  spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >\"$CLI_OUT\" 2>\"$CLI_ERR\"", WorkerBinary()};
   spec.argv.insert(spec.argv.end(), args.begin(), args.end());
   for (char** var = environ; *var != nullptr; ++var) {
     std::string entry = *var;
@@ -87,7 +86,8 @@ RunResult RunWorker(const std::string& dir, const std::vector<std::string>& args
 std::string WriteTinyJob(const std::string& dir, int steps) {
   std::vector<uint16_t> tokens;
   const std::string text = "the quick brown fox jumps over the lazy dog. ";
-  for (int i = 0; i < 6000; ++i) tokens.push_back(static_cast<unsigned char>(text[i % text.size()]));
+  for (int i = 0; i < 6000; ++i)
+    tokens.push_back(static_cast<unsigned char>(text[i % text.size()]));
   REQUIRE(WriteTokenShard(dir + "/train_000.bin", tokens).ok());
   REQUIRE(WriteTokenShard(dir + "/val_000.bin", tokens).ok());
   std::string yaml = absl::StrCat(R"(model:
@@ -103,7 +103,8 @@ data:
 optim:
   lr: 1.0e-2
 train:
-  steps: )", steps, R"(
+  steps: )",
+                                  steps, R"(
   log_every: 1
   eval_every: 5
   eval_batches: 2
@@ -207,8 +208,8 @@ TEST_CASE("a world of more than one without the launcher's rendezvous exits 2") 
   std::string dir = FreshDir("world");
   std::string config = WriteTinyJob(dir, 5);
   std::string error_file = dir + "/error.json";
-  RunResult run = RunWorker(dir, {config},
-                            {"WORLD_SIZE=2", "RANK=0", "TORCHELASTIC_ERROR_FILE=" + error_file});
+  RunResult run =
+      RunWorker(dir, {config}, {"WORLD_SIZE=2", "RANK=0", "TORCHELASTIC_ERROR_FILE=" + error_file});
   INFO(run.err);
   CHECK(run.exit_code == 2);
   CHECK(Contains(run.err, "MUSTER_RDZV_ENDPOINT"));

@@ -34,10 +34,10 @@ absl::Status Errno(const std::string& what, const std::string& path) {
 
 absl::Status FromErrorCode(const std::error_code& error, const std::string& what,
                            const std::string& path) {
-  const int value = error.category() == std::generic_category() ||
-                            error.category() == std::system_category()
-                        ? error.value()
-                        : 0;
+  const int value =
+      error.category() == std::generic_category() || error.category() == std::system_category()
+          ? error.value()
+          : 0;
   return ErrorFor(value, absl::StrCat(path, ": ", what, ": ", error.message()));
 }
 
@@ -118,8 +118,7 @@ class PosixRandomAccessFile : public RandomAccessFile {
 
 class PosixEnv : public Env {
  public:
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return Errno("cannot create", path);
     return std::make_unique<PosixWritableFile>(fd, path);

@@ -95,8 +95,7 @@ class EnvWrapper : public Env {
   explicit EnvWrapper(Env* target) : target_(target) {}
   Env* target() const { return target_; }
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     return target_->NewWritableFile(path);
   }
   absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(

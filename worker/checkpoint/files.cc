@@ -91,8 +91,8 @@ class ChunkChecksummer {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar work_;          // queue_ or closed_ changed
   absl::CondVar done_changed_;  // done_ grew
-  uint32_t crc_ = 0;  // the checksum thread's until it is joined
-  std::thread thread_;  // last: starts once the fields above exist
+  uint32_t crc_ = 0;            // the checksum thread's until it is joined
+  std::thread thread_;          // last: starts once the fields above exist
 };
 
 }  // namespace
@@ -151,8 +151,8 @@ absl::Status ReadExactly(const RandomAccessFile& file, uint64_t offset, void* ds
   auto read = file.Read(offset, bytes, static_cast<char*>(dst));
   if (!read.ok()) return read.status();
   if (*read < bytes) {
-    return absl::DataLossError(absl::StrCat(path, ": ends at byte ", offset + *read,
-                                            "; expected ", offset + bytes, " bytes"));
+    return absl::DataLossError(absl::StrCat(path, ": ends at byte ", offset + *read, "; expected ",
+                                            offset + bytes, " bytes"));
   }
   return absl::OkStatus();
 }

@@ -181,8 +181,8 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
     if (manifest->config_hash != hash) {
       const ModelConfig& m = manifest->model;
       return absl::InvalidArgumentError(absl::StrCat(
-          path, ": a checkpoint of another model (layers ", m.layers, ", heads ", m.heads,
-          ", dim ", m.dim, ", vocab ", m.vocab, ", seq_len ", m.seq_len, "); the config has layers ",
+          path, ": a checkpoint of another model (layers ", m.layers, ", heads ", m.heads, ", dim ",
+          m.dim, ", vocab ", m.vocab, ", seq_len ", m.seq_len, "); the config has layers ",
           config_.model.layers, ", heads ", config_.model.heads, ", dim ", config_.model.dim,
           ", vocab ", config_.model.vocab, ", seq_len ", config_.model.seq_len));
     }
@@ -207,9 +207,8 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
                               optimizer->HostMoments(true)};
     if (direct[0] != nullptr && direct[1] != nullptr && direct[2] != nullptr) {
       absl::Status loaded =
-          LoadFlatRange(env_, path, *manifest, tensors, 0, total, [&](uint64_t i) {
-            return direct[i / params] + i % params;
-          });
+          LoadFlatRange(env_, path, *manifest, tensors, 0, total,
+                        [&](uint64_t i) { return direct[i / params] + i % params; });
       if (!loaded.ok()) return loaded;
       state->step = manifest->step;
       state->sample_index = manifest->sample_index;
@@ -274,9 +273,9 @@ absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& op
     if (made.ok()) made = env_->CreateDir(tmp);
     if (!made.ok()) {
       // UNAVAILABLE whatever the cause: not a config mistake (exit 1, docs/worker.md).
-      prepared = absl::UnavailableError(absl::StrCat(
-          "checkpoint.dir: cannot create ", tmp, ": ", made.message(),
-          " (expected a writable directory)"));
+      prepared =
+          absl::UnavailableError(absl::StrCat("checkpoint.dir: cannot create ", tmp, ": ",
+                                              made.message(), " (expected a writable directory)"));
     }
   }
   if (absl::Status agreed = Agree(prepared, "preparing " + tmp); !agreed.ok()) return agreed;
@@ -309,7 +308,7 @@ absl::Status CheckpointManager::Commit(bool wait) {
     local_result_ = writer_.Wait();
     local_done_ = true;
   }
-  const LocalWrite mine = !local_done_          ? LocalWrite::kWriting
+  const LocalWrite mine = !local_done_         ? LocalWrite::kWriting
                           : local_result_.ok() ? LocalWrite::kDurable
                                                : LocalWrite::kFailed;
   const CommitTally vote = CommitVote(mine);
@@ -318,8 +317,7 @@ absl::Status CheckpointManager::Commit(bool wait) {
       !summed.ok()) {
     return summed;
   }
-  const CommitDecision decision =
-      DecideCommit(CommitTally{tally[0], tally[1]}, control_->size());
+  const CommitDecision decision = DecideCommit(CommitTally{tally[0], tally[1]}, control_->size());
   const int step = pending_step_;
   const std::string tmp = config_.checkpoint.dir + "/" + TempStepDirName(step);
   if (decision == CommitDecision::kCommit) {
@@ -332,12 +330,12 @@ absl::Status CheckpointManager::Commit(bool wait) {
   if (decision == CommitDecision::kAbandon) {
     pending_step_ = -1;
     if (!local_result_.ok()) {
-      return absl::Status(local_result_.status().code(),
-                          absl::StrCat("saving checkpoint step ", step, ": ",
-                                       local_result_.status().message()));
+      return absl::Status(
+          local_result_.status().code(),
+          absl::StrCat("saving checkpoint step ", step, ": ", local_result_.status().message()));
     }
-    return absl::AbortedError(absl::StrCat("saving checkpoint step ", step,
-                                           " failed on another rank (see its log)"));
+    return absl::AbortedError(
+        absl::StrCat("saving checkpoint step ", step, " failed on another rank (see its log)"));
   }
   return absl::OkStatus();  // some rank is still writing
 }
@@ -391,8 +389,8 @@ absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) 
   // Committed. Deleting old checkpoints is not part of the save: it runs
   // beside the training steps that follow.
   if (status = JoinRetention(); !status.ok()) return status;  // none in flight, normally
-  retention_ = std::thread([this, dir = c.dir, keep_last = c.keep_last,
-                            keep_every = c.keep_every, step, lineage = lineage_] {
+  retention_ = std::thread([this, dir = c.dir, keep_last = c.keep_last, keep_every = c.keep_every,
+                            step, lineage = lineage_] {
     retention_status_ =
         ApplyRetention(env_, dir, keep_last, keep_every, step, lineage, &retention_deleted_);
   });

@@ -138,7 +138,7 @@ class CheckpointManager {
   // This run's Manifest::lineage: new, or set by Resume.
   std::string lineage_;
   ShardWriter writer_;
-  int pending_step_ = -1;      // save in flight, -1: none
+  int pending_step_ = -1;  // save in flight, -1: none
   int last_started_ = -1;
   int last_committed_ = -1;
   absl::StatusOr<FileRecord> local_result_;  // this rank's finished write

@@ -28,7 +28,8 @@ std::optional<int> ParseStepDirName(std::string_view name) {
   std::string_view digits = name.substr(kPrefix.size());
   if (!std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) return std::nullopt;
   int step = 0;
-  if (!absl::SimpleAtoi(absl::string_view(digits.data(), digits.size()), &step)) return std::nullopt;
+  if (!absl::SimpleAtoi(absl::string_view(digits.data(), digits.size()), &step))
+    return std::nullopt;
   return step;
 }
 
@@ -75,8 +76,8 @@ std::string ManifestToJson(const Manifest& m) {
                   "  \"model\": {\"layers\": ", m.model.layers, ", \"heads\": ", m.model.heads,
                   ", \"dim\": ", m.model.dim, ", \"vocab\": ", m.model.vocab,
                   ", \"seq_len\": ", m.model.seq_len, "},\n", "  \"world_size\": ", m.world_size,
-                  ",\n", "  \"strategy\": \"", m.strategy, "\",\n", "  \"lineage\": \"",
-                  m.lineage, "\",\n", "  \"files\": [\n");
+                  ",\n", "  \"strategy\": \"", m.strategy, "\",\n", "  \"lineage\": \"", m.lineage,
+                  "\",\n", "  \"files\": [\n");
   for (size_t i = 0; i < m.files.size(); ++i) {
     const FileRecord& f = m.files[i];
     absl::StrAppend(&out, "    {\"name\": \"", f.name, "\", \"bytes\": \"", f.bytes,
@@ -87,8 +88,7 @@ std::string ManifestToJson(const Manifest& m) {
   for (size_t i = 0; i < m.tensors.size(); ++i) {
     const TensorRecord& t = m.tensors[i];
     absl::StrAppend(&out, "    {\"name\": \"", t.name, "\", \"shape\": [",
-                    absl::StrJoin(t.shape, ", "), "], \"dtype\": \"", t.dtype,
-                    "\", \"slices\": [");
+                    absl::StrJoin(t.shape, ", "), "], \"dtype\": \"", t.dtype, "\", \"slices\": [");
     for (size_t j = 0; j < t.slices.size(); ++j) {
       const TensorSlice& s = t.slices[j];
       absl::StrAppend(&out, j > 0 ? ", " : "", "{\"file\": ", s.file, ", \"start\": \"", s.start,
@@ -118,8 +118,8 @@ struct Parser {
     uint64_t value = 0;
     bool ok = base == 16 ? absl::SimpleHexAtoi(text, &value) : absl::SimpleAtoi(text, &value);
     if (!ok || value > static_cast<uint64_t>(std::numeric_limits<T>::max())) {
-      throw std::runtime_error(absl::StrCat("field \"", key, "\": \"", text,
-                                            "\" is not a valid unsigned number"));
+      throw std::runtime_error(
+          absl::StrCat("field \"", key, "\": \"", text, "\" is not a valid unsigned number"));
     }
     return static_cast<T>(value);
   }
@@ -137,13 +137,14 @@ absl::Status CheckConsistent(const Manifest& m) {
     uint64_t covered = 0;
     for (const TensorSlice& slice : slices) {
       if (slice.start != covered) {
-        return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": its slices leave a gap "
-                                                "or overlap at element ", covered));
+        return absl::DataLossError(absl::StrCat("tensor ", tensor.name,
+                                                ": its slices leave a gap "
+                                                "or overlap at element ",
+                                                covered));
       }
       if (slice.file < 0 || slice.file >= static_cast<int>(m.files.size())) {
-        return absl::DataLossError(
-            absl::StrCat("tensor ", tensor.name, ": slice names file ", slice.file, " of ",
-                         m.files.size()));
+        return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": slice names file ",
+                                                slice.file, " of ", m.files.size()));
       }
       if (slice.offset + slice.count * sizeof(float) > m.files[slice.file].bytes) {
         return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": a slice ends past the ",
@@ -192,8 +193,8 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& json, const std::strin
       FileRecord record;
       record.name = p.Field(file, "name").as<std::string>();
       if (record.name.empty() || record.name.find('/') != std::string::npos) {
-        throw std::runtime_error(absl::StrCat("file name \"", record.name,
-                                              "\" is not a plain file name"));
+        throw std::runtime_error(
+            absl::StrCat("file name \"", record.name, "\" is not a plain file name"));
       }
       record.bytes = p.Number<uint64_t>(file, "bytes");
       record.crc32 = p.Number<uint32_t>(file, "crc32", 16);
@@ -202,7 +203,8 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& json, const std::strin
     for (const YAML::Node& tensor : p.Field(root, "tensors")) {
       TensorRecord record;
       record.name = p.Field(tensor, "name").as<std::string>();
-      for (const YAML::Node& dim : p.Field(tensor, "shape")) record.shape.push_back(dim.as<int64_t>());
+      for (const YAML::Node& dim : p.Field(tensor, "shape"))
+        record.shape.push_back(dim.as<int64_t>());
       record.dtype = p.Field(tensor, "dtype").as<std::string>();
       for (const YAML::Node& slice : p.Field(tensor, "slices")) {
         TensorSlice s;
@@ -215,8 +217,8 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& json, const std::strin
       m.tensors.push_back(std::move(record));
     }
   } catch (const std::exception& error) {
-    return absl::DataLossError(absl::StrCat(source, ": not a valid checkpoint manifest: ",
-                                            error.what()));
+    return absl::DataLossError(
+        absl::StrCat(source, ": not a valid checkpoint manifest: ", error.what()));
   }
   if (absl::Status consistent = CheckConsistent(m); !consistent.ok()) {
     return absl::DataLossError(absl::StrCat(source, ": ", consistent.message()));

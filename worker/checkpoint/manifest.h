@@ -49,18 +49,18 @@ struct TensorRecord {
 };
 
 struct FileRecord {
-  std::string name;    // relative to the checkpoint directory
+  std::string name;  // relative to the checkpoint directory
   uint64_t bytes = 0;
   uint32_t crc32 = 0;  // zlib's CRC-32 (IEEE 802.3 polynomial) of the whole file
 };
 
 struct Manifest {
   int format_version = kCheckpointFormatVersion;
-  int step = 0;                  // optimizer steps completed
-  int optimizer_step = 0;        // AdamW's step count (bias correction)
-  uint64_t sample_index = 0;     // global index of the next training sample
-  uint64_t data_seed = 0;        // train.seed: fixes the data order (the only RNG)
-  uint64_t config_hash = 0;      // ModelConfigHash(model)
+  int step = 0;               // optimizer steps completed
+  int optimizer_step = 0;     // AdamW's step count (bias correction)
+  uint64_t sample_index = 0;  // global index of the next training sample
+  uint64_t data_seed = 0;     // train.seed: fixes the data order (the only RNG)
+  uint64_t config_hash = 0;   // ModelConfigHash(model)
   ModelConfig model;
   int world_size = 1;            // at save time
   std::string strategy = "ddp";  // at save time

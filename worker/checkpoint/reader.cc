@@ -30,8 +30,8 @@ absl::Status ReadFileChecked(Env* env, const std::string& path, const FileRecord
         absl::StrCat(path, ": longer than the manifest's ", record.bytes, " bytes"));
   }
   if (crc != record.crc32) {
-    return absl::DataLossError(absl::StrFormat("%s: CRC-32 is %08x, the manifest says %08x",
-                                               path, crc, record.crc32));
+    return absl::DataLossError(
+        absl::StrFormat("%s: CRC-32 is %08x, the manifest says %08x", path, crc, record.crc32));
   }
   return absl::OkStatus();
 }
@@ -78,12 +78,12 @@ absl::StatusOr<Manifest> VerifyCheckpoint(Env* env, const std::string& path) {
     uint64_t bytes = 0;
     if (absl::Status status = FileCrc(env, file, &crc, &bytes); !status.ok()) return status;
     if (bytes != record.bytes) {
-      return absl::DataLossError(absl::StrCat(file, ": ", bytes, " bytes, the manifest says ",
-                                              record.bytes));
+      return absl::DataLossError(
+          absl::StrCat(file, ": ", bytes, " bytes, the manifest says ", record.bytes));
     }
     if (crc != record.crc32) {
-      return absl::DataLossError(absl::StrFormat("%s: CRC-32 is %08x, the manifest says %08x",
-                                                 file, crc, record.crc32));
+      return absl::DataLossError(
+          absl::StrFormat("%s: CRC-32 is %08x, the manifest says %08x", file, crc, record.crc32));
     }
   }
   return manifest;
@@ -107,15 +107,15 @@ absl::StatusOr<CheckpointEntry> FindLatestValid(
 }
 
 absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
-                           const std::vector<StateTensor>& tensors, uint64_t first,
-                           uint64_t count, float* dst) {
+                           const std::vector<StateTensor>& tensors, uint64_t first, uint64_t count,
+                           float* dst) {
   return LoadFlatRange(env, path, manifest, tensors, first, count,
                        [dst, first](uint64_t i) { return dst + (i - first); });
 }
 
 absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
-                           const std::vector<StateTensor>& tensors, uint64_t first,
-                           uint64_t count, const std::function<float*(uint64_t)>& where) {
+                           const std::vector<StateTensor>& tensors, uint64_t first, uint64_t count,
+                           const std::function<float*(uint64_t)>& where) {
   // Per file: where each of its bytes goes (or nullptr: checksum only).
   std::map<int, std::vector<FileSpan>> wanted;
   for (const StateTensor& tensor : tensors) {
@@ -139,8 +139,8 @@ absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& ma
       const uint64_t b = std::min(want_hi, slice.start + slice.count);
       if (a >= b) continue;
       char* into = reinterpret_cast<char*>(where(tensor.flat_begin + a));
-      wanted[slice.file].push_back({slice.offset + (a - slice.start) * sizeof(float),
-                                    (b - a) * sizeof(float), into});
+      wanted[slice.file].push_back(
+          {slice.offset + (a - slice.start) * sizeof(float), (b - a) * sizeof(float), into});
     }
   }
   for (auto& [file, pieces] : wanted) {

@@ -50,13 +50,13 @@ absl::StatusOr<CheckpointEntry> FindLatestValid(
 // INVALID_ARGUMENT if the manifest lacks a wanted tensor or has it in
 // another shape.
 absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
-                           const std::vector<StateTensor>& tensors, uint64_t first,
-                           uint64_t count, float* dst);
+                           const std::vector<StateTensor>& tensors, uint64_t first, uint64_t count,
+                           float* dst);
 // The same, into memory that is contiguous within each tensor but not
 // across them: `where(i)` is the address of flat element i, called with
 // the first element of each piece, which runs on within the tensor.
 absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
-                           const std::vector<StateTensor>& tensors, uint64_t first,
-                           uint64_t count, const std::function<float*(uint64_t)>& where);
+                           const std::vector<StateTensor>& tensors, uint64_t first, uint64_t count,
+                           const std::function<float*(uint64_t)>& where);
 
 }  // namespace muster::worker

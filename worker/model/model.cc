@@ -26,13 +26,13 @@ absl::StatusOr<Precision> ResolvePrecision(const std::string& name, Device devic
   if (name == "fp32") return Precision::kFp32;
   if (name == "tf32" || name == "bf16") {
     if (device != Device::kCuda) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "precision: ", name, " needs device cuda; the CPU computes in fp32 only"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("precision: ", name, " needs device cuda; the CPU computes in fp32 only"));
     }
     return name == "tf32" ? Precision::kTf32 : Precision::kBf16;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "precision: unknown precision '", name, "' (expected auto, fp32, tf32 or bf16)"));
+  return absl::InvalidArgumentError(absl::StrCat("precision: unknown precision '", name,
+                                                 "' (expected auto, fp32, tf32 or bf16)"));
 }
 
 const char* PrecisionName(Precision precision) {
@@ -86,19 +86,17 @@ std::vector<float> GptModel::CopyGradsToHost() const {
 }
 
 void GptModel::CopyParamsRangeToHost(size_t first, size_t count, float* host) const {
-  layout::ForEachStagePiece(stages_, first, count,
-                            [&](size_t s, size_t in_stage, size_t in_range, size_t floats) {
-                              ops_->ToHost(host + in_range, stages_[s].params + in_stage,
-                                           floats * sizeof(float));
-                            });
+  layout::ForEachStagePiece(
+      stages_, first, count, [&](size_t s, size_t in_stage, size_t in_range, size_t floats) {
+        ops_->ToHost(host + in_range, stages_[s].params + in_stage, floats * sizeof(float));
+      });
 }
 
 void GptModel::CopyParamsRangeFromHost(size_t first, size_t count, const float* host) {
-  layout::ForEachStagePiece(stages_, first, count,
-                            [&](size_t s, size_t in_stage, size_t in_range, size_t floats) {
-                              ops_->ToDevice(stages_[s].params + in_stage, host + in_range,
-                                             floats * sizeof(float));
-                            });
+  layout::ForEachStagePiece(
+      stages_, first, count, [&](size_t s, size_t in_stage, size_t in_range, size_t floats) {
+        ops_->ToDevice(stages_[s].params + in_stage, host + in_range, floats * sizeof(float));
+      });
   ParamsChanged();
 }
 

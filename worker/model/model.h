@@ -53,20 +53,20 @@ class Ops;  // worker/model/ops.h: the device back end (memory, copies, kernels)
 absl::StatusOr<Device> ResolveDevice(const std::string& name);
 
 struct TensorView {
-  std::string name;          // "wte", "qkvw", ...
-  std::vector<int> shape;    // e.g. {3 * C, C}
-  size_t offset = 0;         // floats from the start of the stage buffer
-  size_t size = 0;           // floats
-  bool decay = false;        // AdamW weight decay applies (matrices, not
-                             // biases, LayerNorm or wpe)
+  std::string name;        // "wte", "qkvw", ...
+  std::vector<int> shape;  // e.g. {3 * C, C}
+  size_t offset = 0;       // floats from the start of the stage buffer
+  size_t size = 0;         // floats
+  bool decay = false;      // AdamW weight decay applies (matrices, not
+                           // biases, LayerNorm or wpe)
 };
 
 struct Stage {
-  std::string name;                // "embedding", "block0", ..., "head"
+  std::string name;  // "embedding", "block0", ..., "head"
   std::vector<TensorView> tensors;
-  size_t size = 0;                 // floats in the buffer
-  float* params = nullptr;         // device memory (host memory on CPU)
-  float* grads = nullptr;          // same layout
+  size_t size = 0;          // floats in the buffer
+  float* params = nullptr;  // device memory (host memory on CPU)
+  float* grads = nullptr;   // same layout
 };
 
 class GptModel {
@@ -76,8 +76,8 @@ class GptModel {
   // the precision must be kFp32 (INVALID_ARGUMENT otherwise). On CUDA the
   // model is the fused engine of worker/model/model_cuda.cc; memory it cannot get
   // is RESOURCE_EXHAUSTED naming the bytes asked for and the bytes free.
-  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const ModelConfig& config,
-                                                          int max_batch, Device device,
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const ModelConfig& config, int max_batch,
+                                                          Device device,
                                                           Precision precision = Precision::kFp32);
   virtual ~GptModel() = default;
 

@@ -44,20 +44,20 @@ namespace fast = ::muster::kernels::fast;
 // What one block's forward pass saves for its backward pass. void* are act
 // tensors.
 struct Layer {
-  void* ln1;         // (B, T, C)
-  float* ln1_mean;   // (B, T)
-  float* ln1_rstd;   // (B, T)
-  void* qkv;         // (B, T, 3C)
-  void* atty;        // (B, T, C) attention output, heads side by side
-  void* att;         // (B, NH, T, T) probabilities; with flash attention,
-                     // (B, NH, T) fp32 log2-sum-exp of the scores
-  void* residual2;   // (B, T, C) residual + attention projection
-  void* ln2;         // (B, T, C)
-  float* ln2_mean;   // (B, T)
-  float* ln2_rstd;   // (B, T)
-  void* fch;         // (B, T, 4C) before GELU
-  void* fch_gelu;    // (B, T, 4C)
-  void* residual3;   // (B, T, C) the block's output
+  void* ln1;        // (B, T, C)
+  float* ln1_mean;  // (B, T)
+  float* ln1_rstd;  // (B, T)
+  void* qkv;        // (B, T, 3C)
+  void* atty;       // (B, T, C) attention output, heads side by side
+  void* att;        // (B, NH, T, T) probabilities; with flash attention,
+                    // (B, NH, T) fp32 log2-sum-exp of the scores
+  void* residual2;  // (B, T, C) residual + attention projection
+  void* ln2;        // (B, T, C)
+  float* ln2_mean;  // (B, T)
+  float* ln2_rstd;  // (B, T)
+  void* fch;        // (B, T, 4C) before GELU
+  void* fch_gelu;   // (B, T, 4C)
+  void* residual3;  // (B, T, C) the block's output
 };
 
 fast::GemmMath MathOf(Precision precision) {
@@ -82,8 +82,8 @@ std::string GemmError(int code) {
 
 class CudaModel final : public GptModel {
  public:
-  CudaModel(const ModelConfig& config, int max_batch, Precision precision,
-            std::unique_ptr<Ops> ops, std::unique_ptr<fast::Gemm> gemm)
+  CudaModel(const ModelConfig& config, int max_batch, Precision precision, std::unique_ptr<Ops> ops,
+            std::unique_ptr<fast::Gemm> gemm)
       : GptModel(config, Device::kCuda, precision),
         max_batch_(max_batch),
         gemm_(std::move(gemm)),
@@ -172,14 +172,14 @@ class CudaModel final : public GptModel {
   std::vector<float> host_losses_;
 
   // Scratch shared by the layers.
-  void* projected_ = nullptr;   // (B, T, C) attention / MLP projection before the residual add
+  void* projected_ = nullptr;  // (B, T, C) attention / MLP projection before the residual add
   // (B, NH, T, T) fp32 scores, then their gradient; with flash attention,
   // (B, NH, T) fp32 for the backward's row sums.
   float* scores_ = nullptr;
-  bool flash_ = false;  // flash attention (bf16, head size 64) or GEMMs
-  void* dresidual_ = nullptr;   // (B, T, C)
-  void* dnarrow_ = nullptr;     // (B, T, C) dlnf, dln2, datty, dln1 in turn
-  void* dwide_ = nullptr;       // (B, T, 4C) dfch, then dqkv (3C)
+  bool flash_ = false;         // flash attention (bf16, head size 64) or GEMMs
+  void* dresidual_ = nullptr;  // (B, T, C)
+  void* dnarrow_ = nullptr;    // (B, T, C) dlnf, dln2, datty, dln1 in turn
+  void* dwide_ = nullptr;      // (B, T, 4C) dfch, then dqkv (3C)
   float* bias_scratch_ = nullptr;
   float* norm_scratch_ = nullptr;
 };
@@ -258,19 +258,18 @@ void CudaModel::BlockForward(int layer, const void* residual_in) {
   Check("qkv matmul", gemm_->Forward(a.qkv, nullptr, a.ln1, Weight(stage, layout::kQkvw),
                                      Weight(stage, layout::kQkvb), BT, C, 3 * C));
   if (flash_) {
-    Check("flash attention", fast::FlashAttentionForward(a.atty, static_cast<float*>(a.att),
-                                                         a.qkv, B, T, C, NH, nullptr));
+    Check("flash attention", fast::FlashAttentionForward(a.atty, static_cast<float*>(a.att), a.qkv,
+                                                         B, T, C, NH, nullptr));
   } else {
-    Check("attention",
-          fast::AttentionForward(*gemm_, a.atty, a.att, scores_, a.qkv, B, T, C, NH));
+    Check("attention", fast::AttentionForward(*gemm_, a.atty, a.att, scores_, a.qkv, B, T, C, NH));
   }
   Check("attention projection",
         gemm_->Forward(projected_, nullptr, a.atty, Weight(stage, layout::kAttprojw),
                        Weight(stage, layout::kAttprojb), BT, C, C));
   Check("residual + layernorm 2",
         fast::LayerNormForward(act_, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, residual_in,
-                               projected_, Param(stage, layout::kLn2w),
-                               Param(stage, layout::kLn2b), BT, C, nullptr));
+                               projected_, Param(stage, layout::kLn2w), Param(stage, layout::kLn2b),
+                               BT, C, nullptr));
   Check("fc matmul + gelu", gemm_->Forward(a.fch_gelu, a.fch, a.ln2, Weight(stage, layout::kFcw),
                                            Weight(stage, layout::kFcb), BT, C, 4 * C));
   Check("fc projection",
@@ -330,16 +329,16 @@ float CudaModel::Forward(const int* inputs, const int* targets, int B, int T) {
     residual = a.residual3;
   }
   // The LM head is wte, tied: logits (BT, Vp) = lnf (BT, C) @ wte^T.
-  Check("lm head", gemm_->Forward(logits_, nullptr, lnf_, Weight(0, layout::kWte), nullptr, BT, C,
-                                  Vp));
+  Check("lm head",
+        gemm_->Forward(logits_, nullptr, lnf_, Weight(0, layout::kWte), nullptr, BT, C, Vp));
   PostForward(head);
   if (!has_targets_) return 0.0f;
 
   // The mean loss has gradient 1/BT per row; Backward's loss_scale is
   // applied by the head's GEMMs.
-  Check("classifier", fast::ClassifierForward(act_, losses_, logits_, targets_,
-                                              1.0f / static_cast<float>(BT), true, BT, V, Vp,
-                                              nullptr));
+  Check("classifier",
+        fast::ClassifierForward(act_, losses_, logits_, targets_, 1.0f / static_cast<float>(BT),
+                                true, BT, V, Vp, nullptr));
 
   // The encoder's backward sums each token's rows: group them on the host
   // while the GPU runs the forward pass enqueued above.
@@ -370,14 +369,14 @@ void CudaModel::BlockBackward(int layer, const void* residual_in) {
   Check("fc projection db",
         gemm_->BackwardBias(Grad(stage, layout::kFcprojb), dresidual_, BT, C, bias_scratch_));
   // dfch = (dresidual @ Wfcproj) * GELU'(fch), in the GEMM's epilogue.
-  Check("fc projection dx + gelu", gemm_->BackwardInput(dwide_, dresidual_,
-                                                        Weight(stage, layout::kFcprojw), a.fch,
-                                                        BT, 4 * C, C, 1.0f));
-  Check("fc dW", gemm_->BackwardWeight(Grad(stage, layout::kFcw), dwide_, a.ln2, BT, C, 4 * C,
-                                       1.0f));
+  Check("fc projection dx + gelu",
+        gemm_->BackwardInput(dwide_, dresidual_, Weight(stage, layout::kFcprojw), a.fch, BT, 4 * C,
+                             C, 1.0f));
+  Check("fc dW",
+        gemm_->BackwardWeight(Grad(stage, layout::kFcw), dwide_, a.ln2, BT, C, 4 * C, 1.0f));
   Check("fc db", gemm_->BackwardBias(Grad(stage, layout::kFcb), dwide_, BT, 4 * C, bias_scratch_));
-  Check("fc dx", gemm_->BackwardInput(dnarrow_, dwide_, Weight(stage, layout::kFcw), nullptr, BT,
-                                      C, 4 * C, 1.0f));
+  Check("fc dx", gemm_->BackwardInput(dnarrow_, dwide_, Weight(stage, layout::kFcw), nullptr, BT, C,
+                                      4 * C, 1.0f));
   // LayerNorm's backward adds into dresidual_, which becomes d loss /
   // d residual2 (the skip path plus the MLP path).
   Check("layernorm 2 backward",
@@ -386,28 +385,28 @@ void CudaModel::BlockBackward(int layer, const void* residual_in) {
                                 Param(stage, layout::kLn2w), a.ln2_mean, a.ln2_rstd, BT, C,
                                 norm_scratch_, nullptr));
   // residual2 = residual_in + attproj: the same pass-through as above.
-  Check("attention projection dW", gemm_->BackwardWeight(Grad(stage, layout::kAttprojw),
-                                                         dresidual_, a.atty, BT, C, C, 1.0f));
-  Check("attention projection db", gemm_->BackwardBias(Grad(stage, layout::kAttprojb),
-                                                       dresidual_, BT, C, bias_scratch_));
+  Check("attention projection dW",
+        gemm_->BackwardWeight(Grad(stage, layout::kAttprojw), dresidual_, a.atty, BT, C, C, 1.0f));
+  Check("attention projection db",
+        gemm_->BackwardBias(Grad(stage, layout::kAttprojb), dresidual_, BT, C, bias_scratch_));
   Check("attention projection dx",
-        gemm_->BackwardInput(dnarrow_, dresidual_, Weight(stage, layout::kAttprojw), nullptr, BT,
-                             C, C, 1.0f));
+        gemm_->BackwardInput(dnarrow_, dresidual_, Weight(stage, layout::kAttprojw), nullptr, BT, C,
+                             C, 1.0f));
   // dqkv into dwide_ (its first BT * 3C); consumes a.att.
   if (flash_) {
     Check("flash attention backward",
           fast::FlashAttentionBackward(dwide_, scores_, dnarrow_, a.atty, a.qkv,
                                        static_cast<const float*>(a.att), B, T, C, NH, nullptr));
   } else {
-    Check("attention backward", fast::AttentionBackward(*gemm_, dwide_, scores_, a.att, dnarrow_,
-                                                        a.qkv, B, T, C, NH));
+    Check("attention backward",
+          fast::AttentionBackward(*gemm_, dwide_, scores_, a.att, dnarrow_, a.qkv, B, T, C, NH));
   }
   Check("qkv dW",
         gemm_->BackwardWeight(Grad(stage, layout::kQkvw), dwide_, a.ln1, BT, C, 3 * C, 1.0f));
   Check("qkv db",
         gemm_->BackwardBias(Grad(stage, layout::kQkvb), dwide_, BT, 3 * C, bias_scratch_));
-  Check("qkv dx", gemm_->BackwardInput(dnarrow_, dwide_, Weight(stage, layout::kQkvw), nullptr,
-                                       BT, C, 3 * C, 1.0f));
+  Check("qkv dx", gemm_->BackwardInput(dnarrow_, dwide_, Weight(stage, layout::kQkvw), nullptr, BT,
+                                       C, 3 * C, 1.0f));
   Check("layernorm 1 backward",
         fast::LayerNormBackward(act_, dresidual_, Grad(stage, layout::kLn1w),
                                 Grad(stage, layout::kLn1b), dnarrow_, residual_in,
@@ -423,12 +422,12 @@ void CudaModel::Backward(float loss_scale) {
 
   // logits_ holds d(mean loss)/d logits; loss_scale scales both GEMMs.
   PreBackward(head);
-  Check("lm head dx", gemm_->BackwardInput(dnarrow_, logits_, Weight(0, layout::kWte), nullptr,
-                                           BT, C, Vp, loss_scale));
+  Check("lm head dx", gemm_->BackwardInput(dnarrow_, logits_, Weight(0, layout::kWte), nullptr, BT,
+                                           C, Vp, loss_scale));
   // dwte gets the head's share here (padded columns of dlogits are zero,
   // so wte's padded rows get none) and the encoder's share last.
-  Check("lm head dW", gemm_->BackwardWeight(Grad(0, layout::kWte), logits_, lnf_, BT, C, Vp,
-                                            loss_scale));
+  Check("lm head dW",
+        gemm_->BackwardWeight(Grad(0, layout::kWte), logits_, lnf_, BT, C, Vp, loss_scale));
   ops_->Zero(dresidual_, static_cast<size_t>(BT) * C * act_bytes_);
   const void* last_residual = layers_.back().residual3;
   Check("layernorm f backward",
@@ -449,10 +448,10 @@ void CudaModel::Backward(float loss_scale) {
   const int* group_tokens = groups_;
   const int* group_starts = groups_ + group_count_;
   const int* positions = group_starts + group_count_ + 1;
-  Check("encoder backward",
-        fast::EncoderBackward(act_, Grad(0, layout::kWte), Grad(0, layout::kWpe), dresidual_,
-                              group_tokens, group_starts, positions, group_count_, B, T, C,
-                              nullptr));
+  Check(
+      "encoder backward",
+      fast::EncoderBackward(act_, Grad(0, layout::kWte), Grad(0, layout::kWpe), dresidual_,
+                            group_tokens, group_starts, positions, group_count_, B, T, C, nullptr));
   PostBackward(0);
 }
 
@@ -466,8 +465,7 @@ std::vector<float> CudaModel::Logits(int b, int t) const {
     return row;
   }
   std::vector<uint16_t> bits(Vp);
-  ops_->ToHost(bits.data(), static_cast<const uint16_t*>(logits_) + offset,
-               Vp * sizeof(uint16_t));
+  ops_->ToHost(bits.data(), static_cast<const uint16_t*>(logits_) + offset, Vp * sizeof(uint16_t));
   for (int v = 0; v < Vp; ++v) {
     const uint32_t word = static_cast<uint32_t>(bits[v]) << 16;  // bf16 is fp32's top half
     std::memcpy(&row[v], &word, sizeof(float));
@@ -477,13 +475,13 @@ std::vector<float> CudaModel::Logits(int b, int t) const {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& config,
-                                                          int max_batch, Precision precision) {
+absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& config, int max_batch,
+                                                          Precision precision) {
   const int head_size = config.dim / config.heads;
   if (!fast::RowWidthOk(config.dim) || !fast::RowWidthOk(head_size)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model: on CUDA, model.dim (", config.dim, ") and the head size dim/heads (", head_size,
-        ") must be multiples of ", fast::kRowMultiple));
+    return absl::InvalidArgumentError(absl::StrCat("model: on CUDA, model.dim (", config.dim,
+                                                   ") and the head size dim/heads (", head_size,
+                                                   ") must be multiples of ", fast::kRowMultiple));
   }
   absl::StatusOr<std::unique_ptr<Ops>> ops = MakeCudaOps();
   if (!ops.ok()) return ops.status();
@@ -492,8 +490,8 @@ absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& con
     return absl::FailedPreconditionError(
         absl::StrCat("device cuda: cuBLASLt set-up failed: ", GemmError(code)));
   }
-  auto model = std::make_unique<CudaModel>(config, max_batch, precision, std::move(*ops),
-                                           std::move(gemm));
+  auto model =
+      std::make_unique<CudaModel>(config, max_batch, precision, std::move(*ops), std::move(gemm));
   if (absl::Status allocated = model->Allocate(); !allocated.ok()) return allocated;
   return std::unique_ptr<GptModel>(std::move(model));
 }

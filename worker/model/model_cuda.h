@@ -11,7 +11,7 @@
 
 namespace muster::worker {
 
-absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& config,
-                                                          int max_batch, Precision precision);
+absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& config, int max_batch,
+                                                          Precision precision);
 
 }  // namespace muster::worker

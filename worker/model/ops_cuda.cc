@@ -47,9 +47,8 @@ class CudaOps final : public Ops {
       return absl::ResourceExhaustedError(absl::StrCat(
           "out of GPU memory: asked for ", bytes, " bytes (", absl::StrFormat("%.2f", bytes / 1e9),
           " GB) with ", free_bytes, " bytes (", absl::StrFormat("%.2f", free_bytes / 1e9),
-          " GB) free of ", absl::StrFormat("%.2f", total_bytes / 1e9),
-          " GB (cudaMalloc: ", cudaGetErrorString(error),
-          "); lower data.micro_batch or model.seq_len"));
+          " GB) free of ", absl::StrFormat("%.2f", total_bytes / 1e9), " GB (cudaMalloc: ",
+          cudaGetErrorString(error), "); lower data.micro_batch or model.seq_len"));
     }
     Check("cudaMemset", cudaMemset(ptr, 0, bytes));
     return ptr;
@@ -130,9 +129,9 @@ class CudaOps final : public Ops {
                     })) {
       if (!UploadAdamWChunks(runs)) return;
     }
-    Check("adamw", k::fast::AdamWUpdateChunks(params, m, v, grads, params_bf16, adamw_chunks_,
-                                              adamw_chunk_count_, adamw_aligned_, hyper, step,
-                                              kStream));
+    Check("adamw",
+          k::fast::AdamWUpdateChunks(params, m, v, grads, params_bf16, adamw_chunks_,
+                                     adamw_chunk_count_, adamw_aligned_, hyper, step, kStream));
   }
   double SumOfSquares(const float* x, size_t n) override {
     // One device result double followed by the kernel's scratch, grown to
@@ -229,11 +228,9 @@ struct PeakEntry {
   double bf16, tf32, fp32;
 };
 constexpr PeakEntry kPeaks[] = {
-    {{"H100", "PCIe"}, 756e12, 378e12, 51.2e12},
-    {{"H100", "NVL"}, 835e12, 418e12, 60e12},
+    {{"H100", "PCIe"}, 756e12, 378e12, 51.2e12}, {{"H100", "NVL"}, 835e12, 418e12, 60e12},
     {{"H100", ""}, 989.4e12, 494.7e12, 66.9e12},  // SXM ("H100 80GB HBM3")
-    {{"H200", ""}, 989.4e12, 494.7e12, 66.9e12},
-    {{"A100", ""}, 312e12, 156e12, 19.5e12},
+    {{"H200", ""}, 989.4e12, 494.7e12, 66.9e12}, {{"A100", ""}, 312e12, 156e12, 19.5e12},
 };
 
 }  // namespace
@@ -272,9 +269,8 @@ absl::StatusOr<CudaDeviceChoice> SelectCudaDevice(int local_rank) {
   choice.device = local_rank % choice.visible;
   const cudaError_t error = cudaSetDevice(choice.device);
   if (error != cudaSuccess) {
-    return absl::InternalError(absl::StrCat("cudaSetDevice(", choice.device,
-                                            ") for LOCAL_RANK ", local_rank, ": ",
-                                            cudaGetErrorString(error)));
+    return absl::InternalError(absl::StrCat("cudaSetDevice(", choice.device, ") for LOCAL_RANK ",
+                                            local_rank, ": ", cudaGetErrorString(error)));
   }
   return choice;
 }

@@ -23,8 +23,8 @@ using testing::JoinRequestFor;
 using testing::StartLocalServer;
 
 TEST_CASE("Connect rejects a malformed endpoint", "[client]") {
-  for (const char* endpoint : {"", "host:port", "host:0", "host:70000",
-                               ":29400", "http://host:1", "[::1", "a b"}) {
+  for (const char* endpoint :
+       {"", "host:port", "host:0", "host:70000", ":29400", "http://host:1", "[::1", "a b"}) {
     ClientOptions options;
     options.endpoint = endpoint;
     auto client = Client::Connect(options);
@@ -47,8 +47,7 @@ TEST_CASE("Connect names an unreadable token file", "[client]") {
 
   ClientOptions half_tls;
   half_tls.tls_cert_file = "/nonexistent/cert.pem";
-  CHECK(Client::Connect(half_tls).status().code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(Client::Connect(half_tls).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("Connect reads the job secret file, and names a bad one", "[client]") {
@@ -70,8 +69,7 @@ TEST_CASE("Connect reads the job secret file, and names a bad one", "[client]") 
 }
 
 TEST_CASE("Bearer token is sent from the token file", "[client]") {
-  const std::string token_path =
-      absl::StrCat(testing::TempDir(), "/client_test_token");
+  const std::string token_path = absl::StrCat(testing::TempDir(), "/client_test_token");
   std::ofstream(token_path) << "  s3cret-token\n";
   ServerOptions server_options;
   server_options.token_file = token_path;
@@ -81,8 +79,7 @@ TEST_CASE("Bearer token is sent from the token file", "[client]") {
   without.endpoint = absl::StrCat("127.0.0.1:", server->port());
   auto anonymous = Client::Connect(without);
   REQUIRE(anonymous.ok());
-  CHECK((*anonymous)->ListJobs().status().code() ==
-        absl::StatusCode::kUnauthenticated);
+  CHECK((*anonymous)->ListJobs().status().code() == absl::StatusCode::kUnauthenticated);
 
   ClientOptions with = without;
   with.token_file = token_path;
@@ -91,8 +88,7 @@ TEST_CASE("Bearer token is sent from the token file", "[client]") {
   CHECK((*authorized)->ListJobs().ok());
 }
 
-TEST_CASE("A call made while the server is down succeeds once it is back",
-          "[client]") {
+TEST_CASE("A call made while the server is down succeeds once it is back", "[client]") {
   auto server = StartLocalServer();
   const int port = server->port();
   auto client = testing::ConnectTo(port);
@@ -117,8 +113,7 @@ TEST_CASE("A call made while the server is down succeeds once it is back",
   restarted->Shutdown(absl::Seconds(1));
   CallOptions short_call;
   short_call.timeout = absl::Milliseconds(300);
-  CHECK(client->ListJobs({}, short_call).status().code() ==
-        absl::StatusCode::kUnavailable);
+  CHECK(client->ListJobs({}, short_call).status().code() == absl::StatusCode::kUnavailable);
 }
 
 TEST_CASE("Two nodes rendezvous and agree on the round", "[client]") {
@@ -129,11 +124,11 @@ TEST_CASE("Two nodes rendezvous and agree on the round", "[client]") {
 
   absl::StatusOr<RoundAssignment> a, b;
   std::thread other([&] {
-    b = JoinAndWaitForRound(*second, JoinRequestFor("pair", config, 1, 4),
-                            nullptr, absl::Now() + absl::Seconds(15));
+    b = JoinAndWaitForRound(*second, JoinRequestFor("pair", config, 1, 4), nullptr,
+                            absl::Now() + absl::Seconds(15));
   });
-  a = JoinAndWaitForRound(*first, JoinRequestFor("pair", config, 0, 2),
-                          nullptr, absl::Now() + absl::Seconds(15));
+  a = JoinAndWaitForRound(*first, JoinRequestFor("pair", config, 0, 2), nullptr,
+                          absl::Now() + absl::Seconds(15));
   other.join();
   REQUIRE(a.ok());
   REQUIRE(b.ok());
@@ -149,15 +144,16 @@ TEST_CASE("Two nodes rendezvous and agree on the round", "[client]") {
   }
 }
 
-TEST_CASE("LeaseKeeper keeps a member alive and reports NOT_FOUND once the "
-          "server forgets it",
-          "[client][lease]") {
+TEST_CASE(
+    "LeaseKeeper keeps a member alive and reports NOT_FOUND once the "
+    "server forgets it",
+    "[client][lease]") {
   auto server = StartLocalServer();
   auto client = testing::ConnectTo(server->port());
   const absl::Duration ttl = absl::Milliseconds(300);
-  auto joined = JoinAndWaitForRound(
-      *client, JoinRequestFor("leased", testing::Config(1, 1, 300), 0, 1),
-      nullptr, absl::Now() + absl::Seconds(10));
+  auto joined =
+      JoinAndWaitForRound(*client, JoinRequestFor("leased", testing::Config(1, 1, 300), 0, 1),
+                          nullptr, absl::Now() + absl::Seconds(10));
   REQUIRE(joined.ok());
   REQUIRE(joined->lease_ttl_ms == 300);
 
@@ -187,12 +183,10 @@ TEST_CASE("LeaseKeeper keeps a member alive and reports NOT_FOUND once the "
   CHECK(absl::Now() - stop_started < absl::Seconds(1));
 }
 
-TEST_CASE("LeaseKeeper stops promptly while a renewal is far off",
-          "[client][lease]") {
+TEST_CASE("LeaseKeeper stops promptly while a renewal is far off", "[client][lease]") {
   auto server = StartLocalServer();
   auto client = testing::ConnectTo(server->port());
-  auto keeper = std::make_unique<LeaseKeeper>(client.get(), "nobody", "m",
-                                              absl::Seconds(60));
+  auto keeper = std::make_unique<LeaseKeeper>(client.get(), "nobody", "m", absl::Seconds(60));
   const absl::Time start = absl::Now();
   keeper.reset();
   CHECK(absl::Now() - start < absl::Seconds(1));
@@ -212,8 +206,8 @@ TEST_CASE("JobWatcher sees round changes", "[client][watch]") {
         ++callbacks;
       },
       /*wait_for_job=*/true);
-  auto first = JoinAndWaitForRound(*client, JoinRequestFor("rounds", config, 0, 1),
-                                   &watcher, absl::Now() + absl::Seconds(10));
+  auto first = JoinAndWaitForRound(*client, JoinRequestFor("rounds", config, 0, 1), &watcher,
+                                   absl::Now() + absl::Seconds(10));
   REQUIRE(first.ok());
   const uint64_t round = first->state.round();
 
@@ -223,9 +217,8 @@ TEST_CASE("JobWatcher sees round changes", "[client][watch]") {
   failure.set_member_id(first->member_id);
   failure.set_exit_code(3);
   REQUIRE(client->ReportFailure(failure).ok());
-  auto next = watcher.WaitFor(
-      [&](const pb::JobState& s) { return s.round() > round; },
-      absl::Now() + absl::Seconds(5));
+  auto next = watcher.WaitFor([&](const pb::JobState& s) { return s.round() > round; },
+                              absl::Now() + absl::Seconds(5));
   REQUIRE(next.ok());
   CHECK(next->phase() == pb::GATHERING);
   CHECK(next->last_end_reason() == pb::MEMBER_FAILED);
@@ -234,8 +227,7 @@ TEST_CASE("JobWatcher sees round changes", "[client][watch]") {
   // Re-joining with the same member id forms the next round.
   pb::JoinRequest rejoin = JoinRequestFor("rounds", config, 0, 1);
   rejoin.set_member_id(first->member_id);
-  auto second = JoinAndWaitForRound(*client, rejoin, &watcher,
-                                    absl::Now() + absl::Seconds(10));
+  auto second = JoinAndWaitForRound(*client, rejoin, &watcher, absl::Now() + absl::Seconds(10));
   REQUIRE(second.ok());
   CHECK(second->state.round() == round + 1);
   CHECK(second->member_id == first->member_id);
@@ -244,8 +236,8 @@ TEST_CASE("JobWatcher sees round changes", "[client][watch]") {
   close.set_job_id("rounds");
   close.set_reason("test over");
   REQUIRE(client->CloseJob(close).ok());
-  auto ended = watcher.WaitFor([](const pb::JobState&) { return false; },
-                               absl::Now() + absl::Seconds(5));
+  auto ended =
+      watcher.WaitFor([](const pb::JobState&) { return false; }, absl::Now() + absl::Seconds(5));
   CHECK(ended.status().code() == absl::StatusCode::kFailedPrecondition);
   CHECK(std::string(ended.status().message()).find("CLOSED") != std::string::npos);
   CHECK(watcher.latest()->status_message() == "test over");
@@ -257,8 +249,8 @@ TEST_CASE("JobWatcher reports NOT_FOUND for an unknown job", "[client][watch]") 
   auto server = StartLocalServer();
   auto client = testing::ConnectTo(server->port());
   JobWatcher watcher(client.get(), "no-such-job");
-  auto state = watcher.WaitFor([](const pb::JobState&) { return true; },
-                               absl::Now() + absl::Seconds(5));
+  auto state =
+      watcher.WaitFor([](const pb::JobState&) { return true; }, absl::Now() + absl::Seconds(5));
   CHECK(state.status().code() == absl::StatusCode::kNotFound);
   CHECK(watcher.status().code() == absl::StatusCode::kNotFound);
 }

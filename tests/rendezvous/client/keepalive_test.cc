@@ -16,12 +16,12 @@
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
+#include <catch2/catch.hpp>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "rendezvous/client/client.h"
 #include "rendezvous/server/server.h"
 #include "tests/rendezvous/client/test_util.h"
@@ -42,12 +42,10 @@ class TcpProxy {
     listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
     REQUIRE(listen_fd_ >= 0);
     sockaddr_in address = Loopback(0);
-    REQUIRE(bind(listen_fd_, reinterpret_cast<sockaddr*>(&address),
-                 sizeof(address)) == 0);
+    REQUIRE(bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
     REQUIRE(listen(listen_fd_, 16) == 0);
     socklen_t length = sizeof(address);
-    REQUIRE(getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&address),
-                        &length) == 0);
+    REQUIRE(getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&address), &length) == 0);
     port_ = ntohs(address.sin_port);
     acceptor_ = std::thread([this] { AcceptLoop(); });
   }
@@ -82,8 +80,7 @@ class TcpProxy {
       if (client < 0) continue;
       int server = socket(AF_INET, SOCK_STREAM, 0);
       sockaddr_in target = Loopback(target_port_);
-      if (connect(server, reinterpret_cast<sockaddr*>(&target),
-                  sizeof(target)) != 0) {
+      if (connect(server, reinterpret_cast<sockaddr*>(&target), sizeof(target)) != 0) {
         close(client);
         close(server);
         continue;
@@ -143,8 +140,7 @@ int64_t ScrapeGauge(int port, const std::string& metric) {
     close(fd);
     return -1;
   }
-  const std::string request =
-      "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  const std::string request = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
   send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string response;
   char buffer[4096];
@@ -156,8 +152,7 @@ int64_t ScrapeGauge(int port, const std::string& metric) {
   if (at == std::string::npos) return -1;
   size_t start = at + metric.size() + 2;
   int64_t value = -1;
-  if (!absl::SimpleAtoi(response.substr(start, response.find('\n', start) - start),
-                        &value)) {
+  if (!absl::SimpleAtoi(response.substr(start, response.find('\n', start) - start), &value)) {
     return -1;
   }
   return value;
@@ -179,17 +174,17 @@ int IntArgument(const grpc::ChannelArguments& arguments, const char* key) {
   grpc_channel_args raw;
   arguments.SetChannelArgs(&raw);
   for (size_t i = 0; i < raw.num_args; ++i) {
-    if (std::string(raw.args[i].key) == key &&
-        raw.args[i].type == GRPC_ARG_INTEGER) {
+    if (std::string(raw.args[i].key) == key && raw.args[i].type == GRPC_ARG_INTEGER) {
       return raw.args[i].value.integer;
     }
   }
   return -1;
 }
 
-TEST_CASE("every client channel sets keepalive: 10 s ping, 5 s timeout, "
-          "even without calls",
-          "[client][keepalive]") {
+TEST_CASE(
+    "every client channel sets keepalive: 10 s ping, 5 s timeout, "
+    "even without calls",
+    "[client][keepalive]") {
   grpc::ChannelArguments defaults = ChannelArgumentsFor(ClientOptions());
   CHECK(IntArgument(defaults, GRPC_ARG_KEEPALIVE_TIME_MS) == 10000);
   CHECK(IntArgument(defaults, GRPC_ARG_KEEPALIVE_TIMEOUT_MS) == 5000);
@@ -205,9 +200,10 @@ TEST_CASE("every client channel sets keepalive: 10 s ping, 5 s timeout, "
   CHECK(IntArgument(injected, GRPC_ARG_KEEPALIVE_TIMEOUT_MS) == 100);
 }
 
-TEST_CASE("a silently dropped connection is noticed: the watch resumes, "
-          "the lease is renewed, the server frees the dead stream",
-          "[client][keepalive]") {
+TEST_CASE(
+    "a silently dropped connection is noticed: the watch resumes, "
+    "the lease is renewed, the server frees the dead stream",
+    "[client][keepalive]") {
   ServerOptions server_options;
   server_options.metrics_port = -1;
   server_options.metrics_address = "127.0.0.1";
@@ -219,24 +215,23 @@ TEST_CASE("a silently dropped connection is noticed: the watch resumes, "
   auto proxied = ConnectWithKeepalive(proxy.port(), absl::Milliseconds(300));
 
   const pb::JobConfig config = testing::Config(1, 2, 3000);
-  auto first = JoinAndWaitForRound(*direct, JoinRequestFor("dropped", config, 0, 1),
-                                   nullptr, absl::Now() + absl::Seconds(10));
+  auto first = JoinAndWaitForRound(*direct, JoinRequestFor("dropped", config, 0, 1), nullptr,
+                                   absl::Now() + absl::Seconds(10));
   REQUIRE(first.ok());
   JobWatcher watcher(proxied.get(), "dropped");
-  auto seen = watcher.WaitFor([](const pb::JobState&) { return true; },
-                              absl::Now() + absl::Seconds(5));
+  auto seen =
+      watcher.WaitFor([](const pb::JobState&) { return true; }, absl::Now() + absl::Seconds(5));
   REQUIRE(seen.ok());
-  LeaseKeeper keeper(proxied.get(), "dropped", first->member_id,
-                     absl::Milliseconds(3000));
+  LeaseKeeper keeper(proxied.get(), "dropped", first->member_id, absl::Milliseconds(3000));
 
   proxy.Blackhole();
   const absl::Time dropped = absl::Now();
   // A change made while the watcher's connection is dead.
   pb::JoinRequest second = JoinRequestFor("dropped", config, 1, 1);
   REQUIRE(direct->Join(second).ok());
-  auto resumed = watcher.WaitFor(
-      [&](const pb::JobState& s) { return s.version() > seen->version(); },
-      absl::Now() + absl::Seconds(5));
+  auto resumed =
+      watcher.WaitFor([&](const pb::JobState& s) { return s.version() > seen->version(); },
+                      absl::Now() + absl::Seconds(5));
   INFO("watch after the drop: " << resumed.status().ToString());
   REQUIRE(resumed.ok());
   CHECK(resumed->nodes_waiting() == 1);
@@ -264,17 +259,15 @@ TEST_CASE("a silently dropped connection is noticed: the watch resumes, "
   CHECK(streams == 1);
 }
 
-TEST_CASE("the server accepts frequent keepalive pings without GOAWAY",
-          "[client][keepalive]") {
+TEST_CASE("the server accepts frequent keepalive pings without GOAWAY", "[client][keepalive]") {
   auto server = StartLocalServer();
   auto client = ConnectWithKeepalive(server->port(), absl::Milliseconds(50));
-  auto joined = JoinAndWaitForRound(
-      *client, JoinRequestFor("pinged", testing::Config(1, 1, 60000), 0, 1),
-      nullptr, absl::Now() + absl::Seconds(10));
+  auto joined =
+      JoinAndWaitForRound(*client, JoinRequestFor("pinged", testing::Config(1, 1, 60000), 0, 1),
+                          nullptr, absl::Now() + absl::Seconds(10));
   REQUIRE(joined.ok());
   JobWatcher watcher(client.get(), "pinged");
-  REQUIRE(watcher.WaitFor([](const pb::JobState&) { return true; },
-                          absl::Now() + absl::Seconds(5))
+  REQUIRE(watcher.WaitFor([](const pb::JobState&) { return true; }, absl::Now() + absl::Seconds(5))
               .ok());
   // Idle but for pings every 50 ms: a "too_many_pings" GOAWAY would break
   // the stream and show as a reconnect.
@@ -286,9 +279,10 @@ TEST_CASE("the server accepts frequent keepalive pings without GOAWAY",
   CHECK(client->DescribeJob(describe).ok());
 }
 
-TEST_CASE("a Watch stream ends at its deadline and resumes without "
-          "repeating or losing a state",
-          "[client][watch]") {
+TEST_CASE(
+    "a Watch stream ends at its deadline and resumes without "
+    "repeating or losing a state",
+    "[client][watch]") {
   auto server = StartLocalServer();
   ClientOptions options;
   options.endpoint = absl::StrCat("127.0.0.1:", server->port());
@@ -298,8 +292,8 @@ TEST_CASE("a Watch stream ends at its deadline and resumes without "
   auto direct = testing::ConnectTo(server->port());
 
   const pb::JobConfig config = testing::Config(1, 4, 60000);
-  auto first = JoinAndWaitForRound(*direct, JoinRequestFor("renewed", config, 0, 1),
-                                   nullptr, absl::Now() + absl::Seconds(10));
+  auto first = JoinAndWaitForRound(*direct, JoinRequestFor("renewed", config, 0, 1), nullptr,
+                                   absl::Now() + absl::Seconds(10));
   REQUIRE(first.ok());
   absl::Mutex mu;
   std::vector<uint64_t> versions;
@@ -307,16 +301,14 @@ TEST_CASE("a Watch stream ends at its deadline and resumes without "
     absl::MutexLock lock(&mu);
     versions.push_back(s.version());
   });
-  REQUIRE(watcher.WaitFor([](const pb::JobState&) { return true; },
-                          absl::Now() + absl::Seconds(5))
+  REQUIRE(watcher.WaitFor([](const pb::JobState&) { return true; }, absl::Now() + absl::Seconds(5))
               .ok());
   for (int node = 1; node <= 3; ++node) {
     absl::SleepFor(absl::Milliseconds(400));  // across a stream deadline
     REQUIRE(direct->Join(JoinRequestFor("renewed", config, node, 1)).ok());
   }
-  auto last = watcher.WaitFor(
-      [](const pb::JobState& s) { return s.nodes_waiting() == 3; },
-      absl::Now() + absl::Seconds(5));
+  auto last = watcher.WaitFor([](const pb::JobState& s) { return s.nodes_waiting() == 3; },
+                              absl::Now() + absl::Seconds(5));
   REQUIRE(last.ok());
   CHECK(watcher.status().ok());
   CHECK(watcher.reconnects() >= 3);

@@ -4,8 +4,8 @@
 #include <atomic>
 #include <memory>
 
-#include <catch2/catch.hpp>
 #include <grpcpp/grpcpp.h>
+#include <catch2/catch.hpp>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -29,12 +29,10 @@ class ExhaustedService final : public pb::Rendezvous::Service {
                          pb::KeepAliveResponse*) override {
     return Refuse();
   }
-  grpc::Status Get(grpc::ServerContext*, const pb::GetRequest*,
-                   pb::GetResponse*) override {
+  grpc::Status Get(grpc::ServerContext*, const pb::GetRequest*, pb::GetResponse*) override {
     return Refuse();
   }
-  grpc::Status Add(grpc::ServerContext*, const pb::AddRequest*,
-                   pb::AddResponse*) override {
+  grpc::Status Add(grpc::ServerContext*, const pb::AddRequest*, pb::AddResponse*) override {
     return Refuse();
   }
   std::atomic<int> attempts{0};
@@ -60,25 +58,23 @@ struct ExhaustedServer {
   int port = 0;
 };
 
-TEST_CASE("JobWatcher gives up on a refused stream and names the quota",
-          "[client][watch][quota]") {
+TEST_CASE("JobWatcher gives up on a refused stream and names the quota", "[client][watch][quota]") {
   ServerOptions server_options;
   server_options.max_watch_streams = 1;
   auto server = StartLocalServer(server_options);
   auto client = testing::ConnectTo(server->port());
-  auto joined = JoinAndWaitForRound(
-      *client, JoinRequestFor("crowded", testing::Config(1, 1, 60000), 0, 1),
-      nullptr, absl::Now() + absl::Seconds(10));
+  auto joined =
+      JoinAndWaitForRound(*client, JoinRequestFor("crowded", testing::Config(1, 1, 60000), 0, 1),
+                          nullptr, absl::Now() + absl::Seconds(10));
   REQUIRE(joined.ok());
 
   JobWatcher holder(client.get(), "crowded");  // takes the only stream
-  REQUIRE(holder.WaitFor([](const pb::JobState&) { return true; },
-                         absl::Now() + absl::Seconds(5))
+  REQUIRE(holder.WaitFor([](const pb::JobState&) { return true; }, absl::Now() + absl::Seconds(5))
               .ok());
   JobWatcher refused(client.get(), "crowded");
   const absl::Time start = absl::Now();
-  auto state = refused.WaitFor([](const pb::JobState&) { return true; },
-                               absl::Now() + absl::Seconds(8));
+  auto state =
+      refused.WaitFor([](const pb::JobState&) { return true; }, absl::Now() + absl::Seconds(8));
   INFO(state.status().ToString());
   CHECK(state.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(absl::StrContains(state.status().message(), "Watch streams"));
@@ -99,13 +95,13 @@ TEST_CASE("LeaseKeeper stops after a bounded retry of RESOURCE_EXHAUSTED",
   INFO(failure.ToString());
   CHECK(failure.code() == absl::StatusCode::kResourceExhausted);
   CHECK(absl::StrContains(failure.message(), kQuotaMessage));
-  CHECK(fake.service.attempts.load() ==
-        client->options().resource_exhausted_attempts);
+  CHECK(fake.service.attempts.load() == client->options().resource_exhausted_attempts);
 }
 
-TEST_CASE("a call safe to repeat retries RESOURCE_EXHAUSTED a bounded number "
-          "of times; one that is not, never",
-          "[client][quota]") {
+TEST_CASE(
+    "a call safe to repeat retries RESOURCE_EXHAUSTED a bounded number "
+    "of times; one that is not, never",
+    "[client][quota]") {
   ExhaustedServer fake;
   auto client = testing::ConnectTo(fake.port);
   pb::GetRequest get;
@@ -114,8 +110,7 @@ TEST_CASE("a call safe to repeat retries RESOURCE_EXHAUSTED a bounded number "
   auto got = client->Get(get);
   CHECK(got.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(absl::StrContains(got.status().message(), kQuotaMessage));
-  CHECK(fake.service.attempts.load() ==
-        client->options().resource_exhausted_attempts);
+  CHECK(fake.service.attempts.load() == client->options().resource_exhausted_attempts);
 
   fake.service.attempts = 0;
   pb::AddRequest add;

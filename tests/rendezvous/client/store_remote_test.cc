@@ -14,17 +14,16 @@ namespace {
 TEST_CASE("RemoteStore works against the server", "[client][store]") {
   auto server = testing::StartLocalServer();
   auto client = testing::ConnectTo(server->port());
-  auto joined = JoinAndWaitForRound(
-      *client, testing::JoinRequestFor("kv", testing::Config(1, 1, 5000), 0, 1),
-      nullptr, absl::Now() + absl::Seconds(10));
+  auto joined =
+      JoinAndWaitForRound(*client, testing::JoinRequestFor("kv", testing::Config(1, 1, 5000), 0, 1),
+                          nullptr, absl::Now() + absl::Seconds(10));
   REQUIRE(joined.ok());
   const uint64_t round = joined->state.round();
   RemoteStore store(client.get(), "kv", round);
 
   REQUIRE(store.Set("addr", "10.0.0.1:29500").ok());
   CHECK(*store.Get("addr", absl::ZeroDuration()) == "10.0.0.1:29500");
-  CHECK(store.Get("absent", absl::ZeroDuration()).status().code() ==
-        absl::StatusCode::kNotFound);
+  CHECK(store.Get("absent", absl::ZeroDuration()).status().code() == absl::StatusCode::kNotFound);
   CHECK(store.Get("absent", absl::Milliseconds(100)).status().code() ==
         absl::StatusCode::kDeadlineExceeded);
 
@@ -73,8 +72,7 @@ TEST_CASE("RemoteStore works against the server", "[client][store]") {
   failure.set_exit_code(1);
   REQUIRE(client->ReportFailure(failure).ok());
   CHECK(store.Set("addr", "stale").code() == absl::StatusCode::kAborted);
-  CHECK(store.Get("addr", absl::ZeroDuration()).status().code() ==
-        absl::StatusCode::kAborted);
+  CHECK(store.Get("addr", absl::ZeroDuration()).status().code() == absl::StatusCode::kAborted);
 }
 
 }  // namespace

@@ -22,8 +22,7 @@ TEST_CASE("InMemoryStore Set then Get returns the value", "[store]") {
   CHECK(*value == "2");
 }
 
-TEST_CASE("InMemoryStore Get with zero timeout is NOT_FOUND when absent",
-          "[store]") {
+TEST_CASE("InMemoryStore Get with zero timeout is NOT_FOUND when absent", "[store]") {
   InMemoryStore store;
   auto value = store.Get("missing", absl::ZeroDuration());
   CHECK(value.status().code() == absl::StatusCode::kNotFound);
@@ -38,8 +37,7 @@ TEST_CASE("InMemoryStore Get times out with DEADLINE_EXCEEDED", "[store]") {
   CHECK(absl::Now() - start < absl::Seconds(5));
 }
 
-TEST_CASE("InMemoryStore blocking Get is woken by a Set from another thread",
-          "[store]") {
+TEST_CASE("InMemoryStore blocking Get is woken by a Set from another thread", "[store]") {
   InMemoryStore store;
   absl::Notification getter_started;
   absl::StatusOr<std::string> result;
@@ -101,8 +99,7 @@ TEST_CASE("InMemoryStore Add counts from zero and is atomic", "[store]") {
 TEST_CASE("InMemoryStore Add rejects a non-integer value", "[store]") {
   InMemoryStore store;
   REQUIRE(store.Set("word", "hello").ok());
-  CHECK(store.Add("word", 1).status().code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(store.Add("word", 1).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("InMemoryStore CompareAndSet swaps only on a match", "[store]") {
@@ -153,8 +150,7 @@ TEST_CASE("InMemoryStore Delete reports whether the key existed", "[store]") {
   REQUIRE(store.Set("k", "v").ok());
   CHECK(*store.Delete("k") == true);
   CHECK(*store.Delete("k") == false);
-  CHECK(store.Get("k", absl::ZeroDuration()).status().code() ==
-        absl::StatusCode::kNotFound);
+  CHECK(store.Get("k", absl::ZeroDuration()).status().code() == absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("PrefixStore scopes every key under its prefix", "[store]") {
@@ -169,8 +165,7 @@ TEST_CASE("PrefixStore scopes every key under its prefix", "[store]") {
 
   CHECK(*group_a.Add("n", 3) == 3);
   CHECK(*base.Get("a/n", absl::ZeroDuration()) == "3");
-  CHECK(group_b.Get("n", absl::ZeroDuration()).status().code() ==
-        absl::StatusCode::kNotFound);
+  CHECK(group_b.Get("n", absl::ZeroDuration()).status().code() == absl::StatusCode::kNotFound);
 
   auto cas = group_b.CompareAndSet("k", std::string("from b"), "new");
   REQUIRE(cas.ok());
@@ -178,12 +173,10 @@ TEST_CASE("PrefixStore scopes every key under its prefix", "[store]") {
   CHECK(*base.Get("b/k", absl::ZeroDuration()) == "new");
 
   CHECK(*group_a.Delete("k"));
-  CHECK(base.Get("a/k", absl::ZeroDuration()).status().code() ==
-        absl::StatusCode::kNotFound);
+  CHECK(base.Get("a/k", absl::ZeroDuration()).status().code() == absl::StatusCode::kNotFound);
 }
 
-TEST_CASE("PrefixStore Wait and blocking Get see the base's writes",
-          "[store]") {
+TEST_CASE("PrefixStore Wait and blocking Get see the base's writes", "[store]") {
   InMemoryStore base;
   PrefixStore scoped(&base, "job/3");
   absl::Status write_x, write_y;
@@ -197,8 +190,7 @@ TEST_CASE("PrefixStore Wait and blocking Get see the base's writes",
   CHECK((write_x.ok() && write_y.ok()));
   REQUIRE(value.ok());
   CHECK(*value == "2");
-  CHECK(scoped.Wait({"z"}, absl::Milliseconds(20)).code() ==
-        absl::StatusCode::kDeadlineExceeded);
+  CHECK(scoped.Wait({"z"}, absl::Milliseconds(20)).code() == absl::StatusCode::kDeadlineExceeded);
 }
 
 }  // namespace

@@ -51,9 +51,8 @@ inline pb::JobConfig Config(int min_nodes, int max_nodes, int64_t lease_ttl_ms) 
   return config;
 }
 
-inline pb::JoinRequest JoinRequestFor(const std::string& job_id,
-                                      const pb::JobConfig& config, int node,
-                                      int nproc) {
+inline pb::JoinRequest JoinRequestFor(const std::string& job_id, const pb::JobConfig& config,
+                                      int node, int nproc) {
   pb::JoinRequest request;
   request.set_job_id(job_id);
   *request.mutable_config() = config;

@@ -16,29 +16,36 @@ namespace {
 // A CA, a server certificate for localhost/127.0.0.1 and a client
 // certificate, all signed by the CA, written into a fresh directory.
 std::string MakeCertificates() {
-  const std::string dir = absl::StrCat(testing::TempDir(), "/client_tls_",
-                                       absl::ToUnixMicros(absl::Now()));
-  const std::string key =
-      "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  const std::string dir =
+      absl::StrCat(testing::TempDir(), "/client_tls_", absl::ToUnixMicros(absl::Now()));
+  const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   const std::string sign = " -CA ca.crt -CAkey ca.key -CAcreateserial -days 2";
   const std::string script =
-      "set -e; mkdir -p '" + dir + "'; cd '" + dir + "';"
-      "openssl req -x509 " + key +
+      "set -e; mkdir -p '" + dir + "'; cd '" + dir +
+      "';"
+      "openssl req -x509 " +
+      key +
       " -keyout ca.key -out ca.crt -days 2 -subj /CN=client-test-ca;"
-      "openssl req " + key + " -keyout server.key -out server.csr -subj /CN=localhost;"
+      "openssl req " +
+      key +
+      " -keyout server.key -out server.csr -subj /CN=localhost;"
       "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n"
       "extendedKeyUsage=serverAuth\\n' > server.ext;"
-      "openssl x509 -req -in server.csr -out server.crt -extfile server.ext" + sign + ";"
-      "openssl req " + key + " -keyout client.key -out client.csr -subj /CN=client;"
+      "openssl x509 -req -in server.csr -out server.crt -extfile server.ext" +
+      sign +
+      ";"
+      "openssl req " +
+      key +
+      " -keyout client.key -out client.csr -subj /CN=client;"
       "printf 'extendedKeyUsage=clientAuth\\n' > client.ext;"
-      "openssl x509 -req -in client.csr -out client.crt -extfile client.ext" + sign + ";";
+      "openssl x509 -req -in client.csr -out client.crt -extfile client.ext" +
+      sign + ";";
   REQUIRE(script.find('"') == std::string::npos);
   REQUIRE(std::system(("sh -c \"" + script + "\" >/dev/null 2>&1").c_str()) == 0);
   return dir;
 }
 
-TEST_CASE("Client speaks mTLS with CA, certificate and key files",
-          "[client][tls]") {
+TEST_CASE("Client speaks mTLS with CA, certificate and key files", "[client][tls]") {
   const std::string dir = MakeCertificates();
   ServerOptions server_options;
   server_options.tls_cert_file = dir + "/server.crt";
@@ -80,8 +87,7 @@ TEST_CASE("Client speaks mTLS with CA, certificate and key files",
   missing_ca.tls_ca_file = dir + "/no-such-ca.crt";
   auto refused = Client::Connect(missing_ca);
   CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(std::string(refused.status().message()).find("no-such-ca.crt") !=
-        std::string::npos);
+  CHECK(std::string(refused.status().message()).find("no-such-ca.crt") != std::string::npos);
 }
 
 }  // namespace

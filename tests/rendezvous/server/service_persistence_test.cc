@@ -44,12 +44,9 @@ TEST_CASE("a restarted server keeps jobs, rounds and keys, and extends leases") 
   std::unique_ptr<Server> server = StartOrFail(options);
   std::unique_ptr<Stub> stub = StubFor(*server);
   pb::JoinResponse joined;
-  REQUIRE(stub->Join(Context().get(), JoinRequestFor("job-p", 1, 1, 10000),
-                     &joined)
-              .ok());
-  WatchResult running = WatchUntil(*stub, "job-p", [](const pb::JobState& s) {
-    return IsRunningWith(s, 1);
-  });
+  REQUIRE(stub->Join(Context().get(), JoinRequestFor("job-p", 1, 1, 10000), &joined).ok());
+  WatchResult running =
+      WatchUntil(*stub, "job-p", [](const pb::JobState& s) { return IsRunningWith(s, 1); });
   REQUIRE(running.matched.has_value());
   const uint64_t round = running.matched->round();
 
@@ -67,8 +64,8 @@ TEST_CASE("a restarted server keeps jobs, rounds and keys, and extends leases") 
   bool key_saved = false;
   for (const state::JobRecord& job : saved.jobs()) {
     for (const state::StoreEntry& entry : job.store()) {
-      key_saved |= job.job_id() == "job-p" && entry.key() == "master_port" &&
-                   entry.value() == "29500";
+      key_saved |=
+          job.job_id() == "job-p" && entry.key() == "master_port" && entry.value() == "29500";
     }
   }
   CHECK(key_saved);
@@ -123,30 +120,26 @@ TEST_CASE("a restarted server keeps jobs, rounds and keys, and extends leases") 
   auto lapsed = std::async(std::launch::async, [&] {
     return WatchUntil(
         *stub, "job-p",
-        [&](const pb::JobState& s) {
-          return s.round() > round || s.phase() != pb::RUNNING;
-        },
+        [&](const pb::JobState& s) { return s.round() > round || s.phase() != pb::RUNNING; },
         CallOptions(), version);
   });
   clock.Advance(absl::Seconds(11));
-  REQUIRE(lapsed.wait_for(std::chrono::seconds(10)) ==
-          std::future_status::ready);
+  REQUIRE(lapsed.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   CHECK(lapsed.get().matched.has_value());
 }
 
 // Joins a one-node job and returns its running round.
 uint64_t RunOneNodeJob(Stub& stub, const std::string& job_id) {
   pb::JoinResponse joined;
-  grpc::Status status =
-      stub.Join(Context().get(), JoinRequestFor(job_id, 1, 1), &joined);
+  grpc::Status status = stub.Join(Context().get(), JoinRequestFor(job_id, 1, 1), &joined);
   INFO(status.error_message());
   REQUIRE(status.ok());
   REQUIRE(joined.state().phase() == pb::RUNNING);
   return joined.state().round();
 }
 
-grpc::Status SetKey(Stub& stub, const std::string& job_id, uint64_t round,
-                    const std::string& key, const std::string& value) {
+grpc::Status SetKey(Stub& stub, const std::string& job_id, uint64_t round, const std::string& key,
+                    const std::string& value) {
   pb::SetRequest set;
   set.set_job_id(job_id);
   set.set_round(round);
@@ -156,8 +149,8 @@ grpc::Status SetKey(Stub& stub, const std::string& job_id, uint64_t round,
   return stub.Set(Context().get(), set, &reply);
 }
 
-grpc::Status GetKey(Stub& stub, const std::string& job_id, uint64_t round,
-                    const std::string& key, std::string* value) {
+grpc::Status GetKey(Stub& stub, const std::string& job_id, uint64_t round, const std::string& key,
+                    std::string* value) {
   pb::GetRequest get;
   get.set_job_id(job_id);
   get.set_round(round);
@@ -169,8 +162,7 @@ grpc::Status GetKey(Stub& stub, const std::string& job_id, uint64_t round,
 }
 
 // The value `key` of `job_id` has in a saved state, or nullopt.
-std::optional<std::string> SavedValue(const state::ServerState& saved,
-                                      const std::string& job_id,
+std::optional<std::string> SavedValue(const state::ServerState& saved, const std::string& job_id,
                                       const std::string& key) {
   for (const state::JobRecord& job : saved.jobs()) {
     if (job.job_id() != job_id) continue;
@@ -187,8 +179,7 @@ std::string DrainFifo(int fd, absl::Time deadline) {
   char buffer[65536];
   while (absl::Now() < deadline) {
     pollfd ready{fd, POLLIN, 0};
-    int timeout_ms = static_cast<int>(
-        absl::ToInt64Milliseconds(deadline - absl::Now()) + 1);
+    int timeout_ms = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()) + 1);
     if (poll(&ready, 1, timeout_ms) <= 0) continue;
     ssize_t n = read(fd, buffer, sizeof(buffer));
     if (n > 0) {
@@ -218,12 +209,10 @@ TEST_CASE("a Get answers only with what is on disk") {
   REQUIRE(mkfifo(temp.c_str(), 0600) == 0);
   int fifo = open(temp.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   REQUIRE(fifo >= 0);
-  auto set = std::async(std::launch::async, [&] {
-    return SetKey(*stub, "job-g", round, "addr", "10.0.0.7");
-  });
+  auto set = std::async(std::launch::async,
+                        [&] { return SetKey(*stub, "job-g", round, "addr", "10.0.0.7"); });
   state::ServerState written;
-  REQUIRE(written.ParseFromString(
-      DrainFifo(fifo, absl::Now() + absl::Seconds(10))));
+  REQUIRE(written.ParseFromString(DrainFifo(fifo, absl::Now() + absl::Seconds(10))));
   close(fifo);
   REQUIRE(SavedValue(written, "job-g", "addr") == "10.0.0.7");
   REQUIRE(set.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
@@ -257,9 +246,8 @@ TEST_CASE("the state file keeps working at the byte caps") {
 
   auto fill = [&](const std::string& job_id, uint64_t round) {
     for (int i = 0; i < 100; ++i) {
-      grpc::Status status = SetKey(*stub, job_id, round,
-                                   "k" + std::to_string(i),
-                                   std::string(4096, 'v'));
+      grpc::Status status =
+          SetKey(*stub, job_id, round, "k" + std::to_string(i), std::string(4096, 'v'));
       if (!status.ok()) return status;
     }
     return grpc::Status::OK;
@@ -271,10 +259,8 @@ TEST_CASE("the state file keeps working at the byte caps") {
   grpc::Status server_full = fill("job-2", round2);
   INFO(server_full.error_message());
   REQUIRE(server_full.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-  CHECK(server_full.error_message().find("--max-total-bytes") !=
-        std::string::npos);
-  CHECK(ReadFile(dir.path() + "/state.pb").size() <=
-        options.limits.max_total_bytes);
+  CHECK(server_full.error_message().find("--max-total-bytes") != std::string::npos);
+  CHECK(ReadFile(dir.path() + "/state.pb").size() <= options.limits.max_total_bytes);
 
   // Refusals wedge nothing: freeing room lets every job write again.
   pb::DeleteRequest del;
@@ -340,8 +326,7 @@ TEST_CASE("an unparseable state file stops Start with DATA_LOSS and is kept") {
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
   REQUIRE(!server.ok());
   CHECK(server.status().code() == absl::StatusCode::kDataLoss);
-  CHECK(server.status().message().find(dir.path() + "/state.pb") !=
-        std::string::npos);
+  CHECK(server.status().message().find(dir.path() + "/state.pb") != std::string::npos);
   CHECK(ReadFile(dir.path() + "/state.pb") == garbage);
 }
 

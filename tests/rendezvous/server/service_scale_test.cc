@@ -35,9 +35,8 @@ struct Tally {
   // Waits until `count` reaches `target` or `timeout` passes.
   bool AwaitCount(int Tally::*count, int target, absl::Duration timeout) {
     absl::MutexLock lock(&mu);
-    auto reached = [this, count, target]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      return this->*count >= target;
-    };
+    auto reached = [this, count, target]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return this->*count >= target; };
     return mu.AwaitWithTimeout(absl::Condition(&reached), timeout);
   }
 };
@@ -45,8 +44,7 @@ struct Tally {
 // One Watch stream on the client's callback API (no thread of its own).
 class CountingWatch final : public grpc::ClientReadReactor<pb::JobState> {
  public:
-  CountingWatch(Stub& stub, const std::string& job_id, Tally* tally)
-      : tally_(tally) {
+  CountingWatch(Stub& stub, const std::string& job_id, Tally* tally) : tally_(tally) {
     request_.set_job_id(job_id);
     context_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(60)));
     stub.async()->Watch(&context_, &request_, this);
@@ -90,9 +88,7 @@ TEST_CASE("a thousand Watch streams cost few threads and all hear a change") {
   std::unique_ptr<Server> server = StartOrFail(LocalOptions());
   std::unique_ptr<Stub> stub = StubFor(*server);
   pb::JoinResponse joined;
-  REQUIRE(stub->Join(Context().get(), JoinRequestFor("job-many", 2, 2),
-                     &joined)
-              .ok());
+  REQUIRE(stub->Join(Context().get(), JoinRequestFor("job-many", 2, 2), &joined).ok());
 
   Tally tally;
   int threads_before = ThreadsInThisProcess();
@@ -100,17 +96,14 @@ TEST_CASE("a thousand Watch streams cost few threads and all hear a change") {
   for (int i = 0; i < kStreams; ++i) {
     watches.push_back(std::make_unique<CountingWatch>(*stub, "job-many", &tally));
   }
-  bool all_open =
-      tally.AwaitCount(&Tally::first_seen, kStreams, absl::Seconds(30));
+  bool all_open = tally.AwaitCount(&Tally::first_seen, kStreams, absl::Seconds(30));
   int threads_after = ThreadsInThisProcess();
   CHECK(all_open);
   INFO("threads before " << threads_before << ", after " << threads_after);
   CHECK(threads_after - threads_before < 64);
 
   pb::JoinResponse second;
-  REQUIRE(stub->Join(Context().get(), JoinRequestFor("job-many", 2, 2),
-                     &second)
-              .ok());
+  REQUIRE(stub->Join(Context().get(), JoinRequestFor("job-many", 2, 2), &second).ok());
   CHECK(tally.AwaitCount(&Tally::running_seen, kStreams, absl::Seconds(30)));
 
   server->Shutdown(absl::Seconds(2));
@@ -129,12 +122,9 @@ TEST_CASE("concurrent durable writes all complete and all reach the file") {
   std::unique_ptr<Server> server = StartOrFail(options);
   std::unique_ptr<Stub> stub = StubFor(*server);
   pb::JoinResponse joined;
-  REQUIRE(stub->Join(Context().get(), JoinRequestFor("job-commit", 1, 1),
-                     &joined)
-              .ok());
-  WatchResult running = WatchUntil(*stub, "job-commit", [](const pb::JobState& s) {
-    return IsRunningWith(s, 1);
-  });
+  REQUIRE(stub->Join(Context().get(), JoinRequestFor("job-commit", 1, 1), &joined).ok());
+  WatchResult running =
+      WatchUntil(*stub, "job-commit", [](const pb::JobState& s) { return IsRunningWith(s, 1); });
   REQUIRE(running.matched.has_value());
 
   std::vector<std::thread> writers;

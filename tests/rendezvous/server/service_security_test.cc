@@ -11,8 +11,8 @@
 #include <sstream>
 #include <vector>
 
-#include <catch2/catch.hpp>
 #include <httplib.h>
+#include <catch2/catch.hpp>
 
 #include "tests/rendezvous/server/service_test_util.h"
 
@@ -39,29 +39,32 @@ std::string ReadFile(const std::string& path) {
 void MakeCertificates(const std::string& dir) {
   const std::string key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
   const std::string sign = " -CA ca.crt -CAkey ca.key -CAcreateserial -days 2";
-  std::string script =
-      "set -e; cd '" + dir + "';"
-      "openssl req -x509 " + key +
-      " -keyout ca.key -out ca.crt -days 2 -subj /CN=muster-test-ca;"
-      "openssl req " + key +
-      " -keyout server.key -out server.csr -subj /CN=localhost;"
-      "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n"
-      "extendedKeyUsage=serverAuth\\n' > server.ext;"
-      "openssl x509 -req -in server.csr -out server.crt -extfile server.ext" +
-      sign + ";"
-      "openssl req " + key +
-      " -keyout client.key -out client.csr -subj /CN=muster-client;"
-      "printf 'extendedKeyUsage=clientAuth\\n' > client.ext;"
-      "openssl x509 -req -in client.csr -out client.crt -extfile client.ext" +
-      sign + ";";
+  std::string script = "set -e; cd '" + dir +
+                       "';"
+                       "openssl req -x509 " +
+                       key +
+                       " -keyout ca.key -out ca.crt -days 2 -subj /CN=muster-test-ca;"
+                       "openssl req " +
+                       key +
+                       " -keyout server.key -out server.csr -subj /CN=localhost;"
+                       "printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\\n"
+                       "extendedKeyUsage=serverAuth\\n' > server.ext;"
+                       "openssl x509 -req -in server.csr -out server.crt -extfile server.ext" +
+                       sign +
+                       ";"
+                       "openssl req " +
+                       key +
+                       " -keyout client.key -out client.csr -subj /CN=muster-client;"
+                       "printf 'extendedKeyUsage=clientAuth\\n' > client.ext;"
+                       "openssl x509 -req -in client.csr -out client.crt -extfile client.ext" +
+                       sign + ";";
   std::string command = "sh -c \"" + script + "\" >/dev/null 2>&1";
   // The script holds single quotes only; double quotes would break it.
   REQUIRE(script.find('"') == std::string::npos);
   REQUIRE(std::system(command.c_str()) == 0);
 }
 
-std::shared_ptr<grpc::ChannelCredentials> TlsClient(const std::string& dir,
-                                                    bool with_client_cert) {
+std::shared_ptr<grpc::ChannelCredentials> TlsClient(const std::string& dir, bool with_client_cert) {
   grpc::SslCredentialsOptions options;
   options.pem_root_certs = ReadFile(dir + "/ca.crt");
   if (with_client_cert) {
@@ -73,8 +76,7 @@ std::shared_ptr<grpc::ChannelCredentials> TlsClient(const std::string& dir,
 
 grpc::StatusCode ListJobsCode(Stub& stub, const CallOptions& options) {
   pb::ListJobsResponse jobs;
-  return stub.ListJobs(Context(options).get(), pb::ListJobsRequest(), &jobs)
-      .error_code();
+  return stub.ListJobs(Context(options).get(), pb::ListJobsRequest(), &jobs).error_code();
 }
 
 CallOptions WithToken(const std::string& token, const std::string& secret = "") {
@@ -96,14 +98,11 @@ TEST_CASE("TLS with a bearer token and job secrets") {
   std::unique_ptr<Server> server = StartOrFail(options);
 
   std::unique_ptr<Stub> plaintext = StubFor(*server);
-  CHECK(ListJobsCode(*plaintext, WithToken(kToken)) ==
-        grpc::StatusCode::UNAVAILABLE);
+  CHECK(ListJobsCode(*plaintext, WithToken(kToken)) == grpc::StatusCode::UNAVAILABLE);
 
   std::unique_ptr<Stub> stub = StubFor(*server, TlsClient(dir.path(), false));
-  CHECK(ListJobsCode(*stub, WithToken("")) ==
-        grpc::StatusCode::UNAUTHENTICATED);
-  CHECK(ListJobsCode(*stub, WithToken("wrong-token")) ==
-        grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(ListJobsCode(*stub, WithToken("")) == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(ListJobsCode(*stub, WithToken("wrong-token")) == grpc::StatusCode::UNAUTHENTICATED);
   CHECK(ListJobsCode(*stub, WithToken(kToken)) == grpc::StatusCode::OK);
 
   // A job created with a secret.
@@ -113,33 +112,25 @@ TEST_CASE("TLS with a bearer token and job secrets") {
   INFO(status.error_message());
   REQUIRE(status.ok());
   pb::JoinResponse ignored;
-  CHECK(stub->Join(Context(WithToken("")).get(),
-                   JoinRequestFor("job-sec", 1, 1), &ignored)
+  CHECK(stub->Join(Context(WithToken("")).get(), JoinRequestFor("job-sec", 1, 1), &ignored)
             .error_code() == grpc::StatusCode::UNAUTHENTICATED);
 
   auto describe_code = [&](const CallOptions& call) {
     pb::DescribeJobRequest request;
     request.set_job_id("job-sec");
     pb::DescribeJobResponse response;
-    return stub->DescribeJob(Context(call).get(), request, &response)
-        .error_code();
+    return stub->DescribeJob(Context(call).get(), request, &response).error_code();
   };
-  CHECK(describe_code(WithToken(kToken)) ==
-        grpc::StatusCode::PERMISSION_DENIED);
-  CHECK(describe_code(WithToken(kToken, "not-the-pass")) ==
-        grpc::StatusCode::PERMISSION_DENIED);
+  CHECK(describe_code(WithToken(kToken)) == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK(describe_code(WithToken(kToken, "not-the-pass")) == grpc::StatusCode::PERMISSION_DENIED);
   CHECK(describe_code(WithToken(kToken, "job-pass")) == grpc::StatusCode::OK);
 
   auto any_state = [](const pb::JobState&) { return true; };
-  WatchResult unauthenticated =
-      WatchUntil(*stub, "job-sec", any_state, WithToken(""));
-  CHECK(unauthenticated.status.error_code() ==
-        grpc::StatusCode::UNAUTHENTICATED);
-  WatchResult no_secret =
-      WatchUntil(*stub, "job-sec", any_state, WithToken(kToken));
+  WatchResult unauthenticated = WatchUntil(*stub, "job-sec", any_state, WithToken(""));
+  CHECK(unauthenticated.status.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  WatchResult no_secret = WatchUntil(*stub, "job-sec", any_state, WithToken(kToken));
   CHECK(no_secret.status.error_code() == grpc::StatusCode::PERMISSION_DENIED);
-  WatchResult allowed =
-      WatchUntil(*stub, "job-sec", any_state, WithToken(kToken, "job-pass"));
+  WatchResult allowed = WatchUntil(*stub, "job-sec", any_state, WithToken(kToken, "job-pass"));
   INFO(allowed.status.error_message());
   CHECK(allowed.matched.has_value());
 }
@@ -167,9 +158,7 @@ TEST_CASE("credential files that cannot be used fail Start, naming the file") {
     options.token_file = dir.path() + "/empty-token";
     WriteFile(options.token_file, " \n\t");
   }
-  SECTION("missing token file") {
-    options.token_file = dir.path() + "/no-such-token";
-  }
+  SECTION("missing token file") { options.token_file = dir.path() + "/no-such-token"; }
   SECTION("missing certificate") {
     options.tls_cert_file = dir.path() + "/no-such.crt";
     options.tls_key_file = dir.path() + "/no-such.key";
@@ -181,13 +170,12 @@ TEST_CASE("credential files that cannot be used fail Start, naming the file") {
   CHECK(server.status().message().find(dir.path()) != std::string::npos);
 }
 
-grpc::StatusCode CreateJob(Stub& stub, const std::string& job_id,
-                           const std::string& secret, std::string* message = nullptr) {
+grpc::StatusCode CreateJob(Stub& stub, const std::string& job_id, const std::string& secret,
+                           std::string* message = nullptr) {
   CallOptions call;
   call.secret = secret;
   pb::JoinResponse joined;
-  grpc::Status status =
-      stub.Join(Context(call).get(), JoinRequestFor(job_id, 2, 2), &joined);
+  grpc::Status status = stub.Join(Context(call).get(), JoinRequestFor(job_id, 2, 2), &joined);
   if (message != nullptr) *message = status.error_message();
   return status.error_code();
 }
@@ -202,8 +190,7 @@ TEST_CASE("one identity cannot fill the server with jobs") {
   CHECK(CreateJob(*stub, "a-1", "tenant-a") == grpc::StatusCode::OK);
   CHECK(CreateJob(*stub, "a-2", "tenant-a") == grpc::StatusCode::OK);
   std::string message;
-  CHECK(CreateJob(*stub, "a-3", "tenant-a", &message) ==
-        grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(CreateJob(*stub, "a-3", "tenant-a", &message) == grpc::StatusCode::RESOURCE_EXHAUSTED);
   INFO(message);
   CHECK(message.find("2 jobs") != std::string::npos);
   CHECK(message.find("per identity") != std::string::npos);
@@ -224,8 +211,8 @@ TEST_CASE("one identity cannot fill the server with jobs") {
   pb::CloseJobResponse closed;
   REQUIRE(stub->CloseJob(Context(as_a).get(), close, &closed).ok());
   grpc::StatusCode again = grpc::StatusCode::UNKNOWN;
-  for (absl::Time give_up = absl::Now() + absl::Seconds(5);
-       absl::Now() < give_up; absl::SleepFor(absl::Milliseconds(20))) {
+  for (absl::Time give_up = absl::Now() + absl::Seconds(5); absl::Now() < give_up;
+       absl::SleepFor(absl::Milliseconds(20))) {
     again = CreateJob(*stub, "a-3", "tenant-a");
     if (again == grpc::StatusCode::OK) break;
   }
@@ -284,8 +271,7 @@ TEST_CASE("/metrics refuses connections beyond its cap with 503") {
   CHECK(absl::Now() - start < absl::Seconds(2));
   for (int fd : idle) close(fd);
   int status = -1;
-  for (absl::Time give_up = absl::Now() + absl::Seconds(5);
-       absl::Now() < give_up && status != 200;
+  for (absl::Time give_up = absl::Now() + absl::Seconds(5); absl::Now() < give_up && status != 200;
        absl::SleepFor(absl::Milliseconds(20))) {
     status = MetricsStatus(*server);
   }

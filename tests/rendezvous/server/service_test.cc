@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include <catch2/catch.hpp>
 #include <httplib.h>
+#include <catch2/catch.hpp>
 
 #include "tests/rendezvous/server/health.grpc.pb.h"
 #include "tests/rendezvous/server/service_test_util.h"
@@ -21,23 +21,20 @@ using std::chrono::milliseconds;
 constexpr auto kEventTimeout = std::chrono::seconds(10);
 
 // Joins `job_id` as a single-node job and returns the running round.
-uint64_t StartSingleNodeJob(Stub& stub, const std::string& job_id,
-                            std::string* member_id) {
+uint64_t StartSingleNodeJob(Stub& stub, const std::string& job_id, std::string* member_id) {
   pb::JoinResponse joined;
-  grpc::Status status =
-      stub.Join(Context().get(), JoinRequestFor(job_id, 1, 1), &joined);
+  grpc::Status status = stub.Join(Context().get(), JoinRequestFor(job_id, 1, 1), &joined);
   INFO(status.error_message());
   REQUIRE(status.ok());
   *member_id = joined.member_id();
-  WatchResult running = WatchUntil(stub, job_id, [](const pb::JobState& s) {
-    return IsRunningWith(s, 1);
-  });
+  WatchResult running =
+      WatchUntil(stub, job_id, [](const pb::JobState& s) { return IsRunningWith(s, 1); });
   REQUIRE(running.matched.has_value());
   return running.matched->round();
 }
 
-grpc::Status SetKey(Stub& stub, const std::string& job_id, uint64_t round,
-                    const std::string& key, const std::string& value) {
+grpc::Status SetKey(Stub& stub, const std::string& job_id, uint64_t round, const std::string& key,
+                    const std::string& value) {
   pb::SetRequest request;
   request.set_job_id(job_id);
   request.set_round(round);
@@ -50,8 +47,7 @@ grpc::Status SetKey(Stub& stub, const std::string& job_id, uint64_t round,
 // The server still answers after whatever came before.
 void RequireServerAnswers(Stub& stub) {
   pb::ListJobsResponse jobs;
-  grpc::Status status =
-      stub.ListJobs(Context().get(), pb::ListJobsRequest(), &jobs);
+  grpc::Status status = stub.ListJobs(Context().get(), pb::ListJobsRequest(), &jobs);
   INFO(status.error_message());
   REQUIRE(status.ok());
 }
@@ -63,17 +59,15 @@ TEST_CASE("three members join and every watch sees the same running round") {
 
   auto watch_until_running = [&](int i) {
     return std::async(std::launch::async, [&stubs, i] {
-      return WatchUntil(*stubs[i], "job-a", [](const pb::JobState& state) {
-        return IsRunningWith(state, 3);
-      });
+      return WatchUntil(*stubs[i], "job-a",
+                        [](const pb::JobState& state) { return IsRunningWith(state, 3); });
     });
   };
   std::set<std::string> member_ids;
   std::vector<std::future<WatchResult>> watches;
   for (int i = 0; i < 3; ++i) {
     pb::JoinResponse joined;
-    grpc::Status status = stubs[i]->Join(
-        Context().get(), JoinRequestFor("job-a", 3, 3), &joined);
+    grpc::Status status = stubs[i]->Join(Context().get(), JoinRequestFor("job-a", 3, 3), &joined);
     INFO(status.error_message());
     REQUIRE(status.ok());
     member_ids.insert(joined.member_id());
@@ -115,8 +109,7 @@ TEST_CASE("blocking store calls wake on change, time out, and abort") {
   std::string member_id;
   uint64_t round = StartSingleNodeJob(*stub, "job-store", &member_id);
 
-  auto blocking_get = [&](const std::string& key, int64_t wait_ms,
-                          absl::Duration client_timeout) {
+  auto blocking_get = [&](const std::string& key, int64_t wait_ms, absl::Duration client_timeout) {
     return std::async(std::launch::async, [&, key, wait_ms, client_timeout] {
       pb::GetRequest request;
       request.set_job_id("job-store");
@@ -221,14 +214,12 @@ TEST_CASE("bad input gets the exact status code and the server keeps going") {
   auto join_code = [&](const pb::JoinRequest& request) {
     return stub->Join(Context().get(), request, &joined).error_code();
   };
-  CHECK(join_code(JoinRequestFor("", 1, 1)) ==
-        grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(join_code(JoinRequestFor("", 1, 1)) == grpc::StatusCode::INVALID_ARGUMENT);
   RequireServerAnswers(*stub);
   CHECK(join_code(JoinRequestFor(std::string(300, 'j'), 1, 1)) ==
         grpc::StatusCode::INVALID_ARGUMENT);
   RequireServerAnswers(*stub);
-  CHECK(join_code(JoinRequestFor("job-bad", 3, 2)) ==
-        grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(join_code(JoinRequestFor("job-bad", 3, 2)) == grpc::StatusCode::INVALID_ARGUMENT);
   RequireServerAnswers(*stub);
 
   pb::DescribeJobRequest describe;
@@ -240,19 +231,18 @@ TEST_CASE("bad input gets the exact status code and the server keeps going") {
 
   std::string member_id;
   uint64_t round = StartSingleNodeJob(*stub, "job-bad", &member_id);
-  CHECK(join_code(JoinRequestFor("job-bad", 1, 2)) ==
-        grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(join_code(JoinRequestFor("job-bad", 1, 2)) == grpc::StatusCode::FAILED_PRECONDITION);
   RequireServerAnswers(*stub);
 
   // Over the limit, but small enough for gRPC: the state machine's check.
   // Limits caps answer RESOURCE_EXHAUSTED (rendezvous/state/state_machine.h,
   // docs/rendezvous.md).
-  CHECK(SetKey(*stub, "job-bad", round, "big", std::string(1025, 'v'))
-            .error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(SetKey(*stub, "job-bad", round, "big", std::string(1025, 'v')).error_code() ==
+        grpc::StatusCode::RESOURCE_EXHAUSTED);
   RequireServerAnswers(*stub);
   // Beyond the receive limit (max value + 64 KiB): gRPC's own check.
-  CHECK(SetKey(*stub, "job-bad", round, "huge", std::string(200 * 1024, 'v'))
-            .error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(SetKey(*stub, "job-bad", round, "huge", std::string(200 * 1024, 'v')).error_code() ==
+        grpc::StatusCode::RESOURCE_EXHAUSTED);
   RequireServerAnswers(*stub);
 
   // The next round begins after a failure; the first round is then over.
@@ -267,21 +257,19 @@ TEST_CASE("bad input gets the exact status code and the server keeps going") {
   REQUIRE(stub->Join(Context().get(), rejoin, &joined).ok());
   uint64_t next_round = joined.round();
   REQUIRE(next_round > round);
-  CHECK(SetKey(*stub, "job-bad", round, "k", "v").error_code() ==
-        grpc::StatusCode::ABORTED);
+  CHECK(SetKey(*stub, "job-bad", round, "k", "v").error_code() == grpc::StatusCode::ABORTED);
   CHECK(SetKey(*stub, "job-bad", next_round + 1, "k", "v").error_code() ==
         grpc::StatusCode::FAILED_PRECONDITION);
   RequireServerAnswers(*stub);
 }
 
-TEST_CASE("Watch ends OK on a finished job, NOT_FOUND on an unknown one, "
-          "UNAVAILABLE on shutdown") {
+TEST_CASE(
+    "Watch ends OK on a finished job, NOT_FOUND on an unknown one, "
+    "UNAVAILABLE on shutdown") {
   std::unique_ptr<Server> server = StartOrFail(LocalOptions());
   std::unique_ptr<Stub> stub = StubFor(*server);
 
-  WatchResult unknown = WatchUntil(*stub, "nobody", [](const pb::JobState&) {
-    return true;
-  });
+  WatchResult unknown = WatchUntil(*stub, "nobody", [](const pb::JobState&) { return true; });
   CHECK(unknown.ended);
   CHECK(unknown.status.error_code() == grpc::StatusCode::NOT_FOUND);
 
@@ -306,8 +294,7 @@ TEST_CASE("Watch ends OK on a finished job, NOT_FOUND on an unknown one, "
   std::unique_ptr<grpc::ClientContext> context = Context();
   pb::WatchRequest watch;
   watch.set_job_id("job-open");
-  std::unique_ptr<grpc::ClientReader<pb::JobState>> reader =
-      stub->Watch(context.get(), watch);
+  std::unique_ptr<grpc::ClientReader<pb::JobState>> reader = stub->Watch(context.get(), watch);
   pb::JobState first;
   REQUIRE(reader->Read(&first));  // the stream is open on the server now
   auto open_watch = std::async(std::launch::async, [&] {
@@ -344,8 +331,9 @@ std::unique_ptr<HeldWatch> HoldWatch(Stub& stub, const std::string& job_id) {
   return held;
 }
 
-TEST_CASE("Watch streams are capped per job and server-wide, each naming "
-          "its quota") {
+TEST_CASE(
+    "Watch streams are capped per job and server-wide, each naming "
+    "its quota") {
   ServerOptions options = LocalOptions();
   options.max_watch_streams_per_job = 2;
   options.max_watch_streams = 3;
@@ -353,8 +341,7 @@ TEST_CASE("Watch streams are capped per job and server-wide, each naming "
   std::unique_ptr<Stub> stub = StubFor(*server);
   for (const char* job_id : {"job-greedy", "job-modest"}) {
     pb::JoinResponse joined;
-    REQUIRE(stub->Join(Context().get(), JoinRequestFor(job_id, 2, 2), &joined)
-                .ok());
+    REQUIRE(stub->Join(Context().get(), JoinRequestFor(job_id, 2, 2), &joined).ok());
   }
   auto any_state = [](const pb::JobState&) { return true; };
 
@@ -372,8 +359,7 @@ TEST_CASE("Watch streams are capped per job and server-wide, each naming "
   WatchResult over = WatchUntil(*stub, "job-modest", any_state);
   INFO(over.status.error_message());
   CHECK(over.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-  CHECK(over.status.error_message().find("server already has 3") !=
-        std::string::npos);
+  CHECK(over.status.error_message().find("server already has 3") != std::string::npos);
 }
 
 TEST_CASE("metrics and health endpoints answer") {
@@ -394,17 +380,15 @@ TEST_CASE("metrics and health endpoints answer") {
   CHECK(scraped->status == 200);
   const std::string& body = scraped->body;
   CHECK(body.find("muster_rdzv_jobs 1") != std::string::npos);
-  CHECK(body.find("muster_rdzv_rpcs_total{method=\"Join\",code=\"OK\"} 1") !=
-        std::string::npos);
-  CHECK(body.find("muster_rdzv_rpc_duration_seconds_bucket{method=\"Join\"") !=
-        std::string::npos);
+  CHECK(body.find("muster_rdzv_rpcs_total{method=\"Join\",code=\"OK\"} 1") != std::string::npos);
+  CHECK(body.find("muster_rdzv_rpc_duration_seconds_bucket{method=\"Join\"") != std::string::npos);
   CHECK(body.find("muster_rdzv_rounds_total 1") != std::string::npos);
 
-  auto health = grpc::health::v1::Health::NewStub(grpc::CreateChannel(
-      Target(*server), grpc::InsecureChannelCredentials()));
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(Target(*server), grpc::InsecureChannelCredentials()));
   grpc::health::v1::HealthCheckResponse response;
-  grpc::Status status = health->Check(
-      Context().get(), grpc::health::v1::HealthCheckRequest(), &response);
+  grpc::Status status =
+      health->Check(Context().get(), grpc::health::v1::HealthCheckRequest(), &response);
   INFO(status.error_message());
   REQUIRE(status.ok());
   CHECK(response.status() == grpc::health::v1::HealthCheckResponse::SERVING);

@@ -43,10 +43,8 @@ inline std::string Target(const Server& server) {
 
 inline std::unique_ptr<Stub> StubFor(
     const Server& server,
-    std::shared_ptr<grpc::ChannelCredentials> credentials =
-        grpc::InsecureChannelCredentials()) {
-  return pb::Rendezvous::NewStub(
-      grpc::CreateChannel(Target(server), std::move(credentials)));
+    std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials()) {
+  return pb::Rendezvous::NewStub(grpc::CreateChannel(Target(server), std::move(credentials)));
 }
 
 struct CallOptions {
@@ -55,8 +53,7 @@ struct CallOptions {
   absl::Duration timeout = absl::Seconds(10);
 };
 
-inline std::unique_ptr<grpc::ClientContext> Context(
-    const CallOptions& options = CallOptions()) {
+inline std::unique_ptr<grpc::ClientContext> Context(const CallOptions& options = CallOptions()) {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(absl::Now() + options.timeout));
   if (!options.token.empty()) {
@@ -68,9 +65,8 @@ inline std::unique_ptr<grpc::ClientContext> Context(
   return context;
 }
 
-inline pb::JoinRequest JoinRequestFor(const std::string& job_id,
-                                      uint32_t min_nodes, uint32_t max_nodes,
-                                      int64_t lease_ttl_ms = 10000) {
+inline pb::JoinRequest JoinRequestFor(const std::string& job_id, uint32_t min_nodes,
+                                      uint32_t max_nodes, int64_t lease_ttl_ms = 10000) {
   pb::JoinRequest request;
   request.set_job_id(job_id);
   pb::JobConfig* config = request.mutable_config();
@@ -103,8 +99,7 @@ inline WatchResult WatchUntil(Stub& stub, const std::string& job_id,
   pb::WatchRequest request;
   request.set_job_id(job_id);
   request.set_after_version(after_version);
-  std::unique_ptr<grpc::ClientReader<pb::JobState>> reader =
-      stub.Watch(context.get(), request);
+  std::unique_ptr<grpc::ClientReader<pb::JobState>> reader = stub.Watch(context.get(), request);
   WatchResult result;
   pb::JobState state;
   while (reader->Read(&state)) {
@@ -128,8 +123,7 @@ class TempDir {
  public:
   TempDir() {
     const char* base = getenv("TEST_TMPDIR");
-    std::string pattern =
-        std::string(base != nullptr ? base : "/tmp") + "/rdzv_service.XXXXXX";
+    std::string pattern = std::string(base != nullptr ? base : "/tmp") + "/rdzv_service.XXXXXX";
     char* made = mkdtemp(pattern.data());
     REQUIRE(made != nullptr);
     path_ = made;

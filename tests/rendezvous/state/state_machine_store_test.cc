@@ -22,8 +22,7 @@ struct RunningJob {
   pb::JobConfig config = Config(2, 2);
   std::string a, b;
 
-  absl::StatusOr<pb::AddResponse> Add(const std::string& key, int64_t delta,
-                                      uint64_t round = 0) {
+  absl::StatusOr<pb::AddResponse> Add(const std::string& key, int64_t delta, uint64_t round = 0) {
     pb::AddRequest request;
     request.set_job_id("j1");
     request.set_round(round);
@@ -33,8 +32,7 @@ struct RunningJob {
     h.Check();
     return response;
   }
-  absl::StatusOr<pb::CompareAndSetResponse> Cas(const std::string& key,
-                                                bool expect_absent,
+  absl::StatusOr<pb::CompareAndSetResponse> Cas(const std::string& key, bool expect_absent,
                                                 const std::string& expected,
                                                 const std::string& desired) {
     pb::CompareAndSetRequest request;
@@ -114,10 +112,8 @@ TEST_CASE("the store is scoped to the round and cleared when it ends") {
   h.Rejoin("j1", job.config, job.a);
   h.Rejoin("j1", job.config, job.b);
   REQUIRE(h.State("j1").round() == 1);
-  REQUIRE_CODE(h.machine.Get("j1", 1, "MASTER_PORT"),
-               absl::StatusCode::kNotFound);
-  REQUIRE_CODE(h.machine.Get("j1", 0, "MASTER_PORT"),
-               absl::StatusCode::kAborted);
+  REQUIRE_CODE(h.machine.Get("j1", 1, "MASTER_PORT"), absl::StatusCode::kNotFound);
+  REQUIRE_CODE(h.machine.Get("j1", 0, "MASTER_PORT"), absl::StatusCode::kAborted);
   REQUIRE_CODE(h.machine.Get("nope", 0, "k"), absl::StatusCode::kNotFound);
 }
 
@@ -133,8 +129,7 @@ TEST_CASE("store limits") {
   REQUIRE_OK(job.Add("k3", 1));
   REQUIRE_CODE(h.Set("j1", 0, "k4", "v"), absl::StatusCode::kResourceExhausted);
   REQUIRE_CODE(job.Add("k4", 1), absl::StatusCode::kResourceExhausted);
-  REQUIRE_CODE(job.Cas("k4", true, "", "v"),
-               absl::StatusCode::kResourceExhausted);
+  REQUIRE_CODE(job.Cas("k4", true, "", "v"), absl::StatusCode::kResourceExhausted);
   REQUIRE_OK(h.Set("j1", 0, "k1", "overwrite"));  // existing keys are fine
 }
 
@@ -145,15 +140,11 @@ TEST_CASE("oversized and empty keys and values are rejected") {
   RunningJob job(limits);
   Harness& h = job.h;
   REQUIRE_CODE(h.Set("j1", 0, "", "v"), absl::StatusCode::kInvalidArgument);
-  REQUIRE_CODE(h.Set("j1", 0, "123456789", "v"),
-               absl::StatusCode::kResourceExhausted);
-  REQUIRE_CODE(h.Set("j1", 0, "k", std::string(17, 'x')),
-               absl::StatusCode::kResourceExhausted);
+  REQUIRE_CODE(h.Set("j1", 0, "123456789", "v"), absl::StatusCode::kResourceExhausted);
+  REQUIRE_CODE(h.Set("j1", 0, "k", std::string(17, 'x')), absl::StatusCode::kResourceExhausted);
   REQUIRE_OK(h.Set("j1", 0, "12345678", std::string(16, 'x')));
-  REQUIRE_CODE(job.Cas("k", true, "", std::string(17, 'x')),
-               absl::StatusCode::kResourceExhausted);
-  REQUIRE_CODE(h.machine.Get("j1", 0, "123456789"),
-               absl::StatusCode::kResourceExhausted);
+  REQUIRE_CODE(job.Cas("k", true, "", std::string(17, 'x')), absl::StatusCode::kResourceExhausted);
+  REQUIRE_CODE(h.machine.Get("j1", 0, "123456789"), absl::StatusCode::kResourceExhausted);
 }
 
 bool Mentions(const absl::Status& status, const std::string& text) {
@@ -197,10 +188,8 @@ TEST_CASE("MultiGet and AllSet cap the keys named and the bytes returned") {
   auto too_many = h.machine.AllSet("j1", 0, std::vector<std::string>(9, "big"));
   REQUIRE_CODE(too_many, absl::StatusCode::kResourceExhausted);
   CHECK(Mentions(too_many, "--max-keys-per-request"));
-  REQUIRE_CODE(h.machine.AllSet("j1", 1, {"big"}),
-               absl::StatusCode::kFailedPrecondition);
-  REQUIRE_CODE(h.machine.AllSet("j1", 0, {""}),
-               absl::StatusCode::kInvalidArgument);
+  REQUIRE_CODE(h.machine.AllSet("j1", 1, {"big"}), absl::StatusCode::kFailedPrecondition);
+  REQUIRE_CODE(h.machine.AllSet("j1", 0, {""}), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("a job's bytes are capped; shrinking or freeing is never refused") {
@@ -214,8 +203,7 @@ TEST_CASE("a job's bytes are capped; shrinking or freeing is never refused") {
   absl::Status status;
   int stored = 0;
   for (; stored < 100; ++stored) {
-    status = h.Set("j1", 0, "k" + std::to_string(stored),
-                   std::string(1000, 'v'));
+    status = h.Set("j1", 0, "k" + std::to_string(stored), std::string(1000, 'v'));
     if (!status.ok()) break;
   }
   REQUIRE_CODE(status, absl::StatusCode::kResourceExhausted);
@@ -258,8 +246,7 @@ TEST_CASE("the bytes of all jobs are capped and bound the snapshot's size") {
   status = h.Set("j2", 0, "k", std::string(1000, 'v'));
   REQUIRE_CODE(status, absl::StatusCode::kResourceExhausted);
   REQUIRE(h.machine.total_bytes() <= limits.max_total_bytes);
-  REQUIRE(*h.machine.JobBytes("j1") + *h.machine.JobBytes("j2") ==
-          h.machine.total_bytes());
+  REQUIRE(*h.machine.JobBytes("j1") + *h.machine.JobBytes("j2") == h.machine.total_bytes());
   REQUIRE(h.machine.Snapshot(h.now).ByteSizeLong() <= h.machine.total_bytes());
 
   // Failures, long hostnames and close reasons are charged too, so the
@@ -274,8 +261,7 @@ TEST_CASE("the bytes of all jobs are capped and bound the snapshot's size") {
     JoinArgs rejoin = long_host;
     rejoin.member_id = b;
     REQUIRE_OK(h.TryJoin("j2", config, rejoin));
-    REQUIRE(h.machine.Snapshot(h.now).ByteSizeLong() <=
-            h.machine.total_bytes());
+    REQUIRE(h.machine.Snapshot(h.now).ByteSizeLong() <= h.machine.total_bytes());
   }
   pb::CloseJobRequest close;
   close.set_job_id("j2");
@@ -343,16 +329,12 @@ TEST_CASE("Restore keeps jobs over lowered limits and refuses only growth") {
   REQUIRE(*restored.machine.Get("j1", 0, "big") == std::string(2000, 'v'));
   REQUIRE(restored.machine.total_bytes() > lowered.max_total_bytes);
 
-  REQUIRE_CODE(restored.Set("j1", 0, "new", "v"),
-               absl::StatusCode::kResourceExhausted);
-  REQUIRE_CODE(restored.Set("j1", 0, "k0", "vv"),
-               absl::StatusCode::kResourceExhausted);
+  REQUIRE_CODE(restored.Set("j1", 0, "new", "v"), absl::StatusCode::kResourceExhausted);
+  REQUIRE_CODE(restored.Set("j1", 0, "k0", "vv"), absl::StatusCode::kResourceExhausted);
   REQUIRE_OK(restored.Set("j1", 0, "k0", "w"));  // same size: no growth
   REQUIRE_OK(restored.Set("j1", 0, "big", std::string(900, 'v')));
-  REQUIRE_CODE(restored.TryJoin("j3", Config(1, 1)),
-               absl::StatusCode::kResourceExhausted);
-  REQUIRE_CODE(restored.TryJoin("j1", config),
-               absl::StatusCode::kResourceExhausted);
+  REQUIRE_CODE(restored.TryJoin("j3", Config(1, 1)), absl::StatusCode::kResourceExhausted);
+  REQUIRE_CODE(restored.TryJoin("j1", config), absl::StatusCode::kResourceExhausted);
   // A member already in the job re-joins under the job's own settings.
   restored.Rejoin("j1", config, a);
   restored.Rejoin("j1", config, b);
@@ -382,10 +364,8 @@ TEST_CASE("job secrets") {
   with_secret.secret = "s3cret";
   std::string a = h.Join("j1", config, with_secret);
   REQUIRE_OK(h.machine.Authorize("j1", "s3cret"));
-  REQUIRE_CODE(h.machine.Authorize("j1", "wrong"),
-               absl::StatusCode::kPermissionDenied);
-  REQUIRE_CODE(h.machine.Authorize("j1", ""),
-               absl::StatusCode::kPermissionDenied);
+  REQUIRE_CODE(h.machine.Authorize("j1", "wrong"), absl::StatusCode::kPermissionDenied);
+  REQUIRE_CODE(h.machine.Authorize("j1", ""), absl::StatusCode::kPermissionDenied);
   REQUIRE_OK(h.machine.Authorize("unknown-job", "anything"));
   REQUIRE_CODE(h.TryJoin("j1", config), absl::StatusCode::kPermissionDenied);
   REQUIRE(h.State("j1").nodes_pending() == 1);

@@ -84,8 +84,7 @@ TEST_CASE("a round below min_nodes after join_timeout fails the job") {
   h.Advance(absl::Seconds(60));
   pb::JobState state = h.State("j1");
   REQUIRE(state.phase() == pb::FAILED);
-  REQUIRE_THAT(state.status_message(),
-               Catch::Contains("2 of min_nodes 3"));
+  REQUIRE_THAT(state.status_message(), Catch::Contains("2 of min_nodes 3"));
   auto late = h.TryJoin("j1", config);
   REQUIRE_CODE(late, absl::StatusCode::kFailedPrecondition);
   REQUIRE_THAT(std::string(late.status().message()),
@@ -210,8 +209,7 @@ TEST_CASE("a failure report ends the round and spends the restart budget") {
   REQUIRE(state.round() == 1);
   REQUIRE(state.restart_count() == 2);
   REQUIRE(state.failures_size() == 2);
-  REQUIRE_THAT(state.status_message(),
-               Catch::Contains("restart budget of 1 spent"));
+  REQUIRE_THAT(state.status_message(), Catch::Contains("restart budget of 1 spent"));
   REQUIRE_CODE(h.TryJoin("j1", config), absl::StatusCode::kFailedPrecondition);
 }
 
@@ -258,8 +256,7 @@ TEST_CASE("a requested rank is free again once its member is gone") {
   JoinArgs wants1;
   wants1.requested_rank = 1;
   std::string a = h.Join("j1", config, wants1);
-  REQUIRE_CODE(h.TryJoin("j1", config, wants1),
-               absl::StatusCode::kFailedPrecondition);
+  REQUIRE_CODE(h.TryJoin("j1", config, wants1), absl::StatusCode::kFailedPrecondition);
   pb::LeaveRequest leave;
   leave.set_job_id("j1");
   leave.set_member_id(a);
@@ -293,8 +290,7 @@ TEST_CASE("calls naming another round are fenced and change nothing") {
   REQUIRE_CODE(h.machine.Get("j1", 0, "k"), absl::StatusCode::kAborted);
   REQUIRE_CODE(h.ReportDone("j1", 2, a), absl::StatusCode::kFailedPrecondition);
   REQUIRE_CODE(h.Set("j1", 2, "k", "new"), absl::StatusCode::kFailedPrecondition);
-  REQUIRE_CODE(h.ReportDone("j1", 1, "stranger"),
-               absl::StatusCode::kFailedPrecondition);
+  REQUIRE_CODE(h.ReportDone("j1", 1, "stranger"), absl::StatusCode::kFailedPrecondition);
   REQUIRE_CODE(h.ReportFailure("nope", 1, a), absl::StatusCode::kNotFound);
   REQUIRE(h.machine.Snapshot(h.now).SerializeAsString() == before);
   REQUIRE(h.State("j1").SerializeAsString() == state_before.SerializeAsString());
@@ -326,34 +322,27 @@ TEST_CASE("a join whose settings differ names the setting") {
 TEST_CASE("requests are validated") {
   Harness h;
   auto config = Config(1, 2);
-  for (const std::string& bad : std::vector<std::string>{
-           "", "a b", "a/b", "tab\t", "caf\xc3\xa9", std::string(300, 'x')}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"", "a b", "a/b", "tab\t", "caf\xc3\xa9", std::string(300, 'x')}) {
     REQUIRE_CODE(h.TryJoin(bad, config), absl::StatusCode::kInvalidArgument);
   }
   JoinArgs args;
   args.member_id = "bad id";
-  REQUIRE_CODE(h.TryJoin("j1", config, args),
-               absl::StatusCode::kInvalidArgument);
+  REQUIRE_CODE(h.TryJoin("j1", config, args), absl::StatusCode::kInvalidArgument);
   auto short_lease = config;
   short_lease.set_lease_ttl_ms(50);
-  REQUIRE_CODE(h.TryJoin("j1", short_lease),
-               absl::StatusCode::kInvalidArgument);
-  REQUIRE_CODE(h.TryJoin("j1", Config(3, 2)),
-               absl::StatusCode::kInvalidArgument);
-  REQUIRE_CODE(h.TryJoin("j1", Config(0, 2)),
-               absl::StatusCode::kInvalidArgument);
+  REQUIRE_CODE(h.TryJoin("j1", short_lease), absl::StatusCode::kInvalidArgument);
+  REQUIRE_CODE(h.TryJoin("j1", Config(3, 2)), absl::StatusCode::kInvalidArgument);
+  REQUIRE_CODE(h.TryJoin("j1", Config(0, 2)), absl::StatusCode::kInvalidArgument);
   auto no_timeout = config;
   no_timeout.set_join_timeout_ms(0);
-  REQUIRE_CODE(h.TryJoin("j1", no_timeout),
-               absl::StatusCode::kInvalidArgument);
+  REQUIRE_CODE(h.TryJoin("j1", no_timeout), absl::StatusCode::kInvalidArgument);
   args = JoinArgs();
   args.nproc = 0;
-  REQUIRE_CODE(h.TryJoin("j1", config, args),
-               absl::StatusCode::kInvalidArgument);
+  REQUIRE_CODE(h.TryJoin("j1", config, args), absl::StatusCode::kInvalidArgument);
   auto no_address = h.JoinRequest("j1", config);
   no_address.set_address("");
-  REQUIRE_CODE(h.machine.Join(no_address, "", h.now),
-               absl::StatusCode::kInvalidArgument);
+  REQUIRE_CODE(h.machine.Join(no_address, "", h.now), absl::StatusCode::kInvalidArgument);
   REQUIRE(h.machine.job_count() == 0);
   // A member id the job does not know: the lease may have expired.
   args = JoinArgs();
@@ -402,8 +391,7 @@ TEST_CASE("a closed job refuses joins until retention drops it") {
   close.set_reason("");
   auto by_admin = h.machine.Close(close, h.now);
   REQUIRE(by_admin->status_message() == "closed by administrator");
-  REQUIRE_CODE(h.machine.Close(close, h.now),
-               absl::StatusCode::kFailedPrecondition);
+  REQUIRE_CODE(h.machine.Close(close, h.now), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("requested ranks are honoured where they fit") {
@@ -415,12 +403,10 @@ TEST_CASE("requested ranks are honoured where they fit") {
   std::string a = h.Join("j1", config, wants2);
   JoinArgs clash;
   clash.requested_rank = 2;
-  REQUIRE_CODE(h.TryJoin("j1", config, clash),
-               absl::StatusCode::kFailedPrecondition);
+  REQUIRE_CODE(h.TryJoin("j1", config, clash), absl::StatusCode::kFailedPrecondition);
   JoinArgs too_big;
   too_big.requested_rank = 3;
-  REQUIRE_CODE(h.TryJoin("j1", config, too_big),
-               absl::StatusCode::kInvalidArgument);
+  REQUIRE_CODE(h.TryJoin("j1", config, too_big), absl::StatusCode::kInvalidArgument);
   std::string b = h.Join("j1", config, wants0);
   std::string c = h.Join("j1", config, wants_any);
   REQUIRE(h.RankOrder("j1") == std::vector<std::string>{b, c, a});
@@ -562,11 +548,9 @@ TEST_CASE("Snapshot and Restore reproduce every job and extend leases") {
   REQUIRE(restored.machine.member_count() == h.machine.member_count());
   for (const char* job : {"j-run", "j-gather", "j-failed"}) {
     INFO(job);
-    REQUIRE(restored.State(job).SerializeAsString() ==
-            h.State(job).SerializeAsString());
+    REQUIRE(restored.State(job).SerializeAsString() == h.State(job).SerializeAsString());
   }
-  REQUIRE(*restored.machine.Get("j-run", 1, "MASTER_ADDR") ==
-          "10.0.0.1:29500");
+  REQUIRE(*restored.machine.Get("j-run", 1, "MASTER_ADDR") == "10.0.0.1:29500");
   REQUIRE_OK(restored.machine.Authorize("j-gather", "pw"));
   REQUIRE_CODE(restored.machine.Authorize("j-gather", "wrong"),
                absl::StatusCode::kPermissionDenied);
@@ -586,17 +570,14 @@ TEST_CASE("Snapshot and Restore reproduce every job and extend leases") {
   state::ServerState broken = parsed;
   broken.mutable_jobs(0)->add_round_members("nobody");
   StateMachine fresh;
-  REQUIRE_CODE(fresh.Restore(broken, restored.now),
-               absl::StatusCode::kDataLoss);
+  REQUIRE_CODE(fresh.Restore(broken, restored.now), absl::StatusCode::kDataLoss);
   REQUIRE(fresh.job_count() == 0);
   broken = parsed;
   broken.mutable_jobs(0)->mutable_config()->set_min_nodes(0);
-  REQUIRE_CODE(fresh.Restore(broken, restored.now),
-               absl::StatusCode::kDataLoss);
+  REQUIRE_CODE(fresh.Restore(broken, restored.now), absl::StatusCode::kDataLoss);
   broken = parsed;
   broken.set_format_version(7);
-  REQUIRE_CODE(fresh.Restore(broken, restored.now),
-               absl::StatusCode::kDataLoss);
+  REQUIRE_CODE(fresh.Restore(broken, restored.now), absl::StatusCode::kDataLoss);
   REQUIRE_OK(fresh.Restore(state::ServerState(), restored.now));
   REQUIRE(fresh.job_count() == 0);
   REQUIRE_OK(fresh.Restore(parsed, restored.now));
@@ -607,8 +588,7 @@ TEST_CASE("join_timeout_ms of a new job is bounded") {
   Limits limits;
   limits.max_join_timeout_ms = 60'000;
   Harness h(limits);
-  for (int64_t timeout : {int64_t{60'001}, int64_t{1} << 40,
-                          std::numeric_limits<int64_t>::max()}) {
+  for (int64_t timeout : {int64_t{60'001}, int64_t{1} << 40, std::numeric_limits<int64_t>::max()}) {
     INFO(timeout);
     auto config = Config(2, 2);
     config.set_join_timeout_ms(timeout);
@@ -648,9 +628,7 @@ TEST_CASE("a 1000-member job joins and closes quickly") {
     REQUIRE(h.machine.KeepAlive(request, h.now).ok());
     if (i % 100 == 0) h.machine.Tick(h.now);
   }
-  double seconds = std::chrono::duration<double>(
-                       std::chrono::steady_clock::now() - start)
-                       .count();
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   h.Check();
   INFO("seconds: " << seconds);
   REQUIRE(seconds < 1.0);

@@ -21,17 +21,16 @@ absl::Status StatusOf(const absl::StatusOr<T>& status_or) {
 }
 
 // Requires `expr` to fail with `expected_code`; shows the status otherwise.
-#define REQUIRE_CODE(expr, expected_code)                      \
-  do {                                                         \
+#define REQUIRE_CODE(expr, expected_code)                           \
+  do {                                                              \
     absl::Status status_ = ::muster::rdzv::testing::StatusOf(expr); \
-    INFO(status_.ToString());                                  \
-    REQUIRE(status_.code() == (expected_code));                \
+    INFO(status_.ToString());                                       \
+    REQUIRE(status_.code() == (expected_code));                     \
   } while (false)
 
 #define REQUIRE_OK(expr) REQUIRE_CODE(expr, absl::StatusCode::kOk)
 
-inline pb::JobConfig Config(uint32_t min_nodes, uint32_t max_nodes,
-                            int64_t last_call_ms = 1000,
+inline pb::JobConfig Config(uint32_t min_nodes, uint32_t max_nodes, int64_t last_call_ms = 1000,
                             int32_t max_restarts = 3) {
   pb::JobConfig config;
   config.set_min_nodes(min_nodes);
@@ -58,8 +57,7 @@ class Harness {
   StateMachine machine;
   absl::Time now = absl::UnixEpoch() + absl::Hours(1);
 
-  pb::JoinRequest JoinRequest(const std::string& job,
-                              const pb::JobConfig& config,
+  pb::JoinRequest JoinRequest(const std::string& job, const pb::JobConfig& config,
                               const JoinArgs& args = JoinArgs()) const {
     pb::JoinRequest request;
     request.set_job_id(job);
@@ -72,11 +70,9 @@ class Harness {
     return request;
   }
 
-  absl::StatusOr<pb::JoinResponse> TryJoin(const std::string& job,
-                                           const pb::JobConfig& config,
+  absl::StatusOr<pb::JoinResponse> TryJoin(const std::string& job, const pb::JobConfig& config,
                                            const JoinArgs& args = JoinArgs()) {
-    auto response =
-        machine.Join(JoinRequest(job, config, args), args.secret, now);
+    auto response = machine.Join(JoinRequest(job, config, args), args.secret, now);
     Check();
     return response;
   }
@@ -106,10 +102,8 @@ class Harness {
     return response;
   }
 
-  absl::StatusOr<pb::JobState> ReportFailure(const std::string& job,
-                                             uint64_t round,
-                                             const std::string& member,
-                                             int exit_code = 1) {
+  absl::StatusOr<pb::JobState> ReportFailure(const std::string& job, uint64_t round,
+                                             const std::string& member, int exit_code = 1) {
     pb::ReportFailureRequest request;
     request.set_job_id(job);
     request.set_round(round);
@@ -121,8 +115,7 @@ class Harness {
     return response;
   }
 
-  absl::StatusOr<pb::JobState> ReportDone(const std::string& job,
-                                          uint64_t round,
+  absl::StatusOr<pb::JobState> ReportDone(const std::string& job, uint64_t round,
                                           const std::string& member) {
     pb::ReportDoneRequest request;
     request.set_job_id(job);
@@ -133,8 +126,8 @@ class Harness {
     return response;
   }
 
-  absl::Status Set(const std::string& job, uint64_t round,
-                   const std::string& key, const std::string& value) {
+  absl::Status Set(const std::string& job, uint64_t round, const std::string& key,
+                   const std::string& value) {
     pb::SetRequest request;
     request.set_job_id(job);
     request.set_round(round);

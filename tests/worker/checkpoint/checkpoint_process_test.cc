@@ -56,8 +56,8 @@ std::vector<std::string> Environment(const std::vector<std::string>& extra) {
 
 // `binary` (a workspace path) with `flags`, then dir/name.yaml; its output
 // is appended to dir/name.log.
-launcher::Child StartProgram(const TempDir& dir, const std::string& name,
-                             const std::string& binary, const std::vector<std::string>& flags,
+launcher::Child StartProgram(const TempDir& dir, const std::string& name, const std::string& binary,
+                             const std::vector<std::string>& flags,
                              const std::vector<std::string>& extra_env) {
   launcher::SpawnSpec spec;
   spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >>" + dir.File(name + ".log") + " 2>&1",
@@ -79,10 +79,9 @@ launcher::Child StartWorker(const TempDir& dir, const std::string& name,
 // after creating dir/paused (tests/worker/checkpoint/fault_worker.cc).
 launcher::Child StartPausingWorker(const TempDir& dir, const std::string& name,
                                    const std::string& phase, int step) {
-  return StartProgram(dir, name, "tests/worker/checkpoint/fault_worker",
-                      {absl::StrCat("--pause_at=", phase, "@", step),
-                       "--pause_marker=" + dir.File("paused")},
-                      {});
+  return StartProgram(
+      dir, name, "tests/worker/checkpoint/fault_worker",
+      {absl::StrCat("--pause_at=", phase, "@", step), "--pause_marker=" + dir.File("paused")}, {});
 }
 
 int ExitCode(launcher::Child& child) {
@@ -110,8 +109,7 @@ TEST_CASE("SIGKILLed mid-run under launch, the worker resumes and ends bitwise i
       dir.File("launch.log"), {"OMP_WAIT_POLICY=passive"});
   // Kill partway through the step after step 22 (N = 20 checkpointed, k = 3).
   REQUIRE(WaitUntil([&] { return LastStep(dir.File("killed.jsonl")) >= 22; }, absl::Seconds(60)));
-  const int worker =
-      FindChild(launch.pid(), [](int pid) { return ProcessName(pid) == "worker"; });
+  const int worker = FindChild(launch.pid(), [](int pid) { return ProcessName(pid) == "worker"; });
   INFO(ReadFile(dir.File("launch.log")));
   REQUIRE(worker > 0);
   const int killed_after = LastStep(dir.File("killed.jsonl"));
@@ -140,8 +138,8 @@ TEST_CASE("SIGTERM: the worker saves the step it was on, exits 75, and the next 
 
   WriteSetup(dir, "preempted", steps, 1000);  // no periodic save: only the preemption's
   launcher::Child worker = StartWorker(dir, "preempted");
-  REQUIRE(WaitUntil([&] { return LastStep(dir.File("preempted.jsonl")) >= 10; },
-                    absl::Seconds(60)));
+  REQUIRE(
+      WaitUntil([&] { return LastStep(dir.File("preempted.jsonl")) >= 10; }, absl::Seconds(60)));
   REQUIRE(kill(worker.pid(), SIGTERM) == 0);
   REQUIRE(ExitCode(worker) == launcher::kPreemptedExitCode);
   const int stopped_after = LastStep(dir.File("preempted.jsonl"));
@@ -149,9 +147,9 @@ TEST_CASE("SIGTERM: the worker saves the step it was on, exits 75, and the next 
   std::string log = ReadFile(dir.File("preempted.log"));
   INFO(log);
   CHECK(stopped_after < steps);
-  CHECK(absl::StrContains(log, absl::StrCat("worker: preempted by SIGTERM after step ",
-                                            stopped_after, "; checkpoint step ", stopped_after,
-                                            " committed in ")));
+  CHECK(
+      absl::StrContains(log, absl::StrCat("worker: preempted by SIGTERM after step ", stopped_after,
+                                          "; checkpoint step ", stopped_after, " committed in ")));
   CHECK(fs::exists(step_dir + "/manifest.json"));
 
   launcher::Child resumed = StartWorker(dir, "preempted");
@@ -180,8 +178,7 @@ TEST_CASE("SIGTERM to launch: 2 ranks save one step, launch exits 75, the next l
 
   WriteSetup(dir, "preempted", steps, 1000);
   launcher::Child launch = run_launch("preempted");
-  REQUIRE(WaitUntil([&] { return LastStep(dir.File("preempted.jsonl")) >= 8; },
-                    absl::Seconds(60)));
+  REQUIRE(WaitUntil([&] { return LastStep(dir.File("preempted.jsonl")) >= 8; }, absl::Seconds(60)));
   REQUIRE(kill(launch.pid(), SIGTERM) == 0);
   const int code = ExitCode(launch);
   std::string log = ReadFile(dir.File("preempted.log"));
@@ -236,8 +233,8 @@ TEST_CASE("SIGKILLed in any phase of a save, the worker resumes from the previou
       REQUIRE(ExitCode(resumed) == 0);
       const std::string log = ReadFile(dir.File("run.log"));
       INFO(log);
-      CHECK(absl::StrContains(log, "checkpoint: resumed from " +
-                                       dir.File("run_ckpt/step_00000004") + " (step 4"));
+      CHECK(absl::StrContains(
+          log, "checkpoint: resumed from " + dir.File("run_ckpt/step_00000004") + " (step 4"));
       CHECK(fs::exists(dir.File("run_ckpt/step_00000012/manifest.json")));
       CHECK_FALSE(fs::exists(dir.File("run_ckpt/.tmp_step_00000008")));
     }

@@ -19,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "tests/worker/checkpoint/tiny_job.h"
 #include "tests/worker/thread_ranks.h"
 #include "worker/checkpoint/layout.h"
 #include "worker/checkpoint/manager.h"
@@ -28,16 +29,13 @@
 #include "worker/checkpoint/writer.h"
 #include "worker/data.h"
 #include "worker/trainer.h"
-#include "tests/worker/checkpoint/tiny_job.h"
 
 namespace muster::worker {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string FreshDir(const std::string& name) {
-  return testing::FreshDir("checkpoint_test", name);
-}
+std::string FreshDir(const std::string& name) { return testing::FreshDir("checkpoint_test", name); }
 
 using testing::TinyConfig;
 using testing::WriteShard;
@@ -82,7 +80,8 @@ RunResult RunTrainer(const TrainConfig& config, ParallelStrategy* parallel = nul
   std::fflush(log);
   std::rewind(log);
   char buffer[4096];
-  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), log)) > 0;) result.log.append(buffer, n);
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), log)) > 0;)
+    result.log.append(buffer, n);
   std::fclose(log);
   return result;
 }
@@ -244,9 +243,8 @@ TEST_CASE("preemption: one signalled rank stops every rank after the same step, 
   std::vector<RunResult> stopped(world);
   testing::RunRanks(world, [&](int rank, ParallelStrategy* parallel) {
     int polls = 0;
-    stopped[rank] = RunTrainer(config, parallel, [&polls, rank] {
-      return rank == 1 && ++polls >= 7 ? SIGTERM : 0;
-    });
+    stopped[rank] = RunTrainer(config, parallel,
+                               [&polls, rank] { return rank == 1 && ++polls >= 7 ? SIGTERM : 0; });
   });
   for (int rank = 0; rank < world; ++rank) {
     INFO("rank " << rank << ": " << stopped[rank].status.ToString() << "\n" << stopped[rank].log);
@@ -256,7 +254,8 @@ TEST_CASE("preemption: one signalled rank stops every rank after the same step, 
   CHECK(absl::StrContains(stopped[1].status.message(),
                           "preempted by SIGTERM after step 7; checkpoint step 7 committed"));
   CHECK(absl::StrContains(stopped[0].status.message(), "preempted by a signal to another rank"));
-  CHECK(absl::StrContains(stopped[0].log, "preempted: a signal to another rank after step 7 of 12"));
+  CHECK(
+      absl::StrContains(stopped[0].log, "preempted: a signal to another rank after step 7 of 12"));
   REQUIRE(VerifyCheckpoint(Env::Default(), config.checkpoint.dir + "/step_00000007").ok());
 
   // The next run resumes there and ends bitwise where the uninterrupted one ends.
@@ -316,8 +315,8 @@ TEST_CASE("an explicit resume path starts a run; a restart continues the run's o
   CHECK(restarted.resumed_at.step == 7);
   CHECK(absl::StrContains(restarted.log, "checkpoint.resume " + source +
                                              " started this run at step 4; continuing from the "
-                                             "run's own " + config.checkpoint.dir +
-                                             "/step_00000007"));
+                                             "run's own " +
+                                             config.checkpoint.dir + "/step_00000007"));
   CHECK(restarted.losses ==
         std::vector<float>(reference.losses.begin() + 3, reference.losses.end()));
   CHECK(restarted.params == reference.params);
@@ -386,8 +385,7 @@ TEST_CASE("reshard: saved by 2 thread-ranks, resumed by 1 and by 3") {
       REQUIRE(loaded.ok());
       std::vector<StateTensor> tensors = StateTensors((*loaded)->stages());
       std::vector<float> flat(StateFloats(tensors));
-      REQUIRE(LoadFlatRange(Env::Default(), step4, *manifest, tensors, 0, flat.size(),
-                            flat.data())
+      REQUIRE(LoadFlatRange(Env::Default(), step4, *manifest, tensors, 0, flat.size(), flat.data())
                   .ok());
       CHECK(std::vector<float>(flat.begin(), flat.begin() + flat.size() / 3) == two.params_at4);
       // ...and the loss continues where world 2 left it.
@@ -433,8 +431,8 @@ TEST_CASE("a corrupt or torn newest checkpoint is skipped with a message naming 
   INFO(result.log);
   REQUIRE(result.status.ok());
   CHECK(result.resumed_at.step == 8);
-  CHECK(absl::StrContains(result.log, "skipping " + config.checkpoint.dir +
-                                          "/step_00000016: no manifest.json"));
+  CHECK(absl::StrContains(
+      result.log, "skipping " + config.checkpoint.dir + "/step_00000016: no manifest.json"));
   CHECK(absl::StrContains(result.log, "skipping " + data + ": CRC-32"));
 }
 

@@ -2,9 +2,9 @@
 // operations and its errors, which name the path and the reason; and
 // saves on an Env that fails a write, which fail with the file's name and
 // leave the previous checkpoint to resume from.
-#include <catch2/catch.hpp>
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -14,11 +14,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "tests/worker/checkpoint/tiny_job.h"
 #include "worker/checkpoint/env.h"
 #include "worker/checkpoint/reader.h"
 #include "worker/data.h"
 #include "worker/trainer.h"
-#include "tests/worker/checkpoint/tiny_job.h"
 
 namespace muster::worker {
 namespace {
@@ -157,8 +157,7 @@ TEST_CASE("an EnvWrapper forwards what it does not override") {
   REQUIRE((*file)->Close().ok());
   CHECK(Contents(&wrapper, dir + "/d/f") == "abc");
   CHECK(wrapper.GetChildren(dir + "/d").value() == std::vector<std::string>{"f"});
-  CHECK(wrapper.NewRandomAccessFile(dir + "/nope").status().code() ==
-        absl::StatusCode::kNotFound);
+  CHECK(wrapper.NewRandomAccessFile(dir + "/nope").status().code() == absl::StatusCode::kNotFound);
   REQUIRE(wrapper.RemoveAll(dir + "/d").ok());
   CHECK_FALSE(wrapper.FileExists(dir + "/d"));
 }
@@ -173,8 +172,7 @@ class FailingEnv : public EnvWrapper {
   FailingEnv(Env* target, Fault fault, int step)
       : EnvWrapper(target), fault_(fault), tmp_dir_(TempStepDirName(step)) {}
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     auto file = target()->NewWritableFile(path);
     if (!file.ok() || fault_ != Fault::kRankFileFull || !InSave(path) ||
         !absl::EndsWith(path, ".bin")) {
@@ -202,8 +200,7 @@ class FailingEnv : public EnvWrapper {
     absl::Status Append(const void* data, size_t bytes) override {
       if (absl::Status status = file_->Append(data, bytes / 2); !status.ok()) return status;
       ++env_->faults_;
-      return absl::UnavailableError(
-          absl::StrCat(path_, ": write failed: No space left on device"));
+      return absl::UnavailableError(absl::StrCat(path_, ": write failed: No space left on device"));
     }
     absl::Status Sync() override { return file_->Sync(); }
     absl::Status Close() override { return file_->Close(); }

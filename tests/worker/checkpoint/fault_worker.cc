@@ -63,8 +63,7 @@ class PausingEnv : public EnvWrapper {
   PausingEnv(Env* target, std::string phase, int step, std::string marker)
       : EnvWrapper(target), phase_(std::move(phase)), step_(step), marker_(std::move(marker)) {}
 
-  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
-      const std::string& path) override {
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     const std::string name = BaseName(path);
     if (phase_ == "manifest" && name == kManifestName && InSave(Parent(path))) {
       if (absl::Status paused = Pause(); !paused.ok()) return paused;

@@ -143,9 +143,8 @@ TEST_CASE("logits without targets match the CPU model", "[cuda]") {
       gpu->Forward(batch.inputs.data(), nullptr, 2, 40);
       REQUIRE(gpu->DeviceStatus().ok());
       const std::vector<float> want = cpu->Logits(1, 39), got = gpu->Logits(1, 39);
-      const double error =
-          RelError(std::vector<float>(got.begin(), got.begin() + config.vocab),
-                   std::vector<float>(want.begin(), want.begin() + config.vocab));
+      const double error = RelError(std::vector<float>(got.begin(), got.begin() + config.vocab),
+                                    std::vector<float>(want.begin(), want.begin() + config.vocab));
       INFO("logits relative error " << error);
       CHECK(error < bounds.grads);
     }

@@ -318,10 +318,10 @@ TEST_CASE("stage hooks fire in order: forward up the stages, backward down") {
   model->SetStageHooks(hooks);
   LossAndGrads(model.get(), RandomBatch(config, 2, 5, 4));
   CHECK(events == std::vector<std::string>{
-                      "pre_forward 0",   "post_forward 0",  "pre_forward 1",   "post_forward 1",
-                      "pre_forward 2",   "post_forward 2",  "pre_forward 3",   "post_forward 3",
-                      "pre_backward 3",  "post_backward 3", "pre_backward 2",  "post_backward 2",
-                      "pre_backward 1",  "post_backward 1", "pre_backward 0",  "post_backward 0"});
+                      "pre_forward 0", "post_forward 0", "pre_forward 1", "post_forward 1",
+                      "pre_forward 2", "post_forward 2", "pre_forward 3", "post_forward 3",
+                      "pre_backward 3", "post_backward 3", "pre_backward 2", "post_backward 2",
+                      "pre_backward 1", "post_backward 1", "pre_backward 0", "post_backward 0"});
   // Cleared hooks fire nothing.
   events.clear();
   model->SetStageHooks({});
