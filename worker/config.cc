@@ -222,6 +222,10 @@ struct Table<ParallelConfig> {
       {"bucket_mb", &P::bucket_mb, "gradient all-reduce bucket, MiB", Positive()},
       {"timeout_s", &P::timeout_s, "bound on joining the peers and on every collective",
        Positive()},
+      {"dp_replicate", &P::dp_replicate, "replicas of the model; 0: world / (dp_shard x pp)",
+       NonNegative()},
+      {"dp_shard", &P::dp_shard, "ranks a replica is sharded over (FSDP, planned)", Positive()},
+      {"pp", &P::pp, "pipeline stages (planned)", Positive()},
   };
 };
 
@@ -657,6 +661,19 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
   if (config.device == "cpu" && config.parallel.backend == "nccl") {
     return fail("parallel.backend",
                 "nccl needs device cuda; on the CPU gradients are reduced over gloo", {"device"});
+  }
+  // The degrees' product is checked against the world when the worker
+  // joins its peers (ParallelDimsFor, worker/ddp.h); sharding and
+  // pipelining are planned strategies.
+  if (config.parallel.dp_shard > 1) {
+    return fail(
+        "parallel.dp_shard",
+        absl::StrCat(config.parallel.dp_shard,
+                     " shards each replica, which needs FSDP (planned); ddp replicates: 1"));
+  }
+  if (config.parallel.pp > 1) {
+    return fail("parallel.pp",
+                absl::StrCat(config.parallel.pp, " pipeline stages (planned); ddp runs one: 1"));
   }
   if (c.every > 0 && c.dir.empty()) {
     return fail("checkpoint.every", "saving checkpoints needs checkpoint.dir");

@@ -64,6 +64,12 @@ struct ParallelConfig {
   // hangs turns into an error after this long, and the launcher restarts
   // the job. A peer that dies is noticed at once (its sockets close).
   double timeout_s = 300.0;
+  // The degrees of the world, dp_replicate x dp_shard x pp
+  // (parallel/parallel_dims.h). dp_replicate 0: the rest of the world.
+  // dp_shard (FSDP) and pp (pipeline) above 1 are planned.
+  int dp_replicate = 0;
+  int dp_shard = 1;
+  int pp = 1;
 };
 
 struct CheckpointConfig {

@@ -16,6 +16,15 @@ std::vector<absl::Span<float>> GradientSegments(GptModel* model) {
 
 }  // namespace
 
+absl::StatusOr<parallel::ParallelDims> ParallelDimsFor(const ParallelConfig& config,
+                                                       int world_size) {
+  int replicate = config.dp_replicate;
+  const int rest = config.dp_shard * config.pp;
+  if (replicate == 0 && rest > 0 && world_size % rest == 0) replicate = world_size / rest;
+  if (replicate == 0) replicate = 1;  // not a divisor: Create names the fields
+  return parallel::ParallelDims::Create(world_size, replicate, config.dp_shard, config.pp);
+}
+
 parallel::BucketOptions BucketOptionsFor(const ParallelConfig& config) {
   parallel::BucketOptions options;
   options.bucket_bytes = static_cast<size_t>(config.bucket_mb * (1 << 20));

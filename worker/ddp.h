@@ -83,6 +83,12 @@ class Ddp : public ParallelStrategy {
 absl::StatusOr<parallel::DataBackend> ChooseDataBackend(const std::string& backend, Device device);
 const char* DataBackendName(parallel::DataBackend backend);
 
+// The degrees of parallel.dp_replicate x dp_shard x pp for a world of
+// `world_size` ranks (dp_replicate 0: the rest of the world). INVALID_ARGUMENT
+// naming the three fields when their product is not the world.
+absl::StatusOr<parallel::ParallelDims> ParallelDimsFor(const ParallelConfig& config,
+                                                       int world_size);
+
 // The buckets of parallel.bucket_mb for a model: segments are the stages'
 // gradient buffers.
 parallel::BucketOptions BucketOptionsFor(const ParallelConfig& config);

@@ -131,6 +131,9 @@ void ExitStuck(const absl::Status& cause) {
 absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
   auto world = parallel::WorldFromEnvironment();
   if (!world.ok()) return world.status();
+  // The degrees must cover the world before anything connects.
+  auto dims = ParallelDimsFor(config.parallel, world->world_size);
+  if (!dims.ok()) return dims.status();
   auto device = ResolveDevice(config.device);
   if (!device.ok()) return device.status();
   Parallelism result;

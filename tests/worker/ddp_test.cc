@@ -44,6 +44,23 @@ TEST_CASE("parallel.backend: auto is nccl on CUDA and gloo on the CPU; gloo on C
         "gloo (staged through pinned host memory)");
 }
 
+TEST_CASE("parallel degrees: dp_replicate 0 fills the world; a product off the world names them") {
+  ParallelConfig config;
+  auto dims = ParallelDimsFor(config, 4);
+  REQUIRE(dims.ok());
+  CHECK(dims->dp_replicate == 4);
+  CHECK(dims->dp() == 4);
+  config.dp_replicate = 4;
+  CHECK(ParallelDimsFor(config, 4).ok());
+  config.dp_replicate = 2;
+  auto wrong = ParallelDimsFor(config, 4);
+  REQUIRE(absl::IsInvalidArgument(wrong.status()));
+  CHECK_THAT(
+      std::string(wrong.status().message()),
+      Catch::Contains("parallel.dp_replicate (2) x parallel.dp_shard (1) x parallel.pp (1) = "
+                      "2, but the world has 4 ranks"));
+}
+
 TEST_CASE("buckets run backwards over the segments, capped, with a small first bucket") {
   // One allocation, like GptModel's: embedding, 6 blocks, head.
   std::vector<float> memory(1000 + 6 * 300 + 10);

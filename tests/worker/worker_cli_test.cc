@@ -153,6 +153,18 @@ TEST_CASE("data that is not there exits 2") {
   CHECK(Contains(run.err, "train_*.bin"));
 }
 
+TEST_CASE("parallel degrees that do not cover the world exit 2 naming the fields") {
+  std::string dir = FreshDir("degrees");
+  std::string config = WriteTinyJob(dir, 5);
+  std::ofstream(config, std::ios::app) << "parallel:\n  dp_replicate: 2\n";
+  RunResult run = RunWorker(dir, {config});
+  INFO(run.err);
+  CHECK(run.exit_code == 2);
+  CHECK(Contains(run.err,
+                 "parallel.dp_replicate (2) x parallel.dp_shard (1) x parallel.pp (1) = 2, "
+                 "but the world has 1 rank"));
+}
+
 TEST_CASE("--print-config prints yaml that loads back to the same config") {
   std::string dir = FreshDir("print");
   std::string config = WriteTinyJob(dir, 5);
