@@ -45,7 +45,7 @@ def main():
         optimizer.zero_grad(set_to_none=False)
         loss = model(inputs, targets)
         loss.backward()  # DDP averages the gradients, bucket by bucket, during backward
-        dist.all_reduce(loss.detach())  # the logged mean loss, as our worker's MeanOverRanks
+        dist.all_reduce(loss.detach())  # the logged mean loss, as our worker's loss all-reduce
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
