@@ -75,7 +75,6 @@ CheckpointManager::CheckpointManager(const TrainConfig& config, ParallelStrategy
                                      FILE* log, Env* env)
     : config_(config),
       strategy_(strategy),
-      control_(&strategy->control()),
       log_(log),
       env_(env != nullptr ? env : Env::Default()),
       lineage_(NewLineage()),
@@ -99,13 +98,13 @@ absl::Status CheckpointManager::WaitForRetention() {
 }
 
 void CheckpointManager::Log(const std::string& line) {
-  if (control_->rank() != 0 || log_ == nullptr) return;
+  if (control().rank() != 0 || log_ == nullptr) return;
   std::fprintf(log_, "checkpoint: %s\n", line.c_str());
   std::fflush(log_);
 }
 
 absl::Status CheckpointManager::Agree(absl::Status local, const std::string& what) {
-  auto failed = control_->AllReduce(int64_t{local.ok() ? 0 : 1}, parallel::ReduceOp::kMax);
+  auto failed = control().AllReduce(int64_t{local.ok() ? 0 : 1}, parallel::ReduceOp::kMax);
   if (!failed.ok()) return failed.status();
   if (!local.ok()) return local;
   if (*failed > 0) {
@@ -115,7 +114,7 @@ absl::Status CheckpointManager::Agree(absl::Status local, const std::string& wha
 }
 
 absl::StatusOr<int64_t> CheckpointManager::Broadcast(int64_t value) {
-  return control_->Broadcast(value, /*root=*/0);
+  return control().Broadcast(value, /*root=*/0);
 }
 
 absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer,
@@ -127,7 +126,7 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
     // 0: rank 0 failed, 1: nothing to resume, step + 2: that step.
     int64_t choice = 0;
     absl::Status rank0_status;
-    if (control_->rank() == 0) {
+    if (control().rank() == 0) {
       std::vector<std::string> skipped;
       auto latest = FindLatestValid(env_, c.dir, &skipped);
       for (const std::string& why : skipped) Log("skipping " + why);
@@ -152,7 +151,7 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
     // found by the lineage forked from the path. 1: load the path,
     // step + 2: this run's checkpoint of that step.
     int64_t choice = 1;
-    if (control_->rank() == 0) {
+    if (control().rank() == 0) {
       auto source = ReadManifest(env_, path);  // an error is reported by the load below
       if (source.ok()) {
         const std::string fork = ForkLineage(*source);
@@ -267,7 +266,7 @@ absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& op
   const std::string tmp = dir + "/" + TempStepDirName(state.step);
   // The previous save's retention first: it lists and deletes in `dir`.
   absl::Status prepared = JoinRetention();
-  if (control_->rank() == 0 && prepared.ok()) {
+  if (control().rank() == 0 && prepared.ok()) {
     absl::Status made = env_->CreateDir(dir);
     if (made.ok()) made = env_->RemoveAll(tmp);
     if (made.ok()) made = env_->CreateDir(tmp);
@@ -282,7 +281,7 @@ absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& op
 
   tensors_ = StateTensors(model.stages());
   const uint64_t total = StateFloats(tensors_), params = total / 3;
-  const FlatRange mine = strategy_->CheckpointFiles(total)[control_->rank()];
+  const FlatRange mine = strategy_->CheckpointFiles(total)[control().rank()];
   auto buffer = writer_.Buffer(mine.count);
   if (!buffer.ok()) return buffer.status();
   float* host = *buffer;
@@ -294,7 +293,7 @@ absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& op
       [&](bool second, uint64_t in_part, uint64_t in_range, uint64_t floats) {
         optimizer.CopyMomentsRangeToHost(second, in_part, floats, host + in_range);
       });
-  writer_.Start(tmp, RankFileName(control_->rank()));
+  writer_.Start(tmp, RankFileName(control().rank()));
   pending_step_ = state.step;
   last_started_ = state.step;
   sample_index_ = state.sample_index;
@@ -313,16 +312,16 @@ absl::Status CheckpointManager::Commit(bool wait) {
                                                : LocalWrite::kFailed;
   const CommitTally vote = CommitVote(mine);
   int64_t tally[2] = {vote.durable, vote.failed};
-  if (absl::Status summed = control_->AllReduce(absl::MakeSpan(tally), parallel::ReduceOp::kSum);
+  if (absl::Status summed = control().AllReduce(absl::MakeSpan(tally), parallel::ReduceOp::kSum);
       !summed.ok()) {
     return summed;
   }
-  const CommitDecision decision = DecideCommit(CommitTally{tally[0], tally[1]}, control_->size());
+  const CommitDecision decision = DecideCommit(CommitTally{tally[0], tally[1]}, control().size());
   const int step = pending_step_;
   const std::string tmp = config_.checkpoint.dir + "/" + TempStepDirName(step);
   if (decision == CommitDecision::kCommit) {
     pending_step_ = -1;
-    absl::Status committed = control_->rank() == 0 ? WriteManifest(step, tmp) : absl::OkStatus();
+    absl::Status committed = control().rank() == 0 ? WriteManifest(step, tmp) : absl::OkStatus();
     committed = Agree(committed, "committing " + tmp);
     if (committed.ok()) last_committed_ = step;
     return committed;
@@ -349,7 +348,7 @@ absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) 
   manifest.data_seed = config_.train.seed;
   manifest.config_hash = ModelConfigHash(config_.model);
   manifest.model = config_.model;
-  manifest.world_size = control_->size();
+  manifest.world_size = control().size();
   manifest.strategy = config_.parallel.strategy;
   manifest.lineage = lineage_;
   for (int rank = 0; rank < manifest.world_size; ++rank) {

@@ -127,12 +127,12 @@ class CheckpointManager {
   // Rank 0: joins the retention thread, logs what it deleted and returns
   // its error. Other ranks: OK.
   absl::Status JoinRetention();
+  parallel::Collectives& control() { return strategy_->control(); }
 
   TrainConfig config_;
   // Says which part of the state each rank writes and loads; its control
   // plane carries the ranks' agreement.
   ParallelStrategy* strategy_;
-  parallel::Collectives* control_;
   FILE* log_;
   Env* const env_;  // before writer_, which is given it
   // This run's Manifest::lineage: new, or set by Resume.
