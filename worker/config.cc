@@ -135,7 +135,8 @@ constexpr Rule Path() { return Rule().Resolved(PathKind::kPath); }
 // Where a field lives in struct S: a scalar, or (at the top level only, which keeps the
 // recursion over sections finite) a section with a table of its own.
 template <typename S>
-using ScalarMember = std::variant<int S::*, uint64_t S::*, double S::*, std::string S::*>;
+using ScalarMember =
+    std::variant<int S::*, uint64_t S::*, double S::*, bool S::*, std::string S::*>;
 using TopMember =
     std::variant<std::string TrainConfig::*, ModelConfig TrainConfig::*, DataConfig TrainConfig::*,
                  OptimConfig TrainConfig::*, TrainLoopConfig TrainConfig::*,
@@ -215,16 +216,28 @@ template <>
 struct Table<ParallelConfig> {
   using P = ParallelConfig;
   static constexpr Field<P> kFields[] = {
-      {"strategy", &P::strategy, "a single process is a world of 1",
-       OneOf("ddp").Named("strategy", "strategies")},
+      {"strategy", &P::strategy,
+       "ddp: every rank holds the whole model; fsdp: parameters, gradients and optimizer state "
+       "sharded over parallel.dp_shard ranks",
+       OneOf("ddp|fsdp").Named("strategy", "strategies")},
+      {"zero", &P::zero,
+       "the ZeRO stage under fsdp: 1 shards the optimizer moments, 2 also the gradients, 3 also "
+       "the parameters",
+       Positive().AtMost(3, "the ZeRO stages are 1, 2 and 3")},
+      {"reshard_after_forward", &P::reshard_after_forward,
+       "ZeRO-3 frees a stage's gathered parameters after its forward and gathers them again for "
+       "backward; false keeps them until backward"},
       {"backend", &P::backend, "where gradients are reduced; auto: NCCL on CUDA, Gloo on the CPU",
        OneOf("auto|nccl|gloo")},
       {"bucket_mb", &P::bucket_mb, "gradient all-reduce bucket, MiB", Positive()},
       {"timeout_s", &P::timeout_s, "bound on joining the peers and on every collective",
        Positive()},
-      {"dp_replicate", &P::dp_replicate, "replicas of the model; 0: world / (dp_shard x pp)",
+      {"dp_replicate", &P::dp_replicate,
+       "replicas of the model; 0: the rest of the world, world / (dp_shard x pp)", NonNegative()},
+      {"dp_shard", &P::dp_shard,
+       "ranks a replica is sharded over; 0: auto, 1 under ddp and world / (dp_replicate x pp) "
+       "under fsdp",
        NonNegative()},
-      {"dp_shard", &P::dp_shard, "ranks a replica is sharded over (FSDP, planned)", Positive()},
       {"pp", &P::pp, "pipeline stages (planned)", Positive()},
   };
 };
@@ -303,6 +316,22 @@ std::optional<std::string> ReadScalar(const YAML::Node& node, double* out) {
   }
   return absl::StrCat("expected a number, got ", Describe(node));
 }
+// YAML 1.2's booleans only: yes/no/on/off (YAML 1.1) are refused rather
+// than guessed at.
+std::optional<std::string> ReadScalar(const YAML::Node& node, bool* out) {
+  if (node.IsScalar()) {
+    const std::string& text = node.Scalar();
+    if (text == "true" || text == "True" || text == "TRUE") {
+      *out = true;
+      return std::nullopt;
+    }
+    if (text == "false" || text == "False" || text == "FALSE") {
+      *out = false;
+      return std::nullopt;
+    }
+  }
+  return absl::StrCat("expected true or false, got ", Describe(node));
+}
 // A null value (`val:` with nothing after it) reads as the empty string.
 std::optional<std::string> ReadScalar(const YAML::Node& node, std::string* out) {
   if (node.IsNull()) {
@@ -348,12 +377,15 @@ std::string Quoted(const std::string& text) {
 std::string WriteScalar(int value) { return absl::StrCat(value); }
 std::string WriteScalar(uint64_t value) { return absl::StrCat(value); }
 std::string WriteScalar(double value) { return ExactDouble(value); }
+std::string WriteScalar(bool value) { return value ? "true" : "false"; }
 std::string WriteScalar(const std::string& value) { return Quoted(value); }
 
 template <typename T>
 std::string TypeName(const Rule& rule) {
   if constexpr (std::is_same_v<T, double>) {
     return "number";
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return "boolean";
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (rule.path == PathKind::kGlob) return "string (glob)";
     if (rule.path == PathKind::kPath) return "string (path)";
@@ -385,6 +417,8 @@ std::optional<std::string> CheckValue(const Rule& rule, const T& value) {
     std::vector<std::string> expected = Words(rule);
     if (!rule.or_else.empty()) expected.emplace_back(rule.or_else);
     return absl::StrCat("expected ", JoinOr(expected), ", got '", value, "'");
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return std::nullopt;  // both values are possible; the reader checked the type
   } else {
     const double number = static_cast<double>(value);
     switch (rule.bound) {
@@ -663,17 +697,19 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                 "nccl needs device cuda; on the CPU gradients are reduced over gloo", {"device"});
   }
   // The degrees' product is checked against the world when the worker
-  // joins its peers (ParallelDimsFor, worker/ddp.h); sharding and
-  // pipelining are planned strategies.
-  if (config.parallel.dp_shard > 1) {
-    return fail(
-        "parallel.dp_shard",
-        absl::StrCat(config.parallel.dp_shard,
-                     " shards each replica, which needs FSDP (planned); ddp replicates: 1"));
+  // joins its peers (ParallelDimsFor, worker/ddp.h): the world size is not
+  // known here. What no world can fix is refused now.
+  const ParallelConfig& p = config.parallel;
+  if (p.strategy == "ddp" && p.dp_shard > 1) {
+    return fail("parallel.dp_shard",
+                absl::StrCat(p.dp_shard,
+                             " shards each replica, which needs parallel.strategy: fsdp; ddp "
+                             "replicates the whole model: 0 (auto) or 1"),
+                {"parallel.strategy"});
   }
-  if (config.parallel.pp > 1) {
+  if (p.pp > 1) {
     return fail("parallel.pp",
-                absl::StrCat(config.parallel.pp, " pipeline stages (planned); ddp runs one: 1"));
+                absl::StrCat(p.pp, " pipeline stages (planned); ddp and fsdp run one: 1"));
   }
   if (c.every > 0 && c.dir.empty()) {
     return fail("checkpoint.every", "saving checkpoints needs checkpoint.dir");

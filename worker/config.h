@@ -55,7 +55,18 @@ struct TrainLoopConfig {
 };
 
 struct ParallelConfig {
-  std::string strategy = "ddp";  // ddp (single process = world of 1)
+  // ddp: every rank holds the whole model. fsdp: parameters, gradients and
+  // optimizer state are sharded over dp_shard ranks (ZeRO, `zero`), and
+  // replicated over dp_replicate groups of them (HSDP when both exceed 1).
+  // A single process is a world of 1 under either.
+  std::string strategy = "ddp";
+  // The ZeRO stage under fsdp: 1 shards the AdamW moments, 2 also the
+  // gradients, 3 also the parameters. Ignored under ddp.
+  int zero = 3;
+  // Under ZeRO-3: true frees a stage's gathered parameters after its forward
+  // and gathers them again for its backward (memory); false keeps them from
+  // forward to backward (one all-gather per stage per micro-step fewer).
+  bool reshard_after_forward = true;
   // Where gradients are reduced: auto (NCCL on CUDA, Gloo on the CPU) |
   // nccl | gloo (on CUDA: staged through pinned host memory).
   std::string backend = "auto";
@@ -65,10 +76,12 @@ struct ParallelConfig {
   // the job. A peer that dies is noticed at once (its sockets close).
   double timeout_s = 300.0;
   // The degrees of the world, dp_replicate x dp_shard x pp
-  // (parallel/parallel_dims.h). dp_replicate 0: the rest of the world.
-  // dp_shard (FSDP) and pp (pipeline) above 1 are planned.
+  // (parallel/parallel_dims.h); 0 is "auto", resolved against the world by
+  // ParallelDimsFor (worker/ddp.h): dp_shard is 1 under ddp and the rest of
+  // the world under fsdp; dp_replicate is the rest of the world, or 1 under
+  // fsdp when dp_shard is auto too. pp above 1 is planned.
   int dp_replicate = 0;
-  int dp_shard = 1;
+  int dp_shard = 0;
   int pp = 1;
 };
 
@@ -110,8 +123,9 @@ uint64_t ModelConfigHash(const ModelConfig& model);
 // LoadConfig, ConfigToYaml and operator==). docs/yaml-schema.md's tables are checked against
 // this list, and a tool can read or set a field by its path.
 struct ConfigField {
-  std::string path;          // "optim.lr"; a top-level string is just its key ("device")
-  std::string type;          // integer | number | string | string (glob) | string (path)
+  std::string path;  // "optim.lr"; a top-level string is just its key ("device")
+  // integer | number | boolean | string | string (glob) | string (path)
+  std::string type;
   std::string default_text;  // the default, as ConfigToYaml writes it
   std::string description;
   bool required = false;           // no default: a file must set it (data.train)

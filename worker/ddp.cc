@@ -1,5 +1,8 @@
 #include "worker/ddp.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -18,11 +21,42 @@ std::vector<absl::Span<float>> GradientSegments(GptModel* model) {
 
 absl::StatusOr<parallel::ParallelDims> ParallelDimsFor(const ParallelConfig& config,
                                                        int world_size) {
+  const bool fsdp = config.strategy == "fsdp";
   int replicate = config.dp_replicate;
-  const int rest = config.dp_shard * config.pp;
-  if (replicate == 0 && rest > 0 && world_size % rest == 0) replicate = world_size / rest;
-  if (replicate == 0) replicate = 1;  // not a divisor: Create names the fields
-  return parallel::ParallelDims::Create(world_size, replicate, config.dp_shard, config.pp);
+  int shard = config.dp_shard;
+  const int pp = config.pp;
+  if (!fsdp) {
+    // LoadConfig refuses this; a config built in code may still say it.
+    if (shard > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallel.dp_shard: ", shard,
+                       " shards each replica, which needs parallel.strategy: fsdp"));
+    }
+    shard = 1;
+  } else if (replicate == 0 && shard == 0) {
+    replicate = 1;  // plain FSDP: one replica, sharded over the whole dp world
+  }
+  if (replicate < 0 || shard < 0 || pp < 1) {
+    // Only from code (LoadConfig refuses these): Create names the field,
+    // with an auto degree standing in as 1 so that it is not the one named.
+    return parallel::ParallelDims::Create(world_size, replicate == 0 ? 1 : replicate,
+                                          shard == 0 ? 1 : shard, pp);
+  }
+  // At most one degree is auto (0) now; it takes the rest of the world.
+  if (replicate == 0 || shard == 0) {
+    const int64_t known = int64_t{std::max(replicate, 1)} * std::max(shard, 1) * pp;
+    if (world_size >= 1 && world_size % known != 0) {
+      auto shown = [](int degree) {
+        return degree == 0 ? std::string("auto") : absl::StrCat(degree);
+      };
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parallel.dp_replicate (", shown(replicate), ") x parallel.dp_shard (", shown(shard),
+          ") x parallel.pp (", pp, ") cannot cover the world: ", world_size,
+          world_size == 1 ? " rank is" : " ranks are", " not a multiple of ", known));
+    }
+    (replicate == 0 ? replicate : shard) = static_cast<int>(world_size / known);
+  }
+  return parallel::ParallelDims::Create(world_size, replicate, shard, pp);
 }
 
 parallel::BucketOptions BucketOptionsFor(const ParallelConfig& config) {
@@ -68,9 +102,9 @@ Ddp::Ddp(parallel::ProcessGroup* data, parallel::ProcessGroup* control,
   dims_ = *parallel::ParallelDims::Create(data->size(), data->size(), 1, 1);
 }
 
-Ddp::~Ddp() {
-  if (model_ != nullptr) model_->SetStageHooks({});
-}
+// The model is destroyed first (the trainer goes before the strategy), and
+// ReduceGradients has cleared its hooks after every step: nothing to undo.
+Ddp::~Ddp() = default;
 
 std::string Ddp::Describe() const {
   return absl::StrCat("ddp over ", backend_, ", ", data_->size(), " ranks");
@@ -120,11 +154,20 @@ absl::Status Ddp::OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int
   return absl::OkStatus();
 }
 
-std::vector<FlatRange> Ddp::CheckpointFiles(uint64_t total) const {
-  return EvenShards(total, data_->size());
+void Ddp::ZeroGrad(GptModel* model) { model->ZeroGrad(); }
+
+std::vector<std::vector<FlatRange>> Ddp::CheckpointFiles(uint64_t total) const {
+  std::vector<std::vector<FlatRange>> files;
+  for (const FlatRange& range : EvenShards(total, data_->size())) files.push_back({range});
+  return files;
 }
 
-FlatRange Ddp::CheckpointLoad(uint64_t total) const { return FlatRange{0, total}; }
+std::vector<FlatRange> Ddp::CheckpointLoad(uint64_t total) const { return {FlatRange{0, total}}; }
+
+absl::Status Ddp::StateLoaded(GptModel* model) {
+  // Every rank loaded the whole state into its own buffers.
+  return absl::OkStatus();
+}
 
 absl::Status Ddp::SyncParameters(GptModel* model) {
   // The stages' parameters, one broadcast per stage, over the data group:

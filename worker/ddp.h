@@ -58,8 +58,10 @@ class Ddp : public ParallelStrategy {
   absl::StatusOr<double> GradSumOfSquares(GptModel* model) override;
   absl::Status OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
                              float grad_scale) override;
-  std::vector<FlatRange> CheckpointFiles(uint64_t total) const override;
-  FlatRange CheckpointLoad(uint64_t total) const override;
+  void ZeroGrad(GptModel* model) override;
+  std::vector<std::vector<FlatRange>> CheckpointFiles(uint64_t total) const override;
+  std::vector<FlatRange> CheckpointLoad(uint64_t total) const override;
+  absl::Status StateLoaded(GptModel* model) override;
 
   // nullptr until Build.
   const parallel::GradientReducer* reducer() const { return reducer_.get(); }
@@ -84,8 +86,14 @@ absl::StatusOr<parallel::DataBackend> ChooseDataBackend(const std::string& backe
 const char* DataBackendName(parallel::DataBackend backend);
 
 // The degrees of parallel.dp_replicate x dp_shard x pp for a world of
-// `world_size` ranks (dp_replicate 0: the rest of the world). INVALID_ARGUMENT
-// naming the three fields when their product is not the world.
+// `world_size` ranks, with the auto degrees (0) resolved:
+//   ddp:  dp_shard is 1 (above 1 is INVALID_ARGUMENT); dp_replicate 0 is
+//         world / pp.
+//   fsdp: both 0: dp_replicate 1, dp_shard world / pp; one 0: it is
+//         world / (the other x pp).
+// INVALID_ARGUMENT naming parallel.dp_replicate, parallel.dp_shard and
+// parallel.pp with their resolved values when their product is not the
+// world (or an auto degree cannot make it so).
 absl::StatusOr<parallel::ParallelDims> ParallelDimsFor(const ParallelConfig& config,
                                                        int world_size);
 

@@ -11,22 +11,20 @@
 
 namespace muster::worker {
 
-// The moments cover the owned range in the parameter ALLOCATION's
-// coordinates (stages at aligned offsets, layout::StageOffsets): from the
-// allocation offset of the range's first float to that of its last. Runs
-// are offsets from that start, so Ops::AdamWUpdate indexes params, grads,
-// the bf16 copy (each passed from that start) and m, v alike. Owning
-// everything, the start is 0 and this is the whole allocation.
+// The moments take each group's layout: group g's moments start at
+// moment_base[g] and its slice at `at` in the group's arrays is at `at` in
+// its moments too. Runs are Ops::AdamWUpdate's, offsets from the group's
+// start, so one call per group updates params, grads, the bf16 copy and
+// m, v alike. A group over the model's own buffers (WholeModel) spans the
+// alignment gaps between stages; its runs skip them.
 struct AdamW::Impl {
   GptModel* model;
   OptimConfig config;
-  ParamRange owned;
-  std::vector<size_t> offsets;  // each stage's start in the parameter allocation
-  size_t base = 0;              // the allocation offset of owned.first
-  size_t floats = 0;            // moments' length
-  // Runs of neighbouring tensors that share the decay setting, clipped to
-  // the owned range, in floats from `base`.
-  std::vector<Ops::AdamWRun> runs;
+  ParamShard shard;
+  std::vector<size_t> stage_flat;                // each stage's start in the flat layout
+  std::vector<size_t> moment_base;               // per group
+  std::vector<std::vector<Ops::AdamWRun>> runs;  // per group
+  size_t floats = 0;                             // moments' length
   float* m = nullptr;
   float* v = nullptr;
 
@@ -34,87 +32,127 @@ struct AdamW::Impl {
     model->ops().Free(m);
     model->ops().Free(v);
   }
-  // Calls fn(moment offset, in-range offset, floats) for the pieces of flat
-  // range [first, first + count), which must lie inside `owned`.
+  // Calls fn(group, at, in_range, n) for the pieces of flat range
+  // [first, first + count), which must lie inside the owned slices.
   template <typename Fn>
   void ForEachPiece(size_t first, size_t count, Fn fn) const {
-    assert(first >= owned.first && first + count <= owned.first + owned.count);
-    layout::ForEachStagePiece(model->stages(), first, count,
-                              [&](size_t s, size_t in_stage, size_t in_range, size_t n) {
-                                fn(offsets[s] + in_stage - base, in_range, n);
-                              });
+    size_t covered = 0;
+    const size_t end = first + count;
+    for (size_t g = 0; g < shard.groups.size(); ++g) {
+      for (const ParamShard::Slice& slice : shard.groups[g].slices) {
+        const size_t flat = stage_flat[slice.stage] + slice.in_stage;
+        const size_t lo = std::max(first, flat), hi = std::min(end, flat + slice.count);
+        if (lo >= hi) continue;
+        fn(g, slice.at + (lo - flat), lo - first, hi - lo);
+        covered += hi - lo;
+      }
+    }
+    assert(covered == count);
+    (void)covered;
   }
 };
 
+ParamShard WholeModel(GptModel* model) {
+  std::vector<Stage>& stages = model->stages();
+  std::vector<size_t> offsets;
+  layout::StageOffsets(stages, &offsets);
+  ParamShard shard;
+  ParamShard::Group group;
+  group.params = stages.empty() ? nullptr : stages[0].params;
+  group.grads = stages.empty() ? nullptr : stages[0].grads;
+  group.bf16 = model->ParamsBf16(0);
+  for (size_t s = 0; s < stages.size(); ++s) {
+    // One allocation per buffer, stages at StageOffsets (model_layout.h).
+    assert(stages[s].params == stages[0].params + offsets[s]);
+    assert(stages[s].grads == stages[0].grads + offsets[s]);
+    group.slices.push_back({static_cast<int>(s), 0, stages[s].size, offsets[s]});
+  }
+  shard.groups.push_back(std::move(group));
+  return shard;
+}
+
 absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(GptModel* model, const OptimConfig& config) {
-  return Create(model, config, ParamRange{0, layout::TotalFloats(model->stages())});
+  return Create(model, config, WholeModel(model));
 }
 
 absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(GptModel* model, const OptimConfig& config,
-                                                     ParamRange owned) {
+                                                     ParamShard shard) {
   const std::vector<Stage>& stages = model->stages();
-  const size_t total = layout::TotalFloats(stages);
-  if (owned.first > total || owned.count > total - owned.first) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AdamW: parameter range [", owned.first, ", ", owned.first + owned.count,
-                     ") is outside the model's ", total, " parameters"));
-  }
   auto impl = std::make_unique<Impl>();
   impl->model = model;
   impl->config = config;
-  impl->owned = owned;
-  layout::StageOffsets(stages, &impl->offsets);
-  // The owned range's ends in allocation coordinates.
-  size_t begin = 0, end = 0;
-  bool any = false;
-  layout::ForEachStagePiece(stages, owned.first, owned.count,
-                            [&](size_t s, size_t in_stage, size_t, size_t n) {
-                              if (!any) begin = impl->offsets[s] + in_stage;
-                              end = impl->offsets[s] + in_stage + n;
-                              any = true;
-                            });
-  impl->base = begin;
-  impl->floats = end - begin;
+  size_t flat = 0;
+  for (const Stage& stage : stages) {
+    impl->stage_flat.push_back(flat);
+    flat += stage.size;
+  }
+  size_t last_end = 0;  // flat order across groups
+  for (const ParamShard::Group& group : shard.groups) {
+    size_t extent = 0;
+    std::vector<Ops::AdamWRun> runs;
+    for (const ParamShard::Slice& slice : group.slices) {
+      if (slice.stage < 0 || slice.stage >= static_cast<int>(stages.size()) ||
+          slice.in_stage > stages[slice.stage].size ||
+          slice.count > stages[slice.stage].size - slice.in_stage) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("AdamW: slice [", slice.in_stage, ", ", slice.in_stage + slice.count,
+                         ") of stage ", slice.stage, " is outside the model's stages"));
+      }
+      const size_t begin = impl->stage_flat[slice.stage] + slice.in_stage;
+      if (begin < last_end) {
+        return absl::InvalidArgumentError("AdamW: the shard's slices are not in flat order");
+      }
+      if (slice.count > 0) last_end = begin + slice.count;
+      extent = std::max(extent, slice.at + slice.count);
+      // Runs of neighbouring tensors that share the decay setting, clipped
+      // to the slice.
+      const std::vector<TensorView>& tensors = stages[slice.stage].tensors;
+      const size_t slice_end = slice.in_stage + slice.count;
+      size_t run = 0;
+      while (run < tensors.size()) {
+        size_t stop = run + 1;
+        while (stop < tensors.size() && tensors[stop].decay == tensors[run].decay) ++stop;
+        const size_t lo = std::max(tensors[run].offset, slice.in_stage);
+        const size_t hi = std::min(tensors[stop - 1].offset + tensors[stop - 1].size, slice_end);
+        if (lo < hi)
+          runs.push_back({slice.at + (lo - slice.in_stage), hi - lo, tensors[run].decay});
+        run = stop;
+      }
+    }
+    impl->moment_base.push_back(impl->floats);
+    impl->runs.push_back(std::move(runs));
+    impl->floats += extent;
+  }
+  impl->shard = std::move(shard);
   absl::StatusOr<void*> m = model->ops().Alloc(impl->floats * sizeof(float));
   if (!m.ok()) return m.status();
   impl->m = static_cast<float*>(*m);
   absl::StatusOr<void*> v = model->ops().Alloc(impl->floats * sizeof(float));
   if (!v.ok()) return v.status();
   impl->v = static_cast<float*>(*v);
-
-  const size_t owned_end = owned.first + owned.count;
-  size_t stage_flat = 0;  // the stage's start in the flat layout
-  for (size_t s = 0; s < stages.size(); ++s) {
-    assert(stages[s].params == stages[0].params + impl->offsets[s]);
-    assert(stages[s].grads == stages[0].grads + impl->offsets[s]);
-    const std::vector<TensorView>& tensors = stages[s].tensors;
-    size_t run = 0;
-    while (run < tensors.size()) {
-      size_t stop = run + 1;
-      while (stop < tensors.size() && tensors[stop].decay == tensors[run].decay) ++stop;
-      // [first, last) of this run in the flat layout, clipped to `owned`.
-      const size_t first =
-          std::max(stage_flat + tensors[run].offset, static_cast<size_t>(owned.first));
-      const size_t last =
-          std::min(stage_flat + tensors[stop - 1].offset + tensors[stop - 1].size, owned_end);
-      if (first < last) {
-        Ops::AdamWRun piece;
-        piece.begin = impl->offsets[s] + (first - stage_flat) - impl->base;
-        piece.count = last - first;
-        piece.decay = tensors[run].decay;
-        impl->runs.push_back(piece);
-      }
-      run = stop;
-    }
-    stage_flat += stages[s].size;
-  }
   return std::unique_ptr<AdamW>(new AdamW(std::move(impl)));
 }
 
 AdamW::AdamW(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 AdamW::~AdamW() = default;
 
-ParamRange AdamW::owned() const { return impl_->owned; }
+std::vector<ParamRange> AdamW::owned() const {
+  std::vector<ParamRange> ranges;
+  for (const ParamShard::Group& group : impl_->shard.groups) {
+    for (const ParamShard::Slice& slice : group.slices) {
+      if (slice.count == 0) continue;
+      const size_t first = impl_->stage_flat[slice.stage] + slice.in_stage;
+      if (!ranges.empty() && ranges.back().first + ranges.back().count == first) {
+        ranges.back().count += slice.count;
+      } else {
+        ranges.push_back({first, slice.count});
+      }
+    }
+  }
+  return ranges;
+}
+
+size_t AdamW::moment_floats() const { return impl_->floats; }
 
 void AdamW::Step(float lr, int step, float grad_scale) {
   kernels::AdamWHyper hyper;
@@ -124,47 +162,81 @@ void AdamW::Step(float lr, int step, float grad_scale) {
   hyper.beta2 = static_cast<float>(impl_->config.beta2);
   hyper.eps = static_cast<float>(impl_->config.eps);
   hyper.weight_decay = static_cast<float>(impl_->config.weight_decay);
-  // One call for every stage: on CUDA one launch.
-  std::vector<Stage>& stages = impl_->model->stages();
-  const size_t base = impl_->base;
-  uint16_t* bf16 = impl_->model->ParamsBf16(0);
-  impl_->model->ops().AdamWUpdate(stages[0].params + base, impl_->m, impl_->v,
-                                  stages[0].grads + base, bf16 != nullptr ? bf16 + base : nullptr,
-                                  impl_->runs, hyper, step);
+  // One call per group: on CUDA one launch for the whole model.
+  for (size_t g = 0; g < impl_->shard.groups.size(); ++g) {
+    const ParamShard::Group& group = impl_->shard.groups[g];
+    const size_t base = impl_->moment_base[g];
+    impl_->model->ops().AdamWUpdate(group.params, impl_->m + base, impl_->v + base, group.grads,
+                                    group.bf16, impl_->runs[g], hyper, step);
+  }
+}
+
+void AdamW::CopyParamsRangeToHost(size_t first, size_t count, float* host) const {
+  impl_->ForEachPiece(first, count, [&](size_t g, size_t at, size_t in_range, size_t floats) {
+    impl_->model->ops().ToHost(host + in_range, impl_->shard.groups[g].params + at,
+                               floats * sizeof(float));
+  });
+}
+
+void AdamW::CopyParamsRangeFromHost(size_t first, size_t count, const float* host) {
+  impl_->ForEachPiece(first, count, [&](size_t g, size_t at, size_t in_range, size_t floats) {
+    impl_->model->ops().ToDevice(impl_->shard.groups[g].params + at, host + in_range,
+                                 floats * sizeof(float));
+  });
+  impl_->model->ParamsChanged();
 }
 
 std::vector<float> AdamW::CopyMomentsToHost(bool second) const {
-  std::vector<float> host(impl_->owned.count);
-  CopyMomentsRangeToHost(second, impl_->owned.first, impl_->owned.count, host.data());
+  const std::vector<ParamRange> ranges = owned();
+  assert(ranges.size() <= 1);
+  if (ranges.empty()) return {};
+  std::vector<float> host(ranges[0].count);
+  CopyMomentsRangeToHost(second, ranges[0].first, ranges[0].count, host.data());
   return host;
 }
 
 void AdamW::CopyMomentsFromHost(bool second, const std::vector<float>& host) {
-  assert(host.size() == impl_->owned.count);
-  CopyMomentsRangeFromHost(second, impl_->owned.first, impl_->owned.count, host.data());
+  const std::vector<ParamRange> ranges = owned();
+  assert(ranges.size() <= 1);
+  if (ranges.empty()) return;
+  assert(host.size() == ranges[0].count);
+  CopyMomentsRangeFromHost(second, ranges[0].first, ranges[0].count, host.data());
 }
 
 void AdamW::CopyMomentsRangeToHost(bool second, size_t first, size_t count, float* host) const {
   const float* moments = second ? impl_->v : impl_->m;
-  impl_->ForEachPiece(first, count, [&](size_t at, size_t in_range, size_t floats) {
-    impl_->model->ops().ToHost(host + in_range, moments + at, floats * sizeof(float));
+  impl_->ForEachPiece(first, count, [&](size_t g, size_t at, size_t in_range, size_t floats) {
+    impl_->model->ops().ToHost(host + in_range, moments + impl_->moment_base[g] + at,
+                               floats * sizeof(float));
   });
 }
 
 void AdamW::CopyMomentsRangeFromHost(bool second, size_t first, size_t count, const float* host) {
   float* moments = second ? impl_->v : impl_->m;
-  impl_->ForEachPiece(first, count, [&](size_t at, size_t in_range, size_t floats) {
-    impl_->model->ops().ToDevice(moments + at, host + in_range, floats * sizeof(float));
+  impl_->ForEachPiece(first, count, [&](size_t g, size_t at, size_t in_range, size_t floats) {
+    impl_->model->ops().ToDevice(moments + impl_->moment_base[g] + at, host + in_range,
+                                 floats * sizeof(float));
   });
 }
 
+float* AdamW::HostParams() {
+  return HostMoments(false) != nullptr ? impl_->shard.groups[0].params : nullptr;
+}
+
 float* AdamW::HostMoments(bool second) {
-  if (impl_->model->device() != Device::kCpu) return nullptr;
-  if (impl_->owned.first != 0 ||
-      impl_->owned.count != layout::TotalFloats(impl_->model->stages())) {
-    return nullptr;
+  if (impl_->model->device() != Device::kCpu || impl_->shard.groups.size() != 1) return nullptr;
+  // Every stage whole, each at its flat position: the moments are the
+  // flat layout itself.
+  const std::vector<ParamShard::Slice>& slices = impl_->shard.groups[0].slices;
+  const std::vector<Stage>& stages = impl_->model->stages();
+  if (slices.size() != stages.size()) return nullptr;
+  for (const ParamShard::Slice& slice : slices) {
+    if (slice.in_stage != 0 || slice.count != stages[slice.stage].size ||
+        slice.at != impl_->stage_flat[slice.stage]) {
+      return nullptr;
+    }
   }
-  return second ? impl_->v : impl_->m;  // one allocation, stages in order
+  return second ? impl_->v : impl_->m;
 }
 
 float ClipGradNorm(GptModel* model, float max_norm) {

@@ -21,40 +21,79 @@ struct ParamRange {
   size_t count = 0;
 };
 
-// AdamW over a range of the model's parameters: every parameter under a
-// single process or DDP, the rank's own slice under ZeRO (planned). The
-// moments cover only that range; decay per TensorView::decay; bias
-// correction with a 1-based step.
-// REQUIRES: the model outlives its AdamW (the moments are its device memory).
+// The parameters an AdamW updates and where they live. A Slice is the run
+// [in_stage, in_stage + count) of stage `stage`'s parameters, stored `at`
+// floats from the start of its Group's arrays: `params`, `grads` (the same
+// layout) and `bf16` (the bf16 copy AdamW refreshes, or nullptr). The
+// moments get each group's layout, so one kernel call updates a group.
+// Slices are disjoint and in flat order.
+//   Single process and DDP: one group, the model's own buffers, every
+//   stage whole (WholeModel).
+//   FSDP (worker/fsdp.h): one group, the rank's shard arrays, one slice
+//   of each stage.
+struct ParamShard {
+  struct Slice {
+    int stage = 0;
+    size_t in_stage = 0;
+    size_t count = 0;
+    size_t at = 0;
+  };
+  struct Group {
+    float* params = nullptr;
+    float* grads = nullptr;
+    uint16_t* bf16 = nullptr;
+    std::vector<Slice> slices;
+  };
+  std::vector<Group> groups;
+};
+
+// Every parameter of `model`, in the model's own buffers.
+ParamShard WholeModel(GptModel* model);
+
+// AdamW over the parameters of a ParamShard; decay per TensorView::decay;
+// bias correction with a 1-based step. The moments cover only those
+// parameters.
+// REQUIRES: the model, and the shard's arrays, outlive the AdamW (the
+// moments are the model's device memory).
 class AdamW {
  public:
-  // AdamW over `owned`. INVALID_ARGUMENT for a range outside the model;
-  // RESOURCE_EXHAUSTED (the back end's message) when the moments do not
-  // fit in device memory.
+  // INVALID_ARGUMENT for a slice outside its stage or slices out of flat
+  // order; RESOURCE_EXHAUSTED (the back end's message) when the moments do
+  // not fit in device memory.
   static absl::StatusOr<std::unique_ptr<AdamW>> Create(GptModel* model, const OptimConfig& config,
-                                                       ParamRange owned);
-  // Over every parameter.
+                                                       ParamShard shard);
+  // Over every parameter (WholeModel).
   static absl::StatusOr<std::unique_ptr<AdamW>> Create(GptModel* model, const OptimConfig& config);
   ~AdamW();
   AdamW(const AdamW&) = delete;
   AdamW& operator=(const AdamW&) = delete;
 
-  ParamRange owned() const;
+  // The flat ranges of the parameters it updates, merged, in order.
+  std::vector<ParamRange> owned() const;
+  // Floats of moments per moment (the bytes of m are 4x this).
+  size_t moment_floats() const;
   // One update of the owned parameters with learning rate `lr`; `step`
   // counts from 1. Every gradient is multiplied by `grad_scale` as it is
   // read (the clip factor of ClipScale; the gradient buffers are left as
   // they are).
   void Step(float lr, int step, float grad_scale = 1.0f);
-  // The owned range's moments as host copies (checkpoints) and back.
-  std::vector<float> CopyMomentsToHost(bool second) const;
-  void CopyMomentsFromHost(bool second, const std::vector<float>& host);
-  // Floats [first, first + count) of the flat layout (GptModel's
-  // CopyParamsRangeToHost, for the moments). REQUIRES: inside owned().
+  // Floats [first, first + count) of the flat layout: the owned parameters
+  // and the moments, to and from `host` (checkpoints). Writing parameters
+  // tells the model (GptModel::ParamsChanged).
+  // REQUIRES: the range lies inside owned().
+  void CopyParamsRangeToHost(size_t first, size_t count, float* host) const;
+  void CopyParamsRangeFromHost(size_t first, size_t count, const float* host);
   void CopyMomentsRangeToHost(bool second, size_t first, size_t count, float* host) const;
   void CopyMomentsRangeFromHost(bool second, size_t first, size_t count, const float* host);
-  // The moments as one host array in CopyParamsToHost's layout, for
-  // reading a checkpoint straight into them; nullptr unless the model is
-  // on the CPU and every parameter is owned.
+  // The whole owned range's moments (owned() must be one range).
+  std::vector<float> CopyMomentsToHost(bool second) const;
+  void CopyMomentsFromHost(bool second, const std::vector<float>& host);
+  // The owned parameters and the moments as host arrays in
+  // CopyParamsToHost's layout, for reading a checkpoint straight into them;
+  // nullptr unless the model is on the CPU and every parameter is owned,
+  // in one group with no gaps. Writing the parameters there bypasses
+  // ParamsChanged (the CPU keeps no other copy).
+  float* HostParams();
   float* HostMoments(bool second);
 
  private:

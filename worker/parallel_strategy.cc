@@ -49,10 +49,16 @@ absl::Status SingleProcess::OptimizerStep(GptModel* model, AdamW* optimizer, flo
   return absl::OkStatus();
 }
 
-std::vector<FlatRange> SingleProcess::CheckpointFiles(uint64_t total) const {
+void SingleProcess::ZeroGrad(GptModel* model) { model->ZeroGrad(); }
+
+std::vector<std::vector<FlatRange>> SingleProcess::CheckpointFiles(uint64_t total) const {
+  return {{FlatRange{0, total}}};
+}
+
+std::vector<FlatRange> SingleProcess::CheckpointLoad(uint64_t total) const {
   return {FlatRange{0, total}};
 }
 
-FlatRange SingleProcess::CheckpointLoad(uint64_t total) const { return FlatRange{0, total}; }
+absl::Status SingleProcess::StateLoaded(GptModel* model) { return absl::OkStatus(); }
 
 }  // namespace muster::worker

@@ -13,8 +13,11 @@
 //   GradSumOfSquares   the squared global gradient norm, over the right
 //                      group, for clipping;
 //   OptimizerStep      the update of this rank's parameters;
-//   CheckpointFiles,   what each rank writes to a checkpoint, and what
-//   CheckpointLoad     this rank reads back at a resume.
+//   ZeroGrad           the gradients cleared for the next step;
+//   CheckpointFiles,   what each rank writes to a checkpoint, what this
+//   CheckpointLoad,    rank reads back at a resume (through its AdamW,
+//   StateLoaded        which holds the parameters it owns), and what it
+//                      does once they are loaded.
 //
 // It also gives the job's control plane (control(): losses, votes, the
 // checkpoint's agreement, over host memory) and where the rank sits
@@ -22,10 +25,10 @@
 //
 // The trainer's step, for A micro-steps:
 //   for m in [0, A): Forward; BeginBackward(model, m == A - 1); Backward
-//   ReduceGradients; clip from GradSumOfSquares; OptimizerStep
+//   ReduceGradients; clip from GradSumOfSquares; OptimizerStep; ZeroGrad
 //
-// Implementations: SingleProcess (below), Ddp (worker/ddp.h). FSDP and
-// pipeline parallelism are planned on this interface. Every method is
+// Implementations: SingleProcess (below), Ddp (worker/ddp.h), Fsdp
+// (worker/fsdp.h). Pipeline parallelism is planned on this interface. Every method is
 // pure: a strategy states what it does at each point, even "nothing".
 //
 // Errors: those of the strategy's process groups (parallel/process_group.h)
@@ -98,11 +101,21 @@ class ParallelStrategy {
   virtual absl::Status OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
                                      float grad_scale) = 0;
 
-  // The flat checkpoint state (worker/checkpoint/layout.h) of `total` floats: the
-  // range each rank's file holds (element r is rank r's; rank 0 describes
-  // every file in the manifest) and the range this rank loads at a resume.
-  virtual std::vector<FlatRange> CheckpointFiles(uint64_t total) const = 0;
-  virtual FlatRange CheckpointLoad(uint64_t total) const = 0;
+  // Clears the gradients the next step accumulates into.
+  virtual void ZeroGrad(GptModel* model) = 0;
+
+  // The flat checkpoint state (worker/checkpoint/layout.h) of `total`
+  // floats. CheckpointFiles: element r is rank r's file, the concatenation
+  // of its ranges in order (rank 0 describes every file in the manifest).
+  // CheckpointLoad: the ranges this rank reads at a resume, sorted and
+  // disjoint; their parameters and moments go into the AdamW, which holds
+  // the parameters this rank updates. Both lie inside what the AdamW owns.
+  virtual std::vector<std::vector<FlatRange>> CheckpointFiles(uint64_t total) const = 0;
+  virtual std::vector<FlatRange> CheckpointLoad(uint64_t total) const = 0;
+  // After a resume has written the loaded state into the AdamW: brings
+  // every parameter copy the next Forward reads up to date. A collective
+  // on every rank.
+  virtual absl::Status StateLoaded(GptModel* model) = 0;
 };
 
 // A world of one: no communication; the control plane is a group of one.
@@ -122,8 +135,10 @@ class SingleProcess final : public ParallelStrategy {
   absl::StatusOr<double> GradSumOfSquares(GptModel* model) override;
   absl::Status OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
                              float grad_scale) override;
-  std::vector<FlatRange> CheckpointFiles(uint64_t total) const override;
-  FlatRange CheckpointLoad(uint64_t total) const override;
+  void ZeroGrad(GptModel* model) override;
+  std::vector<std::vector<FlatRange>> CheckpointFiles(uint64_t total) const override;
+  std::vector<FlatRange> CheckpointLoad(uint64_t total) const override;
+  absl::Status StateLoaded(GptModel* model) override;
 
  private:
   parallel::ParallelDims dims_;

@@ -120,7 +120,7 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   absl::Status stepped =
       strategy_->OptimizerStep(model_.get(), optimizer_.get(), lr, step + 1, clip);
   if (!stepped.ok()) return stepped;
-  model_->ZeroGrad();
+  strategy_->ZeroGrad(model_.get());
   // A failed kernel launch or copy is sticky: caught here, once per step,
   // it names the step instead of surfacing as a NaN loss later.
   if (absl::Status device = model_->DeviceStatus(); !device.ok()) {

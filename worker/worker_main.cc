@@ -33,6 +33,7 @@
 #include "worker/checkpoint/env.h"
 #include "worker/config.h"
 #include "worker/ddp.h"
+#include "worker/fsdp.h"
 #include "worker/generate.h"
 #include "worker/model/ops.h"
 #include "worker/trainer.h"
@@ -103,17 +104,17 @@ int Finish(const absl::Status& status) {
   return Fail(status);
 }
 
-// How this process trains: alone (a world of one) or as one DDP rank whose
-// peers it finds through the launcher's rendezvous round. Owns the
-// communicator, which must outlive the trainer that uses `strategy`.
+// How this process trains: alone (a world of one) or as one DDP or FSDP
+// rank whose peers it finds through the launcher's rendezvous round. Owns
+// the communicator, which must outlive the trainer that uses `strategy`.
 struct Parallelism {
   std::unique_ptr<parallel::Communicator> communicator;
-  std::unique_ptr<Ddp> ddp;
+  std::unique_ptr<ParallelStrategy> owned;
   std::string description;  // for the banner: the ranks, the GPU, the backend ("" alone)
   // Rank 0 over NCCL without the user's NCCL_DEBUG: NCCL's INIT log, read
   // after the first step for the transports (parallel/nccl_transport.h).
   std::optional<std::string> nccl_log;
-  ParallelStrategy* strategy() const { return ddp.get(); }  // nullptr: alone
+  ParallelStrategy* strategy() const { return owned.get(); }  // nullptr: alone
 };
 
 // The watchdog's last resort (parallel/watchdog.h): the communicator was
@@ -150,9 +151,18 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
                    world->local_rank, cuda_device, choice->visible);
     }
   }
+  const bool fsdp = config.parallel.strategy == "fsdp";
+  if (fsdp && *device == Device::kCuda) {
+    // The CUDA engine holds its own parameters (worker/model/model.h,
+    // ParamStorage): a config the worker cannot run, said before joining.
+    return absl::InvalidArgumentError(
+        "parallel.strategy: fsdp runs on the CPU in this build (device cpu); on CUDA it is "
+        "planned, use ddp there");
+  }
   // A world of one reduces nothing, unless a backend was asked for by name
-  // (a world of one over NCCL must match one process bit for bit).
-  if (world->world_size == 1 && config.parallel.backend == "auto") return result;
+  // (a world of one over NCCL must match one process bit for bit) or the
+  // strategy is FSDP (whose checkpoints are written by shard).
+  if (world->world_size == 1 && config.parallel.backend == "auto" && !fsdp) return result;
   auto backend = ChooseDataBackend(config.parallel.backend, *device);
   if (!backend.ok()) return backend.status();
 
@@ -182,9 +192,38 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
   if (*backend == parallel::DataBackend::kNccl) {
     absl::StrAppend(&backend_name, " ", parallel::NcclVersionString());
   }
-  result.ddp = std::make_unique<Ddp>(&result.communicator->data_group(),
-                                     &result.communicator->control_group(),
-                                     BucketOptionsFor(config.parallel), backend_name);
+  if (fsdp) {
+    // HSDP: a sub-group per replica to shard over, and one per shard
+    // index to average across replicas, created in the same order on
+    // every rank. Pure FSDP shards over the world's group.
+    parallel::ProcessGroup* shard = &result.communicator->data_group();
+    parallel::ProcessGroup* replicate = nullptr;
+    if (dims->dp_replicate > 1) {
+      using Dim = parallel::ParallelDims::Dim;
+      for (Dim dim : {Dim::kDpShard, Dim::kDpReplicate}) {
+        auto group = result.communicator->NewGroup(dims->GroupName(dim, world->rank),
+                                                   dims->GroupRanks(dim, world->rank));
+        if (!group.ok()) return group.status();
+        (dim == Dim::kDpShard ? shard : replicate) = *group;
+      }
+    }
+    FsdpOptions options;
+    options.zero = config.parallel.zero;
+    options.reshard_after_forward = config.parallel.reshard_after_forward;
+    options.log = stdout;
+    result.owned = std::make_unique<Fsdp>(shard, replicate, &result.communicator->control_group(),
+                                          *dims, options, backend_name);
+    result.description = absl::StrCat(world->world_size, " rank(s), FSDP (ZeRO-",
+                                      config.parallel.zero, ") over ", DataBackendName(*backend));
+    if (dims->dp_replicate > 1) {
+      absl::StrAppend(&result.description, ", ", dims->dp_replicate, " replicas x ", dims->dp_shard,
+                      " shards");
+    }
+    return result;
+  }
+  result.owned = std::make_unique<Ddp>(&result.communicator->data_group(),
+                                       &result.communicator->control_group(),
+                                       BucketOptionsFor(config.parallel), backend_name);
   result.description = absl::StrCat(
       world->world_size, " rank(s), ",
       *device == Device::kCuda ? absl::StrCat("cuda:", cuda_device, " on rank 0, ") : "",

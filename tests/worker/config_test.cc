@@ -56,6 +56,11 @@ TEST_CASE("a minimal file gets every default") {
   CHECK(config->device == "auto");
   CHECK(config->precision == "auto");
   CHECK(config->parallel.strategy == "ddp");
+  CHECK(config->parallel.zero == 3);
+  CHECK(config->parallel.reshard_after_forward);
+  CHECK(config->parallel.dp_replicate == 0);  // auto
+  CHECK(config->parallel.dp_shard == 0);      // auto
+  CHECK(config->parallel.pp == 1);
   CHECK(config->checkpoint.resume == "auto");
   CHECK(config->checkpoint.dir.empty());
 }
@@ -157,13 +162,33 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       // The line is precision's whichever comes first.
       {train + "precision: tf32\ndevice: cpu\n",
        "t.yaml:3: precision: tf32 needs device cuda; the CPU computes in fp32 only"},
-      {train + "parallel:\n  strategy: fsdp\n",
-       "t.yaml:4: parallel.strategy: unknown strategy 'fsdp'; known strategies: ddp"},
+      {train + "parallel:\n  strategy: hsdp\n",
+       "t.yaml:4: parallel.strategy: unknown strategy 'hsdp'; known strategies: ddp, fsdp"},
       {train + "parallel:\n  dp_shard: 2\n",
-       "t.yaml:4: parallel.dp_shard: 2 shards each replica, which needs FSDP (planned); ddp "
-       "replicates: 1"},
+       "t.yaml:4: parallel.dp_shard: 2 shards each replica, which needs parallel.strategy: fsdp; "
+       "ddp replicates the whole model: 0 (auto) or 1"},
+      // The line is dp_shard's, the field named, whichever comes first.
+      {train + "parallel:\n  dp_shard: 4\n  strategy: ddp\n",
+       "t.yaml:4: parallel.dp_shard: 4 shards each replica, which needs parallel.strategy: fsdp"},
+      {train + "parallel:\n  dp_shard: -1\n", "t.yaml:4: parallel.dp_shard: must be >= 0, got -1"},
       {train + "parallel:\n  pp: 4\n",
-       "t.yaml:4: parallel.pp: 4 pipeline stages (planned); ddp runs one: 1"},
+       "t.yaml:4: parallel.pp: 4 pipeline stages (planned); ddp and fsdp run one: 1"},
+      {train + "parallel:\n  strategy: fsdp\n  pp: 2\n",
+       "t.yaml:5: parallel.pp: 2 pipeline stages (planned)"},
+      {train + "parallel:\n  pp: 0\n", "t.yaml:4: parallel.pp: must be > 0, got 0"},
+      {train + "parallel:\n  zero: 0\n", "t.yaml:4: parallel.zero: must be > 0, got 0"},
+      {train + "parallel:\n  strategy: fsdp\n  zero: 4\n",
+       "t.yaml:5: parallel.zero: 4 is more than 3, the ZeRO stages are 1, 2 and 3"},
+      {train + "parallel:\n  zero: two\n",
+       "t.yaml:4: parallel.zero: expected an integer, got 'two'"},
+      {train + "parallel:\n  reshard_after_forward: yes\n",
+       "t.yaml:4: parallel.reshard_after_forward: expected true or false, got 'yes'"},
+      {train + "parallel:\n  reshard_after_forward: 1\n",
+       "t.yaml:4: parallel.reshard_after_forward: expected true or false, got '1'"},
+      {train + "parallel:\n  reshard_after_forward:\n",
+       "t.yaml:4: parallel.reshard_after_forward: expected true or false, got nothing"},
+      {train + "parallel:\n  reshard_after_forward: [true]\n",
+       "t.yaml:4: parallel.reshard_after_forward: expected true or false, got a list"},
       {train + "parallel:\n  dp_replicate: -1\n", "t.yaml:4: parallel.dp_replicate: must be >= 0"},
       {train + "checkpoint:\n  dir: ckpt\n  every: 10\n  keep_last: 1\n",
        "t.yaml:6: checkpoint.keep_last: 1 is too few while checkpoints are on"},
@@ -221,6 +246,45 @@ TEST_CASE("parallel.backend: auto, nccl, gloo; nccl is refused with an explicit 
   CHECK(ParseConfig(text, "t.yaml", "").ok());
 }
 
+TEST_CASE("parallel: fsdp with every ZeRO stage, sharding degrees, reshard_after_forward") {
+  struct Case {
+    std::string yaml;
+    int zero;
+    bool reshard;
+    int replicate, shard;
+  };
+  const std::string fsdp = std::string(kMinimal) + "parallel:\n  strategy: fsdp\n";
+  const std::vector<Case> cases = {
+      // Both degrees auto: resolved against the world by ParallelDimsFor.
+      {fsdp, 3, true, 0, 0},
+      {fsdp + "  zero: 1\n", 1, true, 0, 0},
+      {fsdp + "  zero: 2\n", 2, true, 0, 0},
+      {fsdp + "  zero: 3\n  reshard_after_forward: false\n", 3, false, 0, 0},
+      {fsdp + "  reshard_after_forward: true\n", 3, true, 0, 0},
+      // YAML 1.2's other spellings of the booleans.
+      {fsdp + "  reshard_after_forward: False\n", 3, false, 0, 0},
+      {fsdp + "  reshard_after_forward: TRUE\n", 3, true, 0, 0},
+      {fsdp + "  dp_shard: 8\n", 3, true, 0, 8},
+      // HSDP: replicated over dp_replicate groups, sharded within each.
+      {fsdp + "  dp_replicate: 2\n", 3, true, 2, 0},
+      {fsdp + "  dp_replicate: 2\n  dp_shard: 4\n", 3, true, 2, 4},
+      // ddp: the fsdp fields are read (and ignored); dp_shard 1 is allowed.
+      {std::string(kMinimal) + "parallel:\n  zero: 1\n  reshard_after_forward: false\n", 1, false,
+       0, 0},
+      {std::string(kMinimal) + "parallel:\n  dp_shard: 1\n  dp_replicate: 4\n", 3, true, 4, 1},
+  };
+  for (const Case& c : cases) {
+    INFO(c.yaml);
+    absl::StatusOr<TrainConfig> parsed = ParseConfig(c.yaml, "t.yaml", "");
+    INFO(parsed.status().ToString());
+    REQUIRE(parsed.ok());
+    CHECK(parsed->parallel.zero == c.zero);
+    CHECK(parsed->parallel.reshard_after_forward == c.reshard);
+    CHECK(parsed->parallel.dp_replicate == c.replicate);
+    CHECK(parsed->parallel.dp_shard == c.shard);
+  }
+}
+
 TEST_CASE("with several errors, a field's own checks come before those across fields") {
   // heads 5 does not divide dim 768, but vocab's own range is checked first.
   const std::string both = "model:\n  dim: 768\n  heads: 5\n  vocab: 70000\n";
@@ -267,6 +331,13 @@ TEST_CASE("ConfigToYaml parses back to an equal config") {
   on_cuda.precision = "bf16";
   on_cuda.parallel.backend = "gloo";
   configs.push_back(on_cuda);
+  TrainConfig hsdp = odd;
+  hsdp.parallel.strategy = "fsdp";
+  hsdp.parallel.zero = 2;
+  hsdp.parallel.reshard_after_forward = false;
+  hsdp.parallel.dp_replicate = 2;
+  hsdp.parallel.dp_shard = 4;
+  configs.push_back(hsdp);
 
   for (const TrainConfig& config : configs) {
     std::string yaml = ConfigToYaml(config);
@@ -313,6 +384,12 @@ TEST_CASE("ConfigToYaml prints every field") {
                           "strategy:",
                           "backend:",
                           "bucket_mb:",
+                          "zero: 3\n",
+                          "reshard_after_forward: true\n",
+                          "timeout_s:",
+                          "dp_replicate: 0\n",
+                          "dp_shard: 0\n",
+                          "pp: 1\n",
                           "checkpoint:",
                           "dir:",
                           "every:",
@@ -479,6 +556,37 @@ TEST_CASE("ConfigFields: unique paths, defaults as ConfigToYaml writes them, typ
   CHECK(config.model.layers == 4);
 }
 
+TEST_CASE("ConfigFields: the parallel fields' types, defaults, words and typed set") {
+  std::map<std::string, const ConfigField*> by_path;
+  for (const ConfigField& field : ConfigFields()) by_path[field.path] = &field;
+  for (const char* path : {"parallel.strategy", "parallel.zero", "parallel.reshard_after_forward",
+                           "parallel.dp_replicate", "parallel.dp_shard", "parallel.pp"}) {
+    INFO(path);
+    REQUIRE(by_path.count(path) == 1);
+  }
+  const ConfigField& strategy = *by_path["parallel.strategy"];
+  CHECK(strategy.words == std::vector<std::string>{"ddp", "fsdp"});
+  CHECK(strategy.default_text == "\"ddp\"");
+  CHECK(by_path["parallel.zero"]->type == "integer");
+  CHECK(by_path["parallel.zero"]->default_text == "3");
+  CHECK(by_path["parallel.dp_shard"]->default_text == "0");
+  CHECK(by_path["parallel.dp_replicate"]->default_text == "0");
+
+  const ConfigField& reshard = *by_path["parallel.reshard_after_forward"];
+  CHECK(reshard.type == "boolean");
+  CHECK(reshard.default_text == "true");
+  TrainConfig config;
+  REQUIRE(reshard.set("false", &config).ok());
+  CHECK_FALSE(config.parallel.reshard_after_forward);
+  CHECK(reshard.get(config) == "false");
+  REQUIRE(reshard.set("true", &config).ok());
+  CHECK(config.parallel.reshard_after_forward);
+  absl::Status bad = reshard.set("off", &config);
+  CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(bad.message() == "parallel.reshard_after_forward: expected true or false, got 'off'");
+  CHECK(config.parallel.reshard_after_forward);
+}
+
 // A value of `field` other than the one in `base`, valid where the field
 // allows more than one value.
 std::string OtherValue(const ConfigField& field, const TrainConfig& base) {
@@ -489,6 +597,9 @@ std::string OtherValue(const ConfigField& field, const TrainConfig& base) {
     }
     return "\"not-" + field.words.front() + "\"";  // one word only: none valid
   }
+  if (field.type == "boolean") return now == "true" ? "false" : "true";
+  // Doubled, the ZeRO stage (3) is out of range; 2 is a stage too.
+  if (field.path == "parallel.zero") return now == "2" ? "1" : "2";
   if (field.type == "integer") {
     const unsigned long long value = std::stoull(now);
     return std::to_string(value == 0 ? 1 : value * 2);
@@ -524,8 +635,8 @@ TEST_CASE("every field: a changed value round-trips, and operator== sees it") {
     const std::string key = field.path.substr(field.path.rfind('.') + 1);
     CHECK_THAT(yaml, Catch::Contains(key + ": " + field.get(changed) + "\n"));
     absl::StatusOr<TrainConfig> parsed = ParseConfig(yaml, changed.source, "");
-    // Degrees of planned strategies: 1 is their only valid value so far.
-    const bool planned = field.path == "parallel.dp_shard" || field.path == "parallel.pp";
+    // Pipelining is planned: 1 is its only valid degree so far.
+    const bool planned = field.path == "parallel.pp";
     if (field.words.size() == 1 || planned) {
       // No other valid value: the reader did read it, and the check named it.
       REQUIRE_FALSE(parsed.ok());

@@ -311,8 +311,8 @@ struct ContractRun {
   std::vector<std::string> hook_stages;  // post_backward stages seen, on the last micro-step
   std::vector<float> params_before, grads, params_after;
   double sum_of_squares = 0;
-  std::vector<FlatRange> files;
-  FlatRange load;
+  std::vector<std::vector<FlatRange>> files;
+  std::vector<FlatRange> load;
   float loss_mean = 0;
 };
 
@@ -384,13 +384,16 @@ TEST_CASE("SingleProcess and a world-of-one Ddp honour the same strategy contrac
   for (const ContractRun* run : {&alone, &replicated}) {
     const uint64_t total = 3 * run->params_before.size();
     uint64_t next = 0;
-    for (const FlatRange& range : run->files) {
-      CHECK(range.begin == next);
-      next = range.begin + range.count;
+    for (const std::vector<FlatRange>& file : run->files) {
+      for (const FlatRange& range : file) {
+        CHECK(range.begin == next);
+        next = range.begin + range.count;
+      }
     }
     CHECK(next == total);
-    CHECK(run->load.begin == 0);
-    CHECK(run->load.count == total);
+    REQUIRE(run->load.size() == 1);
+    CHECK(run->load[0].begin == 0);
+    CHECK(run->load[0].count == total);
     CHECK(run->loss_mean == 2.5f);
   }
 }
@@ -403,12 +406,16 @@ TEST_CASE("Ddp's checkpoint files split the state evenly over ranks") {
     CHECK(ddp.rank() == rank);
     CHECK(ddp.dp_rank() == rank);
     CHECK(ddp.dims().dp_replicate == 3);
-    const std::vector<FlatRange> files = ddp.CheckpointFiles(10);
+    const std::vector<std::vector<FlatRange>> files = ddp.CheckpointFiles(10);
     REQUIRE(files.size() == 3);
-    CHECK(files[0].count == 4);
-    CHECK(files[1].begin == 4);
-    CHECK(files[2].begin + files[2].count == 10);
-    CHECK(ddp.CheckpointLoad(10).count == 10);
+    for (const std::vector<FlatRange>& file : files) REQUIRE(file.size() == 1);  // one range each
+    CHECK(files[0][0].count == 4);
+    CHECK(files[1][0].begin == 4);
+    CHECK(files[2][0].begin + files[2][0].count == 10);
+    const std::vector<FlatRange> load = ddp.CheckpointLoad(10);
+    REQUIRE(load.size() == 1);
+    CHECK(load[0].begin == 0);
+    CHECK(load[0].count == 10);
   }
 }
 

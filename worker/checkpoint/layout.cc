@@ -52,24 +52,39 @@ std::vector<FlatRange> EvenShards(uint64_t total, int world) {
 }
 
 std::vector<TensorRecord> SliceTensors(const std::vector<StateTensor>& tensors,
-                                       const std::vector<FlatRange>& ranges) {
+                                       const std::vector<std::vector<FlatRange>>& files) {
+  // Where each range starts in its file, in floats.
+  std::vector<std::vector<uint64_t>> file_offsets(files.size());
+  for (size_t file = 0; file < files.size(); ++file) {
+    uint64_t at = 0;
+    for (const FlatRange& range : files[file]) {
+      file_offsets[file].push_back(at);
+      at += range.count;
+    }
+  }
   std::vector<TensorRecord> records;
   for (const StateTensor& tensor : tensors) {
     TensorRecord record;
     record.name = tensor.name;
     record.shape = tensor.shape;
     const uint64_t begin = tensor.flat_begin, end = tensor.flat_begin + tensor.count;
-    for (size_t file = 0; file < ranges.size(); ++file) {
-      const uint64_t lo = std::max(begin, ranges[file].begin);
-      const uint64_t hi = std::min(end, ranges[file].begin + ranges[file].count);
-      if (lo >= hi) continue;
-      TensorSlice slice;
-      slice.file = static_cast<int>(file);
-      slice.start = lo - begin;
-      slice.count = hi - lo;
-      slice.offset = (lo - ranges[file].begin) * sizeof(float);
-      record.slices.push_back(slice);
+    for (size_t file = 0; file < files.size(); ++file) {
+      for (size_t i = 0; i < files[file].size(); ++i) {
+        const FlatRange& range = files[file][i];
+        const uint64_t lo = std::max(begin, range.begin);
+        const uint64_t hi = std::min(end, range.begin + range.count);
+        if (lo >= hi) continue;
+        TensorSlice slice;
+        slice.file = static_cast<int>(file);
+        slice.start = lo - begin;
+        slice.count = hi - lo;
+        slice.offset = (file_offsets[file][i] + (lo - range.begin)) * sizeof(float);
+        record.slices.push_back(slice);
+      }
     }
+    // In tensor order, whichever files the pieces are in.
+    std::sort(record.slices.begin(), record.slices.end(),
+              [](const TensorSlice& a, const TensorSlice& b) { return a.start < b.start; });
     records.push_back(std::move(record));
   }
   return records;

@@ -3,11 +3,14 @@
 //
 // The flat state is the parameters, then AdamW's first moments, then its
 // second moments, each in GptModel::CopyParamsToHost's layout (stages in
-// order, each stage's tensors in order). Under DDP every rank holds all of
-// it; rank r of P writes the r-th chunk of parallel::EvenCounts(total, P),
-// so writing costs the same on every rank. Any other split (FSDP's shards)
-// is described by the same manifest, because the manifest lists slices of
-// global tensors, not chunks of a buffer.
+// order, each stage's tensors in order). A rank's file is one or more
+// ranges of it laid end to end (ParallelStrategy::CheckpointFiles). Under
+// DDP every rank holds all of it and rank r of P writes one range, the
+// r-th chunk of parallel::EvenCounts(total, P) (EvenShards), so writing
+// costs the same on every rank. Under FSDP a rank writes the slices it
+// owns: its shard of every stage's parameters, m and v, many ranges. The
+// manifest describes any split alike, because it lists slices of global
+// tensors, not chunks of a buffer.
 #pragma once
 
 #include <cstdint>
@@ -44,9 +47,14 @@ struct FlatRange {
 // The DDP split: rank r's range of `total` floats over `world` ranks.
 std::vector<FlatRange> EvenShards(uint64_t total, int world);
 
-// Tensor records for files where file i holds `ranges[i]` of the flat state
-// contiguously from byte 0.
+// Tensor records for files where file i holds the ranges `files[i]` of the
+// flat state, in that order, end to end from byte 0: a range starts at the
+// sum of the counts of the ranges before it in its file (times 4 bytes).
+// Each record's slices are sorted by their start in the tensor. Empty
+// ranges and empty files are allowed. REQUIRES: the ranges of all files
+// together cover each tensor exactly once (ParseManifest refuses anything
+// else).
 std::vector<TensorRecord> SliceTensors(const std::vector<StateTensor>& tensors,
-                                       const std::vector<FlatRange>& ranges);
+                                       const std::vector<std::vector<FlatRange>>& files);
 
 }  // namespace muster::worker

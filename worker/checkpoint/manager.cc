@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "worker/checkpoint/files.h"
@@ -36,18 +38,13 @@ void ForEachStatePart(uint64_t params, uint64_t first, uint64_t count, ParamsFn 
   }
 }
 
-// The parameters as one host array in the flat state's order, or nullptr
-// (device memory, or stages that are not back to back).
-float* HostParams(GptModel& model) {
-  if (model.device() != Device::kCpu) return nullptr;
-  std::vector<Stage>& stages = model.stages();
-  float* const base = stages.empty() ? nullptr : stages.front().params;
-  size_t offset = 0;
-  for (const Stage& stage : stages) {
-    if (stage.params != base + offset) return nullptr;
-    offset += stage.size;
-  }
-  return base;
+// The index of the range of `ranges` (sorted, disjoint) that holds flat
+// element `flat`: the last one starting at or before it. REQUIRES: one
+// does (LoadFlatRanges only asks for wanted elements).
+size_t RangeHolding(const std::vector<FlatRange>& ranges, uint64_t flat) {
+  auto after = std::upper_bound(ranges.begin(), ranges.end(), flat,
+                                [](uint64_t i, const FlatRange& range) { return i < range.begin; });
+  return static_cast<size_t>(after - ranges.begin()) - 1;
 }
 
 std::string ResumedLine(const std::string& path, const Manifest& manifest) {
@@ -192,44 +189,65 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
     }
     const std::vector<StateTensor> tensors = StateTensors(model->stages());
     const uint64_t total = StateFloats(tensors), params = total / 3;
-    const FlatRange wanted = strategy_->CheckpointLoad(total);
-    if (wanted.begin != 0 || wanted.count != total) {
-      // Sharded strategies (FSDP, pipeline stages) load their own part:
-      // planned with them.
-      return absl::UnimplementedError(absl::StrCat(
-          strategy_->Describe(), " loads part of a checkpoint, which this build cannot do"));
-    }
-    // On the CPU the state is read straight into the parameters and the
-    // moments, each one array in the flat state's order: no staging
-    // buffer, no 1.5 GB copy (docs/benchmarks.md).
-    float* const direct[3] = {HostParams(*model), optimizer->HostMoments(false),
-                              optimizer->HostMoments(true)};
-    if (direct[0] != nullptr && direct[1] != nullptr && direct[2] != nullptr) {
-      absl::Status loaded =
-          LoadFlatRange(env_, path, *manifest, tensors, 0, total,
-                        [&](uint64_t i) { return direct[i / params] + i % params; });
-      if (!loaded.ok()) return loaded;
+    const std::vector<FlatRange> wanted = strategy_->CheckpointLoad(total);
+    auto loaded = [&]() {
       state->step = manifest->step;
       state->sample_index = manifest->sample_index;
       lineage_ = forks ? ForkLineage(*manifest) : manifest->lineage;
       Log(ResumedLine(path, *manifest));
       return absl::OkStatus();
+    };
+    // On the CPU, loading everything, the state is read straight into the
+    // parameters and the moments, each one array in the flat state's
+    // order: no staging buffer, no 1.5 GB copy (docs/benchmarks.md).
+    const bool whole = wanted.size() == 1 && wanted[0].begin == 0 && wanted[0].count == total;
+    float* const direct[3] = {optimizer->HostParams(), optimizer->HostMoments(false),
+                              optimizer->HostMoments(true)};
+    if (whole && direct[0] != nullptr && direct[1] != nullptr && direct[2] != nullptr) {
+      absl::Status read = LoadFlatRange(env_, path, *manifest, tensors, 0, total, [&](uint64_t i) {
+        return direct[i / params] + i % params;
+      });
+      if (!read.ok()) return read;
+      return loaded();
     }
-    auto host = AllocateHostFloats(total);
+    // Otherwise (device memory, or FSDP's many ranges into its shards) the
+    // wanted ranges go end to end into one host buffer, read in one call
+    // so each file is read once, then into the AdamW, which holds the
+    // parameters this rank owns. at[k]: where range k starts in the buffer.
+    std::vector<uint64_t> at;
+    uint64_t floats = 0;
+    for (const FlatRange& range : wanted) {
+      at.push_back(floats);
+      floats += range.count;
+    }
+    auto host = AllocateHostFloats(floats);
     if (!host.ok()) return host.status();
-    absl::Status loaded = LoadFlatRange(env_, path, *manifest, tensors, 0, total, host->get());
-    if (!loaded.ok()) return loaded;
-    model->CopyParamsRangeFromHost(0, params, host->get());
-    optimizer->CopyMomentsRangeFromHost(false, 0, params, host->get() + params);
-    optimizer->CopyMomentsRangeFromHost(true, 0, params, host->get() + 2 * params);
-    state->step = manifest->step;
-    state->sample_index = manifest->sample_index;
-    lineage_ = forks ? ForkLineage(*manifest) : manifest->lineage;
-    Log(ResumedLine(path, *manifest));
-    return absl::OkStatus();
+    float* const buffer = host->get();
+    absl::Status read = LoadFlatRanges(env_, path, *manifest, tensors, wanted, [&](uint64_t i) {
+      const size_t k = RangeHolding(wanted, i);
+      return buffer + at[k] + (i - wanted[k].begin);
+    });
+    if (!read.ok()) return read;
+    for (size_t k = 0; k < wanted.size(); ++k) {
+      const float* from = buffer + at[k];
+      ForEachStatePart(
+          params, wanted[k].begin, wanted[k].count,
+          [&](uint64_t in_part, uint64_t in_range, uint64_t count) {
+            optimizer->CopyParamsRangeFromHost(in_part, count, from + in_range);
+          },
+          [&](bool second, uint64_t in_part, uint64_t in_range, uint64_t count) {
+            optimizer->CopyMomentsRangeFromHost(second, in_part, count, from + in_range);
+          });
+    }
+    return loaded();
   };
   absl::Status status = Agree(load(), "loading checkpoint " + path);
   if (!status.ok()) return status;
+  // Every rank loaded its part: now the strategy brings every parameter
+  // copy a Forward reads up to date (FSDP gathers its shards). Not after a
+  // failed load: the other ranks would wait in a collective that never
+  // comes.
+  if (status = strategy_->StateLoaded(model); !status.ok()) return status;
   last_committed_ = state->step;
   last_started_ = state->step;
   return true;
@@ -281,18 +299,26 @@ absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& op
 
   tensors_ = StateTensors(model.stages());
   const uint64_t total = StateFloats(tensors_), params = total / 3;
-  const FlatRange mine = strategy_->CheckpointFiles(total)[control().rank()];
-  auto buffer = writer_.Buffer(mine.count);
+  // This rank's file: its ranges end to end. The parameters come from the
+  // AdamW, which holds the ones this rank owns (under FSDP they are not in
+  // the model's stage buffers).
+  const std::vector<FlatRange> mine = strategy_->CheckpointFiles(total)[control().rank()];
+  uint64_t floats = 0;
+  for (const FlatRange& range : mine) floats += range.count;
+  auto buffer = writer_.Buffer(floats);
   if (!buffer.ok()) return buffer.status();
   float* host = *buffer;
-  ForEachStatePart(
-      params, mine.begin, mine.count,
-      [&](uint64_t in_part, uint64_t in_range, uint64_t floats) {
-        model.CopyParamsRangeToHost(in_part, floats, host + in_range);
-      },
-      [&](bool second, uint64_t in_part, uint64_t in_range, uint64_t floats) {
-        optimizer.CopyMomentsRangeToHost(second, in_part, floats, host + in_range);
-      });
+  for (const FlatRange& range : mine) {
+    ForEachStatePart(
+        params, range.begin, range.count,
+        [&](uint64_t in_part, uint64_t in_range, uint64_t count) {
+          optimizer.CopyParamsRangeToHost(in_part, count, host + in_range);
+        },
+        [&](bool second, uint64_t in_part, uint64_t in_range, uint64_t count) {
+          optimizer.CopyMomentsRangeToHost(second, in_part, count, host + in_range);
+        });
+    host += range.count;
+  }
   writer_.Start(tmp, RankFileName(control().rank()));
   pending_step_ = state.step;
   last_started_ = state.step;

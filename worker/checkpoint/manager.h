@@ -6,10 +6,12 @@
 //   1. the previous save is finished and committed first (one in flight);
 //   2. rank 0 makes dir/.tmp_step_s (removing a stale one); every rank
 //      agrees it exists (a collective, so it is also the barrier);
-//   3. each rank snapshots its part of the flat state (layout.h;
-//      the strategy's CheckpointFiles, an even share under DDP) to host
-//      memory and a background thread writes it, fsyncs it and leaves a
-//      sidecar with its size and CRC-32;
+//   3. each rank snapshots its part of the flat state (layout.h; the
+//      ranges the strategy's CheckpointFiles gives it, end to end: one
+//      even share under DDP, its slice of every stage under FSDP) from its
+//      AdamW, which holds the parameters it owns, to host memory, and a
+//      background thread writes it, fsyncs it and leaves a sidecar with
+//      its size and CRC-32;
 //   4. after each later step the ranks vote (one integer all-reduce, read
 //      by DecideCommit) whether every rank's file is durable or any failed;
 //      once all are durable, rank 0 writes the manifest, fsyncs it, renames
@@ -84,9 +86,14 @@ class CheckpointManager {
   // checkpoint.dir that verifies (none: a fresh start, returns false); or
   // a path, which must load, unless checkpoint.dir holds a newer
   // checkpoint that this run (started from that path) wrote: a restart
-  // continues from that one. Fills the model, the optimizer and *state.
-  // INVALID_ARGUMENT for a checkpoint of another model config or data
-  // seed; NOT_FOUND / DATA_LOSS for a missing or corrupt explicit path.
+  // continues from that one. Each rank loads the ranges the strategy's
+  // CheckpointLoad names, from a checkpoint of any strategy and world
+  // size, into the optimizer (and so the parameters it owns) and *state;
+  // once every rank's load succeeded, every rank calls the strategy's
+  // StateLoaded (a collective: FSDP gathers its parameters there), and
+  // returns its error. INVALID_ARGUMENT for a checkpoint of another model
+  // config or data seed; NOT_FOUND / DATA_LOSS for a missing or corrupt
+  // explicit path.
   absl::StatusOr<bool> Resume(GptModel* model, AdamW* optimizer, TrainState* state);
 
   // After every optimizer step, on every rank: commits a finished save and

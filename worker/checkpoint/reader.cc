@@ -109,38 +109,71 @@ absl::StatusOr<CheckpointEntry> FindLatestValid(
 absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
                            const std::vector<StateTensor>& tensors, uint64_t first, uint64_t count,
                            float* dst) {
-  return LoadFlatRange(env, path, manifest, tensors, first, count,
-                       [dst, first](uint64_t i) { return dst + (i - first); });
+  return LoadFlatRanges(env, path, manifest, tensors, {FlatRange{first, count}},
+                        [dst, first](uint64_t i) { return dst + (i - first); });
 }
 
 absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
                            const std::vector<StateTensor>& tensors, uint64_t first, uint64_t count,
                            const std::function<float*(uint64_t)>& where) {
-  // Per file: where each of its bytes goes (or nullptr: checksum only).
+  return LoadFlatRanges(env, path, manifest, tensors, {FlatRange{first, count}}, where);
+}
+
+absl::Status LoadFlatRanges(Env* env, const std::string& path, const Manifest& manifest,
+                            const std::vector<StateTensor>& tensors,
+                            const std::vector<FlatRange>& ranges,
+                            const std::function<float*(uint64_t)>& where) {
+  const uint64_t total = StateFloats(tensors);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const FlatRange& range = ranges[i];
+    if (range.begin > total || range.count > total - range.begin) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": wanted range [", range.begin, ", ", range.begin + range.count,
+                       ") lies past the end of the flat state's ", total, " floats"));
+    }
+    if (i > 0 && range.begin < ranges[i - 1].begin + ranges[i - 1].count) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": wanted ranges [", ranges[i - 1].begin, ", ",
+          ranges[i - 1].begin + ranges[i - 1].count, ") and [", range.begin, ", ",
+          range.begin + range.count, ") are out of order or overlap (expected sorted, disjoint)"));
+    }
+  }
+  // Per file: where each wanted run of its bytes goes. One map over every
+  // range, so a file is read once however many ranges it serves.
   std::map<int, std::vector<FileSpan>> wanted;
   for (const StateTensor& tensor : tensors) {
-    const uint64_t lo = std::max(first, tensor.flat_begin);
-    const uint64_t hi = std::min(first + count, tensor.flat_begin + tensor.count);
-    if (lo >= hi) continue;
-    const TensorRecord* record = manifest.Find(tensor.name);
-    if (record == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": the checkpoint has no tensor ", tensor.name));
-    }
-    if (record->shape != tensor.shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor ", tensor.name, " has shape [", absl::StrJoin(record->shape, ","),
-          "] in the checkpoint, expected [", absl::StrJoin(tensor.shape, ","), "]"));
-    }
-    // The wanted elements of this tensor are [lo, hi) - flat_begin.
-    const uint64_t want_lo = lo - tensor.flat_begin, want_hi = hi - tensor.flat_begin;
-    for (const TensorSlice& slice : record->slices) {
-      const uint64_t a = std::max(want_lo, slice.start);
-      const uint64_t b = std::min(want_hi, slice.start + slice.count);
-      if (a >= b) continue;
-      char* into = reinterpret_cast<char*>(where(tensor.flat_begin + a));
-      wanted[slice.file].push_back(
-          {slice.offset + (a - slice.start) * sizeof(float), (b - a) * sizeof(float), into});
+    const uint64_t tensor_end = tensor.flat_begin + tensor.count;
+    // The first range ending after the tensor begins (ends are sorted too).
+    auto range = std::partition_point(ranges.begin(), ranges.end(), [&](const FlatRange& r) {
+      return r.begin + r.count <= tensor.flat_begin;
+    });
+    const TensorRecord* record = nullptr;
+    for (; range != ranges.end() && range->begin < tensor_end; ++range) {
+      const uint64_t lo = std::max(range->begin, tensor.flat_begin);
+      const uint64_t hi = std::min(range->begin + range->count, tensor_end);
+      if (lo >= hi) continue;
+      if (record == nullptr) {
+        record = manifest.Find(tensor.name);
+        if (record == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": the checkpoint has no tensor ", tensor.name));
+        }
+        if (record->shape != tensor.shape) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              path, ": tensor ", tensor.name, " has shape [", absl::StrJoin(record->shape, ","),
+              "] in the checkpoint, expected [", absl::StrJoin(tensor.shape, ","), "]"));
+        }
+      }
+      // The wanted elements of this tensor are [lo, hi) - flat_begin.
+      const uint64_t want_lo = lo - tensor.flat_begin, want_hi = hi - tensor.flat_begin;
+      for (const TensorSlice& slice : record->slices) {
+        const uint64_t a = std::max(want_lo, slice.start);
+        const uint64_t b = std::min(want_hi, slice.start + slice.count);
+        if (a >= b) continue;
+        char* into = reinterpret_cast<char*>(where(tensor.flat_begin + a));
+        wanted[slice.file].push_back(
+            {slice.offset + (a - slice.start) * sizeof(float), (b - a) * sizeof(float), into});
+      }
     }
   }
   for (auto& [file, pieces] : wanted) {

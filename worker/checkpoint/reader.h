@@ -44,17 +44,26 @@ absl::StatusOr<CheckpointEntry> FindLatestValid(
     Env* env, const std::string& dir, std::vector<std::string>* skipped,
     const std::function<bool(const Manifest&)>& accept = nullptr);
 
-// Loads floats [first, first + count) of the flat state `tensors` from the
-// checkpoint at `path` into `dst` (count floats). Every data file holding
-// any of it is read in full, so its CRC-32 is checked on the way.
-// INVALID_ARGUMENT if the manifest lacks a wanted tensor or has it in
-// another shape.
+// Loads the floats of `ranges` of the flat state `tensors` from the
+// checkpoint at `path`: `where(i)` is the address of flat element i,
+// called with the first element of each piece, which runs on within its
+// tensor and its range (so each range may go to its own memory, and a
+// tensor's piece need not follow the previous tensor's). Every data file
+// holding any wanted float is opened and read in full exactly once,
+// however many ranges touch it, so its CRC-32 is checked on the way.
+// `ranges` must be sorted by begin and disjoint (empty ones allowed) and
+// lie inside the flat state: INVALID_ARGUMENT naming them otherwise,
+// before any file is opened. INVALID_ARGUMENT also if the manifest lacks a
+// wanted tensor or has it in another shape.
+absl::Status LoadFlatRanges(Env* env, const std::string& path, const Manifest& manifest,
+                            const std::vector<StateTensor>& tensors,
+                            const std::vector<FlatRange>& ranges,
+                            const std::function<float*(uint64_t)>& where);
+// The one range [first, first + count), into `dst` (count floats).
 absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
                            const std::vector<StateTensor>& tensors, uint64_t first, uint64_t count,
                            float* dst);
-// The same, into memory that is contiguous within each tensor but not
-// across them: `where(i)` is the address of flat element i, called with
-// the first element of each piece, which runs on within the tensor.
+// The one range [first, first + count), to `where` as in LoadFlatRanges.
 absl::Status LoadFlatRange(Env* env, const std::string& path, const Manifest& manifest,
                            const std::vector<StateTensor>& tensors, uint64_t first, uint64_t count,
                            const std::function<float*(uint64_t)>& where);

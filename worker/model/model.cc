@@ -51,6 +51,10 @@ void GptModel::InitWeights(uint64_t seed) {
   CopyParamsFromHost(layout::InitialParams(config_, stages_, seed));
 }
 
+void GptModel::InitStageWeights(int stage, uint64_t seed, float* host) const {
+  layout::InitialStageParams(config_, stages_, stage, seed, host);
+}
+
 absl::Status GptModel::DeviceStatus() const { return ops_->status(); }
 
 size_t GptModel::num_parameters() const { return layout::TotalFloats(stages_); }
@@ -102,7 +106,9 @@ void GptModel::CopyParamsRangeFromHost(size_t first, size_t count, const float* 
 
 double GptModel::GradSumOfSquares() {
   double sum_of_squares = 0.0;  // stages in order: deterministic
-  for (const Stage& stage : stages_) sum_of_squares += ops_->SumOfSquares(stage.grads, stage.size);
+  for (const Stage& stage : stages_) {
+    if (stage.grads != nullptr) sum_of_squares += ops_->SumOfSquares(stage.grads, stage.size);
+  }
   return sum_of_squares;
 }
 

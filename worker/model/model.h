@@ -69,16 +69,26 @@ struct Stage {
   float* grads = nullptr;   // same layout
 };
 
+// Who holds the stages' parameter and gradient buffers.
+//   kOwned     the model: one allocation each, stages at aligned offsets;
+//   kExternal  the caller (a sharding strategy, worker/fsdp.h), which
+//              points each stage at its buffers with BindStage before the
+//              stage is used; the model allocates activations only. CPU
+//              only for now.
+enum class ParamStorage { kOwned, kExternal };
+
 class GptModel {
  public:
-  // Allocates parameters, gradients and activations for micro-batches of
-  // up to `max_batch` sequences of up to config.seq_len tokens. On the CPU
-  // the precision must be kFp32 (INVALID_ARGUMENT otherwise). On CUDA the
-  // model is the fused engine of worker/model/model_cuda.cc; memory it cannot get
-  // is RESOURCE_EXHAUSTED naming the bytes asked for and the bytes free.
-  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const ModelConfig& config, int max_batch,
-                                                          Device device,
-                                                          Precision precision = Precision::kFp32);
+  // Allocates parameters and gradients (unless `storage` is kExternal) and
+  // activations for micro-batches of up to `max_batch` sequences of up to
+  // config.seq_len tokens. On the CPU the precision must be kFp32
+  // (INVALID_ARGUMENT otherwise). On CUDA the model is the fused engine of
+  // worker/model/model_cuda.cc; memory it cannot get is RESOURCE_EXHAUSTED
+  // naming the bytes asked for and the bytes free; kExternal there is
+  // UNIMPLEMENTED.
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(
+      const ModelConfig& config, int max_batch, Device device,
+      Precision precision = Precision::kFp32, ParamStorage storage = ParamStorage::kOwned);
   virtual ~GptModel() = default;
 
   const ModelConfig& config() const { return config_; }
@@ -96,6 +106,17 @@ class GptModel {
   // zeros for biases; ones for LayerNorm weights. Same seed, same weights,
   // on any device.
   void InitWeights(uint64_t seed);
+  // Stage `stage`'s part of InitWeights(seed), into `host` (the stage's
+  // size floats): a sharded model initialises one stage at a time.
+  void InitStageWeights(int stage, uint64_t seed, float* host) const;
+
+  // kExternal storage: stage `stage` reads its parameters from `params`
+  // and adds its gradients into `grads` (either may be nullptr while the
+  // stage is not in use). Device memory, the stage's size floats each.
+  void BindStage(int stage, float* params, float* grads) {
+    stages_[stage].params = params;
+    stages_[stage].grads = grads;
+  }
 
   std::vector<Stage>& stages() { return stages_; }
   const std::vector<Stage>& stages() const { return stages_; }
@@ -139,9 +160,10 @@ class GptModel {
   // Replaces the hooks (empty ones are skipped).
   void SetStageHooks(StageHooks hooks) { hooks_ = std::move(hooks); }
 
+  // Zeroes every bound gradient buffer.
   virtual void ZeroGrad() = 0;
 
-  // Sum of squares of every gradient, in double, in a fixed order.
+  // Sum of squares of every bound gradient, in double, in a fixed order.
   virtual double GradSumOfSquares();
 
   // Logits of the last Forward at position t of sequence b: (Vp,) copied to

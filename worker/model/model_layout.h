@@ -101,5 +101,8 @@ void ForEachStagePiece(const std::vector<Stage>& stages, size_t first, size_t co
 // on another's size.
 std::vector<float> InitialParams(const ModelConfig& config, const std::vector<Stage>& stages,
                                  uint64_t seed);
+// Stage `stage`'s part of it, into `out` (stages[stage].size floats).
+void InitialStageParams(const ModelConfig& config, const std::vector<Stage>& stages, int stage,
+                        uint64_t seed, float* out);
 
 }  // namespace muster::worker::layout

@@ -1,6 +1,7 @@
 // GPT-2 initialisation with a portable generator: splitmix64 for uniform
 // bits, Box–Muller for normals. std::normal_distribution is not used
 // because its algorithm differs between standard libraries.
+#include <algorithm>
 #include <cmath>
 
 #include "worker/model/model_layout.h"
@@ -52,33 +53,36 @@ uint64_t StreamKey(uint64_t seed, int stage, int tensor) {
 
 }  // namespace
 
+void InitialStageParams(const ModelConfig& config, const std::vector<Stage>& stages, int stage,
+                        uint64_t seed, float* out) {
+  const double residual_std = kInitStd / std::sqrt(2.0 * config.layers);
+  const std::vector<TensorView>& tensors = stages[stage].tensors;
+  std::fill(out, out + stages[stage].size, 0.0f);
+  for (int t = 0; t < static_cast<int>(tensors.size()); ++t) {
+    const TensorView& view = tensors[t];
+    float* values = out + view.offset;
+    const std::string& name = view.name;
+    if (name == "ln1w" || name == "ln2w" || name == "lnfw") {
+      for (size_t i = 0; i < view.size; ++i) values[i] = 1.0f;
+      continue;
+    }
+    if (name.back() == 'b') continue;  // biases (ln1b, qkvb, ...) stay zero
+    const double std_dev = (name == "attprojw" || name == "fcprojw") ? residual_std : kInitStd;
+    // wte's padded rows (>= V) are never looked up and get no gradient;
+    // they stay zero.
+    const size_t count = name == "wte" ? static_cast<size_t>(config.vocab) * config.dim : view.size;
+    NormalStream normals(StreamKey(seed, stage, t));
+    for (size_t i = 0; i < count; ++i) values[i] = static_cast<float>(std_dev * normals.Next());
+  }
+}
+
 std::vector<float> InitialParams(const ModelConfig& config, const std::vector<Stage>& stages,
                                  uint64_t seed) {
-  std::vector<float> host(TotalFloats(stages), 0.0f);
-  const double residual_std = kInitStd / std::sqrt(2.0 * config.layers);
+  std::vector<float> host(TotalFloats(stages));
   size_t stage_offset = 0;
   for (int s = 0; s < static_cast<int>(stages.size()); ++s) {
-    const Stage& stage = stages[s];
-    for (int t = 0; t < static_cast<int>(stage.tensors.size()); ++t) {
-      const TensorView& view = stage.tensors[t];
-      float* values = host.data() + stage_offset + view.offset;
-      const std::string& name = view.name;
-      if (name == "ln1w" || name == "ln2w" || name == "lnfw") {
-        for (size_t i = 0; i < view.size; ++i) values[i] = 1.0f;
-        continue;
-      }
-      if (name.back() == 'b') continue;  // biases (ln1b, qkvb, ...) stay zero
-      const double std_dev = (name == "attprojw" || name == "fcprojw") ? residual_std : kInitStd;
-      // wte's padded rows (>= V) are never looked up and get no gradient;
-      // they stay zero.
-      const size_t count =
-          name == "wte" ? static_cast<size_t>(config.vocab) * config.dim : view.size;
-      NormalStream normals(StreamKey(seed, s, t));
-      for (size_t i = 0; i < count; ++i) {
-        values[i] = static_cast<float>(std_dev * normals.Next());
-      }
-    }
-    stage_offset += stage.size;
+    InitialStageParams(config, stages, s, seed, host.data() + stage_offset);
+    stage_offset += stages[s].size;
   }
   return host;
 }

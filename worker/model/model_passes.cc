@@ -40,8 +40,9 @@ struct LayerActivations {
 
 class GptModelImpl final : public GptModel {
  public:
-  GptModelImpl(const ModelConfig& config, int max_batch, Device device, std::unique_ptr<Ops> ops)
-      : GptModel(config, device), max_batch_(max_batch) {
+  GptModelImpl(const ModelConfig& config, int max_batch, Device device, std::unique_ptr<Ops> ops,
+               ParamStorage storage)
+      : GptModel(config, device), max_batch_(max_batch), storage_(storage) {
     ops_ = std::move(ops);
   }
 
@@ -55,7 +56,9 @@ class GptModelImpl final : public GptModel {
   void Backward(float loss_scale) override;
 
   void ZeroGrad() override {
-    for (Stage& stage : stages_) ops_->Zero(stage.grads, stage.size * sizeof(float));
+    for (Stage& stage : stages_) {
+      if (stage.grads != nullptr) ops_->Zero(stage.grads, stage.size * sizeof(float));
+    }
   }
 
   std::vector<float> Logits(int b, int t) const override {
@@ -74,6 +77,7 @@ class GptModelImpl final : public GptModel {
   void BlockBackward(int layer, const float* residual_in);
 
   const int max_batch_;
+  const ParamStorage storage_;
   std::vector<void*> allocations_;
 
   // Shape and presence of targets of the last Forward.
@@ -105,6 +109,7 @@ absl::Status GptModelImpl::Allocate() {
   std::vector<size_t> offsets;
   const size_t param_floats = layout::StageOffsets(stages_, &offsets);
   for (bool grads : {false, true}) {
+    if (storage_ == ParamStorage::kExternal) break;  // BindStage points them
     absl::StatusOr<void*> block = ops_->Alloc(param_floats * sizeof(float));
     if (!block.ok()) return block.status();
     allocations_.push_back(*block);
@@ -298,7 +303,8 @@ void GptModelImpl::Backward(float loss_scale) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& config, int max_batch,
-                                                           Device device, Precision precision) {
+                                                           Device device, Precision precision,
+                                                           ParamStorage storage) {
   if (config.layers < 1 || config.dim < 1 || config.heads < 1 || config.dim % config.heads != 0 ||
       config.vocab < 1 || config.seq_len < 1) {
     return absl::InvalidArgumentError(
@@ -311,10 +317,16 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& co
                                                    " needs device cuda; the CPU computes in "
                                                    "fp32 only"));
   }
-  if (device == Device::kCuda) return CreateCudaModel(config, max_batch, precision);
+  if (device == Device::kCuda) {
+    if (storage == ParamStorage::kExternal) {
+      return absl::UnimplementedError(
+          "the CUDA engine holds its own parameters; sharded (external) storage is planned");
+    }
+    return CreateCudaModel(config, max_batch, precision);
+  }
   absl::StatusOr<std::unique_ptr<Ops>> ops = MakeOps(device);
   if (!ops.ok()) return ops.status();
-  auto model = std::make_unique<GptModelImpl>(config, max_batch, device, std::move(*ops));
+  auto model = std::make_unique<GptModelImpl>(config, max_batch, device, std::move(*ops), storage);
   if (absl::Status allocated = model->Allocate(); !allocated.ok()) return allocated;
   return std::unique_ptr<GptModel>(std::move(model));
 }

@@ -96,7 +96,7 @@ TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refus
   m.world_size = 2;
   m.files = {{"rank_00000.bin", 12, 0xdeadbeef}, {"rank_00001.bin", 12, 1}};
   std::vector<StateTensor> tensors = {{"params/a", {2, 3}, 0, 6}};
-  m.tensors = SliceTensors(tensors, EvenShards(6, 2));
+  m.tensors = SliceTensors(tensors, {{FlatRange{0, 3}}, {FlatRange{3, 3}}});
   REQUIRE(m.tensors[0].slices.size() == 2);
   auto parsed = ParseManifest(ManifestToJson(m), "test");
   INFO(parsed.status().ToString());
@@ -159,6 +159,119 @@ TEST_CASE("same world size: a resumed run continues bitwise, losses and weights"
   CHECK(resumed.params == reference.params);
   CHECK(resumed.m == reference.m);
   CHECK(resumed.v == reference.v);
+}
+
+// A single process whose checkpoint file holds the flat state as five
+// ranges out of flat order, and whose resume loads it as four ranges: the
+// manager's path for a rank of several ranges (FSDP's), without FSDP.
+class ScatteredSingleProcess final : public ParallelStrategy {
+ public:
+  std::string Describe() const override { return "single process, scattered checkpoint"; }
+  const parallel::ParallelDims& dims() const override { return single_.dims(); }
+  int rank() const override { return 0; }
+  int dp_rank() const override { return 0; }
+  parallel::Collectives& control() override { return single_.control(); }
+  absl::StatusOr<BuiltModel> Build(const BuildSpec& spec) override { return single_.Build(spec); }
+  void BeginBackward(GptModel* model, bool last) override { single_.BeginBackward(model, last); }
+  absl::Status ReduceGradients(GptModel* model) override { return single_.ReduceGradients(model); }
+  absl::StatusOr<double> GradSumOfSquares(GptModel* model) override {
+    return single_.GradSumOfSquares(model);
+  }
+  absl::Status OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
+                             float grad_scale) override {
+    return single_.OptimizerStep(model, optimizer, lr, step, grad_scale);
+  }
+  void ZeroGrad(GptModel* model) override { single_.ZeroGrad(model); }
+  std::vector<std::vector<FlatRange>> CheckpointFiles(uint64_t total) const override {
+    const std::vector<FlatRange> fifths = EvenShards(total, 5);
+    return {{fifths[3], fifths[0], fifths[4], fifths[1], fifths[2]}};
+  }
+  std::vector<FlatRange> CheckpointLoad(uint64_t total) const override {
+    return EvenShards(total, 4);
+  }
+  absl::Status StateLoaded(GptModel* model) override {
+    ++state_loaded;
+    return single_.StateLoaded(model);
+  }
+
+  int state_loaded = 0;  // calls of StateLoaded
+
+ private:
+  SingleProcess single_;
+};
+
+TEST_CASE("a file of several ranges saves, and a resume of several ranges continues bitwise") {
+  std::string dir = FreshDir("scattered");
+  WriteShard(dir);
+  TrainConfig plain = TinyConfig(dir);
+  plain.checkpoint.dir.clear();
+  plain.checkpoint.every = 0;
+  RunResult reference = RunTrainer(plain);
+  REQUIRE(reference.status.ok());
+
+  TrainConfig config = TinyConfig(dir);
+  ScatteredSingleProcess saver;
+  RunResult saving = RunTrainer(config, &saver);
+  REQUIRE(saving.status.ok());
+  CHECK(saving.losses == reference.losses);
+  CHECK(saver.state_loaded == 0);  // nothing was resumed
+  const std::string step4 = config.checkpoint.dir + "/step_00000004";
+  auto manifest = VerifyCheckpoint(Env::Default(), step4);
+  REQUIRE(manifest.ok());
+  REQUIRE(manifest->files.size() == 1);
+  // The flat state, reordered: what the manifest says is where it is.
+  auto loaded = GptModel::Create(config.model, 1, Device::kCpu);
+  REQUIRE(loaded.ok());
+  const std::vector<StateTensor> tensors = StateTensors((*loaded)->stages());
+  const uint64_t total = StateFloats(tensors);
+  CHECK(manifest->files[0].bytes == total * sizeof(float));
+  std::vector<float> flat(total);
+  REQUIRE(LoadFlatRange(Env::Default(), step4, *manifest, tensors, 0, total, flat.data()).ok());
+  CHECK(std::vector<float>(flat.begin(), flat.begin() + total / 3) == saving.params_at4);
+
+  fs::remove_all(config.checkpoint.dir + "/step_00000008");
+  fs::remove_all(config.checkpoint.dir + "/step_00000012");
+  SECTION("resumed by ranges into the optimizer") {
+    ScatteredSingleProcess resumer;
+    RunResult resumed = RunTrainer(config, &resumer);
+    INFO(resumed.log);
+    REQUIRE(resumed.status.ok());
+    CHECK(resumer.state_loaded == 1);
+    CHECK(resumed.resumed_at.step == 4);
+    CHECK(resumed.losses ==
+          std::vector<float>(reference.losses.begin() + 4, reference.losses.end()));
+    CHECK(resumed.params == reference.params);
+    CHECK(resumed.m == reference.m);
+    CHECK(resumed.v == reference.v);
+  }
+  SECTION("resumed whole, straight into the CPU arrays") {
+    RunResult resumed = RunTrainer(config);
+    INFO(resumed.log);
+    REQUIRE(resumed.status.ok());
+    CHECK(resumed.resumed_at.step == 4);
+    CHECK(resumed.params == reference.params);
+    CHECK(resumed.m == reference.m);
+    CHECK(resumed.v == reference.v);
+  }
+  SECTION("a failed load does not reach StateLoaded") {
+    const std::string data = step4 + "/rank_00000.bin";
+    {
+      std::fstream file(data, std::ios::in | std::ios::out | std::ios::binary);
+      char byte = 0;
+      file.seekg(100);
+      file.read(&byte, 1);
+      byte ^= 0x40;
+      file.seekp(100);
+      file.write(&byte, 1);
+    }
+    TrainConfig explicit_path = config;
+    explicit_path.checkpoint.resume = step4;
+    ScatteredSingleProcess resumer;
+    RunResult failed = RunTrainer(explicit_path, &resumer);
+    CHECK(failed.status.code() == absl::StatusCode::kDataLoss);
+    CHECK(absl::StrContains(failed.status.message(), data));
+    CHECK(resumer.state_loaded == 0);
+  }
 }
 
 // Runs `config` on `world` thread-ranks; returns rank 0's result and
