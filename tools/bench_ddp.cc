@@ -27,31 +27,10 @@
 #include "tools/bench_ddp_allreduce.h"
 #include "tools/bench_ddp_overlap.h"
 #include "tools/bench_ddp_runs.h"
+#include "tools/bench_util.h"
 
 namespace muster::tools {
 namespace {
-
-// The in-process ranks (sections 1 and 3) must compute with one thread
-// each, like launched workers; OpenMP and OpenBLAS read these variables
-// when they load, before main(), hence one re-exec with them set.
-void OneThreadPerRank(char** argv) {
-  if (std::getenv("OMP_NUM_THREADS") != nullptr) return;
-  setenv("OMP_NUM_THREADS", "1", 1);
-  setenv("OPENBLAS_NUM_THREADS", "1", 1);
-  setenv("OMP_WAIT_POLICY", "passive", 0);
-  execv("/proc/self/exe", argv);
-}
-
-// A file of this build: next to the binary's runfiles, or under bazel-bin.
-std::string BuiltFile(const std::string& workspace_relative) {
-  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
-  for (const std::filesystem::path& candidate :
-       {std::filesystem::path(self.string() + ".runfiles/muster") / workspace_relative,
-        self.parent_path().parent_path() / workspace_relative}) {
-    if (access(candidate.c_str(), R_OK) == 0) return candidate.string();
-  }
-  return "";
-}
 
 worker::TrainConfig SmallGpt(int micro_batch, double bucket_mb) {
   worker::TrainConfig config;

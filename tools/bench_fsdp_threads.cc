@@ -1,0 +1,256 @@
+#include "tools/bench_fsdp_threads.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "parallel/local_ranks.h"
+#include "parallel/parallel_dims.h"
+#include "parallel/process_group.h"
+#include "rendezvous/client/store.h"
+#include "worker/ddp.h"
+#include "worker/fsdp.h"
+#include "worker/trainer.h"
+
+namespace muster::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::duration duration) {
+  return std::chrono::duration<double, std::milli>(duration).count();
+}
+
+// One collective as Fsdp issued it: enough to issue it again.
+struct Collective {
+  bool gather = false;  // AllGather; else ReduceScatter (mean)
+  std::vector<size_t> counts;
+};
+
+// A ProcessGroup that passes everything to `inner` and, while recording,
+// notes each AllGather and ReduceScatter. Only the training thread issues,
+// so the list needs no lock.
+class RecordingGroup final : public parallel::ProcessGroup {
+ public:
+  explicit RecordingGroup(parallel::ProcessGroup* inner) : inner_(inner) {}
+
+  void set_recording(bool on) { recording_ = on; }
+  const std::vector<Collective>& recorded() const { return recorded_; }
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  absl::Duration timeout() const override { return inner_->timeout(); }
+  std::shared_ptr<parallel::Work> AllReduce(absl::Span<float> data,
+                                            parallel::ReduceOp op) override {
+    return inner_->AllReduce(data, op);
+  }
+  std::shared_ptr<parallel::Work> AllReduceInt64(absl::Span<int64_t> data,
+                                                 parallel::ReduceOp op) override {
+    return inner_->AllReduceInt64(data, op);
+  }
+  std::shared_ptr<parallel::Work> ReduceScatter(absl::Span<const float> input,
+                                                absl::Span<float> output,
+                                                std::vector<size_t> counts,
+                                                parallel::ReduceOp op) override {
+    if (recording_) recorded_.push_back({false, counts});
+    return inner_->ReduceScatter(input, output, std::move(counts), op);
+  }
+  std::shared_ptr<parallel::Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
+                                            std::vector<size_t> counts) override {
+    if (recording_) recorded_.push_back({true, counts});
+    return inner_->AllGather(input, output, std::move(counts));
+  }
+  std::shared_ptr<parallel::Work> Broadcast(absl::Span<float> data, int root) override {
+    return inner_->Broadcast(data, root);
+  }
+  std::shared_ptr<parallel::Work> BroadcastBytes(absl::Span<uint8_t> data, int root) override {
+    return inner_->BroadcastBytes(data, root);
+  }
+  std::shared_ptr<parallel::Work> Send(absl::Span<const float> data, int destination,
+                                       int tag) override {
+    return inner_->Send(data, destination, tag);
+  }
+  std::shared_ptr<parallel::Work> Recv(absl::Span<float> data, int source, int tag) override {
+    return inner_->Recv(data, source, tag);
+  }
+  std::shared_ptr<parallel::Work> Barrier() override { return inner_->Barrier(); }
+  parallel::GroupHealth Health() const override { return inner_->Health(); }
+  void Abort(const absl::Status& cause) override { inner_->Abort(cause); }
+
+ private:
+  parallel::ProcessGroup* const inner_;
+  bool recording_ = false;
+  std::vector<Collective> recorded_;
+};
+
+// The gradient norm's all-gather (worker/fsdp.cc, GradSumOfSquares): two
+// floats from every rank, not counted in Fsdp::waits().
+bool IsNormGather(const Collective& collective) {
+  return collective.gather && std::all_of(collective.counts.begin(), collective.counts.end(),
+                                          [](size_t count) { return count == 2; });
+}
+
+struct RankSamples {
+  double elapsed_ms = 0;             // the timed steps
+  std::vector<double> exposed_ms;    // per timed step
+  std::vector<double> alone_ms;      // per replay
+  worker::FsdpWaits waits_per_step;  // of the last timed step
+  std::vector<Collective> replayed;
+};
+
+// Issues `collectives` back to back on `group` and waits for all of them,
+// `rounds` times after a barrier each; the times of the issue-to-done.
+absl::Status Replay(parallel::ProcessGroup* group, const std::vector<Collective>& collectives,
+                    int rounds, std::vector<double>* times_ms) {
+  // Separate buffers: the operations are in flight together.
+  std::vector<std::vector<float>> inputs, outputs;
+  for (const Collective& collective : collectives) {
+    const size_t total =
+        std::accumulate(collective.counts.begin(), collective.counts.end(), static_cast<size_t>(0));
+    const size_t mine = collective.counts[group->rank()];
+    inputs.emplace_back(collective.gather ? mine : total, 1.0f);
+    outputs.emplace_back(collective.gather ? total : mine, 0.0f);
+  }
+  for (int round = 0; round < rounds; ++round) {
+    if (absl::Status status = group->Barrier()->Wait(); !status.ok()) return status;
+    const Clock::time_point start = Clock::now();
+    std::vector<std::shared_ptr<parallel::Work>> works;
+    for (size_t i = 0; i < collectives.size(); ++i) {
+      const Collective& collective = collectives[i];
+      works.push_back(
+          collective.gather
+              ? group->AllGather(inputs[i], absl::MakeSpan(outputs[i]), collective.counts)
+              : group->ReduceScatter(inputs[i], absl::MakeSpan(outputs[i]), collective.counts,
+                                     parallel::ReduceOp::kAvg));
+    }
+    for (auto& work : works) {
+      if (absl::Status status = work->Wait(); !status.ok()) return status;
+    }
+    times_ms->push_back(Ms(Clock::now() - start));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RunRank(worker::TrainConfig config, int zero, parallel::ProcessGroup* group,
+                     int warmup, int steps, int replays, RankSamples* samples) {
+  std::unique_ptr<FILE, int (*)(FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
+  RecordingGroup recorder(group);
+  std::unique_ptr<worker::ParallelStrategy> strategy;
+  worker::Fsdp* fsdp = nullptr;
+  if (zero == 0) {
+    config.parallel.strategy = "ddp";
+    strategy = std::make_unique<worker::Ddp>(group, group,
+                                             worker::BucketOptionsFor(config.parallel), "gloo");
+  } else {
+    config.parallel.strategy = "fsdp";
+    config.parallel.zero = zero;
+    auto dims = parallel::ParallelDims::Create(group->size(), 1, group->size(), 1);
+    if (!dims.ok()) return dims.status();
+    worker::FsdpOptions options;
+    options.zero = zero;
+    auto owned = std::make_unique<worker::Fsdp>(&recorder, nullptr, group, *dims, options, "gloo");
+    fsdp = owned.get();
+    strategy = std::move(owned);
+  }
+  config.train.steps = warmup + steps;
+  config.train.log_every = config.train.steps;
+  config.train.eval_every = 0;
+  config.train.metrics_file.clear();
+  worker::TrainerOptions options;
+  options.log = sink.get();
+  options.strategy = strategy.get();
+  // Declared after the strategy: destroyed before it.
+  auto trainer = worker::Trainer::Create(config, options);
+  if (!trainer.ok()) return trainer.status();
+  Clock::time_point timed_start;
+  for (int step = 0; step < warmup + steps; ++step) {
+    if (step == warmup) timed_start = Clock::now();
+    const bool last = step == warmup + steps - 1;
+    recorder.set_recording(last);
+    const worker::FsdpWaits before = fsdp != nullptr ? fsdp->waits() : worker::FsdpWaits{};
+    auto metrics = (*trainer)->Step();
+    if (!metrics.ok()) return metrics.status();
+    if (step < warmup || fsdp == nullptr) continue;
+    const worker::FsdpWaits& after = fsdp->waits();
+    samples->exposed_ms.push_back(
+        1e3 * (after.gather_s - before.gather_s + after.reduce_s - before.reduce_s));
+    if (last) {
+      samples->waits_per_step.gathers = after.gathers - before.gathers;
+      samples->waits_per_step.reduces = after.reduces - before.reduces;
+    }
+  }
+  samples->elapsed_ms = Ms(Clock::now() - timed_start);
+  recorder.set_recording(false);
+  if (fsdp == nullptr) return absl::OkStatus();
+  for (const Collective& collective : recorder.recorded()) {
+    if (!IsNormGather(collective)) samples->replayed.push_back(collective);
+  }
+  // Two untimed rounds first, as the steps had their warm-up: the first
+  // rounds are 3-4x slower (fresh memory for the group's scratch buffers).
+  std::vector<double> untimed;
+  if (absl::Status status = Replay(group, samples->replayed, 2, &untimed); !status.ok()) {
+    return status;
+  }
+  return Replay(group, samples->replayed, replays, &samples->alone_ms);
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
+}
+
+// Per sample i, over ranks: the mean (or the least) of (rank.*field)[i].
+std::vector<double> AcrossRanks(const std::vector<RankSamples>& ranks,
+                                std::vector<double> RankSamples::*field, bool least) {
+  std::vector<double> out;
+  for (size_t i = 0; i < (ranks[0].*field).size(); ++i) {
+    double sum = 0, min = (ranks[0].*field)[i];
+    for (const RankSamples& rank : ranks) {
+      sum += (rank.*field)[i];
+      min = std::min(min, (rank.*field)[i]);
+    }
+    out.push_back(least ? min : sum / ranks.size());
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int zero, int ranks,
+                                         int warmup, int steps, int replays) {
+  rdzv::InMemoryStore store;
+  auto groups = parallel::ConnectLocalGroups(&store, ranks);
+  if (!groups.ok()) return groups.status();
+  std::vector<RankSamples> samples(ranks);
+  absl::Status status = parallel::FirstError(parallel::OnEveryRank(ranks, [&](int rank) {
+    return RunRank(config, zero, (*groups)[rank].get(), warmup, steps, replays, &samples[rank]);
+  }));
+  if (!status.ok()) return status;
+  ThreadsRun run;
+  double elapsed_ms = 0;
+  for (const RankSamples& rank : samples) elapsed_ms = std::max(elapsed_ms, rank.elapsed_ms);
+  const double tokens = static_cast<double>(ranks) * config.data.micro_batch *
+                        config.data.grad_accumulation * config.model.seq_len * steps;
+  run.tokens_per_s = tokens / (elapsed_ms / 1e3);
+  run.ms_per_step = elapsed_ms / steps;
+  if (zero == 0) return run;
+  run.exposed_ms = Median(AcrossRanks(samples, &RankSamples::exposed_ms, false));
+  run.exposed_least_ms = Median(AcrossRanks(samples, &RankSamples::exposed_ms, true));
+  run.alone_ms = Median(AcrossRanks(samples, &RankSamples::alone_ms, true));
+  run.gathers = static_cast<int>(samples[0].waits_per_step.gathers);
+  run.reduces = static_cast<int>(samples[0].waits_per_step.reduces);
+  run.replayed = static_cast<int>(samples[0].replayed.size());
+  for (const Collective& collective : samples[0].replayed) {
+    const size_t total =
+        std::accumulate(collective.counts.begin(), collective.counts.end(), static_cast<size_t>(0));
+    (collective.gather ? run.gathered_mb : run.reduced_mb) += total * 4 / 1048576.0;
+  }
+  return run;
+}
+
+}  // namespace muster::tools

@@ -1,0 +1,58 @@
+// One training job of tools/bench_fsdp with ranks as threads of this
+// process: each rank a real worker::Trainer over a real Gloo group (joined
+// through an in-memory store, parallel/local_ranks.h), with the worker::Ddp
+// strategy or worker::Fsdp at ZeRO-1, 2 or 3.
+//
+// Throughput: global tokens over the wall time of the timed steps (the
+// slowest rank's; the step's loss all-reduce keeps the ranks in step).
+//
+// Communication hidden behind compute (FSDP only):
+//   exposed  Fsdp::waits() gather_s + reduce_s added during one step: the
+//            time the training thread blocked on the step's all-gathers
+//            and reduce-scatters. Per step, the mean over ranks (what a
+//            step lost) and the least rank's (a rank that reaches a
+//            collective first also waits for its peer to get there: skew,
+//            not communication); medians over the timed steps.
+//   alone    the same collectives on the same sizes with nothing else
+//            running: the shard group is wrapped to record every
+//            AllGather and ReduceScatter Fsdp issues during the last timed
+//            step, in order; after training they are issued again, back to
+//            back over the same group, and waited for. The rank that left
+//            the barrier before them last (the least time), median of
+//            `replays` after two untimed (the first rounds are 3-4x
+//            slower: fresh scratch memory). The gradient norm's all-gather
+//            of two floats per rank is left out of both (Fsdp does not
+//            count it in waits()).
+//   hidden = 1 - exposed / alone.
+//
+// Caveat: on a CPU the communication thread needs a core too, so while it
+// overlaps compute it slows compute; that shows in tokens/s, not in
+// `hidden`.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "worker/config.h"
+
+namespace muster::tools {
+
+struct ThreadsRun {
+  double tokens_per_s = 0;  // global
+  double ms_per_step = 0;
+  // FSDP only (zero > 0), per step:
+  double exposed_ms = 0;        // mean over ranks
+  double exposed_least_ms = 0;  // the least rank's
+  double alone_ms = 0;
+  int gathers = 0;         // all-gathers Fsdp issued (waits().gathers)
+  int reduces = 0;         // reduce-scatters (waits().reduces)
+  int replayed = 0;        // collectives replayed alone (should be their sum)
+  double gathered_mb = 0;  // one rank's all-gather outputs, MB
+  double reduced_mb = 0;   // one rank's reduce-scatter inputs, MB
+};
+
+// `config` names its training data; its model, micro-batch and
+// parallel.bucket_mb (DDP) are used. `zero`: 0 for DDP, else the ZeRO
+// stage. `warmup` steps first, untimed.
+absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int zero, int ranks,
+                                         int warmup, int steps, int replays);
+
+}  // namespace muster::tools

@@ -1,0 +1,28 @@
+#include "tools/bench_util.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+
+namespace muster::tools {
+
+void OneThreadPerRank(char** argv) {
+  if (std::getenv("OMP_NUM_THREADS") != nullptr) return;
+  setenv("OMP_NUM_THREADS", "1", 1);
+  setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  setenv("OMP_WAIT_POLICY", "passive", 0);
+  execv("/proc/self/exe", argv);
+}
+
+std::string BuiltFile(const std::string& workspace_relative) {
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe");
+  for (const std::filesystem::path& candidate :
+       {std::filesystem::path(self.string() + ".runfiles/muster") / workspace_relative,
+        self.parent_path().parent_path() / workspace_relative}) {
+    if (access(candidate.c_str(), R_OK) == 0) return candidate.string();
+  }
+  return "";
+}
+
+}  // namespace muster::tools

@@ -1,0 +1,18 @@
+// What every ranks-as-threads benchmark in tools/ needs before it starts.
+#pragma once
+
+#include <string>
+
+namespace muster::tools {
+
+// The in-process ranks must compute with one thread each, like launched
+// workers; OpenMP and OpenBLAS read these variables when they load, before
+// main(), hence one re-exec of this program with them set (none when
+// OMP_NUM_THREADS is already set).
+void OneThreadPerRank(char** argv);
+
+// A file of this build, given its workspace-relative path: next to the
+// binary's runfiles, or under bazel-bin. "" when neither exists.
+std::string BuiltFile(const std::string& workspace_relative);
+
+}  // namespace muster::tools
