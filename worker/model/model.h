@@ -77,6 +77,17 @@ struct Stage {
 //              only for now.
 enum class ParamStorage { kOwned, kExternal };
 
+// The part of the model one pipeline rank runs (worker/pipeline.h): blocks
+// [first_block, end_block), with the embedding when first_block is 0, and
+// the final LayerNorm, the LM head (the tied wte, so stage 0's wte too)
+// and the loss when end_block is L; activations for `slots` micro-batches
+// at once. The whole model is {0, L, 1}.
+struct ModelPart {
+  int first_block = 0;
+  int end_block = 0;
+  int slots = 1;
+};
+
 class GptModel {
  public:
   // Allocates parameters and gradients (unless `storage` is kExternal) and
@@ -89,6 +100,13 @@ class GptModel {
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(
       const ModelConfig& config, int max_batch, Device device,
       Precision precision = Precision::kFp32, ParamStorage storage = ParamStorage::kOwned);
+  // A part of the model (CPU only: UNIMPLEMENTED on CUDA;
+  // INVALID_ARGUMENT for an empty or out-of-range block range or fewer
+  // than 1 slot). Parameters and gradients are allocated for every stage,
+  // as Create does, but only the part's stages are read and written.
+  static absl::StatusOr<std::unique_ptr<GptModel>> CreatePart(const ModelConfig& config,
+                                                              int max_batch, Device device,
+                                                              const ModelPart& part);
   virtual ~GptModel() = default;
 
   const ModelConfig& config() const { return config_; }
@@ -132,6 +150,24 @@ class GptModel {
   // gradient buffers, with d(loss)/d(loss) = loss_scale (1/grad_accumulation
   // for gradient accumulation).
   virtual void Backward(float loss_scale) = 0;
+
+  // The part this model runs; {0, L, 1} unless made by CreatePart.
+  const ModelPart& part() const { return part_; }
+  // The pipeline's passes over micro-batch `slot` (0 <= slot < part.slots)
+  // of a part; Forward and Backward are these for the whole model, slot 0.
+  // PartForward: the first part reads the token ids `inputs` (host, (B, T)),
+  // the others `activation_in` (host, (B, T, C): the previous part's
+  // output). The last part reads `targets` (may be nullptr: no loss) and
+  // returns the mean loss; the others write their output to
+  // `activation_out` (host, (B, T, C)) and return 0.
+  // PartBackward of the slot's last PartForward (the last part's had
+  // targets): the last part starts from the loss, scaled by `loss_scale`;
+  // the others from `grad_out`, the gradient of their output. Every part
+  // but the first writes the gradient of its input to `grad_in`. Gradients
+  // add into the stages' buffers.
+  virtual float PartForward(int slot, const int* inputs, const int* targets,
+                            const float* activation_in, float* activation_out, int B, int T);
+  virtual void PartBackward(int slot, float loss_scale, const float* grad_out, float* grad_in);
 
   // Per-stage hooks, the points where a parallel strategy acts on a stage
   // (worker/parallel_strategy.h): DDP reduces a stage's gradients once
@@ -198,7 +234,7 @@ class GptModel {
 
  protected:
   GptModel(const ModelConfig& config, Device device, Precision precision = Precision::kFp32)
-      : config_(config), device_(device), precision_(precision) {}
+      : config_(config), device_(device), precision_(precision), part_{0, config.layers, 1} {}
 
   // Tensor `index` of stage `stage`, in the parameter or gradient buffer.
   float* Param(int stage, int index) {
@@ -218,6 +254,7 @@ class GptModel {
   ModelConfig config_;
   Device device_;
   Precision precision_;
+  ModelPart part_;
   std::vector<Stage> stages_;
   StageHooks hooks_;
   std::shared_ptr<Ops> ops_;

@@ -41,9 +41,10 @@ struct LayerActivations {
 class GptModelImpl final : public GptModel {
  public:
   GptModelImpl(const ModelConfig& config, int max_batch, Device device, std::unique_ptr<Ops> ops,
-               ParamStorage storage)
+               ParamStorage storage, const ModelPart& part)
       : GptModel(config, device), max_batch_(max_batch), storage_(storage) {
     ops_ = std::move(ops);
+    part_ = part;
   }
 
   ~GptModelImpl() override {
@@ -52,8 +53,13 @@ class GptModelImpl final : public GptModel {
 
   absl::Status Allocate();
 
-  float Forward(const int* inputs, const int* targets, int B, int T) override;
-  void Backward(float loss_scale) override;
+  float Forward(const int* inputs, const int* targets, int B, int T) override {
+    return PartForward(0, inputs, targets, nullptr, nullptr, B, T);
+  }
+  void Backward(float loss_scale) override { PartBackward(0, loss_scale, nullptr, nullptr); }
+  float PartForward(int slot, const int* inputs, const int* targets, const float* activation_in,
+                    float* activation_out, int B, int T) override;
+  void PartBackward(int slot, float loss_scale, const float* grad_out, float* grad_in) override;
 
   void ZeroGrad() override {
     for (Stage& stage : stages_) {
@@ -62,15 +68,48 @@ class GptModelImpl final : public GptModel {
   }
 
   std::vector<float> Logits(int b, int t) const override {
-    assert(b < batch_ && t < time_);
+    assert(b < slot_->batch && t < slot_->time && slot_->logits != nullptr);
     const int Vp = config_.padded_vocab();
     std::vector<float> row(Vp);
-    ops_->ToHost(row.data(), logits_ + (static_cast<size_t>(b) * time_ + t) * Vp,
+    ops_->ToHost(row.data(), slot_->logits + (static_cast<size_t>(b) * slot_->time + t) * Vp,
                  Vp * sizeof(float));
     return row;
   }
 
  private:
+  // One micro-batch's activations: what its backward reads. Only the
+  // buffers of the part's own stages exist (the others are nullptr).
+  struct Slot {
+    int batch = 0, time = 0;  // of its Forward
+    bool has_targets = false;
+    int* inputs = nullptr;                 // (B, T) device copy: the encoder's backward
+    int* targets = nullptr;                // (B, T) reads the tokens after Forward returns
+    float* encoded = nullptr;              // (B, T, C) first part
+    float* input = nullptr;                // (B, T, C) the previous part's output
+    std::vector<LayerActivations> layers;  // the part's blocks
+    float* lnf = nullptr;                  // (B, T, C) last part
+    float* lnf_mean = nullptr;             // (B, T)
+    float* lnf_rstd = nullptr;             // (B, T)
+    float* logits = nullptr;               // (B, T, Vp)
+    float* lse = nullptr;                  // (B, T)
+    float* losses = nullptr;               // (B, T)
+  };
+
+  // Makes `slot` the one the passes read and write.
+  void Use(int slot) {
+    assert(slot >= 0 && slot < static_cast<int>(slots_.size()));
+    slot_ = &slots_[slot];
+    batch_ = slot_->batch;
+    time_ = slot_->time;
+  }
+  bool first_part() const { return part_.first_block == 0; }
+  bool last_part() const { return part_.end_block == config_.layers; }
+  // The input of block `layer` in the current slot.
+  const float* BlockInput(int layer) const {
+    if (layer > part_.first_block) return slot_->layers[layer - 1 - part_.first_block].residual3;
+    return first_part() ? slot_->encoded : slot_->input;
+  }
+
   void BlockForward(int layer, const float* residual_in);
   // dresidual_ holds d loss / d(block output) on entry and d loss /
   // d(block input) on return.
@@ -80,24 +119,14 @@ class GptModelImpl final : public GptModel {
   const ParamStorage storage_;
   std::vector<void*> allocations_;
 
-  // Shape and presence of targets of the last Forward.
-  int batch_ = 0, time_ = 0;
-  bool has_targets_ = false;
+  std::vector<Slot> slots_;
+  Slot* slot_ = nullptr;
+  int batch_ = 0, time_ = 0;        // the current slot's
+  std::vector<float> host_losses_;  // (B, T)
 
-  int* inputs_ = nullptr;                 // (B, T) device copy: the encoder's backward
-  int* targets_ = nullptr;                // (B, T) reads the tokens after Forward returns
-  float* encoded_ = nullptr;              // (B, T, C)
-  std::vector<LayerActivations> layers_;  // L
-  float* lnf_ = nullptr;                  // (B, T, C)
-  float* lnf_mean_ = nullptr;             // (B, T)
-  float* lnf_rstd_ = nullptr;             // (B, T)
-  float* logits_ = nullptr;               // (B, T, Vp)
-  float* lse_ = nullptr;                  // (B, T)
-  float* losses_ = nullptr;               // (B, T)
-  std::vector<float> host_losses_;        // (B, T)
-
-  // Backward scratch, reused by every layer (see BlockBackward).
-  float* dlogits_ = nullptr;    // (B, T, Vp)
+  // Backward scratch, shared by the slots and reused by every layer (see
+  // BlockBackward).
+  float* dlogits_ = nullptr;    // (B, T, Vp) last part
   float* dresidual_ = nullptr;  // (B, T, C) gradient of the residual stream
   float* dnarrow_ = nullptr;    // (B, T, C) dlnf, dln2, datty, dln1 in turn
   float* dwide_ = nullptr;      // (B, T, 4C) dfch, then dqkv (3C)
@@ -122,30 +151,41 @@ absl::Status GptModelImpl::Allocate() {
   const size_t B = max_batch_, T = config_.seq_len, C = config_.dim;
   const size_t NH = config_.heads, Vp = config_.padded_vocab(), BT = B * T;
   layout::MemoryPlanner plan;
-  plan.Request(&encoded_, BT * C);
-  layers_.resize(config_.layers);
-  for (LayerActivations& layer : layers_) {
-    plan.Request(&layer.ln1, BT * C);
-    plan.Request(&layer.ln1_mean, BT);
-    plan.Request(&layer.ln1_rstd, BT);
-    plan.Request(&layer.qkv, BT * 3 * C);
-    plan.Request(&layer.atty, BT * C);
-    plan.Request(&layer.att, B * NH * T * T);
-    plan.Request(&layer.residual2, BT * C);
-    plan.Request(&layer.ln2, BT * C);
-    plan.Request(&layer.ln2_mean, BT);
-    plan.Request(&layer.ln2_rstd, BT);
-    plan.Request(&layer.fch, BT * 4 * C);
-    plan.Request(&layer.fch_gelu, BT * 4 * C);
-    plan.Request(&layer.residual3, BT * C);
+  slots_.resize(part_.slots);
+  for (Slot& slot : slots_) {
+    if (first_part()) {
+      plan.Request(&slot.encoded, BT * C);
+    } else {
+      plan.Request(&slot.input, BT * C);
+    }
+    slot.layers.resize(part_.end_block - part_.first_block);
+    for (LayerActivations& layer : slot.layers) {
+      plan.Request(&layer.ln1, BT * C);
+      plan.Request(&layer.ln1_mean, BT);
+      plan.Request(&layer.ln1_rstd, BT);
+      plan.Request(&layer.qkv, BT * 3 * C);
+      plan.Request(&layer.atty, BT * C);
+      plan.Request(&layer.att, B * NH * T * T);
+      plan.Request(&layer.residual2, BT * C);
+      plan.Request(&layer.ln2, BT * C);
+      plan.Request(&layer.ln2_mean, BT);
+      plan.Request(&layer.ln2_rstd, BT);
+      plan.Request(&layer.fch, BT * 4 * C);
+      plan.Request(&layer.fch_gelu, BT * 4 * C);
+      plan.Request(&layer.residual3, BT * C);
+    }
+    if (last_part()) {
+      plan.Request(&slot.lnf, BT * C);
+      plan.Request(&slot.lnf_mean, BT);
+      plan.Request(&slot.lnf_rstd, BT);
+      plan.Request(&slot.logits, BT * Vp);
+      plan.Request(&slot.lse, BT);
+      plan.Request(&slot.losses, BT);
+    }
+    plan.Request(&slot.inputs, BT);
+    plan.Request(&slot.targets, BT);
   }
-  plan.Request(&lnf_, BT * C);
-  plan.Request(&lnf_mean_, BT);
-  plan.Request(&lnf_rstd_, BT);
-  plan.Request(&logits_, BT * Vp);
-  plan.Request(&lse_, BT);
-  plan.Request(&losses_, BT);
-  plan.Request(&dlogits_, BT * Vp);
+  if (last_part()) plan.Request(&dlogits_, BT * Vp);
   plan.Request(&dresidual_, BT * C);
   plan.Request(&dnarrow_, BT * C);
   plan.Request(&dwide_, BT * 4 * C);
@@ -154,13 +194,8 @@ absl::Status GptModelImpl::Allocate() {
   if (!activations.ok()) return activations.status();
   allocations_.push_back(*activations);
   plan.Assign(*activations);
-
-  absl::StatusOr<void*> tokens = ops_->Alloc(2 * BT * sizeof(int));
-  if (!tokens.ok()) return tokens.status();
-  allocations_.push_back(*tokens);
-  inputs_ = static_cast<int*>(*tokens);
-  targets_ = inputs_ + BT;
   host_losses_.resize(BT);
+  Use(0);
   return absl::OkStatus();
 }
 
@@ -168,7 +203,7 @@ void GptModelImpl::BlockForward(int layer, const float* residual_in) {
   const int B = batch_, T = time_, C = config_.dim, NH = config_.heads;
   const size_t BT = static_cast<size_t>(B) * T;
   const int stage = layout::BlockStage(layer);
-  LayerActivations& a = layers_[layer];
+  LayerActivations& a = slot_->layers[layer - part_.first_block];
   ops_->LayerNormForward(a.ln1, a.ln1_mean, a.ln1_rstd, residual_in, Param(stage, layout::kLn1w),
                          Param(stage, layout::kLn1b), BT, C);
   ops_->MatmulForward(a.qkv, a.ln1, Param(stage, layout::kQkvw), Param(stage, layout::kQkvb), BT, C,
@@ -189,44 +224,57 @@ void GptModelImpl::BlockForward(int layer, const float* residual_in) {
   ops_->ResidualForward(a.residual3, a.residual2, a.residual3, BT * C);
 }
 
-float GptModelImpl::Forward(const int* inputs, const int* targets, int B, int T) {
+float GptModelImpl::PartForward(int slot, const int* inputs, const int* targets,
+                                const float* activation_in, float* activation_out, int B, int T) {
   assert(B >= 1 && B <= max_batch_ && T >= 1 && T <= config_.seq_len);
-  batch_ = B;
-  time_ = T;
-  has_targets_ = targets != nullptr;
+  slots_[slot].batch = B;
+  slots_[slot].time = T;
+  slots_[slot].has_targets = last_part() && targets != nullptr;
+  Use(slot);
+  Slot& s = *slot_;
   const int C = config_.dim, V = config_.vocab, Vp = config_.padded_vocab();
   const size_t BT = static_cast<size_t>(B) * T;
 #ifndef NDEBUG
   // An id >= V would read outside wte (inputs) or pick a padded logit.
   for (size_t i = 0; i < BT; ++i) {
-    assert(inputs[i] >= 0 && inputs[i] < V);
-    assert(targets == nullptr || (targets[i] >= 0 && targets[i] < V));
+    assert(!first_part() || (inputs[i] >= 0 && inputs[i] < V));
+    assert(!s.has_targets || (targets[i] >= 0 && targets[i] < V));
   }
 #endif
-  ops_->ToDevice(inputs_, inputs, BT * sizeof(int));
-  if (has_targets_) ops_->ToDevice(targets_, targets, BT * sizeof(int));
+  if (first_part()) {
+    ops_->ToDevice(s.inputs, inputs, BT * sizeof(int));
+  } else {
+    ops_->ToDevice(s.input, activation_in, BT * C * sizeof(float));
+  }
+  if (s.has_targets) ops_->ToDevice(s.targets, targets, BT * sizeof(int));
 
-  PreForward(0);
-  ops_->EncoderForward(encoded_, inputs_, Param(0, layout::kWte), Param(0, layout::kWpe), B, T, C);
-  PostForward(0);
-  const float* residual = encoded_;
-  for (int layer = 0; layer < config_.layers; ++layer) {
+  if (first_part()) {
+    PreForward(0);
+    ops_->EncoderForward(s.encoded, s.inputs, Param(0, layout::kWte), Param(0, layout::kWpe), B, T,
+                         C);
+    PostForward(0);
+  }
+  for (int layer = part_.first_block; layer < part_.end_block; ++layer) {
     PreForward(layout::BlockStage(layer));
-    BlockForward(layer, residual);
+    BlockForward(layer, BlockInput(layer));
     PostForward(layout::BlockStage(layer));
-    residual = layers_[layer].residual3;
+  }
+  const float* residual = BlockInput(part_.end_block);
+  if (!last_part()) {
+    ops_->ToHost(activation_out, residual, BT * C * sizeof(float));
+    return 0.0f;
   }
   const int head = layout::HeadStage(config_);
   PreForward(head);
-  ops_->LayerNormForward(lnf_, lnf_mean_, lnf_rstd_, residual, Param(head, layout::kLnfw),
+  ops_->LayerNormForward(s.lnf, s.lnf_mean, s.lnf_rstd, residual, Param(head, layout::kLnfw),
                          Param(head, layout::kLnfb), BT, C);
   // The LM head is wte, tied: logits (BT, Vp) = lnf (BT, C) @ wte^T.
-  ops_->MatmulForward(logits_, lnf_, Param(0, layout::kWte), nullptr, BT, C, Vp);
+  ops_->MatmulForward(s.logits, s.lnf, Param(0, layout::kWte), nullptr, BT, C, Vp);
   PostForward(head);
-  if (!has_targets_) return 0.0f;
+  if (!s.has_targets) return 0.0f;
 
-  ops_->CrossEntropyForward(losses_, lse_, logits_, targets_, BT, V, Vp);
-  ops_->ToHost(host_losses_.data(), losses_, BT * sizeof(float));
+  ops_->CrossEntropyForward(s.losses, s.lse, s.logits, s.targets, BT, V, Vp);
+  ops_->ToHost(host_losses_.data(), s.losses, BT * sizeof(float));
   double sum = 0.0;  // in a fixed order, so the mean is deterministic
   for (size_t row = 0; row < BT; ++row) sum += host_losses_[row];
   return static_cast<float>(sum / static_cast<double>(BT));
@@ -236,7 +284,7 @@ void GptModelImpl::BlockBackward(int layer, const float* residual_in) {
   const int B = batch_, T = time_, C = config_.dim, NH = config_.heads;
   const size_t BT = static_cast<size_t>(B) * T;
   const int stage = layout::BlockStage(layer);
-  const LayerActivations& a = layers_[layer];
+  const LayerActivations& a = slot_->layers[layer - part_.first_block];
   // residual3 = residual2 + fcproj: both get dresidual unchanged, so the
   // fcproj gradient is read from dresidual_ and no copy is made.
   ops_->Zero(dwide_, BT * 4 * C * sizeof(float));
@@ -265,46 +313,54 @@ void GptModelImpl::BlockBackward(int layer, const float* residual_in) {
                           a.ln1_rstd, BT, C);
 }
 
-void GptModelImpl::Backward(float loss_scale) {
-  assert(has_targets_);
+void GptModelImpl::PartBackward(int slot, float loss_scale, const float* grad_out, float* grad_in) {
+  Use(slot);
+  Slot& s = *slot_;
   const int B = batch_, T = time_, C = config_.dim, V = config_.vocab;
   const int Vp = config_.padded_vocab();
   const size_t BT = static_cast<size_t>(B) * T;
   const int head = layout::HeadStage(config_);
 
-  // loss = mean over BT rows, scaled: each row's loss has gradient
-  // loss_scale / BT.
-  const float dloss = loss_scale / static_cast<float>(BT);
-  PreBackward(head);
-  ops_->CrossEntropyBackward(dlogits_, logits_, lse_, targets_, dloss, BT, V, Vp);
-  // dwte gets the head's share here (padded columns of dlogits are zero,
-  // so wte's padded rows get none) and the encoder's share last.
-  ops_->Zero(dnarrow_, BT * C * sizeof(float));
-  ops_->MatmulBackward(dnarrow_, Grad(0, layout::kWte), nullptr, dlogits_, lnf_,
-                       Param(0, layout::kWte), BT, C, Vp);
-  const float* last_residual = config_.layers > 0 ? layers_.back().residual3 : encoded_;
-  ops_->Zero(dresidual_, BT * C * sizeof(float));
-  ops_->LayerNormBackward(dresidual_, Grad(head, layout::kLnfw), Grad(head, layout::kLnfb),
-                          dnarrow_, last_residual, Param(head, layout::kLnfw), lnf_mean_, lnf_rstd_,
-                          BT, C);
-  PostBackward(head);
+  if (last_part()) {
+    assert(s.has_targets);
+    // loss = mean over BT rows, scaled: each row's loss has gradient
+    // loss_scale / BT.
+    const float dloss = loss_scale / static_cast<float>(BT);
+    PreBackward(head);
+    ops_->CrossEntropyBackward(dlogits_, s.logits, s.lse, s.targets, dloss, BT, V, Vp);
+    // dwte gets the head's share here (padded columns of dlogits are zero,
+    // so wte's padded rows get none) and the encoder's share last.
+    ops_->Zero(dnarrow_, BT * C * sizeof(float));
+    ops_->MatmulBackward(dnarrow_, Grad(0, layout::kWte), nullptr, dlogits_, s.lnf,
+                         Param(0, layout::kWte), BT, C, Vp);
+    ops_->Zero(dresidual_, BT * C * sizeof(float));
+    ops_->LayerNormBackward(dresidual_, Grad(head, layout::kLnfw), Grad(head, layout::kLnfb),
+                            dnarrow_, BlockInput(part_.end_block), Param(head, layout::kLnfw),
+                            s.lnf_mean, s.lnf_rstd, BT, C);
+    PostBackward(head);
+  } else {
+    ops_->ToDevice(dresidual_, grad_out, BT * C * sizeof(float));
+  }
 
-  for (int layer = config_.layers - 1; layer >= 0; --layer) {
+  for (int layer = part_.end_block - 1; layer >= part_.first_block; --layer) {
     PreBackward(layout::BlockStage(layer));
-    BlockBackward(layer, layer > 0 ? layers_[layer - 1].residual3 : encoded_);
+    BlockBackward(layer, BlockInput(layer));
     PostBackward(layout::BlockStage(layer));
   }
 
+  if (!first_part()) {
+    ops_->ToHost(grad_in, dresidual_, BT * C * sizeof(float));
+    return;
+  }
   PreBackward(0);
-  ops_->EncoderBackward(Grad(0, layout::kWte), Grad(0, layout::kWpe), dresidual_, inputs_, B, T, C);
+  ops_->EncoderBackward(Grad(0, layout::kWte), Grad(0, layout::kWpe), dresidual_, s.inputs, B, T,
+                        C);
   PostBackward(0);
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& config, int max_batch,
-                                                           Device device, Precision precision,
-                                                           ParamStorage storage) {
+// The arguments Create and CreatePart share.
+absl::Status CheckModelArgs(const ModelConfig& config, int max_batch, Device device,
+                            Precision precision) {
   if (config.layers < 1 || config.dim < 1 || config.heads < 1 || config.dim % config.heads != 0 ||
       config.vocab < 1 || config.seq_len < 1) {
     return absl::InvalidArgumentError(
@@ -317,6 +373,17 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& co
                                                    " needs device cuda; the CPU computes in "
                                                    "fp32 only"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& config, int max_batch,
+                                                           Device device, Precision precision,
+                                                           ParamStorage storage) {
+  if (absl::Status checked = CheckModelArgs(config, max_batch, device, precision); !checked.ok()) {
+    return checked;
+  }
   if (device == Device::kCuda) {
     if (storage == ParamStorage::kExternal) {
       return absl::UnimplementedError(
@@ -326,7 +393,32 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& co
   }
   absl::StatusOr<std::unique_ptr<Ops>> ops = MakeOps(device);
   if (!ops.ok()) return ops.status();
-  auto model = std::make_unique<GptModelImpl>(config, max_batch, device, std::move(*ops), storage);
+  auto model = std::make_unique<GptModelImpl>(config, max_batch, device, std::move(*ops), storage,
+                                              ModelPart{0, config.layers, 1});
+  if (absl::Status allocated = model->Allocate(); !allocated.ok()) return allocated;
+  return std::unique_ptr<GptModel>(std::move(model));
+}
+
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreatePart(const ModelConfig& config,
+                                                               int max_batch, Device device,
+                                                               const ModelPart& part) {
+  if (part.first_block < 0 || part.end_block > config.layers ||
+      part.first_block >= part.end_block || part.slots < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model part: blocks [", part.first_block, ", ", part.end_block, ") of ", config.layers,
+        " with ", part.slots, " slots; expected a non-empty range of blocks and 1 or more slots"));
+  }
+  if (device != Device::kCpu) {
+    return absl::UnimplementedError("model parts (pipeline stages) run on the CPU only for now");
+  }
+  if (absl::Status checked = CheckModelArgs(config, max_batch, device, Precision::kFp32);
+      !checked.ok()) {
+    return checked;
+  }
+  absl::StatusOr<std::unique_ptr<Ops>> ops = MakeOps(device);
+  if (!ops.ok()) return ops.status();
+  auto model = std::make_unique<GptModelImpl>(config, max_batch, device, std::move(*ops),
+                                              ParamStorage::kOwned, part);
   if (absl::Status allocated = model->Allocate(); !allocated.ok()) return allocated;
   return std::unique_ptr<GptModel>(std::move(model));
 }

@@ -481,3 +481,109 @@ TEST_CASE("devices and the FLOPs estimate") {
 
 }  // namespace
 }  // namespace muster::worker
+
+namespace muster::worker {
+namespace {
+
+// Pipeline parts (ModelPart): the model cut into 3 parts, micro-batches in
+// slots run GPipe-style (every forward, then every backward), give the
+// whole model's losses and gradients: bit for bit for the blocks, and for
+// wte the sum of its two shares (the last part's head, the first part's
+// encoder), which add in another order.
+TEST_CASE("model parts chained over slots match the whole model") {
+  ModelConfig config = TinyConfig();
+  config.layers = 4;
+  const int B = 2, T = 5, M = 3;
+  std::unique_ptr<GptModel> whole = MakeModel(config, B, 5);
+  const std::vector<float> weights = whole->CopyParamsToHost();
+  std::vector<Batch> batches;
+  for (int m = 0; m < M; ++m) batches.push_back(RandomBatch(config, B, T, 100 + m));
+
+  std::vector<float> whole_losses;
+  whole->ZeroGrad();
+  for (const Batch& batch : batches) {
+    whole_losses.push_back(
+        whole->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T));
+    whole->Backward(1.0f / M);
+  }
+  const std::vector<float> whole_grads = whole->CopyGradsToHost();
+
+  const std::vector<ModelPart> cuts = {{0, 1, M}, {1, 3, M}, {3, 4, M}};
+  std::vector<std::unique_ptr<GptModel>> parts;
+  for (const ModelPart& cut : cuts) {
+    auto part = GptModel::CreatePart(config, B, Device::kCpu, cut);
+    REQUIRE(part.ok());
+    (*part)->CopyParamsFromHost(weights);
+    (*part)->ZeroGrad();
+    parts.push_back(*std::move(part));
+  }
+  const size_t activation = static_cast<size_t>(B) * T * config.dim;
+  // boundary[m][p]: part p's output for micro-batch m; its gradient alike.
+  std::vector<std::vector<std::vector<float>>> out(M), grad(M);
+  std::vector<float> losses(M);
+  for (int m = 0; m < M; ++m) {
+    out[m].assign(cuts.size(), std::vector<float>(activation));
+    grad[m].assign(cuts.size(), std::vector<float>(activation));
+    for (size_t p = 0; p < cuts.size(); ++p) {
+      const float* in = p == 0 ? nullptr : out[m][p - 1].data();
+      losses[m] = parts[p]->PartForward(m, batches[m].inputs.data(), batches[m].targets.data(), in,
+                                        out[m][p].data(), B, T);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    for (int p = static_cast<int>(cuts.size()) - 1; p >= 0; --p) {
+      const float* from = p + 1 < static_cast<int>(cuts.size()) ? grad[m][p].data() : nullptr;
+      float* to = p > 0 ? grad[m][p - 1].data() : nullptr;
+      parts[p]->PartBackward(m, 1.0f / M, from, to);
+    }
+  }
+  for (int m = 0; m < M; ++m) CHECK(losses[m] == whole_losses[m]);
+
+  // Each stage's gradient from the part that runs it.
+  const std::vector<Stage>& stages = whole->stages();
+  size_t offset = 0;
+  const size_t wte = static_cast<size_t>(config.padded_vocab()) * config.dim;
+  std::vector<std::vector<float>> part_grads;
+  for (auto& part : parts) part_grads.push_back(part->CopyGradsToHost());
+  for (size_t s = 0; s < stages.size(); ++s) {
+    INFO("stage " << stages[s].name);
+    // Embedding: the first part; block i (stage i + 1): the part whose
+    // range holds i; head: the last part.
+    const int layer = static_cast<int>(s) - 1;
+    const int owner = s == 0                      ? 0
+                      : s + 1 == stages.size()    ? 2
+                      : layer < cuts[0].end_block ? 0
+                      : layer < cuts[1].end_block ? 1
+                                                  : 2;
+    for (size_t i = 0; i < stages[s].size; ++i) {
+      float got = part_grads[owner][offset + i];
+      if (s == 0 && i < wte) {
+        // wte: the encoder's share (first part) and the head's (last part).
+        got += part_grads[2][offset + i];
+        REQUIRE(std::abs(got - whole_grads[offset + i]) <= 1e-6f);
+      } else {
+        REQUIRE(got == whole_grads[offset + i]);
+      }
+    }
+    offset += stages[s].size;
+  }
+  // A part touches no other stage's gradient.
+  offset = stages[0].size;
+  for (size_t s = 1; s + 1 < stages.size(); ++s) {
+    const bool mine = s - 1 >= 1 && s - 1 < 3;  // blocks 1 and 2: the middle part
+    if (!mine) {
+      for (size_t i = 0; i < stages[s].size; ++i) REQUIRE(part_grads[1][offset + i] == 0.0f);
+    }
+    offset += stages[s].size;
+  }
+}
+
+TEST_CASE("a bad model part is INVALID_ARGUMENT") {
+  const ModelConfig config = TinyConfig();
+  CHECK(absl::IsInvalidArgument(GptModel::CreatePart(config, 1, Device::kCpu, {1, 1, 1}).status()));
+  CHECK(absl::IsInvalidArgument(GptModel::CreatePart(config, 1, Device::kCpu, {0, 3, 1}).status()));
+  CHECK(absl::IsInvalidArgument(GptModel::CreatePart(config, 1, Device::kCpu, {0, 2, 0}).status()));
+}
+
+}  // namespace
+}  // namespace muster::worker
