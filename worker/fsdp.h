@@ -121,6 +121,12 @@ class Fsdp final : public ParallelStrategy {
   int dp_rank() const override { return dims_.Of(control_.rank()).dp; }
   parallel::Collectives& control() override { return control_; }
   absl::StatusOr<BuiltModel> Build(const BuildSpec& spec) override;
+  absl::StatusOr<StepLoss> ForwardBackward(GptModel* model, const MicroBatches& batches) override {
+    return RunMicroSteps(this, model, batches, /*backward=*/true);
+  }
+  absl::StatusOr<StepLoss> ForwardOnly(GptModel* model, const MicroBatches& batches) override {
+    return RunMicroSteps(this, model, batches, /*backward=*/false);
+  }
   void BeginBackward(GptModel* model, bool last) override;
   absl::Status ReduceGradients(GptModel* model) override;
   absl::StatusOr<double> GradSumOfSquares(GptModel* model) override;

@@ -61,4 +61,20 @@ std::vector<FlatRange> SingleProcess::CheckpointLoad(uint64_t total) const {
 
 absl::Status SingleProcess::StateLoaded(GptModel* model) { return absl::OkStatus(); }
 
+absl::StatusOr<StepLoss> RunMicroSteps(ParallelStrategy* strategy, GptModel* model,
+                                       const MicroBatches& batches, bool backward) {
+  const size_t tokens = static_cast<size_t>(batches.B) * batches.T;
+  std::vector<int> inputs(tokens), targets(tokens);
+  StepLoss loss;
+  for (int m = 0; m < batches.count; ++m) {
+    batches.fill(m, inputs.data(), targets.data());
+    loss.sum += model->Forward(inputs.data(), targets.data(), batches.B, batches.T);
+    ++loss.count;
+    if (!backward) continue;
+    strategy->BeginBackward(model, m == batches.count - 1);
+    model->Backward(1.0f / batches.count);
+  }
+  return loss;
+}
+
 }  // namespace muster::worker

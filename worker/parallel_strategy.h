@@ -24,7 +24,10 @@
 // (dims(), dp_rank(): the data stream is indexed by the dp rank).
 //
 // The trainer's step, for A micro-steps:
-//   for m in [0, A): Forward; BeginBackward(model, m == A - 1); Backward
+//   ForwardBackward over the A micro-batches: for strategies whose every
+//     rank runs the whole model, RunMicroSteps's loop, for m in [0, A):
+//     Forward; BeginBackward(model, m == A - 1); Backward; a pipeline runs
+//     its schedule instead
 //   ReduceGradients; clip from GradSumOfSquares; OptimizerStep; ZeroGrad
 //
 // Implementations: SingleProcess (below), Ddp (worker/ddp.h), Fsdp
@@ -64,6 +67,23 @@ struct BuildSpec {
   uint64_t seed = 0;  // GptModel::InitWeights
 };
 
+// One step's micro-batches, as the trainer hands them to ForwardBackward.
+struct MicroBatches {
+  int count = 1;  // micro-steps (A)
+  int B = 1, T = 1;
+  // Fills micro-batch m's token ids (host, (B, T) each) from this rank's
+  // share of the data.
+  std::function<void(int m, int* inputs, int* targets)> fill;
+};
+
+// The losses a rank computed in ForwardBackward: their sum and how many
+// (every micro-batch, or none on a pipeline stage without the head). The
+// step's loss is the sum over ranks divided by the count over ranks.
+struct StepLoss {
+  double sum = 0;
+  int count = 0;
+};
+
 struct BuiltModel {
   std::unique_ptr<GptModel> model;
   std::unique_ptr<AdamW> optimizer;
@@ -85,6 +105,12 @@ class ParallelStrategy {
   // and the optimizer over this rank's parameters. Called once.
   virtual absl::StatusOr<BuiltModel> Build(const BuildSpec& spec) = 0;
 
+  // The forward and backward passes of one step over `batches`, each
+  // backward scaled by 1/count, gradients accumulating in the model.
+  virtual absl::StatusOr<StepLoss> ForwardBackward(GptModel* model,
+                                                   const MicroBatches& batches) = 0;
+  // The forward passes alone (evaluation): no gradient, no BeginBackward.
+  virtual absl::StatusOr<StepLoss> ForwardOnly(GptModel* model, const MicroBatches& batches) = 0;
   // Before each micro-step's Backward; `last` on the last micro-step of an
   // optimizer step, the one whose backward may start communicating.
   virtual void BeginBackward(GptModel* model, bool last) = 0;
@@ -118,6 +144,12 @@ class ParallelStrategy {
   virtual absl::Status StateLoaded(GptModel* model) = 0;
 };
 
+// ForwardBackward (and ForwardOnly, with `backward` false) for a strategy
+// whose every rank runs the whole model: for each micro-batch, Forward,
+// then strategy->BeginBackward (last on the last one) and Backward.
+absl::StatusOr<StepLoss> RunMicroSteps(ParallelStrategy* strategy, GptModel* model,
+                                       const MicroBatches& batches, bool backward);
+
 // A world of one: no communication; the control plane is a group of one.
 class SingleProcess final : public ParallelStrategy {
  public:
@@ -130,6 +162,12 @@ class SingleProcess final : public ParallelStrategy {
   int dp_rank() const override { return 0; }
   parallel::Collectives& control() override { return *control_; }
   absl::StatusOr<BuiltModel> Build(const BuildSpec& spec) override;
+  absl::StatusOr<StepLoss> ForwardBackward(GptModel* model, const MicroBatches& batches) override {
+    return RunMicroSteps(this, model, batches, /*backward=*/true);
+  }
+  absl::StatusOr<StepLoss> ForwardOnly(GptModel* model, const MicroBatches& batches) override {
+    return RunMicroSteps(this, model, batches, /*backward=*/false);
+  }
   void BeginBackward(GptModel* model, bool last) override;
   absl::Status ReduceGradients(GptModel* model) override;
   absl::StatusOr<double> GradSumOfSquares(GptModel* model) override;

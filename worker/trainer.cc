@@ -83,8 +83,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
     if (!writer.ok()) return writer.status();
     trainer->metrics_ = *std::move(writer);
   }
-  trainer->inputs_.resize(static_cast<size_t>(B) * T);
-  trainer->targets_.resize(static_cast<size_t>(B) * T);
   trainer->peak_flops_ = PeakFlops(*device, *precision, &trainer->peak_description_);
   return trainer;
 }
@@ -97,16 +95,18 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   const int step = state_.step;  // 0-based index of this step
   auto start = Clock::now();
 
-  double loss_sum = 0;
-  for (int micro = 0; micro < A; ++micro) {
-    uint64_t first = RankFirstSample(state_.sample_index, strategy_->dp_rank(), B);
-    train_->Batch(first, B, inputs_.data(), targets_.data());
-    // inputs, targets (B, T)
-    loss_sum += model_->Forward(inputs_.data(), targets_.data(), B, T);
-    strategy_->BeginBackward(model_.get(), micro == A - 1);
-    model_->Backward(1.0f / A);
-    state_.sample_index += static_cast<uint64_t>(dp) * B;
-  }
+  MicroBatches batches;
+  batches.count = A;
+  batches.B = B;
+  batches.T = T;
+  const uint64_t step_first = state_.sample_index;
+  batches.fill = [&](int m, int* inputs, int* targets) {
+    const uint64_t global = step_first + static_cast<uint64_t>(m) * dp * B;
+    train_->Batch(RankFirstSample(global, strategy_->dp_rank(), B), B, inputs, targets);
+  };
+  auto loss = strategy_->ForwardBackward(model_.get(), batches);
+  if (!loss.ok()) return loss.status();
+  state_.sample_index += static_cast<uint64_t>(A) * dp * B;
   absl::Status reduced = strategy_->ReduceGradients(model_.get());
   if (!reduced.ok()) return reduced;
   // The clip factor goes into AdamW's read of the gradients: the same
@@ -127,22 +127,24 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
     return absl::Status(device.code(), absl::StrCat("step ", step + 1, ": ", device.message()));
   }
   state_.step = step + 1;
-  // The stop vote rides on the loss's all-reduce: its mean is positive
-  // when any rank was asked to stop.
+  // The stop vote rides on the loss's all-reduce: its sum is positive when
+  // any rank was asked to stop. The loss is the mean over every loss any
+  // rank computed (a pipeline's stages without the head compute none).
   const int signal = options_.stop_signal ? options_.stop_signal() : 0;
-  float means[2] = {static_cast<float>(loss_sum / A), signal != 0 ? 1.0f : 0.0f};
+  float sums[3] = {static_cast<float>(loss->sum), static_cast<float>(loss->count),
+                   signal != 0 ? 1.0f : 0.0f};
   if (absl::Status reduced =
-          strategy_->control().AllReduce(absl::MakeSpan(means), parallel::ReduceOp::kAvg);
+          strategy_->control().AllReduce(absl::MakeSpan(sums), parallel::ReduceOp::kSum);
       !reduced.ok()) {
     return reduced;
   }
-  stop_signal_ = means[1] > 0.0f ? (signal != 0 ? signal : kPeerSignalled) : 0;
+  stop_signal_ = sums[2] > 0.0f ? (signal != 0 ? signal : kPeerSignalled) : 0;
   double seconds = std::chrono::duration<double>(Clock::now() - start).count();
 
   StepMetrics metrics;
   metrics.step = state_.step;
   metrics.total_steps = config_.train.steps;
-  metrics.loss = means[0];
+  metrics.loss = sums[1] > 0.0f ? sums[0] / sums[1] : 0.0f;
   metrics.lr = lr;
   metrics.grad_norm = norm;
   metrics.ms = seconds * 1e3;
@@ -163,16 +165,23 @@ absl::StatusOr<float> Trainer::Evaluate() {
   }
   const int B = config_.data.micro_batch, T = config_.model.seq_len;
   const int dp = strategy_->dims().dp();
-  double loss_sum = 0;
-  for (int batch = 0; batch < config_.train.eval_batches; ++batch) {
-    uint64_t global_first = static_cast<uint64_t>(batch) * dp * B;
-    val_->Batch(RankFirstSample(global_first, strategy_->dp_rank(), B), B, inputs_.data(),
-                targets_.data());
-    loss_sum += model_->Forward(inputs_.data(), targets_.data(), B, T);
+  MicroBatches batches;
+  batches.count = config_.train.eval_batches;
+  batches.B = B;
+  batches.T = T;
+  batches.fill = [&](int m, int* inputs, int* targets) {
+    const uint64_t global_first = static_cast<uint64_t>(m) * dp * B;
+    val_->Batch(RankFirstSample(global_first, strategy_->dp_rank(), B), B, inputs, targets);
+  };
+  auto loss = strategy_->ForwardOnly(model_.get(), batches);
+  if (!loss.ok()) return loss.status();
+  float sums[2] = {static_cast<float>(loss->sum), static_cast<float>(loss->count)};
+  if (absl::Status reduced =
+          strategy_->control().AllReduce(absl::MakeSpan(sums), parallel::ReduceOp::kSum);
+      !reduced.ok()) {
+    return reduced;
   }
-  int batches = config_.train.eval_batches > 0 ? config_.train.eval_batches : 1;
-  return strategy_->control().AllReduce(static_cast<float>(loss_sum / batches),
-                                        parallel::ReduceOp::kAvg);
+  return sums[1] > 0.0f ? sums[0] / sums[1] : 0.0f;
 }
 
 absl::Status Trainer::Log(const StepMetrics& metrics) {

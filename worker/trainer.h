@@ -127,7 +127,6 @@ class Trainer {
   TrainState state_;
   // From the last Step: 0 go on; else this rank's signal, or kPeerSignalled.
   int stop_signal_ = 0;
-  std::vector<int> inputs_, targets_;  // (B, T)
   double peak_flops_ = 0;
   std::string peak_description_;
 };

@@ -172,6 +172,12 @@ class ScatteredSingleProcess final : public ParallelStrategy {
   int dp_rank() const override { return 0; }
   parallel::Collectives& control() override { return single_.control(); }
   absl::StatusOr<BuiltModel> Build(const BuildSpec& spec) override { return single_.Build(spec); }
+  absl::StatusOr<StepLoss> ForwardBackward(GptModel* model, const MicroBatches& batches) override {
+    return RunMicroSteps(this, model, batches, /*backward=*/true);
+  }
+  absl::StatusOr<StepLoss> ForwardOnly(GptModel* model, const MicroBatches& batches) override {
+    return RunMicroSteps(this, model, batches, /*backward=*/false);
+  }
   void BeginBackward(GptModel* model, bool last) override { single_.BeginBackward(model, last); }
   absl::Status ReduceGradients(GptModel* model) override { return single_.ReduceGradients(model); }
   absl::StatusOr<double> GradSumOfSquares(GptModel* model) override {
