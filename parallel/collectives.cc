@@ -1,5 +1,7 @@
 #include "parallel/collectives.h"
 
+#include <vector>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +30,24 @@ absl::StatusOr<float> Collectives::AllReduce(float value, ReduceOp op) {
     return status;
   }
   return value;
+}
+
+absl::StatusOr<double> Collectives::SumDouble(double value) {
+  const float high = static_cast<float>(value);
+  const float mine[2] = {high, static_cast<float>(value - high)};
+  std::vector<float> all(2 * static_cast<size_t>(size()));
+  if (absl::Status status = group_
+                                ->AllGather(absl::MakeConstSpan(mine, 2), absl::MakeSpan(all),
+                                            std::vector<size_t>(size(), 2))
+                                ->Wait();
+      !status.ok()) {
+    return status;
+  }
+  double sum = 0.0;
+  for (size_t r = 0; r < all.size(); r += 2) {
+    sum += static_cast<double>(all[r]) + static_cast<double>(all[r + 1]);
+  }
+  return sum;
 }
 
 absl::StatusOr<int64_t> Collectives::Broadcast(int64_t value, int root) {

@@ -51,6 +51,12 @@ class Collectives {
   absl::StatusOr<int64_t> AllReduce(int64_t value, ReduceOp op);
   absl::StatusOr<float> AllReduce(float value, ReduceOp op);
 
+  // The sum over ranks of a double, kept in double precision (each rank's
+  // value travels as two floats, its high and low parts) and added in rank
+  // order: the same bits on every rank, and on every group of the same
+  // size given the same values. For gradient norms over shards.
+  absl::StatusOr<double> SumDouble(double value);
+
   // Root's `*bytes`, of any length, replaces every other rank's (whose own
   // is ignored). Two operations: the length (an int64 broadcast), then the
   // bytes (none when empty).

@@ -40,35 +40,6 @@ struct Fsdp::PendingReduce {
 
 namespace {
 
-// The chunk of the concatenation of `ranges` that part `index` of `parts`
-// even parts covers, as ranges.
-std::vector<FlatRange> SplitRanges(const std::vector<FlatRange>& ranges, int parts, int index) {
-  uint64_t total = 0;
-  for (const FlatRange& range : ranges) total += range.count;
-  const std::vector<size_t> counts = parallel::EvenCounts(total, parts);
-  uint64_t lo = 0;
-  for (int i = 0; i < index; ++i) lo += counts[i];
-  const uint64_t hi = lo + counts[index];
-  std::vector<FlatRange> out;
-  uint64_t at = 0;  // position of `range` in the concatenation
-  for (const FlatRange& range : ranges) {
-    const uint64_t a = std::max(lo, at), b = std::min(hi, at + range.count);
-    if (a < b) out.push_back({range.begin + (a - at), b - a});
-    at += range.count;
-  }
-  return out;
-}
-
-// Appends `range`, merging it with the last one when they touch.
-void Append(std::vector<FlatRange>* ranges, FlatRange range) {
-  if (range.count == 0) return;
-  if (!ranges->empty() && ranges->back().begin + ranges->back().count == range.begin) {
-    ranges->back().count += range.count;
-  } else {
-    ranges->push_back(range);
-  }
-}
-
 // Host memory the hooks hand out. Plain operator new (not the model's
 // Ops): FSDP is CPU-only for now, and these buffers may outlive the model
 // (the strategy is destroyed after the trainer). A failure is fatal in a
@@ -436,26 +407,13 @@ absl::Status Fsdp::ReduceGradients(GptModel* model) {
 
 absl::StatusOr<double> Fsdp::GradSumOfSquares(GptModel* model) {
   if (!error_.ok()) return error_;
-  // Each rank's sum in double, sent as two floats (high and low part) so
-  // the sum over ranks keeps double precision, added in rank order: the
-  // same bits on every rank.
   double local = 0.0;
   for (size_t i = 0; i < shard_floats_; ++i) {
     local += static_cast<double>(shard_grads_[i]) * shard_grads_[i];
   }
-  const float high = static_cast<float>(local);
-  const float mine[2] = {high, static_cast<float>(local - high)};
-  std::vector<float> all(2 * shard_->size());
-  absl::Status status = shard_
-                            ->AllGather(absl::MakeConstSpan(mine, 2), absl::MakeSpan(all),
-                                        std::vector<size_t>(shard_->size(), 2))
-                            ->Wait();
-  if (!status.ok()) return status;
-  double sum = 0.0;
-  for (size_t r = 0; r < all.size(); r += 2) {
-    sum += static_cast<double>(all[r]) + static_cast<double>(all[r + 1]);
-  }
-  return sum;
+  // Over the shard group in double; every replica holds the same shards.
+  parallel::Collectives shard(shard_);
+  return shard.SumDouble(local);
 }
 
 absl::Status Fsdp::OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
@@ -506,7 +464,7 @@ std::vector<std::vector<FlatRange>> Fsdp::CheckpointFiles(uint64_t total) const 
     std::vector<FlatRange> state;
     for (uint64_t part = 0; part < 3; ++part) {
       for (const FlatRange& range : OwnedParamRanges(at.shard)) {
-        Append(&state, {part * params + range.begin, range.count});
+        AppendRange(&state, {part * params + range.begin, range.count});
       }
     }
     // Replicas hold the same shard: each writes its share of it.
@@ -520,7 +478,7 @@ std::vector<FlatRange> Fsdp::CheckpointLoad(uint64_t total) const {
   std::vector<FlatRange> state;
   for (uint64_t part = 0; part < 3; ++part) {
     for (const FlatRange& range : OwnedParamRanges(shard_->rank())) {
-      Append(&state, {part * params + range.begin, range.count});
+      AppendRange(&state, {part * params + range.begin, range.count});
     }
   }
   return state;

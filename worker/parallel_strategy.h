@@ -61,6 +61,7 @@ namespace muster::worker {
 struct BuildSpec {
   ModelConfig model;
   int micro_batch = 1;  // the largest batch a Forward takes
+  int micro_steps = 1;  // micro-batches per optimizer step (a pipeline's schedule)
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;
   OptimConfig optim;

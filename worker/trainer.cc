@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   BuildSpec spec;
   spec.model = model;
   spec.micro_batch = B;
+  spec.micro_steps = config.data.grad_accumulation;
   spec.device = *device;
   spec.precision = *precision;
   spec.optim = config.optim;

@@ -41,6 +41,32 @@ std::vector<StateTensor> ManifestStateTensors(const Manifest& manifest) {
   return tensors;
 }
 
+void AppendRange(std::vector<FlatRange>* ranges, FlatRange range) {
+  if (range.count == 0) return;
+  if (!ranges->empty() && ranges->back().begin + ranges->back().count == range.begin) {
+    ranges->back().count += range.count;
+  } else {
+    ranges->push_back(range);
+  }
+}
+
+std::vector<FlatRange> SplitRanges(const std::vector<FlatRange>& ranges, int parts, int index) {
+  uint64_t total = 0;
+  for (const FlatRange& range : ranges) total += range.count;
+  const std::vector<size_t> counts = parallel::EvenCounts(total, parts);
+  uint64_t lo = 0;
+  for (int i = 0; i < index; ++i) lo += counts[i];
+  const uint64_t hi = lo + counts[index];
+  std::vector<FlatRange> out;
+  uint64_t at = 0;  // where `range` starts in the concatenation
+  for (const FlatRange& range : ranges) {
+    const uint64_t a = std::max(lo, at), b = std::min(hi, at + range.count);
+    if (a < b) out.push_back({range.begin + (a - at), b - a});
+    at += range.count;
+  }
+  return out;
+}
+
 std::vector<FlatRange> EvenShards(uint64_t total, int world) {
   std::vector<FlatRange> ranges;
   uint64_t begin = 0;

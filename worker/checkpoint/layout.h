@@ -47,6 +47,14 @@ struct FlatRange {
 // The DDP split: rank r's range of `total` floats over `world` ranks.
 std::vector<FlatRange> EvenShards(uint64_t total, int world);
 
+// Appends `range` (unless empty), merged with the last one when they touch.
+void AppendRange(std::vector<FlatRange>* ranges, FlatRange range);
+
+// Part `index` of `ranges` cut in `parts` even parts: the ranks that hold
+// the same state (FSDP's replicas, a pipeline stage's dp ranks) share its
+// writing.
+std::vector<FlatRange> SplitRanges(const std::vector<FlatRange>& ranges, int parts, int index);
+
 // Tensor records for files where file i holds the ranges `files[i]` of the
 // flat state, in that order, end to end from byte 0: a range starts at the
 // sum of the counts of the ranges before it in its file (times 4 bytes).

@@ -1,0 +1,321 @@
+// Pipeline parallelism (worker/pipeline.h) with ranks as threads of one
+// process on real Gloo groups over an in-memory store: PP=2 and PP=4 under
+// GPipe and 1F1B, and DP=2 x PP=2, against one process at the same global
+// batch; the tied wte copies bitwise equal; 1F1B holding fewer
+// micro-batches than GPipe; the FLOP-balanced split and its errors.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "parallel/local_ranks.h"
+#include "parallel/parallel_dims.h"
+#include "rendezvous/client/store.h"
+#include "worker/data.h"
+#include "worker/pipeline.h"
+#include "worker/trainer.h"
+
+namespace muster::worker {
+namespace {
+
+using parallel::ScheduleKind;
+using Dim = parallel::ParallelDims::Dim;
+
+TrainConfig SmallJob(int micro_batch, int micro_steps) {
+  const std::string dir =
+      absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp", "/pp_test");
+  static bool written = false;
+  if (!written) {
+    std::filesystem::create_directories(dir);
+    std::vector<uint16_t> tokens;
+    for (int i = 0; i < 8000; ++i) tokens.push_back(static_cast<uint16_t>((i * 7 + i / 13) % 97));
+    REQUIRE(WriteTokenShard(dir + "/train_000.bin", tokens).ok());
+    written = true;
+  }
+  TrainConfig config;
+  config.model = {4, 2, 32, 101, 16};  // layers, heads, dim, vocab, seq_len
+  config.data.train = dir + "/train_*.bin";
+  config.data.micro_batch = micro_batch;
+  config.data.grad_accumulation = micro_steps;
+  config.optim.lr = 1e-2;
+  config.optim.grad_clip = 0.5;
+  config.train.steps = 6;
+  config.train.seed = 11;
+  config.device = "cpu";
+  return config;
+}
+
+struct RankResult {
+  std::string error;
+  std::vector<float> losses, norms;
+  std::vector<float> params;  // every stage, as the rank's model holds them
+  int peak_in_flight = 0;
+};
+
+RankResult OneProcess(const TrainConfig& config) {
+  RankResult result;
+  std::unique_ptr<FILE, int (*)(FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
+  TrainerOptions options;
+  options.log = sink.get();
+  auto trainer = Trainer::Create(config, options);
+  REQUIRE(trainer.ok());
+  for (int step = 0; step < config.train.steps; ++step) {
+    auto metrics = (*trainer)->Step();
+    REQUIRE(metrics.ok());
+    result.losses.push_back(metrics->loss);
+    result.norms.push_back(metrics->grad_norm);
+  }
+  return result;
+}
+
+// Trains `config` on dp x pp ranks as threads: step by step, or (`run`)
+// with Trainer::Run, which saves and resumes checkpoints as configured.
+std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, ScheduleKind schedule,
+                              bool run = false) {
+  const int world = dp * pp;
+  auto dims = parallel::ParallelDims::Create(world, dp, 1, pp);
+  REQUIRE(dims.ok());
+  rdzv::InMemoryStore store;
+  auto worlds = parallel::ConnectLocalGroups(&store, world, "world/");
+  REQUIRE(worlds.ok());
+  std::vector<std::unique_ptr<parallel::ProcessGroup>> owned;
+  // Each sub-group along `dim`, made with its lowest rank's name; `pick`
+  // chooses the members (the tied group: a pipeline's ends).
+  auto connect = [&](Dim dim, bool ends_only, std::vector<parallel::ProcessGroup*>* into) {
+    into->assign(world, nullptr);
+    for (int rank = 0; rank < world; ++rank) {
+      std::vector<int> members = dims->GroupRanks(dim, rank);
+      if (members.front() != rank || members.size() == 1) continue;
+      if (ends_only) members = {members.front(), members.back()};
+      auto groups = parallel::ConnectLocalGroups(
+          &store, static_cast<int>(members.size()),
+          absl::StrCat(ends_only ? "tied." : "", dims->GroupName(dim, rank), "/"));
+      REQUIRE(groups.ok());
+      for (size_t i = 0; i < members.size(); ++i) {
+        (*into)[members[i]] = (*groups)[i].get();
+        owned.push_back(std::move((*groups)[i]));
+      }
+    }
+  };
+  std::vector<parallel::ProcessGroup*> pipelines, tied, dps;
+  connect(Dim::kPp, false, &pipelines);
+  connect(Dim::kPp, true, &tied);
+  connect(Dim::kDp, false, &dps);
+  // The channels: one 2-rank group per direction between neighbours.
+  std::vector<PipelineGroups> groups(world);
+  for (int rank = 0; rank < world; ++rank) {
+    groups[rank].pipeline = pipelines[rank];
+    groups[rank].tied = tied[rank];
+    groups[rank].dp = dps[rank];
+  }
+  for (int rank = 0; rank < world; ++rank) {
+    const std::vector<int> members = dims->GroupRanks(Dim::kPp, rank);
+    if (members.front() != rank) continue;
+    for (size_t p = 0; p + 1 < members.size(); ++p) {
+      for (bool gradient : {false, true}) {
+        auto pair = parallel::ConnectLocalGroups(
+            &store, 2,
+            absl::StrCat(gradient ? "grad." : "act.", dims->GroupName(Dim::kPp, rank), ".", p,
+                         "/"));
+        REQUIRE(pair.ok());
+        PipelineGroups& lower = groups[members[p]];
+        PipelineGroups& upper = groups[members[p + 1]];
+        (gradient ? lower.gradients_in : lower.activations_out) = (*pair)[0].get();
+        (gradient ? upper.gradients_out : upper.activations_in) = (*pair)[1].get();
+        owned.push_back(std::move((*pair)[0]));
+        owned.push_back(std::move((*pair)[1]));
+      }
+    }
+  }
+  std::vector<RankResult> results(world);
+  std::unique_ptr<FILE, int (*)(FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
+  parallel::OnEveryRank(world, [&](int rank) {
+    RankResult& result = results[rank];
+    PipelineOptions options;
+    options.schedule = schedule;
+    Pipeline pipeline(groups[rank], (*worlds)[rank].get(), *dims, options, "gloo");
+    TrainerOptions trainer_options;
+    trainer_options.log = sink.get();
+    trainer_options.strategy = &pipeline;
+    auto trainer = Trainer::Create(config, trainer_options);
+    if (!trainer.ok()) {
+      result.error = trainer.status().ToString();
+      return 0;
+    }
+    if (run) {
+      if (absl::Status ran = (*trainer)->Run(); !ran.ok()) result.error = ran.ToString();
+      return 0;
+    }
+    for (int step = 0; step < config.train.steps; ++step) {
+      auto metrics = (*trainer)->Step();
+      if (!metrics.ok()) {
+        result.error = metrics.status().ToString();
+        return 0;
+      }
+      result.losses.push_back(metrics->loss);
+      result.norms.push_back(metrics->grad_norm);
+    }
+    result.params = (*trainer)->model()->CopyParamsToHost();
+    result.peak_in_flight = pipeline.peak_in_flight();
+    return 0;
+  });
+  for (const RankResult& result : results) REQUIRE(result.error == "");
+  return results;
+}
+
+void CheckMatches(const std::vector<RankResult>& ranks, const RankResult& one, int pp,
+                  size_t wte_floats) {
+  for (size_t step = 0; step < one.losses.size(); ++step) {
+    INFO("step " << step + 1);
+    for (const RankResult& rank : ranks) {
+      CHECK(rank.losses[step] == ranks[0].losses[step]);
+      CHECK(std::abs(rank.losses[step] - one.losses[step]) <= 1e-5 * one.losses[step]);
+      CHECK(std::abs(rank.norms[step] - one.norms[step]) <= 1e-4 * one.norms[step]);
+    }
+  }
+  // The tied wte: the first rank's and the last rank's copies, bit for bit.
+  const RankResult& first = ranks[0];
+  const RankResult& last = ranks[(pp - 1) * (ranks.size() / pp)];
+  CHECK(std::equal(first.params.begin(), first.params.begin() + wte_floats, last.params.begin()));
+}
+
+size_t WteFloats(const TrainConfig& config) {
+  return static_cast<size_t>(config.model.padded_vocab()) * config.model.dim;
+}
+
+TEST_CASE("PP=2 and PP=4 under GPipe and 1F1B match one process at the same global batch") {
+  const int M = 4, B = 2;
+  const RankResult one = OneProcess(SmallJob(B, M));
+  for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
+    for (int pp : {2, 4}) {
+      INFO(parallel::ScheduleName(schedule) << ", pp " << pp);
+      std::vector<RankResult> ranks = Train(SmallJob(B, M), 1, pp, schedule);
+      CheckMatches(ranks, one, pp, WteFloats(SmallJob(B, M)));
+      // GPipe holds every micro-batch; 1F1B at most P - rank.
+      for (int rank = 0; rank < pp; ++rank) {
+        CHECK(ranks[rank].peak_in_flight ==
+              (schedule == ScheduleKind::kGpipe ? M : std::min(M, pp - rank)));
+      }
+    }
+  }
+}
+
+TEST_CASE("DP=2 x PP=2 matches one process at the same global batch") {
+  // Global batch dp x M x B = 2 x 4 x 2: one process reads it as 8 micro-
+  // batches of 2, in the same order.
+  const RankResult one = OneProcess(SmallJob(2, 8));
+  std::vector<RankResult> ranks = Train(SmallJob(2, 4), 2, 2, ScheduleKind::k1F1B);
+  CheckMatches(ranks, one, 2, WteFloats(SmallJob(2, 4)));
+}
+
+// The losses rank 0 wrote to train.metrics_file, by step.
+std::map<int, float> MetricsLosses(const std::string& path) {
+  std::map<int, float> losses;
+  std::ifstream file(path);
+  std::string line;
+  while (std::getline(file, line)) {
+    int step = 0;
+    float loss = 0;
+    if (std::sscanf(line.c_str(), "{\"step\":%d,\"loss\":%g", &step, &loss) == 2) {
+      losses[step] = loss;
+    }
+  }
+  return losses;
+}
+
+TEST_CASE("a PP=2 checkpoint resumes bit-exact under PP=2 and into one process") {
+  const std::string dir =
+      absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp", "/pp_ckpt");
+  std::filesystem::remove_all(dir);
+  TrainConfig config = SmallJob(2, 4);
+  config.train.steps = 8;
+  config.train.log_every = 1;
+  config.checkpoint.dir = dir + "/full";
+  config.checkpoint.every = 4;
+  config.train.metrics_file = dir + "/full.jsonl";
+  Train(config, 1, 2, ScheduleKind::k1F1B, /*run=*/true);
+  const std::map<int, float> full = MetricsLosses(config.train.metrics_file);
+  REQUIRE(full.size() == 8);
+
+  // From step 4's checkpoint: the same layout again, and one process.
+  TrainConfig resumed = config;
+  resumed.checkpoint.resume = config.checkpoint.dir + "/step_00000004";
+  resumed.checkpoint.dir = dir + "/again";
+  resumed.train.metrics_file = dir + "/again.jsonl";
+  Train(resumed, 1, 2, ScheduleKind::k1F1B, /*run=*/true);
+  const std::map<int, float> again = MetricsLosses(resumed.train.metrics_file);
+  REQUIRE(again.size() == 4);
+  for (const auto& [step, loss] : again) CHECK(loss == full.at(step));
+
+  TrainConfig alone = resumed;
+  alone.checkpoint.dir = dir + "/alone";
+  alone.train.metrics_file = dir + "/alone.jsonl";
+  std::unique_ptr<FILE, int (*)(FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
+  TrainerOptions options;
+  options.log = sink.get();
+  auto trainer = Trainer::Create(alone, options);
+  REQUIRE(trainer.ok());
+  REQUIRE((*trainer)->Run().ok());
+  const std::map<int, float> one = MetricsLosses(alone.train.metrics_file);
+  REQUIRE(one.size() == 4);
+  for (const auto& [step, loss] : one) {
+    INFO("step " << step);
+    CHECK(std::abs(loss - full.at(step)) <= 1e-5 * full.at(step));
+  }
+}
+
+TEST_CASE("the pipeline split balances FLOPs, with the classifier on the last stage") {
+  ModelConfig gpt2;
+  gpt2.layers = 12;
+  gpt2.dim = 768;
+  gpt2.heads = 12;
+  gpt2.vocab = 50257;
+  gpt2.seq_len = 1024;
+  // The classifier (2 C Vp per token) weighs about 5.5 blocks (24 C^2).
+  auto four = PipelineSplit(gpt2, 4, {});
+  REQUIRE(four.ok());
+  CHECK(four->back() == 1);
+  int sum = 0;
+  for (int blocks : *four) sum += blocks;
+  CHECK(sum == 12);
+  ModelConfig small;  // a small vocabulary: the head is light, blocks even
+  small.layers = 8;
+  small.dim = 256;
+  small.vocab = 128;
+  CHECK(PipelineSplit(small, 4, {}).value() == std::vector<int>{2, 2, 2, 2});
+  CHECK(PipelineSplit(small, 2, {5, 3}).value() == std::vector<int>{5, 3});
+  CHECK_THAT(std::string(PipelineSplit(small, 2, {5, 2}).status().message()),
+             Catch::StartsWith("parallel.pp_split: [5, 2] must be 2 positive block counts"));
+  CHECK_THAT(std::string(PipelineSplit(small, 9, {}).status().message()),
+             Catch::StartsWith("parallel.pp: 9 pipeline stages for 8 blocks"));
+}
+
+TEST_CASE("1F1B with fewer micro-batches than stages is refused naming the field") {
+  rdzv::InMemoryStore store;
+  auto groups = parallel::ConnectLocalGroups(&store, 2, "g/");
+  REQUIRE(groups.ok());
+  auto dims = parallel::ParallelDims::Create(2, 1, 1, 2);
+  REQUIRE(dims.ok());
+  // Build checks the schedule before it communicates, so rank 0's view
+  // of the groups is enough.
+  PipelineGroups mine;
+  mine.pipeline = mine.tied = mine.activations_out = mine.gradients_in = (*groups)[0].get();
+  Pipeline pipeline(mine, (*groups)[0].get(), *dims, PipelineOptions{}, "gloo");
+  BuildSpec spec;
+  spec.model = SmallJob(1, 1).model;
+  spec.micro_steps = 1;
+  auto built = pipeline.Build(spec);
+  REQUIRE(absl::IsInvalidArgument(built.status()));
+  CHECK_THAT(std::string(built.status().message()),
+             Catch::StartsWith("parallel.microbatches: 1 is fewer than parallel.pp (2)"));
+}
+
+}  // namespace
+}  // namespace muster::worker

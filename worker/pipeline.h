@@ -1,0 +1,154 @@
+// Pipeline parallelism: the ParallelStrategy (worker/parallel_strategy.h)
+// that cuts the model into pp parts, one per pipeline rank, and runs a step
+// as a schedule of micro-batches (docs/parallel.md, "Pipeline
+// parallelism"). Composes with data parallelism: dp pipelines, each
+// stage's gradients averaged over the dp ranks that run it.
+//
+// Split. Pipeline rank p runs a contiguous range of blocks
+// (GptModel::CreatePart); the first also runs the embedding, the last the
+// final LayerNorm, the LM head and the loss. The ranges are given, or
+// balanced by FLOPs with the head's classifier counted on the last rank
+// (PipelineSplit). The LM head is the tied wte: the last rank keeps a copy
+// of it, and after the backward passes the two copies' gradients (the
+// encoder's share and the head's) are summed between the first and last
+// rank, as Megatron-LM does, so the copies take the same AdamW step and
+// stay bitwise equal.
+//
+// Schedule. The step's ForwardBackward runs this rank's list of
+// parallel::BuildSchedule (gpipe or 1f1b; interleaved needs several parts
+// per rank and is planned): forwards and backwards of micro-batches into
+// activation slots (as many as the schedule holds in flight), and the
+// activations and their gradients sent and received over the pipeline
+// channels, tagged by micro-batch. Sends run in the background while the
+// rank computes; a slot's buffers are reused only once its sends have
+// finished.
+//
+// Channels. A process group runs its operations one at a time, and a Gloo
+// send completes only once the receiver has posted the receive, so sends
+// and receives to both neighbours in one group can wait for each other in
+// a cycle (rank 0's queue blocked on sending activation 1 while rank 1's is
+// blocked on sending gradient 0). Each direction between two neighbours
+// is therefore a group of its own: the sender's queue holds only sends,
+// the receiver's only receives, in the same order, so from the training
+// threads every channel is a buffered FIFO, as the schedule simulator
+// (parallel/pipeline_schedule.h) assumes.
+//
+// Loss and norm. Only the last rank computes losses (StepLoss::count is
+// 0 elsewhere). The gradient norm is the sum of each rank's stages' sums of
+// squares over the pipeline group (the wte copy counted once, on the first
+// rank).
+//
+// Checkpoints. Each rank writes its own stages' parameters and moments
+// (the first rank writes wte; the last does not write its copy), split
+// between the dp ranks that hold the same stages; a resume loads the
+// stages this rank runs, the last rank's wte copy included, from a
+// checkpoint of any layout.
+//
+// CPU only for now (model parts are). Errors: the groups'
+// (parallel/process_group.h); a peer that dies fails this rank's next
+// receive or send at once.
+// Thread-safety: none; the training thread drives it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "parallel/collectives.h"
+#include "parallel/parallel_dims.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/process_group.h"
+#include "worker/parallel_strategy.h"
+
+namespace muster::worker {
+
+// Blocks per pipeline rank for `config` over `pp` ranks: `explicit_split`
+// when given (INVALID_ARGUMENT naming parallel.pp_split unless it has pp
+// positive entries summing to the layers), else the contiguous split that
+// minimises the most FLOPs any rank runs, counting per token 24 C^2 for a
+// block and 2 C Vp for the classifier on the last rank. INVALID_ARGUMENT
+// naming parallel.pp when there are fewer blocks than ranks.
+absl::StatusOr<std::vector<int>> PipelineSplit(const ModelConfig& config, int pp,
+                                               const std::vector<int>& explicit_split);
+
+// The groups a pipeline rank talks over; see "Channels" above. A channel
+// is a 2-rank group whose rank 0 is the lower pipeline stage; nullptr where
+// the rank has no such neighbour.
+struct PipelineGroups {
+  parallel::ProcessGroup* activations_in = nullptr;   // from the previous stage
+  parallel::ProcessGroup* activations_out = nullptr;  // to the next stage
+  parallel::ProcessGroup* gradients_in = nullptr;     // from the next stage
+  parallel::ProcessGroup* gradients_out = nullptr;    // to the previous stage
+  // The pipeline's dims.pp ranks in stage order: the gradient norm.
+  parallel::ProcessGroup* pipeline = nullptr;
+  // The pipeline's first and last rank: the tied wte (nullptr when pp is 1,
+  // and on the stages between).
+  parallel::ProcessGroup* tied = nullptr;
+  // The ranks running the same stages in the other pipelines (nullptr when
+  // dp is 1).
+  parallel::ProcessGroup* dp = nullptr;
+};
+
+struct PipelineOptions {
+  parallel::ScheduleKind schedule = parallel::ScheduleKind::k1F1B;
+  std::vector<int> split;  // blocks per rank; empty: balanced
+};
+
+class Pipeline final : public ParallelStrategy {
+ public:
+  // `control`: the world, host memory. The groups are not owned; they
+  // outlive this object and agree with `dims` (dims.dp_shard must be 1).
+  Pipeline(const PipelineGroups& groups, parallel::ProcessGroup* control,
+           const parallel::ParallelDims& dims, const PipelineOptions& options, std::string backend);
+  ~Pipeline() override;
+
+  std::string Describe() const override;
+  const parallel::ParallelDims& dims() const override { return dims_; }
+  int rank() const override { return control_.rank(); }
+  int dp_rank() const override { return dims_.Of(control_.rank()).dp; }
+  parallel::Collectives& control() override { return control_; }
+  absl::StatusOr<BuiltModel> Build(const BuildSpec& spec) override;
+  absl::StatusOr<StepLoss> ForwardBackward(GptModel* model, const MicroBatches& batches) override;
+  absl::StatusOr<StepLoss> ForwardOnly(GptModel* model, const MicroBatches& batches) override;
+  void BeginBackward(GptModel* model, bool last) override {}  // the schedule runs backward
+  absl::Status ReduceGradients(GptModel* model) override;
+  absl::StatusOr<double> GradSumOfSquares(GptModel* model) override;
+  absl::Status OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
+                             float grad_scale) override;
+  void ZeroGrad(GptModel* model) override;
+  std::vector<std::vector<FlatRange>> CheckpointFiles(uint64_t total) const override;
+  std::vector<FlatRange> CheckpointLoad(uint64_t total) const override;
+  absl::Status StateLoaded(GptModel* model) override;
+
+  // Blocks per pipeline rank (after Build).
+  const std::vector<int>& split() const { return split_; }
+  // The most micro-batches this rank held activations for in a step.
+  int peak_in_flight() const { return peak_in_flight_; }
+
+ private:
+  struct Slots;
+
+  int stage() const { return groups_.pipeline->rank(); }  // this rank's place in the pipeline
+  bool first() const { return stage() == 0; }
+  bool last() const { return stage() == groups_.pipeline->size() - 1; }
+  // The flat parameter ranges pipeline rank `p` writes (`copy`: with the
+  // last rank's wte copy, which it loads but does not write).
+  std::vector<FlatRange> ParamRanges(int p, bool copy) const;
+  absl::StatusOr<StepLoss> Run(GptModel* model, const MicroBatches& batches,
+                               const std::vector<parallel::PipelineAction>& actions);
+
+  const PipelineGroups groups_;
+  parallel::Collectives control_;
+  const parallel::ParallelDims dims_;
+  const PipelineOptions options_;
+  const std::string backend_;
+  GptModel* model_ = nullptr;
+  std::vector<int> split_;
+  std::vector<size_t> stage_sizes_;  // every stage of the model, in floats
+  size_t wte_floats_ = 0;
+  std::unique_ptr<Slots> slots_;
+  int peak_in_flight_ = 0;
+};
+
+}  // namespace muster::worker
