@@ -238,7 +238,11 @@ struct Table<ParallelConfig> {
        "ranks a replica is sharded over; 0: auto, 1 under ddp and world / (dp_replicate x pp) "
        "under fsdp",
        NonNegative()},
-      {"pp", &P::pp, "pipeline stages (planned)", Positive()},
+      {"pp", &P::pp, "pipeline stages (ddp only)", Positive()},
+      {"schedule", &P::schedule, "the pipeline schedule under pp > 1",
+       OneOf("gpipe|1f1b|interleaved_1f1b").Named("schedule", "schedules")},
+      {"microbatches", &P::microbatches,
+       "micro-batches per step under pp > 1; 0: data.grad_accumulation", NonNegative()},
   };
 };
 
@@ -707,9 +711,40 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                              "replicates the whole model: 0 (auto) or 1"),
                 {"parallel.strategy"});
   }
+  if (p.schedule == "interleaved_1f1b") {
+    return fail("parallel.schedule",
+                "interleaved_1f1b (several stages per rank) is planned; use 1f1b or gpipe");
+  }
   if (p.pp > 1) {
-    return fail("parallel.pp",
-                absl::StrCat(p.pp, " pipeline stages (planned); ddp and fsdp run one: 1"));
+    if (p.strategy == "fsdp") {
+      return fail("parallel.strategy",
+                  absl::StrCat("fsdp with parallel.pp ", p.pp,
+                               " (sharded pipeline stages) is planned; pipelines run under ddp"),
+                  {"parallel.pp"});
+    }
+    if (p.pp > config.model.layers) {
+      return fail("parallel.pp",
+                  absl::StrCat(p.pp, " pipeline stages for ", config.model.layers,
+                               " blocks (model.layers): each stage needs one"),
+                  {"model.layers"});
+    }
+    if (p.microbatches > 0 && config.data.grad_accumulation > 1) {
+      return fail("data.grad_accumulation",
+                  absl::StrCat(config.data.grad_accumulation, " with parallel.microbatches ",
+                               p.microbatches,
+                               ": a pipeline's micro-batches per step are parallel.microbatches "
+                               "alone; leave data.grad_accumulation at 1"),
+                  {"parallel.microbatches"});
+    }
+    const int M = MicroSteps(config);
+    if (p.schedule == "1f1b" && M < p.pp) {
+      return fail("parallel.microbatches",
+                  absl::StrCat(M,
+                               " micro-batches per step (parallel.microbatches, or "
+                               "data.grad_accumulation when it is 0) is fewer than parallel.pp (",
+                               p.pp, "): 1f1b never fills the pipeline; use more, or gpipe"),
+                  {"parallel.pp"});
+    }
   }
   if (c.every > 0 && c.dir.empty()) {
     return fail("checkpoint.every", "saving checkpoints needs checkpoint.dir");
@@ -796,6 +831,13 @@ bool operator==(const ParallelConfig& a, const ParallelConfig& b) { return Equal
 bool operator==(const CheckpointConfig& a, const CheckpointConfig& b) { return Equal(a, b); }
 bool operator==(const TrainConfig& a, const TrainConfig& b) {
   return a.source == b.source && Equal(a, b);
+}
+
+int MicroSteps(const TrainConfig& config) {
+  if (config.parallel.pp > 1 && config.parallel.microbatches > 0) {
+    return config.parallel.microbatches;
+  }
+  return config.data.grad_accumulation;
 }
 
 uint64_t ModelConfigHash(const ModelConfig& model) {

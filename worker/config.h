@@ -79,10 +79,15 @@ struct ParallelConfig {
   // (parallel/parallel_dims.h); 0 is "auto", resolved against the world by
   // ParallelDimsFor (worker/ddp.h): dp_shard is 1 under ddp and the rest of
   // the world under fsdp; dp_replicate is the rest of the world, or 1 under
-  // fsdp when dp_shard is auto too. pp above 1 is planned.
+  // fsdp when dp_shard is auto too. pp above 1 is pipeline parallelism
+  // (worker/pipeline.h), under ddp.
   int dp_replicate = 0;
   int dp_shard = 0;
   int pp = 1;
+  // Under pp > 1: the pipeline schedule, gpipe | 1f1b (interleaved_1f1b
+  // is planned), and the micro-batches of a step (M; 0: data.grad_accumulation).
+  std::string schedule = "1f1b";
+  int microbatches = 0;
 };
 
 struct CheckpointConfig {
@@ -104,6 +109,10 @@ struct TrainConfig {
   ParallelConfig parallel;
   CheckpointConfig checkpoint;
 };
+
+// Micro-batches per optimizer step: parallel.microbatches under pipeline
+// parallelism when set, else data.grad_accumulation.
+int MicroSteps(const TrainConfig& config);
 
 // Reads and validates a yaml file. Relative data globs and paths resolve
 // against the yaml file's directory.

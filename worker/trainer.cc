@@ -62,7 +62,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   BuildSpec spec;
   spec.model = model;
   spec.micro_batch = B;
-  spec.micro_steps = config.data.grad_accumulation;
+  spec.micro_steps = MicroSteps(config);
   spec.device = *device;
   spec.precision = *precision;
   spec.optim = config.optim;
@@ -91,7 +91,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
 absl::StatusOr<StepMetrics> Trainer::Step() {
   using Clock = std::chrono::steady_clock;
   const int B = config_.data.micro_batch, T = config_.model.seq_len;
-  const int A = config_.data.grad_accumulation;
+  const int A = MicroSteps(config_);
   const int dp = strategy_->dims().dp();
   const int step = state_.step;  // 0-based index of this step
   auto start = Clock::now();

@@ -36,6 +36,7 @@
 #include "worker/fsdp.h"
 #include "worker/generate.h"
 #include "worker/model/ops.h"
+#include "worker/pipeline.h"
 #include "worker/trainer.h"
 
 namespace muster::worker {
@@ -129,6 +130,55 @@ void ExitStuck(const absl::Status& cause) {
   _exit(kExitFailure);
 }
 
+// The pipeline's groups (worker/pipeline.h, PipelineGroups), each made
+// with NewGroup in an order every member follows: the pipeline, the dp
+// group, the tied ends, then the channels to the previous stage and to the
+// next (a chain from stage 0, so no two ranks wait on different groups).
+absl::StatusOr<std::unique_ptr<ParallelStrategy>> JoinPipeline(const TrainConfig& config,
+                                                               const parallel::ParallelDims& dims,
+                                                               const parallel::WorldInfo& world,
+                                                               parallel::Communicator* communicator,
+                                                               const std::string& backend) {
+  using Dim = parallel::ParallelDims::Dim;
+  const int rank = world.rank;
+  const std::vector<int> stages = dims.GroupRanks(Dim::kPp, rank);
+  const std::string name = dims.GroupName(Dim::kPp, rank);
+  const int P = dims.pp, p = dims.Of(rank).pp;
+  PipelineGroups groups;
+  auto make = [&](const std::string& group, const std::vector<int>& ranks,
+                  parallel::ProcessGroup** into) -> absl::Status {
+    auto made = communicator->NewGroup(group, ranks);
+    if (!made.ok()) return made.status();
+    *into = *made;
+    return absl::OkStatus();
+  };
+  absl::Status status = make(name, stages, &groups.pipeline);
+  if (status.ok() && dims.dp() > 1) {
+    status = make(dims.GroupName(Dim::kDp, rank), dims.GroupRanks(Dim::kDp, rank), &groups.dp);
+  }
+  if (status.ok() && (p == 0 || p == P - 1)) {
+    status = make("tied." + name, {stages.front(), stages.back()}, &groups.tied);
+  }
+  for (int q : {p - 1, p}) {  // the channels between stages q and q + 1
+    if (!status.ok() || q < 0 || q + 1 >= P) continue;
+    const std::vector<int> pair = {stages[q], stages[q + 1]};
+    const bool lower = q == p;
+    status = make(absl::StrCat("act.", name, ".", q), pair,
+                  lower ? &groups.activations_out : &groups.activations_in);
+    if (status.ok()) {
+      status = make(absl::StrCat("grad.", name, ".", q), pair,
+                    lower ? &groups.gradients_in : &groups.gradients_out);
+    }
+  }
+  if (!status.ok()) return status;
+  PipelineOptions options;
+  auto schedule = parallel::ParseSchedule(config.parallel.schedule);
+  if (!schedule.ok()) return schedule.status();
+  options.schedule = *schedule;
+  return std::unique_ptr<ParallelStrategy>(
+      std::make_unique<Pipeline>(groups, &communicator->control_group(), dims, options, backend));
+}
+
 absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
   auto world = parallel::WorldFromEnvironment();
   if (!world.ok()) return world.status();
@@ -152,6 +202,13 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
     }
   }
   const bool fsdp = config.parallel.strategy == "fsdp";
+  const bool pipeline = dims->pp > 1;
+  if (pipeline && *device == Device::kCuda) {
+    // Model parts run on the CPU only (worker/model/model.h, CreatePart).
+    return absl::InvalidArgumentError(
+        "parallel.pp: pipeline stages run on the CPU in this build (device cpu); on CUDA they "
+        "are planned");
+  }
   if (fsdp && *device == Device::kCuda) {
     // The CUDA engine holds its own parameters (worker/model/model.h,
     // ParamStorage): a config the worker cannot run, said before joining.
@@ -191,6 +248,14 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
   std::string backend_name = DataBackendName(*backend);
   if (*backend == parallel::DataBackend::kNccl) {
     absl::StrAppend(&backend_name, " ", parallel::NcclVersionString());
+  }
+  if (pipeline) {
+    auto built =
+        JoinPipeline(config, *dims, *world, result.communicator.get(), DataBackendName(*backend));
+    if (!built.ok()) return built.status();
+    result.owned = *std::move(built);
+    result.description = absl::StrCat(world->world_size, " rank(s), ", result.owned->Describe());
+    return result;
   }
   if (fsdp) {
     // HSDP: a sub-group per replica to shard over, and one per shard
@@ -241,9 +306,8 @@ void PrintBanner(Trainer& trainer, const std::string& parallelism, FILE* out) {
                "worker: GPT-2 L=%d C=%d NH=%d T=%d V=%d (%.2fM parameters), B=%d x %d "
                "micro-steps, %d steps on %s in %s\n",
                m.layers, m.dim, m.heads, m.seq_len, m.vocab,
-               trainer.model()->num_parameters() / 1e6, config.data.micro_batch,
-               config.data.grad_accumulation, config.train.steps,
-               trainer.model()->device() == Device::kCuda ? "cuda" : "cpu",
+               trainer.model()->num_parameters() / 1e6, config.data.micro_batch, MicroSteps(config),
+               config.train.steps, trainer.model()->device() == Device::kCuda ? "cuda" : "cpu",
                PrecisionName(trainer.model()->precision()));
   if (!parallelism.empty()) std::fprintf(out, "worker: %s\n", parallelism.c_str());
   std::fprintf(out, "worker: MFU peak %s\n", trainer.peak_flops_description().c_str());

@@ -172,9 +172,19 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
        "t.yaml:4: parallel.dp_shard: 4 shards each replica, which needs parallel.strategy: fsdp"},
       {train + "parallel:\n  dp_shard: -1\n", "t.yaml:4: parallel.dp_shard: must be >= 0, got -1"},
       {train + "parallel:\n  pp: 4\n",
-       "t.yaml:4: parallel.pp: 4 pipeline stages (planned); ddp and fsdp run one: 1"},
+       "t.yaml:4: parallel.microbatches: 1 micro-batches per step (parallel.microbatches, or "
+       "data.grad_accumulation when it is 0) is fewer than parallel.pp (4)"},
       {train + "parallel:\n  strategy: fsdp\n  pp: 2\n",
-       "t.yaml:5: parallel.pp: 2 pipeline stages (planned)"},
+       "t.yaml:4: parallel.strategy: fsdp with parallel.pp 2 (sharded pipeline stages) is planned"},
+      {train + "parallel:\n  pp: 5\n  microbatches: 8\n",
+       "t.yaml:4: parallel.pp: 5 pipeline stages for 4 blocks (model.layers)"},
+      {train + "parallel:\n  schedule: interleaved_1f1b\n",
+       "t.yaml:4: parallel.schedule: interleaved_1f1b (several stages per rank) is planned"},
+      {train + "parallel:\n  schedule: zb\n",
+       "t.yaml:4: parallel.schedule: unknown schedule 'zb'; known schedules: gpipe, 1f1b, "
+       "interleaved_1f1b"},
+      {"data:\n  train: x.bin\n  grad_accumulation: 2\nparallel:\n  pp: 2\n  microbatches: 4\n",
+       "data.grad_accumulation: 2 with parallel.microbatches 4"},
       {train + "parallel:\n  pp: 0\n", "t.yaml:4: parallel.pp: must be > 0, got 0"},
       {train + "parallel:\n  zero: 0\n", "t.yaml:4: parallel.zero: must be > 0, got 0"},
       {train + "parallel:\n  strategy: fsdp\n  zero: 4\n",
@@ -390,6 +400,8 @@ TEST_CASE("ConfigToYaml prints every field") {
                           "dp_replicate: 0\n",
                           "dp_shard: 0\n",
                           "pp: 1\n",
+                          "schedule: \"1f1b\"\n",
+                          "microbatches: 0\n",
                           "checkpoint:",
                           "dir:",
                           "every:",
@@ -635,12 +647,16 @@ TEST_CASE("every field: a changed value round-trips, and operator== sees it") {
     const std::string key = field.path.substr(field.path.rfind('.') + 1);
     CHECK_THAT(yaml, Catch::Contains(key + ": " + field.get(changed) + "\n"));
     absl::StatusOr<TrainConfig> parsed = ParseConfig(yaml, changed.source, "");
-    // Pipelining is planned: 1 is its only valid degree so far.
-    const bool planned = field.path == "parallel.pp";
-    if (field.words.size() == 1 || planned) {
+    // A pipeline of 2 stages needs 2 micro-batches a step under 1f1b, and
+    // interleaving is planned: their checks name the field they look at.
+    std::string named = field.path;
+    if (field.path == "parallel.pp") named = "parallel.microbatches";
+    const bool refused = field.path == "parallel.pp" || (field.path == "parallel.schedule" &&
+                                                         field.get(changed) == "interleaved_1f1b");
+    if (field.words.size() == 1 || refused) {
       // No other valid value: the reader did read it, and the check named it.
       REQUIRE_FALSE(parsed.ok());
-      CHECK_THAT(std::string(parsed.status().message()), Catch::Contains(field.path + ": "));
+      CHECK_THAT(std::string(parsed.status().message()), Catch::Contains(named + ": "));
     } else {
       REQUIRE(parsed.ok());
       CHECK(*parsed == changed);
