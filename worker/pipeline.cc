@@ -110,9 +110,10 @@ Pipeline::~Pipeline() {
 }
 
 std::string Pipeline::Describe() const {
-  std::string text =
-      absl::StrCat("pipeline (", parallel::ScheduleName(options_.schedule), ", ", dims_.pp,
-                   " stages: blocks ", absl::StrJoin(split_, "/"), ") over ", backend_);
+  // Before Build the split is not known yet.
+  const std::string blocks = split_.empty() ? "" : ": blocks " + absl::StrJoin(split_, "/");
+  std::string text = absl::StrCat("pipeline (", parallel::ScheduleName(options_.schedule), ", ",
+                                  dims_.pp, " stages", blocks, ") over ", backend_);
   if (dims_.dp() > 1) absl::StrAppend(&text, ", ", dims_.dp(), " pipelines (dp)");
   return text;
 }

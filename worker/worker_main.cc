@@ -254,7 +254,7 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
         JoinPipeline(config, *dims, *world, result.communicator.get(), DataBackendName(*backend));
     if (!built.ok()) return built.status();
     result.owned = *std::move(built);
-    result.description = absl::StrCat(world->world_size, " rank(s), ", result.owned->Describe());
+    // The banner names the split, which Build decides: see Train.
     return result;
   }
   if (fsdp) {
@@ -344,6 +344,10 @@ int Train(const std::string& config_path, Env* env) {
   auto trainer = Trainer::Create(*config, options);
   if (!trainer.ok()) return Fail(trainer.status());
   if (options.strategy == nullptr || options.strategy->rank() == 0) {
+    if (parallelism->description.empty() && options.strategy != nullptr) {
+      parallelism->description = absl::StrCat(options.strategy->dims().world(), " rank(s), ",
+                                              options.strategy->Describe());
+    }
     PrintBanner(**trainer, parallelism->description, stdout);
   }
   return Finish((*trainer)->Run());
