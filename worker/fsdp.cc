@@ -457,16 +457,10 @@ void Fsdp::ZeroGrad(GptModel* model) {
 }
 
 std::vector<std::vector<FlatRange>> Fsdp::CheckpointFiles(uint64_t total) const {
-  const uint64_t params = total / 3;
   std::vector<std::vector<FlatRange>> files;
   for (int rank = 0; rank < dims_.world(); ++rank) {
     const parallel::ParallelDims::Coordinates at = dims_.Of(rank);
-    std::vector<FlatRange> state;
-    for (uint64_t part = 0; part < 3; ++part) {
-      for (const FlatRange& range : OwnedParamRanges(at.shard)) {
-        AppendRange(&state, {part * params + range.begin, range.count});
-      }
-    }
+    const std::vector<FlatRange> state = StateRanges(OwnedParamRanges(at.shard), total);
     // Replicas hold the same shard: each writes its share of it.
     files.push_back(SplitRanges(state, dims_.dp_replicate, at.replicate));
   }
@@ -474,14 +468,7 @@ std::vector<std::vector<FlatRange>> Fsdp::CheckpointFiles(uint64_t total) const 
 }
 
 std::vector<FlatRange> Fsdp::CheckpointLoad(uint64_t total) const {
-  const uint64_t params = total / 3;
-  std::vector<FlatRange> state;
-  for (uint64_t part = 0; part < 3; ++part) {
-    for (const FlatRange& range : OwnedParamRanges(shard_->rank())) {
-      AppendRange(&state, {part * params + range.begin, range.count});
-    }
-  }
-  return state;
+  return StateRanges(OwnedParamRanges(shard_->rank()), total);
 }
 
 absl::Status Fsdp::StateLoaded(GptModel* model) {

@@ -406,16 +406,10 @@ std::vector<FlatRange> Pipeline::ParamRanges(int p, bool copy) const {
 }
 
 std::vector<std::vector<FlatRange>> Pipeline::CheckpointFiles(uint64_t total) const {
-  const uint64_t params = total / 3;
   std::vector<std::vector<FlatRange>> files;
   for (int rank = 0; rank < dims_.world(); ++rank) {
     const parallel::ParallelDims::Coordinates at = dims_.Of(rank);
-    std::vector<FlatRange> state;
-    for (uint64_t part = 0; part < 3; ++part) {
-      for (const FlatRange& range : ParamRanges(at.pp, /*copy=*/false)) {
-        AppendRange(&state, {part * params + range.begin, range.count});
-      }
-    }
+    const std::vector<FlatRange> state = StateRanges(ParamRanges(at.pp, /*copy=*/false), total);
     // The pipelines hold the same stages: each writes its share.
     files.push_back(SplitRanges(state, dims_.dp(), at.dp));
   }
@@ -423,14 +417,7 @@ std::vector<std::vector<FlatRange>> Pipeline::CheckpointFiles(uint64_t total) co
 }
 
 std::vector<FlatRange> Pipeline::CheckpointLoad(uint64_t total) const {
-  const uint64_t params = total / 3;
-  std::vector<FlatRange> state;
-  for (uint64_t part = 0; part < 3; ++part) {
-    for (const FlatRange& range : ParamRanges(stage(), /*copy=*/true)) {
-      AppendRange(&state, {part * params + range.begin, range.count});
-    }
-  }
-  return state;
+  return StateRanges(ParamRanges(stage(), /*copy=*/true), total);
 }
 
 absl::Status Pipeline::StateLoaded(GptModel* model) {

@@ -15,6 +15,7 @@
 #include "parallel/gradient_reducer.h"
 #include "rendezvous/client/store.h"
 #include "tests/parallel/group_test_util.h"
+#include "tests/worker/test_corpus.h"
 #include "worker/data.h"
 #include "worker/ddp.h"
 #include "worker/parallel_strategy.h"
@@ -160,16 +161,9 @@ class CountingGroup : public parallel::ProcessGroup {
 };
 
 TrainConfig SmallJob(const std::string& dir, int micro_batch, int accumulation) {
-  static bool written = false;
-  if (!written) {
-    std::vector<uint16_t> tokens;
-    for (int i = 0; i < 8000; ++i) tokens.push_back(static_cast<uint16_t>((i * 7 + i / 13) % 97));
-    REQUIRE(WriteTokenShard(dir + "/train_000.bin", tokens).ok());
-    written = true;
-  }
   TrainConfig config;
   config.model = {2, 2, 32, 128, 16};
-  config.data.train = dir + "/train_*.bin";
+  config.data.train = testing::TestCorpus("ddp_test");
   config.data.micro_batch = micro_batch;
   config.data.grad_accumulation = accumulation;
   config.optim.lr = 1e-2;

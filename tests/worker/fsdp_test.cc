@@ -15,6 +15,7 @@
 #include "parallel/local_ranks.h"
 #include "parallel/parallel_dims.h"
 #include "rendezvous/client/store.h"
+#include "tests/worker/test_corpus.h"
 #include "worker/data.h"
 #include "worker/fsdp.h"
 #include "worker/parallel_strategy.h"
@@ -23,26 +24,11 @@
 namespace muster::worker {
 namespace {
 
-std::string TestDir() {
-  std::string dir =
-      absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp", "/fsdp_test");
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
 // A tiny GPT-2 whose stage sizes 2 and 3 ranks do not divide evenly.
 TrainConfig SmallJob(int micro_batch, int accumulation) {
-  const std::string dir = TestDir();
-  static bool written = false;
-  if (!written) {
-    std::vector<uint16_t> tokens;
-    for (int i = 0; i < 8000; ++i) tokens.push_back(static_cast<uint16_t>((i * 7 + i / 13) % 97));
-    REQUIRE(WriteTokenShard(dir + "/train_000.bin", tokens).ok());
-    written = true;
-  }
   TrainConfig config;
   config.model = {2, 2, 36, 101, 16};  // layers, heads, dim, vocab, seq_len
-  config.data.train = dir + "/train_*.bin";
+  config.data.train = testing::TestCorpus("fsdp_test");
   config.data.micro_batch = micro_batch;
   config.data.grad_accumulation = accumulation;
   config.optim.lr = 1e-2;

@@ -18,6 +18,7 @@
 #include "parallel/local_ranks.h"
 #include "parallel/parallel_dims.h"
 #include "rendezvous/client/store.h"
+#include "tests/worker/test_corpus.h"
 #include "worker/data.h"
 #include "worker/pipeline.h"
 #include "worker/trainer.h"
@@ -29,19 +30,9 @@ using parallel::ScheduleKind;
 using Dim = parallel::ParallelDims::Dim;
 
 TrainConfig SmallJob(int micro_batch, int micro_steps) {
-  const std::string dir =
-      absl::StrCat(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp", "/pp_test");
-  static bool written = false;
-  if (!written) {
-    std::filesystem::create_directories(dir);
-    std::vector<uint16_t> tokens;
-    for (int i = 0; i < 8000; ++i) tokens.push_back(static_cast<uint16_t>((i * 7 + i / 13) % 97));
-    REQUIRE(WriteTokenShard(dir + "/train_000.bin", tokens).ok());
-    written = true;
-  }
   TrainConfig config;
   config.model = {4, 2, 32, 101, 16};  // layers, heads, dim, vocab, seq_len
-  config.data.train = dir + "/train_*.bin";
+  config.data.train = testing::TestCorpus("pipeline_test");
   config.data.micro_batch = micro_batch;
   config.data.grad_accumulation = micro_steps;
   config.optim.lr = 1e-2;

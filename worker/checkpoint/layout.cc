@@ -50,6 +50,17 @@ void AppendRange(std::vector<FlatRange>* ranges, FlatRange range) {
   }
 }
 
+std::vector<FlatRange> StateRanges(const std::vector<FlatRange>& params_ranges, uint64_t total) {
+  const uint64_t params = total / 3;
+  std::vector<FlatRange> state;
+  for (uint64_t part = 0; part < 3; ++part) {
+    for (const FlatRange& range : params_ranges) {
+      AppendRange(&state, {part * params + range.begin, range.count});
+    }
+  }
+  return state;
+}
+
 std::vector<FlatRange> SplitRanges(const std::vector<FlatRange>& ranges, int parts, int index) {
   uint64_t total = 0;
   for (const FlatRange& range : ranges) total += range.count;

@@ -50,6 +50,11 @@ std::vector<FlatRange> EvenShards(uint64_t total, int world);
 // Appends `range` (unless empty), merged with the last one when they touch.
 void AppendRange(std::vector<FlatRange>* ranges, FlatRange range);
 
+// The flat-state ranges of parameter ranges `params_ranges` (sorted) in
+// each of the three parts (params, m, v) of a state of `total` floats:
+// what a rank that owns those parameters writes or loads.
+std::vector<FlatRange> StateRanges(const std::vector<FlatRange>& params_ranges, uint64_t total);
+
 // Part `index` of `ranges` cut in `parts` even parts: the ranks that hold
 // the same state (FSDP's replicas, a pipeline stage's dp ranks) share its
 // writing.
