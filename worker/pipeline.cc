@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "worker/model/ops.h"
 
 namespace muster::worker {
@@ -220,8 +222,12 @@ absl::StatusOr<StepLoss> Pipeline::Run(GptModel* model, const MicroBatches& batc
     slots.of.erase(m);
   };
   StepLoss loss;
+  times_.clear();
+  const absl::Time began = absl::Now();
+  auto since = [&] { return absl::ToDoubleSeconds(absl::Now() - began); };
   for (const PipelineAction& action : actions) {
     const int m = action.microbatch;
+    times_.push_back({action, since(), 0});
     auto slot = take(m);
     if (!slot.ok()) return slot.status();
     const int s = *slot;
@@ -270,6 +276,7 @@ absl::StatusOr<StepLoss> Pipeline::Run(GptModel* model, const MicroBatches& batc
         break;
       }
     }
+    times_.back().end = since();
   }
   // Every send of the step has finished before the step's reductions.
   for (auto& sending : slots.sending) {

@@ -125,6 +125,13 @@ class Pipeline final : public ParallelStrategy {
   const std::vector<int>& split() const { return split_; }
   // The most micro-batches this rank held activations for in a step.
   int peak_in_flight() const { return peak_in_flight_; }
+  // When each action of the last ForwardBackward started and ended, in
+  // seconds from its start (benchmarks: the idle time between computes).
+  struct ActionTime {
+    parallel::PipelineAction action;
+    double start = 0, end = 0;
+  };
+  const std::vector<ActionTime>& last_step_times() const { return times_; }
 
  private:
   struct Slots;
@@ -149,6 +156,7 @@ class Pipeline final : public ParallelStrategy {
   size_t wte_floats_ = 0;
   std::unique_ptr<Slots> slots_;
   int peak_in_flight_ = 0;
+  std::vector<ActionTime> times_;
 };
 
 }  // namespace muster::worker

@@ -151,6 +151,9 @@ class GptModel {
   // for gradient accumulation).
   virtual void Backward(float loss_scale) = 0;
 
+  // Bytes of the activations it allocated: every slot's, and the backward
+  // scratch (0 where the engine does not count them).
+  virtual size_t ActivationBytes() const { return 0; }
   // The part this model runs; {0, L, 1} unless made by CreatePart.
   const ModelPart& part() const { return part_; }
   // The pipeline's passes over micro-batch `slot` (0 <= slot < part.slots)

@@ -61,6 +61,8 @@ class GptModelImpl final : public GptModel {
                     float* activation_out, int B, int T) override;
   void PartBackward(int slot, float loss_scale, const float* grad_out, float* grad_in) override;
 
+  size_t ActivationBytes() const override { return activation_bytes_; }
+
   void ZeroGrad() override {
     for (Stage& stage : stages_) {
       if (stage.grads != nullptr) ops_->Zero(stage.grads, stage.size * sizeof(float));
@@ -121,6 +123,7 @@ class GptModelImpl final : public GptModel {
 
   std::vector<Slot> slots_;
   Slot* slot_ = nullptr;
+  size_t activation_bytes_ = 0;     // every slot's buffers and the backward scratch
   int batch_ = 0, time_ = 0;        // the current slot's
   std::vector<float> host_losses_;  // (B, T)
 
@@ -190,6 +193,7 @@ absl::Status GptModelImpl::Allocate() {
   plan.Request(&dnarrow_, BT * C);
   plan.Request(&dwide_, BT * 4 * C);
   plan.Request(&dpreatt_, B * NH * T * T);
+  activation_bytes_ = plan.total_bytes();
   absl::StatusOr<void*> activations = ops_->Alloc(plan.total_bytes());
   if (!activations.ok()) return activations.status();
   allocations_.push_back(*activations);
