@@ -21,25 +21,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "tests/launcher/harness.h"
+#include "tests/worker/launch_job.h"
 #include "worker/data.h"
 
 namespace muster::testing {
 namespace {
 
 using launcher::Child;
-
-// A byte-level corpus with some structure (so the loss moves) and no
-// period short enough to repeat within a global batch.
-void WriteCorpus(const std::string& dir) {
-  std::vector<uint16_t> tokens;
-  uint64_t state = 42;
-  const std::string words[] = {"alpha ", "beta ", "gamma ", "delta ", "sigma ", "omega. "};
-  while (tokens.size() < 20000) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    for (char c : words[(state >> 33) % 6]) tokens.push_back(static_cast<unsigned char>(c));
-  }
-  REQUIRE(worker::WriteTokenShard(dir + "/train_000.bin", tokens).ok());
-}
 
 // `checkpoint`: the yaml's checkpoint section, or "" for none.
 std::string JobYaml(int micro_batch, int accumulation, int steps, const std::string& metrics,

@@ -15,52 +15,21 @@
 // C = 35, T = 15, Vp = 256 make the embedding (256 + 15) x 35 = 9485
 // floats and each block 35 x (12 x 35 + 13) = 15155, neither divisible by
 // 2 or 3 (the head, 2C = 70, is even whatever C is).
-#include <poll.h>
-#include <signal.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <catch2/catch.hpp>
-#include <cerrno>
-#include <cmath>
-#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "tests/launcher/harness.h"
-#include "worker/data.h"
+#include "tests/worker/launch_job.h"
 
 namespace muster::testing {
 namespace {
-
-using launcher::Child;
-
-// Every launch in this file must end well within this; a hang fails the
-// test instead of the test's own timeout.
-constexpr absl::Duration kJobTimeout = absl::Seconds(60);
-
-// A byte-level corpus with some structure (so the loss moves) and no
-// period short enough to repeat within a global batch.
-void WriteCorpus(const std::string& dir) {
-  std::vector<uint16_t> tokens;
-  uint64_t state = 42;
-  const std::string words[] = {"alpha ", "beta ", "gamma ", "delta ", "sigma ", "omega. "};
-  while (tokens.size() < 20000) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    for (char c : words[(state >> 33) % 6]) tokens.push_back(static_cast<unsigned char>(c));
-  }
-  REQUIRE(worker::WriteTokenShard(dir + "/train_000.bin", tokens).ok());
-}
 
 struct Job {
   std::string strategy = "fsdp";
@@ -91,51 +60,17 @@ std::string JobYaml(const Job& job) {
       job.checkpoint.empty() ? "" : absl::StrCat("checkpoint: ", job.checkpoint, "\n"));
 }
 
-// checkpoint: {dir: <dir>/<name>, every: <every>[, resume: <resume>]}
-std::string CheckpointYaml(const TempDir& dir, const std::string& name, int every,
-                           const std::string& resume = "") {
-  return absl::StrCat("{dir: \"", dir.File(name), "\", every: ", every,
-                      resume.empty() ? "" : absl::StrCat(", resume: \"", resume, "\""), "}");
-}
-
-// Writes <name>.yaml for `job` (metrics to <name>.jsonl) and runs it under
-// `launch --standalone` on `world` ranks, console to <name>.log. Returns
-// launch's exit code; REQUIREs that it exits within kJobTimeout.
+// RunYaml for `job`, its metrics to <name>.jsonl.
 int RunJob(const TempDir& dir, const std::string& name, int world, Job job,
            const std::vector<std::string>& launch_flags = {}) {
   job.metrics = name + ".jsonl";
-  WriteFile(dir.File(name + ".yaml"), JobYaml(job));
-  std::vector<std::string> args = {"--standalone", absl::StrCat("--nproc_per_node=", world)};
-  args.insert(args.end(), launch_flags.begin(), launch_flags.end());
-  args.push_back(BinaryPath("worker/worker"));
-  args.push_back(dir.File(name + ".yaml"));
-  Child launch = StartLaunch(args, dir.File(name + ".log"));
-  auto exit = launch.WaitFor(kJobTimeout);
-  INFO(name << ":\n" << ReadFile(dir.File(name + ".log")));
-  REQUIRE(exit.has_value());
-  return exit->ShellCode();
+  return RunYaml(dir, name, world, JobYaml(job), launch_flags);
 }
 
 // Runs a job that must succeed and returns rank 0's losses.
-std::map<int, double> Train(const TempDir& dir, const std::string& name, int world,
-                            const Job& job) {
-  int code = RunJob(dir, name, world, job);
-  INFO(name << ":\n" << ReadFile(dir.File(name + ".log")));
-  REQUIRE(code == 0);
-  return Losses(dir.File(name + ".jsonl"));
-}
-
-// Every step of `losses` within 1e-5 relative of the same step of
-// `reference`.
-void CheckFollows(const std::map<int, double>& losses, const std::map<int, double>& reference,
-                  const std::string& what) {
-  for (const auto& [step, loss] : losses) {
-    auto expected = reference.find(step);
-    INFO(what << " step " << step << ": " << loss << " vs "
-              << (expected == reference.end() ? NAN : expected->second));
-    REQUIRE(expected != reference.end());
-    CHECK(std::abs(loss - expected->second) <= 1e-5 * std::abs(expected->second));
-  }
+std::map<int, double> Train(const TempDir& dir, const std::string& name, int world, Job job) {
+  job.metrics = name + ".jsonl";
+  return TrainYaml(dir, name, world, JobYaml(job));
 }
 
 // The console lines (launch prefixes each with "[host rankN]:") holding
@@ -166,21 +101,6 @@ void CheckMemoryLines(const std::string& console, int world) {
     INFO("rank " << rank);
     CHECK(found == 1);
   }
-}
-
-// A checkpoint's directory name under checkpoint.dir.
-std::string StepDir(int step) { return absl::StrFormat("step_%08d", step); }
-
-// The .bin files of a checkpoint directory: name -> contents.
-std::map<std::string, std::string> CheckpointFiles(const std::string& step_dir) {
-  std::map<std::string, std::string> files;
-  if (!std::filesystem::exists(step_dir)) return files;
-  for (const auto& entry : std::filesystem::directory_iterator(step_dir)) {
-    if (entry.path().extension() == ".bin") {
-      files[entry.path().filename().string()] = ReadFile(entry.path().string());
-    }
-  }
-  return files;
 }
 
 TEST_CASE("ZeRO-1/2/3 at 2 and 3 ranks and HSDP 2x2 follow the 1-process loss curve") {
@@ -224,11 +144,7 @@ std::map<int, double> Resume(const TempDir& dir, const std::string& name, int wo
                              const std::string& saved, int saved_step) {
   job.checkpoint = CheckpointYaml(dir, name + "_ckpt", job.steps, saved);
   std::map<int, double> losses = Train(dir, name, world, job);
-  std::string log = ReadFile(dir.File(name + ".log"));
-  INFO(name << ":\n" << log);
-  CHECK(absl::StrContains(log, "resumed from"));
-  CHECK(losses.size() == static_cast<size_t>(job.steps - saved_step));
-  CHECK((!losses.empty() && losses.begin()->first == saved_step + 1));
+  CheckResumed(dir, name, losses, job.steps, saved_step);
   return losses;
 }
 
@@ -281,32 +197,7 @@ TEST_CASE("checkpoints resume across DDP and FSDP and across 2 and 3 ranks") {
     INFO("fsdp2 -> fsdp2 step " << step);
     CHECK(loss == uninterrupted[step]);
   }
-  std::map<std::string, std::string> expected =
-      CheckpointFiles(dir.File("fsdp2_ckpt/" + StepDir(kSteps)));
-  CHECK(expected.size() == 2);
-  CHECK(CheckpointFiles(dir.File("fsdp2_again_ckpt/" + StepDir(kSteps))) == expected);
-}
-
-// The pid of `launch`'s worker with `RANK=rank` in its environment, or -1.
-int RankPid(int launch, int rank) {
-  const std::string entry = absl::StrCat("RANK=", rank);
-  return FindChild(launch, [&](int pid) { return HasEnvironmentEntry(pid, entry); });
-}
-
-// Waits, up to `timeout`, for a process that is not this one's child to
-// exit: its pidfd polls readable then. True if it is gone.
-bool ExitsWithin(int pid, absl::Duration timeout) {
-  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  if (pidfd < 0) return errno == ESRCH;
-  const absl::Time deadline = absl::Now() + timeout;
-  int ready = 0;
-  do {
-    pollfd event = {pidfd, POLLIN, 0};
-    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
-    ready = poll(&event, 1, static_cast<int>(std::max<int64_t>(left, 0)));
-  } while (ready < 0 && errno == EINTR);
-  close(pidfd);
-  return ready == 1;
+  CheckSameCheckpoint(dir.File("fsdp2_again_ckpt"), dir.File("fsdp2_ckpt"), kSteps, 2);
 }
 
 TEST_CASE("an FSDP rank SIGKILLed mid-run: the other leaves, launch restarts, the run ends exact") {
@@ -324,61 +215,18 @@ TEST_CASE("an FSDP rank SIGKILLed mid-run: the other leaves, launch restarts, th
 
   job.metrics = "killed.jsonl";
   job.checkpoint = CheckpointYaml(dir, "killed_ckpt", kEvery);
-  WriteFile(dir.File("killed.yaml"), JobYaml(job));
-  // shutdown_timeout past the bounds below: launch's SIGKILL of the
-  // survivor cannot pass for the survivor leaving by itself (the worker
-  // takes SIGTERM as a request to stop after the step under way).
-  Child launch = StartLaunch(
-      {"--standalone", "--nproc_per_node=2", "--max_restarts=1", "--shutdown_timeout=60",
-       "--rdzv_id=fsdpkill", BinaryPath("worker/worker"), dir.File("killed.yaml")},
-      dir.File("killed.log"));
-  // Past the second checkpoint (step 10), so the resume has one to load.
-  REQUIRE(
-      WaitUntil([&] { return Losses(dir.File("killed.jsonl")).size() >= 12; }, absl::Seconds(30)));
-  const int victim = RankPid(launch.pid(), 1);
-  const int survivor = RankPid(launch.pid(), 0);
-  REQUIRE(victim > 0);
-  REQUIRE(survivor > 0);
-  const absl::Time killed = absl::Now();
-  REQUIRE(::kill(victim, SIGKILL) == 0);
-  const int killed_after = Losses(dir.File("killed.jsonl")).rbegin()->first;
-
+  const KilledJob killed = KillRankMidRun(dir, "killed", 2, JobYaml(job), "fsdpkill", 1, kEvery);
+  INFO(killed.log);
   // The survivor's peer socket closes: it leaves its gather or
   // reduce-scatter at once, not after timeout_s.
-  REQUIRE(ExitsWithin(survivor, absl::Seconds(30)));
-  const absl::Duration left = absl::Now() - killed;
-  auto exit = launch.WaitFor(kJobTimeout);
-  const absl::Duration finished = absl::Now() - killed;
-  std::string log = ReadFile(dir.File("killed.log"));
-  INFO(log);
-  REQUIRE(exit.has_value());
-  WARN("the survivor left " << absl::FormatDuration(left) << " after the SIGKILL; the job finished "
-                            << absl::FormatDuration(finished) << " after it");
-  CHECK(left < absl::Seconds(10));
-  CHECK(finished < absl::Seconds(40));
-  REQUIRE(exit->ShellCode() == 0);
-  INFO("killed after step " << killed_after);
-  CHECK(killed_after < kSteps);
-  // Attempt 1 resumed from the last checkpoint before the kill, not from
-  // scratch (which would give the same losses too).
-  const size_t resumed = log.find("resumed from ");
-  REQUIRE(resumed != std::string::npos);
-  const size_t step_at = log.find("(step ", resumed);
-  int resumed_step = 0;
-  REQUIRE(step_at != std::string::npos);
-  REQUIRE(absl::SimpleAtoi(log.substr(step_at + 6, log.find(',', step_at) - step_at - 6),
-                           &resumed_step));
-  INFO("resumed from step " << resumed_step);
-  CHECK(resumed_step >= 10);
-  CHECK(resumed_step <= killed_after);
-  CHECK(resumed_step % kEvery == 0);
-  // Every step's loss as written, and the final weights and AdamW moments
-  // (both ranks' files of step 60), bit for bit.
-  CHECK(LossTexts(dir.File("killed.jsonl")) == LossTexts(dir.File("reference.jsonl")));
-  std::map<std::string, std::string> expected =
-      CheckpointFiles(dir.File("reference_ckpt/" + StepDir(kSteps)));
-  CHECK(expected.size() == 2);
-  CHECK(CheckpointFiles(dir.File("killed_ckpt/" + StepDir(kSteps))) == expected);
+  WARN("the survivor left " << absl::FormatDuration(killed.left.at(0))
+                            << " after the SIGKILL; the job finished "
+                            << absl::FormatDuration(killed.finished) << " after it");
+  CHECK(killed.left.at(0) < absl::Seconds(10));
+  CHECK(killed.finished < absl::Seconds(40));
+  REQUIRE(killed.exit_code == 0);
+  // Both ranks' files of step 60.
+  CheckRestartedExact(dir, "killed", killed, "reference", kSteps, kEvery, 2);
 }
 
 TEST_CASE("bad FSDP configs exit 2 naming the fields") {

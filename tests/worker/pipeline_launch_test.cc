@@ -15,51 +15,20 @@
 // global samples first + (m x dp + r) x B .. + B, which is micro-step
 // m x dp + r of one process with micro_batch B and grad_accumulation
 // dp x M.
-#include <poll.h>
-#include <signal.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <catch2/catch.hpp>
-#include <cerrno>
-#include <cmath>
-#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "tests/launcher/harness.h"
-#include "worker/data.h"
+#include "tests/worker/launch_job.h"
 
 namespace muster::testing {
 namespace {
-
-using launcher::Child;
-
-// Every launch in this file must end well within this; a hang fails the
-// test instead of the test's own timeout.
-constexpr absl::Duration kJobTimeout = absl::Seconds(60);
-
-// A byte-level corpus with some structure (so the loss moves) and no
-// period short enough to repeat within a global batch.
-void WriteCorpus(const std::string& dir) {
-  std::vector<uint16_t> tokens;
-  uint64_t state = 42;
-  const std::string words[] = {"alpha ", "beta ", "gamma ", "delta ", "sigma ", "omega. "};
-  while (tokens.size() < 20000) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    for (char c : words[(state >> 33) % 6]) tokens.push_back(static_cast<unsigned char>(c));
-  }
-  REQUIRE(worker::WriteTokenShard(dir + "/train_000.bin", tokens).ok());
-}
 
 struct Job {
   int layers = 4;
@@ -97,88 +66,25 @@ std::string JobYaml(const Job& job) {
       job.checkpoint.empty() ? "" : absl::StrCat("checkpoint: ", job.checkpoint, "\n"));
 }
 
-// checkpoint: {dir: <dir>/<name>, every: <every>[, resume: <resume>]}
-std::string CheckpointYaml(const TempDir& dir, const std::string& name, int every,
-                           const std::string& resume = "") {
-  return absl::StrCat("{dir: \"", dir.File(name), "\", every: ", every,
-                      resume.empty() ? "" : absl::StrCat(", resume: \"", resume, "\""), "}");
-}
-
-// Writes <name>.yaml for `job` (metrics to <name>.jsonl) and runs it under
-// `launch --standalone` on `world` ranks, console to <name>.log. Returns
-// launch's exit code; REQUIREs that it exits within kJobTimeout.
+// RunYaml for `job`, its metrics to <name>.jsonl.
 int RunJob(const TempDir& dir, const std::string& name, int world, Job job,
            const std::vector<std::string>& launch_flags = {}) {
   job.metrics = name + ".jsonl";
-  WriteFile(dir.File(name + ".yaml"), JobYaml(job));
-  std::vector<std::string> args = {"--standalone", absl::StrCat("--nproc_per_node=", world)};
-  args.insert(args.end(), launch_flags.begin(), launch_flags.end());
-  args.push_back(BinaryPath("worker/worker"));
-  args.push_back(dir.File(name + ".yaml"));
-  Child launch = StartLaunch(args, dir.File(name + ".log"));
-  auto exit = launch.WaitFor(kJobTimeout);
-  INFO(name << ":\n" << ReadFile(dir.File(name + ".log")));
-  REQUIRE(exit.has_value());
-  return exit->ShellCode();
+  return RunYaml(dir, name, world, JobYaml(job), launch_flags);
 }
 
 // Runs a job that must succeed and returns rank 0's losses. A pipeline
 // job must say so in its banner: "pipeline (<schedule>, <pp> stages".
-std::map<int, double> Train(const TempDir& dir, const std::string& name, int world,
-                            const Job& job) {
-  int code = RunJob(dir, name, world, job);
+std::map<int, double> Train(const TempDir& dir, const std::string& name, int world, Job job) {
+  job.metrics = name + ".jsonl";
+  std::map<int, double> losses = TrainYaml(dir, name, world, JobYaml(job));
   const std::string log = ReadFile(dir.File(name + ".log"));
   INFO(name << ":\n" << log);
-  REQUIRE(code == 0);
   if (job.pp > 1) {
     CHECK(
         absl::StrContains(log, absl::StrCat("pipeline (", job.schedule, ", ", job.pp, " stages")));
   }
-  return Losses(dir.File(name + ".jsonl"));
-}
-
-// Every step of `losses` within 1e-5 relative of the same step of
-// `reference`.
-void CheckFollows(const std::map<int, double>& losses, const std::map<int, double>& reference,
-                  const std::string& what) {
-  for (const auto& [step, loss] : losses) {
-    auto expected = reference.find(step);
-    INFO(what << " step " << step << ": " << loss << " vs "
-              << (expected == reference.end() ? NAN : expected->second));
-    REQUIRE(expected != reference.end());
-    CHECK(std::abs(loss - expected->second) <= 1e-5 * std::abs(expected->second));
-  }
-}
-
-// A checkpoint's directory name under checkpoint.dir.
-std::string StepDir(int step) { return absl::StrFormat("step_%08d", step); }
-
-// The .bin files of a checkpoint directory: name -> contents.
-std::map<std::string, std::string> CheckpointFiles(const std::string& step_dir) {
-  std::map<std::string, std::string> files;
-  if (!std::filesystem::exists(step_dir)) return files;
-  for (const auto& entry : std::filesystem::directory_iterator(step_dir)) {
-    if (entry.path().extension() == ".bin") {
-      files[entry.path().filename().string()] = ReadFile(entry.path().string());
-    }
-  }
-  return files;
-}
-
-// The step of the newest checkpoint under `checkpoint_dir` whose manifest
-// is in place (a save still being written has none), or 0.
-int NewestCheckpoint(const std::string& checkpoint_dir) {
-  int newest = 0;
-  std::error_code ignored;
-  for (const auto& entry : std::filesystem::directory_iterator(checkpoint_dir, ignored)) {
-    const std::string name = entry.path().filename().string();
-    int step = 0;
-    if (absl::StartsWith(name, "step_") && absl::SimpleAtoi(name.substr(5), &step) &&
-        std::filesystem::exists(entry.path() / "manifest.json")) {
-      newest = std::max(newest, step);
-    }
-  }
-  return newest;
+  return losses;
 }
 
 TEST_CASE("PP=2 and PP=4 under GPipe and 1F1B, and DP=2 x PP=2, follow the 1-process curve") {
@@ -230,11 +136,7 @@ std::map<int, double> Resume(const TempDir& dir, const std::string& name, int wo
                              const std::string& saved, int saved_step) {
   job.checkpoint = CheckpointYaml(dir, name + "_ckpt", job.steps, saved);
   std::map<int, double> losses = Train(dir, name, world, job);
-  std::string log = ReadFile(dir.File(name + ".log"));
-  INFO(name << ":\n" << log);
-  CHECK(absl::StrContains(log, "resumed from"));
-  CHECK(losses.size() == static_cast<size_t>(job.steps - saved_step));
-  CHECK((!losses.empty() && losses.begin()->first == saved_step + 1));
+  CheckResumed(dir, name, losses, job.steps, saved_step);
   return losses;
 }
 
@@ -270,36 +172,11 @@ TEST_CASE("a PP=2 checkpoint resumes under PP=2 bit for bit, and under 1 process
     INFO("pp2 -> pp2 step " << step);
     CHECK(loss == expected_texts[step]);
   }
-  std::map<std::string, std::string> expected_files =
-      CheckpointFiles(dir.File("pp2_ckpt/" + StepDir(kSteps)));
-  CHECK(expected_files.size() == 2);
-  CHECK(CheckpointFiles(dir.File("pp2_again_ckpt/" + StepDir(kSteps))) == expected_files);
+  CheckSameCheckpoint(dir.File("pp2_again_ckpt"), dir.File("pp2_ckpt"), kSteps, 2);
   // (b) PP=2 -> 1 process.
   CheckFollows(Resume(dir, "pp2_to_one", 1, one, saved, kSaved), uninterrupted, "pp2 -> one");
   // (c) PP=2 -> PP=4.
   CheckFollows(Resume(dir, "pp2_to_pp4", 4, pp4, saved, kSaved), uninterrupted, "pp2 -> pp4");
-}
-
-// The pid of `launch`'s worker with `RANK=rank` in its environment, or -1.
-int RankPid(int launch, int rank) {
-  const std::string entry = absl::StrCat("RANK=", rank);
-  return FindChild(launch, [&](int pid) { return HasEnvironmentEntry(pid, entry); });
-}
-
-// Waits, up to `timeout`, for a process that is not this one's child to
-// exit: its pidfd polls readable then. True if it is gone.
-bool ExitsWithin(int pid, absl::Duration timeout) {
-  int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
-  if (pidfd < 0) return errno == ESRCH;
-  const absl::Time deadline = absl::Now() + timeout;
-  int ready = 0;
-  do {
-    pollfd event = {pidfd, POLLIN, 0};
-    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
-    ready = poll(&event, 1, static_cast<int>(std::max<int64_t>(left, 0)));
-  } while (ready < 0 && errno == EINTR);
-  close(pidfd);
-  return ready == 1;
 }
 
 TEST_CASE("the middle stage SIGKILLed: the others leave, launch restarts, the run ends exact") {
@@ -318,73 +195,20 @@ TEST_CASE("the middle stage SIGKILLed: the others leave, launch restarts, the ru
 
   job.metrics = "killed.jsonl";
   job.checkpoint = CheckpointYaml(dir, "killed_ckpt", kEvery);
-  WriteFile(dir.File("killed.yaml"), JobYaml(job));
-  // shutdown_timeout past the bounds below: launch's SIGKILL of a
-  // survivor cannot pass for it leaving by itself (the worker takes
-  // SIGTERM as a request to stop after the step under way).
-  Child launch = StartLaunch(
-      {"--standalone", "--nproc_per_node=3", "--max_restarts=1", "--shutdown_timeout=60",
-       "--rdzv_id=ppkill", BinaryPath("worker/worker"), dir.File("killed.yaml")},
-      dir.File("killed.log"));
-  // Past the second checkpoint (step 10), so the resume has one to load:
-  // its manifest, renamed into place once every stage's file is durable
-  // (the save runs in the background, some steps behind the loss log).
-  const std::string second = dir.File("killed_ckpt/" + StepDir(2 * kEvery) + "/manifest.json");
-  REQUIRE(WaitUntil([&] { return std::filesystem::exists(second); }, absl::Seconds(30)));
-  const int first = RankPid(launch.pid(), 0);
-  const int victim = RankPid(launch.pid(), 1);
-  const int last = RankPid(launch.pid(), 2);
-  REQUIRE(first > 0);
-  REQUIRE(victim > 0);
-  REQUIRE(last > 0);
-  const int saved_before = NewestCheckpoint(dir.File("killed_ckpt"));
-  const absl::Time killed = absl::Now();
-  REQUIRE(::kill(victim, SIGKILL) == 0);
-  const int killed_after = Losses(dir.File("killed.jsonl")).rbegin()->first;
-
+  const KilledJob killed = KillRankMidRun(dir, "killed", 3, JobYaml(job), "ppkill", 1, kEvery);
+  INFO(killed.log);
   // Both neighbours' channels to the middle stage close: each leaves its
   // send or receive at once, not after timeout_s.
-  REQUIRE(ExitsWithin(first, absl::Seconds(30)));
-  const absl::Duration first_left = absl::Now() - killed;
-  REQUIRE(ExitsWithin(last, absl::Seconds(30)));
-  const absl::Duration last_left = absl::Now() - killed;
-  auto exit = launch.WaitFor(kJobTimeout);
-  const absl::Duration finished = absl::Now() - killed;
-  std::string log = ReadFile(dir.File("killed.log"));
-  INFO(log);
-  REQUIRE(exit.has_value());
-  WARN("the first stage left " << absl::FormatDuration(first_left) << " and the last "
-                               << absl::FormatDuration(last_left)
+  WARN("the first stage left " << absl::FormatDuration(killed.left.at(0)) << " and the last "
+                               << absl::FormatDuration(killed.left.at(2))
                                << " after the SIGKILL; the job finished "
-                               << absl::FormatDuration(finished) << " after it");
-  CHECK(first_left < absl::Seconds(10));
-  CHECK(last_left < absl::Seconds(10));
-  CHECK(finished < absl::Seconds(40));
-  REQUIRE(exit->ShellCode() == 0);
-  INFO("killed after step " << killed_after);
-  CHECK(killed_after < kSteps);
-  // Attempt 1 resumed from the newest checkpoint saved before the kill,
-  // not from an older one or from scratch (which would give the same
-  // losses too).
-  const size_t resumed = log.find("resumed from ");
-  REQUIRE(resumed != std::string::npos);
-  const size_t step_at = log.find("(step ", resumed);
-  int resumed_step = 0;
-  REQUIRE(step_at != std::string::npos);
-  REQUIRE(absl::SimpleAtoi(log.substr(step_at + 6, log.find(',', step_at) - step_at - 6),
-                           &resumed_step));
-  INFO("resumed from step " << resumed_step);
-  CHECK(resumed_step >= saved_before);
-  CHECK(resumed_step >= 2 * kEvery);
-  CHECK(resumed_step <= killed_after);
-  CHECK(resumed_step % kEvery == 0);
-  // Every step's loss as written, and the final weights and AdamW moments
-  // (every stage's file of step 60), bit for bit.
-  CHECK(LossTexts(dir.File("killed.jsonl")) == LossTexts(dir.File("reference.jsonl")));
-  std::map<std::string, std::string> expected =
-      CheckpointFiles(dir.File("reference_ckpt/" + StepDir(kSteps)));
-  CHECK(expected.size() == 3);
-  CHECK(CheckpointFiles(dir.File("killed_ckpt/" + StepDir(kSteps))) == expected);
+                               << absl::FormatDuration(killed.finished) << " after it");
+  CHECK(killed.left.at(0) < absl::Seconds(10));
+  CHECK(killed.left.at(2) < absl::Seconds(10));
+  CHECK(killed.finished < absl::Seconds(40));
+  REQUIRE(killed.exit_code == 0);
+  // Every stage's file of step 60.
+  CheckRestartedExact(dir, "killed", killed, "reference", kSteps, kEvery, 3);
 }
 
 TEST_CASE("bad pipeline configs exit 2 naming the fields") {
