@@ -40,14 +40,6 @@
 namespace muster::tools {
 namespace {
 
-absl::Status WriteTokens(const std::string& path, int vocab) {
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int> token(0, vocab - 1);
-  std::vector<uint16_t> tokens(1 << 20);
-  for (uint16_t& value : tokens) value = static_cast<uint16_t>(token(rng));
-  return worker::WriteTokenShard(path, tokens);
-}
-
 // bench_ddp's model (tools/bench_ddp.cc, SmallGpt).
 worker::TrainConfig SmallGpt(int micro_batch, double bucket_mb) {
   worker::TrainConfig config;
@@ -200,7 +192,8 @@ int PrintRss(const RssPaths& paths, worker::TrainConfig config, const std::vecto
   config.train.steps = steps;
   config.train.log_every = 1;
   config.train.eval_every = 0;
-  if (absl::Status data = WriteTokens(paths.dir + "/rss_train_000.bin", m.vocab); !data.ok()) {
+  if (absl::Status data = WriteRandomTokens(paths.dir + "/rss_train_000.bin", m.vocab);
+      !data.ok()) {
     std::printf("rss: %s\n", data.ToString().c_str());
     return 1;
   }
@@ -294,7 +287,8 @@ int Main(int argc, char** argv) {
   if (!skip_throughput) {
     worker::TrainConfig config = SmallGpt(micro_batch, bucket_mb);
     config.data.train = dir + "/train_*.bin";
-    if (absl::Status data = WriteTokens(dir + "/train_000.bin", config.model.vocab); !data.ok()) {
+    if (absl::Status data = WriteRandomTokens(dir + "/train_000.bin", config.model.vocab);
+        !data.ok()) {
       std::fprintf(stderr, "bench_fsdp: %s\n", data.ToString().c_str());
       return 1;
     }

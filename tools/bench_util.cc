@@ -2,8 +2,13 @@
 
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <random>
+#include <vector>
+
+#include "worker/data.h"
 
 namespace muster::tools {
 
@@ -23,6 +28,14 @@ std::string BuiltFile(const std::string& workspace_relative) {
     if (access(candidate.c_str(), R_OK) == 0) return candidate.string();
   }
   return "";
+}
+
+absl::Status WriteRandomTokens(const std::string& path, int vocab) {
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> token(0, vocab - 1);
+  std::vector<uint16_t> tokens(1 << 20);
+  for (uint16_t& value : tokens) value = static_cast<uint16_t>(token(rng));
+  return worker::WriteTokenShard(path, tokens);
 }
 
 }  // namespace muster::tools

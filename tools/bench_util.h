@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "absl/status/status.h"
+
 namespace muster::tools {
 
 // The in-process ranks must compute with one thread each, like launched
@@ -14,5 +16,10 @@ void OneThreadPerRank(char** argv);
 // A file of this build, given its workspace-relative path: next to the
 // binary's runfiles, or under bazel-bin. "" when neither exists.
 std::string BuiltFile(const std::string& workspace_relative);
+
+// A token shard at `path` of 2^20 uniformly random ids below `vocab`,
+// the same for every run (a fixed seed): throughput benchmarks do not need
+// text, only tokens in range.
+absl::Status WriteRandomTokens(const std::string& path, int vocab);
 
 }  // namespace muster::tools

@@ -1,0 +1,323 @@
+// bench_pp: what pipeline parallelism (worker/pipeline.h) idles and holds
+// on this machine's CPU, GPipe against 1F1B.
+//   1. the bubble: P ranks as threads (tools/bench_pp_threads.h), M
+//      micro-batches, each rank's idle fraction of the step from
+//      Pipeline::last_step_times() (tools/bench_pp_timeline.h: busy =
+//      its Forwards and Backwards, span = the pipeline's first Forward to
+//      its last Backward), median over the timed steps, next to
+//      (P-1)/(M+P-1). On the wall clock; with processor sharing undone
+//      (P ranks on fewer cores); and replayed from each action's CPU time
+//      (tools/bench_pp_cpu.h), which other load on the machine does not
+//      change;
+//   2. activation memory per rank: each rank's GptModel::ActivationBytes()
+//      (slots sized by the schedule's in-flight bound) and
+//      Pipeline::peak_in_flight(), the slots split from the backward
+//      scratch with parts built directly (GptModel::CreatePart with 1
+//      and 2 slots).
+// Every rank computes with one thread.
+//
+//   bazel build -c opt //tools:bench_pp && bazel-bin/tools/bench_pp
+//       [--pp 2 4] [--microbatches 4 8 16] [--steps 5] [--warmup 1]
+//       [--micro-batch 4] [--layers 8] [--cores N] [--timeline]
+#include <sched.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/statusor.h"
+#include "parallel/pipeline_schedule.h"
+#include "tools/bench_pp_memory.h"
+#include "tools/bench_pp_threads.h"
+#include "tools/bench_pp_timeline.h"
+#include "tools/bench_util.h"
+#include "worker/data.h"
+
+namespace muster::tools {
+namespace {
+
+using parallel::ScheduleKind;
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
+}
+
+std::string LoadAverage() {
+  std::ifstream file("/proc/loadavg");
+  std::string one, five, fifteen;
+  file >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
+}
+
+// One job of the tables.
+struct Job {
+  int pp = 0, microbatches = 0;
+  ScheduleKind schedule = ScheduleKind::k1F1B;
+  PipelineRun run;
+  std::vector<StepIdle> steps;
+};
+
+// The bubble table's figures of one job: medians over its steps.
+struct Bubble {
+  // Per rank.
+  std::vector<double> wall, normalized, replay, mean_replay;
+  std::vector<double> compute_ms;          // one Forward + one Backward, CPU time
+  double forward_ms = 0, backward_ms = 0;  // CPU time, means over ranks
+  double span_ms = 0;                      // wall
+  double cpu_per_busy = 0;                 // compute's CPU time / its normalized time, over ranks
+  double sampled_per_call = 0;             // every action's sampled CPU time / the call's
+  double simulated = 0;                    // SimulateSchedule with the mean F, B, mean over ranks
+};
+
+double Mean(const std::vector<double>& values) {
+  double sum = 0;
+  for (double value : values) sum += value;
+  return values.empty() ? 0 : sum / values.size();
+}
+
+double Sum(const std::vector<double>& values) { return Mean(values) * values.size(); }
+
+absl::StatusOr<Bubble> Summarise(const Job& job) {
+  Bubble bubble;
+  std::vector<double> forward, backward, span, cpu_per_busy, sampled_per_call;
+  for (size_t s = 0; s < job.steps.size(); ++s) {
+    const StepIdle& step = job.steps[s];
+    forward.push_back(step.forward_s);
+    backward.push_back(step.backward_s);
+    span.push_back(step.span_wall_s);
+    cpu_per_busy.push_back(Sum(step.busy_cpu_s) / Sum(step.busy_normalized_s));
+    double sampled = 0, call = 0;
+    for (const RankStep& rank : job.run.steps[s]) {
+      sampled += Sum(rank.action_cpu_s);
+      call += rank.cpu_s;
+    }
+    sampled_per_call.push_back(sampled / call);
+  }
+  for (int rank = 0; rank < job.pp; ++rank) {
+    std::vector<double> per_step[5];
+    for (const StepIdle& step : job.steps) {
+      per_step[0].push_back(step.idle_wall[rank]);
+      per_step[1].push_back(step.idle_normalized[rank]);
+      per_step[2].push_back(step.idle_replay[rank]);
+      per_step[3].push_back(step.idle_mean_replay[rank]);
+      per_step[4].push_back(step.forward_cpu_s[rank] + step.backward_cpu_s[rank]);
+    }
+    bubble.wall.push_back(Median(per_step[0]));
+    bubble.normalized.push_back(Median(per_step[1]));
+    bubble.replay.push_back(Median(per_step[2]));
+    bubble.mean_replay.push_back(Median(per_step[3]));
+    bubble.compute_ms.push_back(1e3 * Median(per_step[4]));
+  }
+  bubble.forward_ms = 1e3 * Median(forward);
+  bubble.backward_ms = 1e3 * Median(backward);
+  bubble.span_ms = 1e3 * Median(span);
+  bubble.cpu_per_busy = Median(cpu_per_busy);
+  bubble.sampled_per_call = Median(sampled_per_call);
+  const parallel::ScheduleSpec spec{job.schedule, job.pp, job.microbatches, 1};
+  auto lists = parallel::BuildSchedule(spec);
+  if (!lists.ok()) return lists.status();
+  auto simulated = parallel::SimulateSchedule(spec, *lists, bubble.forward_ms, bubble.backward_ms);
+  if (!simulated.ok()) return simulated.status();
+  std::vector<double> fractions;
+  for (int rank = 0; rank < job.pp; ++rank) fractions.push_back(simulated->BubbleFraction(rank));
+  bubble.simulated = Mean(fractions);
+  return bubble;
+}
+
+// "21.3% [19.2, 23.5]": the mean over ranks [the least, the most].
+std::string Spread(const std::vector<double>& values) {
+  char text[64];
+  std::snprintf(text, sizeof(text), "%5.1f%% [%4.1f, %4.1f]", 100 * Mean(values),
+                100 * *std::min_element(values.begin(), values.end()),
+                100 * *std::max_element(values.begin(), values.end()));
+  return text;
+}
+
+int PrintBubble(const std::vector<Job>& jobs, int cores) {
+  std::printf(
+      "\nbubble: idle fraction per rank = 1 - (its Forward + Backward time) / (the pipeline's "
+      "first Forward to its\nlast Backward); median over steps; mean [least, most] over ranks "
+      "(tools/bench_pp_timeline.h).\n  wall: as it ran; normalized: processor sharing undone "
+      "for %d cores; replay: the lists run with each\n  action's sampled CPU time, "
+      "communication free; imbalance: the replay with each rank's mean F, B.\n",
+      cores);
+  std::printf("  %2s %-6s %3s %7s  %-21s %-21s %-21s %9s %8s %8s %6s %6s %7s %8s  %s\n", "P",
+              "sched", "M", "theory", "idle, wall", "idle, normalized", "idle, replay", "imbalance",
+              "norm-th", "repl-th", "F ms", "B ms", "step ms", "cpu/busy", "F+B ms per rank");
+  int status = 0;
+  int normalized_within = 0, replay_within = 0, total = 0, simulated_off = 0;
+  double sampled_least = 1e9, sampled_most = 0;
+  for (const Job& job : jobs) {
+    auto bubble = Summarise(job);
+    if (!bubble.ok()) {
+      std::printf("  %2d %-6s %3d failed: %s\n", job.pp, parallel::ScheduleName(job.schedule),
+                  job.microbatches, bubble.status().ToString().c_str());
+      status = 1;
+      continue;
+    }
+    const double theory = static_cast<double>(job.pp - 1) / (job.microbatches + job.pp - 1);
+    const double normalized_off = 100 * (Mean(bubble->normalized) - theory);
+    const double replay_off = 100 * (Mean(bubble->replay) - theory);
+    ++total;
+    normalized_within += std::abs(normalized_off) <= 5;
+    replay_within += std::abs(replay_off) <= 5;
+    simulated_off += std::abs(bubble->simulated - theory) > 1e-9;
+    sampled_least = std::min(sampled_least, bubble->sampled_per_call);
+    sampled_most = std::max(sampled_most, bubble->sampled_per_call);
+    std::string per_rank;
+    for (double ms : bubble->compute_ms) {
+      per_rank += (per_rank.empty() ? "" : " ") + std::to_string(static_cast<int>(ms + 0.5));
+    }
+    std::printf(
+        "  %2d %-6s %3d %6.1f%%  %-21s %-21s %-21s %8.1f%% %+6.1fpp %+6.1fpp %6.1f %6.1f %7.0f "
+        "%8.2f  %s\n",
+        job.pp, parallel::ScheduleName(job.schedule), job.microbatches, 100 * theory,
+        Spread(bubble->wall).c_str(), Spread(bubble->normalized).c_str(),
+        Spread(bubble->replay).c_str(), 100 * Mean(bubble->mean_replay), normalized_off, replay_off,
+        bubble->forward_ms, bubble->backward_ms, bubble->span_ms, bubble->cpu_per_busy,
+        per_rank.c_str());
+  }
+  std::printf(
+      "  F, B, F+B: one micro-batch through one rank's part, CPU time. cpu/busy: the Forwards' "
+      "and Backwards'\n  CPU time over their normalized time (below 1: something else took "
+      "the CPU, or the normalization\n  does not hold). Sampled CPU time of the actions over "
+      "the CPU time of the whole ForwardBackward:\n  %.3f to %.3f. SimulateSchedule with the "
+      "mean F, B %s theory for every job.\n",
+      sampled_least, sampled_most, simulated_off == 0 ? "gives" : "does NOT give");
+  std::printf(
+      "  goal: measured bubble (mean over ranks) within 5 percentage points of theory: "
+      "normalized %d of %d,\n  replay %d of %d\n",
+      normalized_within, total, replay_within, total);
+  return status;
+}
+
+int PrintMemory(const std::vector<Job>& jobs, const worker::TrainConfig& config) {
+  PrintMemoryHeader();
+  std::map<std::tuple<int, int, ScheduleKind>, const Job*> by;
+  for (const Job& job : jobs) by[{job.pp, job.microbatches, job.schedule}] = &job;
+  int status = 0, met = 0, compared = 0;
+  for (const Job& job : jobs) {
+    if (job.schedule != ScheduleKind::kGpipe) continue;
+    auto one_f = by.find({job.pp, job.microbatches, ScheduleKind::k1F1B});
+    if (one_f == by.end()) continue;
+    status |= PrintMemoryRows(config.model, config.data.micro_batch, job.microbatches, job.run,
+                              one_f->second->run, &met, &compared);
+  }
+  std::printf("  goal: 1F1B's slots at most P/M of GPipe's, per rank: %d of %d\n", met, compared);
+  return status;
+}
+
+// The last timed step, rank by rank: each action's wall start and end (ms
+// on the job's clock) and its CPU time.
+void PrintTimeline(const std::vector<RankStep>& ranks) {
+  for (size_t rank = 0; rank < ranks.size(); ++rank) {
+    const RankStep& step = ranks[rank];
+    std::printf("    rank %zu:", rank);
+    for (size_t i = 0; i < step.times.size(); ++i) {
+      const worker::Pipeline::ActionTime& time = step.times[i];
+      std::printf("%s %s %.1f-%.1f (%.1f)", i % 6 == 0 ? "\n     " : ",",
+                  parallel::ActionName(time.action).c_str(), 1e3 * (step.began_s + time.start),
+                  1e3 * (step.began_s + time.end), 1e3 * step.action_cpu_s[i]);
+    }
+    std::printf("\n");
+  }
+}
+
+int CoresOfThisProcess() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return CPU_COUNT(&set);
+}
+
+int Main(int argc, char** argv) {
+  std::vector<int> pps = {2, 4}, microbatches = {4, 8, 16};
+  int steps = 5, warmup = 1, micro_batch = 4, layers = 8, cores = CoresOfThisProcess();
+  bool timeline = false;
+  CLI::App app("bench_pp: pipeline bubble and activation memory, GPipe against 1F1B");
+  app.add_option("--pp", pps, "Pipeline ranks (P), as threads")->capture_default_str();
+  app.add_option("--microbatches", microbatches, "Micro-batches per step (M)")
+      ->capture_default_str();
+  app.add_option("--steps", steps, "Timed steps per job (median)")->capture_default_str();
+  app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
+  app.add_option("--micro-batch", micro_batch, "B per micro-batch")->capture_default_str();
+  app.add_option("--layers", layers, "L (at least P)")->capture_default_str();
+  app.add_option("--cores", cores, "Cores the ranks share (normalized clock)")
+      ->capture_default_str();
+  app.add_flag("--timeline", timeline,
+               "Print every action of each job's last step: wall start-end ms (CPU ms)");
+  CLI11_PARSE(app, argc, argv);
+
+  char dir_template[] = "/tmp/bench_pp_XXXXXX";
+  const std::string dir = mkdtemp(dir_template);
+  worker::TrainConfig config;
+  config.model = {layers, 4, 256, 256, 128};  // layers, heads, dim, vocab, seq_len
+  config.data.train = dir + "/train_*.bin";
+  config.data.micro_batch = micro_batch;
+  config.device = "cpu";
+  if (absl::Status data = WriteRandomTokens(dir + "/train_000.bin", config.model.vocab);
+      !data.ok()) {
+    std::fprintf(stderr, "bench_pp: %s\n", data.ToString().c_str());
+    return 1;
+  }
+  const worker::ModelConfig& m = config.model;
+  std::printf(
+      "pipeline on GPT L=%d C=%d NH=%d T=%d V=%d, B=%d per micro-batch; ranks as threads, one "
+      "compute thread each,\non %d cores; %d timed steps after %d; load average %s\n",
+      m.layers, m.dim, m.heads, m.seq_len, m.vocab, micro_batch, cores, steps, warmup,
+      LoadAverage().c_str());
+  std::fflush(stdout);
+  std::vector<Job> jobs;
+  int status = 0;
+  for (int pp : pps) {
+    for (int M : microbatches) {
+      for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
+        Job job{pp, M, schedule};
+        config.data.grad_accumulation = M;
+        auto run = RunPipelineJob(config, pp, schedule, warmup, steps);
+        if (!run.ok()) {
+          std::printf("  P %d M %d %s failed: %s\n", pp, M, parallel::ScheduleName(schedule),
+                      run.status().ToString().c_str());
+          status = 1;
+          continue;
+        }
+        job.run = *std::move(run);
+        for (const std::vector<RankStep>& step : job.run.steps) {
+          job.steps.push_back(MeasureStep(step, cores));
+        }
+        std::printf("  P %d M %2d %-5s: %.1f s, split", pp, M, parallel::ScheduleName(schedule),
+                    job.run.seconds);
+        for (int blocks : job.run.split) std::printf(" %d", blocks);
+        std::printf("\n");
+        if (timeline) PrintTimeline(job.run.steps.back());
+        std::fflush(stdout);
+        jobs.push_back(std::move(job));
+      }
+    }
+  }
+  status |= PrintBubble(jobs, cores);
+  status |= PrintMemory(jobs, config);
+  std::printf("\nload average at the end: %s\n", LoadAverage().c_str());
+  std::filesystem::remove_all(dir);
+  return status;
+}
+
+}  // namespace
+}  // namespace muster::tools
+
+int main(int argc, char** argv) {
+  muster::tools::OneThreadPerRank(argv);
+  return muster::tools::Main(argc, argv);
+}

@@ -1,0 +1,52 @@
+// One pipeline job of tools/bench_pp: P ranks as threads of this process,
+// each a real worker::Trainer whose strategy is a worker::Pipeline over
+// real Gloo groups joined through an in-memory store
+// (parallel/local_ranks.h): a 2-rank group per direction between
+// neighbouring stages, the pipeline group and the tied group of the first
+// and last stage, as worker_main builds them (tests/worker/pipeline_test.cc
+// builds the same).
+//
+// Per timed step and rank it keeps Pipeline::last_step_times() (seconds
+// from when that rank's ForwardBackward began) and puts them on one clock:
+// the strategy is wrapped, and the wrapper notes absl::Now() just before
+// it calls Pipeline::ForwardBackward (which takes its own start a few
+// microseconds later, after building the schedule's lists), and the
+// training thread's CPU time (CLOCK_THREAD_CPUTIME_ID) around the call.
+// The CPU time of each action is sampled from outside
+// (tools/bench_pp_cpu.h, every millisecond).
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "parallel/pipeline_schedule.h"
+#include "worker/config.h"
+#include "worker/pipeline.h"
+
+namespace muster::tools {
+
+// One rank's ForwardBackward of one step.
+struct RankStep {
+  std::vector<worker::Pipeline::ActionTime> times;  // last_step_times()
+  std::vector<double> action_cpu_s;  // per action of `times`: the thread's CPU time in it
+  double began_s = 0;                // its ForwardBackward's start, on the job's clock
+  double wall_s = 0;                 // the call, wall clock
+  double cpu_s = 0;                  // the call, the training thread's CPU time
+};
+
+struct PipelineRun {
+  std::vector<std::vector<RankStep>> steps;  // [timed step][rank]
+  std::vector<int> split;                    // blocks per rank
+  std::vector<size_t> activation_bytes;      // per rank: its model part's ActivationBytes()
+  std::vector<int> peak_in_flight;           // per rank, over every step
+  double seconds = 0;                        // the whole job
+};
+
+// Trains `config` (its model, data and micro_batch; M is
+// data.grad_accumulation) on `pp` ranks under `schedule`: `warmup`
+// untimed steps, then `steps` timed.
+absl::StatusOr<PipelineRun> RunPipelineJob(worker::TrainConfig config, int pp,
+                                           parallel::ScheduleKind schedule, int warmup, int steps);
+
+}  // namespace muster::tools

@@ -1,0 +1,154 @@
+#include "tools/bench_pp_timeline.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <tuple>
+
+namespace muster::tools {
+namespace {
+
+using Type = parallel::PipelineAction::Type;
+
+bool IsCompute(const parallel::PipelineAction& action) {
+  return action.type == Type::kForward || action.type == Type::kBackward;
+}
+
+struct Interval {
+  int rank = 0;
+  size_t action = 0;          // its index in the rank's times
+  double start = 0, end = 0;  // the job's clock, wall seconds
+};
+
+// The normalized clock (see the header) from the compute intervals.
+class NormalizedClock {
+ public:
+  NormalizedClock(const std::vector<Interval>& computes, int cores) {
+    for (const Interval& interval : computes) {
+      points_.push_back(interval.start);
+      points_.push_back(interval.end);
+    }
+    std::sort(points_.begin(), points_.end());
+    points_.erase(std::unique(points_.begin(), points_.end()), points_.end());
+    at_.assign(points_.size(), 0.0);
+    for (size_t i = 1; i < points_.size(); ++i) {
+      const double middle = (points_[i - 1] + points_[i]) / 2;
+      int running = 0;
+      for (const Interval& interval : computes) {
+        running += interval.start < middle && middle < interval.end;
+      }
+      const double rate = running > cores ? static_cast<double>(cores) / running : 1.0;
+      at_[i] = at_[i - 1] + rate * (points_[i] - points_[i - 1]);
+    }
+  }
+
+  // REQUIRES: `wall` is an interval's start or end.
+  double At(double wall) const {
+    const size_t i = std::lower_bound(points_.begin(), points_.end(), wall) - points_.begin();
+    return at_[i];
+  }
+
+ private:
+  std::vector<double> points_;  // every start and end, sorted, unique
+  std::vector<double> at_;      // the normalized clock there
+};
+
+// The ranks' lists run against each other, action i of rank r taking
+// took[r][i]; per rank, 1 - busy / makespan.
+std::vector<double> Replay(const std::vector<RankStep>& ranks,
+                           const std::vector<std::vector<double>>& took) {
+  const int pp = static_cast<int>(ranks.size());
+  std::vector<double> clock(pp, 0.0), busy(pp, 0.0);
+  std::vector<size_t> next(pp, 0);
+  // (gradient, micro-batch, the sender's stage) -> when it was sent.
+  std::map<std::tuple<bool, int, int>, double> sent;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int rank = 0; rank < pp; ++rank) {
+      for (; next[rank] < ranks[rank].times.size(); ++next[rank], progress = true) {
+        const parallel::PipelineAction& action = ranks[rank].times[next[rank]].action;
+        const int m = action.microbatch, stage = action.stage;
+        if (action.type == Type::kRecvActivation || action.type == Type::kRecvGradient) {
+          const bool gradient = action.type == Type::kRecvGradient;
+          auto found = sent.find({gradient, m, gradient ? stage + 1 : stage - 1});
+          if (found == sent.end()) break;  // not sent yet: the other ranks first
+          clock[rank] = std::max(clock[rank], found->second);
+        } else if (action.type == Type::kSendActivation || action.type == Type::kSendGradient) {
+          sent[{action.type == Type::kSendGradient, m, stage}] = clock[rank];
+        } else {
+          clock[rank] += took[rank][next[rank]];
+          busy[rank] += took[rank][next[rank]];
+        }
+      }
+    }
+  }
+  const double makespan = *std::max_element(clock.begin(), clock.end());
+  std::vector<double> idle;
+  for (int rank = 0; rank < pp; ++rank) idle.push_back(1 - busy[rank] / makespan);
+  return idle;
+}
+
+}  // namespace
+
+StepIdle MeasureStep(const std::vector<RankStep>& ranks, int cores) {
+  const int pp = static_cast<int>(ranks.size());
+  std::vector<Interval> computes;
+  for (int rank = 0; rank < pp; ++rank) {
+    const RankStep& step = ranks[rank];
+    for (size_t i = 0; i < step.times.size(); ++i) {
+      if (!IsCompute(step.times[i].action)) continue;
+      computes.push_back(
+          {rank, i, step.began_s + step.times[i].start, step.began_s + step.times[i].end});
+    }
+  }
+  const NormalizedClock clock(computes, cores);
+  StepIdle step;
+  std::vector<double> busy_wall(pp, 0.0);
+  step.busy_normalized_s.assign(pp, 0.0);
+  step.busy_cpu_s.assign(pp, 0.0);
+  step.forward_cpu_s.assign(pp, 0.0);
+  step.backward_cpu_s.assign(pp, 0.0);
+  std::vector<int> forwards(pp, 0), backwards(pp, 0);
+  double first = std::numeric_limits<double>::max(), last = 0;
+  for (const Interval& interval : computes) {
+    const int rank = interval.rank;
+    first = std::min(first, interval.start);
+    last = std::max(last, interval.end);
+    busy_wall[rank] += interval.end - interval.start;
+    step.busy_normalized_s[rank] += clock.At(interval.end) - clock.At(interval.start);
+    const double cpu = ranks[rank].action_cpu_s[interval.action];
+    step.busy_cpu_s[rank] += cpu;
+    const bool forward = ranks[rank].times[interval.action].action.type == Type::kForward;
+    (forward ? step.forward_cpu_s : step.backward_cpu_s)[rank] += cpu;
+    ++(forward ? forwards : backwards)[rank];
+  }
+  step.span_wall_s = last - first;
+  const double span_normalized = clock.At(last) - clock.At(first);
+  int all_forwards = 0, all_backwards = 0;
+  std::vector<std::vector<double>> cpu_took(pp), mean_took(pp);
+  for (int rank = 0; rank < pp; ++rank) {
+    step.idle_wall.push_back(1 - busy_wall[rank] / step.span_wall_s);
+    step.idle_normalized.push_back(1 - step.busy_normalized_s[rank] / span_normalized);
+    step.forward_s += step.forward_cpu_s[rank];
+    step.backward_s += step.backward_cpu_s[rank];
+    all_forwards += forwards[rank];
+    all_backwards += backwards[rank];
+    step.forward_cpu_s[rank] /= std::max(forwards[rank], 1);
+    step.backward_cpu_s[rank] /= std::max(backwards[rank], 1);
+    for (size_t i = 0; i < ranks[rank].times.size(); ++i) {
+      const Type type = ranks[rank].times[i].action.type;
+      const bool compute = IsCompute(ranks[rank].times[i].action);
+      cpu_took[rank].push_back(compute ? ranks[rank].action_cpu_s[i] : 0.0);
+      mean_took[rank].push_back(!compute                 ? 0.0
+                                : type == Type::kForward ? step.forward_cpu_s[rank]
+                                                         : step.backward_cpu_s[rank]);
+    }
+  }
+  step.forward_s /= std::max(all_forwards, 1);
+  step.backward_s /= std::max(all_backwards, 1);
+  step.idle_replay = Replay(ranks, cpu_took);
+  step.idle_mean_replay = Replay(ranks, mean_took);
+  return step;
+}
+
+}  // namespace muster::tools
