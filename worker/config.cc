@@ -132,11 +132,12 @@ constexpr Rule OneOf(absl::string_view words) { return Rule().OneOf(words); }
 constexpr Rule Glob() { return Rule().Resolved(PathKind::kGlob); }
 constexpr Rule Path() { return Rule().Resolved(PathKind::kPath); }
 
-// Where a field lives in struct S: a scalar, or (at the top level only, which keeps the
-// recursion over sections finite) a section with a table of its own.
+// Where a field lives in struct S: a scalar (or a list of integers, which reads, writes and
+// compares as one value), or (at the top level only, which keeps the recursion over sections
+// finite) a section with a table of its own.
 template <typename S>
-using ScalarMember =
-    std::variant<int S::*, uint64_t S::*, double S::*, bool S::*, std::string S::*>;
+using ScalarMember = std::variant<int S::*, uint64_t S::*, double S::*, bool S::*, std::string S::*,
+                                  std::vector<int> S::*>;
 using TopMember =
     std::variant<std::string TrainConfig::*, ModelConfig TrainConfig::*, DataConfig TrainConfig::*,
                  OptimConfig TrainConfig::*, TrainLoopConfig TrainConfig::*,
@@ -243,6 +244,8 @@ struct Table<ParallelConfig> {
        OneOf("gpipe|1f1b|interleaved_1f1b").Named("schedule", "schedules")},
       {"microbatches", &P::microbatches,
        "micro-batches per step under pp > 1; 0: data.grad_accumulation", NonNegative()},
+      {"pp_split", &P::pp_split,
+       "blocks per pipeline stage under pp > 1, summing to model.layers; empty: balanced"},
   };
 };
 
@@ -290,7 +293,8 @@ struct PointeeOf<T S::*> {
 template <typename M>
 using Pointee = typename PointeeOf<M>::type;
 template <typename T>
-constexpr bool kIsSection = std::is_class_v<T> && !std::is_same_v<T, std::string>;
+constexpr bool kIsSection =
+    std::is_class_v<T> && !std::is_same_v<T, std::string> && !std::is_same_v<T, std::vector<int>>;
 
 std::vector<std::string> Words(const Rule& rule) {
   if (rule.words.empty()) return {};
@@ -349,6 +353,33 @@ std::optional<std::string> ReadScalar(const YAML::Node& node, std::string* out) 
   return absl::StrCat("expected a string, got ", Describe(node));
 }
 
+// A flow (`[4, 4]`) or block (`- 4`) sequence of integers; a null value
+// (`pp_split:` with nothing after it) reads as the empty list.
+std::optional<std::string> ReadScalar(const YAML::Node& node, std::vector<int>* out) {
+  if (node.IsNull()) {
+    out->clear();
+    return std::nullopt;
+  }
+  if (!node.IsSequence()) return absl::StrCat("expected a list of integers, got ", Describe(node));
+  std::vector<int> values;
+  for (size_t i = 0; i < node.size(); ++i) {
+    const YAML::Node item = node[i];
+    int value;
+    if (item.IsScalar() && absl::SimpleAtoi(item.Scalar(), &value)) {
+      values.push_back(value);
+      continue;
+    }
+    int64_t wide;
+    if (item.IsScalar() && absl::SimpleAtoi(item.Scalar(), &wide)) {
+      return absl::StrCat("expected a list of 32-bit integers, entry ", i + 1, " ", Describe(item),
+                          " is out of range");
+    }
+    return absl::StrCat("expected a list of integers, got ", Describe(item), " at entry ", i + 1);
+  }
+  *out = std::move(values);
+  return std::nullopt;
+}
+
 // The shortest text that reads back as exactly `value`.
 std::string ExactDouble(double value) {
   char buffer[64];
@@ -383,6 +414,9 @@ std::string WriteScalar(uint64_t value) { return absl::StrCat(value); }
 std::string WriteScalar(double value) { return ExactDouble(value); }
 std::string WriteScalar(bool value) { return value ? "true" : "false"; }
 std::string WriteScalar(const std::string& value) { return Quoted(value); }
+std::string WriteScalar(const std::vector<int>& value) {
+  return absl::StrCat("[", absl::StrJoin(value, ", "), "]");
+}
 
 template <typename T>
 std::string TypeName(const Rule& rule) {
@@ -390,6 +424,8 @@ std::string TypeName(const Rule& rule) {
     return "number";
   } else if constexpr (std::is_same_v<T, bool>) {
     return "boolean";
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    return "list of integers";
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (rule.path == PathKind::kGlob) return "string (glob)";
     if (rule.path == PathKind::kPath) return "string (path)";
@@ -423,6 +459,8 @@ std::optional<std::string> CheckValue(const Rule& rule, const T& value) {
     return absl::StrCat("expected ", JoinOr(expected), ", got '", value, "'");
   } else if constexpr (std::is_same_v<T, bool>) {
     return std::nullopt;  // both values are possible; the reader checked the type
+  } else if constexpr (std::is_same_v<T, std::vector<int>>) {
+    return std::nullopt;  // parallel.pp_split: its checks involve other fields (Validate)
   } else {
     const double number = static_cast<double>(value);
     switch (rule.bound) {
@@ -744,6 +782,36 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                                "data.grad_accumulation when it is 0) is fewer than parallel.pp (",
                                p.pp, "): 1f1b never fills the pipeline; use more, or gpipe"),
                   {"parallel.pp"});
+    }
+  }
+  if (!p.pp_split.empty()) {
+    const std::string split = WriteScalar(p.pp_split);
+    if (p.pp < 2) {
+      return fail("parallel.pp_split",
+                  absl::StrCat(split, " splits a pipeline, which needs parallel.pp above 1 (it is ",
+                               p.pp, "); leave it empty ([])"),
+                  {"parallel.pp"});
+    }
+    if (static_cast<int>(p.pp_split.size()) != p.pp) {
+      return fail("parallel.pp_split",
+                  absl::StrCat(split, " has ", p.pp_split.size(),
+                               " entries; expected one per pipeline stage, parallel.pp ", p.pp),
+                  {"parallel.pp"});
+    }
+    int64_t blocks = 0;
+    for (size_t i = 0; i < p.pp_split.size(); ++i) {
+      if (p.pp_split[i] < 1) {
+        return fail("parallel.pp_split",
+                    absl::StrCat(split, ": entry ", i + 1, " is ", p.pp_split[i],
+                                 "; each stage needs at least 1 block"));
+      }
+      blocks += p.pp_split[i];
+    }
+    if (blocks != m.layers) {
+      return fail(
+          "parallel.pp_split",
+          absl::StrCat(split, " sums to ", blocks, " blocks, but model.layers is ", m.layers),
+          {"model.layers"});
     }
   }
   if (c.every > 0 && c.dir.empty()) {

@@ -88,6 +88,10 @@ struct ParallelConfig {
   // is planned), and the micro-batches of a step (M; 0: data.grad_accumulation).
   std::string schedule = "1f1b";
   int microbatches = 0;
+  // Under pp > 1: blocks per pipeline stage, in stage order (pp entries, each
+  // at least 1, summing to model.layers); empty: balanced automatically
+  // (PipelineSplit, worker/pipeline.h).
+  std::vector<int> pp_split;
 };
 
 struct CheckpointConfig {
@@ -133,7 +137,7 @@ uint64_t ModelConfigHash(const ModelConfig& model);
 // this list, and a tool can read or set a field by its path.
 struct ConfigField {
   std::string path;  // "optim.lr"; a top-level string is just its key ("device")
-  // integer | number | boolean | string | string (glob) | string (path)
+  // integer | number | boolean | list of integers | string | string (glob) | string (path)
   std::string type;
   std::string default_text;  // the default, as ConfigToYaml writes it
   std::string description;
@@ -141,9 +145,9 @@ struct ConfigField {
   std::vector<std::string> words;  // a string's allowed words; empty: any string
   // The field's value in `config`, as ConfigToYaml writes it.
   std::function<std::string(const TrainConfig& config)> get;
-  // Reads `yaml_value` (a scalar, written as in a file) into the field with LoadConfig's type
-  // check; INVALID_ARGUMENT naming the path otherwise. The checks of the value itself (ranges,
-  // words, other fields) are LoadConfig's alone.
+  // Reads `yaml_value` (a scalar or a list, written as in a file) into the field with
+  // LoadConfig's type check; INVALID_ARGUMENT naming the path otherwise. The checks of the value
+  // itself (ranges, words, other fields) are LoadConfig's alone.
   std::function<absl::Status(const std::string& yaml_value, TrainConfig* config)> set;
 };
 

@@ -175,6 +175,7 @@ absl::StatusOr<std::unique_ptr<ParallelStrategy>> JoinPipeline(const TrainConfig
   auto schedule = parallel::ParseSchedule(config.parallel.schedule);
   if (!schedule.ok()) return schedule.status();
   options.schedule = *schedule;
+  options.split = config.parallel.pp_split;
   return std::unique_ptr<ParallelStrategy>(
       std::make_unique<Pipeline>(groups, &communicator->control_group(), dims, options, backend));
 }

@@ -61,6 +61,7 @@ TEST_CASE("a minimal file gets every default") {
   CHECK(config->parallel.dp_replicate == 0);  // auto
   CHECK(config->parallel.dp_shard == 0);      // auto
   CHECK(config->parallel.pp == 1);
+  CHECK(config->parallel.pp_split.empty());  // balanced
   CHECK(config->checkpoint.resume == "auto");
   CHECK(config->checkpoint.dir.empty());
 }
@@ -200,6 +201,37 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "parallel:\n  reshard_after_forward: [true]\n",
        "t.yaml:4: parallel.reshard_after_forward: expected true or false, got a list"},
       {train + "parallel:\n  dp_replicate: -1\n", "t.yaml:4: parallel.dp_replicate: must be >= 0"},
+      {train + "parallel:\n  pp_split: 4\n",
+       "t.yaml:4: parallel.pp_split: expected a list of integers, got '4'"},
+      {train + "parallel:\n  pp_split: {a: 1}\n",
+       "t.yaml:4: parallel.pp_split: expected a list of integers, got a map"},
+      {train + "parallel:\n  pp_split: [2, two]\n",
+       "t.yaml:4: parallel.pp_split: expected a list of integers, got 'two' at entry 2"},
+      {train + "parallel:\n  pp_split: [2.5, 1.5]\n",
+       "t.yaml:4: parallel.pp_split: expected a list of integers, got '2.5' at entry 1"},
+      {train + "parallel:\n  pp_split: [[2], 2]\n",
+       "t.yaml:4: parallel.pp_split: expected a list of integers, got a list at entry 1"},
+      {train + "parallel:\n  pp_split:\n    - 2\n    -\n",
+       "parallel.pp_split: expected a list of integers, got nothing at entry 2"},
+      {train + "parallel:\n  pp_split: [9999999999, 1]\n",
+       "t.yaml:4: parallel.pp_split: expected a list of 32-bit integers, entry 1 '9999999999' is "
+       "out of range"},
+      // The checks against parallel.pp and model.layers (4 by default).
+      {train + "parallel:\n  pp_split: [4]\n",
+       "t.yaml:4: parallel.pp_split: [4] splits a pipeline, which needs parallel.pp above 1 (it is "
+       "1)"},
+      {train + "parallel:\n  pp: 2\n  microbatches: 2\n  pp_split: [1, 1, 2]\n",
+       "t.yaml:6: parallel.pp_split: [1, 1, 2] has 3 entries; expected one per pipeline stage, "
+       "parallel.pp 2"},
+      {train + "parallel:\n  pp: 2\n  microbatches: 2\n  pp_split: [0, 4]\n",
+       "t.yaml:6: parallel.pp_split: [0, 4]: entry 1 is 0; each stage needs at least 1 block"},
+      {train + "parallel:\n  pp: 2\n  microbatches: 2\n  pp_split: [5, -1]\n",
+       "t.yaml:6: parallel.pp_split: [5, -1]: entry 2 is -1; each stage needs at least 1 block"},
+      {train + "parallel:\n  pp: 2\n  microbatches: 2\n  pp_split: [2, 3]\n",
+       "t.yaml:6: parallel.pp_split: [2, 3] sums to 5 blocks, but model.layers is 4"},
+      {train + "model:\n  layers: 6\nparallel:\n  pp: 2\n  microbatches: 2\n  pp_split:\n"
+               "    - 1\n    - 4\n",
+       "t.yaml:8: parallel.pp_split: [1, 4] sums to 5 blocks, but model.layers is 6"},
       {train + "checkpoint:\n  dir: ckpt\n  every: 10\n  keep_last: 1\n",
        "t.yaml:6: checkpoint.keep_last: 1 is too few while checkpoints are on"},
       {train + "checkpoint:\n  every: 10\n",
@@ -292,6 +324,43 @@ TEST_CASE("parallel: fsdp with every ZeRO stage, sharding degrees, reshard_after
     CHECK(parsed->parallel.reshard_after_forward == c.reshard);
     CHECK(parsed->parallel.dp_replicate == c.replicate);
     CHECK(parsed->parallel.dp_shard == c.shard);
+  }
+}
+
+TEST_CASE("parallel.pp_split: blocks per stage, flow or block list, round-trips") {
+  const std::string pipeline =
+      "data:\n  train: x.bin\nmodel:\n  layers: 12\nparallel:\n  pp: 3\n  microbatches: 3\n";
+  struct Case {
+    std::string yaml;
+    std::vector<int> split;
+  };
+  const std::vector<Case> cases = {
+      {pipeline, {}},
+      {pipeline + "  pp_split: []\n", {}},
+      {pipeline + "  pp_split:\n", {}},  // an empty value: the empty list
+      {pipeline + "  pp_split: [4, 4, 4]\n", {4, 4, 4}},
+      {pipeline + "  pp_split: [6,5,1]\n", {6, 5, 1}},
+      {pipeline + "  pp_split:\n    - 2\n    - 3\n    - 7\n", {2, 3, 7}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.yaml);
+    absl::StatusOr<TrainConfig> parsed = ParseConfig(c.yaml, "t.yaml", "");
+    INFO(parsed.status().ToString());
+    REQUIRE(parsed.ok());
+    CHECK(parsed->parallel.pp_split == c.split);
+    const std::string yaml = ConfigToYaml(*parsed);
+    INFO(yaml);
+    std::string written = "[";
+    for (size_t i = 0; i < c.split.size(); ++i) {
+      written += (i ? ", " : "") + std::to_string(c.split[i]);
+    }
+    CHECK_THAT(yaml, Catch::Contains("  pp_split: " + written + "]\n"));
+    absl::StatusOr<TrainConfig> again = ParseConfig(yaml, "t.yaml", "");
+    REQUIRE(again.ok());
+    CHECK(*again == *parsed);
+    TrainConfig other = *parsed;
+    other.parallel.pp_split = {5, 5, 2};
+    CHECK_FALSE(other == *parsed);
   }
 }
 
@@ -402,6 +471,7 @@ TEST_CASE("ConfigToYaml prints every field") {
                           "pp: 1\n",
                           "schedule: \"1f1b\"\n",
                           "microbatches: 0\n",
+                          "pp_split: []\n",
                           "checkpoint:",
                           "dir:",
                           "every:",
@@ -597,6 +667,22 @@ TEST_CASE("ConfigFields: the parallel fields' types, defaults, words and typed s
   CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
   CHECK(bad.message() == "parallel.reshard_after_forward: expected true or false, got 'off'");
   CHECK(config.parallel.reshard_after_forward);
+
+  REQUIRE(by_path.count("parallel.pp_split") == 1);
+  const ConfigField& split = *by_path["parallel.pp_split"];
+  CHECK(split.type == "list of integers");
+  CHECK(split.default_text == "[]");
+  REQUIRE(split.set("[4, 4, 4]", &config).ok());
+  CHECK(config.parallel.pp_split == std::vector<int>{4, 4, 4});
+  CHECK(split.get(config) == "[4, 4, 4]");
+  REQUIRE(split.set("- 1\n- 3\n", &config).ok());
+  CHECK(split.get(config) == "[1, 3]");
+  bad = split.set("[1, x]", &config);
+  CHECK(bad.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(bad.message() == "parallel.pp_split: expected a list of integers, got 'x' at entry 2");
+  CHECK(split.get(config) == "[1, 3]");
+  REQUIRE(split.set("[]", &config).ok());
+  CHECK(config.parallel.pp_split.empty());
 }
 
 // A value of `field` other than the one in `base`, valid where the field
@@ -610,6 +696,7 @@ std::string OtherValue(const ConfigField& field, const TrainConfig& base) {
     return "\"not-" + field.words.front() + "\"";  // one word only: none valid
   }
   if (field.type == "boolean") return now == "true" ? "false" : "true";
+  if (field.type == "list of integers") return now == "[]" ? "[2, 2]" : "[]";
   // Doubled, the ZeRO stage (3) is out of range; 2 is a stage too.
   if (field.path == "parallel.zero") return now == "2" ? "1" : "2";
   if (field.type == "integer") {
@@ -647,12 +734,14 @@ TEST_CASE("every field: a changed value round-trips, and operator== sees it") {
     const std::string key = field.path.substr(field.path.rfind('.') + 1);
     CHECK_THAT(yaml, Catch::Contains(key + ": " + field.get(changed) + "\n"));
     absl::StatusOr<TrainConfig> parsed = ParseConfig(yaml, changed.source, "");
-    // A pipeline of 2 stages needs 2 micro-batches a step under 1f1b, and
-    // interleaving is planned: their checks name the field they look at.
+    // A pipeline of 2 stages needs 2 micro-batches a step under 1f1b,
+    // interleaving is planned, and a split needs a pipeline (pp > 1): their
+    // checks name the field they look at.
     std::string named = field.path;
     if (field.path == "parallel.pp") named = "parallel.microbatches";
-    const bool refused = field.path == "parallel.pp" || (field.path == "parallel.schedule" &&
-                                                         field.get(changed) == "interleaved_1f1b");
+    const bool refused =
+        field.path == "parallel.pp" || field.path == "parallel.pp_split" ||
+        (field.path == "parallel.schedule" && field.get(changed) == "interleaved_1f1b");
     if (field.words.size() == 1 || refused) {
       // No other valid value: the reader did read it, and the check named it.
       REQUIRE_FALSE(parsed.ok());
