@@ -91,6 +91,15 @@ TEST_CASE("every example file loads") {
   CHECK(gpt2->optim.min_lr == 0.0);
   CHECK(gpt2->optim.weight_decay == 0.1);
   CHECK(gpt2->data.train == (root / "dev/data/fineweb10B/fineweb_train_*.bin").string());
+
+  absl::StatusOr<TrainConfig> fsdp = LoadConfig(ExamplePath("tiny_fsdp.yaml"));
+  REQUIRE(fsdp.ok());
+  CHECK(fsdp->parallel.strategy == "fsdp");
+  CHECK(fsdp->parallel.zero == 3);
+  absl::StatusOr<TrainConfig> pipeline = LoadConfig(ExamplePath("tiny_pipeline.yaml"));
+  REQUIRE(pipeline.ok());
+  CHECK(pipeline->parallel.pp == 2);
+  CHECK(MicroSteps(*pipeline) == 4);
 }
 
 TEST_CASE("a missing file is NOT_FOUND naming it") {
