@@ -281,8 +281,7 @@ int Main(int argc, char** argv) {
   app.add_flag("--skip-rss", skip_rss, "No peak RSS table");
   CLI11_PARSE(app, argc, argv);
 
-  char dir_template[] = "/tmp/bench_fsdp_XXXXXX";
-  const std::string dir = mkdtemp(dir_template);
+  const std::string dir = MakeTempDir("bench_fsdp_");
   int status = 0;
   if (!skip_throughput) {
     worker::TrainConfig config = SmallGpt(micro_batch, bucket_mb);

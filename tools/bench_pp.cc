@@ -260,8 +260,7 @@ int Main(int argc, char** argv) {
                "Print every action of each job's last step: wall start-end ms (CPU ms)");
   CLI11_PARSE(app, argc, argv);
 
-  char dir_template[] = "/tmp/bench_pp_XXXXXX";
-  const std::string dir = mkdtemp(dir_template);
+  const std::string dir = MakeTempDir("bench_pp_");
   worker::TrainConfig config;
   config.model = {layers, 4, 256, 256, 128};  // layers, heads, dim, vocab, seq_len
   config.data.train = dir + "/train_*.bin";

@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <vector>
@@ -28,6 +31,15 @@ std::string BuiltFile(const std::string& workspace_relative) {
     if (access(candidate.c_str(), R_OK) == 0) return candidate.string();
   }
   return "";
+}
+
+std::string MakeTempDir(const std::string& prefix) {
+  std::string name = "/tmp/" + prefix + "XXXXXX";
+  if (mkdtemp(name.data()) == nullptr) {
+    std::fprintf(stderr, "cannot make a directory %s: %s\n", name.c_str(), std::strerror(errno));
+    std::exit(1);
+  }
+  return name;
 }
 
 absl::Status WriteRandomTokens(const std::string& path, int vocab) {

@@ -17,6 +17,10 @@ void OneThreadPerRank(char** argv);
 // binary's runfiles, or under bazel-bin. "" when neither exists.
 std::string BuiltFile(const std::string& workspace_relative);
 
+// A fresh directory /tmp/<prefix>XXXXXX for a benchmark's data; exits
+// naming the error when none can be made (a benchmark has no way on).
+std::string MakeTempDir(const std::string& prefix);
+
 // A token shard at `path` of 2^20 uniformly random ids below `vocab`,
 // the same for every run (a fixed seed): throughput benchmarks do not need
 // text, only tokens in range.
