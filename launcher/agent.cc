@@ -169,6 +169,16 @@ int Agent::Run() {
     if (!assignment.ok()) {
       if (signals_.received() != 0) return ExitForSignal("waiting for a round");
       std::optional<pb::JobState> latest = watcher_->latest();
+      if ((!latest.has_value() || !rdzv::IsTerminalPhase(latest->phase())) &&
+          absl::IsFailedPrecondition(assignment.status())) {
+        // The join saw the job closed before the watch stream delivered the
+        // terminal state; that state carries the exit code (a config error's
+        // 2), so wait a moment for it.
+        absl::StatusOr<pb::JobState> terminal = watcher_->WaitFor(
+            [](const pb::JobState& state) { return rdzv::IsTerminalPhase(state.phase()); },
+            absl::Now() + absl::Seconds(5));
+        if (terminal.ok()) latest = *terminal;
+      }
       if (latest.has_value() && rdzv::IsTerminalPhase(latest->phase())) {
         return ExitCodeFor(*latest);
       }
