@@ -244,8 +244,12 @@ struct Table<ParallelConfig> {
        OneOf("gpipe|1f1b|interleaved_1f1b").Named("schedule", "schedules")},
       {"microbatches", &P::microbatches,
        "micro-batches per step under pp > 1; 0: data.grad_accumulation", NonNegative()},
+      {"virtual_stages", &P::virtual_stages,
+       "pipeline stages per rank under interleaved_1f1b (2 or more); 0: auto (2 there, else 1)",
+       NonNegative()},
       {"pp_split", &P::pp_split,
-       "blocks per pipeline stage under pp > 1, summing to model.layers; empty: balanced"},
+       "blocks per pipeline stage (pp x virtual_stages of them) under pp > 1, summing to "
+       "model.layers; empty: balanced"},
   };
 };
 
@@ -749,9 +753,21 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                              "replicates the whole model: 0 (auto) or 1"),
                 {"parallel.strategy"});
   }
-  if (p.schedule == "interleaved_1f1b") {
-    return fail("parallel.schedule",
-                "interleaved_1f1b (several stages per rank) is planned; use 1f1b or gpipe");
+  const bool interleaved = p.schedule == "interleaved_1f1b";
+  const int V = VirtualStages(p);
+  if (interleaved && V < 2) {
+    return fail("parallel.virtual_stages",
+                absl::StrCat(V,
+                             " with interleaved_1f1b, which runs 2 or more pipeline stages per "
+                             "rank (0: auto, 2)"),
+                {"parallel.schedule"});
+  }
+  if (!interleaved && V != 1) {
+    return fail("parallel.virtual_stages",
+                absl::StrCat(V, " with parallel.schedule ", p.schedule,
+                             ", which runs one pipeline stage per rank: 0 or 1, or use "
+                             "interleaved_1f1b"),
+                {"parallel.schedule"});
   }
   if (p.pp > 1) {
     if (p.strategy == "fsdp") {
@@ -760,11 +776,13 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                                " (sharded pipeline stages) is planned; pipelines run under ddp"),
                   {"parallel.pp"});
     }
-    if (p.pp > config.model.layers) {
+    if (p.pp * V > config.model.layers) {
       return fail("parallel.pp",
-                  absl::StrCat(p.pp, " pipeline stages for ", config.model.layers,
-                               " blocks (model.layers): each stage needs one"),
-                  {"model.layers"});
+                  absl::StrCat(
+                      p.pp * V, " pipeline stages",
+                      V > 1 ? absl::StrCat(" (", p.pp, " ranks x ", V, " virtual stages)") : "",
+                      " for ", config.model.layers, " blocks (model.layers): each stage needs one"),
+                  {"model.layers", "parallel.virtual_stages"});
     }
     if (p.microbatches > 0 && config.data.grad_accumulation > 1) {
       return fail("data.grad_accumulation",
@@ -775,13 +793,21 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                   {"parallel.microbatches"});
     }
     const int M = MicroSteps(config);
-    if (p.schedule == "1f1b" && M < p.pp) {
-      return fail("parallel.microbatches",
-                  absl::StrCat(M,
-                               " micro-batches per step (parallel.microbatches, or "
-                               "data.grad_accumulation when it is 0) is fewer than parallel.pp (",
-                               p.pp, "): 1f1b never fills the pipeline; use more, or gpipe"),
-                  {"parallel.pp"});
+    if (p.schedule != "gpipe" && M < p.pp) {
+      return fail(
+          "parallel.microbatches",
+          absl::StrCat(M,
+                       " micro-batches per step (parallel.microbatches, or "
+                       "data.grad_accumulation when it is 0) is fewer than parallel.pp (",
+                       p.pp, "): ", p.schedule, " never fills the pipeline; use more, or gpipe"),
+          {"parallel.pp"});
+    }
+    if (interleaved && M % p.pp != 0) {
+      return fail(
+          "parallel.microbatches",
+          absl::StrCat(M, " micro-batches per step is not a multiple of parallel.pp (", p.pp,
+                       "): interleaved_1f1b sends micro-batches round in groups of pp"),
+          {"parallel.pp"});
     }
   }
   if (!p.pp_split.empty()) {
@@ -792,10 +818,11 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                                p.pp, "); leave it empty ([])"),
                   {"parallel.pp"});
     }
-    if (static_cast<int>(p.pp_split.size()) != p.pp) {
+    if (static_cast<int>(p.pp_split.size()) != p.pp * V) {
       return fail("parallel.pp_split",
                   absl::StrCat(split, " has ", p.pp_split.size(),
-                               " entries; expected one per pipeline stage, parallel.pp ", p.pp),
+                               " entries; expected one per pipeline stage, parallel.pp ", p.pp,
+                               V > 1 ? absl::StrCat(" x parallel.virtual_stages ", V) : ""),
                   {"parallel.pp"});
     }
     int64_t blocks = 0;
@@ -899,6 +926,11 @@ bool operator==(const ParallelConfig& a, const ParallelConfig& b) { return Equal
 bool operator==(const CheckpointConfig& a, const CheckpointConfig& b) { return Equal(a, b); }
 bool operator==(const TrainConfig& a, const TrainConfig& b) {
   return a.source == b.source && Equal(a, b);
+}
+
+int VirtualStages(const ParallelConfig& parallel) {
+  if (parallel.virtual_stages > 0) return parallel.virtual_stages;
+  return parallel.schedule == "interleaved_1f1b" ? 2 : 1;
 }
 
 int MicroSteps(const TrainConfig& config) {

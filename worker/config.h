@@ -84,13 +84,16 @@ struct ParallelConfig {
   int dp_replicate = 0;
   int dp_shard = 0;
   int pp = 1;
-  // Under pp > 1: the pipeline schedule, gpipe | 1f1b (interleaved_1f1b
-  // is planned), and the micro-batches of a step (M; 0: data.grad_accumulation).
+  // Under pp > 1: the pipeline schedule, gpipe | 1f1b | interleaved_1f1b,
+  // and the micro-batches of a step (M; 0: data.grad_accumulation).
   std::string schedule = "1f1b";
   int microbatches = 0;
-  // Under pp > 1: blocks per pipeline stage, in stage order (pp entries, each
-  // at least 1, summing to model.layers); empty: balanced automatically
-  // (PipelineSplit, worker/pipeline.h).
+  // Under interleaved_1f1b: pipeline stages per rank (V >= 2; 0: auto, 2).
+  // Every other schedule runs one per rank (0 or 1).
+  int virtual_stages = 0;
+  // Under pp > 1: blocks per pipeline stage, in stage order (pp x V
+  // entries, each at least 1, summing to model.layers); empty: balanced
+  // automatically (PipelineSplit, worker/pipeline.h).
   std::vector<int> pp_split;
 };
 
@@ -117,6 +120,9 @@ struct TrainConfig {
 // Micro-batches per optimizer step: parallel.microbatches under pipeline
 // parallelism when set, else data.grad_accumulation.
 int MicroSteps(const TrainConfig& config);
+// Pipeline stages per rank: parallel.virtual_stages, with 0 read as 2 under
+// interleaved_1f1b and 1 otherwise.
+int VirtualStages(const ParallelConfig& parallel);
 
 // Reads and validates a yaml file. Relative data globs and paths resolve
 // against the yaml file's directory.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,25 +17,67 @@ namespace muster::worker {
 using parallel::PipelineAction;
 using Type = PipelineAction::Type;
 
-// Each in-flight micro-batch's boundary buffers (host, B x T x C floats):
-// the activation received and sent, and the gradient sent and received.
-// A slot is taken by a micro-batch's first action and given back after its
-// backward; the sends still reading it are waited for before its next use.
-struct Pipeline::Slots {
-  size_t floats = 0;
+// One model part this rank runs (pipeline stage `stage`), and each
+// in-flight micro-batch's boundary buffers for it (host, B x T x C
+// floats): the activation received and sent, and the gradient sent and
+// received. A slot is taken by a micro-batch's first action on the stage
+// and given back after its last (Releases).
+//
+// Sends never block the schedule, as the simulator assumes: a slot taken
+// again while its sends are still on their way gets fresh send buffers,
+// and the old ones wait in `retired` until their sends finish. (Waiting
+// for them instead can close a cycle: under interleaved 1F1B the receiver
+// may post that receive only after something this rank has yet to send.)
+struct Pipeline::Chunk {
+  struct Sending {
+    std::vector<float> act_out, grad_in;
+    std::vector<std::shared_ptr<parallel::Work>> works;
+  };
+  int stage = 0;
+  GptModel* model = nullptr;        // chunk 0: the model Build returns
+  std::unique_ptr<GptModel> owned;  // the other chunks, bound to chunk 0's buffers
   std::vector<std::vector<float>> act_in, act_out, grad_in, grad_out;
   std::vector<std::vector<std::shared_ptr<parallel::Work>>> sending;
+  std::vector<Sending> retired;
   std::vector<int> free;
   std::map<int, int> of;  // micro-batch -> slot
-  int in_flight = 0;
 };
 
 namespace {
 
-// The tag of a micro-batch's message on a channel (one direction between
-// two neighbours): the channel carries one message per micro-batch, in
-// order, so the tag only checks that order.
-int Tag(int microbatch) { return microbatch; }
+// The tag of micro-batch m's message from pipeline stage `from` (the
+// sender's), M micro-batches a step: a channel carries one message per
+// stage and micro-batch, in order, so the tag only checks that order.
+int Tag(int from, int m, int M) { return from * M + m; }
+
+// Whether `action` is the last one of its micro-batch on its stage, after
+// which the slot is free: the gradient sent to the previous stage, or the
+// first stage's backward (nothing to send); in a forward-only run, the
+// activation sent, or the last stage's forward.
+bool Releases(const PipelineAction& action, int stages, bool forward_only) {
+  if (forward_only) {
+    return action.type == Type::kSendActivation ||
+           (action.type == Type::kForward && action.stage == stages - 1);
+  }
+  return action.type == Type::kSendGradient ||
+         (action.type == Type::kBackward && action.stage == 0);
+}
+
+// The slots each of a rank's `chunks` needs for `actions` (at least 1):
+// the most micro-batches live on a chunk at once, taking and giving back
+// as Pipeline::Run does.
+std::vector<int> SlotsNeeded(const std::vector<PipelineAction>& actions, int pp, int chunks,
+                             int stages, bool forward_only) {
+  std::vector<int> peak(chunks, 1);
+  std::vector<std::set<int>> live(chunks);
+  for (const PipelineAction& action : actions) {
+    const int c = action.stage / pp;
+    live[c].insert(action.microbatch);
+    peak[c] = std::max(peak[c], static_cast<int>(live[c].size()));
+    if (Releases(action, stages, forward_only)) live[c].erase(action.microbatch);
+  }
+  return peak;
+}
 
 absl::Status Invalid(const char* field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
@@ -42,9 +85,10 @@ absl::Status Invalid(const char* field, const std::string& why) {
 
 }  // namespace
 
-absl::StatusOr<std::vector<int>> PipelineSplit(const ModelConfig& config, int pp,
+absl::StatusOr<std::vector<int>> PipelineSplit(const ModelConfig& config, int stages,
                                                const std::vector<int>& explicit_split) {
   const int L = config.layers;
+  const int pp = stages;  // the dynamic programme below cuts the blocks into `pp` ranges
   if (pp < 1) return Invalid("parallel.pp", absl::StrCat("must be >= 1, got ", pp));
   if (!explicit_split.empty()) {
     int sum = 0;
@@ -54,16 +98,18 @@ absl::StatusOr<std::vector<int>> PipelineSplit(const ModelConfig& config, int pp
       positive = positive && blocks > 0;
     }
     if (static_cast<int>(explicit_split.size()) != pp || !positive || sum != L) {
-      return Invalid(
-          "parallel.pp_split",
-          absl::StrCat("[", absl::StrJoin(explicit_split, ", "), "] must be ", pp,
-                       " positive block counts (parallel.pp) summing to model.layers (", L, ")"));
+      return Invalid("parallel.pp_split",
+                     absl::StrCat("[", absl::StrJoin(explicit_split, ", "), "] must be ", pp,
+                                  " positive block counts (one per pipeline stage: parallel.pp x "
+                                  "parallel.virtual_stages) summing to model.layers (",
+                                  L, ")"));
     }
     return explicit_split;
   }
   if (L < pp) {
     return Invalid("parallel.pp", absl::StrCat(pp, " pipeline stages for ", L,
                                                " blocks (model.layers): each stage needs one"));
+    // (pp: parallel.pp x parallel.virtual_stages)
   }
   // Per token: a block's matmuls 24 C^2 (forward; the backward is twice
   // that on every block alike), the classifier 2 C Vp on the last rank.
@@ -105,19 +151,30 @@ Pipeline::Pipeline(const PipelineGroups& groups, parallel::ProcessGroup* control
       backend_(std::move(backend)) {}
 
 Pipeline::~Pipeline() {
-  if (slots_ == nullptr) return;
-  for (auto& sending : slots_->sending) {
-    for (auto& work : sending) (void)work->Wait();
-  }
+  for (auto& chunk : chunks_) (void)Sweep(chunk.get(), /*wait=*/true);
 }
 
 std::string Pipeline::Describe() const {
   // Before Build the split is not known yet.
   const std::string blocks = split_.empty() ? "" : ": blocks " + absl::StrJoin(split_, "/");
-  std::string text = absl::StrCat("pipeline (", parallel::ScheduleName(options_.schedule), ", ",
-                                  dims_.pp, " stages", blocks, ") over ", backend_);
+  const int V = options_.virtual_stages;
+  std::string text = absl::StrCat(
+      "pipeline (", parallel::ScheduleName(options_.schedule), ", ", dims_.pp, " ranks",
+      V > 1 ? absl::StrCat(" x ", V, " virtual stages") : "", blocks, ") over ", backend_);
   if (dims_.dp() > 1) absl::StrAppend(&text, ", ", dims_.dp(), " pipelines (dp)");
   return text;
+}
+
+std::pair<int, int> Pipeline::Blocks(int s) const {
+  int first = 0;
+  for (int q = 0; q < s; ++q) first += split_[q];
+  return {first, first + split_[s]};
+}
+
+size_t Pipeline::ActivationBytes() const {
+  size_t bytes = 0;
+  for (const auto& chunk : chunks_) bytes += chunk->model->ActivationBytes();
+  return bytes;
 }
 
 absl::StatusOr<BuiltModel> Pipeline::Build(const BuildSpec& spec) {
@@ -127,36 +184,69 @@ absl::StatusOr<BuiltModel> Pipeline::Build(const BuildSpec& spec) {
         "parallel.pp: pipeline stages run on the CPU in this build; on CUDA they are planned");
   }
   const parallel::ParallelDims::Coordinates me = dims_.Of(control_.rank());
-  const int P = dims_.pp;
+  const int P = dims_.pp, V = options_.virtual_stages;
   const PipelineGroups& g = groups_;
   auto channel = [](parallel::ProcessGroup* group, bool wanted, int rank) {
     return wanted ? group != nullptr && group->size() == 2 && group->rank() == rank
                   : group == nullptr;
   };
-  if (dims_.dp_shard != 1 || g.pipeline == nullptr || g.pipeline->size() != P ||
+  // With V > 1 the channels close a ring: every rank has both neighbours.
+  const bool has_previous = me.pp > 0 || (V > 1 && P > 1);
+  const bool has_next = me.pp < P - 1 || (V > 1 && P > 1);
+  if (V < 1 || dims_.dp_shard != 1 || g.pipeline == nullptr || g.pipeline->size() != P ||
       g.pipeline->rank() != me.pp ||
       (g.tied == nullptr) != (P == 1 || (me.pp > 0 && me.pp < P - 1)) ||
       (g.dp == nullptr) != (dims_.dp() == 1) ||
       (g.dp != nullptr && (g.dp->size() != dims_.dp() || g.dp->rank() != me.dp)) ||
-      !channel(g.activations_in, me.pp > 0, 1) || !channel(g.gradients_out, me.pp > 0, 1) ||
-      !channel(g.activations_out, me.pp < P - 1, 0) || !channel(g.gradients_in, me.pp < P - 1, 0)) {
+      !channel(g.activations_in, has_previous, 1) || !channel(g.gradients_out, has_previous, 1) ||
+      !channel(g.activations_out, has_next, 0) || !channel(g.gradients_in, has_next, 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("pipeline: the process groups do not match the degrees (dp ", dims_.dp(),
-                     " x pp ", P, ") for pipeline stage ", me.pp));
+                     " x pp ", P, ", ", V, " virtual stages) for pipeline rank ", me.pp));
   }
-  const parallel::ScheduleSpec schedule{options_.schedule, P, spec.micro_steps, 1};
-  if (auto checked = parallel::BuildSchedule(schedule); !checked.ok()) return checked.status();
-  auto split = PipelineSplit(spec.model, P, options_.split);
+  if (options_.schedule == parallel::ScheduleKind::kZeroBubbleH1) {
+    return absl::UnimplementedError(
+        "parallel.schedule: zb_h1 (split backward passes) is simulated only for now; use 1f1b, "
+        "interleaved_1f1b or gpipe");
+  }
+  const parallel::ScheduleSpec schedule{options_.schedule, P, spec.micro_steps, V};
+  auto actions = parallel::BuildSchedule(schedule);
+  if (!actions.ok()) return actions.status();
+  auto split = PipelineSplit(spec.model, stages(), options_.split);
   if (!split.ok()) return split.status();
   split_ = *split;
-  ModelPart part;
-  for (int p = 0; p < stage(); ++p) part.first_block += split_[p];
-  part.end_block = part.first_block + split_[stage()];
-  part.slots = parallel::InFlightBound(schedule, stage());
-  auto made = GptModel::CreatePart(spec.model, spec.micro_batch, spec.device, part);
-  if (!made.ok()) return made.status();
+  const std::vector<int> slots =
+      SlotsNeeded((*actions)[stage()], P, V, stages(), /*forward_only=*/false);
   BuiltModel built;
-  built.model = *std::move(made);
+  for (int c = 0; c < V; ++c) {
+    auto chunk = std::make_unique<Chunk>();
+    chunk->stage = c * P + stage();
+    const auto [first_block, end_block] = Blocks(chunk->stage);
+    const ModelPart part{first_block, end_block, slots[c]};
+    // Chunk 0 holds every stage's buffers; the others compute on them.
+    auto made = GptModel::CreatePart(spec.model, spec.micro_batch, spec.device, part,
+                                     c == 0 ? ParamStorage::kOwned : ParamStorage::kExternal);
+    if (!made.ok()) return made.status();
+    if (c == 0) {
+      built.model = *std::move(made);
+      chunk->model = built.model.get();
+    } else {
+      chunk->owned = *std::move(made);
+      chunk->model = chunk->owned.get();
+      const std::vector<Stage>& buffers = built.model->stages();
+      for (size_t i = 0; i < buffers.size(); ++i) {
+        chunk->model->BindStage(static_cast<int>(i), buffers[i].params, buffers[i].grads);
+      }
+    }
+    const size_t floats =
+        static_cast<size_t>(spec.micro_batch) * spec.model.seq_len * spec.model.dim;
+    for (int s = slots[c] - 1; s >= 0; --s) chunk->free.push_back(s);
+    for (auto* buffers : {&chunk->act_in, &chunk->act_out, &chunk->grad_in, &chunk->grad_out}) {
+      buffers->assign(slots[c], std::vector<float>(floats));
+    }
+    chunk->sending.resize(slots[c]);
+    chunks_.push_back(std::move(chunk));
+  }
   GptModel* model = built.model.get();
   // Every rank computes the same initial weights from the seed, so the
   // wte copies start equal.
@@ -168,14 +258,18 @@ absl::StatusOr<BuiltModel> Pipeline::Build(const BuildSpec& spec) {
   ParamShard shard = WholeModel(model);
   std::vector<ParamShard::Slice> mine;
   const int head = static_cast<int>(stage_sizes_.size()) - 1;
+  std::vector<bool> runs(stage_sizes_.size(), false);  // model stage -> this rank runs it
+  for (const auto& chunk : chunks_) {
+    const auto [first_block, end_block] = Blocks(chunk->stage);
+    for (int b = first_block; b < end_block; ++b) runs[1 + b] = true;
+  }
   for (ParamShard::Slice slice : shard.groups[0].slices) {
-    const bool block = slice.stage >= 1 + part.first_block && slice.stage < 1 + part.end_block;
     if (slice.stage == 0 && first()) {
       mine.push_back(slice);
     } else if (slice.stage == 0 && last()) {
       slice.count = wte_floats_;
       mine.push_back(slice);
-    } else if (block || (slice.stage == head && last())) {
+    } else if (runs[slice.stage] || (slice.stage == head && last())) {
       mine.push_back(slice);
     }
   }
@@ -183,52 +277,51 @@ absl::StatusOr<BuiltModel> Pipeline::Build(const BuildSpec& spec) {
   auto optimizer = AdamW::Create(model, spec.optim, std::move(shard));
   if (!optimizer.ok()) return optimizer.status();
   built.optimizer = *std::move(optimizer);
-
-  slots_ = std::make_unique<Slots>();
-  slots_->floats = static_cast<size_t>(spec.micro_batch) * spec.model.seq_len * spec.model.dim;
-  for (int s = part.slots - 1; s >= 0; --s) slots_->free.push_back(s);
-  for (auto* buffers : {&slots_->act_in, &slots_->act_out, &slots_->grad_in, &slots_->grad_out}) {
-    buffers->assign(part.slots, std::vector<float>(slots_->floats));
-  }
-  slots_->sending.resize(part.slots);
   model_ = model;
   return built;
 }
 
-absl::StatusOr<StepLoss> Pipeline::Run(GptModel* model, const MicroBatches& batches,
-                                       const std::vector<PipelineAction>& actions) {
-  Slots& slots = *slots_;
+absl::StatusOr<StepLoss> Pipeline::Run(const MicroBatches& batches,
+                                       const std::vector<PipelineAction>& actions,
+                                       bool forward_only) {
+  const int P = dims_.pp, S = stages(), M = batches.count;
   const size_t tokens = static_cast<size_t>(batches.B) * batches.T;
-  const size_t floats = tokens * model->config().dim;
+  const size_t floats = tokens * model_->config().dim;
   std::vector<int> inputs(tokens), targets(tokens);
-  auto take = [&](int m) -> absl::StatusOr<int> {
-    auto found = slots.of.find(m);
-    if (found != slots.of.end()) return found->second;
-    if (slots.free.empty()) {
+  auto take = [&](Chunk& chunk, int m) -> absl::StatusOr<int> {
+    auto found = chunk.of.find(m);
+    if (found != chunk.of.end()) return found->second;
+    if (chunk.free.empty()) {
       return absl::InternalError(absl::StrCat("pipeline: no activation slot free for micro-batch ",
-                                              m, " (the schedule holds more than its bound)"));
+                                              m, " on stage ", chunk.stage,
+                                              " (the schedule holds more than was planned)"));
     }
-    const int slot = slots.free.back();
-    slots.free.pop_back();
-    for (auto& work : slots.sending[slot]) {
-      if (absl::Status sent = work->Wait(); !sent.ok()) return sent;
+    const int slot = chunk.free.back();
+    chunk.free.pop_back();
+    if (absl::Status swept = Sweep(&chunk, /*wait=*/false); !swept.ok()) return swept;
+    std::vector<std::shared_ptr<parallel::Work>>& works = chunk.sending[slot];
+    if (!works.empty()) {
+      // Its sends are still on their way: they keep their buffers.
+      Chunk::Sending old{std::vector<float>(floats), std::vector<float>(floats), {}};
+      old.act_out.swap(chunk.act_out[slot]);
+      old.grad_in.swap(chunk.grad_in[slot]);
+      old.works.swap(works);
+      chunk.retired.push_back(std::move(old));
     }
-    slots.sending[slot].clear();
-    slots.of[m] = slot;
+    chunk.of[m] = slot;
     return slot;
   };
-  auto give_back = [&](int m) {
-    slots.free.push_back(slots.of[m]);
-    slots.of.erase(m);
-  };
   StepLoss loss;
+  int in_flight = 0;
   times_.clear();
   const absl::Time began = absl::Now();
   auto since = [&] { return absl::ToDoubleSeconds(absl::Now() - began); };
   for (const PipelineAction& action : actions) {
     const int m = action.microbatch;
+    const bool first_stage = action.stage == 0, last_stage = action.stage == S - 1;
+    Chunk& chunk = *chunks_[action.stage / P];
     times_.push_back({action, since(), 0});
-    auto slot = take(m);
+    auto slot = take(chunk, m);
     if (!slot.ok()) return slot.status();
     const int s = *slot;
     switch (action.type) {
@@ -237,9 +330,10 @@ absl::StatusOr<StepLoss> Pipeline::Run(GptModel* model, const MicroBatches& batc
         // On the channel from that neighbour: the other rank of the pair.
         const bool gradient = action.type == Type::kRecvGradient;
         parallel::ProcessGroup* from = gradient ? groups_.gradients_in : groups_.activations_in;
-        std::vector<float>& into = gradient ? slots.grad_out[s] : slots.act_in[s];
+        std::vector<float>& into = gradient ? chunk.grad_out[s] : chunk.act_in[s];
+        const int tag = Tag(gradient ? action.stage + 1 : action.stage - 1, m, M);
         absl::Status received =
-            from->Recv(absl::MakeSpan(into.data(), floats), 1 - from->rank(), Tag(m))->Wait();
+            from->Recv(absl::MakeSpan(into.data(), floats), 1 - from->rank(), tag)->Wait();
         if (!received.ok()) return received;
         break;
       }
@@ -247,83 +341,106 @@ absl::StatusOr<StepLoss> Pipeline::Run(GptModel* model, const MicroBatches& batc
       case Type::kSendGradient: {
         const bool gradient = action.type == Type::kSendGradient;
         parallel::ProcessGroup* to = gradient ? groups_.gradients_out : groups_.activations_out;
-        const std::vector<float>& from = gradient ? slots.grad_in[s] : slots.act_out[s];
-        slots.sending[s].push_back(
-            to->Send(absl::MakeConstSpan(from.data(), floats), 1 - to->rank(), Tag(m)));
-        // The gradient is a micro-batch's last message: it leaves its
-        // slot (the send is waited for when the slot is taken again).
-        if (gradient) give_back(m);
+        const std::vector<float>& from = gradient ? chunk.grad_in[s] : chunk.act_out[s];
+        chunk.sending[s].push_back(to->Send(absl::MakeConstSpan(from.data(), floats),
+                                            1 - to->rank(), Tag(action.stage, m, M)));
         break;
       }
       case Type::kForward: {
         batches.fill(m, inputs.data(), targets.data());
-        const float value =
-            model->PartForward(s, inputs.data(), last() ? targets.data() : nullptr,
-                               first() ? nullptr : slots.act_in[s].data(),
-                               last() ? nullptr : slots.act_out[s].data(), batches.B, batches.T);
-        if (last()) {
+        const float value = chunk.model->PartForward(
+            s, inputs.data(), last_stage ? targets.data() : nullptr,
+            first_stage ? nullptr : chunk.act_in[s].data(),
+            last_stage ? nullptr : chunk.act_out[s].data(), batches.B, batches.T);
+        if (last_stage) {
           loss.sum += value;
           ++loss.count;
         }
-        peak_in_flight_ = std::max(peak_in_flight_, ++slots.in_flight);
+        peak_in_flight_ = std::max(peak_in_flight_, ++in_flight);
         break;
       }
       case Type::kBackward: {
-        model->PartBackward(s, 1.0f / batches.count, last() ? nullptr : slots.grad_out[s].data(),
-                            first() ? nullptr : slots.grad_in[s].data());
-        --slots.in_flight;
-        if (first()) give_back(m);  // nothing to send: done with it
+        chunk.model->PartBackward(s, 1.0f / batches.count,
+                                  last_stage ? nullptr : chunk.grad_out[s].data(),
+                                  first_stage ? nullptr : chunk.grad_in[s].data());
+        --in_flight;
         break;
       }
+      case Type::kBackwardInput:
+      case Type::kBackwardWeight:
+        // Build refuses such schedules; a list from elsewhere is an error.
+        return absl::UnimplementedError(absl::StrCat(
+            "pipeline: ", parallel::ActionName(action),
+            ": split backward passes (zb_h1) are simulated only for now; the runtime runs gpipe, "
+            "1f1b and interleaved_1f1b"));
+    }
+    if (Releases(action, S, forward_only)) {
+      // Done with the micro-batch on this stage (a send still reading the
+      // slot is waited for when it is taken again).
+      chunk.free.push_back(s);
+      chunk.of.erase(m);
+      if (forward_only) --in_flight;
     }
     times_.back().end = since();
   }
   // Every send of the step has finished before the step's reductions.
-  for (auto& sending : slots.sending) {
-    for (auto& work : sending) {
-      if (absl::Status sent = work->Wait(); !sent.ok()) return sent;
-    }
-    sending.clear();
+  for (auto& chunk : chunks_) {
+    if (absl::Status swept = Sweep(chunk.get(), /*wait=*/true); !swept.ok()) return swept;
   }
   return loss;
+}
+
+absl::Status Pipeline::Sweep(Chunk* chunk, bool wait) {
+  // A finished send's error is returned here (a failed receive on the other
+  // side fails that rank at once).
+  auto done = [wait](std::vector<std::shared_ptr<parallel::Work>>* works) -> absl::Status {
+    for (auto& work : *works) {
+      if (!wait && !work->Done()) return absl::OkStatus();
+    }
+    for (auto& work : *works) {
+      if (absl::Status sent = work->Wait(); !sent.ok()) return sent;
+    }
+    works->clear();
+    return absl::OkStatus();
+  };
+  for (size_t slot = 0; slot < chunk->sending.size(); ++slot) {
+    // Only slots not in use: a slot in use may still be sending its
+    // activation while it waits for its gradient.
+    if (!wait && chunk->of.end() != std::find_if(chunk->of.begin(), chunk->of.end(),
+                                                 [slot](const std::pair<const int, int>& used) {
+                                                   return used.second == static_cast<int>(slot);
+                                                 })) {
+      continue;
+    }
+    if (absl::Status status = done(&chunk->sending[slot]); !status.ok()) return status;
+  }
+  for (auto it = chunk->retired.begin(); it != chunk->retired.end();) {
+    if (absl::Status status = done(&it->works); !status.ok()) return status;
+    it = it->works.empty() ? chunk->retired.erase(it) : it + 1;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepLoss> Pipeline::ForwardBackward(GptModel* model, const MicroBatches& batches) {
-  auto schedule =
-      parallel::BuildSchedule({options_.schedule, dims_.pp, batches.count, /*virtual_stages=*/1});
+  auto schedule = parallel::BuildSchedule(
+      {options_.schedule, dims_.pp, batches.count, options_.virtual_stages});
   if (!schedule.ok()) return schedule.status();
-  return Run(model, batches, (*schedule)[stage()]);
+  return Run(batches, (*schedule)[stage()], /*forward_only=*/false);
 }
 
 absl::StatusOr<StepLoss> Pipeline::ForwardOnly(GptModel* model, const MicroBatches& batches) {
-  // Each micro-batch down the pipeline in turn: receive, forward, send.
+  // Each micro-batch down the pipeline in turn, through every stage this
+  // rank runs: receive, forward, send.
+  const int P = dims_.pp, S = stages();
   std::vector<PipelineAction> actions;
   for (int m = 0; m < batches.count; ++m) {
-    if (!first()) actions.push_back({Type::kRecvActivation, m, stage(), stage() - 1});
-    actions.push_back({Type::kForward, m, stage(), -1});
-    if (!last()) actions.push_back({Type::kSendActivation, m, stage(), stage() + 1});
-  }
-  // Without backwards the slots are given back after each forward (or
-  // its send).
-  Slots& slots = *slots_;
-  StepLoss loss;
-  for (size_t i = 0; i < actions.size();) {
-    size_t end = i + 1;
-    while (end < actions.size() && actions[end].microbatch == actions[i].microbatch) ++end;
-    std::vector<PipelineAction> one(actions.begin() + i, actions.begin() + end);
-    auto part = Run(model, batches, one);
-    if (!part.ok()) return part.status();
-    loss.sum += part->sum;
-    loss.count += part->count;
-    const int m = actions[i].microbatch;
-    if (slots.of.count(m) > 0) {
-      slots.free.push_back(slots.of[m]);
-      slots.of.erase(m);
+    for (int s = stage(); s < S; s += P) {
+      if (s > 0) actions.push_back({Type::kRecvActivation, m, s, (s - 1) % P});
+      actions.push_back({Type::kForward, m, s, -1});
+      if (s + 1 < S) actions.push_back({Type::kSendActivation, m, s, (s + 1) % P});
     }
-    slots.in_flight = 0;
-    i = end;
   }
-  return loss;
+  return Run(batches, actions, /*forward_only=*/true);
 }
 
 absl::Status Pipeline::ReduceGradients(GptModel* model) {
@@ -400,10 +517,12 @@ std::vector<FlatRange> Pipeline::ParamRanges(int p, bool copy) const {
   } else if (copy && p == P - 1) {
     AppendRange(&ranges, {0, wte_floats_});
   }
-  int first_block = 0;
-  for (int q = 0; q < p; ++q) first_block += split_[q];
-  for (int b = first_block; b < first_block + split_[p]; ++b) {
-    AppendRange(&ranges, {flat[1 + b], stage_sizes_[1 + b]});
+  // Rank p's pipeline stages p, p + P, ... run increasing block ranges.
+  for (int s = p; s < stages(); s += P) {
+    const auto [first_block, end_block] = Blocks(s);
+    for (int b = first_block; b < end_block; ++b) {
+      AppendRange(&ranges, {flat[1 + b], stage_sizes_[1 + b]});
+    }
   }
   if (p == P - 1) {
     const size_t head = stage_sizes_.size() - 1;

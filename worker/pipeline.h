@@ -1,27 +1,30 @@
 // Pipeline parallelism: the ParallelStrategy (worker/parallel_strategy.h)
-// that cuts the model into pp parts, one per pipeline rank, and runs a step
-// as a schedule of micro-batches (docs/parallel.md, "Pipeline
+// that cuts the model into pipeline stages spread over pp ranks and runs a
+// step as a schedule of micro-batches (docs/parallel.md, "Pipeline
 // parallelism"). Composes with data parallelism: dp pipelines, each
 // stage's gradients averaged over the dp ranks that run it.
 //
-// Split. Pipeline rank p runs a contiguous range of blocks
-// (GptModel::CreatePart); the first also runs the embedding, the last the
-// final LayerNorm, the LM head and the loss. The ranges are given, or
-// balanced by FLOPs with the head's classifier counted on the last rank
-// (PipelineSplit). The LM head is the tied wte: the last rank keeps a copy
-// of it, and after the backward passes the two copies' gradients (the
-// encoder's share and the head's) are summed between the first and last
-// rank, as Megatron-LM does, so the copies take the same AdamW step and
-// stay bitwise equal.
+// Split. The model is cut into pp x V pipeline stages, each a contiguous
+// range of blocks (V, the virtual stages per rank, is 1 except for
+// interleaved 1F1B). Stage s runs on pipeline rank s % pp as its chunk
+// s / pp (Megatron-LM's interleaved placement), each chunk a model part
+// (GptModel::CreatePart): chunk 0 owns every stage's buffers and is the
+// model Build returns, the other chunks are bound to those buffers. The
+// first stage also runs the embedding, the last the final LayerNorm, the
+// LM head and the loss. The ranges are given, or balanced by FLOPs with
+// the head's classifier counted on the last stage (PipelineSplit). The LM
+// head is the tied wte: the last rank keeps a copy of it, and after the
+// backward passes the two copies' gradients (the encoder's share and the
+// head's) are summed between the first and last rank, as Megatron-LM
+// does, so the copies take the same AdamW step and stay bitwise equal.
 //
 // Schedule. The step's ForwardBackward runs this rank's list of
-// parallel::BuildSchedule (gpipe or 1f1b; interleaved needs several parts
-// per rank and is planned): forwards and backwards of micro-batches into
-// activation slots (as many as the schedule holds in flight), and the
-// activations and their gradients sent and received over the pipeline
-// channels, tagged by micro-batch. Sends run in the background while the
-// rank computes; a slot's buffers are reused only once its sends have
-// finished.
+// parallel::BuildSchedule (gpipe, 1f1b or interleaved_1f1b): forwards and
+// backwards of micro-batches into each chunk's activation slots (as many
+// as the list holds at once), and the activations and their gradients
+// sent and received over the pipeline channels, tagged by stage and
+// micro-batch. Sends run in the background while the rank computes; a
+// slot's buffers are reused only once its sends have finished.
 //
 // Channels. A process group runs its operations one at a time, and a Gloo
 // send completes only once the receiver has posted the receive, so sends
@@ -31,12 +34,13 @@
 // is therefore a group of its own: the sender's queue holds only sends,
 // the receiver's only receives, in the same order, so from the training
 // threads every channel is a buffered FIFO, as the schedule simulator
-// (parallel/pipeline_schedule.h) assumes.
+// (parallel/pipeline_schedule.h) assumes. With V > 1 the channels form a
+// ring: the last rank's chunks feed the first rank's next chunks.
 //
-// Loss and norm. Only the last rank computes losses (StepLoss::count is
-// 0 elsewhere). The gradient norm is the sum of each rank's stages' sums of
-// squares over the pipeline group (the wte copy counted once, on the first
-// rank).
+// Loss and norm. Only the last stage computes losses (StepLoss::count is
+// 0 on other ranks). The gradient norm is the sum of each rank's stages'
+// sums of squares over the pipeline group (the wte copy counted once, on
+// the first rank).
 //
 // Checkpoints. Each rank writes its own stages' parameters and moments
 // (the first rank writes wte; the last does not write its copy), split
@@ -52,6 +56,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -63,23 +68,26 @@
 
 namespace muster::worker {
 
-// Blocks per pipeline rank for `config` over `pp` ranks: `explicit_split`
-// when given (INVALID_ARGUMENT naming parallel.pp_split unless it has pp
-// positive entries summing to the layers), else the contiguous split that
-// minimises the most FLOPs any rank runs, counting per token 24 C^2 for a
-// block and 2 C Vp for the classifier on the last rank. INVALID_ARGUMENT
-// naming parallel.pp when there are fewer blocks than ranks.
-absl::StatusOr<std::vector<int>> PipelineSplit(const ModelConfig& config, int pp,
+// Blocks per pipeline stage for `config` cut into `stages` stages:
+// `explicit_split` when given (INVALID_ARGUMENT naming parallel.pp_split
+// unless it has `stages` positive entries summing to the layers), else the
+// contiguous split that minimises the most FLOPs any stage runs, counting
+// per token 24 C^2 for a block and 2 C Vp for the classifier on the last
+// stage. INVALID_ARGUMENT naming parallel.pp when there are fewer blocks
+// than stages.
+absl::StatusOr<std::vector<int>> PipelineSplit(const ModelConfig& config, int stages,
                                                const std::vector<int>& explicit_split);
 
 // The groups a pipeline rank talks over; see "Channels" above. A channel
-// is a 2-rank group whose rank 0 is the lower pipeline stage; nullptr where
-// the rank has no such neighbour.
+// is a 2-rank group whose rank 0 sends the activations (and receives the
+// gradients): the lower pipeline rank, or the last one on the channel that
+// closes the ring (V > 1) to the first. nullptr where the rank has no
+// such neighbour.
 struct PipelineGroups {
-  parallel::ProcessGroup* activations_in = nullptr;   // from the previous stage
-  parallel::ProcessGroup* activations_out = nullptr;  // to the next stage
-  parallel::ProcessGroup* gradients_in = nullptr;     // from the next stage
-  parallel::ProcessGroup* gradients_out = nullptr;    // to the previous stage
+  parallel::ProcessGroup* activations_in = nullptr;   // from the previous rank
+  parallel::ProcessGroup* activations_out = nullptr;  // to the next rank
+  parallel::ProcessGroup* gradients_in = nullptr;     // from the next rank
+  parallel::ProcessGroup* gradients_out = nullptr;    // to the previous rank
   // The pipeline's dims.pp ranks in stage order: the gradient norm.
   parallel::ProcessGroup* pipeline = nullptr;
   // The pipeline's first and last rank: the tied wte (nullptr when pp is 1,
@@ -92,7 +100,8 @@ struct PipelineGroups {
 
 struct PipelineOptions {
   parallel::ScheduleKind schedule = parallel::ScheduleKind::k1F1B;
-  std::vector<int> split;  // blocks per rank; empty: balanced
+  int virtual_stages = 1;  // V: stages per rank (interleaved_1f1b: 2 or more)
+  std::vector<int> split;  // blocks per pipeline stage (pp x V); empty: balanced
 };
 
 class Pipeline final : public ParallelStrategy {
@@ -121,10 +130,14 @@ class Pipeline final : public ParallelStrategy {
   std::vector<FlatRange> CheckpointLoad(uint64_t total) const override;
   absl::Status StateLoaded(GptModel* model) override;
 
-  // Blocks per pipeline rank (after Build).
+  // Blocks per pipeline stage, pp x V of them (after Build).
   const std::vector<int>& split() const { return split_; }
-  // The most micro-batches this rank held activations for in a step.
+  // The most micro-batches this rank held activations for in a step,
+  // counted once per chunk (virtual micro-batches).
   int peak_in_flight() const { return peak_in_flight_; }
+  // The activation memory of every chunk this rank runs
+  // (GptModel::ActivationBytes summed).
+  size_t ActivationBytes() const;
   // When each action of the last ForwardBackward started and ended, in
   // seconds from its start (benchmarks: the idle time between computes).
   struct ActionTime {
@@ -134,16 +147,25 @@ class Pipeline final : public ParallelStrategy {
   const std::vector<ActionTime>& last_step_times() const { return times_; }
 
  private:
-  struct Slots;
+  struct Chunk;
 
   int stage() const { return groups_.pipeline->rank(); }  // this rank's place in the pipeline
-  bool first() const { return stage() == 0; }
-  bool last() const { return stage() == groups_.pipeline->size() - 1; }
+  bool first() const { return stage() == 0; }             // runs the embedding
+  bool last() const { return stage() == groups_.pipeline->size() - 1; }  // runs the head
+  int stages() const { return dims_.pp * options_.virtual_stages; }
+  // Block range [first, end) of pipeline stage `s`.
+  std::pair<int, int> Blocks(int s) const;
   // The flat parameter ranges pipeline rank `p` writes (`copy`: with the
   // last rank's wte copy, which it loads but does not write).
   std::vector<FlatRange> ParamRanges(int p, bool copy) const;
-  absl::StatusOr<StepLoss> Run(GptModel* model, const MicroBatches& batches,
-                               const std::vector<parallel::PipelineAction>& actions);
+  // Runs `actions` (this rank's); `forward_only`: a micro-batch's slot is
+  // given back once its activation is sent (or its loss computed).
+  // Drops the chunk's finished sends, returning the first error among
+  // them; `wait`: waits for every send first.
+  static absl::Status Sweep(Chunk* chunk, bool wait);
+  absl::StatusOr<StepLoss> Run(const MicroBatches& batches,
+                               const std::vector<parallel::PipelineAction>& actions,
+                               bool forward_only);
 
   const PipelineGroups groups_;
   parallel::Collectives control_;
@@ -154,7 +176,7 @@ class Pipeline final : public ParallelStrategy {
   std::vector<int> split_;
   std::vector<size_t> stage_sizes_;  // every stage of the model, in floats
   size_t wte_floats_ = 0;
-  std::unique_ptr<Slots> slots_;
+  std::vector<std::unique_ptr<Chunk>> chunks_;  // chunk c runs pipeline stage c * pp + stage()
   int peak_in_flight_ = 0;
   std::vector<ActionTime> times_;
 };

@@ -159,23 +159,32 @@ absl::StatusOr<std::unique_ptr<ParallelStrategy>> JoinPipeline(const TrainConfig
   if (status.ok() && (p == 0 || p == P - 1)) {
     status = make("tied." + name, {stages.front(), stages.back()}, &groups.tied);
   }
-  for (int q : {p - 1, p}) {  // the channels between stages q and q + 1
-    if (!status.ok() || q < 0 || q + 1 >= P) continue;
-    const std::vector<int> pair = {stages[q], stages[q + 1]};
-    const bool lower = q == p;
-    status = make(absl::StrCat("act.", name, ".", q), pair,
-                  lower ? &groups.activations_out : &groups.activations_in);
-    if (status.ok()) {
-      status = make(absl::StrCat("grad.", name, ".", q), pair,
-                    lower ? &groups.gradients_in : &groups.gradients_out);
-    }
-  }
-  if (!status.ok()) return status;
   PipelineOptions options;
   auto schedule = parallel::ParseSchedule(config.parallel.schedule);
   if (!schedule.ok()) return schedule.status();
   options.schedule = *schedule;
+  options.virtual_stages = VirtualStages(config.parallel);
   options.split = config.parallel.pp_split;
+  // The channels from rank q to rank q + 1 (worker/pipeline.h, "Channels"),
+  // and with virtual stages the one from the last rank back to the first,
+  // made last: each rank makes its channels in ring order, so no two ranks
+  // wait for each other on different ones.
+  const bool ring = options.virtual_stages > 1 && P > 1;
+  std::vector<int> channels = {p - 1, p};  // rank q's channel to the next rank
+  if (ring && p == 0) channels.push_back(P - 1);
+  for (int q : channels) {
+    if (!status.ok() || q < 0 || (q == P - 1 && !ring)) continue;
+    const int next = (q + 1) % P;
+    const std::vector<int> pair = {stages[q], stages[next]};
+    const bool sender = q == p;
+    status = make(absl::StrCat("act.", name, ".", q), pair,
+                  sender ? &groups.activations_out : &groups.activations_in);
+    if (status.ok()) {
+      status = make(absl::StrCat("grad.", name, ".", q), pair,
+                    sender ? &groups.gradients_in : &groups.gradients_out);
+    }
+  }
+  if (!status.ok()) return status;
   return std::unique_ptr<ParallelStrategy>(
       std::make_unique<Pipeline>(groups, &communicator->control_group(), dims, options, backend));
 }

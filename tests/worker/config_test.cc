@@ -188,8 +188,28 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
        "t.yaml:4: parallel.strategy: fsdp with parallel.pp 2 (sharded pipeline stages) is planned"},
       {train + "parallel:\n  pp: 5\n  microbatches: 8\n",
        "t.yaml:4: parallel.pp: 5 pipeline stages for 4 blocks (model.layers)"},
-      {train + "parallel:\n  schedule: interleaved_1f1b\n",
-       "t.yaml:4: parallel.schedule: interleaved_1f1b (several stages per rank) is planned"},
+      {train + "parallel:\n  schedule: interleaved_1f1b\n  virtual_stages: 1\n",
+       "t.yaml:5: parallel.virtual_stages: 1 with interleaved_1f1b, which runs 2 or more "
+       "pipeline stages per rank"},
+      {train + "parallel:\n  virtual_stages: 2\n",
+       "t.yaml:4: parallel.virtual_stages: 2 with parallel.schedule 1f1b, which runs one "
+       "pipeline stage per rank"},
+      {train + "parallel:\n  virtual_stages: -1\n",
+       "t.yaml:4: parallel.virtual_stages: must be >= 0, got -1"},
+      {train + "parallel:\n  pp: 2\n  schedule: interleaved_1f1b\n  microbatches: 3\n",
+       "t.yaml:6: parallel.microbatches: 3 micro-batches per step is not a multiple of "
+       "parallel.pp (2)"},
+      {train + "parallel:\n  pp: 2\n  schedule: interleaved_1f1b\n  virtual_stages: 3\n"
+               "  microbatches: 4\n",
+       "t.yaml:4: parallel.pp: 6 pipeline stages (2 ranks x 3 virtual stages) for 4 blocks"},
+      {train + "parallel:\n  pp: 2\n  schedule: interleaved_1f1b\n  microbatches: 4\n"
+               "  pp_split: [2, 2]\n",
+       "parallel.pp_split: [2, 2] has 2 entries; expected one per pipeline stage, parallel.pp 2 "
+       "x parallel.virtual_stages 2"},
+      {train + "parallel:\n  pp: 2\n  schedule: interleaved_1f1b\n  microbatches: 1\n",
+       "parallel.microbatches: 1 micro-batches per step (parallel.microbatches, or "
+       "data.grad_accumulation when it is 0) is fewer than parallel.pp (2): interleaved_1f1b "
+       "never fills the pipeline"},
       {train + "parallel:\n  schedule: zb\n",
        "t.yaml:4: parallel.schedule: unknown schedule 'zb'; known schedules: gpipe, 1f1b, "
        "interleaved_1f1b"},
@@ -743,14 +763,12 @@ TEST_CASE("every field: a changed value round-trips, and operator== sees it") {
     const std::string key = field.path.substr(field.path.rfind('.') + 1);
     CHECK_THAT(yaml, Catch::Contains(key + ": " + field.get(changed) + "\n"));
     absl::StatusOr<TrainConfig> parsed = ParseConfig(yaml, changed.source, "");
-    // A pipeline of 2 stages needs 2 micro-batches a step under 1f1b,
-    // interleaving is planned, and a split needs a pipeline (pp > 1): their
-    // checks name the field they look at.
+    // A pipeline of 2 stages needs 2 micro-batches a step under 1f1b, and a
+    // split needs a pipeline (pp > 1): their checks name the field they
+    // look at.
     std::string named = field.path;
     if (field.path == "parallel.pp") named = "parallel.microbatches";
-    const bool refused =
-        field.path == "parallel.pp" || field.path == "parallel.pp_split" ||
-        (field.path == "parallel.schedule" && field.get(changed) == "interleaved_1f1b");
+    const bool refused = field.path == "parallel.pp" || field.path == "parallel.pp_split";
     if (field.words.size() == 1 || refused) {
       // No other valid value: the reader did read it, and the check named it.
       REQUIRE_FALSE(parsed.ok());

@@ -2,10 +2,12 @@
 // `launch --standalone`, ranks as processes talking Gloo over loopback on
 // the CPU (worker/pipeline.h; the same combinations as threads:
 // pipeline_test.cc).
-//   - equivalence: PP=2 and PP=4 under GPipe and 1F1B, and DP=2 x PP=2,
-//     follow the 1-process loss curve at the same global batch;
-//   - resume across pipeline degrees: a PP=2 checkpoint resumed under
-//     PP=2 is bit-exact, under 1 process and PP=4 continues the curve;
+//   - equivalence: PP=2 and PP=4 under GPipe and 1F1B, PP=2 under
+//     interleaved 1F1B, and DP=2 x PP=2, follow the 1-process loss curve
+//     at the same global batch;
+//   - resume across pipeline layouts: a PP=2 checkpoint resumed under
+//     PP=2 is bit-exact, under 1 process, PP=4 and PP=2 interleaved
+//     continues the curve;
 //   - failure: SIGKILL the middle stage of a PP=3 job; the stages on
 //     either side leave long before parallel.timeout_s, launch restarts
 //     the job, and it ends bit for bit as an uninterrupted run;
@@ -74,15 +76,14 @@ int RunJob(const TempDir& dir, const std::string& name, int world, Job job,
 }
 
 // Runs a job that must succeed and returns rank 0's losses. A pipeline
-// job must say so in its banner: "pipeline (<schedule>, <pp> stages".
+// job must say so in its banner: "pipeline (<schedule>, <pp> ranks".
 std::map<int, double> Train(const TempDir& dir, const std::string& name, int world, Job job) {
   job.metrics = name + ".jsonl";
   std::map<int, double> losses = TrainYaml(dir, name, world, JobYaml(job));
   const std::string log = ReadFile(dir.File(name + ".log"));
   INFO(name << ":\n" << log);
   if (job.pp > 1) {
-    CHECK(
-        absl::StrContains(log, absl::StrCat("pipeline (", job.schedule, ", ", job.pp, " stages")));
+    CHECK(absl::StrContains(log, absl::StrCat("pipeline (", job.schedule, ", ", job.pp, " ranks")));
   }
   return losses;
 }
@@ -106,7 +107,9 @@ TEST_CASE("PP=2 and PP=4 under GPipe and 1F1B, and DP=2 x PP=2, follow the 1-pro
     std::string schedule;
   };
   for (const Config& config :
-       {Config{1, 2, "gpipe"}, Config{1, 2, "1f1b"}, Config{1, 4, "1f1b"}, Config{1, 4, "gpipe"}}) {
+       {Config{1, 2, "gpipe"}, Config{1, 2, "1f1b"}, Config{1, 4, "1f1b"}, Config{1, 4, "gpipe"},
+        // Two virtual stages per rank: a block per pipeline stage.
+        Config{1, 2, "interleaved_1f1b"}}) {
     Job job = pipeline;
     job.pp = config.pp;
     job.schedule = config.schedule;
@@ -177,6 +180,11 @@ TEST_CASE("a PP=2 checkpoint resumes under PP=2 bit for bit, and under 1 process
   CheckFollows(Resume(dir, "pp2_to_one", 1, one, saved, kSaved), uninterrupted, "pp2 -> one");
   // (c) PP=2 -> PP=4.
   CheckFollows(Resume(dir, "pp2_to_pp4", 4, pp4, saved, kSaved), uninterrupted, "pp2 -> pp4");
+  // (d) PP=2 -> PP=2 interleaved: each rank now runs two block ranges.
+  Job interleaved = pp2;
+  interleaved.schedule = "interleaved_1f1b";
+  CheckFollows(Resume(dir, "pp2_to_interleaved", 2, interleaved, saved, kSaved), uninterrupted,
+               "pp2 -> pp2 interleaved");
 }
 
 TEST_CASE("the middle stage SIGKILLed: the others leave, launch restarts, the run ends exact") {
@@ -248,6 +256,18 @@ TEST_CASE("bad pipeline configs exit 2 naming the fields") {
     INFO(log);
     CHECK(code == 2);
     CHECK(absl::StrContains(log, "parallel.microbatches"));
+  }
+  SECTION("interleaved_1f1b with 3 micro-batches over 2 ranks") {
+    job.pp = 2;
+    job.schedule = "interleaved_1f1b";
+    job.microbatches = 3;
+    int code = RunJob(dir, "interleaved_m3", 2, job, {"--max_restarts=0"});
+    std::string log = ReadFile(dir.File("interleaved_m3.log"));
+    INFO(log);
+    CHECK(code == 2);
+    CHECK(absl::StrContains(log,
+                            "parallel.microbatches: 3 micro-batches per step is not a "
+                            "multiple of parallel.pp (2)"));
   }
 }
 

@@ -69,7 +69,7 @@ RankResult OneProcess(const TrainConfig& config) {
 // Trains `config` on dp x pp ranks as threads: step by step, or (`run`)
 // with Trainer::Run, which saves and resumes checkpoints as configured.
 std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, ScheduleKind schedule,
-                              bool run = false) {
+                              bool run = false, int virtual_stages = 1) {
   const int world = dp * pp;
   auto dims = parallel::ParallelDims::Create(world, dp, 1, pp);
   REQUIRE(dims.ok());
@@ -99,7 +99,8 @@ std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, Schedul
   connect(Dim::kPp, false, &pipelines);
   connect(Dim::kPp, true, &tied);
   connect(Dim::kDp, false, &dps);
-  // The channels: one 2-rank group per direction between neighbours.
+  // The channels: one 2-rank group per direction between neighbours, and
+  // with virtual stages the ring closed from the last rank to the first.
   std::vector<PipelineGroups> groups(world);
   for (int rank = 0; rank < world; ++rank) {
     groups[rank].pipeline = pipelines[rank];
@@ -109,7 +110,8 @@ std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, Schedul
   for (int rank = 0; rank < world; ++rank) {
     const std::vector<int> members = dims->GroupRanks(Dim::kPp, rank);
     if (members.front() != rank) continue;
-    for (size_t p = 0; p + 1 < members.size(); ++p) {
+    const size_t channels = members.size() - (virtual_stages > 1 ? 0 : 1);
+    for (size_t p = 0; p < channels; ++p) {
       for (bool gradient : {false, true}) {
         auto pair = parallel::ConnectLocalGroups(
             &store, 2,
@@ -117,7 +119,7 @@ std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, Schedul
                          "/"));
         REQUIRE(pair.ok());
         PipelineGroups& lower = groups[members[p]];
-        PipelineGroups& upper = groups[members[p + 1]];
+        PipelineGroups& upper = groups[members[(p + 1) % members.size()]];
         (gradient ? lower.gradients_in : lower.activations_out) = (*pair)[0].get();
         (gradient ? upper.gradients_out : upper.activations_in) = (*pair)[1].get();
         owned.push_back(std::move((*pair)[0]));
@@ -131,6 +133,7 @@ std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, Schedul
     RankResult& result = results[rank];
     PipelineOptions options;
     options.schedule = schedule;
+    options.virtual_stages = virtual_stages;
     Pipeline pipeline(groups[rank], (*worlds)[rank].get(), *dims, options, "gloo");
     TrainerOptions trainer_options;
     trainer_options.log = sink.get();
@@ -196,6 +199,31 @@ TEST_CASE("PP=2 and PP=4 under GPipe and 1F1B match one process at the same glob
       }
     }
   }
+}
+
+TEST_CASE("interleaved 1F1B at PP=2 and PP=4 matches one process, within its in-flight bound") {
+  const int M = 4, B = 2;
+  for (int pp : {2, 4}) {
+    // Two virtual stages per rank: a block per pipeline stage.
+    TrainConfig config = SmallJob(B, M);
+    config.model.layers = 2 * pp;
+    const RankResult one = OneProcess(config);
+    INFO("pp " << pp);
+    std::vector<RankResult> ranks =
+        Train(config, 1, pp, ScheduleKind::kInterleaved1F1B, /*run=*/false, /*virtual_stages=*/2);
+    CheckMatches(ranks, one, pp, WteFloats(config));
+    const parallel::ScheduleSpec spec{ScheduleKind::kInterleaved1F1B, pp, M, 2};
+    for (int rank = 0; rank < pp; ++rank) {
+      CHECK(ranks[rank].peak_in_flight == parallel::InFlightBound(spec, rank));
+    }
+  }
+}
+
+TEST_CASE("DP=2 x PP=2 under interleaved 1F1B matches one process") {
+  const RankResult one = OneProcess(SmallJob(2, 8));
+  std::vector<RankResult> ranks = Train(SmallJob(2, 4), 2, 2, ScheduleKind::kInterleaved1F1B,
+                                        /*run=*/false, /*virtual_stages=*/2);
+  CheckMatches(ranks, one, 2, WteFloats(SmallJob(2, 4)));
 }
 
 TEST_CASE("DP=2 x PP=2 matches one process at the same global batch") {

@@ -102,11 +102,15 @@ class GptModel {
       Precision precision = Precision::kFp32, ParamStorage storage = ParamStorage::kOwned);
   // A part of the model (CPU only: UNIMPLEMENTED on CUDA;
   // INVALID_ARGUMENT for an empty or out-of-range block range or fewer
-  // than 1 slot). Parameters and gradients are allocated for every stage,
-  // as Create does, but only the part's stages are read and written.
-  static absl::StatusOr<std::unique_ptr<GptModel>> CreatePart(const ModelConfig& config,
-                                                              int max_batch, Device device,
-                                                              const ModelPart& part);
+  // than 1 slot). With kOwned storage, parameters and gradients are
+  // allocated for every stage, as Create does, but only the part's stages
+  // are read and written; with kExternal, BindStage points the part's
+  // stages (and stage 0 for the head's tied wte) at buffers the caller
+  // holds: a pipeline rank that runs several parts (interleaved 1F1B)
+  // binds them all to one model's buffers.
+  static absl::StatusOr<std::unique_ptr<GptModel>> CreatePart(
+      const ModelConfig& config, int max_batch, Device device, const ModelPart& part,
+      ParamStorage storage = ParamStorage::kOwned);
   virtual ~GptModel() = default;
 
   const ModelConfig& config() const { return config_; }

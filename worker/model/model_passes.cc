@@ -405,7 +405,8 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& co
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreatePart(const ModelConfig& config,
                                                                int max_batch, Device device,
-                                                               const ModelPart& part) {
+                                                               const ModelPart& part,
+                                                               ParamStorage storage) {
   if (part.first_block < 0 || part.end_block > config.layers ||
       part.first_block >= part.end_block || part.slots < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -421,8 +422,8 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::CreatePart(const ModelConfig
   }
   absl::StatusOr<std::unique_ptr<Ops>> ops = MakeOps(device);
   if (!ops.ok()) return ops.status();
-  auto model = std::make_unique<GptModelImpl>(config, max_batch, device, std::move(*ops),
-                                              ParamStorage::kOwned, part);
+  auto model =
+      std::make_unique<GptModelImpl>(config, max_batch, device, std::move(*ops), storage, part);
   if (absl::Status allocated = model->Allocate(); !allocated.ok()) return allocated;
   return std::unique_ptr<GptModel>(std::move(model));
 }
