@@ -239,7 +239,8 @@ struct Table<ParallelConfig> {
        "ranks a replica is sharded over; 0: auto, 1 under ddp and world / (dp_replicate x pp) "
        "under fsdp",
        NonNegative()},
-      {"pp", &P::pp, "pipeline stages (ddp only)", Positive()},
+      {"pp", &P::pp, "pipeline ranks; the stages' dp ranks replicate (ddp) or shard (fsdp)",
+       Positive()},
       {"schedule", &P::schedule, "the pipeline schedule under pp > 1",
        OneOf("gpipe|1f1b|interleaved_1f1b").Named("schedule", "schedules")},
       {"microbatches", &P::microbatches,
@@ -770,12 +771,6 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                 {"parallel.schedule"});
   }
   if (p.pp > 1) {
-    if (p.strategy == "fsdp") {
-      return fail("parallel.strategy",
-                  absl::StrCat("fsdp with parallel.pp ", p.pp,
-                               " (sharded pipeline stages) is planned; pipelines run under ddp"),
-                  {"parallel.pp"});
-    }
     if (p.pp * V > config.model.layers) {
       return fail("parallel.pp",
                   absl::StrCat(

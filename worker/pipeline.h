@@ -37,16 +37,43 @@
 // (parallel/pipeline_schedule.h) assumes. With V > 1 the channels form a
 // ring: the last rank's chunks feed the first rank's next chunks.
 //
+// Storage. A rank holds the parameters and gradients of the model stages
+// it runs and nothing else: its chunks are made with external storage and
+// bound to two arrays holding those stages end to end (the last rank's
+// stage 0 for the tied wte copy). Initial weights are computed stage by
+// stage from the seed.
+//
+// Sharding (parallel.strategy fsdp, dims.dp_shard above 1). The dp ranks
+// running the same stages shard their state as FSDP does (worker/fsdp.h):
+// each owns an even slice of the stages' flat parameters (the wte, which
+// two ranks hold, sharded on its own, so both copies' slices line up) and
+// keeps that slice's fp32 parameters, its gradient and the AdamW moments.
+// The step's schedule needs every parameter of the rank's stages for every
+// micro-batch, and the gradients accumulate over the micro-batches, so:
+//   ZeRO-1, 2   the full parameters are kept and all-gathered after each
+//               optimizer step;
+//   ZeRO-3      they are all-gathered before the step's first forward and
+//               freed once the schedule ends (as torchtitan does under a
+//               pipeline: resharding after every micro-batch's forward
+//               would gather M times);
+//   every level the full gradients accumulate over the schedule and are
+//               reduce-scattered (mean) into the owned slice after it;
+//               ZeRO-2 and 3 free them until the next step.
+// Replicas (dp_replicate above 1) then average the slice. The norm sums
+// each slice's squares once (the first replica's, the wte copy left out)
+// over the world.
+//
 // Loss and norm. Only the last stage computes losses (StepLoss::count is
 // 0 on other ranks). The gradient norm is the sum of each rank's stages'
 // sums of squares over the pipeline group (the wte copy counted once, on
 // the first rank).
 //
 // Checkpoints. Each rank writes its own stages' parameters and moments
-// (the first rank writes wte; the last does not write its copy), split
-// between the dp ranks that hold the same stages; a resume loads the
-// stages this rank runs, the last rank's wte copy included, from a
-// checkpoint of any layout.
+// (the first rank writes wte; the last does not write its copy), or its
+// slices of them when sharded, split between the ranks that hold the same
+// state (the dp ranks, or the replicas of a shard); a resume loads what
+// this rank keeps, the last rank's wte copy included, from a checkpoint of
+// any layout.
 //
 // CPU only for now (model parts are). Errors: the groups'
 // (parallel/process_group.h); a peer that dies fails this rank's next
@@ -93,21 +120,26 @@ struct PipelineGroups {
   // The pipeline's first and last rank: the tied wte (nullptr when pp is 1,
   // and on the stages between).
   parallel::ProcessGroup* tied = nullptr;
-  // The ranks running the same stages in the other pipelines (nullptr when
-  // dp is 1).
-  parallel::ProcessGroup* dp = nullptr;
+  // The ranks running the same stages in the other pipelines that hold
+  // the same shard: every dp rank unless sharded (nullptr when there is
+  // no other: dims.dp_replicate is 1).
+  parallel::ProcessGroup* replicate = nullptr;
+  // The dp ranks a replica's state is sharded over (nullptr when
+  // dims.dp_shard is 1).
+  parallel::ProcessGroup* shard = nullptr;
 };
 
 struct PipelineOptions {
   parallel::ScheduleKind schedule = parallel::ScheduleKind::k1F1B;
   int virtual_stages = 1;  // V: stages per rank (interleaved_1f1b: 2 or more)
   std::vector<int> split;  // blocks per pipeline stage (pp x V); empty: balanced
+  int zero = 3;            // the ZeRO stage when sharded (dims.dp_shard > 1): 1, 2 or 3
 };
 
 class Pipeline final : public ParallelStrategy {
  public:
   // `control`: the world, host memory. The groups are not owned; they
-  // outlive this object and agree with `dims` (dims.dp_shard must be 1).
+  // outlive this object and agree with `dims`.
   Pipeline(const PipelineGroups& groups, parallel::ProcessGroup* control,
            const parallel::ParallelDims& dims, const PipelineOptions& options, std::string backend);
   ~Pipeline() override;
@@ -135,6 +167,10 @@ class Pipeline final : public ParallelStrategy {
   // The most micro-batches this rank held activations for in a step,
   // counted once per chunk (virtual micro-batches).
   int peak_in_flight() const { return peak_in_flight_; }
+  // The tied wte as this rank holds it (the first and the last rank; empty
+  // elsewhere), gathered for the call when ZeRO-3 has released it: a
+  // collective over the shard group (tests: the copies must be equal).
+  absl::StatusOr<std::vector<float>> Wte();
   // The activation memory of every chunk this rank runs
   // (GptModel::ActivationBytes summed).
   size_t ActivationBytes() const;
@@ -160,6 +196,26 @@ class Pipeline final : public ParallelStrategy {
   std::vector<FlatRange> ParamRanges(int p, bool copy) const;
   // Runs `actions` (this rank's); `forward_only`: a micro-batch's slot is
   // given back once its activation is sent (or its loss computed).
+  bool sharded() const { return dims_.dp_shard > 1; }
+  // The model stages pipeline rank `p` runs, in order (stage 0 on the last
+  // rank: the wte copy).
+  std::vector<int> HeldStages(int p) const;
+  // Pipeline rank `p`'s parameters in pieces sharded one by one: the wte
+  // (on the first and the last rank: `copy` marks the last's), then the
+  // rest. Flat ranges, sorted.
+  struct Piece {
+    std::vector<FlatRange> ranges;
+    bool copy = false;
+  };
+  std::vector<Piece> Pieces(int p) const;
+  // What shard rank `j` of pipeline rank `p` owns when sharded (`copy`:
+  // with the wte copy's slice).
+  std::vector<FlatRange> OwnedRanges(int p, int j, bool copy) const;
+  // Storage: (re)allocates the released arrays and points every chunk's
+  // held stages at them.
+  void Bind();
+  // Sharded: all-gathers the owned slices into the full parameters.
+  absl::Status GatherParams();
   // Drops the chunk's finished sends, returning the first error among
   // them; `wait`: waits for every send first.
   static absl::Status Sweep(Chunk* chunk, bool wait);
@@ -177,6 +233,25 @@ class Pipeline final : public ParallelStrategy {
   std::vector<size_t> stage_sizes_;  // every stage of the model, in floats
   size_t wte_floats_ = 0;
   std::vector<std::unique_ptr<Chunk>> chunks_;  // chunk c runs pipeline stage c * pp + stage()
+  // Storage: the held stages end to end (part_offset_: where each model
+  // stage starts; only the held ones are meaningful). Empty while
+  // released (sharded, ZeRO-2/3).
+  std::vector<size_t> stage_flat_;  // where each model stage starts in the flat layout
+  std::vector<int> held_;
+  std::vector<size_t> part_offset_;
+  size_t part_floats_ = 0;
+  std::vector<float> part_params_, part_grads_;
+  // Sharded: this rank's pieces, the owned slice of each (counts over the
+  // shard ranks, and where it starts in the shard arrays), and the owned
+  // parameters and gradient end to end.
+  struct OwnedPiece {
+    Piece piece;
+    std::vector<FlatRange> owned;
+    std::vector<size_t> counts;
+    size_t at = 0;
+  };
+  std::vector<OwnedPiece> pieces_;
+  std::vector<float> shard_params_, shard_grads_;
   int peak_in_flight_ = 0;
   std::vector<ActionTime> times_;
 };

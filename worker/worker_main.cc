@@ -153,8 +153,13 @@ absl::StatusOr<std::unique_ptr<ParallelStrategy>> JoinPipeline(const TrainConfig
     return absl::OkStatus();
   };
   absl::Status status = make(name, stages, &groups.pipeline);
-  if (status.ok() && dims.dp() > 1) {
-    status = make(dims.GroupName(Dim::kDp, rank), dims.GroupRanks(Dim::kDp, rank), &groups.dp);
+  // The dp ranks of a stage: a replica's shard ranks (under fsdp), and the
+  // replicas of each shard (every dp rank under ddp).
+  for (auto [dim, into] :
+       {std::pair{Dim::kDpShard, &groups.shard}, std::pair{Dim::kDpReplicate, &groups.replicate}}) {
+    if (status.ok() && dims.GroupRanks(dim, rank).size() > 1) {
+      status = make(dims.GroupName(dim, rank), dims.GroupRanks(dim, rank), into);
+    }
   }
   if (status.ok() && (p == 0 || p == P - 1)) {
     status = make("tied." + name, {stages.front(), stages.back()}, &groups.tied);
@@ -165,6 +170,7 @@ absl::StatusOr<std::unique_ptr<ParallelStrategy>> JoinPipeline(const TrainConfig
   options.schedule = *schedule;
   options.virtual_stages = VirtualStages(config.parallel);
   options.split = config.parallel.pp_split;
+  options.zero = config.parallel.zero;
   // The channels from rank q to rank q + 1 (worker/pipeline.h, "Channels"),
   // and with virtual stages the one from the last rank back to the first,
   // made last: each rank makes its channels in ring order, so no two ranks

@@ -184,8 +184,6 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "parallel:\n  pp: 4\n",
        "t.yaml:4: parallel.microbatches: 1 micro-batches per step (parallel.microbatches, or "
        "data.grad_accumulation when it is 0) is fewer than parallel.pp (4)"},
-      {train + "parallel:\n  strategy: fsdp\n  pp: 2\n",
-       "t.yaml:4: parallel.strategy: fsdp with parallel.pp 2 (sharded pipeline stages) is planned"},
       {train + "parallel:\n  pp: 5\n  microbatches: 8\n",
        "t.yaml:4: parallel.pp: 5 pipeline stages for 4 blocks (model.layers)"},
       {train + "parallel:\n  schedule: interleaved_1f1b\n  virtual_stages: 1\n",

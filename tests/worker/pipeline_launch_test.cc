@@ -3,8 +3,8 @@
 // the CPU (worker/pipeline.h; the same combinations as threads:
 // pipeline_test.cc).
 //   - equivalence: PP=2 and PP=4 under GPipe and 1F1B, PP=2 under
-//     interleaved 1F1B, and DP=2 x PP=2, follow the 1-process loss curve
-//     at the same global batch;
+//     interleaved 1F1B, DP=2 x PP=2 and FSDP (2 shards, ZeRO-3) x PP=2
+//     follow the 1-process loss curve at the same global batch;
 //   - resume across pipeline layouts: a PP=2 checkpoint resumed under
 //     PP=2 is bit-exact, under 1 process, PP=4 and PP=2 interleaved
 //     continues the curve;
@@ -36,7 +36,8 @@ struct Job {
   int layers = 4;
   int pp = 1;
   std::string schedule = "1f1b";
-  int microbatches = 0;  // 0: data.grad_accumulation
+  std::string strategy = "ddp";  // fsdp: the dp ranks shard each stage's state (ZeRO-3)
+  int microbatches = 0;          // 0: data.grad_accumulation
   int micro_batch = 2;
   int accumulation = 1;
   int steps = 20;
@@ -63,7 +64,7 @@ std::string JobYaml(const Job& job) {
       // grad_clip below the norm: the norm summed over the stages is used.
       "optim: {lr: 5.0e-3, warmup_steps: 2, grad_clip: 0.5}\n", "train: {steps: ", job.steps,
       ", log_every: 1, metrics_file: ", job.metrics, "}\n", "device: cpu\n",
-      "parallel: {strategy: ddp, pp: ", job.pp, ", schedule: ", job.schedule,
+      "parallel: {strategy: ", job.strategy, ", pp: ", job.pp, ", schedule: ", job.schedule,
       ", microbatches: ", job.microbatches, ", bucket_mb: 0.01, timeout_s: ", job.timeout_s, "}\n",
       job.checkpoint.empty() ? "" : absl::StrCat("checkpoint: ", job.checkpoint, "\n"));
 }
@@ -130,6 +131,14 @@ TEST_CASE("PP=2 and PP=4 under GPipe and 1F1B, and DP=2 x PP=2, follow the 1-pro
   CHECK(absl::StrContains(ReadFile(dir.File("dp2_pp2.log")), "2 pipelines (dp)"));
   CHECK(losses.size() == kSteps);
   CheckFollows(losses, dp_reference, "dp2_pp2");
+  // The same with the two dp ranks of each stage sharding its state.
+  Job fsdp_pp = dp_pp;
+  fsdp_pp.strategy = "fsdp";
+  losses = Train(dir, "fsdp2_pp2", 4, fsdp_pp);
+  CHECK(absl::StrContains(ReadFile(dir.File("fsdp2_pp2.log")),
+                          "each stage sharded over 2 ranks (ZeRO-3)"));
+  CHECK(losses.size() == kSteps);
+  CheckFollows(losses, dp_reference, "fsdp2_pp2");
 }
 
 // Resumes `saved` as `job` on `world` ranks (checkpoints to <name>_ckpt)

@@ -1,7 +1,8 @@
 // Pipeline parallelism (worker/pipeline.h) with ranks as threads of one
 // process on real Gloo groups over an in-memory store: PP=2 and PP=4 under
-// GPipe and 1F1B, and DP=2 x PP=2, against one process at the same global
-// batch; the tied wte copies bitwise equal; 1F1B holding fewer
+// GPipe, 1F1B and interleaved 1F1B, DP=2 x PP=2, FSDP x PP (ZeRO-1/2/3,
+// even and uneven shards) and HSDP x PP, against one process at the same
+// global batch; the tied wte copies bitwise equal; 1F1B holding fewer
 // micro-batches than GPipe; the FLOP-balanced split and its errors.
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -46,7 +47,7 @@ TrainConfig SmallJob(int micro_batch, int micro_steps) {
 struct RankResult {
   std::string error;
   std::vector<float> losses, norms;
-  std::vector<float> params;  // every stage, as the rank's model holds them
+  std::vector<float> wte;  // the tied wte, as the first and the last rank hold it
   int peak_in_flight = 0;
 };
 
@@ -69,9 +70,10 @@ RankResult OneProcess(const TrainConfig& config) {
 // Trains `config` on dp x pp ranks as threads: step by step, or (`run`)
 // with Trainer::Run, which saves and resumes checkpoints as configured.
 std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, ScheduleKind schedule,
-                              bool run = false, int virtual_stages = 1) {
-  const int world = dp * pp;
-  auto dims = parallel::ParallelDims::Create(world, dp, 1, pp);
+                              bool run = false, int virtual_stages = 1, int shard = 1,
+                              int zero = 3) {
+  const int world = dp * shard * pp;
+  auto dims = parallel::ParallelDims::Create(world, dp, shard, pp);
   REQUIRE(dims.ok());
   rdzv::InMemoryStore store;
   auto worlds = parallel::ConnectLocalGroups(&store, world, "world/");
@@ -95,17 +97,19 @@ std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, Schedul
       }
     }
   };
-  std::vector<parallel::ProcessGroup*> pipelines, tied, dps;
+  std::vector<parallel::ProcessGroup*> pipelines, tied, replicas, shards;
   connect(Dim::kPp, false, &pipelines);
   connect(Dim::kPp, true, &tied);
-  connect(Dim::kDp, false, &dps);
+  connect(Dim::kDpReplicate, false, &replicas);
+  connect(Dim::kDpShard, false, &shards);
   // The channels: one 2-rank group per direction between neighbours, and
   // with virtual stages the ring closed from the last rank to the first.
   std::vector<PipelineGroups> groups(world);
   for (int rank = 0; rank < world; ++rank) {
     groups[rank].pipeline = pipelines[rank];
     groups[rank].tied = tied[rank];
-    groups[rank].dp = dps[rank];
+    groups[rank].replicate = replicas[rank];
+    groups[rank].shard = shards[rank];
   }
   for (int rank = 0; rank < world; ++rank) {
     const std::vector<int> members = dims->GroupRanks(Dim::kPp, rank);
@@ -134,6 +138,7 @@ std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, Schedul
     PipelineOptions options;
     options.schedule = schedule;
     options.virtual_stages = virtual_stages;
+    options.zero = zero;
     Pipeline pipeline(groups[rank], (*worlds)[rank].get(), *dims, options, "gloo");
     TrainerOptions trainer_options;
     trainer_options.log = sink.get();
@@ -156,7 +161,12 @@ std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, Schedul
       result.losses.push_back(metrics->loss);
       result.norms.push_back(metrics->grad_norm);
     }
-    result.params = (*trainer)->model()->CopyParamsToHost();
+    auto wte = pipeline.Wte();
+    if (!wte.ok()) {
+      result.error = wte.status().ToString();
+      return 0;
+    }
+    result.wte = *std::move(wte);
     result.peak_in_flight = pipeline.peak_in_flight();
     return 0;
   });
@@ -164,8 +174,7 @@ std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, Schedul
   return results;
 }
 
-void CheckMatches(const std::vector<RankResult>& ranks, const RankResult& one, int pp,
-                  size_t wte_floats) {
+void CheckMatches(const std::vector<RankResult>& ranks, const RankResult& one, int pp) {
   for (size_t step = 0; step < one.losses.size(); ++step) {
     INFO("step " << step + 1);
     for (const RankResult& rank : ranks) {
@@ -177,11 +186,8 @@ void CheckMatches(const std::vector<RankResult>& ranks, const RankResult& one, i
   // The tied wte: the first rank's and the last rank's copies, bit for bit.
   const RankResult& first = ranks[0];
   const RankResult& last = ranks[(pp - 1) * (ranks.size() / pp)];
-  CHECK(std::equal(first.params.begin(), first.params.begin() + wte_floats, last.params.begin()));
-}
-
-size_t WteFloats(const TrainConfig& config) {
-  return static_cast<size_t>(config.model.padded_vocab()) * config.model.dim;
+  REQUIRE_FALSE(first.wte.empty());
+  CHECK(first.wte == last.wte);
 }
 
 TEST_CASE("PP=2 and PP=4 under GPipe and 1F1B match one process at the same global batch") {
@@ -191,7 +197,7 @@ TEST_CASE("PP=2 and PP=4 under GPipe and 1F1B match one process at the same glob
     for (int pp : {2, 4}) {
       INFO(parallel::ScheduleName(schedule) << ", pp " << pp);
       std::vector<RankResult> ranks = Train(SmallJob(B, M), 1, pp, schedule);
-      CheckMatches(ranks, one, pp, WteFloats(SmallJob(B, M)));
+      CheckMatches(ranks, one, pp);
       // GPipe holds every micro-batch; 1F1B at most P - rank.
       for (int rank = 0; rank < pp; ++rank) {
         CHECK(ranks[rank].peak_in_flight ==
@@ -211,7 +217,7 @@ TEST_CASE("interleaved 1F1B at PP=2 and PP=4 matches one process, within its in-
     INFO("pp " << pp);
     std::vector<RankResult> ranks =
         Train(config, 1, pp, ScheduleKind::kInterleaved1F1B, /*run=*/false, /*virtual_stages=*/2);
-    CheckMatches(ranks, one, pp, WteFloats(config));
+    CheckMatches(ranks, one, pp);
     const parallel::ScheduleSpec spec{ScheduleKind::kInterleaved1F1B, pp, M, 2};
     for (int rank = 0; rank < pp; ++rank) {
       CHECK(ranks[rank].peak_in_flight == parallel::InFlightBound(spec, rank));
@@ -223,7 +229,27 @@ TEST_CASE("DP=2 x PP=2 under interleaved 1F1B matches one process") {
   const RankResult one = OneProcess(SmallJob(2, 8));
   std::vector<RankResult> ranks = Train(SmallJob(2, 4), 2, 2, ScheduleKind::kInterleaved1F1B,
                                         /*run=*/false, /*virtual_stages=*/2);
-  CheckMatches(ranks, one, 2, WteFloats(SmallJob(2, 4)));
+  CheckMatches(ranks, one, 2);
+}
+
+TEST_CASE("FSDP x PP: ZeRO-1, 2 and 3 over 2 and 3 shards (uneven) match one process") {
+  for (int shard : {2, 3}) {
+    // Global batch shard x M x B = shard x 4 x 2.
+    const RankResult one = OneProcess(SmallJob(2, 4 * shard));
+    for (int zero : {1, 2, 3}) {
+      INFO(shard << " shards, ZeRO-" << zero);
+      std::vector<RankResult> ranks = Train(SmallJob(2, 4), 1, 2, ScheduleKind::k1F1B,
+                                            /*run=*/false, /*virtual_stages=*/1, shard, zero);
+      CheckMatches(ranks, one, 2);
+    }
+  }
+}
+
+TEST_CASE("HSDP x PP: 2 replicas x 2 shards x PP=2 under interleaved 1F1B match one process") {
+  const RankResult one = OneProcess(SmallJob(1, 16));
+  std::vector<RankResult> ranks = Train(SmallJob(1, 4), 2, 2, ScheduleKind::kInterleaved1F1B,
+                                        /*run=*/false, /*virtual_stages=*/2, /*shard=*/2);
+  CheckMatches(ranks, one, 2);
 }
 
 TEST_CASE("DP=2 x PP=2 matches one process at the same global batch") {
@@ -231,7 +257,7 @@ TEST_CASE("DP=2 x PP=2 matches one process at the same global batch") {
   // batches of 2, in the same order.
   const RankResult one = OneProcess(SmallJob(2, 8));
   std::vector<RankResult> ranks = Train(SmallJob(2, 4), 2, 2, ScheduleKind::k1F1B);
-  CheckMatches(ranks, one, 2, WteFloats(SmallJob(2, 4)));
+  CheckMatches(ranks, one, 2);
 }
 
 // The losses rank 0 wrote to train.metrics_file, by step.
@@ -287,6 +313,51 @@ TEST_CASE("a PP=2 checkpoint resumes bit-exact under PP=2 and into one process")
   for (const auto& [step, loss] : one) {
     INFO("step " << step);
     CHECK(std::abs(loss - full.at(step)) <= 1e-5 * full.at(step));
+  }
+}
+
+TEST_CASE("an FSDP x PP checkpoint resumes bit-exact, and under DDP x PP and interleaved") {
+  const std::string dir = absl::StrCat(
+      std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp", "/fsdp_pp_ckpt");
+  std::filesystem::remove_all(dir);
+  // 2 shards (ZeRO-3) x PP=2, global batch 2 x 4 x 1.
+  TrainConfig config = SmallJob(1, 4);
+  config.train.steps = 8;
+  config.train.log_every = 1;
+  config.checkpoint.dir = dir + "/full";
+  config.checkpoint.every = 4;
+  config.train.metrics_file = dir + "/full.jsonl";
+  Train(config, 1, 2, ScheduleKind::k1F1B, /*run=*/true, 1, /*shard=*/2, /*zero=*/3);
+  const std::map<int, float> full = MetricsLosses(config.train.metrics_file);
+  REQUIRE(full.size() == 8);
+
+  auto resume = [&](const std::string& name) {
+    TrainConfig resumed = config;
+    resumed.checkpoint.resume = config.checkpoint.dir + "/step_00000004";
+    resumed.checkpoint.dir = dir + "/" + name;
+    resumed.train.metrics_file = dir + "/" + name + ".jsonl";
+    return resumed;
+  };
+  // The same layout: bit for bit.
+  TrainConfig again = resume("again");
+  Train(again, 1, 2, ScheduleKind::k1F1B, /*run=*/true, 1, /*shard=*/2, /*zero=*/3);
+  for (const auto& [step, loss] : MetricsLosses(again.train.metrics_file)) {
+    CHECK(loss == full.at(step));
+  }
+  // DDP x PP (2 pipelines), and 2 shards (ZeRO-1) x PP=2 interleaved: the
+  // same samples, other sums.
+  TrainConfig ddp = resume("ddp");
+  Train(ddp, 2, 2, ScheduleKind::k1F1B, /*run=*/true);
+  TrainConfig interleaved = resume("interleaved");
+  Train(interleaved, 1, 2, ScheduleKind::kInterleaved1F1B, /*run=*/true, /*virtual_stages=*/2,
+        /*shard=*/2, /*zero=*/1);
+  for (const TrainConfig* other : {&ddp, &interleaved}) {
+    const std::map<int, float> losses = MetricsLosses(other->train.metrics_file);
+    REQUIRE(losses.size() == 4);
+    for (const auto& [step, loss] : losses) {
+      INFO(other->checkpoint.dir << " step " << step);
+      CHECK(std::abs(loss - full.at(step)) <= 1e-5 * full.at(step));
+    }
   }
 }
 
