@@ -1,6 +1,7 @@
 #include "worker/pipeline.h"
 
 #include <algorithm>
+#include <deque>
 #include <limits>
 #include <map>
 #include <set>
@@ -181,6 +182,10 @@ Pipeline::Pipeline(const PipelineGroups& groups, parallel::ProcessGroup* control
 
 Pipeline::~Pipeline() {
   for (auto& chunk : chunks_) (void)Sweep(chunk.get(), /*wait=*/true);
+  // A receive posted ahead of a step that failed writes into its buffer.
+  for (Posted& posted : posted_) {
+    if (posted.work != nullptr) (void)posted.work->Wait();
+  }
 }
 
 std::string Pipeline::Describe() const {
@@ -473,6 +478,31 @@ absl::StatusOr<StepLoss> Pipeline::Run(const MicroBatches& batches,
     chunk.of[m] = slot;
     return slot;
   };
+  // Receives are posted ahead: the next one on each channel as soon as the
+  // one before it is taken, into a spare buffer that the receive action
+  // then swaps with its slot's, so the transfer overlaps the compute
+  // before it. A channel delivers in order, so its next receive is known.
+  std::deque<size_t> pending[2];  // per channel (activations, gradients): receive actions
+  for (size_t i = 0; i < actions.size(); ++i) {
+    if (actions[i].type == Type::kRecvActivation) pending[0].push_back(i);
+    if (actions[i].type == Type::kRecvGradient) pending[1].push_back(i);
+  }
+  auto post = [&](int channel) {
+    Posted& next = posted_[channel];
+    next.work = nullptr;
+    if (pending[channel].empty()) return;
+    const PipelineAction& action = actions[pending[channel].front()];
+    pending[channel].pop_front();
+    const bool gradient = channel == 1;
+    parallel::ProcessGroup* from = gradient ? groups_.gradients_in : groups_.activations_in;
+    next.buffer.resize(chunks_[0]->act_in[0].size());
+    next.action = action;
+    next.work =
+        from->Recv(absl::MakeSpan(next.buffer.data(), floats), 1 - from->rank(),
+                   Tag(gradient ? action.stage + 1 : action.stage - 1, action.microbatch, M));
+  };
+  post(0);
+  post(1);
   StepLoss loss;
   int in_flight = 0;
   times_.clear();
@@ -489,14 +519,18 @@ absl::StatusOr<StepLoss> Pipeline::Run(const MicroBatches& batches,
     switch (action.type) {
       case Type::kRecvActivation:
       case Type::kRecvGradient: {
-        // On the channel from that neighbour: the other rank of the pair.
-        const bool gradient = action.type == Type::kRecvGradient;
-        parallel::ProcessGroup* from = gradient ? groups_.gradients_in : groups_.activations_in;
-        std::vector<float>& into = gradient ? chunk.grad_out[s] : chunk.act_in[s];
-        const int tag = Tag(gradient ? action.stage + 1 : action.stage - 1, m, M);
-        absl::Status received =
-            from->Recv(absl::MakeSpan(into.data(), floats), 1 - from->rank(), tag)->Wait();
+        // Posted ahead on the channel from that neighbour.
+        const int channel = action.type == Type::kRecvGradient ? 1 : 0;
+        Posted& mine = posted_[channel];
+        if (mine.work == nullptr || !(mine.action == action)) {
+          return absl::InternalError(absl::StrCat("pipeline: ", parallel::ActionName(action),
+                                                  " was not the receive posted on its channel"));
+        }
+        absl::Status received = mine.work->Wait();
+        mine.work = nullptr;
         if (!received.ok()) return received;
+        (channel == 1 ? chunk.grad_out[s] : chunk.act_in[s]).swap(mine.buffer);
+        post(channel);
         break;
       }
       case Type::kSendActivation:

@@ -23,8 +23,9 @@
 // backwards of micro-batches into each chunk's activation slots (as many
 // as the list holds at once), and the activations and their gradients
 // sent and received over the pipeline channels, tagged by stage and
-// micro-batch. Sends run in the background while the rank computes; a
-// slot's buffers are reused only once its sends have finished.
+// micro-batch. Sends run in the background while the rank computes, and
+// each channel's next receive is posted as soon as the one before it is
+// taken, so messages move while the rank computes.
 //
 // Channels. A process group runs its operations one at a time, and a Gloo
 // send completes only once the receiver has posted the receive, so sends
@@ -233,6 +234,14 @@ class Pipeline final : public ParallelStrategy {
   std::vector<size_t> stage_sizes_;  // every stage of the model, in floats
   size_t wte_floats_ = 0;
   std::vector<std::unique_ptr<Chunk>> chunks_;  // chunk c runs pipeline stage c * pp + stage()
+  // The receive posted ahead on each incoming channel (activations,
+  // gradients), into `buffer`; work is nullptr when none is.
+  struct Posted {
+    parallel::PipelineAction action;
+    std::vector<float> buffer;
+    std::shared_ptr<parallel::Work> work;
+  };
+  Posted posted_[2];
   // Storage: the held stages end to end (part_offset_: where each model
   // stage starts; only the held ones are meaningful). Empty while
   // released (sharded, ZeRO-2/3).
