@@ -1,24 +1,30 @@
 // bench_pp: what pipeline parallelism (worker/pipeline.h) idles and holds
-// on this machine's CPU, GPipe against 1F1B.
+// on this machine's CPU, GPipe against 1F1B and interleaved 1F1B (V
+// virtual stages per rank, --virtual-stages; skipped where M is not a
+// multiple of P or the model has fewer than P x V blocks).
 //   1. the bubble: P ranks as threads (tools/bench_pp_threads.h), M
 //      micro-batches, each rank's idle fraction of the step from
 //      Pipeline::last_step_times() (tools/bench_pp_timeline.h: busy =
 //      its Forwards and Backwards, span = the pipeline's first Forward to
 //      its last Backward), median over the timed steps, next to
-//      (P-1)/(M+P-1). On the wall clock; with processor sharing undone
-//      (P ranks on fewer cores); and replayed from each action's CPU time
+//      (P-1)/(M+P-1), or (P-1)/(VM+P-1) for interleaved (a Forward and
+//      Backward there are of one chunk, 1/V of the rank's blocks). On the
+//      wall clock; with processor sharing undone (P ranks on fewer
+//      cores); and replayed from each action's CPU time
 //      (tools/bench_pp_cpu.h), which other load on the machine does not
-//      change;
-//   2. activation memory per rank: each rank's GptModel::ActivationBytes()
-//      (slots sized by the schedule's in-flight bound) and
-//      Pipeline::peak_in_flight(), the slots split from the backward
-//      scratch with parts built directly (GptModel::CreatePart with 1
-//      and 2 slots).
+//      change. Also zb_h1, simulated only (the runtime refuses it):
+//      SimulateSchedule with 1F1B's measured mean F and B, Bi = Bw = B/2;
+//   2. activation memory per rank: each rank's Pipeline::ActivationBytes()
+//      (every chunk's slots and scratch) and Pipeline::peak_in_flight(),
+//      the slots split from the backward scratch with parts built
+//      directly (GptModel::CreatePart with 1 and 2 slots;
+//      tools/bench_pp_memory.h), interleaved against 1F1B and GPipe.
 // Every rank computes with one thread.
 //
 //   bazel build -c opt //tools:bench_pp && bazel-bin/tools/bench_pp
 //       [--pp 2 4] [--microbatches 4 8 16] [--steps 5] [--warmup 1]
-//       [--micro-batch 4] [--layers 8] [--cores N] [--timeline]
+//       [--micro-batch 4] [--layers 8] [--virtual-stages 2] [--cores N]
+//       [--timeline]
 #include <sched.h>
 #include <stdlib.h>
 
@@ -65,6 +71,7 @@ std::string LoadAverage() {
 struct Job {
   int pp = 0, microbatches = 0;
   ScheduleKind schedule = ScheduleKind::k1F1B;
+  int virtual_stages = 1;
   PipelineRun run;
   std::vector<StepIdle> steps;
 };
@@ -80,6 +87,20 @@ struct Bubble {
   double sampled_per_call = 0;             // every action's sampled CPU time / the call's
   double simulated = 0;                    // SimulateSchedule with the mean F, B, mean over ranks
 };
+
+// The communication-free bubble with equal stages: the pipeline fills and
+// drains over P - 1 stage-steps, out of M stage-steps of work per rank, or
+// V M with V chunks per rank, each 1/V of the rank's blocks.
+double Theory(const Job& job) {
+  const int work = job.microbatches * job.virtual_stages;
+  return static_cast<double>(job.pp - 1) / (work + job.pp - 1);
+}
+
+// The schedule's column: interleaved_1f1b is too wide for the tables.
+std::string Label(const Job& job) {
+  if (job.schedule != ScheduleKind::kInterleaved1F1B) return parallel::ScheduleName(job.schedule);
+  return "int-V" + std::to_string(job.virtual_stages);
+}
 
 double Mean(const std::vector<double>& values) {
   double sum = 0;
@@ -125,7 +146,7 @@ absl::StatusOr<Bubble> Summarise(const Job& job) {
   bubble.span_ms = 1e3 * Median(span);
   bubble.cpu_per_busy = Median(cpu_per_busy);
   bubble.sampled_per_call = Median(sampled_per_call);
-  const parallel::ScheduleSpec spec{job.schedule, job.pp, job.microbatches, 1};
+  const parallel::ScheduleSpec spec{job.schedule, job.pp, job.microbatches, job.virtual_stages};
   auto lists = parallel::BuildSchedule(spec);
   if (!lists.ok()) return lists.status();
   auto simulated = parallel::SimulateSchedule(spec, *lists, bubble.forward_ms, bubble.backward_ms);
@@ -145,34 +166,43 @@ std::string Spread(const std::vector<double>& values) {
   return text;
 }
 
-int PrintBubble(const std::vector<Job>& jobs, int cores) {
+int PrintBubble(const std::vector<Job>& jobs, int cores, int virtual_stages) {
   std::printf(
       "\nbubble: idle fraction per rank = 1 - (its Forward + Backward time) / (the pipeline's "
       "first Forward to its\nlast Backward); median over steps; mean [least, most] over ranks "
       "(tools/bench_pp_timeline.h).\n  wall: as it ran; normalized: processor sharing undone "
       "for %d cores; replay: the lists run with each\n  action's sampled CPU time, "
-      "communication free; imbalance: the replay with each rank's mean F, B.\n",
-      cores);
+      "communication free; imbalance: the replay with each rank's mean F, B. int-V%d:\n  "
+      "interleaved_1f1b, %d virtual stages per rank, theory (P-1)/(VM+P-1); the others' "
+      "(P-1)/(M+P-1).\n",
+      cores, virtual_stages, virtual_stages);
   std::printf("  %2s %-6s %3s %7s  %-21s %-21s %-21s %9s %8s %8s %6s %6s %7s %8s  %s\n", "P",
               "sched", "M", "theory", "idle, wall", "idle, normalized", "idle, replay", "imbalance",
               "norm-th", "repl-th", "F ms", "B ms", "step ms", "cpu/busy", "F+B ms per rank");
   int status = 0;
   int normalized_within = 0, replay_within = 0, total = 0, simulated_off = 0;
+  // The same for the interleaved jobs alone.
+  int interleaved_normalized = 0, interleaved_replay = 0, interleaved_total = 0;
   double sampled_least = 1e9, sampled_most = 0;
   for (const Job& job : jobs) {
     auto bubble = Summarise(job);
     if (!bubble.ok()) {
-      std::printf("  %2d %-6s %3d failed: %s\n", job.pp, parallel::ScheduleName(job.schedule),
-                  job.microbatches, bubble.status().ToString().c_str());
+      std::printf("  %2d %-6s %3d failed: %s\n", job.pp, Label(job).c_str(), job.microbatches,
+                  bubble.status().ToString().c_str());
       status = 1;
       continue;
     }
-    const double theory = static_cast<double>(job.pp - 1) / (job.microbatches + job.pp - 1);
+    const double theory = Theory(job);
     const double normalized_off = 100 * (Mean(bubble->normalized) - theory);
     const double replay_off = 100 * (Mean(bubble->replay) - theory);
     ++total;
     normalized_within += std::abs(normalized_off) <= 5;
     replay_within += std::abs(replay_off) <= 5;
+    if (job.schedule == ScheduleKind::kInterleaved1F1B) {
+      ++interleaved_total;
+      interleaved_normalized += std::abs(normalized_off) <= 5;
+      interleaved_replay += std::abs(replay_off) <= 5;
+    }
     simulated_off += std::abs(bubble->simulated - theory) > 1e-9;
     sampled_least = std::min(sampled_least, bubble->sampled_per_call);
     sampled_most = std::max(sampled_most, bubble->sampled_per_call);
@@ -183,27 +213,73 @@ int PrintBubble(const std::vector<Job>& jobs, int cores) {
     std::printf(
         "  %2d %-6s %3d %6.1f%%  %-21s %-21s %-21s %8.1f%% %+6.1fpp %+6.1fpp %6.1f %6.1f %7.0f "
         "%8.2f  %s\n",
-        job.pp, parallel::ScheduleName(job.schedule), job.microbatches, 100 * theory,
-        Spread(bubble->wall).c_str(), Spread(bubble->normalized).c_str(),
-        Spread(bubble->replay).c_str(), 100 * Mean(bubble->mean_replay), normalized_off, replay_off,
-        bubble->forward_ms, bubble->backward_ms, bubble->span_ms, bubble->cpu_per_busy,
-        per_rank.c_str());
+        job.pp, Label(job).c_str(), job.microbatches, 100 * theory, Spread(bubble->wall).c_str(),
+        Spread(bubble->normalized).c_str(), Spread(bubble->replay).c_str(),
+        100 * Mean(bubble->mean_replay), normalized_off, replay_off, bubble->forward_ms,
+        bubble->backward_ms, bubble->span_ms, bubble->cpu_per_busy, per_rank.c_str());
   }
   std::printf(
-      "  F, B, F+B: one micro-batch through one rank's part, CPU time. cpu/busy: the Forwards' "
-      "and Backwards'\n  CPU time over their normalized time (below 1: something else took "
-      "the CPU, or the normalization\n  does not hold). Sampled CPU time of the actions over "
-      "the CPU time of the whole ForwardBackward:\n  %.3f to %.3f. SimulateSchedule with the "
-      "mean F, B %s theory for every job.\n",
+      "  F, B, F+B: one micro-batch through one rank's part (int-V: one chunk's), CPU time. "
+      "cpu/busy: the\n  Forwards' and Backwards' CPU time over their normalized time (below 1: "
+      "something else took the CPU,\n  or the normalization does not hold). Sampled CPU time of "
+      "the actions over the CPU time of the\n  whole ForwardBackward: %.3f to %.3f. "
+      "SimulateSchedule with the mean F, B %s theory for every job.\n",
       sampled_least, sampled_most, simulated_off == 0 ? "gives" : "does NOT give");
   std::printf(
       "  goal: measured bubble (mean over ranks) within 5 percentage points of theory: "
-      "normalized %d of %d,\n  replay %d of %d\n",
-      normalized_within, total, replay_within, total);
+      "normalized %d of %d,\n  replay %d of %d; of which interleaved: normalized %d of %d, replay "
+      "%d of %d\n",
+      normalized_within, total, replay_within, total, interleaved_normalized, interleaved_total,
+      interleaved_replay, interleaved_total);
   return status;
 }
 
-int PrintMemory(const std::vector<Job>& jobs, const worker::TrainConfig& config) {
+// zb_h1 is simulated only: the runtime refuses its split backward passes.
+// Its bubble from SimulateSchedule with 1F1B's measured mean F and B, the
+// backward split in equal halves (an assumption: nothing here measures Bi
+// and Bw), next to 1F1B's simulated the same way.
+int PrintZeroBubble(const std::vector<Job>& jobs) {
+  std::printf(
+      "\nzb_h1, SIMULATED ONLY (not run: the runtime refuses zb_h1): SimulateSchedule with "
+      "1F1B's measured mean F, B\n  (CPU time, over ranks and steps) and Bi = Bw = B/2, "
+      "communication free; idle mean over ranks\n");
+  std::printf("  %2s %3s %6s %6s %10s %10s %10s\n", "P", "M", "F ms", "B ms", "1f1b sim",
+              "zb_h1 sim", "zb/1f1b");
+  int status = 0;
+  for (const Job& job : jobs) {
+    if (job.schedule != ScheduleKind::k1F1B) continue;
+    auto bubble = Summarise(job);
+    if (!bubble.ok()) continue;  // reported in the bubble table
+    const parallel::ScheduleSpec spec{ScheduleKind::kZeroBubbleH1, job.pp, job.microbatches, 1};
+    auto lists = parallel::BuildSchedule(spec);
+    if (!lists.ok()) {
+      std::printf("  %2d %3d zb_h1 failed: %s\n", job.pp, job.microbatches,
+                  lists.status().ToString().c_str());
+      status = 1;
+      continue;
+    }
+    auto simulated = parallel::SimulateSchedule(
+        spec, *lists,
+        parallel::ActionCosts{bubble->forward_ms, bubble->backward_ms / 2,
+                              bubble->backward_ms / 2});
+    if (!simulated.ok()) {
+      std::printf("  %2d %3d zb_h1 failed: %s\n", job.pp, job.microbatches,
+                  simulated.status().ToString().c_str());
+      status = 1;
+      continue;
+    }
+    std::vector<double> fractions;
+    for (int rank = 0; rank < job.pp; ++rank) fractions.push_back(simulated->BubbleFraction(rank));
+    const double zero_bubble = Mean(fractions);
+    std::printf("  %2d %3d %6.1f %6.1f %9.1f%% %9.1f%% %10.3f\n", job.pp, job.microbatches,
+                bubble->forward_ms, bubble->backward_ms, 100 * bubble->simulated, 100 * zero_bubble,
+                zero_bubble / bubble->simulated);
+  }
+  return status;
+}
+
+int PrintMemory(const std::vector<Job>& jobs, const worker::TrainConfig& config,
+                int virtual_stages) {
   PrintMemoryHeader();
   std::map<std::tuple<int, int, ScheduleKind>, const Job*> by;
   for (const Job& job : jobs) by[{job.pp, job.microbatches, job.schedule}] = &job;
@@ -216,6 +292,23 @@ int PrintMemory(const std::vector<Job>& jobs, const worker::TrainConfig& config)
                               one_f->second->run, &met, &compared);
   }
   std::printf("  goal: 1F1B's slots at most P/M of GPipe's, per rank: %d of %d\n", met, compared);
+  bool header = false;
+  int below = 0, interleaved_ranks = 0;
+  for (const Job& job : jobs) {
+    if (job.schedule != ScheduleKind::kInterleaved1F1B) continue;
+    auto gpipe = by.find({job.pp, job.microbatches, ScheduleKind::kGpipe});
+    auto one_f = by.find({job.pp, job.microbatches, ScheduleKind::k1F1B});
+    if (gpipe == by.end() || one_f == by.end()) continue;
+    if (!header) PrintInterleavedMemoryHeader(virtual_stages);
+    header = true;
+    status |= PrintInterleavedMemoryRows(config.model, config.data.micro_batch, job.microbatches,
+                                         job.virtual_stages, gpipe->second->run, one_f->second->run,
+                                         job.run, &below, &interleaved_ranks);
+  }
+  if (header) {
+    std::printf("  ranks whose interleaved slots take no more than 1F1B's: %d of %d\n", below,
+                interleaved_ranks);
+  }
   return status;
 }
 
@@ -244,16 +337,22 @@ int CoresOfThisProcess() {
 
 int Main(int argc, char** argv) {
   std::vector<int> pps = {2, 4}, microbatches = {4, 8, 16};
-  int steps = 5, warmup = 1, micro_batch = 4, layers = 8, cores = CoresOfThisProcess();
+  int steps = 5, warmup = 1, micro_batch = 4, layers = 8, virtual_stages = 2;
+  int cores = CoresOfThisProcess();
   bool timeline = false;
-  CLI::App app("bench_pp: pipeline bubble and activation memory, GPipe against 1F1B");
+  CLI::App app(
+      "bench_pp: pipeline bubble and activation memory, GPipe against 1F1B and interleaved 1F1B");
   app.add_option("--pp", pps, "Pipeline ranks (P), as threads")->capture_default_str();
   app.add_option("--microbatches", microbatches, "Micro-batches per step (M)")
       ->capture_default_str();
   app.add_option("--steps", steps, "Timed steps per job (median)")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
   app.add_option("--micro-batch", micro_batch, "B per micro-batch")->capture_default_str();
-  app.add_option("--layers", layers, "L (at least P)")->capture_default_str();
+  app.add_option("--layers", layers, "L (at least P; interleaved: at least P x V)")
+      ->capture_default_str();
+  app.add_option("--virtual-stages", virtual_stages,
+                 "V, stages per rank for interleaved_1f1b (below 2: not run)")
+      ->capture_default_str();
   app.add_option("--cores", cores, "Cores the ranks share (normalized clock)")
       ->capture_default_str();
   app.add_flag("--timeline", timeline,
@@ -282,12 +381,27 @@ int Main(int argc, char** argv) {
   int status = 0;
   for (int pp : pps) {
     for (int M : microbatches) {
-      for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1F1B}) {
-        Job job{pp, M, schedule};
+      for (ScheduleKind schedule :
+           {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B}) {
+        const bool interleaved = schedule == ScheduleKind::kInterleaved1F1B;
+        Job job{pp, M, schedule, interleaved ? virtual_stages : 1};
+        if (interleaved) {
+          // What BuildSchedule and PipelineSplit would refuse: said once
+          // here rather than as a failure.
+          const char* skip = virtual_stages < 2             ? "--virtual-stages below 2"
+                             : pp < 2                       ? "one rank"
+                             : M < pp || M % pp != 0        ? "M not a multiple of P"
+                             : layers < pp * virtual_stages ? "fewer blocks than P x V"
+                                                            : nullptr;
+          if (skip != nullptr) {
+            std::printf("  P %d M %2d %-6s: skipped (%s)\n", pp, M, Label(job).c_str(), skip);
+            continue;
+          }
+        }
         config.data.grad_accumulation = M;
-        auto run = RunPipelineJob(config, pp, schedule, warmup, steps);
+        auto run = RunPipelineJob(config, pp, schedule, job.virtual_stages, warmup, steps);
         if (!run.ok()) {
-          std::printf("  P %d M %d %s failed: %s\n", pp, M, parallel::ScheduleName(schedule),
+          std::printf("  P %d M %d %s failed: %s\n", pp, M, Label(job).c_str(),
                       run.status().ToString().c_str());
           status = 1;
           continue;
@@ -296,8 +410,7 @@ int Main(int argc, char** argv) {
         for (const std::vector<RankStep>& step : job.run.steps) {
           job.steps.push_back(MeasureStep(step, cores));
         }
-        std::printf("  P %d M %2d %-5s: %.1f s, split", pp, M, parallel::ScheduleName(schedule),
-                    job.run.seconds);
+        std::printf("  P %d M %2d %-6s: %.1f s, split", pp, M, Label(job).c_str(), job.run.seconds);
         for (int blocks : job.run.split) std::printf(" %d", blocks);
         std::printf("\n");
         if (timeline) PrintTimeline(job.run.steps.back());
@@ -306,8 +419,9 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  status |= PrintBubble(jobs, cores);
-  status |= PrintMemory(jobs, config);
+  status |= PrintBubble(jobs, cores, virtual_stages);
+  status |= PrintZeroBubble(jobs);
+  status |= PrintMemory(jobs, config, virtual_stages);
   std::printf("\nload average at the end: %s\n", LoadAverage().c_str());
   std::filesystem::remove_all(dir);
   return status;

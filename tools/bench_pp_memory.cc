@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "parallel/pipeline_schedule.h"
@@ -30,6 +32,48 @@ absl::StatusOr<PartBytes> MeasurePart(const worker::ModelConfig& config, int mic
     bytes[slots - 1] = (*part)->ActivationBytes();
   }
   return PartBytes{bytes[1] - bytes[0], 2 * bytes[0] - bytes[1]};
+}
+
+// The slots each of a rank's `chunks` gets for its `actions`, as
+// worker/pipeline.cc's SlotsNeeded sizes them (a copy: that one is
+// private): a micro-batch takes a chunk's slot at its first action there
+// and gives it back once its gradient is sent, or after the first stage's
+// backward; the most live at once, at least 1. ActivationBytes() is
+// checked against the result, so a drift between the two shows.
+std::vector<int> ChunkSlots(const std::vector<parallel::PipelineAction>& actions, int pp,
+                            int chunks) {
+  using Type = parallel::PipelineAction::Type;
+  std::vector<int> peak(chunks, 1);
+  std::vector<std::set<int>> live(chunks);
+  for (const parallel::PipelineAction& action : actions) {
+    const int c = action.stage / pp;
+    live[c].insert(action.microbatch);
+    peak[c] = std::max(peak[c], static_cast<int>(live[c].size()));
+    if (action.type == Type::kSendGradient ||
+        (action.type == Type::kBackward && action.stage == 0)) {
+      live[c].erase(action.microbatch);
+    }
+  }
+  return peak;
+}
+
+// The first block of pipeline stage `stage` under `split`.
+int FirstBlock(const std::vector<int>& split, int stage) {
+  int first = 0;
+  for (int s = 0; s < stage; ++s) first += split[s];
+  return first;
+}
+
+// The slot bytes of rank `rank` of a one-chunk run (GPipe, 1F1B): its
+// in-flight bound times its part's per-slot bytes.
+absl::StatusOr<size_t> OneChunkSlotBytes(const worker::ModelConfig& model, int micro_batch,
+                                         const PipelineRun& run, ScheduleKind kind, int M,
+                                         int rank) {
+  const int P = static_cast<int>(run.split.size());
+  const int first = FirstBlock(run.split, rank);
+  auto part = MeasurePart(model, micro_batch, first, first + run.split[rank]);
+  if (!part.ok()) return part.status();
+  return parallel::InFlightBound({kind, P, M, 1}, rank) * part->per_slot;
 }
 
 }  // namespace
@@ -95,6 +139,101 @@ int PrintMemoryRows(const worker::ModelConfig& model, int micro_batch, int micro
       "%.1f / %.1f MB = %.3f (1F1B / GPipe)\n",
       P, M, Mb(most_slots[1]), Mb(most_slots[0]), most_slots[1] / most_slots[0], Mb(most_total[1]),
       Mb(most_total[0]), most_total[1] / most_total[0]);
+  return status;
+}
+
+void PrintInterleavedMemoryHeader(int virtual_stages) {
+  std::printf(
+      "\ninterleaved_1f1b (V=%d) activation memory per rank: each chunk a part of its own, "
+      "with its own scratch;\nslots per chunk as the Pipeline sizes them (the most micro-batches "
+      "the chunk's list holds at once);\nbound = InFlightBound and peak = peak_in_flight(), in "
+      "virtual micro-batches (one per chunk and\nmicro-batch); MB: slots / with the scratch; "
+      "1F1B and GPipe: the same (P, M) of the table above\n",
+      virtual_stages);
+  const char* format = "  %2s %3s %4s %-8s %-8s %5s %4s %9s %10s %9s | %10s %9s | %11s %9s | %s\n";
+  std::printf(format, "P", "M", "rank", "blocks", "slots", "bound", "peak", "slots MB",
+              "scratch MB", "total MB", "1F1B slots", "total", "GPipe slots", "total",
+              "slots: /1F1B /GPipe");
+}
+
+int PrintInterleavedMemoryRows(const worker::ModelConfig& model, int micro_batch, int microbatches,
+                               int virtual_stages, const PipelineRun& gpipe,
+                               const PipelineRun& one_f, const PipelineRun& interleaved,
+                               int* below_one_f, int* compared) {
+  const int P = static_cast<int>(gpipe.split.size()), M = microbatches, V = virtual_stages;
+  const parallel::ScheduleSpec spec{ScheduleKind::kInterleaved1F1B, P, M, V};
+  auto lists = parallel::BuildSchedule(spec);
+  if (!lists.ok()) {
+    std::printf("  P %d M %d interleaved: %s\n", P, M, lists.status().ToString().c_str());
+    return 1;
+  }
+  int status = 0;
+  // Over ranks, the most: interleaved, 1F1B, GPipe; slots and with the scratch.
+  double most_slots[3] = {0, 0, 0}, most_total[3] = {0, 0, 0};
+  for (int rank = 0; rank < P; ++rank) {
+    const std::vector<int> slots = ChunkSlots((*lists)[rank], P, V);
+    std::string blocks_text, slots_text;
+    size_t slot_bytes = 0, scratch = 0;
+    int slots_sum = 0;
+    for (int c = 0; c < V; ++c) {
+      const int stage = c * P + rank;
+      const int first = FirstBlock(interleaved.split, stage);
+      auto part = MeasurePart(model, micro_batch, first, first + interleaved.split[stage]);
+      if (!part.ok()) {
+        std::printf("  part: %s\n", part.status().ToString().c_str());
+        return 1;
+      }
+      slot_bytes += slots[c] * part->per_slot;
+      scratch += part->scratch;
+      slots_sum += slots[c];
+      blocks_text += (c == 0 ? "" : "+") + std::to_string(interleaved.split[stage]);
+      slots_text += (c == 0 ? "" : "+") + std::to_string(slots[c]);
+    }
+    const int bound = parallel::InFlightBound(spec, rank);
+    const size_t counted = interleaved.activation_bytes[rank];
+    if (counted != scratch + slot_bytes) {
+      std::printf(
+          "  P %d M %d rank %d interleaved: ActivationBytes %zu, not the chunks' scratch + slots "
+          "= %zu\n",
+          P, M, rank, counted, scratch + slot_bytes);
+      status = 1;
+    }
+    if (interleaved.peak_in_flight[rank] > bound) {
+      std::printf("  P %d M %d rank %d interleaved: peak in flight %d above the bound %d\n", P, M,
+                  rank, interleaved.peak_in_flight[rank], bound);
+      status = 1;
+    }
+    auto one_f_slots = OneChunkSlotBytes(model, micro_batch, one_f, ScheduleKind::k1F1B, M, rank);
+    auto gpipe_slots = OneChunkSlotBytes(model, micro_batch, gpipe, ScheduleKind::kGpipe, M, rank);
+    if (!one_f_slots.ok() || !gpipe_slots.ok()) {
+      std::printf(
+          "  part: %s\n",
+          (one_f_slots.ok() ? gpipe_slots.status() : one_f_slots.status()).ToString().c_str());
+      return 1;
+    }
+    ++*compared;
+    *below_one_f += slot_bytes <= *one_f_slots;
+    const double cells[3][2] = {
+        {static_cast<double>(slot_bytes), static_cast<double>(counted)},
+        {static_cast<double>(*one_f_slots), static_cast<double>(one_f.activation_bytes[rank])},
+        {static_cast<double>(*gpipe_slots), static_cast<double>(gpipe.activation_bytes[rank])}};
+    for (int i = 0; i < 3; ++i) {
+      most_slots[i] = std::max(most_slots[i], cells[i][0]);
+      most_total[i] = std::max(most_total[i], cells[i][1]);
+    }
+    std::printf(
+        "  %2d %3d %4d %-8s %-8s %5d %4d %9.1f %10.1f %9.1f | %10.1f %9.1f | %11.1f %9.1f | "
+        "%5.3f %6.3f\n",
+        P, M, rank, blocks_text.c_str(), (slots_text + "=" + std::to_string(slots_sum)).c_str(),
+        bound, interleaved.peak_in_flight[rank], Mb(slot_bytes), Mb(scratch), Mb(counted),
+        Mb(cells[1][0]), Mb(cells[1][1]), Mb(cells[2][0]), Mb(cells[2][1]),
+        cells[0][0] / cells[1][0], cells[0][0] / cells[2][0]);
+  }
+  std::printf(
+      "  %2d %3d  the rank that holds most: slots %.1f MB = %.3f of 1F1B's, %.3f of GPipe's; with "
+      "the scratch %.1f MB = %.3f, %.3f\n",
+      P, M, Mb(most_slots[0]), most_slots[0] / most_slots[1], most_slots[0] / most_slots[2],
+      Mb(most_total[0]), most_total[0] / most_total[1], most_total[0] / most_total[2]);
   return status;
 }
 

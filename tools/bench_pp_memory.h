@@ -10,6 +10,16 @@
 // slots x per slot. Pipeline::peak_in_flight() is shown next to the bound.
 // Not counted: the Pipeline's own message buffers (worker/pipeline.cc,
 // 4 x B x T x C floats per slot), sized by the same bound.
+//
+// Interleaved 1F1B runs V chunks per rank, each a model part of its own
+// with its own slots and its own backward scratch, and Pipeline sizes each
+// chunk's slots by the most micro-batches its list holds on that chunk at
+// once (from the first receive to the gradient sent), not by the bound.
+// Pipeline::ActivationBytes() sums the chunks; the tool rebuilds each
+// chunk's part as above and checks the sum against it. The rank's bound,
+// parallel::InFlightBound, and Pipeline::peak_in_flight() count virtual
+// micro-batches (one per chunk and micro-batch), each holding 1/V of a
+// rank's blocks.
 #pragma once
 
 #include "tools/bench_pp_threads.h"
@@ -25,5 +35,18 @@ void PrintMemoryHeader();
 // ActivationBytes() is not scratch + slots x per slot, else 0.
 int PrintMemoryRows(const worker::ModelConfig& model, int micro_batch, int microbatches,
                     const PipelineRun& gpipe, const PipelineRun& one_f, int* met, int* compared);
+
+void PrintInterleavedMemoryHeader(int virtual_stages);
+
+// The rows of one (P, M) for interleaved 1F1B with `virtual_stages`
+// chunks per rank, next to GPipe's and 1F1B's runs of the same (P, M). Adds
+// to *below_one_f the ranks whose interleaved slots take no more bytes
+// than 1F1B's, to *compared every rank. Returns 1 when a part cannot be
+// built, ActivationBytes() is not the chunks' scratch + slots x per slot,
+// or peak_in_flight() exceeds the bound, else 0.
+int PrintInterleavedMemoryRows(const worker::ModelConfig& model, int micro_batch, int microbatches,
+                               int virtual_stages, const PipelineRun& gpipe,
+                               const PipelineRun& one_f, const PipelineRun& interleaved,
+                               int* below_one_f, int* compared);
 
 }  // namespace muster::tools

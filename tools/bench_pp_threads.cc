@@ -91,7 +91,7 @@ struct Groups {
   std::vector<std::unique_ptr<parallel::ProcessGroup>> owned;
 };
 
-absl::StatusOr<Groups> ConnectPipeline(rdzv::Store* store, int pp) {
+absl::StatusOr<Groups> ConnectPipeline(rdzv::Store* store, int pp, bool ring) {
   Groups groups;
   groups.of.resize(pp);
   auto keep = [&](std::vector<std::unique_ptr<parallel::ProcessGroup>>& made,
@@ -110,16 +110,21 @@ absl::StatusOr<Groups> ConnectPipeline(rdzv::Store* store, int pp) {
   auto tied = parallel::ConnectLocalGroups(store, 2, "tied/");
   if (!tied.ok()) return tied.status();
   keep(*tied, {0, pp - 1}, &worker::PipelineGroups::tied);
-  // The channels: one 2-rank group per direction, the lower stage rank 0.
-  for (int p = 0; p + 1 < pp; ++p) {
+  // The channels: one 2-rank group per direction, rank 0 the rank that
+  // sends the activations. With virtual stages the last rank's chunks feed
+  // the first rank's next chunks, so a channel from rank pp - 1 to rank 0
+  // closes the ring.
+  const int channels = ring ? pp : pp - 1;
+  for (int p = 0; p < channels; ++p) {
+    const int next = (p + 1) % pp;
     auto activations = parallel::ConnectLocalGroups(store, 2, absl::StrCat("act.", p, "/"));
     if (!activations.ok()) return activations.status();
     groups.of[p].activations_out = (*activations)[0].get();
-    groups.of[p + 1].activations_in = (*activations)[1].get();
+    groups.of[next].activations_in = (*activations)[1].get();
     auto gradients = parallel::ConnectLocalGroups(store, 2, absl::StrCat("grad.", p, "/"));
     if (!gradients.ok()) return gradients.status();
     groups.of[p].gradients_in = (*gradients)[0].get();
-    groups.of[p + 1].gradients_out = (*gradients)[1].get();
+    groups.of[next].gradients_out = (*gradients)[1].get();
     for (auto* made : {&*activations, &*gradients}) {
       for (auto& group : *made) groups.owned.push_back(std::move(group));
     }
@@ -131,11 +136,12 @@ absl::StatusOr<Groups> ConnectPipeline(rdzv::Store* store, int pp) {
 // their times into run->steps[step][rank].
 absl::Status TrainRank(const worker::TrainConfig& config, const worker::PipelineGroups& groups,
                        parallel::ProcessGroup* world, const parallel::ParallelDims& dims,
-                       parallel::ScheduleKind schedule, absl::Time epoch, int warmup, int rank,
-                       PipelineRun* run) {
+                       parallel::ScheduleKind schedule, int virtual_stages, absl::Time epoch,
+                       int warmup, int rank, PipelineRun* run) {
   std::unique_ptr<FILE, int (*)(FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
   worker::PipelineOptions options;
   options.schedule = schedule;
+  options.virtual_stages = virtual_stages;
   worker::Pipeline pipeline(groups, world, dims, options, "gloo");
   TimedPipeline timed(&pipeline, epoch);
   worker::TrainerOptions trainer_options;
@@ -150,7 +156,9 @@ absl::Status TrainRank(const worker::TrainConfig& config, const worker::Pipeline
     if (!metrics.ok()) return metrics.status();
     if (step >= warmup) run->steps[step - warmup][rank] = timed.last();
   }
-  run->activation_bytes[rank] = (*trainer)->model()->ActivationBytes();
+  // Every chunk's activations: with virtual stages the trainer's model is
+  // only chunk 0.
+  run->activation_bytes[rank] = pipeline.ActivationBytes();
   run->peak_in_flight[rank] = pipeline.peak_in_flight();
   if (rank == 0) run->split = pipeline.split();
   return absl::OkStatus();
@@ -159,14 +167,16 @@ absl::Status TrainRank(const worker::TrainConfig& config, const worker::Pipeline
 }  // namespace
 
 absl::StatusOr<PipelineRun> RunPipelineJob(worker::TrainConfig config, int pp,
-                                           parallel::ScheduleKind schedule, int warmup, int steps) {
+                                           parallel::ScheduleKind schedule, int virtual_stages,
+                                           int warmup, int steps) {
   const absl::Time epoch = absl::Now();
   auto dims = parallel::ParallelDims::Create(pp, 1, 1, pp);
   if (!dims.ok()) return dims.status();
   rdzv::InMemoryStore store;
   auto worlds = parallel::ConnectLocalGroups(&store, pp, "world/");
   if (!worlds.ok()) return worlds.status();
-  auto groups = ConnectPipeline(&store, pp);
+  // A ring only with two ranks or more: a single rank has no neighbours.
+  auto groups = ConnectPipeline(&store, pp, virtual_stages > 1 && pp > 1);
   if (!groups.ok()) return groups.status();
   config.train.steps = warmup + steps;
   config.train.log_every = config.train.steps;
@@ -181,7 +191,7 @@ absl::StatusOr<PipelineRun> RunPipelineJob(worker::TrainConfig config, int pp,
   absl::Status status = parallel::FirstError(parallel::OnEveryRank(pp, [&](int rank) {
     sampler.Register(rank);
     absl::Status trained = TrainRank(config, groups->of[rank], (*worlds)[rank].get(), *dims,
-                                     schedule, epoch, warmup, rank, &run);
+                                     schedule, virtual_stages, epoch, warmup, rank, &run);
     sampler.Unregister(rank);
     return trained;
   }));

@@ -2,9 +2,10 @@
 // each a real worker::Trainer whose strategy is a worker::Pipeline over
 // real Gloo groups joined through an in-memory store
 // (parallel/local_ranks.h): a 2-rank group per direction between
-// neighbouring stages, the pipeline group and the tied group of the first
-// and last stage, as worker_main builds them (tests/worker/pipeline_test.cc
-// builds the same).
+// neighbouring ranks (with virtual stages also from the last rank back to
+// the first, closing the ring interleaved 1F1B sends over), the pipeline
+// group and the tied group of the first and last rank, as worker_main
+// builds them (tests/worker/pipeline_test.cc builds the same).
 //
 // Per timed step and rank it keeps Pipeline::last_step_times() (seconds
 // from when that rank's ForwardBackward began) and puts them on one clock:
@@ -37,16 +38,18 @@ struct RankStep {
 
 struct PipelineRun {
   std::vector<std::vector<RankStep>> steps;  // [timed step][rank]
-  std::vector<int> split;                    // blocks per rank
-  std::vector<size_t> activation_bytes;      // per rank: its model part's ActivationBytes()
-  std::vector<int> peak_in_flight;           // per rank, over every step
+  std::vector<int> split;                    // blocks per pipeline stage (P x V of them)
+  std::vector<size_t> activation_bytes;      // per rank: Pipeline::ActivationBytes(), all chunks
+  std::vector<int> peak_in_flight;           // per rank, over every step (virtual micro-batches)
   double seconds = 0;                        // the whole job
 };
 
 // Trains `config` (its model, data and micro_batch; M is
-// data.grad_accumulation) on `pp` ranks under `schedule`: `warmup`
-// untimed steps, then `steps` timed.
+// data.grad_accumulation) on `pp` ranks under `schedule` with
+// `virtual_stages` stages per rank (1 except for interleaved 1F1B):
+// `warmup` untimed steps, then `steps` timed.
 absl::StatusOr<PipelineRun> RunPipelineJob(worker::TrainConfig config, int pp,
-                                           parallel::ScheduleKind schedule, int warmup, int steps);
+                                           parallel::ScheduleKind schedule, int virtual_stages,
+                                           int warmup, int steps);
 
 }  // namespace muster::tools
