@@ -35,7 +35,9 @@ void MatmulForwardCpu(float* out, const float* inp, const float* weight, const f
                       size_t BT, int C, int OC);
 // dinp (BT, C), dweight (OC, C), dbias (OC) accumulate; dbias may be
 // nullptr when the layer has no bias. dinp may be nullptr when the input
-// needs no gradient (e.g. it is data).
+// needs no gradient (e.g. it is data), and dweight and dbias both when
+// only the input's is wanted now (a pipeline's split backward computes
+// the weights' later from the same dout).
 void MatmulBackwardCpu(float* dinp, float* dweight, float* dbias, const float* dout,
                        const float* inp, const float* weight, size_t BT, int C, int OC);
 

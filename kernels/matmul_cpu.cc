@@ -54,7 +54,9 @@ void MatmulBackwardCpu(float* dinp, float* dweight, float* dbias, const float* d
     cpu::ParallelSgemm(false, false, rows, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
   }
   // dweight (OC, C) += dout^T (OC, BT) @ inp (BT, C).
-  cpu::ParallelSgemm(true, false, OC, C, rows, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dweight != nullptr) {
+    cpu::ParallelSgemm(true, false, OC, C, rows, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  }
   if (dbias == nullptr) return;
   cpu::ParallelForChannelRanges(OC, [=](int begin, int end) {
     BiasGradChannels(dbias, dout, static_cast<long>(BT), OC, begin, end);

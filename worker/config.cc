@@ -242,7 +242,7 @@ struct Table<ParallelConfig> {
       {"pp", &P::pp, "pipeline ranks; the stages' dp ranks replicate (ddp) or shard (fsdp)",
        Positive()},
       {"schedule", &P::schedule, "the pipeline schedule under pp > 1",
-       OneOf("gpipe|1f1b|interleaved_1f1b").Named("schedule", "schedules")},
+       OneOf("gpipe|1f1b|interleaved_1f1b|zb_h1").Named("schedule", "schedules")},
       {"microbatches", &P::microbatches,
        "micro-batches per step under pp > 1; 0: data.grad_accumulation", NonNegative()},
       {"virtual_stages", &P::virtual_stages,

@@ -84,8 +84,8 @@ struct ParallelConfig {
   int dp_replicate = 0;
   int dp_shard = 0;
   int pp = 1;
-  // Under pp > 1: the pipeline schedule, gpipe | 1f1b | interleaved_1f1b,
-  // and the micro-batches of a step (M; 0: data.grad_accumulation).
+  // Under pp > 1: the pipeline schedule, gpipe | 1f1b | interleaved_1f1b |
+  // zb_h1, and the micro-batches of a step (M; 0: data.grad_accumulation).
   std::string schedule = "1f1b";
   int microbatches = 0;
   // Under interleaved_1f1b: pipeline stages per rank (V >= 2; 0: auto, 2).

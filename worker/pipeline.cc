@@ -51,17 +51,18 @@ namespace {
 // stage and micro-batch, in order, so the tag only checks that order.
 int Tag(int from, int m, int M) { return from * M + m; }
 
-// Whether `action` is the last one of its micro-batch on its stage, after
-// which the slot is free: the gradient sent to the previous stage, or the
-// first stage's backward (nothing to send); in a forward-only run, the
-// activation sent, or the last stage's forward.
-bool Releases(const PipelineAction& action, int stages, bool forward_only) {
-  if (forward_only) {
-    return action.type == Type::kSendActivation ||
-           (action.type == Type::kForward && action.stage == stages - 1);
+// For each of `actions`, whether it is the last one of its micro-batch on
+// its stage, after which the slot is free: the gradient sent to the
+// previous stage (or the first stage's backward, or the weight pass of a
+// split backward); in a forward-only run, the activation sent, or the last
+// stage's forward.
+std::vector<bool> Releases(const std::vector<PipelineAction>& actions) {
+  std::vector<bool> last(actions.size(), false);
+  std::set<std::pair<int, int>> seen;  // (stage, micro-batch), from the end
+  for (size_t i = actions.size(); i-- > 0;) {
+    last[i] = seen.insert({actions[i].stage, actions[i].microbatch}).second;
   }
-  return action.type == Type::kSendGradient ||
-         (action.type == Type::kBackward && action.stage == 0);
+  return last;
 }
 
 // Calls f(stage, in_stage, count, at) for each run of the flat ranges
@@ -91,22 +92,6 @@ uint64_t Floats(const std::vector<FlatRange>& ranges) {
   uint64_t total = 0;
   for (const FlatRange& range : ranges) total += range.count;
   return total;
-}
-
-// The slots each of a rank's `chunks` needs for `actions` (at least 1):
-// the most micro-batches live on a chunk at once, taking and giving back
-// as Pipeline::Run does.
-std::vector<int> SlotsNeeded(const std::vector<PipelineAction>& actions, int pp, int chunks,
-                             int stages, bool forward_only) {
-  std::vector<int> peak(chunks, 1);
-  std::vector<std::set<int>> live(chunks);
-  for (const PipelineAction& action : actions) {
-    const int c = action.stage / pp;
-    live[c].insert(action.microbatch);
-    peak[c] = std::max(peak[c], static_cast<int>(live[c].size()));
-    if (Releases(action, stages, forward_only)) live[c].erase(action.microbatch);
-  }
-  return peak;
 }
 
 absl::Status Invalid(const char* field, const std::string& why) {
@@ -169,6 +154,20 @@ absl::StatusOr<std::vector<int>> PipelineSplit(const ModelConfig& config, int st
     i = cut[p][i];
   }
   return split;
+}
+
+std::vector<int> PipelineSlots(const std::vector<PipelineAction>& actions, int pp, int chunks) {
+  std::vector<int> peak(chunks, 1);
+  std::vector<std::set<int>> live(chunks);
+  const std::vector<bool> releases = Releases(actions);
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const PipelineAction& action = actions[i];
+    const int c = action.stage / pp;
+    live[c].insert(action.microbatch);
+    peak[c] = std::max(peak[c], static_cast<int>(live[c].size()));
+    if (releases[i]) live[c].erase(action.microbatch);
+  }
+  return peak;
 }
 
 Pipeline::Pipeline(const PipelineGroups& groups, parallel::ProcessGroup* control,
@@ -251,25 +250,21 @@ absl::StatusOr<BuiltModel> Pipeline::Build(const BuildSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("parallel.zero: ", options_.zero, "; the ZeRO stages are 1, 2 and 3"));
   }
-  if (options_.schedule == parallel::ScheduleKind::kZeroBubbleH1) {
-    return absl::UnimplementedError(
-        "parallel.schedule: zb_h1 (split backward passes) is simulated only for now; use 1f1b, "
-        "interleaved_1f1b or gpipe");
-  }
   const parallel::ScheduleSpec schedule{options_.schedule, P, spec.micro_steps, V};
   auto actions = parallel::BuildSchedule(schedule);
   if (!actions.ok()) return actions.status();
   auto split = PipelineSplit(spec.model, stages(), options_.split);
   if (!split.ok()) return split.status();
   split_ = *split;
-  const std::vector<int> slots =
-      SlotsNeeded((*actions)[stage()], P, V, stages(), /*forward_only=*/false);
+  const std::vector<int> slots = PipelineSlots((*actions)[stage()], P, V);
   BuiltModel built;
   for (int c = 0; c < V; ++c) {
     auto chunk = std::make_unique<Chunk>();
     chunk->stage = c * P + stage();
     const auto [first_block, end_block] = Blocks(chunk->stage);
-    const ModelPart part{first_block, end_block, slots[c]};
+    // Zero-bubble schedules split each backward in two passes.
+    const ModelPart part{first_block, end_block, slots[c],
+                         options_.schedule == parallel::ScheduleKind::kZeroBubbleH1};
     // Every chunk computes on the rank's arrays (Bind, below).
     auto made = GptModel::CreatePart(spec.model, spec.micro_batch, spec.device, part,
                                      ParamStorage::kExternal);
@@ -508,7 +503,9 @@ absl::StatusOr<StepLoss> Pipeline::Run(const MicroBatches& batches,
   times_.clear();
   const absl::Time began = absl::Now();
   auto since = [&] { return absl::ToDoubleSeconds(absl::Now() - began); };
-  for (const PipelineAction& action : actions) {
+  const std::vector<bool> releases = Releases(actions);
+  for (size_t index = 0; index < actions.size(); ++index) {
+    const PipelineAction& action = actions[index];
     const int m = action.microbatch;
     const bool first_stage = action.stage == 0, last_stage = action.stage == S - 1;
     Chunk& chunk = *chunks_[action.stage / P];
@@ -562,15 +559,21 @@ absl::StatusOr<StepLoss> Pipeline::Run(const MicroBatches& batches,
         --in_flight;
         break;
       }
-      case Type::kBackwardInput:
-      case Type::kBackwardWeight:
-        // Build refuses such schedules; a list from elsewhere is an error.
-        return absl::UnimplementedError(absl::StrCat(
-            "pipeline: ", parallel::ActionName(action),
-            ": split backward passes (zb_h1) are simulated only for now; the runtime runs gpipe, "
-            "1f1b and interleaved_1f1b"));
+      case Type::kBackwardInput: {
+        // The input's gradient now (sent on at once); the weights' at the
+        // matching kBackwardWeight, from what this pass keeps in the slot.
+        chunk.model->PartBackwardInput(s, 1.0f / batches.count,
+                                       last_stage ? nullptr : chunk.grad_out[s].data(),
+                                       first_stage ? nullptr : chunk.grad_in[s].data());
+        break;
+      }
+      case Type::kBackwardWeight: {
+        chunk.model->PartBackwardWeight(s);
+        --in_flight;
+        break;
+      }
     }
-    if (Releases(action, S, forward_only)) {
+    if (releases[index]) {
       // Done with the micro-batch on this stage (a send still reading the
       // slot is waited for when it is taken again).
       chunk.free.push_back(s);

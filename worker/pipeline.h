@@ -19,9 +19,12 @@
 // does, so the copies take the same AdamW step and stay bitwise equal.
 //
 // Schedule. The step's ForwardBackward runs this rank's list of
-// parallel::BuildSchedule (gpipe, 1f1b or interleaved_1f1b): forwards and
-// backwards of micro-batches into each chunk's activation slots (as many
-// as the list holds at once), and the activations and their gradients
+// parallel::BuildSchedule (gpipe, 1f1b, interleaved_1f1b or zb_h1):
+// forwards and backwards of micro-batches into each chunk's activation
+// slots (as many as the list holds at once; zb_h1 splits each backward
+// into the input's gradient, sent on at once, and the weights', run later
+// from what the first pass kept: GptModel::PartBackwardInput and
+// PartBackwardWeight), and the activations and their gradients
 // sent and received over the pipeline channels, tagged by stage and
 // micro-batch. Sends run in the background while the rank computes, and
 // each channel's next receive is posted as soon as the one before it is
@@ -105,6 +108,13 @@ namespace muster::worker {
 // than stages.
 absl::StatusOr<std::vector<int>> PipelineSplit(const ModelConfig& config, int stages,
                                                const std::vector<int>& explicit_split);
+
+// The activation slots each of a rank's `chunks` (model parts) needs to
+// run `actions`, its list under `pp` pipeline ranks (at least 1 each): the
+// most micro-batches live on a chunk at once, from a micro-batch's first
+// action on the chunk's stage to its last, as Pipeline runs them.
+std::vector<int> PipelineSlots(const std::vector<parallel::PipelineAction>& actions, int pp,
+                               int chunks);
 
 // The groups a pipeline rank talks over; see "Channels" above. A channel
 // is a 2-rank group whose rank 0 sends the activations (and receives the
@@ -195,8 +205,8 @@ class Pipeline final : public ParallelStrategy {
   // The flat parameter ranges pipeline rank `p` writes (`copy`: with the
   // last rank's wte copy, which it loads but does not write).
   std::vector<FlatRange> ParamRanges(int p, bool copy) const;
-  // Runs `actions` (this rank's); `forward_only`: a micro-batch's slot is
-  // given back once its activation is sent (or its loss computed).
+  // Runs `actions` (this rank's); `forward_only`: they have no backwards,
+  // so a micro-batch leaves the in-flight count with its slot.
   bool sharded() const { return dims_.dp_shard > 1; }
   // The model stages pipeline rank `p` runs, in order (stage 0 on the last
   // rank: the wte copy).

@@ -210,7 +210,11 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
        "never fills the pipeline"},
       {train + "parallel:\n  schedule: zb\n",
        "t.yaml:4: parallel.schedule: unknown schedule 'zb'; known schedules: gpipe, 1f1b, "
-       "interleaved_1f1b"},
+       "interleaved_1f1b, zb_h1"},
+      {train + "parallel:\n  pp: 4\n  schedule: zb_h1\n  microbatches: 2\n",
+       "parallel.microbatches: 2 micro-batches per step (parallel.microbatches, or "
+       "data.grad_accumulation when it is 0) is fewer than parallel.pp (4): zb_h1 never fills "
+       "the pipeline"},
       {"data:\n  train: x.bin\n  grad_accumulation: 2\nparallel:\n  pp: 2\n  microbatches: 4\n",
        "data.grad_accumulation: 2 with parallel.microbatches 4"},
       {train + "parallel:\n  pp: 0\n", "t.yaml:4: parallel.pp: must be > 0, got 0"},

@@ -3,7 +3,7 @@
 // the CPU (worker/pipeline.h; the same combinations as threads:
 // pipeline_test.cc).
 //   - equivalence: PP=2 and PP=4 under GPipe and 1F1B, PP=2 under
-//     interleaved 1F1B, DP=2 x PP=2 and FSDP (2 shards, ZeRO-3) x PP=2
+//     interleaved 1F1B, PP=4 under ZB-H1, DP=2 x PP=2 and FSDP (2 shards, ZeRO-3) x PP=2
 //     follow the 1-process loss curve at the same global batch;
 //   - resume across pipeline layouts: a PP=2 checkpoint resumed under
 //     PP=2 is bit-exact, under 1 process, PP=4 and PP=2 interleaved
@@ -110,7 +110,7 @@ TEST_CASE("PP=2 and PP=4 under GPipe and 1F1B, and DP=2 x PP=2, follow the 1-pro
   for (const Config& config :
        {Config{1, 2, "gpipe"}, Config{1, 2, "1f1b"}, Config{1, 4, "1f1b"}, Config{1, 4, "gpipe"},
         // Two virtual stages per rank: a block per pipeline stage.
-        Config{1, 2, "interleaved_1f1b"}}) {
+        Config{1, 2, "interleaved_1f1b"}, Config{1, 4, "zb_h1"}}) {
     Job job = pipeline;
     job.pp = config.pp;
     job.schedule = config.schedule;

@@ -207,6 +207,23 @@ TEST_CASE("PP=2 and PP=4 under GPipe and 1F1B match one process at the same glob
   }
 }
 
+TEST_CASE("ZB-H1 at PP=2 and PP=4 gives 1F1B's bits, within its in-flight bound") {
+  // The weight passes run later but in the same order, into the same sums.
+  const int M = 8, B = 2;
+  for (int pp : {2, 4}) {
+    INFO("pp " << pp);
+    std::vector<RankResult> one_f = Train(SmallJob(B, M), 1, pp, ScheduleKind::k1F1B);
+    std::vector<RankResult> zb = Train(SmallJob(B, M), 1, pp, ScheduleKind::kZeroBubbleH1);
+    for (int rank = 0; rank < pp; ++rank) {
+      CHECK(zb[rank].losses == one_f[rank].losses);
+      CHECK(zb[rank].norms == one_f[rank].norms);
+      CHECK(zb[rank].peak_in_flight ==
+            parallel::InFlightBound({ScheduleKind::kZeroBubbleH1, pp, M, 1}, rank));
+    }
+    CHECK(zb[0].wte == zb[pp - 1].wte);
+  }
+}
+
 TEST_CASE("interleaved 1F1B at PP=2 and PP=4 matches one process, within its in-flight bound") {
   const int M = 4, B = 2;
   for (int pp : {2, 4}) {

@@ -61,6 +61,12 @@ float GptModel::PartForward(int, const int*, const int*, const float*, float*, i
   assert(false && "PartForward on an engine without parts");
   return 0.0f;
 }
+void GptModel::PartBackwardInput(int, float, const float*, float*) {
+  assert(false && "PartBackwardInput on an engine without parts");
+}
+void GptModel::PartBackwardWeight(int) {
+  assert(false && "PartBackwardWeight on an engine without parts");
+}
 void GptModel::PartBackward(int, float, const float*, float*) {
   assert(false && "PartBackward on an engine without parts");
 }

@@ -86,6 +86,9 @@ struct ModelPart {
   int first_block = 0;
   int end_block = 0;
   int slots = 1;
+  // Also room per slot for PartBackwardInput to leave what
+  // PartBackwardWeight reads (each block's four matmul output gradients).
+  bool split_backward = false;
 };
 
 class GptModel {
@@ -175,6 +178,15 @@ class GptModel {
   virtual float PartForward(int slot, const int* inputs, const int* targets,
                             const float* activation_in, float* activation_out, int B, int T);
   virtual void PartBackward(int slot, float loss_scale, const float* grad_out, float* grad_in);
+  // PartBackward in two passes (zero-bubble pipelines; parts made with
+  // split_backward): PartBackwardInput computes the gradient of the part's
+  // input (`grad_in`) and of everything but the blocks' matmul weights
+  // and biases, and keeps those matmuls' output gradients in the slot;
+  // PartBackwardWeight then adds the weights' and biases' gradients from
+  // them. Together they add exactly what PartBackward adds, the same bits.
+  // The stage hooks fire in PartBackwardInput only.
+  virtual void PartBackwardInput(int slot, float loss_scale, const float* grad_out, float* grad_in);
+  virtual void PartBackwardWeight(int slot);
 
   // Per-stage hooks, the points where a parallel strategy acts on a stage
   // (worker/parallel_strategy.h): DDP reduces a stage's gradients once

@@ -8,6 +8,7 @@
 // layers; BT = B*T rows. Activations of a layer are packed for the actual
 // (B, T) at the start of a slot sized for (max_batch, seq_len).
 #include <cassert>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -59,7 +60,15 @@ class GptModelImpl final : public GptModel {
   void Backward(float loss_scale) override { PartBackward(0, loss_scale, nullptr, nullptr); }
   float PartForward(int slot, const int* inputs, const int* targets, const float* activation_in,
                     float* activation_out, int B, int T) override;
-  void PartBackward(int slot, float loss_scale, const float* grad_out, float* grad_in) override;
+  void PartBackward(int slot, float loss_scale, const float* grad_out, float* grad_in) override {
+    Backward(slot, loss_scale, grad_out, grad_in, /*defer_weights=*/false);
+  }
+  void PartBackwardInput(int slot, float loss_scale, const float* grad_out,
+                         float* grad_in) override {
+    assert(part_.split_backward);
+    Backward(slot, loss_scale, grad_out, grad_in, /*defer_weights=*/true);
+  }
+  void PartBackwardWeight(int slot) override;
 
   size_t ActivationBytes() const override { return activation_bytes_; }
 
@@ -79,6 +88,14 @@ class GptModelImpl final : public GptModel {
   }
 
  private:
+  // A block's matmul output gradients, kept from PartBackwardInput for
+  // PartBackwardWeight (split_backward parts only).
+  struct LayerOutputGrads {
+    float* fcproj;   // (B, T, C)
+    float* fch;      // (B, T, 4C) before GELU
+    float* attproj;  // (B, T, C)
+    float* qkv;      // (B, T, 3C)
+  };
   // One micro-batch's activations: what its backward reads. Only the
   // buffers of the part's own stages exist (the others are nullptr).
   struct Slot {
@@ -89,6 +106,7 @@ class GptModelImpl final : public GptModel {
     float* encoded = nullptr;              // (B, T, C) first part
     float* input = nullptr;                // (B, T, C) the previous part's output
     std::vector<LayerActivations> layers;  // the part's blocks
+    std::vector<LayerOutputGrads> douts;   // the part's blocks (split_backward)
     float* lnf = nullptr;                  // (B, T, C) last part
     float* lnf_mean = nullptr;             // (B, T)
     float* lnf_rstd = nullptr;             // (B, T)
@@ -113,9 +131,13 @@ class GptModelImpl final : public GptModel {
   }
 
   void BlockForward(int layer, const float* residual_in);
+  // PartBackward, or with `defer_weights` PartBackwardInput.
+  void Backward(int slot, float loss_scale, const float* grad_out, float* grad_in,
+                bool defer_weights);
   // dresidual_ holds d loss / d(block output) on entry and d loss /
-  // d(block input) on return.
-  void BlockBackward(int layer, const float* residual_in);
+  // d(block input) on return. With `douts`, the matmuls' weight and bias
+  // gradients are left for later and their output gradients kept there.
+  void BlockBackward(int layer, const float* residual_in, const LayerOutputGrads* douts);
 
   const int max_batch_;
   const ParamStorage storage_;
@@ -176,6 +198,15 @@ absl::Status GptModelImpl::Allocate() {
       plan.Request(&layer.fch, BT * 4 * C);
       plan.Request(&layer.fch_gelu, BT * 4 * C);
       plan.Request(&layer.residual3, BT * C);
+    }
+    if (part_.split_backward) {
+      slot.douts.resize(slot.layers.size());
+      for (LayerOutputGrads& douts : slot.douts) {
+        plan.Request(&douts.fcproj, BT * C);
+        plan.Request(&douts.fch, BT * 4 * C);
+        plan.Request(&douts.attproj, BT * C);
+        plan.Request(&douts.qkv, BT * 3 * C);
+      }
     }
     if (last_part()) {
       plan.Request(&slot.lnf, BT * C);
@@ -284,40 +315,73 @@ float GptModelImpl::PartForward(int slot, const int* inputs, const int* targets,
   return static_cast<float>(sum / static_cast<double>(BT));
 }
 
-void GptModelImpl::BlockBackward(int layer, const float* residual_in) {
+void GptModelImpl::BlockBackward(int layer, const float* residual_in,
+                                 const LayerOutputGrads* douts) {
   const int B = batch_, T = time_, C = config_.dim, NH = config_.heads;
   const size_t BT = static_cast<size_t>(B) * T;
   const int stage = layout::BlockStage(layer);
   const LayerActivations& a = slot_->layers[layer - part_.first_block];
+  // A matmul's weight and bias gradients, now or (douts) later.
+  auto dweight = [&](int tensor) { return douts != nullptr ? nullptr : Grad(stage, tensor); };
+  // Output gradients PartBackwardWeight reads: the residual stream's are
+  // copied (it changes on; with memcpy, as split parts are CPU only,
+  // CreatePart), the wide ones computed in place.
+  float* dfch = douts != nullptr ? douts->fch : dwide_;
+  float* dqkv = douts != nullptr ? douts->qkv : dwide_;
   // residual3 = residual2 + fcproj: both get dresidual unchanged, so the
   // fcproj gradient is read from dresidual_ and no copy is made.
+  if (douts != nullptr) std::memcpy(douts->fcproj, dresidual_, BT * C * sizeof(float));
   ops_->Zero(dwide_, BT * 4 * C * sizeof(float));
-  ops_->MatmulBackward(dwide_, Grad(stage, layout::kFcprojw), Grad(stage, layout::kFcprojb),
-                       dresidual_, a.fch_gelu, Param(stage, layout::kFcprojw), BT, 4 * C, C);
-  ops_->GeluBackward(dwide_, a.fch, dwide_, BT * 4 * C);  // in place: dfch_gelu -> dfch
+  ops_->MatmulBackward(dwide_, dweight(layout::kFcprojw), dweight(layout::kFcprojb), dresidual_,
+                       a.fch_gelu, Param(stage, layout::kFcprojw), BT, 4 * C, C);
+  ops_->GeluBackward(dfch, a.fch, dwide_, BT * 4 * C);  // dfch_gelu -> dfch
   ops_->Zero(dnarrow_, BT * C * sizeof(float));
-  ops_->MatmulBackward(dnarrow_, Grad(stage, layout::kFcw), Grad(stage, layout::kFcb), dwide_,
-                       a.ln2, Param(stage, layout::kFcw), BT, C, 4 * C);
+  ops_->MatmulBackward(dnarrow_, dweight(layout::kFcw), dweight(layout::kFcb), dfch, a.ln2,
+                       Param(stage, layout::kFcw), BT, C, 4 * C);
   // LayerNorm's backward adds into dinp, so dresidual_ becomes
   // d loss / d residual2 (the skip path plus the MLP path).
   ops_->LayerNormBackward(dresidual_, Grad(stage, layout::kLn2w), Grad(stage, layout::kLn2b),
                           dnarrow_, a.residual2, Param(stage, layout::kLn2w), a.ln2_mean,
                           a.ln2_rstd, BT, C);
   // residual2 = residual_in + attproj: the same pass-through as above.
+  if (douts != nullptr) std::memcpy(douts->attproj, dresidual_, BT * C * sizeof(float));
   ops_->Zero(dnarrow_, BT * C * sizeof(float));
-  ops_->MatmulBackward(dnarrow_, Grad(stage, layout::kAttprojw), Grad(stage, layout::kAttprojb),
-                       dresidual_, a.atty, Param(stage, layout::kAttprojw), BT, C, C);
-  ops_->Zero(dwide_, BT * 3 * C * sizeof(float));
-  ops_->AttentionBackward(dwide_, dpreatt_, dnarrow_, a.qkv, a.att, B, T, C, NH);
+  ops_->MatmulBackward(dnarrow_, dweight(layout::kAttprojw), dweight(layout::kAttprojb), dresidual_,
+                       a.atty, Param(stage, layout::kAttprojw), BT, C, C);
+  ops_->Zero(dqkv, BT * 3 * C * sizeof(float));
+  ops_->AttentionBackward(dqkv, dpreatt_, dnarrow_, a.qkv, a.att, B, T, C, NH);
   ops_->Zero(dnarrow_, BT * C * sizeof(float));
-  ops_->MatmulBackward(dnarrow_, Grad(stage, layout::kQkvw), Grad(stage, layout::kQkvb), dwide_,
-                       a.ln1, Param(stage, layout::kQkvw), BT, C, 3 * C);
+  ops_->MatmulBackward(dnarrow_, dweight(layout::kQkvw), dweight(layout::kQkvb), dqkv, a.ln1,
+                       Param(stage, layout::kQkvw), BT, C, 3 * C);
   ops_->LayerNormBackward(dresidual_, Grad(stage, layout::kLn1w), Grad(stage, layout::kLn1b),
                           dnarrow_, residual_in, Param(stage, layout::kLn1w), a.ln1_mean,
                           a.ln1_rstd, BT, C);
 }
 
-void GptModelImpl::PartBackward(int slot, float loss_scale, const float* grad_out, float* grad_in) {
+void GptModelImpl::PartBackwardWeight(int slot) {
+  assert(part_.split_backward);
+  Use(slot);
+  const int C = config_.dim;
+  const size_t BT = static_cast<size_t>(batch_) * time_;
+  // What BlockBackward left out, from the same output gradients and
+  // inputs: the same sums into the same buffers.
+  for (int layer = part_.end_block - 1; layer >= part_.first_block; --layer) {
+    const int stage = layout::BlockStage(layer);
+    const LayerActivations& a = slot_->layers[layer - part_.first_block];
+    const LayerOutputGrads& d = slot_->douts[layer - part_.first_block];
+    ops_->MatmulBackward(nullptr, Grad(stage, layout::kFcprojw), Grad(stage, layout::kFcprojb),
+                         d.fcproj, a.fch_gelu, Param(stage, layout::kFcprojw), BT, 4 * C, C);
+    ops_->MatmulBackward(nullptr, Grad(stage, layout::kFcw), Grad(stage, layout::kFcb), d.fch,
+                         a.ln2, Param(stage, layout::kFcw), BT, C, 4 * C);
+    ops_->MatmulBackward(nullptr, Grad(stage, layout::kAttprojw), Grad(stage, layout::kAttprojb),
+                         d.attproj, a.atty, Param(stage, layout::kAttprojw), BT, C, C);
+    ops_->MatmulBackward(nullptr, Grad(stage, layout::kQkvw), Grad(stage, layout::kQkvb), d.qkv,
+                         a.ln1, Param(stage, layout::kQkvw), BT, C, 3 * C);
+  }
+}
+
+void GptModelImpl::Backward(int slot, float loss_scale, const float* grad_out, float* grad_in,
+                            bool defer_weights) {
   Use(slot);
   Slot& s = *slot_;
   const int B = batch_, T = time_, C = config_.dim, V = config_.vocab;
@@ -348,7 +412,8 @@ void GptModelImpl::PartBackward(int slot, float loss_scale, const float* grad_ou
 
   for (int layer = part_.end_block - 1; layer >= part_.first_block; --layer) {
     PreBackward(layout::BlockStage(layer));
-    BlockBackward(layer, BlockInput(layer));
+    BlockBackward(layer, BlockInput(layer),
+                  defer_weights ? &s.douts[layer - part_.first_block] : nullptr);
     PostBackward(layout::BlockStage(layer));
   }
 

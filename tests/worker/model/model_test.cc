@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ios>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -575,6 +576,64 @@ TEST_CASE("model parts chained over slots match the whole model") {
       for (size_t i = 0; i < stages[s].size; ++i) REQUIRE(part_grads[1][offset + i] == 0.0f);
     }
     offset += stages[s].size;
+  }
+}
+
+TEST_CASE("a split backward (input pass, then weight pass) adds PartBackward's bits") {
+  ModelConfig config = TinyConfig();
+  config.layers = 4;
+  const int B = 2, T = 5, M = 3;
+  std::unique_ptr<GptModel> whole = MakeModel(config, B, 5);
+  const std::vector<float> weights = whole->CopyParamsToHost();
+  // The middle blocks, with gradients flowing in from a made-up output
+  // gradient, and the last part (the loss), each run both ways.
+  for (const ModelPart& cut : {ModelPart{1, 3, M}, ModelPart{2, 4, M}, ModelPart{0, 4, M}}) {
+    INFO("blocks " << cut.first_block << ".." << cut.end_block);
+    ModelPart split_cut = cut;
+    split_cut.split_backward = true;
+    auto plain = GptModel::CreatePart(config, B, Device::kCpu, cut);
+    auto split = GptModel::CreatePart(config, B, Device::kCpu, split_cut);
+    REQUIRE(plain.ok());
+    REQUIRE(split.ok());
+    CHECK((*split)->ActivationBytes() > (*plain)->ActivationBytes());
+    const bool last = cut.end_block == config.layers, first = cut.first_block == 0;
+    const size_t activation = static_cast<size_t>(B) * T * config.dim;
+    std::mt19937 random(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<std::vector<float>> in(M, std::vector<float>(activation)),
+        grad_out(M, std::vector<float>(activation));
+    for (int m = 0; m < M; ++m) {
+      for (float& x : in[m]) x = normal(random);
+      for (float& x : grad_out[m]) x = 0.01f * normal(random);
+    }
+    std::vector<std::vector<float>> grad_in[2];
+    for (int way = 0; way < 2; ++way) {
+      GptModel& part = way == 0 ? **plain : **split;
+      part.CopyParamsFromHost(weights);
+      part.ZeroGrad();
+      std::vector<float> out(activation);
+      grad_in[way].assign(M, std::vector<float>(activation));
+      for (int m = 0; m < M; ++m) {
+        const Batch batch = RandomBatch(config, B, T, 200 + m);
+        part.PartForward(m, batch.inputs.data(), batch.targets.data(),
+                         first ? nullptr : in[m].data(), last ? nullptr : out.data(), B, T);
+      }
+      // The weight passes late and in order, as ZB-H1 runs them.
+      for (int m = 0; m < M; ++m) {
+        const float* from = last ? nullptr : grad_out[m].data();
+        float* to = first ? nullptr : grad_in[way][m].data();
+        if (way == 0) {
+          part.PartBackward(m, 1.0f / M, from, to);
+        } else {
+          part.PartBackwardInput(m, 1.0f / M, from, to);
+        }
+      }
+      if (way == 1) {
+        for (int m = 0; m < M; ++m) part.PartBackwardWeight(m);
+      }
+    }
+    CHECK(grad_in[0] == grad_in[1]);
+    CHECK((*plain)->CopyGradsToHost() == (*split)->CopyGradsToHost());
   }
 }
 
