@@ -6,11 +6,12 @@
 //     interleaved 1F1B, PP=4 under ZB-H1, DP=2 x PP=2 and FSDP (2 shards, ZeRO-3) x PP=2
 //     follow the 1-process loss curve at the same global batch;
 //   - resume across pipeline layouts: a PP=2 checkpoint resumed under
-//     PP=2 is bit-exact, under 1 process, PP=4 and PP=2 interleaved
-//     continues the curve;
-//   - failure: SIGKILL the middle stage of a PP=3 job; the stages on
-//     either side leave long before parallel.timeout_s, launch restarts
-//     the job, and it ends bit for bit as an uninterrupted run;
+//     PP=2 is bit-exact, under 1 process, PP=4, DDP on 2 ranks and PP=2
+//     interleaved continues the curve;
+//   - failure: SIGKILL stage 1 of a PP=4 job; every other stage, the one
+//     that never talks to it included, leaves long before
+//     parallel.timeout_s, launch restarts the job, and it ends bit for
+//     bit as an uninterrupted run;
 //   - bad configs exit 2 naming the fields.
 //
 // Samples line up between layouts: micro-batch m of dp rank r reads the
@@ -189,43 +190,49 @@ TEST_CASE("a PP=2 checkpoint resumes under PP=2 bit for bit, and under 1 process
   CheckFollows(Resume(dir, "pp2_to_one", 1, one, saved, kSaved), uninterrupted, "pp2 -> one");
   // (c) PP=2 -> PP=4.
   CheckFollows(Resume(dir, "pp2_to_pp4", 4, pp4, saved, kSaved), uninterrupted, "pp2 -> pp4");
-  // (d) PP=2 -> PP=2 interleaved: each rank now runs two block ranges.
+  // (d) PP=2 -> DDP on 2 ranks (no pipeline): 2 micro-steps of 2 each.
+  Job ddp = OneProcess(pp2, 1);
+  ddp.accumulation = 2;
+  CheckFollows(Resume(dir, "pp2_to_ddp2", 2, ddp, saved, kSaved), uninterrupted, "pp2 -> ddp2");
+  // (e) PP=2 -> PP=2 interleaved: each rank now runs two block ranges.
   Job interleaved = pp2;
   interleaved.schedule = "interleaved_1f1b";
   CheckFollows(Resume(dir, "pp2_to_interleaved", 2, interleaved, saved, kSaved), uninterrupted,
                "pp2 -> pp2 interleaved");
 }
 
-TEST_CASE("the middle stage SIGKILLed: the others leave, launch restarts, the run ends exact") {
+TEST_CASE("a stage SIGKILLed: every other stage leaves, launch restarts, the run ends exact") {
   TempDir dir;
   WriteCorpus(dir.path());
   const int kSteps = 60, kEvery = 5;
   Job job;
-  job.pp = 3;
-  job.microbatches = 3;
+  job.pp = 4;
+  job.microbatches = 4;
   job.steps = kSteps;
   // Far beyond what the restart may take: a stage that waited for its
   // receive's timeout would fail the bounds below.
   job.timeout_s = 120;
   job.checkpoint = CheckpointYaml(dir, "reference_ckpt", kSteps);
-  REQUIRE(Train(dir, "reference", 3, job).size() == kSteps);
+  REQUIRE(Train(dir, "reference", 4, job).size() == kSteps);
 
   job.metrics = "killed.jsonl";
   job.checkpoint = CheckpointYaml(dir, "killed_ckpt", kEvery);
-  const KilledJob killed = KillRankMidRun(dir, "killed", 3, JobYaml(job), "ppkill", 1, kEvery);
+  const KilledJob killed = KillRankMidRun(dir, "killed", 4, JobYaml(job), "ppkill", 1, kEvery);
   INFO(killed.log);
-  // Both neighbours' channels to the middle stage close: each leaves its
-  // send or receive at once, not after timeout_s.
-  WARN("the first stage left " << absl::FormatDuration(killed.left.at(0)) << " and the last "
-                               << absl::FormatDuration(killed.left.at(2))
-                               << " after the SIGKILL; the job finished "
-                               << absl::FormatDuration(killed.finished) << " after it");
-  CHECK(killed.left.at(0) < absl::Seconds(10));
-  CHECK(killed.left.at(2) < absl::Seconds(10));
+  // Stage 1's neighbours (0 and 2) find their channels to it closed; stage
+  // 3, which never talks to it, finds its channels to stage 2 closed when
+  // stage 2 leaves. Each leaves its send or receive at once, not after
+  // timeout_s.
+  WARN("stages 0, 2 and 3 left " << absl::FormatDuration(killed.left.at(0)) << ", "
+                                 << absl::FormatDuration(killed.left.at(2)) << " and "
+                                 << absl::FormatDuration(killed.left.at(3))
+                                 << " after the SIGKILL; the job finished "
+                                 << absl::FormatDuration(killed.finished) << " after it");
+  for (int rank : {0, 2, 3}) CHECK(killed.left.at(rank) < absl::Seconds(10));
   CHECK(killed.finished < absl::Seconds(40));
   REQUIRE(killed.exit_code == 0);
   // Every stage's file of step 60.
-  CheckRestartedExact(dir, "killed", killed, "reference", kSteps, kEvery, 3);
+  CheckRestartedExact(dir, "killed", killed, "reference", kSteps, kEvery, 4);
 }
 
 TEST_CASE("bad pipeline configs exit 2 naming the fields") {
