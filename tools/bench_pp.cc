@@ -1,24 +1,28 @@
 // bench_pp: what pipeline parallelism (worker/pipeline.h) idles and holds
-// on this machine's CPU, GPipe against 1F1B and interleaved 1F1B (V
-// virtual stages per rank, --virtual-stages; skipped where M is not a
-// multiple of P or the model has fewer than P x V blocks).
+// on this machine's CPU, GPipe against 1F1B, interleaved 1F1B (V virtual
+// stages per rank, --virtual-stages; skipped where M is not a multiple of
+// P or the model has fewer than P x V blocks) and zb_h1 (every backward
+// split into Bi, the input's gradient, and a deferred Bw, the weights';
+// skipped where M < P).
 //   1. the bubble: P ranks as threads (tools/bench_pp_threads.h), M
 //      micro-batches, each rank's idle fraction of the step from
 //      Pipeline::last_step_times() (tools/bench_pp_timeline.h: busy =
-//      its Forwards and Backwards, span = the pipeline's first Forward to
-//      its last Backward), median over the timed steps, next to
-//      (P-1)/(M+P-1), or (P-1)/(VM+P-1) for interleaved (a Forward and
-//      Backward there are of one chunk, 1/V of the rank's blocks). On the
-//      wall clock; with processor sharing undone (P ranks on fewer
-//      cores); and replayed from each action's CPU time
-//      (tools/bench_pp_cpu.h), which other load on the machine does not
-//      change. Also zb_h1, simulated only (the runtime refuses it):
-//      SimulateSchedule with 1F1B's measured mean F and B, Bi = Bw = B/2;
+//      its F + B + Bi + Bw, span = the pipeline's first compute to its
+//      last), median over the timed steps, next to (P-1)/(M+P-1),
+//      (P-1)/(VM+P-1) for interleaved (a Forward and Backward there are
+//      of one chunk, 1/V of the rank's blocks), or (P-1)/(3M+P-1) for
+//      zb_h1 (the paper's, which assumes F = Bi = Bw). On the wall clock;
+//      with processor sharing undone (P ranks on fewer cores); and
+//      replayed from each action's CPU time (tools/bench_pp_cpu.h), which
+//      other load on the machine does not change. zb_h1 also next to
+//      SimulateSchedule with its measured mean F, Bi and Bw, the theory
+//      for the costs it really has;
 //   2. activation memory per rank: each rank's Pipeline::ActivationBytes()
 //      (every chunk's slots and scratch) and Pipeline::peak_in_flight(),
 //      the slots split from the backward scratch with parts built
-//      directly (GptModel::CreatePart with 1 and 2 slots;
-//      tools/bench_pp_memory.h), interleaved against 1F1B and GPipe.
+//      directly (GptModel::CreatePart with 1 and 2 slots, split_backward
+//      for zb_h1; tools/bench_pp_memory.h), interleaved and zb_h1 against
+//      1F1B and GPipe.
 // Every rank computes with one thread.
 //
 //   bazel build -c opt //tools:bench_pp && bazel-bin/tools/bench_pp
@@ -37,6 +41,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -80,18 +85,29 @@ struct Job {
 struct Bubble {
   // Per rank.
   std::vector<double> wall, normalized, replay, mean_replay;
-  std::vector<double> compute_ms;          // one Forward + one Backward, CPU time
-  double forward_ms = 0, backward_ms = 0;  // CPU time, means over ranks
-  double span_ms = 0;                      // wall
-  double cpu_per_busy = 0;                 // compute's CPU time / its normalized time, over ranks
-  double sampled_per_call = 0;             // every action's sampled CPU time / the call's
-  double simulated = 0;                    // SimulateSchedule with the mean F, B, mean over ranks
+  std::vector<double> compute_ms;  // one micro-batch's F + B + Bi + Bw, CPU time
+  // CPU time, means over ranks: one F, B, Bi, Bw (B is 0 for zb_h1, which
+  // splits every backward; Bi and Bw are 0 for the others).
+  double forward_ms = 0, backward_ms = 0, backward_input_ms = 0, backward_weight_ms = 0;
+  double span_ms = 0;           // wall
+  double cpu_per_busy = 0;      // compute's CPU time / its normalized time, over ranks
+  double sampled_per_call = 0;  // every action's sampled CPU time / the call's
+  // SimulateSchedule with the mean F and B (Bi = Bw = B/2), or for zb_h1
+  // the mean F, Bi and Bw; mean over ranks.
+  double simulated = 0;
+  // One micro-batch's whole backward: B, or Bi + Bw.
+  double WholeBackwardMs() const { return backward_ms + backward_input_ms + backward_weight_ms; }
 };
 
 // The communication-free bubble with equal stages: the pipeline fills and
 // drains over P - 1 stage-steps, out of M stage-steps of work per rank, or
-// V M with V chunks per rank, each 1/V of the rank's blocks.
+// V M with V chunks per rank, each 1/V of the rank's blocks. zb_h1 (with F
+// = Bi = Bw, the paper's Table 2): the bubble is (P - 1) passes, out of
+// 3 M passes of work per rank.
 double Theory(const Job& job) {
+  if (job.schedule == ScheduleKind::kZeroBubbleH1) {
+    return static_cast<double>(job.pp - 1) / (3 * job.microbatches + job.pp - 1);
+  }
   const int work = job.microbatches * job.virtual_stages;
   return static_cast<double>(job.pp - 1) / (work + job.pp - 1);
 }
@@ -112,11 +128,14 @@ double Sum(const std::vector<double>& values) { return Mean(values) * values.siz
 
 absl::StatusOr<Bubble> Summarise(const Job& job) {
   Bubble bubble;
-  std::vector<double> forward, backward, span, cpu_per_busy, sampled_per_call;
+  std::vector<double> forward, backward, backward_input, backward_weight, span, cpu_per_busy,
+      sampled_per_call;
   for (size_t s = 0; s < job.steps.size(); ++s) {
     const StepIdle& step = job.steps[s];
     forward.push_back(step.forward_s);
     backward.push_back(step.backward_s);
+    backward_input.push_back(step.backward_input_s);
+    backward_weight.push_back(step.backward_weight_s);
     span.push_back(step.span_wall_s);
     cpu_per_busy.push_back(Sum(step.busy_cpu_s) / Sum(step.busy_normalized_s));
     double sampled = 0, call = 0;
@@ -133,7 +152,7 @@ absl::StatusOr<Bubble> Summarise(const Job& job) {
       per_step[1].push_back(step.idle_normalized[rank]);
       per_step[2].push_back(step.idle_replay[rank]);
       per_step[3].push_back(step.idle_mean_replay[rank]);
-      per_step[4].push_back(step.forward_cpu_s[rank] + step.backward_cpu_s[rank]);
+      per_step[4].push_back(step.MicroBatchCpu(rank));
     }
     bubble.wall.push_back(Median(per_step[0]));
     bubble.normalized.push_back(Median(per_step[1]));
@@ -143,13 +162,21 @@ absl::StatusOr<Bubble> Summarise(const Job& job) {
   }
   bubble.forward_ms = 1e3 * Median(forward);
   bubble.backward_ms = 1e3 * Median(backward);
+  bubble.backward_input_ms = 1e3 * Median(backward_input);
+  bubble.backward_weight_ms = 1e3 * Median(backward_weight);
   bubble.span_ms = 1e3 * Median(span);
   bubble.cpu_per_busy = Median(cpu_per_busy);
   bubble.sampled_per_call = Median(sampled_per_call);
   const parallel::ScheduleSpec spec{job.schedule, job.pp, job.microbatches, job.virtual_stages};
   auto lists = parallel::BuildSchedule(spec);
   if (!lists.ok()) return lists.status();
-  auto simulated = parallel::SimulateSchedule(spec, *lists, bubble.forward_ms, bubble.backward_ms);
+  // A list holds either whole backwards or split ones: the kinds it does
+  // not hold have a mean of 0 and go unused.
+  const bool split = job.schedule == ScheduleKind::kZeroBubbleH1;
+  const parallel::ActionCosts costs{bubble.forward_ms,
+                                    split ? bubble.backward_input_ms : bubble.backward_ms / 2,
+                                    split ? bubble.backward_weight_ms : bubble.backward_ms / 2};
+  auto simulated = parallel::SimulateSchedule(spec, *lists, costs);
   if (!simulated.ok()) return simulated.status();
   std::vector<double> fractions;
   for (int rank = 0; rank < job.pp; ++rank) fractions.push_back(simulated->BubbleFraction(rank));
@@ -168,21 +195,22 @@ std::string Spread(const std::vector<double>& values) {
 
 int PrintBubble(const std::vector<Job>& jobs, int cores, int virtual_stages) {
   std::printf(
-      "\nbubble: idle fraction per rank = 1 - (its Forward + Backward time) / (the pipeline's "
-      "first Forward to its\nlast Backward); median over steps; mean [least, most] over ranks "
+      "\nbubble: idle fraction per rank = 1 - (its F + B + Bi + Bw time) / (the pipeline's "
+      "first compute to its\nlast); median over steps; mean [least, most] over ranks "
       "(tools/bench_pp_timeline.h).\n  wall: as it ran; normalized: processor sharing undone "
       "for %d cores; replay: the lists run with each\n  action's sampled CPU time, "
-      "communication free; imbalance: the replay with each rank's mean F, B. int-V%d:\n  "
-      "interleaved_1f1b, %d virtual stages per rank, theory (P-1)/(VM+P-1); the others' "
-      "(P-1)/(M+P-1).\n",
+      "communication free; imbalance: the replay with each rank's mean F, B, Bi, Bw.\n  int-V%d: "
+      "interleaved_1f1b, %d virtual stages per rank, theory (P-1)/(VM+P-1); zb_h1: theory "
+      "(P-1)/(3M+P-1)\n  (F = Bi = Bw; B ms is its Bi + Bw); gpipe and 1f1b: (P-1)/(M+P-1).\n",
       cores, virtual_stages, virtual_stages);
   std::printf("  %2s %-6s %3s %7s  %-21s %-21s %-21s %9s %8s %8s %6s %6s %7s %8s  %s\n", "P",
               "sched", "M", "theory", "idle, wall", "idle, normalized", "idle, replay", "imbalance",
               "norm-th", "repl-th", "F ms", "B ms", "step ms", "cpu/busy", "F+B ms per rank");
   int status = 0;
   int normalized_within = 0, replay_within = 0, total = 0, simulated_off = 0;
-  // The same for the interleaved jobs alone.
+  // The same for the interleaved jobs alone, and for zb_h1's.
   int interleaved_normalized = 0, interleaved_replay = 0, interleaved_total = 0;
+  int zero_bubble_normalized = 0, zero_bubble_replay = 0, zero_bubble_total = 0;
   double sampled_least = 1e9, sampled_most = 0;
   for (const Job& job : jobs) {
     auto bubble = Summarise(job);
@@ -203,7 +231,14 @@ int PrintBubble(const std::vector<Job>& jobs, int cores, int virtual_stages) {
       interleaved_normalized += std::abs(normalized_off) <= 5;
       interleaved_replay += std::abs(replay_off) <= 5;
     }
-    simulated_off += std::abs(bubble->simulated - theory) > 1e-9;
+    if (job.schedule == ScheduleKind::kZeroBubbleH1) {
+      ++zero_bubble_total;
+      zero_bubble_normalized += std::abs(normalized_off) <= 5;
+      zero_bubble_replay += std::abs(replay_off) <= 5;
+    } else {
+      // zb_h1's theory holds for F = Bi = Bw only; its own table compares.
+      simulated_off += std::abs(bubble->simulated - theory) > 1e-9;
+    }
     sampled_least = std::min(sampled_least, bubble->sampled_per_call);
     sampled_most = std::max(sampled_most, bubble->sampled_per_call);
     std::string per_rank;
@@ -216,66 +251,93 @@ int PrintBubble(const std::vector<Job>& jobs, int cores, int virtual_stages) {
         job.pp, Label(job).c_str(), job.microbatches, 100 * theory, Spread(bubble->wall).c_str(),
         Spread(bubble->normalized).c_str(), Spread(bubble->replay).c_str(),
         100 * Mean(bubble->mean_replay), normalized_off, replay_off, bubble->forward_ms,
-        bubble->backward_ms, bubble->span_ms, bubble->cpu_per_busy, per_rank.c_str());
+        bubble->WholeBackwardMs(), bubble->span_ms, bubble->cpu_per_busy, per_rank.c_str());
   }
   std::printf(
-      "  F, B, F+B: one micro-batch through one rank's part (int-V: one chunk's), CPU time. "
-      "cpu/busy: the\n  Forwards' and Backwards' CPU time over their normalized time (below 1: "
+      "  F, B, F+B: one micro-batch through one rank's part (int-V: one chunk's; zb_h1: B = Bi + "
+      "Bw), CPU time.\n  cpu/busy: the computes' CPU time over their normalized time (below 1: "
       "something else took the CPU,\n  or the normalization does not hold). Sampled CPU time of "
       "the actions over the CPU time of the\n  whole ForwardBackward: %.3f to %.3f. "
-      "SimulateSchedule with the mean F, B %s theory for every job.\n",
+      "SimulateSchedule with the mean F, B %s theory for every job\n  but zb_h1's (its "
+      "table below).\n",
       sampled_least, sampled_most, simulated_off == 0 ? "gives" : "does NOT give");
   std::printf(
       "  goal: measured bubble (mean over ranks) within 5 percentage points of theory: "
       "normalized %d of %d,\n  replay %d of %d; of which interleaved: normalized %d of %d, replay "
-      "%d of %d\n",
+      "%d of %d; zb_h1: normalized %d of %d,\n  replay %d of %d\n",
       normalized_within, total, replay_within, total, interleaved_normalized, interleaved_total,
-      interleaved_replay, interleaved_total);
+      interleaved_replay, interleaved_total, zero_bubble_normalized, zero_bubble_total,
+      zero_bubble_replay, zero_bubble_total);
   return status;
 }
 
-// zb_h1 is simulated only: the runtime refuses its split backward passes.
-// Its bubble from SimulateSchedule with 1F1B's measured mean F and B, the
-// backward split in equal halves (an assumption: nothing here measures Bi
-// and Bw), next to 1F1B's simulated the same way.
+// zb_h1's measured bubble against two predictions: the paper's
+// (P-1)/(3M+P-1), which assumes F = Bi = Bw, and SimulateSchedule with the
+// F, Bi and Bw it measured (CPU time, means over ranks), which is what its
+// lists give with the costs they really have, communication free and the
+// stages equal. Next to them, 1F1B's replay of the same (P, M) in this run.
 int PrintZeroBubble(const std::vector<Job>& jobs) {
-  std::printf(
-      "\nzb_h1, SIMULATED ONLY (not run: the runtime refuses zb_h1): SimulateSchedule with "
-      "1F1B's measured mean F, B\n  (CPU time, over ranks and steps) and Bi = Bw = B/2, "
-      "communication free; idle mean over ranks\n");
-  std::printf("  %2s %3s %6s %6s %10s %10s %10s\n", "P", "M", "F ms", "B ms", "1f1b sim",
-              "zb_h1 sim", "zb/1f1b");
-  int status = 0;
+  std::map<std::pair<int, int>, const Job*> one_f;
   for (const Job& job : jobs) {
-    if (job.schedule != ScheduleKind::k1F1B) continue;
+    if (job.schedule == ScheduleKind::k1F1B) one_f[{job.pp, job.microbatches}] = &job;
+  }
+  bool header = false;
+  int within[2][3] = {{0, 0, 0}, {0, 0, 0}}, total = 0;  // [theory, sim][wall, norm, replay]
+  for (const Job& job : jobs) {
+    if (job.schedule != ScheduleKind::kZeroBubbleH1) continue;
     auto bubble = Summarise(job);
     if (!bubble.ok()) continue;  // reported in the bubble table
-    const parallel::ScheduleSpec spec{ScheduleKind::kZeroBubbleH1, job.pp, job.microbatches, 1};
-    auto lists = parallel::BuildSchedule(spec);
-    if (!lists.ok()) {
-      std::printf("  %2d %3d zb_h1 failed: %s\n", job.pp, job.microbatches,
-                  lists.status().ToString().c_str());
-      status = 1;
-      continue;
+    if (!header) {
+      std::printf(
+          "\nzb_h1, measured: idle mean over ranks against theory = (P-1)/(3M+P-1) (the paper's, "
+          "F = Bi = Bw) and\n  sim = SimulateSchedule with the measured mean F, Bi, Bw (CPU time, "
+          "over ranks; communication free);\n  off: measured minus theory / minus sim, pp; 1f1b: "
+          "the same (P, M)'s replay in this run (its theory)\n");
+      std::printf("  %2s %3s %7s %7s %7s %7s %7s %9s %13s %13s %13s %6s %6s %6s %15s\n", "P", "M",
+                  "theory", "sim", "wall", "norm", "replay", "imbalance", "wall off", "norm off",
+                  "replay off", "F ms", "Bi ms", "Bw ms", "1f1b replay");
+      header = true;
     }
-    auto simulated = parallel::SimulateSchedule(
-        spec, *lists,
-        parallel::ActionCosts{bubble->forward_ms, bubble->backward_ms / 2,
-                              bubble->backward_ms / 2});
-    if (!simulated.ok()) {
-      std::printf("  %2d %3d zb_h1 failed: %s\n", job.pp, job.microbatches,
-                  simulated.status().ToString().c_str());
-      status = 1;
-      continue;
+    const double theory = Theory(job);
+    const double measured[3] = {Mean(bubble->wall), Mean(bubble->normalized), Mean(bubble->replay)};
+    std::string off[3];
+    for (int i = 0; i < 3; ++i) {
+      const double from_theory = 100 * (measured[i] - theory);
+      const double from_sim = 100 * (measured[i] - bubble->simulated);
+      within[0][i] += std::abs(from_theory) <= 5;
+      within[1][i] += std::abs(from_sim) <= 5;
+      char text[32];
+      std::snprintf(text, sizeof(text), "%+5.1f/%+5.1f", from_theory, from_sim);
+      off[i] = text;
     }
-    std::vector<double> fractions;
-    for (int rank = 0; rank < job.pp; ++rank) fractions.push_back(simulated->BubbleFraction(rank));
-    const double zero_bubble = Mean(fractions);
-    std::printf("  %2d %3d %6.1f %6.1f %9.1f%% %9.1f%% %10.3f\n", job.pp, job.microbatches,
-                bubble->forward_ms, bubble->backward_ms, 100 * bubble->simulated, 100 * zero_bubble,
-                zero_bubble / bubble->simulated);
+    ++total;
+    std::string reference = "-";
+    auto found = one_f.find({job.pp, job.microbatches});
+    if (found != one_f.end()) {
+      auto theirs = Summarise(*found->second);
+      if (theirs.ok()) {
+        char text[32];
+        std::snprintf(text, sizeof(text), "%.1f%% (%.1f%%)", 100 * Mean(theirs->replay),
+                      100 * Theory(*found->second));
+        reference = text;
+      }
+    }
+    std::printf(
+        "  %2d %3d %6.1f%% %6.1f%% %6.1f%% %6.1f%% %6.1f%% %8.1f%% %13s %13s %13s %6.1f %6.1f "
+        "%6.1f %15s\n",
+        job.pp, job.microbatches, 100 * theory, 100 * bubble->simulated, 100 * measured[0],
+        100 * measured[1], 100 * measured[2], 100 * Mean(bubble->mean_replay), off[0].c_str(),
+        off[1].c_str(), off[2].c_str(), bubble->forward_ms, bubble->backward_input_ms,
+        bubble->backward_weight_ms, reference.c_str());
   }
-  return status;
+  if (header) {
+    std::printf(
+        "  within 5 pp of theory: wall %d, normalized %d, replay %d of %d; of sim: wall %d, "
+        "normalized %d,\n  replay %d of %d\n",
+        within[0][0], within[0][1], within[0][2], total, within[1][0], within[1][1], within[1][2],
+        total);
+  }
+  return 0;
 }
 
 int PrintMemory(const std::vector<Job>& jobs, const worker::TrainConfig& config,
@@ -309,6 +371,23 @@ int PrintMemory(const std::vector<Job>& jobs, const worker::TrainConfig& config,
     std::printf("  ranks whose interleaved slots take no more than 1F1B's: %d of %d\n", below,
                 interleaved_ranks);
   }
+  header = false;
+  int zero_bubble_below = 0, zero_bubble_ranks = 0;
+  for (const Job& job : jobs) {
+    if (job.schedule != ScheduleKind::kZeroBubbleH1) continue;
+    auto gpipe = by.find({job.pp, job.microbatches, ScheduleKind::kGpipe});
+    auto one_f = by.find({job.pp, job.microbatches, ScheduleKind::k1F1B});
+    if (gpipe == by.end() || one_f == by.end()) continue;
+    if (!header) PrintZeroBubbleMemoryHeader();
+    header = true;
+    status |= PrintZeroBubbleMemoryRows(config.model, config.data.micro_batch, job.microbatches,
+                                        gpipe->second->run, one_f->second->run, job.run,
+                                        &zero_bubble_below, &zero_bubble_ranks);
+  }
+  if (header) {
+    std::printf("  ranks whose zb_h1 slots take no more than 1F1B's: %d of %d\n", zero_bubble_below,
+                zero_bubble_ranks);
+  }
   return status;
 }
 
@@ -341,7 +420,8 @@ int Main(int argc, char** argv) {
   int cores = CoresOfThisProcess();
   bool timeline = false;
   CLI::App app(
-      "bench_pp: pipeline bubble and activation memory, GPipe against 1F1B and interleaved 1F1B");
+      "bench_pp: pipeline bubble and activation memory, GPipe against 1F1B, interleaved 1F1B and "
+      "zb_h1");
   app.add_option("--pp", pps, "Pipeline ranks (P), as threads")->capture_default_str();
   app.add_option("--microbatches", microbatches, "Micro-batches per step (M)")
       ->capture_default_str();
@@ -381,10 +461,15 @@ int Main(int argc, char** argv) {
   int status = 0;
   for (int pp : pps) {
     for (int M : microbatches) {
-      for (ScheduleKind schedule :
-           {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B}) {
+      for (ScheduleKind schedule : {ScheduleKind::kGpipe, ScheduleKind::k1F1B,
+                                    ScheduleKind::kInterleaved1F1B, ScheduleKind::kZeroBubbleH1}) {
         const bool interleaved = schedule == ScheduleKind::kInterleaved1F1B;
         Job job{pp, M, schedule, interleaved ? virtual_stages : 1};
+        if (schedule == ScheduleKind::kZeroBubbleH1 && M < pp) {
+          // BuildSchedule refuses it: the pipeline would never fill.
+          std::printf("  P %d M %2d %-6s: skipped (M below P)\n", pp, M, Label(job).c_str());
+          continue;
+        }
         if (interleaved) {
           // What BuildSchedule and PipelineSplit would refuse: said once
           // here rather than as a failure.

@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "parallel/pipeline_schedule.h"
 #include "worker/model/model.h"
+#include "worker/pipeline.h"
 
 namespace muster::tools {
 namespace {
@@ -22,39 +22,18 @@ struct PartBytes {
   size_t per_slot = 0, scratch = 0;
 };
 
+// `split_backward`: the part as zb_h1's Pipeline makes it, each slot also
+// holding what PartBackwardInput leaves for PartBackwardWeight.
 absl::StatusOr<PartBytes> MeasurePart(const worker::ModelConfig& config, int micro_batch,
-                                      int first_block, int end_block) {
+                                      int first_block, int end_block, bool split_backward = false) {
   size_t bytes[2] = {0, 0};
   for (int slots : {1, 2}) {
     auto part = worker::GptModel::CreatePart(config, micro_batch, worker::Device::kCpu,
-                                             {first_block, end_block, slots});
+                                             {first_block, end_block, slots, split_backward});
     if (!part.ok()) return part.status();
     bytes[slots - 1] = (*part)->ActivationBytes();
   }
   return PartBytes{bytes[1] - bytes[0], 2 * bytes[0] - bytes[1]};
-}
-
-// The slots each of a rank's `chunks` gets for its `actions`, as
-// worker/pipeline.cc's SlotsNeeded sizes them (a copy: that one is
-// private): a micro-batch takes a chunk's slot at its first action there
-// and gives it back once its gradient is sent, or after the first stage's
-// backward; the most live at once, at least 1. ActivationBytes() is
-// checked against the result, so a drift between the two shows.
-std::vector<int> ChunkSlots(const std::vector<parallel::PipelineAction>& actions, int pp,
-                            int chunks) {
-  using Type = parallel::PipelineAction::Type;
-  std::vector<int> peak(chunks, 1);
-  std::vector<std::set<int>> live(chunks);
-  for (const parallel::PipelineAction& action : actions) {
-    const int c = action.stage / pp;
-    live[c].insert(action.microbatch);
-    peak[c] = std::max(peak[c], static_cast<int>(live[c].size()));
-    if (action.type == Type::kSendGradient ||
-        (action.type == Type::kBackward && action.stage == 0)) {
-      live[c].erase(action.microbatch);
-    }
-  }
-  return peak;
 }
 
 // The first block of pipeline stage `stage` under `split`.
@@ -171,7 +150,7 @@ int PrintInterleavedMemoryRows(const worker::ModelConfig& model, int micro_batch
   // Over ranks, the most: interleaved, 1F1B, GPipe; slots and with the scratch.
   double most_slots[3] = {0, 0, 0}, most_total[3] = {0, 0, 0};
   for (int rank = 0; rank < P; ++rank) {
-    const std::vector<int> slots = ChunkSlots((*lists)[rank], P, V);
+    const std::vector<int> slots = worker::PipelineSlots((*lists)[rank], P, V);
     std::string blocks_text, slots_text;
     size_t slot_bytes = 0, scratch = 0;
     int slots_sum = 0;
@@ -228,6 +207,103 @@ int PrintInterleavedMemoryRows(const worker::ModelConfig& model, int micro_batch
         bound, interleaved.peak_in_flight[rank], Mb(slot_bytes), Mb(scratch), Mb(counted),
         Mb(cells[1][0]), Mb(cells[1][1]), Mb(cells[2][0]), Mb(cells[2][1]),
         cells[0][0] / cells[1][0], cells[0][0] / cells[2][0]);
+  }
+  std::printf(
+      "  %2d %3d  the rank that holds most: slots %.1f MB = %.3f of 1F1B's, %.3f of GPipe's; with "
+      "the scratch %.1f MB = %.3f, %.3f\n",
+      P, M, Mb(most_slots[0]), most_slots[0] / most_slots[1], most_slots[0] / most_slots[2],
+      Mb(most_total[0]), most_total[0] / most_total[1], most_total[0] / most_total[2]);
+  return status;
+}
+
+void PrintZeroBubbleMemoryHeader() {
+  std::printf(
+      "\nzb_h1 activation memory per rank: parts made with split_backward, a slot also holding "
+      "each block's four\nmatmul output gradients (9 x B x T x C floats per block: +split MB); "
+      "slots as the Pipeline sizes them\n(worker::PipelineSlots: from a micro-batch's first "
+      "action on the rank to its Bw); bound = InFlightBound,\npeak = peak_in_flight(); 1F1B and "
+      "GPipe: the same (P, M) of the first table\n");
+  const char* format =
+      "  %2s %3s %4s %6s %8s %8s %10s %5s %5s %4s %9s %9s | %10s %9s | %11s %9s | %s\n";
+  std::printf(format, "P", "M", "rank", "blocks", "slot MB", "+split", "scratch MB", "slots",
+              "bound", "peak", "slots MB", "total MB", "1F1B slots", "total", "GPipe slots",
+              "total", "slots: /1F1B /GPipe; total: /1F1B");
+}
+
+int PrintZeroBubbleMemoryRows(const worker::ModelConfig& model, int micro_batch, int microbatches,
+                              const PipelineRun& gpipe, const PipelineRun& one_f,
+                              const PipelineRun& zero_bubble, int* below_one_f, int* compared) {
+  const int P = static_cast<int>(zero_bubble.split.size()), M = microbatches;
+  const parallel::ScheduleSpec spec{ScheduleKind::kZeroBubbleH1, P, M, 1};
+  auto lists = parallel::BuildSchedule(spec);
+  if (!lists.ok()) {
+    std::printf("  P %d M %d zb_h1: %s\n", P, M, lists.status().ToString().c_str());
+    return 1;
+  }
+  int status = 0;
+  // Over ranks, the most: zb_h1, 1F1B, GPipe; slots and with the scratch.
+  double most_slots[3] = {0, 0, 0}, most_total[3] = {0, 0, 0};
+  for (int rank = 0; rank < P; ++rank) {
+    const int first = FirstBlock(zero_bubble.split, rank);
+    const int blocks = zero_bubble.split[rank];
+    auto split = MeasurePart(model, micro_batch, first, first + blocks, /*split_backward=*/true);
+    auto whole = MeasurePart(model, micro_batch, first, first + blocks);
+    if (!split.ok() || !whole.ok()) {
+      std::printf("  part: %s\n",
+                  (split.ok() ? whole.status() : split.status()).ToString().c_str());
+      return 1;
+    }
+    // What split_backward adds per slot: fcproj and attproj (C each), fch
+    // (4C) and qkv (3C) per block and token.
+    const size_t extra = split->per_slot - whole->per_slot;
+    const size_t expected =
+        static_cast<size_t>(9) * micro_batch * model.seq_len * model.dim * blocks * sizeof(float);
+    if (extra != expected || split->scratch != whole->scratch) {
+      std::printf(
+          "  P %d M %d rank %d zb_h1: split part's slot +%zu bytes (expected 9 x B x T x C x "
+          "%d blocks = %zu), scratch %zu against %zu\n",
+          P, M, rank, extra, blocks, expected, split->scratch, whole->scratch);
+      status = 1;
+    }
+    const int slots = worker::PipelineSlots((*lists)[rank], P, 1)[0];
+    const int bound = parallel::InFlightBound(spec, rank);
+    const size_t slot_bytes = slots * split->per_slot;
+    const size_t counted = zero_bubble.activation_bytes[rank];
+    if (counted != split->scratch + slot_bytes) {
+      std::printf("  P %d M %d rank %d zb_h1: ActivationBytes %zu, not scratch + %d slots = %zu\n",
+                  P, M, rank, counted, slots, split->scratch + slot_bytes);
+      status = 1;
+    }
+    if (zero_bubble.peak_in_flight[rank] > bound) {
+      std::printf("  P %d M %d rank %d zb_h1: peak in flight %d above the bound %d\n", P, M, rank,
+                  zero_bubble.peak_in_flight[rank], bound);
+      status = 1;
+    }
+    auto one_f_slots = OneChunkSlotBytes(model, micro_batch, one_f, ScheduleKind::k1F1B, M, rank);
+    auto gpipe_slots = OneChunkSlotBytes(model, micro_batch, gpipe, ScheduleKind::kGpipe, M, rank);
+    if (!one_f_slots.ok() || !gpipe_slots.ok()) {
+      std::printf(
+          "  part: %s\n",
+          (one_f_slots.ok() ? gpipe_slots.status() : one_f_slots.status()).ToString().c_str());
+      return 1;
+    }
+    ++*compared;
+    *below_one_f += slot_bytes <= *one_f_slots;
+    const double cells[3][2] = {
+        {static_cast<double>(slot_bytes), static_cast<double>(counted)},
+        {static_cast<double>(*one_f_slots), static_cast<double>(one_f.activation_bytes[rank])},
+        {static_cast<double>(*gpipe_slots), static_cast<double>(gpipe.activation_bytes[rank])}};
+    for (int i = 0; i < 3; ++i) {
+      most_slots[i] = std::max(most_slots[i], cells[i][0]);
+      most_total[i] = std::max(most_total[i], cells[i][1]);
+    }
+    std::printf(
+        "  %2d %3d %4d %6d %8.2f %8.2f %10.2f %5d %5d %4d %9.1f %9.1f | %10.1f %9.1f | %11.1f "
+        "%9.1f | %5.3f %6.3f; %5.3f\n",
+        P, M, rank, blocks, Mb(split->per_slot), Mb(extra), Mb(split->scratch), slots, bound,
+        zero_bubble.peak_in_flight[rank], Mb(slot_bytes), Mb(counted), Mb(cells[1][0]),
+        Mb(cells[1][1]), Mb(cells[2][0]), Mb(cells[2][1]), cells[0][0] / cells[1][0],
+        cells[0][0] / cells[2][0], cells[0][1] / cells[1][1]);
   }
   std::printf(
       "  %2d %3d  the rank that holds most: slots %.1f MB = %.3f of 1F1B's, %.3f of GPipe's; with "

@@ -1,5 +1,5 @@
 // The activation memory part of tools/bench_pp: per pipeline rank, what
-// its model part holds under GPipe and under 1F1B.
+// its model parts hold under GPipe, 1F1B, interleaved 1F1B and zb_h1.
 //
 // GptModel::ActivationBytes() counts every slot's activations (the
 // schedule's in-flight bound of them: M under GPipe, P - rank under 1F1B)
@@ -14,12 +14,21 @@
 // Interleaved 1F1B runs V chunks per rank, each a model part of its own
 // with its own slots and its own backward scratch, and Pipeline sizes each
 // chunk's slots by the most micro-batches its list holds on that chunk at
-// once (from the first receive to the gradient sent), not by the bound.
+// once (from the first receive to the gradient sent), not by the bound
+// (worker::PipelineSlots, which the tool calls too).
 // Pipeline::ActivationBytes() sums the chunks; the tool rebuilds each
 // chunk's part as above and checks the sum against it. The rank's bound,
 // parallel::InFlightBound, and Pipeline::peak_in_flight() count virtual
 // micro-batches (one per chunk and micro-batch), each holding 1/V of a
 // rank's blocks.
+//
+// zb_h1 runs one part per rank made with ModelPart::split_backward: each
+// slot also keeps the four matmul output gradients of every block that Bi
+// computes and Bw reads (9 x B x T x C floats per block), and a
+// micro-batch keeps its slot from its first action on the rank to its Bw.
+// The tool builds the part both ways, checks that the difference is those
+// floats, and checks ActivationBytes() against scratch + slots x per slot,
+// slots as worker::PipelineSlots gives them for the rank's list.
 #pragma once
 
 #include "tools/bench_pp_threads.h"
@@ -48,5 +57,18 @@ int PrintInterleavedMemoryRows(const worker::ModelConfig& model, int micro_batch
                                int virtual_stages, const PipelineRun& gpipe,
                                const PipelineRun& one_f, const PipelineRun& interleaved,
                                int* below_one_f, int* compared);
+
+void PrintZeroBubbleMemoryHeader();
+
+// The rows of one (P, M) for zb_h1, next to GPipe's and 1F1B's runs of
+// the same (P, M). Adds to *below_one_f the ranks whose zb_h1 slots take
+// no more bytes than 1F1B's, to *compared every rank. Returns 1 when a part
+// cannot be built, the split part's slot is not 9 x B x T x C floats per
+// block larger than the whole one's (or its scratch differs),
+// ActivationBytes() is not scratch + slots x per slot, or peak_in_flight()
+// exceeds the bound, else 0.
+int PrintZeroBubbleMemoryRows(const worker::ModelConfig& model, int micro_batch, int microbatches,
+                              const PipelineRun& gpipe, const PipelineRun& one_f,
+                              const PipelineRun& zero_bubble, int* below_one_f, int* compared);
 
 }  // namespace muster::tools

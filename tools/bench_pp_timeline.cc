@@ -10,9 +10,26 @@ namespace {
 
 using Type = parallel::PipelineAction::Type;
 
-bool IsCompute(const parallel::PipelineAction& action) {
-  return action.type == Type::kForward || action.type == Type::kBackward;
+// The compute kinds, in the order of Kind() (the rest are messages).
+constexpr int kKinds = 4;
+
+// 0 F, 1 B, 2 Bi, 3 Bw; -1 for a send or receive, which is not work.
+int Kind(const parallel::PipelineAction& action) {
+  switch (action.type) {
+    case Type::kForward:
+      return 0;
+    case Type::kBackward:
+      return 1;
+    case Type::kBackwardInput:
+      return 2;
+    case Type::kBackwardWeight:
+      return 3;
+    default:
+      return -1;
+  }
 }
+
+bool IsCompute(const parallel::PipelineAction& action) { return Kind(action) >= 0; }
 
 struct Interval {
   int rank = 0;
@@ -106,9 +123,13 @@ StepIdle MeasureStep(const std::vector<RankStep>& ranks, int cores) {
   std::vector<double> busy_wall(pp, 0.0);
   step.busy_normalized_s.assign(pp, 0.0);
   step.busy_cpu_s.assign(pp, 0.0);
-  step.forward_cpu_s.assign(pp, 0.0);
-  step.backward_cpu_s.assign(pp, 0.0);
-  std::vector<int> forwards(pp, 0), backwards(pp, 0);
+  // Per kind (Kind()) and rank: the CPU time and count, for the means.
+  std::vector<double> cpu[kKinds];
+  std::vector<int> count[kKinds];
+  for (int kind = 0; kind < kKinds; ++kind) {
+    cpu[kind].assign(pp, 0.0);
+    count[kind].assign(pp, 0);
+  }
   double first = std::numeric_limits<double>::max(), last = 0;
   for (const Interval& interval : computes) {
     const int rank = interval.rank;
@@ -116,36 +137,47 @@ StepIdle MeasureStep(const std::vector<RankStep>& ranks, int cores) {
     last = std::max(last, interval.end);
     busy_wall[rank] += interval.end - interval.start;
     step.busy_normalized_s[rank] += clock.At(interval.end) - clock.At(interval.start);
-    const double cpu = ranks[rank].action_cpu_s[interval.action];
-    step.busy_cpu_s[rank] += cpu;
-    const bool forward = ranks[rank].times[interval.action].action.type == Type::kForward;
-    (forward ? step.forward_cpu_s : step.backward_cpu_s)[rank] += cpu;
-    ++(forward ? forwards : backwards)[rank];
+    const double took = ranks[rank].action_cpu_s[interval.action];
+    step.busy_cpu_s[rank] += took;
+    const int kind = Kind(ranks[rank].times[interval.action].action);
+    cpu[kind][rank] += took;
+    ++count[kind][rank];
   }
   step.span_wall_s = last - first;
   const double span_normalized = clock.At(last) - clock.At(first);
-  int all_forwards = 0, all_backwards = 0;
+  // Per kind: the mean per rank, and over every rank.
+  std::vector<double> mean[kKinds];
+  double all_mean[kKinds];
+  for (int kind = 0; kind < kKinds; ++kind) {
+    double total = 0;
+    int n = 0;
+    for (int rank = 0; rank < pp; ++rank) {
+      mean[kind].push_back(cpu[kind][rank] / std::max(count[kind][rank], 1));
+      total += cpu[kind][rank];
+      n += count[kind][rank];
+    }
+    all_mean[kind] = total / std::max(n, 1);
+  }
+  step.forward_cpu_s = mean[0];
+  step.backward_cpu_s = mean[1];
+  step.backward_input_cpu_s = mean[2];
+  step.backward_weight_cpu_s = mean[3];
+  step.forward_s = all_mean[0];
+  step.backward_s = all_mean[1];
+  step.backward_input_s = all_mean[2];
+  step.backward_weight_s = all_mean[3];
   std::vector<std::vector<double>> cpu_took(pp), mean_took(pp);
   for (int rank = 0; rank < pp; ++rank) {
     step.idle_wall.push_back(1 - busy_wall[rank] / step.span_wall_s);
     step.idle_normalized.push_back(1 - step.busy_normalized_s[rank] / span_normalized);
-    step.forward_s += step.forward_cpu_s[rank];
-    step.backward_s += step.backward_cpu_s[rank];
-    all_forwards += forwards[rank];
-    all_backwards += backwards[rank];
-    step.forward_cpu_s[rank] /= std::max(forwards[rank], 1);
-    step.backward_cpu_s[rank] /= std::max(backwards[rank], 1);
     for (size_t i = 0; i < ranks[rank].times.size(); ++i) {
-      const Type type = ranks[rank].times[i].action.type;
-      const bool compute = IsCompute(ranks[rank].times[i].action);
-      cpu_took[rank].push_back(compute ? ranks[rank].action_cpu_s[i] : 0.0);
-      mean_took[rank].push_back(!compute                 ? 0.0
-                                : type == Type::kForward ? step.forward_cpu_s[rank]
-                                                         : step.backward_cpu_s[rank]);
+      const int kind = Kind(ranks[rank].times[i].action);
+      // Every compute its own measured CPU time (Bi and Bw included), or
+      // the rank's mean of its kind.
+      cpu_took[rank].push_back(kind >= 0 ? ranks[rank].action_cpu_s[i] : 0.0);
+      mean_took[rank].push_back(kind >= 0 ? mean[kind][rank] : 0.0);
     }
   }
-  step.forward_s /= std::max(all_forwards, 1);
-  step.backward_s /= std::max(all_backwards, 1);
   step.idle_replay = Replay(ranks, cpu_took);
   step.idle_mean_replay = Replay(ranks, mean_took);
   return step;
