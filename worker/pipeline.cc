@@ -756,8 +756,24 @@ absl::Status Pipeline::OptimizerStep(GptModel* model, AdamW* optimizer, float lr
   // The wte copies have the same gradient and moments: the same step.
   optimizer->Step(lr, step, grad_scale);
   // ZeRO-1/2 keep the full parameters: the new slices go round now.
-  if (sharded() && options_.zero <= 2) return GatherParams();
-  return absl::OkStatus();
+  absl::Status status = absl::OkStatus();
+  if (sharded() && options_.zero <= 2) status = GatherParams();
+  if (!logged_memory_ && options_.log != nullptr) {
+    logged_memory_ = true;
+    auto bytes = [](size_t floats) { return static_cast<unsigned long long>(floats) * 4; };
+    const std::string owned =
+        sharded() ? absl::StrCat(", ", shard_params_.size(), " of them owned") : "";
+    std::fprintf(options_.log,
+                 "worker: pipeline rank %d (stage %d) memory between steps: params %llu B, grads "
+                 "%llu B, moments %llu B (%zu model stages held, %zu floats%s); activations "
+                 "%zu B\n",
+                 control_.rank(), stage(), bytes(part_params_.size() + shard_params_.size()),
+                 bytes(part_grads_.size() + shard_grads_.size()),
+                 2 * bytes(optimizer->moment_floats()), held_.size(), part_floats_, owned.c_str(),
+                 ActivationBytes());
+    std::fflush(options_.log);
+  }
+  return status;
 }
 
 void Pipeline::ZeroGrad(GptModel* model) {

@@ -85,6 +85,7 @@
 // Thread-safety: none; the training thread drives it.
 #pragma once
 
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <utility>
@@ -145,6 +146,9 @@ struct PipelineOptions {
   int virtual_stages = 1;  // V: stages per rank (interleaved_1f1b: 2 or more)
   std::vector<int> split;  // blocks per pipeline stage (pp x V); empty: balanced
   int zero = 3;            // the ZeRO stage when sharded (dims.dp_shard > 1): 1, 2 or 3
+  // Each rank prints its memory line here after its first optimizer step:
+  // what it keeps between steps (nullptr: nowhere).
+  FILE* log = nullptr;
 };
 
 class Pipeline final : public ParallelStrategy {
@@ -271,6 +275,7 @@ class Pipeline final : public ParallelStrategy {
   };
   std::vector<OwnedPiece> pieces_;
   std::vector<float> shard_params_, shard_grads_;
+  bool logged_memory_ = false;
   int peak_in_flight_ = 0;
   std::vector<ActionTime> times_;
 };

@@ -171,6 +171,7 @@ absl::StatusOr<std::unique_ptr<ParallelStrategy>> JoinPipeline(const TrainConfig
   options.virtual_stages = VirtualStages(config.parallel);
   options.split = config.parallel.pp_split;
   options.zero = config.parallel.zero;
+  options.log = stdout;
   // The channels from rank q to rank q + 1 (worker/pipeline.h, "Channels"),
   // and with virtual stages the one from the last rank back to the first,
   // made last: each rank makes its channels in ring order, so no two ranks
