@@ -2,8 +2,8 @@
 // `launch --standalone`, ranks as processes talking Gloo over loopback on
 // the CPU (worker/pipeline.h; the same combinations as threads:
 // pipeline_test.cc).
-//   - equivalence: PP=2 and PP=4 under GPipe and 1F1B, PP=2 under
-//     interleaved 1F1B, PP=4 under ZB-H1, DP=2 x PP=2 and FSDP (2 shards, ZeRO-3) x PP=2
+//   - equivalence: PP=2 and PP=4 under GPipe, 1F1B and interleaved 1F1B,
+//     PP=4 under ZB-H1, DP=2 x PP=2 and FSDP (2 shards, ZeRO-3) x PP=2
 //     follow the 1-process loss curve at the same global batch;
 //   - resume across pipeline layouts: a PP=2 checkpoint resumed under
 //     PP=2 is bit-exact, under 1 process, PP=4, DDP on 2 ranks and PP=2
@@ -120,6 +120,17 @@ TEST_CASE("PP=2 and PP=4 under GPipe and 1F1B, and DP=2 x PP=2, follow the 1-pro
     CHECK(losses.size() == kSteps);
     CheckFollows(losses, reference, name);
   }
+
+  // PP=4 under interleaved 1F1B: 8 pipeline stages, so 8 blocks, against
+  // its own 1-process run.
+  Job deep = pipeline;
+  deep.layers = 8;
+  std::map<int, double> deep_reference = Train(dir, "one_l8", 1, OneProcess(deep, 1));
+  deep.pp = 4;
+  deep.schedule = "interleaved_1f1b";
+  std::map<int, double> deep_losses = Train(dir, "pp4_interleaved", 4, deep);
+  CHECK(deep_losses.size() == kSteps);
+  CheckFollows(deep_losses, deep_reference, "pp4_interleaved");
 
   // DP=2 x PP=2 against its own 1-process run: micro_batch 1, 2 x 4
   // micro-steps.

@@ -47,7 +47,8 @@ TrainConfig SmallJob(int micro_batch, int micro_steps) {
 struct RankResult {
   std::string error;
   std::vector<float> losses, norms;
-  std::vector<float> wte;  // the tied wte, as the first and the last rank hold it
+  // The tied wte after each step, as the first and the last rank hold it.
+  std::vector<std::vector<float>> wte;
   int peak_in_flight = 0;
 };
 
@@ -160,13 +161,13 @@ std::vector<RankResult> Train(const TrainConfig& config, int dp, int pp, Schedul
       }
       result.losses.push_back(metrics->loss);
       result.norms.push_back(metrics->grad_norm);
+      auto wte = pipeline.Wte();
+      if (!wte.ok()) {
+        result.error = wte.status().ToString();
+        return 0;
+      }
+      result.wte.push_back(*std::move(wte));
     }
-    auto wte = pipeline.Wte();
-    if (!wte.ok()) {
-      result.error = wte.status().ToString();
-      return 0;
-    }
-    result.wte = *std::move(wte);
     result.peak_in_flight = pipeline.peak_in_flight();
     return 0;
   });
@@ -186,8 +187,12 @@ void CheckMatches(const std::vector<RankResult>& ranks, const RankResult& one, i
   // The tied wte: the first rank's and the last rank's copies, bit for bit.
   const RankResult& first = ranks[0];
   const RankResult& last = ranks[(pp - 1) * (ranks.size() / pp)];
-  REQUIRE_FALSE(first.wte.empty());
-  CHECK(first.wte == last.wte);
+  REQUIRE(first.wte.size() == one.losses.size());
+  for (size_t step = 0; step < first.wte.size(); ++step) {
+    INFO("after step " << step + 1);
+    REQUIRE_FALSE(first.wte[step].empty());
+    CHECK(first.wte[step] == last.wte[step]);
+  }
 }
 
 TEST_CASE("PP=2 and PP=4 under GPipe and 1F1B match one process at the same global batch") {
