@@ -206,6 +206,7 @@ std::optional<rdzv::RoundAssignment> Agent::AwaitJoinedRound(uint64_t round, int
     }
     return nullptr;
   };
+  spdlog::info("waiting for round {} of job {} to form", round, setup_.job_id);
   absl::StatusOr<pb::JobState> state = watcher_->WaitFor(
       [&](const pb::JobState& s) {
         return rdzv::IsTerminalPhase(s.phase()) || s.round() > round ||
@@ -234,6 +235,8 @@ absl::StatusOr<int> Agent::MasterPort(const rdzv::RoundAssignment& assignment) {
     return *port;
   }
   // RemoteStore::Get cannot be cancelled: a signal must end this wait.
+  spdlog::info("round {}: waiting for group rank 0 to publish the master port",
+               assignment.state.round());
   pb::GetRequest request;
   request.set_job_id(setup_.job_id);
   request.set_round(assignment.state.round());
@@ -418,6 +421,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
       done.set_round(round);
       done.set_member_id(member_id_);
       client.ReportDone(done).IgnoreError();  // the watcher tells what happened next
+      spdlog::info("round {}: this node's workers succeeded; waiting for the job to close", round);
       absl::StatusOr<pb::JobState> next = watcher_->WaitFor(
           [&](const pb::JobState& s) {
             return rdzv::IsTerminalPhase(s.phase()) || s.round() != round;

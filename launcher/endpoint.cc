@@ -173,6 +173,8 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
   setup.client = *std::move(connected);
 
   // One cheap call proves the service is there and takes our credentials.
+  // It waits (bounded) for a service still starting, as node 0's may be.
+  spdlog::info("connecting to the rendezvous service at {}", endpoint);
   rendezvous::v1::DescribeJobRequest probe;
   probe.set_job_id(setup.job_id);
   rdzv::CallOptions call;

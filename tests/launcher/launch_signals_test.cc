@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <memory>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "launcher/endpoint.h"
 #include "proto/rendezvous.pb.h"
@@ -90,6 +91,13 @@ struct FakeNode {
   std::unique_ptr<rdzv::LeaseKeeper> keeper;
 };
 
+// Whether launch's console `log` shows `line` within 30 s: the agent says
+// so just before it blocks in that wait (a signal that comes between the
+// two is seen by the wait at once), so no settling time is guessed.
+bool Logged(const std::string& log, const std::string& line) {
+  return WaitUntil([&] { return absl::StrContains(ReadFile(log), line); }, absl::Seconds(30));
+}
+
 // Sends SIGTERM; returns how long the agent took to exit (REQUIREs it did,
 // within 10 s, with 128+SIGTERM).
 absl::Duration TerminateAndTime(Child& agent, const std::string& log) {
@@ -111,7 +119,7 @@ TEST_CASE("SIGTERM while gathering: the agent leaves and exits at once") {
   Child agent = StartLaunch(AgentArgs(server->endpoint(), "gather"), dir.File("agent.log"));
   // Alone in a job of 2: it waits for a round that cannot form yet.
   REQUIRE(Holds(*client, "gather", [](const pb::JobState& s) { return s.nodes_pending() == 1; }));
-  absl::SleepFor(absl::Milliseconds(300));
+  REQUIRE(Logged(dir.File("agent.log"), "waiting for round 0 of job gather to form"));
   CHECK(TerminateAndTime(agent, dir.File("agent.log")) < kPromptExit);
   pb::JobState state = Describe(*client, "gather");
   CHECK(state.nodes_pending() == 0);  // by its Leave: the lease has a minute left
@@ -129,7 +137,7 @@ TEST_CASE("SIGTERM while waiting for MASTER_PORT: the agent leaves the round") {
   REQUIRE(Holds(*client, "port", [](const pb::JobState& s) {
     return s.phase() == pb::RUNNING && s.members_size() == 2;
   }));
-  absl::SleepFor(absl::Milliseconds(300));
+  REQUIRE(Logged(dir.File("agent.log"), "waiting for group rank 0 to publish the master port"));
   CHECK(TerminateAndTime(agent, dir.File("agent.log")) < kPromptExit);
   pb::JobState state = Describe(*client, "port");
   CHECK(state.round() == 1);
@@ -148,7 +156,7 @@ TEST_CASE("SIGTERM while waiting for the job to close after this node is done") 
   REQUIRE(Holds(*client, "done", [](const pb::JobState& s) {
     return s.phase() == pb::RUNNING && s.nodes_done() == 1;
   }));
-  absl::SleepFor(absl::Milliseconds(300));
+  REQUIRE(Logged(dir.File("agent.log"), "waiting for the job to close"));
   CHECK(TerminateAndTime(agent, dir.File("agent.log")) < kPromptExit);
   // A done member's Leave keeps it on the roster: the round may still
   // succeed once the fake node is done.
@@ -163,7 +171,8 @@ TEST_CASE("SIGTERM while a static node waits for node 0's service") {
       {"--rdzv_backend=static", "--nnodes=2", "--node_rank=1", "--master_addr=127.0.0.1",
        absl::StrCat("--master_port=", *port), "--no_python", "/bin/true"},
       dir.File("agent.log"));
-  absl::SleepFor(absl::Seconds(1));  // connecting, with nobody listening
+  // Connecting, with nobody listening.
+  REQUIRE(Logged(dir.File("agent.log"), "connecting to the rendezvous service at 127.0.0.1:"));
   CHECK(TerminateAndTime(agent, dir.File("agent.log")) < kPromptExit);
 }
 
