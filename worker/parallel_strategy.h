@@ -31,7 +31,7 @@
 //   ReduceGradients; clip from GradSumOfSquares; OptimizerStep; ZeroGrad
 //
 // Implementations: SingleProcess (below), Ddp (worker/ddp.h), Fsdp
-// (worker/fsdp.h). Pipeline parallelism is planned on this interface. Every method is
+// (worker/fsdp.h), Pipeline (worker/pipeline.h). Every method is
 // pure: a strategy states what it does at each point, even "nothing".
 //
 // Errors: those of the strategy's process groups (parallel/process_group.h)

@@ -1,15 +1,15 @@
 // Pipeline parallelism: the ParallelStrategy (worker/parallel_strategy.h)
 // that cuts the model into pipeline stages spread over pp ranks and runs a
 // step as a schedule of micro-batches (docs/parallel.md, "Pipeline
-// parallelism"). Composes with data parallelism: dp pipelines, each
-// stage's gradients averaged over the dp ranks that run it.
+// parallelism"). Composes with data parallelism: the dp ranks that run
+// the same stages average their gradients (ddp) or shard their state
+// (fsdp, "Sharding" below).
 //
 // Split. The model is cut into pp x V pipeline stages, each a contiguous
 // range of blocks (V, the virtual stages per rank, is 1 except for
 // interleaved 1F1B). Stage s runs on pipeline rank s % pp as its chunk
 // s / pp (Megatron-LM's interleaved placement), each chunk a model part
-// (GptModel::CreatePart): chunk 0 owns every stage's buffers and is the
-// model Build returns, the other chunks are bound to those buffers. The
+// (GptModel::CreatePart; chunk 0 is the model Build returns). The
 // first stage also runs the embedding, the last the final LayerNorm, the
 // LM head and the loss. The ranges are given, or balanced by FLOPs with
 // the head's classifier counted on the last stage (PipelineSplit). The LM

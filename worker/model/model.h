@@ -9,8 +9,8 @@
 //
 // Each stage owns ONE contiguous fp32 parameter buffer and one gradient
 // buffer of the same layout; tensors are named views into them. DDP buckets
-// are slices of these buffers; FSDP (planned) will shard them and pipeline
-// parallelism (planned) assign whole stages to ranks.
+// are slices of these buffers; FSDP (worker/fsdp.h) shards them, and
+// pipeline parallelism (worker/pipeline.h) assigns whole stages to ranks.
 //
 // B batch, T time (<= maxT), C channels, NH heads, V vocab, Vp V padded to
 // a multiple of 128, L layers.
@@ -190,7 +190,7 @@ class GptModel {
 
   // Per-stage hooks, the points where a parallel strategy acts on a stage
   // (worker/parallel_strategy.h): DDP reduces a stage's gradients once
-  // post_backward fires; FSDP (planned) gathers a stage's parameters at
+  // post_backward fires; FSDP gathers a stage's parameters at
   // pre_forward and pre_backward. Each gets the stage index.
   //   pre_forward(s)   before the first work that reads stage s's
   //                    parameters in Forward is issued;
