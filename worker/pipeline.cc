@@ -65,35 +65,6 @@ std::vector<bool> Releases(const std::vector<PipelineAction>& actions) {
   return last;
 }
 
-// Calls f(stage, in_stage, count, at) for each run of the flat ranges
-// `ranges` (sorted, disjoint) cut at the stages' boundaries (`stage_flat`:
-// where each stage starts, then the total); `at` counts floats from the
-// start of the ranges' concatenation.
-template <typename F>
-void ForEachStageRun(const std::vector<size_t>& stage_flat, const std::vector<FlatRange>& ranges,
-                     F f) {
-  size_t at = 0;
-  size_t stage = 0;
-  for (const FlatRange& range : ranges) {
-    uint64_t begin = range.begin, left = range.count;
-    while (left > 0) {
-      while (stage_flat[stage + 1] <= begin) ++stage;
-      const uint64_t n = std::min<uint64_t>(left, stage_flat[stage + 1] - begin);
-      f(static_cast<int>(stage), static_cast<size_t>(begin - stage_flat[stage]),
-        static_cast<size_t>(n), at);
-      begin += n;
-      left -= n;
-      at += n;
-    }
-  }
-}
-
-uint64_t Floats(const std::vector<FlatRange>& ranges) {
-  uint64_t total = 0;
-  for (const FlatRange& range : ranges) total += range.count;
-  return total;
-}
-
 absl::Status Invalid(const char* field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
 }
@@ -194,7 +165,7 @@ std::string Pipeline::Describe() const {
   std::string text = absl::StrCat(
       "pipeline (", parallel::ScheduleName(options_.schedule), ", ", dims_.pp, " ranks",
       V > 1 ? absl::StrCat(" x ", V, " virtual stages") : "", blocks, ") over ", backend_);
-  if (sharded()) {
+  if (dims_.dp_shard > 1) {
     absl::StrAppend(&text, ", each stage sharded over ", dims_.dp_shard, " ranks (ZeRO-",
                     options_.zero, ")");
     if (dims_.dp_replicate > 1) absl::StrAppend(&text, " x ", dims_.dp_replicate, " replicas");
@@ -246,7 +217,7 @@ absl::StatusOr<BuiltModel> Pipeline::Build(const BuildSpec& spec) {
         absl::StrCat("pipeline: the process groups do not match the degrees (dp ", dims_.dp(),
                      " x pp ", P, ", ", V, " virtual stages) for pipeline rank ", me.pp));
   }
-  if (sharded() && (options_.zero < 1 || options_.zero > 3)) {
+  if (dims_.dp_shard > 1 && (options_.zero < 1 || options_.zero > 3)) {
     return absl::InvalidArgumentError(
         absl::StrCat("parallel.zero: ", options_.zero, "; the ZeRO stages are 1, 2 and 3"));
   }
@@ -287,65 +258,14 @@ absl::StatusOr<BuiltModel> Pipeline::Build(const BuildSpec& spec) {
   }
   GptModel* model = built.model.get();
   model_ = model;
-  stage_flat_.assign(1, 0);
-  for (const Stage& st : model->stages()) {
-    stage_sizes_.push_back(st.size);
-    stage_flat_.push_back(stage_flat_.back() + st.size);
-  }
-  wte_floats_ = model->stages()[0].tensors[0].size;  // wte leads stage 0
-
-  // The held stages end to end, each initialised from the seed on its own
-  // (every rank computes the same weights, so the wte copies start equal).
-  held_ = HeldStages(stage());
-  part_offset_.assign(stage_sizes_.size(), 0);
-  for (int st : held_) {
-    part_offset_[st] = part_floats_;
-    part_floats_ += stage_sizes_[st];
-  }
-  part_params_.assign(part_floats_, 0.0f);
-  for (int st : held_) model->InitStageWeights(st, spec.seed, &part_params_[part_offset_[st]]);
-
-  ParamShard shard;
-  ParamShard::Group group;
-  // The last rank's stage 0 is the wte copy: its wpe is never used.
-  auto held_count = [&](int st) { return st == 0 && !first() ? wte_floats_ : stage_sizes_[st]; };
-  if (!sharded()) {
-    // AdamW over the held stages, in the arrays.
-    part_grads_.assign(part_floats_, 0.0f);
-    group.params = part_params_.data();
-    group.grads = part_grads_.data();
-    for (int st : held_) group.slices.push_back({st, 0, held_count(st), part_offset_[st]});
-  } else {
-    // AdamW over the owned slices, in the shard arrays.
-    const int n = dims_.dp_shard, j = me.shard;
-    size_t at = 0;
-    for (Piece& piece : Pieces(stage())) {
-      OwnedPiece owned;
-      for (int k = 0; k < n; ++k) owned.counts.push_back(Floats(SplitRanges(piece.ranges, n, k)));
-      owned.owned = SplitRanges(piece.ranges, n, j);
-      owned.piece = std::move(piece);
-      owned.at = at;
-      at += owned.counts[j];
-      pieces_.push_back(std::move(owned));
-    }
-    shard_params_.assign(at, 0.0f);
-    shard_grads_.assign(at, 0.0f);
-    for (const OwnedPiece& piece : pieces_) {
-      ForEachStageRun(stage_flat_, piece.owned, [&](int st, size_t in_stage, size_t n, size_t pos) {
-        std::copy_n(&part_params_[part_offset_[st] + in_stage], n, &shard_params_[piece.at + pos]);
-        group.slices.push_back({st, in_stage, n, piece.at + pos});
-      });
-    }
-    group.params = shard_params_.data();
-    group.grads = shard_grads_.data();
-    if (options_.zero == 3) {
-      // Gathered again before the first step's first forward.
-      part_params_.clear();
-      part_params_.shrink_to_fit();
-    }
-  }
-  Bind();
-  shard.groups.push_back(std::move(group));
+  PipelineLayout layout;
+  for (const Stage& st : model->stages()) layout.stage_sizes.push_back(st.size);
+  layout.wte_floats = model->stages()[0].tensors[0].size;  // wte leads stage 0
+  for (int p = 0; p < P; ++p) layout.held.push_back(HeldStages(p));
+  state_ = std::make_unique<PipelineState>(std::move(layout), dims_, control_.rank(), options_.zero,
+                                           g.pipeline, g.shard, g.replicate, &control_);
+  ParamShard shard = state_->Init(*model, spec.seed);
+  for (auto& chunk : chunks_) state_->AddPart(chunk->model);
   auto optimizer = AdamW::Create(model, spec.optim, std::move(shard));
   if (!optimizer.ok()) return optimizer.status();
   built.optimizer = *std::move(optimizer);
@@ -360,88 +280,11 @@ std::vector<int> Pipeline::HeldStages(int p) const {
     const auto [first_block, end_block] = Blocks(s);
     for (int b = first_block; b < end_block; ++b) held.push_back(1 + b);
   }
-  if (p == P - 1) held.push_back(static_cast<int>(stage_sizes_.size()) - 1);  // the head
+  if (p == P - 1) held.push_back(1 + model_->config().layers);  // the head
   return held;
 }
 
-std::vector<Pipeline::Piece> Pipeline::Pieces(int p) const {
-  const int P = dims_.pp;
-  std::vector<Piece> pieces;
-  Piece rest;
-  if (p == 0 || p == P - 1) {
-    pieces.push_back({{{0, wte_floats_}}, /*copy=*/p != 0});
-    if (p == 0) rest.ranges.push_back({wte_floats_, stage_sizes_[0] - wte_floats_});  // wpe
-  }
-  for (int st : HeldStages(p)) {
-    if (st != 0) AppendRange(&rest.ranges, {stage_flat_[st], stage_sizes_[st]});
-  }
-  pieces.push_back(std::move(rest));
-  return pieces;
-}
-
-std::vector<FlatRange> Pipeline::OwnedRanges(int p, int j, bool copy) const {
-  std::vector<FlatRange> owned;
-  for (const Piece& piece : Pieces(p)) {
-    if (piece.copy && !copy) continue;
-    for (const FlatRange& range : SplitRanges(piece.ranges, dims_.dp_shard, j)) {
-      AppendRange(&owned, range);
-    }
-  }
-  return owned;
-}
-
-void Pipeline::Bind() {
-  if (part_grads_.empty() && !(sharded() && options_.zero >= 2)) {
-    part_grads_.assign(part_floats_, 0.0f);
-  }
-  for (auto& chunk : chunks_) {
-    for (int st : held_) {
-      chunk->model->BindStage(st, part_params_.empty() ? nullptr : &part_params_[part_offset_[st]],
-                              part_grads_.empty() ? nullptr : &part_grads_[part_offset_[st]]);
-    }
-  }
-}
-
-absl::StatusOr<std::vector<float>> Pipeline::Wte() {
-  if (!first() && !last()) return std::vector<float>();
-  const bool gather = part_params_.empty();
-  if (gather) {
-    if (absl::Status gathered = GatherParams(); !gathered.ok()) return gathered;
-  }
-  std::vector<float> wte(part_params_.begin() + part_offset_[0],
-                         part_params_.begin() + part_offset_[0] + wte_floats_);
-  if (gather) {
-    part_params_.clear();
-    part_params_.shrink_to_fit();
-    Bind();
-  }
-  return wte;
-}
-
-absl::Status Pipeline::GatherParams() {
-  if (part_params_.empty()) {
-    part_params_.assign(part_floats_, 0.0f);
-    Bind();
-  }
-  std::vector<std::vector<float>> gathered(pieces_.size());
-  std::vector<std::shared_ptr<parallel::Work>> works;
-  const int j = dims_.Of(control_.rank()).shard;
-  for (size_t k = 0; k < pieces_.size(); ++k) {
-    const OwnedPiece& piece = pieces_[k];
-    gathered[k].resize(Floats(piece.piece.ranges));
-    works.push_back(
-        groups_.shard->AllGather(absl::MakeConstSpan(&shard_params_[piece.at], piece.counts[j]),
-                                 absl::MakeSpan(gathered[k]), piece.counts));
-  }
-  for (size_t k = 0; k < pieces_.size(); ++k) {
-    if (absl::Status status = works[k]->Wait(); !status.ok()) return status;
-    ForEachStageRun(stage_flat_, pieces_[k].piece.ranges,
-                    [&](int st, size_t in_stage, size_t n, size_t pos) {
-                      std::copy_n(&gathered[k][pos], n, &part_params_[part_offset_[st] + in_stage]);
-                    });
-  }
-  return absl::OkStatus();
-}
+absl::StatusOr<std::vector<float>> Pipeline::Wte() { return state_->Wte(); }
 
 absl::StatusOr<StepLoss> Pipeline::Run(const MicroBatches& batches,
                                        const std::vector<PipelineAction>& actions,
@@ -624,13 +467,7 @@ absl::StatusOr<StepLoss> Pipeline::ForwardBackward(GptModel* model, const MicroB
   auto schedule = parallel::BuildSchedule(
       {options_.schedule, dims_.pp, batches.count, options_.virtual_stages});
   if (!schedule.ok()) return schedule.status();
-  if (part_params_.empty()) {  // ZeRO-3: gathered for the step
-    if (absl::Status gathered = GatherParams(); !gathered.ok()) return gathered;
-  }
-  if (part_grads_.empty()) {  // ZeRO-2/3: released since the last step
-    part_grads_.assign(part_floats_, 0.0f);
-    Bind();
-  }
+  if (auto ready = state_->BeforeSchedule(/*backward=*/true); !ready.ok()) return ready.status();
   return Run(batches, (*schedule)[stage()], /*forward_only=*/false);
 }
 
@@ -646,196 +483,60 @@ absl::StatusOr<StepLoss> Pipeline::ForwardOnly(GptModel* model, const MicroBatch
       if (s + 1 < S) actions.push_back({Type::kSendActivation, m, s, (s + 1) % P});
     }
   }
-  const bool gather = part_params_.empty();  // ZeRO-3 between steps
-  if (gather) {
-    if (absl::Status gathered = GatherParams(); !gathered.ok()) return gathered;
-  }
+  auto gathered = state_->BeforeSchedule(/*backward=*/false);
+  if (!gathered.ok()) return gathered.status();
   auto loss = Run(batches, actions, /*forward_only=*/true);
-  if (gather) {
-    part_params_.clear();
-    part_params_.shrink_to_fit();
-    Bind();
-  }
+  state_->AfterForwardOnly(*gathered);
   return loss;
 }
 
 absl::Status Pipeline::ReduceGradients(GptModel* model) {
-  std::vector<Stage>& stages = model->stages();
   if (groups_.tied != nullptr && (first() || last())) {
     // The tied wte: the encoder's share (first rank) plus the head's (last).
+    const size_t wte = model->stages()[0].tensors[0].size;
     absl::Status summed =
-        groups_.tied
-            ->AllReduce(absl::MakeSpan(stages[0].grads, wte_floats_), parallel::ReduceOp::kSum)
+        groups_.tied->AllReduce(absl::MakeSpan(state_->grads(0), wte), parallel::ReduceOp::kSum)
             ->Wait();
     if (!summed.ok()) return summed;
   }
-  std::vector<std::shared_ptr<parallel::Work>> works;
-  auto wait_all = [&works]() {
-    absl::Status first_error;
-    for (auto& work : works) {
-      absl::Status status = work->Wait();
-      if (!status.ok() && first_error.ok()) first_error = status;
-    }
-    works.clear();
-    return first_error;
-  };
-  if (!sharded()) {
-    if (groups_.replicate == nullptr) return absl::OkStatus();
-    ForEachStageRun(
-        stage_flat_, ParamRanges(stage(), /*copy=*/true),
-        [&](int st, size_t in_stage, size_t n, size_t) {
-          works.push_back(groups_.replicate->AllReduce(
-              absl::MakeSpan(stages[st].grads + in_stage, n), parallel::ReduceOp::kAvg));
-        });
-    return wait_all();
-  }
-  // Each piece's full gradient, packed, reduce-scattered into the owned
-  // slice; then the replicas' mean of the slice.
-  const int j = dims_.Of(control_.rank()).shard;
-  std::vector<std::vector<float>> packed(pieces_.size());
-  for (size_t k = 0; k < pieces_.size(); ++k) {
-    const OwnedPiece& piece = pieces_[k];
-    packed[k].resize(Floats(piece.piece.ranges));
-    ForEachStageRun(stage_flat_, piece.piece.ranges,
-                    [&](int st, size_t in_stage, size_t n, size_t pos) {
-                      std::copy_n(&part_grads_[part_offset_[st] + in_stage], n, &packed[k][pos]);
-                    });
-    works.push_back(groups_.shard->ReduceScatter(
-        absl::MakeConstSpan(packed[k]), absl::MakeSpan(&shard_grads_[piece.at], piece.counts[j]),
-        piece.counts, parallel::ReduceOp::kAvg));
-  }
-  if (absl::Status reduced = wait_all(); !reduced.ok()) return reduced;
-  if (groups_.replicate != nullptr) {
-    works.push_back(
-        groups_.replicate->AllReduce(absl::MakeSpan(shard_grads_), parallel::ReduceOp::kAvg));
-    if (absl::Status reduced = wait_all(); !reduced.ok()) return reduced;
-  }
-  // Until the next step: ZeRO-2/3 keep no full gradient, ZeRO-3 no full
-  // parameters.
-  if (options_.zero >= 2) {
-    part_grads_.clear();
-    part_grads_.shrink_to_fit();
-  }
-  if (options_.zero == 3) {
-    part_params_.clear();
-    part_params_.shrink_to_fit();
-  }
-  Bind();
-  return absl::OkStatus();
+  return state_->ReduceGradients();
 }
 
 absl::StatusOr<double> Pipeline::GradSumOfSquares(GptModel* model) {
-  if (sharded()) {
-    // Each slice once: the first replica's, without the wte copy.
-    double local = 0.0;
-    const parallel::ParallelDims::Coordinates me = dims_.Of(control_.rank());
-    for (const OwnedPiece& piece : pieces_) {
-      if (piece.piece.copy || me.replicate != 0) continue;
-      local += model->ops().SumOfSquares(&shard_grads_[piece.at], piece.counts[me.shard]);
-    }
-    return control_.SumDouble(local);
-  }
-  std::vector<Stage>& stages = model->stages();
-  double local = 0.0;
-  size_t flat = 0;
-  std::vector<FlatRange> mine = ParamRanges(stage(), /*copy=*/false);
-  for (size_t s = 0; s < stages.size(); ++s) {
-    for (const FlatRange& range : mine) {
-      const uint64_t lo = std::max<uint64_t>(range.begin, flat);
-      const uint64_t hi = std::min<uint64_t>(range.begin + range.count, flat + stages[s].size);
-      if (lo < hi) local += model->ops().SumOfSquares(stages[s].grads + (lo - flat), hi - lo);
-    }
-    flat += stages[s].size;
-  }
-  parallel::Collectives pipeline(groups_.pipeline);
-  return pipeline.SumDouble(local);
+  return state_->GradSumOfSquares(model->ops());
 }
 
 absl::Status Pipeline::OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
                                      float grad_scale) {
   // The wte copies have the same gradient and moments: the same step.
   optimizer->Step(lr, step, grad_scale);
-  // ZeRO-1/2 keep the full parameters: the new slices go round now.
-  absl::Status status = absl::OkStatus();
-  if (sharded() && options_.zero <= 2) status = GatherParams();
+  absl::Status status = state_->AfterOptimizerStep();
   if (!logged_memory_ && options_.log != nullptr) {
     logged_memory_ = true;
-    auto bytes = [](size_t floats) { return static_cast<unsigned long long>(floats) * 4; };
-    const std::string owned =
-        sharded() ? absl::StrCat(", ", shard_params_.size(), " of them owned") : "";
     std::fprintf(options_.log,
-                 "worker: pipeline rank %d (stage %d) memory between steps: params %llu B, grads "
-                 "%llu B, moments %llu B (%zu model stages held, %zu floats%s); activations "
-                 "%zu B\n",
-                 control_.rank(), stage(), bytes(part_params_.size() + shard_params_.size()),
-                 bytes(part_grads_.size() + shard_grads_.size()),
-                 2 * bytes(optimizer->moment_floats()), held_.size(), part_floats_, owned.c_str(),
+                 "worker: pipeline rank %d (stage %d) memory between steps: %s, moments %llu B; "
+                 "activations %zu B\n",
+                 control_.rank(), stage(), state_->Describe().c_str(),
+                 static_cast<unsigned long long>(optimizer->moment_floats()) * 8,
                  ActivationBytes());
     std::fflush(options_.log);
   }
   return status;
 }
 
-void Pipeline::ZeroGrad(GptModel* model) {
-  std::fill(part_grads_.begin(), part_grads_.end(), 0.0f);
-}
-
-std::vector<FlatRange> Pipeline::ParamRanges(int p, bool copy) const {
-  const int P = dims_.pp;
-  std::vector<FlatRange> ranges;
-  std::vector<uint64_t> flat(stage_sizes_.size() + 1, 0);
-  for (size_t s = 0; s < stage_sizes_.size(); ++s) flat[s + 1] = flat[s] + stage_sizes_[s];
-  if (p == 0) {
-    AppendRange(&ranges, {0, stage_sizes_[0]});
-  } else if (copy && p == P - 1) {
-    AppendRange(&ranges, {0, wte_floats_});
-  }
-  // Rank p's pipeline stages p, p + P, ... run increasing block ranges.
-  for (int s = p; s < stages(); s += P) {
-    const auto [first_block, end_block] = Blocks(s);
-    for (int b = first_block; b < end_block; ++b) {
-      AppendRange(&ranges, {flat[1 + b], stage_sizes_[1 + b]});
-    }
-  }
-  if (p == P - 1) {
-    const size_t head = stage_sizes_.size() - 1;
-    AppendRange(&ranges, {flat[head], stage_sizes_[head]});
-  }
-  return ranges;
-}
+void Pipeline::ZeroGrad(GptModel* model) { state_->ZeroGrad(); }
 
 std::vector<std::vector<FlatRange>> Pipeline::CheckpointFiles(uint64_t total) const {
-  std::vector<std::vector<FlatRange>> files;
-  for (int rank = 0; rank < dims_.world(); ++rank) {
-    const parallel::ParallelDims::Coordinates at = dims_.Of(rank);
-    if (sharded()) {
-      // A shard's replicas hold the same slices: each writes its share.
-      const std::vector<FlatRange> state =
-          StateRanges(OwnedRanges(at.pp, at.shard, /*copy=*/false), total);
-      files.push_back(SplitRanges(state, dims_.dp_replicate, at.replicate));
-    } else {
-      // The pipelines hold the same stages: each writes its share.
-      const std::vector<FlatRange> state = StateRanges(ParamRanges(at.pp, /*copy=*/false), total);
-      files.push_back(SplitRanges(state, dims_.dp(), at.dp));
-    }
-  }
-  return files;
+  return state_->CheckpointFiles(total);
 }
 
 std::vector<FlatRange> Pipeline::CheckpointLoad(uint64_t total) const {
-  if (sharded()) {
-    const int j = dims_.Of(control_.rank()).shard;
-    return StateRanges(OwnedRanges(stage(), j, /*copy=*/true), total);
-  }
-  return StateRanges(ParamRanges(stage(), /*copy=*/true), total);
+  return state_->CheckpointLoad(total);
 }
 
 absl::Status Pipeline::StateLoaded(GptModel* model) {
-  // Loaded straight into the arrays AdamW updates, the wte copy with them;
-  // ZeRO-1/2 keep the full parameters, gathered from the loaded slices now
-  // (ZeRO-3 gathers before the next step).
-  if (sharded() && options_.zero <= 2) return GatherParams();
-  return absl::OkStatus();
+  // Loaded straight into the arrays AdamW updates, the wte copy with them.
+  return state_->StateLoaded();
 }
 
 }  // namespace muster::worker

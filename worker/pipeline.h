@@ -41,31 +41,10 @@
 // (parallel/pipeline_schedule.h) assumes. With V > 1 the channels form a
 // ring: the last rank's chunks feed the first rank's next chunks.
 //
-// Storage. A rank holds the parameters and gradients of the model stages
-// it runs and nothing else: its chunks are made with external storage and
-// bound to two arrays holding those stages end to end (the last rank's
-// stage 0 for the tied wte copy). Initial weights are computed stage by
-// stage from the seed.
-//
-// Sharding (parallel.strategy fsdp, dims.dp_shard above 1). The dp ranks
-// running the same stages shard their state as FSDP does (worker/fsdp.h):
-// each owns an even slice of the stages' flat parameters (the wte, which
-// two ranks hold, sharded on its own, so both copies' slices line up) and
-// keeps that slice's fp32 parameters, its gradient and the AdamW moments.
-// The step's schedule needs every parameter of the rank's stages for every
-// micro-batch, and the gradients accumulate over the micro-batches, so:
-//   ZeRO-1, 2   the full parameters are kept and all-gathered after each
-//               optimizer step;
-//   ZeRO-3      they are all-gathered before the step's first forward and
-//               freed once the schedule ends (as torchtitan does under a
-//               pipeline: resharding after every micro-batch's forward
-//               would gather M times);
-//   every level the full gradients accumulate over the schedule and are
-//               reduce-scattered (mean) into the owned slice after it;
-//               ZeRO-2 and 3 free them until the next step.
-// Replicas (dp_replicate above 1) then average the slice. The norm sums
-// each slice's squares once (the first replica's, the wte copy left out)
-// over the world.
+// Storage and sharding (worker/pipeline_state.h). A rank holds the
+// parameters and gradients of the model stages it runs and nothing else;
+// under parallel.strategy fsdp (dims.dp_shard above 1) the dp ranks that
+// run the same stages shard that state at ZeRO-1, 2 or 3.
 //
 // Loss and norm. Only the last stage computes losses (StepLoss::count is
 // 0 on other ranks). The gradient norm is the sum of each rank's stages'
@@ -97,6 +76,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/process_group.h"
 #include "worker/parallel_strategy.h"
+#include "worker/pipeline_state.h"
 
 namespace muster::worker {
 
@@ -206,31 +186,11 @@ class Pipeline final : public ParallelStrategy {
   int stages() const { return dims_.pp * options_.virtual_stages; }
   // Block range [first, end) of pipeline stage `s`.
   std::pair<int, int> Blocks(int s) const;
-  // The flat parameter ranges pipeline rank `p` writes (`copy`: with the
-  // last rank's wte copy, which it loads but does not write).
-  std::vector<FlatRange> ParamRanges(int p, bool copy) const;
   // Runs `actions` (this rank's); `forward_only`: they have no backwards,
   // so a micro-batch leaves the in-flight count with its slot.
-  bool sharded() const { return dims_.dp_shard > 1; }
   // The model stages pipeline rank `p` runs, in order (stage 0 on the last
   // rank: the wte copy).
   std::vector<int> HeldStages(int p) const;
-  // Pipeline rank `p`'s parameters in pieces sharded one by one: the wte
-  // (on the first and the last rank: `copy` marks the last's), then the
-  // rest. Flat ranges, sorted.
-  struct Piece {
-    std::vector<FlatRange> ranges;
-    bool copy = false;
-  };
-  std::vector<Piece> Pieces(int p) const;
-  // What shard rank `j` of pipeline rank `p` owns when sharded (`copy`:
-  // with the wte copy's slice).
-  std::vector<FlatRange> OwnedRanges(int p, int j, bool copy) const;
-  // Storage: (re)allocates the released arrays and points every chunk's
-  // held stages at them.
-  void Bind();
-  // Sharded: all-gathers the owned slices into the full parameters.
-  absl::Status GatherParams();
   // Drops the chunk's finished sends, returning the first error among
   // them; `wait`: waits for every send first.
   static absl::Status Sweep(Chunk* chunk, bool wait);
@@ -245,8 +205,6 @@ class Pipeline final : public ParallelStrategy {
   const std::string backend_;
   GptModel* model_ = nullptr;
   std::vector<int> split_;
-  std::vector<size_t> stage_sizes_;  // every stage of the model, in floats
-  size_t wte_floats_ = 0;
   std::vector<std::unique_ptr<Chunk>> chunks_;  // chunk c runs pipeline stage c * pp + stage()
   // The receive posted ahead on each incoming channel (activations,
   // gradients), into `buffer`; work is nullptr when none is.
@@ -256,25 +214,7 @@ class Pipeline final : public ParallelStrategy {
     std::shared_ptr<parallel::Work> work;
   };
   Posted posted_[2];
-  // Storage: the held stages end to end (part_offset_: where each model
-  // stage starts; only the held ones are meaningful). Empty while
-  // released (sharded, ZeRO-2/3).
-  std::vector<size_t> stage_flat_;  // where each model stage starts in the flat layout
-  std::vector<int> held_;
-  std::vector<size_t> part_offset_;
-  size_t part_floats_ = 0;
-  std::vector<float> part_params_, part_grads_;
-  // Sharded: this rank's pieces, the owned slice of each (counts over the
-  // shard ranks, and where it starts in the shard arrays), and the owned
-  // parameters and gradient end to end.
-  struct OwnedPiece {
-    Piece piece;
-    std::vector<FlatRange> owned;
-    std::vector<size_t> counts;
-    size_t at = 0;
-  };
-  std::vector<OwnedPiece> pieces_;
-  std::vector<float> shard_params_, shard_grads_;
+  std::unique_ptr<PipelineState> state_;  // after Build
   bool logged_memory_ = false;
   int peak_in_flight_ = 0;
   std::vector<ActionTime> times_;
