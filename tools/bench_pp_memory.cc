@@ -1,6 +1,7 @@
 #include "tools/bench_pp_memory.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -54,6 +55,44 @@ absl::StatusOr<size_t> OneChunkSlotBytes(const worker::ModelConfig& model, int m
   if (!part.ok()) return part.status();
   return parallel::InFlightBound({kind, P, M, 1}, rank) * part->per_slot;
 }
+
+// {slot bytes, with the scratch} of one rank: the schedule measured, 1F1B,
+// GPipe.
+using Cells = std::array<std::array<double, 2>, 3>;
+
+// A schedule's activation memory rank by rank next to 1F1B's and GPipe's
+// at the same (P, M), and the most any rank holds of each.
+struct AgainstOneChunk {
+  double most_slots[3] = {0, 0, 0}, most_total[3] = {0, 0, 0};
+
+  // Rank `rank`'s cells, the schedule's being `slot_bytes` and `counted`.
+  absl::StatusOr<Cells> Add(const worker::ModelConfig& model, int micro_batch,
+                            const PipelineRun& gpipe, const PipelineRun& one_f, int M, int rank,
+                            size_t slot_bytes, size_t counted) {
+    auto one_f_slots = OneChunkSlotBytes(model, micro_batch, one_f, ScheduleKind::k1F1B, M, rank);
+    if (!one_f_slots.ok()) return one_f_slots.status();
+    auto gpipe_slots = OneChunkSlotBytes(model, micro_batch, gpipe, ScheduleKind::kGpipe, M, rank);
+    if (!gpipe_slots.ok()) return gpipe_slots.status();
+    const Cells cells = {{
+        {static_cast<double>(slot_bytes), static_cast<double>(counted)},
+        {static_cast<double>(*one_f_slots), static_cast<double>(one_f.activation_bytes[rank])},
+        {static_cast<double>(*gpipe_slots), static_cast<double>(gpipe.activation_bytes[rank])},
+    }};
+    for (int i = 0; i < 3; ++i) {
+      most_slots[i] = std::max(most_slots[i], cells[i][0]);
+      most_total[i] = std::max(most_total[i], cells[i][1]);
+    }
+    return cells;
+  }
+
+  void PrintMost(int P, int M) const {
+    std::printf(
+        "  %2d %3d  the rank that holds most: slots %.1f MB = %.3f of 1F1B's, %.3f of GPipe's; "
+        "with the scratch %.1f MB = %.3f, %.3f\n",
+        P, M, Mb(most_slots[0]), most_slots[0] / most_slots[1], most_slots[0] / most_slots[2],
+        Mb(most_total[0]), most_total[0] / most_total[1], most_total[0] / most_total[2]);
+  }
+};
 
 }  // namespace
 
@@ -147,8 +186,7 @@ int PrintInterleavedMemoryRows(const worker::ModelConfig& model, int micro_batch
     return 1;
   }
   int status = 0;
-  // Over ranks, the most: interleaved, 1F1B, GPipe; slots and with the scratch.
-  double most_slots[3] = {0, 0, 0}, most_total[3] = {0, 0, 0};
+  AgainstOneChunk against;
   for (int rank = 0; rank < P; ++rank) {
     const std::vector<int> slots = worker::PipelineSlots((*lists)[rank], P, V);
     std::string blocks_text, slots_text;
@@ -182,24 +220,15 @@ int PrintInterleavedMemoryRows(const worker::ModelConfig& model, int micro_batch
                   rank, interleaved.peak_in_flight[rank], bound);
       status = 1;
     }
-    auto one_f_slots = OneChunkSlotBytes(model, micro_batch, one_f, ScheduleKind::k1F1B, M, rank);
-    auto gpipe_slots = OneChunkSlotBytes(model, micro_batch, gpipe, ScheduleKind::kGpipe, M, rank);
-    if (!one_f_slots.ok() || !gpipe_slots.ok()) {
-      std::printf(
-          "  part: %s\n",
-          (one_f_slots.ok() ? gpipe_slots.status() : one_f_slots.status()).ToString().c_str());
+    auto compared_cells =
+        against.Add(model, micro_batch, gpipe, one_f, M, rank, slot_bytes, counted);
+    if (!compared_cells.ok()) {
+      std::printf("  part: %s\n", compared_cells.status().ToString().c_str());
       return 1;
     }
     ++*compared;
-    *below_one_f += slot_bytes <= *one_f_slots;
-    const double cells[3][2] = {
-        {static_cast<double>(slot_bytes), static_cast<double>(counted)},
-        {static_cast<double>(*one_f_slots), static_cast<double>(one_f.activation_bytes[rank])},
-        {static_cast<double>(*gpipe_slots), static_cast<double>(gpipe.activation_bytes[rank])}};
-    for (int i = 0; i < 3; ++i) {
-      most_slots[i] = std::max(most_slots[i], cells[i][0]);
-      most_total[i] = std::max(most_total[i], cells[i][1]);
-    }
+    const Cells& cells = *compared_cells;
+    *below_one_f += cells[0][0] <= cells[1][0];
     std::printf(
         "  %2d %3d %4d %-8s %-8s %5d %4d %9.1f %10.1f %9.1f | %10.1f %9.1f | %11.1f %9.1f | "
         "%5.3f %6.3f\n",
@@ -208,11 +237,7 @@ int PrintInterleavedMemoryRows(const worker::ModelConfig& model, int micro_batch
         Mb(cells[1][0]), Mb(cells[1][1]), Mb(cells[2][0]), Mb(cells[2][1]),
         cells[0][0] / cells[1][0], cells[0][0] / cells[2][0]);
   }
-  std::printf(
-      "  %2d %3d  the rank that holds most: slots %.1f MB = %.3f of 1F1B's, %.3f of GPipe's; with "
-      "the scratch %.1f MB = %.3f, %.3f\n",
-      P, M, Mb(most_slots[0]), most_slots[0] / most_slots[1], most_slots[0] / most_slots[2],
-      Mb(most_total[0]), most_total[0] / most_total[1], most_total[0] / most_total[2]);
+  against.PrintMost(P, M);
   return status;
 }
 
@@ -241,8 +266,7 @@ int PrintZeroBubbleMemoryRows(const worker::ModelConfig& model, int micro_batch,
     return 1;
   }
   int status = 0;
-  // Over ranks, the most: zb_h1, 1F1B, GPipe; slots and with the scratch.
-  double most_slots[3] = {0, 0, 0}, most_total[3] = {0, 0, 0};
+  AgainstOneChunk against;
   for (int rank = 0; rank < P; ++rank) {
     const int first = FirstBlock(zero_bubble.split, rank);
     const int blocks = zero_bubble.split[rank];
@@ -279,24 +303,15 @@ int PrintZeroBubbleMemoryRows(const worker::ModelConfig& model, int micro_batch,
                   zero_bubble.peak_in_flight[rank], bound);
       status = 1;
     }
-    auto one_f_slots = OneChunkSlotBytes(model, micro_batch, one_f, ScheduleKind::k1F1B, M, rank);
-    auto gpipe_slots = OneChunkSlotBytes(model, micro_batch, gpipe, ScheduleKind::kGpipe, M, rank);
-    if (!one_f_slots.ok() || !gpipe_slots.ok()) {
-      std::printf(
-          "  part: %s\n",
-          (one_f_slots.ok() ? gpipe_slots.status() : one_f_slots.status()).ToString().c_str());
+    auto compared_cells =
+        against.Add(model, micro_batch, gpipe, one_f, M, rank, slot_bytes, counted);
+    if (!compared_cells.ok()) {
+      std::printf("  part: %s\n", compared_cells.status().ToString().c_str());
       return 1;
     }
     ++*compared;
-    *below_one_f += slot_bytes <= *one_f_slots;
-    const double cells[3][2] = {
-        {static_cast<double>(slot_bytes), static_cast<double>(counted)},
-        {static_cast<double>(*one_f_slots), static_cast<double>(one_f.activation_bytes[rank])},
-        {static_cast<double>(*gpipe_slots), static_cast<double>(gpipe.activation_bytes[rank])}};
-    for (int i = 0; i < 3; ++i) {
-      most_slots[i] = std::max(most_slots[i], cells[i][0]);
-      most_total[i] = std::max(most_total[i], cells[i][1]);
-    }
+    const Cells& cells = *compared_cells;
+    *below_one_f += cells[0][0] <= cells[1][0];
     std::printf(
         "  %2d %3d %4d %6d %8.2f %8.2f %10.2f %5d %5d %4d %9.1f %9.1f | %10.1f %9.1f | %11.1f "
         "%9.1f | %5.3f %6.3f; %5.3f\n",
@@ -305,11 +320,7 @@ int PrintZeroBubbleMemoryRows(const worker::ModelConfig& model, int micro_batch,
         Mb(cells[1][1]), Mb(cells[2][0]), Mb(cells[2][1]), cells[0][0] / cells[1][0],
         cells[0][0] / cells[2][0], cells[0][1] / cells[1][1]);
   }
-  std::printf(
-      "  %2d %3d  the rank that holds most: slots %.1f MB = %.3f of 1F1B's, %.3f of GPipe's; with "
-      "the scratch %.1f MB = %.3f, %.3f\n",
-      P, M, Mb(most_slots[0]), most_slots[0] / most_slots[1], most_slots[0] / most_slots[2],
-      Mb(most_total[0]), most_total[0] / most_total[1], most_total[0] / most_total[2]);
+  against.PrintMost(P, M);
   return status;
 }
 
