@@ -121,6 +121,15 @@ int RunYaml(const TempDir& dir, const std::string& name, int world, const std::s
   return exit->ShellCode();
 }
 
+std::string RefusedYaml(const TempDir& dir, const std::string& name, int world,
+                        const std::string& yaml) {
+  const int code = RunYaml(dir, name, world, yaml, {"--max_restarts=0"});
+  std::string log = ReadFile(dir.File(name + ".log"));
+  INFO(name << ":\n" << log);
+  CHECK(code == 2);
+  return log;
+}
+
 std::map<int, double> TrainYaml(const TempDir& dir, const std::string& name, int world,
                                 const std::string& yaml) {
   int code = RunYaml(dir, name, world, yaml);

@@ -37,6 +37,12 @@ std::string CheckpointYaml(const TempDir& dir, const std::string& name, int ever
 int RunYaml(const TempDir& dir, const std::string& name, int world, const std::string& yaml,
             const std::vector<std::string>& launch_flags = {});
 
+// RunYaml, without restarts, for a config the worker must refuse: CHECKs
+// that launch exits 2, as the worker does on a bad config, and returns
+// launch's console (<name>.log) for the caller to look for the fields.
+std::string RefusedYaml(const TempDir& dir, const std::string& name, int world,
+                        const std::string& yaml);
+
 // RunYaml for a job that must succeed (REQUIREd); returns rank 0's losses
 // from <name>.jsonl, so the yaml's metrics_file must be that.
 std::map<int, double> TrainYaml(const TempDir& dir, const std::string& name, int world,
