@@ -63,9 +63,12 @@ using Cells = std::array<std::array<double, 2>, 3>;
 // A schedule's activation memory rank by rank next to 1F1B's and GPipe's
 // at the same (P, M), and the most any rank holds of each.
 struct AgainstOneChunk {
+  int* below_one_f;  // ranks whose slots are at most 1F1B's
+  int* compared;     // ranks compared
   double most_slots[3] = {0, 0, 0}, most_total[3] = {0, 0, 0};
 
-  // Rank `rank`'s cells, the schedule's being `slot_bytes` and `counted`.
+  // Rank `rank`'s cells, the schedule's being `slot_bytes` and `counted`;
+  // counts the rank.
   absl::StatusOr<Cells> Add(const worker::ModelConfig& model, int micro_batch,
                             const PipelineRun& gpipe, const PipelineRun& one_f, int M, int rank,
                             size_t slot_bytes, size_t counted) {
@@ -82,6 +85,8 @@ struct AgainstOneChunk {
       most_slots[i] = std::max(most_slots[i], cells[i][0]);
       most_total[i] = std::max(most_total[i], cells[i][1]);
     }
+    ++*compared;
+    *below_one_f += cells[0][0] <= cells[1][0];
     return cells;
   }
 
@@ -186,7 +191,7 @@ int PrintInterleavedMemoryRows(const worker::ModelConfig& model, int micro_batch
     return 1;
   }
   int status = 0;
-  AgainstOneChunk against;
+  AgainstOneChunk against{below_one_f, compared};
   for (int rank = 0; rank < P; ++rank) {
     const std::vector<int> slots = worker::PipelineSlots((*lists)[rank], P, V);
     std::string blocks_text, slots_text;
@@ -226,9 +231,7 @@ int PrintInterleavedMemoryRows(const worker::ModelConfig& model, int micro_batch
       std::printf("  part: %s\n", compared_cells.status().ToString().c_str());
       return 1;
     }
-    ++*compared;
     const Cells& cells = *compared_cells;
-    *below_one_f += cells[0][0] <= cells[1][0];
     std::printf(
         "  %2d %3d %4d %-8s %-8s %5d %4d %9.1f %10.1f %9.1f | %10.1f %9.1f | %11.1f %9.1f | "
         "%5.3f %6.3f\n",
@@ -266,7 +269,7 @@ int PrintZeroBubbleMemoryRows(const worker::ModelConfig& model, int micro_batch,
     return 1;
   }
   int status = 0;
-  AgainstOneChunk against;
+  AgainstOneChunk against{below_one_f, compared};
   for (int rank = 0; rank < P; ++rank) {
     const int first = FirstBlock(zero_bubble.split, rank);
     const int blocks = zero_bubble.split[rank];
@@ -309,9 +312,7 @@ int PrintZeroBubbleMemoryRows(const worker::ModelConfig& model, int micro_batch,
       std::printf("  part: %s\n", compared_cells.status().ToString().c_str());
       return 1;
     }
-    ++*compared;
     const Cells& cells = *compared_cells;
-    *below_one_f += cells[0][0] <= cells[1][0];
     std::printf(
         "  %2d %3d %4d %6d %8.2f %8.2f %10.2f %5d %5d %4d %9.1f %9.1f | %10.1f %9.1f | %11.1f "
         "%9.1f | %5.3f %6.3f; %5.3f\n",
