@@ -306,8 +306,10 @@ absl::StatusOr<StepLoss> Pipeline::Run(const MicroBatches& batches,
     if (absl::Status swept = Sweep(&chunk, /*wait=*/false); !swept.ok()) return swept;
     std::vector<std::shared_ptr<parallel::Work>>& works = chunk.sending[slot];
     if (!works.empty()) {
-      // Its sends are still on their way: they keep their buffers.
-      Chunk::Sending old{std::vector<float>(floats), std::vector<float>(floats), {}};
+      // Its sends are still on their way: they keep their buffers, and the
+      // slot gets new ones of the same (largest micro-batch's) size.
+      const size_t size = chunk.act_out[slot].size();
+      Chunk::Sending old{std::vector<float>(size), std::vector<float>(size), {}};
       old.act_out.swap(chunk.act_out[slot]);
       old.grad_in.swap(chunk.grad_in[slot]);
       old.works.swap(works);
