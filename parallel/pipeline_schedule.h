@@ -4,7 +4,7 @@
 // simulator runs those lists against each other to check them (no
 // deadlock, channel order, every forward before its backward, the
 // in-flight bound) and to predict the bubble. The pipeline runtime
-// (worker/pipeline.h) executes the lists.
+// (worker/strategy/pipeline/pipeline.h) executes the lists.
 //
 // Stages. With P ranks and V virtual stages per rank the model is cut into
 // P * V pipeline stages; stage s lives on rank s % P, as chunk s / P of that
@@ -52,7 +52,7 @@
 // workers maintain the same number of in-flight microbatches"), but rank r
 // only P - r of them from F to Bi; between Bi and Bw a micro-batch needs
 // only what Bw reads, less than B does, so a runtime that freed the rest
-// at Bi would peak at rank 0's memory, as in 1F1B. (worker/pipeline.h's
+// at Bi would peak at rank 0's memory, as in 1F1B. (worker/strategy/pipeline/pipeline.h's
 // does not yet: a slot is kept whole until Bw, with the output gradients
 // Bw reads on top.)
 //

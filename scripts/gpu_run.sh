@@ -42,7 +42,7 @@
 #              uninterrupted run's bit for bit. (Under launch the agent stops
 #              rank 0 the moment rank 1 dies, so this does not show rank 0
 #              leaving its collective by itself: on the CPU that is
-#              //tests/worker:ddp_watchdog_test and ddp_launch_test.)
+#              //tests/worker/strategy:ddp_watchdog_test and ddp_launch_test.)
 #   (GPU_RUN_DEVICE=cpu: ddp1, ddp2 and ddpkill run on the CPU over Gloo as a
 #   dry run of the script; ddpnccl2 is skipped)
 #   (curve, determinism and resume compare metrics files with

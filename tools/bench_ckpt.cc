@@ -25,8 +25,8 @@
 #include "worker/checkpoint/manager.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/reader.h"
-#include "worker/data.h"
-#include "worker/trainer.h"
+#include "worker/data/data.h"
+#include "worker/trainer/trainer.h"
 
 namespace muster::worker {
 namespace {

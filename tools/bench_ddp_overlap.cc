@@ -6,8 +6,8 @@
 
 #include "parallel/gradient_reducer.h"
 #include "parallel/local_ranks.h"
-#include "worker/ddp.h"
-#include "worker/trainer.h"
+#include "worker/strategy/ddp/ddp.h"
+#include "worker/trainer/trainer.h"
 
 namespace muster::tools {
 namespace {

@@ -23,7 +23,7 @@
 #include <cstddef>
 
 #include "absl/status/statusor.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 namespace muster::tools {
 

@@ -11,7 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "launcher/process.h"
 #include "launcher/worker_env.h"
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 namespace muster::tools {
 namespace {

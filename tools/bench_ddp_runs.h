@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 namespace muster::tools {
 

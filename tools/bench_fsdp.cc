@@ -1,4 +1,4 @@
-// bench_fsdp: what sharding the training state (worker/fsdp.h) costs and
+// bench_fsdp: what sharding the training state (worker/strategy/fsdp/fsdp.h) costs and
 // saves on this machine's CPU, against DDP.
 //   1. throughput at N ranks as threads (tools/bench_fsdp_threads.h) of
 //      bench_ddp's small GPT: DDP, FSDP ZeRO-1, ZeRO-2 and ZeRO-3 in
@@ -33,9 +33,9 @@
 #include "tools/bench_fsdp_rss.h"
 #include "tools/bench_fsdp_threads.h"
 #include "tools/bench_util.h"
-#include "worker/data.h"
-#include "worker/fsdp.h"
+#include "worker/data/data.h"
 #include "worker/model/model.h"
+#include "worker/strategy/fsdp/fsdp.h"
 
 namespace muster::tools {
 namespace {
@@ -167,7 +167,7 @@ int PrintThroughput(const worker::TrainConfig& config, int nproc, int warmup, in
 }
 
 // The floats of every stage of `config`'s model, and the most one of
-// `ranks` shard ranks owns (worker/fsdp.h: EvenCounts per stage, rank 0
+// `ranks` shard ranks owns (worker/strategy/fsdp/fsdp.h: EvenCounts per stage, rank 0
 // gets the remainders).
 absl::Status StateFloats(const worker::ModelConfig& config, int ranks, uint64_t* total,
                          uint64_t* owned_max) {

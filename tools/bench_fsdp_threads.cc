@@ -11,9 +11,9 @@
 #include "parallel/parallel_dims.h"
 #include "parallel/process_group.h"
 #include "rendezvous/client/store.h"
-#include "worker/ddp.h"
-#include "worker/fsdp.h"
-#include "worker/trainer.h"
+#include "worker/strategy/ddp/ddp.h"
+#include "worker/strategy/fsdp/fsdp.h"
+#include "worker/trainer/trainer.h"
 
 namespace muster::tools {
 namespace {
@@ -86,7 +86,7 @@ class RecordingGroup final : public parallel::ProcessGroup {
   std::vector<Collective> recorded_;
 };
 
-// The gradient norm's all-gather (worker/fsdp.cc, GradSumOfSquares): two
+// The gradient norm's all-gather (worker/strategy/fsdp/fsdp.cc, GradSumOfSquares): two
 // floats from every rank, not counted in Fsdp::waits().
 bool IsNormGather(const Collective& collective) {
   return collective.gather && std::all_of(collective.counts.begin(), collective.counts.end(),

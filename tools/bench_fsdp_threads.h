@@ -31,7 +31,7 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 namespace muster::tools {
 

@@ -48,7 +48,7 @@
 #include "launcher/worker_env.h"
 #include "worker/model/model.h"
 #include "worker/model/ops.h"
-#include "worker/optim.h"
+#include "worker/optim/optim.h"
 
 namespace muster::worker {
 namespace {

@@ -1,4 +1,4 @@
-// bench_pp: what pipeline parallelism (worker/pipeline.h) idles and holds
+// bench_pp: what pipeline parallelism (worker/strategy/pipeline/pipeline.h) idles and holds
 // on this machine's CPU, GPipe against 1F1B, interleaved 1F1B (V virtual
 // stages per rank, --virtual-stages; skipped where M is not a multiple of
 // P or the model has fewer than P x V blocks) and zb_h1 (every backward
@@ -51,7 +51,7 @@
 #include "tools/bench_pp_threads.h"
 #include "tools/bench_pp_timeline.h"
 #include "tools/bench_util.h"
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 namespace muster::tools {
 namespace {

@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "parallel/pipeline_schedule.h"
 #include "worker/model/model.h"
-#include "worker/pipeline.h"
+#include "worker/strategy/pipeline/pipeline.h"
 
 namespace muster::tools {
 namespace {

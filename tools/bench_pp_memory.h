@@ -8,7 +8,7 @@
 // with 1 and with 2 slots: per slot = the difference, scratch = the rest;
 // the tool checks that the trained part's ActivationBytes() is scratch +
 // slots x per slot. Pipeline::peak_in_flight() is shown next to the bound.
-// Not counted: the Pipeline's own message buffers (worker/pipeline.cc,
+// Not counted: the Pipeline's own message buffers (worker/strategy/pipeline/pipeline.cc,
 // 4 x B x T x C floats per slot), sized by the same bound.
 //
 // Interleaved 1F1B runs V chunks per rank, each a model part of its own
@@ -32,7 +32,7 @@
 #pragma once
 
 #include "tools/bench_pp_threads.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 namespace muster::tools {
 

@@ -14,7 +14,7 @@
 #include "parallel/process_group.h"
 #include "rendezvous/client/store.h"
 #include "tools/bench_pp_cpu.h"
-#include "worker/trainer.h"
+#include "worker/trainer/trainer.h"
 
 namespace muster::tools {
 namespace {

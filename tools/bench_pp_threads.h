@@ -5,7 +5,7 @@
 // neighbouring ranks (with virtual stages also from the last rank back to
 // the first, closing the ring interleaved 1F1B sends over), the pipeline
 // group and the tied group of the first and last rank, as worker_main
-// builds them (tests/worker/pipeline_test.cc builds the same).
+// builds them (tests/worker/strategy/pipeline_test.cc builds the same).
 //
 // Per timed step and rank it keeps Pipeline::last_step_times() (seconds
 // from when that rank's ForwardBackward began) and puts them on one clock:
@@ -22,8 +22,8 @@
 
 #include "absl/status/statusor.h"
 #include "parallel/pipeline_schedule.h"
-#include "worker/config.h"
-#include "worker/pipeline.h"
+#include "worker/config/config.h"
+#include "worker/strategy/pipeline/pipeline.h"
 
 namespace muster::tools {
 

@@ -20,9 +20,9 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "worker/metrics.h"
 #include "worker/model/model.h"
-#include "worker/optim.h"
+#include "worker/optim/optim.h"
+#include "worker/trainer/metrics.h"
 
 namespace muster::worker {
 namespace {

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 namespace muster::tools {
 

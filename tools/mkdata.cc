@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 namespace {
 

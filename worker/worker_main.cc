@@ -31,13 +31,13 @@
 #include "parallel/nccl_group.h"
 #include "parallel/nccl_transport.h"
 #include "worker/checkpoint/env.h"
-#include "worker/config.h"
-#include "worker/ddp.h"
-#include "worker/fsdp.h"
-#include "worker/generate.h"
+#include "worker/config/config.h"
 #include "worker/model/ops.h"
-#include "worker/pipeline.h"
-#include "worker/trainer.h"
+#include "worker/strategy/ddp/ddp.h"
+#include "worker/strategy/fsdp/fsdp.h"
+#include "worker/strategy/pipeline/pipeline.h"
+#include "worker/trainer/generate.h"
+#include "worker/trainer/trainer.h"
 
 namespace muster::worker {
 namespace {
@@ -130,7 +130,7 @@ void ExitStuck(const absl::Status& cause) {
   _exit(kExitFailure);
 }
 
-// The pipeline's groups (worker/pipeline.h, PipelineGroups), each made
+// The pipeline's groups (worker/strategy/pipeline/pipeline.h, PipelineGroups), each made
 // with NewGroup in an order every member follows: the pipeline, the dp
 // group, the tied ends, then the channels to the previous stage and to the
 // next (a chain from stage 0, so no two ranks wait on different groups).
@@ -172,7 +172,7 @@ absl::StatusOr<std::unique_ptr<ParallelStrategy>> JoinPipeline(const TrainConfig
   options.split = config.parallel.pp_split;
   options.zero = config.parallel.zero;
   options.log = stdout;
-  // The channels from rank q to rank q + 1 (worker/pipeline.h, "Channels"),
+  // The channels from rank q to rank q + 1 (worker/strategy/pipeline/pipeline.h, "Channels"),
   // and with virtual stages the one from the last rank back to the first,
   // made last: each rank makes its channels in ring order, so no two ranks
   // wait for each other on different ones.

@@ -28,7 +28,7 @@
 #include "launcher/worker_env.h"
 #include "tests/launcher/harness.h"
 #include "worker/checkpoint/reader.h"
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 namespace muster::testing {
 namespace {

@@ -1,6 +1,6 @@
 // The watchdog's decisions and actions, with a fake clock and a fake group:
 // no thread, no sockets, no GPU. (The real thing, a worker aborting when
-// its rendezvous round ends, is //tests/worker:ddp_watchdog_test.)
+// its rendezvous round ends, is //tests/worker/strategy:ddp_watchdog_test.)
 #include "parallel/watchdog.h"
 
 #include <memory>

@@ -11,8 +11,8 @@
 #include "launcher/worker_env.h"
 #include "tests/launcher/harness.h"
 #include "tests/worker/thread_ranks.h"
-#include "worker/data.h"
-#include "worker/trainer.h"
+#include "worker/data/data.h"
+#include "worker/trainer/trainer.h"
 
 namespace muster::testing {
 namespace {

@@ -1,6 +1,6 @@
 // Token shards (format, validation) and the global sample stream (order,
 // determinism, splitting across ranks).
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

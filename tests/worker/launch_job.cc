@@ -19,7 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "launcher/process.h"
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 namespace muster::testing {
 namespace {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 namespace muster::worker::testing {
 

@@ -1,5 +1,5 @@
 // Test-only data parallelism in one process: each thread is one rank
-// driving its own Trainer through a real Ddp strategy (worker/ddp.h) over
+// driving its own Trainer through a real Ddp strategy (worker/strategy/ddp/ddp.h) over
 // real Gloo groups, connected through an in-memory store
 // (tests/parallel/group_test_util.h). Every wait is bounded by the groups'
 // timeout: a stuck rank fails the others instead of hanging the test.
@@ -13,8 +13,8 @@
 #include "parallel/gradient_reducer.h"
 #include "rendezvous/client/store.h"
 #include "tests/parallel/group_test_util.h"
-#include "worker/ddp.h"
-#include "worker/parallel_strategy.h"
+#include "worker/strategy/ddp/ddp.h"
+#include "worker/strategy/strategy.h"
 
 namespace muster::worker::testing {
 

@@ -1,7 +1,7 @@
 // The training loop on tiny models and tiny shards: it learns, gradient
 // accumulation is exact, runs are deterministic, evaluation and logging
 // happen at the documented steps, and the JSONL file says what happened.
-#include "worker/trainer.h"
+#include "worker/trainer/trainer.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "worker/data.h"
-#include "worker/generate.h"
+#include "worker/data/data.h"
+#include "worker/trainer/generate.h"
 
 namespace muster::worker {
 namespace {

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "launcher/process.h"
-#include "worker/config.h"
-#include "worker/data.h"
+#include "worker/config/config.h"
+#include "worker/data/data.h"
 
 extern char** environ;
 

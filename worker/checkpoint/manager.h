@@ -45,10 +45,10 @@
 #include "worker/checkpoint/env.h"
 #include "worker/checkpoint/layout.h"
 #include "worker/checkpoint/writer.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 #include "worker/model/model.h"
-#include "worker/optim.h"
-#include "worker/parallel_strategy.h"
+#include "worker/optim/optim.h"
+#include "worker/strategy/strategy.h"
 
 namespace muster::worker {
 

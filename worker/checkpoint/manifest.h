@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 namespace muster::worker {
 

@@ -9,8 +9,8 @@
 //
 // Each stage owns ONE contiguous fp32 parameter buffer and one gradient
 // buffer of the same layout; tensors are named views into them. DDP buckets
-// are slices of these buffers; FSDP (worker/fsdp.h) shards them, and
-// pipeline parallelism (worker/pipeline.h) assigns whole stages to ranks.
+// are slices of these buffers; FSDP (worker/strategy/fsdp/fsdp.h) shards them, and
+// pipeline parallelism (worker/strategy/pipeline/pipeline.h) assigns whole stages to ranks.
 //
 // B batch, T time (<= maxT), C channels, NH heads, V vocab, Vp V padded to
 // a multiple of 128, L layers.
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 
 namespace muster::worker {
 
@@ -71,13 +71,13 @@ struct Stage {
 
 // Who holds the stages' parameter and gradient buffers.
 //   kOwned     the model: one allocation each, stages at aligned offsets;
-//   kExternal  the caller (a sharding strategy, worker/fsdp.h), which
+//   kExternal  the caller (a sharding strategy, worker/strategy/fsdp/fsdp.h), which
 //              points each stage at its buffers with BindStage before the
 //              stage is used; the model allocates activations only. CPU
 //              only for now.
 enum class ParamStorage { kOwned, kExternal };
 
-// The part of the model one pipeline rank runs (worker/pipeline.h): blocks
+// The part of the model one pipeline rank runs (worker/strategy/pipeline/pipeline.h): blocks
 // [first_block, end_block), with the embedding when first_block is 0, and
 // the final LayerNorm, the LM head (the tied wte, so stage 0's wte too)
 // and the loss when end_block is L; activations for `slots` micro-batches
@@ -189,7 +189,7 @@ class GptModel {
   virtual void PartBackwardWeight(int slot);
 
   // Per-stage hooks, the points where a parallel strategy acts on a stage
-  // (worker/parallel_strategy.h): DDP reduces a stage's gradients once
+  // (worker/strategy/strategy.h): DDP reduces a stage's gradients once
   // post_backward fires; FSDP gathers a stage's parameters at
   // pre_forward and pre_backward. Each gets the stage index.
   //   pre_forward(s)   before the first work that reads stage s's

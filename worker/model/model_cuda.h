@@ -6,7 +6,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "worker/config.h"
+#include "worker/config/config.h"
 #include "worker/model/model.h"
 
 namespace muster::worker {

@@ -1,6 +1,6 @@
 // The model's memory layout: where each tensor lives, and the activations
 // of the forward pass. Internal to the model library and to the optimizer
-// (//worker:optim, which walks the stage buffers with StageOffsets and
+// (//worker/optim, which walks the stage buffers with StageOffsets and
 // ForEachStagePiece); nothing else should include it.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include <functional>
 #include <vector>
 
-#include "worker/config.h"
+#include "worker/config/config.h"
 #include "worker/model/model.h"
 
 namespace muster::worker::layout {

@@ -20,7 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "launcher/worker_env.h"
 #include "tests/launcher/harness.h"
-#include "worker/data.h"
+#include "worker/data/data.h"
 
 namespace muster::testing {
 namespace {

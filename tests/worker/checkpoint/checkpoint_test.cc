@@ -27,8 +27,8 @@
 #include "worker/checkpoint/reader.h"
 #include "worker/checkpoint/retention.h"
 #include "worker/checkpoint/writer.h"
-#include "worker/data.h"
-#include "worker/trainer.h"
+#include "worker/data/data.h"
+#include "worker/trainer/trainer.h"
 
 namespace muster::worker {
 namespace {

@@ -17,8 +17,8 @@
 #include "tests/worker/checkpoint/tiny_job.h"
 #include "worker/checkpoint/env.h"
 #include "worker/checkpoint/reader.h"
-#include "worker/data.h"
-#include "worker/trainer.h"
+#include "worker/data/data.h"
+#include "worker/trainer/trainer.h"
 
 namespace muster::worker {
 namespace {

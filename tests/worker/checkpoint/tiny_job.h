@@ -11,8 +11,8 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
-#include "worker/config.h"
-#include "worker/data.h"
+#include "worker/config/config.h"
+#include "worker/data/data.h"
 
 namespace muster::worker::testing {
 

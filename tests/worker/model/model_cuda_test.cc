@@ -12,7 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "worker/model/model.h"
-#include "worker/optim.h"
+#include "worker/optim/optim.h"
 
 namespace muster::worker {
 namespace {

@@ -2,7 +2,7 @@
 // determinism, initialisation, the grad-ready callback, llm.c files, the
 // optimizer and the schedule.
 #include "worker/model/model.h"
-#include "worker/optim.h"
+#include "worker/optim/optim.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -1,0 +1,491 @@
+#include "worker/strategy/fsdp/fsdp.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "worker/model/ops.h"
+
+namespace muster::worker {
+
+// One stage as this rank shards it. `params` and `grads` are the full
+// buffers the model reads and adds into while they are bound: slices of
+// the kept full copies (ZeRO-1/2), or buffers of their own (`own_*`) that
+// the hooks allocate and free.
+struct Fsdp::StageShard {
+  size_t size = 0;             // floats in the stage
+  std::vector<size_t> counts;  // EvenCounts(size, shard ranks)
+  size_t first = 0;            // this rank's slice: [first, first + count) of the stage
+  size_t count = 0;
+  size_t at = 0;  // where the slice lives in shard_params_ / shard_grads_
+  float* params = nullptr;
+  float* grads = nullptr;
+  std::unique_ptr<float[]> own_params, own_grads;
+  std::shared_ptr<parallel::Work> gather;  // in flight into `params`
+};
+
+// A reduce-scatter of one stage's full gradient in flight: into the shard
+// directly, or into `scratch` to be added to it (later micro-steps).
+struct Fsdp::PendingReduce {
+  int stage = 0;
+  std::shared_ptr<parallel::Work> work;
+  std::unique_ptr<float[]> scratch;  // count floats, or null
+  std::unique_ptr<float[]> grads;    // the full gradient it reads, freed after
+};
+
+namespace {
+
+// Host memory the hooks hand out. Plain operator new (not the model's
+// Ops): FSDP is CPU-only for now, and these buffers may outlive the model
+// (the strategy is destroyed after the trainer). A failure is fatal in a
+// hook, which cannot return an error, so it exits naming the bytes, as the
+// issue asks for an OOM.
+std::unique_ptr<float[]> NewFloats(size_t floats) {
+  std::unique_ptr<float[]> buffer(new (std::nothrow) float[floats == 0 ? 1 : floats]);
+  return buffer;
+}
+
+// The same in a stage hook: exits on failure, naming what and how much.
+std::unique_ptr<float[]> NewFloatsOrExit(size_t floats, const char* what, int stage) {
+  std::unique_ptr<float[]> buffer = NewFloats(floats);
+  if (buffer == nullptr) {
+    std::fprintf(stderr, "worker: fsdp: out of memory for stage %d's %s (%zu bytes)\n", stage, what,
+                 floats * sizeof(float));
+    std::exit(1);
+  }
+  return buffer;
+}
+
+// Waits for `work`, adding the time spent to *seconds.
+absl::Status TimedWait(parallel::Work& work, double* seconds) {
+  const absl::Time start = absl::Now();
+  absl::Status status = work.Wait();
+  *seconds += absl::ToDoubleSeconds(absl::Now() - start);
+  return status;
+}
+
+}  // namespace
+
+FsdpMemory FsdpMemoryFormula(int zero, uint64_t owned, uint64_t total) {
+  FsdpMemory memory;
+  memory.params = 4 * owned + (zero <= 2 ? 4 * total : 0);
+  memory.grads = 4 * owned + (zero == 1 ? 4 * total : 0);
+  memory.moments = 8 * owned;
+  return memory;
+}
+
+Fsdp::Fsdp(parallel::ProcessGroup* shard, parallel::ProcessGroup* replicate,
+           parallel::ProcessGroup* control, const parallel::ParallelDims& dims,
+           const FsdpOptions& options, std::string backend)
+    : shard_(shard),
+      replicate_(replicate),
+      control_(control),
+      dims_(dims),
+      options_(options),
+      backend_(std::move(backend)) {}
+
+// The model's hooks point here, but the model is destroyed first (the
+// trainer goes before the strategy) and never runs after: nothing to undo.
+Fsdp::~Fsdp() {
+  for (PendingReduce& reduce : reduces_) (void)reduce.work->Wait();
+  for (StageShard& stage : stages_) {
+    if (stage.gather != nullptr) (void)stage.gather->Wait();
+  }
+}
+
+std::string Fsdp::Describe() const {
+  std::string text = absl::StrCat("fsdp (zero-", options_.zero, ") over ", backend_, ", ",
+                                  dims_.world(), " ranks");
+  if (dims_.dp_replicate > 1) {
+    absl::StrAppend(&text, ": ", dims_.dp_replicate, " replicas x ", dims_.dp_shard, " shards");
+  }
+  return text;
+}
+
+uint64_t Fsdp::owned_floats() const { return shard_floats_; }
+
+std::vector<FlatRange> Fsdp::OwnedParamRanges(int shard_rank) const {
+  std::vector<FlatRange> ranges;
+  uint64_t stage_flat = 0;
+  for (const StageShard& stage : stages_) {
+    uint64_t first = 0;
+    for (int r = 0; r < shard_rank; ++r) first += stage.counts[r];
+    ranges.push_back({stage_flat + first, stage.counts[shard_rank]});
+    stage_flat += stage.size;
+  }
+  return ranges;
+}
+
+void Fsdp::Fail(const absl::Status& status) {
+  if (!status.ok() && error_.ok()) error_ = status;
+}
+
+absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
+  if (model_ != nullptr) return absl::FailedPreconditionError("Fsdp::Build called twice");
+  if (spec.device != Device::kCpu) {
+    return absl::UnimplementedError(
+        "parallel.strategy: fsdp runs on the CPU in this build; on CUDA it is planned (use ddp)");
+  }
+  if (options_.zero < 1 || options_.zero > 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.zero: expected 1, 2 or 3, got ", options_.zero));
+  }
+  const parallel::ParallelDims::Coordinates me = dims_.Of(control_.rank());
+  if (dims_.pp != 1 || shard_->size() != dims_.dp_shard || shard_->rank() != me.shard ||
+      (replicate_ == nullptr) != (dims_.dp_replicate == 1) ||
+      (replicate_ != nullptr &&
+       (replicate_->size() != dims_.dp_replicate || replicate_->rank() != me.replicate))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fsdp: the process groups do not match the degrees (", dims_.dp_replicate,
+                     " x ", dims_.dp_shard, " x ", dims_.pp, "): shard group ", shard_->rank(),
+                     " of ", shard_->size()));
+  }
+  auto made = GptModel::Create(spec.model, spec.micro_batch, spec.device, spec.precision,
+                               ParamStorage::kExternal);
+  if (!made.ok()) return made.status();
+  BuiltModel built;
+  built.model = *std::move(made);
+  GptModel* model = built.model.get();
+
+  const int n = shard_->size(), j = shard_->rank();
+  std::vector<Stage>& stages = model->stages();
+  stages_.resize(stages.size());
+  for (size_t s = 0; s < stages.size(); ++s) {
+    StageShard& stage = stages_[s];
+    stage.size = stages[s].size;
+    stage.counts = parallel::EvenCounts(stage.size, n);
+    for (int r = 0; r < j; ++r) stage.first += stage.counts[r];
+    stage.count = stage.counts[j];
+    stage.at = shard_floats_;
+    shard_floats_ += stage.count;
+    total_floats_ += stage.size;
+  }
+
+  // The persistent arrays; a failure here is an error, not an exit.
+  auto persistent = [](size_t floats, uint64_t* account,
+                       std::unique_ptr<float[]>* into) -> absl::Status {
+    *into = NewFloats(floats);
+    if (*into == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("fsdp: cannot allocate ", floats * sizeof(float), " bytes"));
+    }
+    *account += floats * sizeof(float);
+    return absl::OkStatus();
+  };
+  absl::Status status = persistent(shard_floats_, &memory_.params, &shard_params_storage_);
+  if (status.ok()) status = persistent(shard_floats_, &memory_.grads, &shard_grads_storage_);
+  if (status.ok() && options_.zero <= 2) {
+    status = persistent(total_floats_, &memory_.params, &full_params_storage_);
+  }
+  if (status.ok() && options_.zero == 1) {
+    status = persistent(total_floats_, &memory_.grads, &full_grads_storage_);
+  }
+  if (!status.ok()) return status;
+  shard_params_ = shard_params_storage_.get();
+  shard_grads_ = shard_grads_storage_.get();
+  full_params_ = full_params_storage_.get();
+  full_grads_ = full_grads_storage_.get();
+  std::fill(shard_grads_, shard_grads_ + shard_floats_, 0.0f);
+  if (full_grads_ != nullptr) std::fill(full_grads_, full_grads_ + total_floats_, 0.0f);
+
+  // Every rank computes the same initial weights from the seed, one stage
+  // at a time, and keeps its slice (and the whole under ZeRO-1/2): nothing
+  // to communicate, and never more than one stage beyond the shard.
+  std::vector<float> initial;
+  size_t stage_flat = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    StageShard& stage = stages_[s];
+    if (full_params_ != nullptr) {
+      stage.params = full_params_ + stage_flat;
+      model->InitStageWeights(static_cast<int>(s), spec.seed, stage.params);
+      std::memcpy(shard_params_ + stage.at, stage.params + stage.first,
+                  stage.count * sizeof(float));
+    } else {
+      initial.resize(stage.size);
+      model->InitStageWeights(static_cast<int>(s), spec.seed, initial.data());
+      std::memcpy(shard_params_ + stage.at, initial.data() + stage.first,
+                  stage.count * sizeof(float));
+    }
+    if (full_grads_ != nullptr) stage.grads = full_grads_ + stage_flat;
+    model->BindStage(static_cast<int>(s), stage.params, stage.grads);
+    stage_flat += stage.size;
+  }
+  initial = {};
+
+  ParamShard shard;
+  ParamShard::Group group;
+  group.params = shard_params_;
+  group.grads = shard_grads_;
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    group.slices.push_back(
+        {static_cast<int>(s), stages_[s].first, stages_[s].count, stages_[s].at});
+  }
+  shard.groups.push_back(std::move(group));
+  auto optimizer = AdamW::Create(model, spec.optim, std::move(shard));
+  if (!optimizer.ok()) return optimizer.status();
+  built.optimizer = *std::move(optimizer);
+  memory_.moments = 2 * built.optimizer->moment_floats() * sizeof(float);
+
+  GptModel::StageHooks hooks;
+  hooks.pre_forward = [this](int s) { PreForward(s); };
+  hooks.post_forward = [this](int s) { PostForward(s); };
+  hooks.pre_backward = [this](int s) { PreBackward(s); };
+  hooks.post_backward = [this](int s) { PostBackward(s); };
+  model->SetStageHooks(std::move(hooks));
+  model_ = model;
+  return built;
+}
+
+std::vector<int> Fsdp::ParamsNeeded(int stage) const {
+  const int head = static_cast<int>(stages_.size()) - 1;
+  if (stage == head) return {head, 0};  // the LM head is wte, tied
+  return {stage};
+}
+
+void Fsdp::StartGather(int s) {
+  StageShard& stage = stages_[s];
+  if (stage.params != nullptr) return;  // kept, gathered or on its way
+  stage.own_params = NewFloatsOrExit(stage.size, "gathered parameters", s);
+  stage.params = stage.own_params.get();
+  memory_.gathered += stage.size * sizeof(float);
+  memory_.gathered_peak = std::max(memory_.gathered_peak, memory_.gathered);
+  stage.gather = shard_->AllGather(absl::MakeConstSpan(shard_params_ + stage.at, stage.count),
+                                   absl::MakeSpan(stage.params, stage.size), stage.counts);
+  ++waits_.gathers;
+}
+
+void Fsdp::WaitGathered(int s) {
+  StageShard& stage = stages_[s];
+  if (stage.gather != nullptr) {
+    Fail(TimedWait(*stage.gather, &waits_.gather_s));
+    stage.gather = nullptr;
+  }
+  model_->BindStage(s, stage.params, stage.grads);
+}
+
+void Fsdp::ReleaseParams(int s) {
+  StageShard& stage = stages_[s];
+  if (stage.own_params == nullptr) return;  // kept (ZeRO-1/2) or not gathered
+  if (stage.gather != nullptr) {
+    Fail(stage.gather->Wait());  // the group still writes into it
+    stage.gather = nullptr;
+  }
+  stage.own_params.reset();
+  stage.params = nullptr;
+  memory_.gathered -= stage.size * sizeof(float);
+  model_->BindStage(s, nullptr, stage.grads);
+}
+
+absl::Status Fsdp::GatherAll() {
+  std::vector<std::shared_ptr<parallel::Work>> works;
+  for (StageShard& stage : stages_) {
+    works.push_back(shard_->AllGather(absl::MakeConstSpan(shard_params_ + stage.at, stage.count),
+                                      absl::MakeSpan(stage.params, stage.size), stage.counts));
+  }
+  waits_.gathers += static_cast<int64_t>(works.size());
+  for (auto& work : works) Fail(TimedWait(*work, &waits_.gather_s));
+  return error_;
+}
+
+void Fsdp::BindGrads(int s) {
+  StageShard& stage = stages_[s];
+  if (stage.grads != nullptr) return;  // kept (ZeRO-1) or bound earlier in this backward
+  stage.own_grads = NewFloatsOrExit(stage.size, "gradient", s);
+  stage.grads = stage.own_grads.get();
+  std::fill(stage.grads, stage.grads + stage.size, 0.0f);
+  memory_.gathered += stage.size * sizeof(float);
+  memory_.gathered_peak = std::max(memory_.gathered_peak, memory_.gathered);
+  model_->BindStage(s, stage.params, stage.grads);
+}
+
+void Fsdp::StartReduce(int s) {
+  StageShard& stage = stages_[s];
+  PendingReduce reduce;
+  reduce.stage = s;
+  float* out = shard_grads_ + stage.at;
+  // ZeRO-1 reduces once per step, the sum of every micro-step; ZeRO-2/3
+  // reduce each micro-step's and add all but the first into the shard.
+  if (options_.zero >= 2 && micro_step_ > 1) {
+    reduce.scratch = NewFloatsOrExit(stage.count, "accumulation scratch", s);
+    memory_.gathered += stage.count * sizeof(float);
+    memory_.gathered_peak = std::max(memory_.gathered_peak, memory_.gathered);
+    out = reduce.scratch.get();
+  }
+  reduce.work = shard_->ReduceScatter(absl::MakeConstSpan(stage.grads, stage.size),
+                                      absl::MakeSpan(out, stage.count), stage.counts,
+                                      parallel::ReduceOp::kAvg);
+  if (options_.zero >= 2) {
+    // The buffer now belongs to the reduction; the model is done with it.
+    reduce.grads = std::move(stage.own_grads);
+    stage.grads = nullptr;
+    model_->BindStage(s, stage.params, nullptr);
+  }
+  reduces_.push_back(std::move(reduce));
+  ++waits_.reduces;
+}
+
+absl::Status Fsdp::RetireReduces(bool wait) {
+  size_t done = 0;
+  for (; done < reduces_.size(); ++done) {
+    PendingReduce& reduce = reduces_[done];
+    if (!wait && !reduce.work->Done()) break;
+    Fail(TimedWait(*reduce.work, &waits_.reduce_s));
+    const StageShard& stage = stages_[reduce.stage];
+    if (reduce.scratch != nullptr) {
+      float* into = shard_grads_ + stage.at;
+      for (size_t i = 0; i < stage.count; ++i) into[i] += reduce.scratch[i];
+      memory_.gathered -= stage.count * sizeof(float);
+    }
+    if (reduce.grads != nullptr) memory_.gathered -= stage.size * sizeof(float);
+  }
+  reduces_.erase(reduces_.begin(), reduces_.begin() + done);
+  return error_;
+}
+
+void Fsdp::PreForward(int s) {
+  for (int need : ParamsNeeded(s)) StartGather(need);
+  for (int need : ParamsNeeded(s)) WaitGathered(need);
+  // Prefetch: the next stage's gather runs while this one computes.
+  if (s + 1 < static_cast<int>(stages_.size())) {
+    for (int need : ParamsNeeded(s + 1)) StartGather(need);
+  }
+}
+
+void Fsdp::PostForward(int s) {
+  const int head = static_cast<int>(stages_.size()) - 1;
+  // The head (and wte with it) is used again at once by backward.
+  if (options_.zero == 3 && options_.reshard_after_forward && s != head) ReleaseParams(s);
+}
+
+void Fsdp::PreBackward(int s) {
+  const int head = static_cast<int>(stages_.size()) - 1;
+  if (s != 0) {  // the encoder's backward reads no parameters
+    for (int need : ParamsNeeded(s)) StartGather(need);
+    for (int need : ParamsNeeded(s)) WaitGathered(need);
+  }
+  BindGrads(s);
+  if (s == head) BindGrads(0);  // the head's share of wte's gradient
+  const int next = s == head ? head - 1 : s - 1;
+  if (next >= 1) {
+    for (int need : ParamsNeeded(next)) StartGather(need);
+  }
+  (void)RetireReduces(/*wait=*/false);  // frees what has finished
+}
+
+void Fsdp::PostBackward(int s) {
+  const int head = static_cast<int>(stages_.size()) - 1;
+  if (options_.zero == 3) {
+    ReleaseParams(s);
+    if (s == head) ReleaseParams(0);
+  }
+  if (options_.zero >= 2 || last_micro_step_) StartReduce(s);
+}
+
+void Fsdp::BeginBackward(GptModel* model, bool last) {
+  ++micro_step_;
+  last_micro_step_ = last;
+}
+
+absl::Status Fsdp::ReduceGradients(GptModel* model) {
+  if (model != model_) {
+    return absl::FailedPreconditionError("Fsdp::ReduceGradients on a model Build did not make");
+  }
+  if (absl::Status retired = RetireReduces(/*wait=*/true); !retired.ok()) return retired;
+  if (replicate_ != nullptr) {
+    // HSDP: the replicas' shards hold the same slice; average them.
+    Fail(TimedWait(*replicate_->AllReduce(absl::MakeSpan(shard_grads_, shard_floats_),
+                                          parallel::ReduceOp::kAvg),
+                   &waits_.reduce_s));
+  }
+  return error_;
+}
+
+absl::StatusOr<double> Fsdp::GradSumOfSquares(GptModel* model) {
+  if (!error_.ok()) return error_;
+  double local = 0.0;
+  for (size_t i = 0; i < shard_floats_; ++i) {
+    local += static_cast<double>(shard_grads_[i]) * shard_grads_[i];
+  }
+  // Over the shard group in double; every replica holds the same shards.
+  parallel::Collectives shard(shard_);
+  return shard.SumDouble(local);
+}
+
+absl::Status Fsdp::OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
+                                 float grad_scale) {
+  if (!error_.ok()) return error_;
+  optimizer->Step(lr, step, grad_scale);
+  absl::Status status = absl::OkStatus();
+  if (options_.zero <= 2) {
+    status = GatherAll();
+  } else {
+    for (size_t s = 0; s < stages_.size(); ++s) ReleaseParams(static_cast<int>(s));
+    status = error_;
+  }
+  if (!logged_memory_ && options_.log != nullptr) {
+    logged_memory_ = true;
+    const FsdpMemory want = FsdpMemoryFormula(options_.zero, shard_floats_, total_floats_);
+    std::fprintf(options_.log,
+                 "worker: fsdp rank %d memory: params %llu B, grads %llu B, moments %llu B "
+                 "(formula %llu + %llu + %llu: %s); gathered buffers peak %llu B\n",
+                 control_.rank(), static_cast<unsigned long long>(memory_.params),
+                 static_cast<unsigned long long>(memory_.grads),
+                 static_cast<unsigned long long>(memory_.moments),
+                 static_cast<unsigned long long>(want.params),
+                 static_cast<unsigned long long>(want.grads),
+                 static_cast<unsigned long long>(want.moments),
+                 want.params == memory_.params && want.grads == memory_.grads &&
+                         want.moments == memory_.moments
+                     ? "equal"
+                     : "DIFFERENT",
+                 static_cast<unsigned long long>(memory_.gathered_peak));
+    std::fflush(options_.log);
+  }
+  return status;
+}
+
+void Fsdp::ZeroGrad(GptModel* model) {
+  micro_step_ = 0;
+  last_micro_step_ = false;
+  // ZeRO-2/3: the first micro-step's reduction overwrites the shard.
+  if (full_grads_ != nullptr) std::fill(full_grads_, full_grads_ + total_floats_, 0.0f);
+}
+
+std::vector<std::vector<FlatRange>> Fsdp::CheckpointFiles(uint64_t total) const {
+  std::vector<std::vector<FlatRange>> files;
+  for (int rank = 0; rank < dims_.world(); ++rank) {
+    const parallel::ParallelDims::Coordinates at = dims_.Of(rank);
+    const std::vector<FlatRange> state = StateRanges(OwnedParamRanges(at.shard), total);
+    // Replicas hold the same shard: each writes its share of it.
+    files.push_back(SplitRanges(state, dims_.dp_replicate, at.replicate));
+  }
+  return files;
+}
+
+std::vector<FlatRange> Fsdp::CheckpointLoad(uint64_t total) const {
+  return StateRanges(OwnedParamRanges(shard_->rank()), total);
+}
+
+absl::Status Fsdp::StateLoaded(GptModel* model) {
+  if (options_.zero <= 2) return GatherAll();
+  for (size_t s = 0; s < stages_.size(); ++s) ReleaseParams(static_cast<int>(s));
+  return error_;
+}
+
+absl::StatusOr<std::vector<float>> Fsdp::GatheredParams(int s) {
+  StageShard& stage = stages_[s];
+  const bool had = stage.params != nullptr;
+  StartGather(s);
+  WaitGathered(s);
+  if (!error_.ok()) return error_;
+  std::vector<float> copy(stage.params, stage.params + stage.size);
+  if (!had) ReleaseParams(s);
+  return copy;
+}
+
+}  // namespace muster::worker

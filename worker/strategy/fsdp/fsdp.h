@@ -1,0 +1,205 @@
+// FSDP: the ParallelStrategy (worker/strategy/strategy.h) that shards the
+// training state over the ranks of a replica, at ZeRO stage 1, 2 or 3, and
+// replicates the shards across replicas (HSDP) when parallel.dp_replicate
+// is above 1 (docs/parallel.md, "FSDP").
+//
+// The sharding unit is the stage (worker/model/model.h): rank j of a
+// replica's n shard ranks owns the j-th chunk of parallel::EvenCounts(size,
+// n) of every stage's flat buffer (uneven when n does not divide it). It
+// keeps the fp32 master copy of those parameters, their gradient and the
+// AdamW moments in its own arrays (the "shard"), and AdamW updates only
+// them. What else it holds depends on the stage:
+//
+//            full parameters              full gradients
+//   ZeRO-1   kept, all-gathered after     kept, accumulated over the
+//            each optimizer step          micro-steps, reduce-scattered on
+//                                         the last one
+//   ZeRO-2   kept, as ZeRO-1              one stage at a time: zeroed at its
+//                                         backward, reduce-scattered into
+//                                         the shard as soon as it ends
+//   ZeRO-3   one stage at a time:         as ZeRO-2
+//            all-gathered before its
+//            forward (the next stage's
+//            gather is prefetched while
+//            it computes), freed after
+//            it unless reshard_after_
+//            forward is off, gathered
+//            again for its backward
+//
+// The head uses stage 0's wte (tied), so the head's forward and backward
+// need stage 0's parameters too, and stage 0's gradient buffer lives from
+// the head's backward to the embedding's, where both shares are added.
+// Under ZeRO-2/3 each micro-step's gradients are reduce-scattered as
+// backward goes and summed into the shard.
+//
+// Gradients are averaged over the replica's shard ranks by the
+// reduce-scatter and then over replicas by an all-reduce of the shard
+// (HSDP). The norm for clipping is the sum of the shards' sums of
+// squares, gathered in double. Checkpoints: every rank writes its own
+// slices of every stage (params, m, v), split further between the
+// replicas that hold the same shard, and a resume loads exactly the
+// slices it owns, from a checkpoint of any strategy and world size.
+//
+// CPU only for now: the CUDA engine holds its own parameters (model.h,
+// ParamStorage), so Build is UNIMPLEMENTED on CUDA.
+//
+// Errors: the groups' (parallel/process_group.h). An error inside a stage
+// hook (a failed gather) is kept and returned by the next
+// ReduceGradients, GradSumOfSquares, OptimizerStep or StateLoaded; the
+// model meanwhile computes on whatever the buffers hold.
+// Thread-safety: none; the training thread drives it.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "parallel/collectives.h"
+#include "parallel/parallel_dims.h"
+#include "parallel/process_group.h"
+#include "worker/strategy/strategy.h"
+
+namespace muster::worker {
+
+struct FsdpOptions {
+  int zero = 3;                       // parallel.zero: 1, 2 or 3
+  bool reshard_after_forward = true;  // parallel.reshard_after_forward (ZeRO-3)
+  // Each rank prints its memory line here after its first optimizer step
+  // (nullptr: nowhere).
+  FILE* log = nullptr;
+};
+
+// The bytes one rank holds, by kind. params and grads include the shard
+// and any full copy kept between steps; `gathered` is what the stage hooks
+// hold at the moment (gathered parameters, stage gradient buffers,
+// accumulation scratch) and `gathered_peak` its maximum so far.
+struct FsdpMemory {
+  uint64_t params = 0;
+  uint64_t grads = 0;
+  uint64_t moments = 0;
+  uint64_t gathered = 0;
+  uint64_t gathered_peak = 0;
+};
+
+// Where the training thread waited on communication: the part of the
+// gathers and reductions that compute did not hide (benchmarks).
+struct FsdpWaits {
+  double gather_s = 0;  // waiting for parameters (hooks, GatherAll)
+  double reduce_s = 0;  // waiting for gradient reductions (ReduceGradients)
+  int64_t gathers = 0;  // all-gathers issued
+  int64_t reduces = 0;  // reduce-scatters issued
+};
+
+// What FsdpMemory's params, grads and moments must equal, from the
+// stage sizes alone: for a rank that owns `owned` floats of a model of
+// `total` floats, 4-byte floats,
+//   params  = 4 * owned + (zero <= 2 ? 4 * total : 0)
+//   grads   = 4 * owned + (zero == 1 ? 4 * total : 0)
+//   moments = 8 * owned
+FsdpMemory FsdpMemoryFormula(int zero, uint64_t owned, uint64_t total);
+
+class Fsdp final : public ParallelStrategy {
+ public:
+  // `shard`: the dims.dp_shard ranks one replica is sharded over;
+  // `replicate`: the dims.dp_replicate ranks holding the same shard
+  // (nullptr when dims.dp_replicate is 1); `control`: the world, host
+  // memory. Not owned; they outlive this object, and their ranks agree
+  // with `dims` (REQUIRES). `backend` names the data groups' back end in
+  // Describe.
+  Fsdp(parallel::ProcessGroup* shard, parallel::ProcessGroup* replicate,
+       parallel::ProcessGroup* control, const parallel::ParallelDims& dims,
+       const FsdpOptions& options, std::string backend);
+  ~Fsdp() override;
+
+  std::string Describe() const override;
+  const parallel::ParallelDims& dims() const override { return dims_; }
+  int rank() const override { return control_.rank(); }
+  int dp_rank() const override { return dims_.Of(control_.rank()).dp; }
+  parallel::Collectives& control() override { return control_; }
+  absl::StatusOr<BuiltModel> Build(const BuildSpec& spec) override;
+  absl::StatusOr<StepLoss> ForwardBackward(GptModel* model, const MicroBatches& batches) override {
+    return RunMicroSteps(this, model, batches, /*backward=*/true);
+  }
+  absl::StatusOr<StepLoss> ForwardOnly(GptModel* model, const MicroBatches& batches) override {
+    return RunMicroSteps(this, model, batches, /*backward=*/false);
+  }
+  void BeginBackward(GptModel* model, bool last) override;
+  absl::Status ReduceGradients(GptModel* model) override;
+  absl::StatusOr<double> GradSumOfSquares(GptModel* model) override;
+  absl::Status OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
+                             float grad_scale) override;
+  void ZeroGrad(GptModel* model) override;
+  std::vector<std::vector<FlatRange>> CheckpointFiles(uint64_t total) const override;
+  std::vector<FlatRange> CheckpointLoad(uint64_t total) const override;
+  absl::Status StateLoaded(GptModel* model) override;
+
+  const FsdpMemory& memory() const { return memory_; }
+  const FsdpWaits& waits() const { return waits_; }
+  // Floats of the flat parameter layout this rank owns.
+  uint64_t owned_floats() const;
+  // Stage `stage`'s full parameters as this rank sees them now, gathered
+  // for the call if needed (tests: every rank must see the same bits).
+  // A collective over the shard group.
+  absl::StatusOr<std::vector<float>> GatheredParams(int stage);
+
+ private:
+  struct StageShard;
+  struct PendingReduce;
+
+  // The flat ranges of the parameters shard rank `shard_rank` owns, one per
+  // stage (possibly empty), in order.
+  std::vector<FlatRange> OwnedParamRanges(int shard_rank) const;
+  void Fail(const absl::Status& status);
+  // Stage hooks.
+  void PreForward(int stage);
+  void PostForward(int stage);
+  void PreBackward(int stage);
+  void PostBackward(int stage);
+  // The stages whose parameters stage `stage`'s forward (and backward)
+  // reads: itself, and stage 0 for the head.
+  std::vector<int> ParamsNeeded(int stage) const;
+  // ZeRO-3: starts gathering stage s's parameters unless they are there or
+  // on their way; waits for them.
+  void StartGather(int stage);
+  void WaitGathered(int stage);
+  void ReleaseParams(int stage);
+  // Gathers every stage into the full copies ZeRO-1/2 keep; waits.
+  absl::Status GatherAll();
+  void BindGrads(int stage);
+  void StartReduce(int stage);
+  // Finishes reductions in order: all of them, or only those already done.
+  absl::Status RetireReduces(bool wait);
+
+  parallel::ProcessGroup* const shard_;
+  parallel::ProcessGroup* const replicate_;
+  parallel::Collectives control_;
+  const parallel::ParallelDims dims_;
+  const FsdpOptions options_;
+  const std::string backend_;
+  GptModel* model_ = nullptr;  // the one Build made
+  std::vector<StageShard> stages_;
+  std::vector<PendingReduce> reduces_;
+  // The owned slices, stage after stage, and their gradient (same layout).
+  std::unique_ptr<float[]> shard_params_storage_, shard_grads_storage_;
+  float* shard_params_ = nullptr;
+  float* shard_grads_ = nullptr;
+  size_t shard_floats_ = 0;
+  // Every stage end to end: the parameters ZeRO-1/2 keep, the gradient
+  // ZeRO-1 keeps.
+  std::unique_ptr<float[]> full_params_storage_, full_grads_storage_;
+  float* full_params_ = nullptr;
+  float* full_grads_ = nullptr;
+  size_t total_floats_ = 0;
+  int micro_step_ = 0;  // micro-steps begun since ZeroGrad
+  bool last_micro_step_ = false;
+  bool logged_memory_ = false;
+  absl::Status error_;
+  FsdpMemory memory_;
+  FsdpWaits waits_;
+};
+
+}  // namespace muster::worker

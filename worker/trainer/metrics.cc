@@ -1,0 +1,176 @@
+#include "worker/trainer/metrics.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "worker/model/ops.h"
+
+namespace muster::worker {
+
+std::string FormatStepLine(const StepMetrics& m) {
+  std::string mfu = m.mfu > 0 ? absl::StrFormat("%.1f%%", 100.0 * m.mfu) : "n/a";
+  return absl::StrFormat(
+      "step %d/%d | loss %.4f | lr %.1e | norm %.2f | %.0f ms | %.0f tok/s | MFU %s", m.step,
+      m.total_steps, m.loss, m.lr, m.grad_norm, m.ms, m.tokens_per_s, mfu);
+}
+
+std::string FormatEvalLine(const EvalMetrics& m) {
+  return absl::StrFormat("step %d | val loss %.4f", m.step, m.val_loss);
+}
+
+std::string StepJson(const StepMetrics& m) {
+  return absl::StrFormat(
+      "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.9g,"
+      "\"tokens_per_s\":%.9g,\"mfu\":%.9g}",
+      m.step, m.loss, m.lr, m.grad_norm, m.ms, m.tokens_per_s, m.mfu);
+}
+
+std::string EvalJson(const EvalMetrics& m) {
+  return absl::StrFormat("{\"step\":%d,\"val_loss\":%.9g}", m.step, m.val_loss);
+}
+
+absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::string& path,
+                                                                   bool append) {
+  // The yaml may name a directory no one made yet (out/tiny/...).
+  std::error_code ignored;
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
+  FILE* file = std::fopen(path.c_str(), append ? "a" : "w");
+  if (file == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.metrics_file: cannot open ", path, " for writing"));
+  }
+  return std::unique_ptr<MetricsWriter>(new MetricsWriter(file, path));
+}
+
+MetricsWriter::~MetricsWriter() { std::fclose(file_); }
+
+absl::Status MetricsWriter::Write(const std::string& json_line) {
+  if (std::fprintf(file_, "%s\n", json_line.c_str()) < 0 || std::fflush(file_) != 0) {
+    return absl::InternalError(absl::StrCat("writing metrics to ", path_, " failed"));
+  }
+  return absl::OkStatus();
+}
+
+void ProgressBar::Draw(int done, int first, int total, double elapsed_s) {
+  if (!enabled_ || total <= 0) return;
+  constexpr int kWidth = 30;
+  int filled = static_cast<int>(static_cast<int64_t>(kWidth) * done / total);
+  std::string bar = std::string(filled, '#') + std::string(kWidth - filled, '.');
+  std::string eta = "?";
+  if (done > first && elapsed_s > 0) {
+    double remaining = elapsed_s / (done - first) * (total - done);
+    int seconds = static_cast<int>(remaining + 0.5);
+    eta = absl::StrFormat("%dm%02ds", seconds / 60, seconds % 60);
+  }
+  std::fprintf(out_, "\r\033[K[%s] %d/%d %3d%% ETA %s", bar.c_str(), done, total,
+               100 * done / total, eta.c_str());
+  std::fflush(out_);
+  shown_ = true;
+}
+
+void ProgressBar::Clear() {
+  if (!enabled_ || !shown_) return;
+  std::fprintf(out_, "\r\033[K");
+  std::fflush(out_);
+  shown_ = false;
+}
+
+namespace {
+
+int CpuThreads() {
+  int threads = 0;
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
+    if (!absl::SimpleAtoi(omp, &threads)) threads = 0;
+  }
+  cpu_set_t set;
+  int cores = 0;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cores = CPU_COUNT(&set);
+  if (cores <= 0) cores = 1;
+  return threads > 0 ? std::min(threads, cores) : cores;
+}
+
+// Clock (Hz) and FLOPs per cycle per core from /proc/cpuinfo's first CPU.
+void CpuCoreFigures(double* hz, int* flops_per_cycle, std::string* vector_unit) {
+  *hz = 0;
+  *flops_per_cycle = 8;
+  *vector_unit = "SSE";
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  bool have_flags = false;
+  while (std::getline(in, line)) {
+    if (*hz == 0 && absl::StartsWith(line, "cpu MHz")) {
+      double mhz = 0;
+      auto colon = line.find(':');
+      if (colon != std::string::npos && absl::SimpleAtod(line.substr(colon + 1), &mhz)) {
+        *hz = mhz * 1e6;
+      }
+    }
+    if (!have_flags && absl::StartsWith(line, "flags")) {
+      have_flags = true;
+      std::string flags = line + " ";
+      if (absl::StrContains(flags, " avx512f ")) {
+        *flops_per_cycle = 64;  // 2 FMA units x 16 fp32 lanes x 2 FLOPs
+        *vector_unit = "AVX-512";
+      } else if (absl::StrContains(flags, " avx2 ") && absl::StrContains(flags, " fma ")) {
+        *flops_per_cycle = 32;  // 2 FMA units x 8 lanes x 2
+        *vector_unit = "AVX2+FMA";
+      }
+    }
+    if (*hz > 0 && have_flags) break;
+  }
+  if (*hz == 0) *hz = 2e9;  // no clock reported (some VMs): assume 2 GHz
+}
+
+}  // namespace
+
+double PeakFlops(Device device, Precision precision, std::string* description) {
+  double peak = 0;
+  if (const char* env = std::getenv("MUSTER_PEAK_FLOPS")) {
+    if (absl::SimpleAtod(env, &peak) && peak > 0) {
+      if (description) *description = absl::StrFormat("MUSTER_PEAK_FLOPS=%.3g", peak);
+      return peak;
+    }
+  }
+  if (device == Device::kCuda) {
+    absl::StatusOr<CudaDeviceInfo> info = GetCudaDeviceInfo(precision);
+    if (info.ok() && info->peak_flops > 0) {
+      if (description) {
+        // 989 TFLOP/s, but 19.5 for an A100's fp32: three digits either way.
+        const double tflops = info->peak_flops / 1e12;
+        *description = absl::StrFormat("%s, %s dense peak %.*f TFLOP/s", info->name,
+                                       PrecisionName(precision), tflops >= 100 ? 0 : 1, tflops);
+      }
+      return info->peak_flops;
+    }
+    if (description) {
+      *description = info.ok() && !info->name.empty()
+                         ? absl::StrCat("unknown for ", info->name,
+                                        " (not in the table of known GPUs; set "
+                                        "MUSTER_PEAK_FLOPS)")
+                         : "unknown for CUDA (set MUSTER_PEAK_FLOPS)";
+    }
+    return 0;
+  }
+  double hz = 0;
+  int flops_per_cycle = 0;
+  std::string unit;
+  CpuCoreFigures(&hz, &flops_per_cycle, &unit);
+  int threads = CpuThreads();
+  peak = threads * hz * flops_per_cycle;
+  if (description) {
+    *description = absl::StrFormat("%d cores x %.2f GHz x %d FLOP/cycle (%s) = %.1f GFLOP/s",
+                                   threads, hz / 1e9, flops_per_cycle, unit, peak / 1e9);
+  }
+  return peak;
+}
+
+}  // namespace muster::worker

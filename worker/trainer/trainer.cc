@@ -1,0 +1,267 @@
+#include "worker/trainer/trainer.h"
+
+#include <string.h>
+
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/grad_norm.h"
+#include "worker/checkpoint/manager.h"
+
+namespace muster::worker {
+
+bool ShouldLog(int step, int total_steps, int log_every) {
+  if (step == 1 || step == total_steps) return true;
+  return log_every > 0 && step % log_every == 0;
+}
+
+bool ShouldEvaluate(int step, int total_steps, int eval_every) {
+  if (eval_every <= 0) return false;
+  return step % eval_every == 0 || step == total_steps;
+}
+
+Trainer::Trainer(const TrainConfig& config, TrainerOptions options)
+    : config_(config),
+      options_(std::move(options)),
+      progress_(options_.progress, options_.progress_bar && (options_.strategy == nullptr ||
+                                                             options_.strategy->rank() == 0)) {
+  if (options_.strategy == nullptr) single_process_ = std::make_unique<SingleProcess>();
+  strategy_ = options_.strategy != nullptr ? options_.strategy : single_process_.get();
+}
+
+Trainer::~Trainer() { progress_.Clear(); }
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
+                                                         TrainerOptions options) {
+  std::unique_ptr<Trainer> trainer(new Trainer(config, std::move(options)));
+  const ModelConfig& model = config.model;
+  const int B = config.data.micro_batch, T = model.seq_len;
+
+  // Data first: a wrong glob is the most common mistake and the cheapest
+  // to report.
+  auto train = TokenStream::Open(config.data.train, T, model.vocab, config.train.seed);
+  if (!train.ok()) return train.status();
+  trainer->train_ = *std::move(train);
+  if (!config.data.val.empty() && config.train.eval_every > 0) {
+    auto val = TokenStream::Open(config.data.val, T, model.vocab, config.train.seed);
+    if (!val.ok()) return val.status();
+    trainer->val_ = *std::move(val);
+  }
+
+  auto device = ResolveDevice(config.device);
+  if (!device.ok()) return device.status();
+  // After the device: "auto" depends on it, and with device auto a tf32 or
+  // bf16 on a machine without a GPU is only found out here.
+  auto precision = ResolvePrecision(config.precision, *device);
+  if (!precision.ok()) return precision.status();
+  // The strategy builds the model's storage and the optimizer over this
+  // rank's parameters, with weights agreed over ranks.
+  BuildSpec spec;
+  spec.model = model;
+  spec.micro_batch = B;
+  spec.micro_steps = MicroSteps(config);
+  spec.device = *device;
+  spec.precision = *precision;
+  spec.optim = config.optim;
+  spec.seed = config.train.seed;
+  auto built = trainer->strategy_->Build(spec);
+  if (!built.ok()) return built.status();
+  trainer->model_ = std::move(built->model);
+  trainer->optimizer_ = std::move(built->optimizer);
+  trainer->checkpoints_ = std::make_unique<CheckpointManager>(
+      config, trainer->strategy_, trainer->options_.log, trainer->options_.env);
+  auto resumed = trainer->checkpoints_->Resume(trainer->model_.get(), trainer->optimizer_.get(),
+                                               &trainer->state_);
+  if (!resumed.ok()) return resumed.status();
+
+  // Rank 0 speaks for the job: the loss it logs is already the mean over
+  // ranks, and one metrics file has one writer.
+  if (!config.train.metrics_file.empty() && trainer->strategy_->rank() == 0) {
+    auto writer = MetricsWriter::Open(config.train.metrics_file, /*append=*/*resumed);
+    if (!writer.ok()) return writer.status();
+    trainer->metrics_ = *std::move(writer);
+  }
+  trainer->peak_flops_ = PeakFlops(*device, *precision, &trainer->peak_description_);
+  return trainer;
+}
+
+absl::StatusOr<StepMetrics> Trainer::Step() {
+  using Clock = std::chrono::steady_clock;
+  const int B = config_.data.micro_batch, T = config_.model.seq_len;
+  const int A = MicroSteps(config_);
+  const int dp = strategy_->dims().dp();
+  const int step = state_.step;  // 0-based index of this step
+  auto start = Clock::now();
+
+  MicroBatches batches;
+  batches.count = A;
+  batches.B = B;
+  batches.T = T;
+  const uint64_t step_first = state_.sample_index;
+  batches.fill = [&](int m, int* inputs, int* targets) {
+    const uint64_t global = step_first + static_cast<uint64_t>(m) * dp * B;
+    train_->Batch(RankFirstSample(global, strategy_->dp_rank(), B), B, inputs, targets);
+  };
+  auto loss = strategy_->ForwardBackward(model_.get(), batches);
+  if (!loss.ok()) return loss.status();
+  state_.sample_index += static_cast<uint64_t>(A) * dp * B;
+  absl::Status reduced = strategy_->ReduceGradients(model_.get());
+  if (!reduced.ok()) return reduced;
+  // The clip factor goes into AdamW's read of the gradients: the same
+  // values as scaling them first, without a pass over them.
+  auto sum_of_squares = strategy_->GradSumOfSquares(model_.get());
+  if (!sum_of_squares.ok()) return sum_of_squares.status();
+  const double norm = std::sqrt(*sum_of_squares);
+  const float max_norm = static_cast<float>(config_.optim.grad_clip);
+  const float clip = max_norm > 0.0f ? kernels::ClipScale(norm, max_norm) : 1.0f;
+  float lr = LearningRate(config_.optim, step, config_.train.steps);
+  absl::Status stepped =
+      strategy_->OptimizerStep(model_.get(), optimizer_.get(), lr, step + 1, clip);
+  if (!stepped.ok()) return stepped;
+  strategy_->ZeroGrad(model_.get());
+  // A failed kernel launch or copy is sticky: caught here, once per step,
+  // it names the step instead of surfacing as a NaN loss later.
+  if (absl::Status device = model_->DeviceStatus(); !device.ok()) {
+    return absl::Status(device.code(), absl::StrCat("step ", step + 1, ": ", device.message()));
+  }
+  state_.step = step + 1;
+  // The stop vote rides on the loss's all-reduce: its sum is positive when
+  // any rank was asked to stop. The loss is the mean over every loss any
+  // rank computed (a pipeline's stages without the head compute none).
+  const int signal = options_.stop_signal ? options_.stop_signal() : 0;
+  float sums[3] = {static_cast<float>(loss->sum), static_cast<float>(loss->count),
+                   signal != 0 ? 1.0f : 0.0f};
+  if (absl::Status reduced =
+          strategy_->control().AllReduce(absl::MakeSpan(sums), parallel::ReduceOp::kSum);
+      !reduced.ok()) {
+    return reduced;
+  }
+  stop_signal_ = sums[2] > 0.0f ? (signal != 0 ? signal : kPeerSignalled) : 0;
+  double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+
+  StepMetrics metrics;
+  metrics.step = state_.step;
+  metrics.total_steps = config_.train.steps;
+  metrics.loss = sums[1] > 0.0f ? sums[0] / sums[1] : 0.0f;
+  metrics.lr = lr;
+  metrics.grad_norm = norm;
+  metrics.ms = seconds * 1e3;
+  double tokens = static_cast<double>(dp) * A * B * T;
+  metrics.tokens_per_s = seconds > 0 ? tokens / seconds : 0;
+  if (peak_flops_ > 0) {
+    // tokens/s is the whole job's and peak_flops_ one process's (its
+    // threads' cores), so the job's peak is world times that.
+    metrics.mfu = FlopsPerToken(config_.model, T) * metrics.tokens_per_s /
+                  (peak_flops_ * strategy_->dims().world());
+  }
+  return metrics;
+}
+
+absl::StatusOr<float> Trainer::Evaluate() {
+  if (val_ == nullptr) {
+    return absl::FailedPreconditionError("evaluation needs data.val and train.eval_every > 0");
+  }
+  const int B = config_.data.micro_batch, T = config_.model.seq_len;
+  const int dp = strategy_->dims().dp();
+  MicroBatches batches;
+  batches.count = config_.train.eval_batches;
+  batches.B = B;
+  batches.T = T;
+  batches.fill = [&](int m, int* inputs, int* targets) {
+    const uint64_t global_first = static_cast<uint64_t>(m) * dp * B;
+    val_->Batch(RankFirstSample(global_first, strategy_->dp_rank(), B), B, inputs, targets);
+  };
+  auto loss = strategy_->ForwardOnly(model_.get(), batches);
+  if (!loss.ok()) return loss.status();
+  float sums[2] = {static_cast<float>(loss->sum), static_cast<float>(loss->count)};
+  if (absl::Status reduced =
+          strategy_->control().AllReduce(absl::MakeSpan(sums), parallel::ReduceOp::kSum);
+      !reduced.ok()) {
+    return reduced;
+  }
+  return sums[1] > 0.0f ? sums[0] / sums[1] : 0.0f;
+}
+
+absl::Status Trainer::Log(const StepMetrics& metrics) {
+  if (strategy_->rank() != 0) return absl::OkStatus();
+  progress_.Clear();
+  std::fprintf(options_.log, "%s\n", FormatStepLine(metrics).c_str());
+  std::fflush(options_.log);
+  if (metrics_ != nullptr) return metrics_->Write(StepJson(metrics));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LogEval(const EvalMetrics& metrics) {
+  if (strategy_->rank() != 0) return absl::OkStatus();
+  progress_.Clear();
+  std::fprintf(options_.log, "%s\n", FormatEvalLine(metrics).c_str());
+  std::fflush(options_.log);
+  if (metrics_ != nullptr) return metrics_->Write(EvalJson(metrics));
+  return absl::OkStatus();
+}
+
+std::string Trainer::StopCause() const {
+  if (stop_signal_ == kPeerSignalled) return "a signal to another rank";
+  const char* name = sigabbrev_np(stop_signal_);
+  return name != nullptr ? absl::StrCat("SIG", name) : absl::StrCat("signal ", stop_signal_);
+}
+
+absl::Status Trainer::Preempt(std::chrono::steady_clock::time_point since) {
+  progress_.Clear();
+  if (strategy_->rank() == 0) {
+    std::fprintf(options_.log, "preempted: %s after step %d of %d; %s\n", StopCause().c_str(),
+                 state_.step, config_.train.steps,
+                 config_.checkpoint.dir.empty() ? "no checkpoint.dir, so nothing is saved"
+                                                : "saving a checkpoint");
+    std::fflush(options_.log);
+  }
+  absl::Status saved = checkpoints_->SaveNow(*model_, *optimizer_, state_);
+  if (!saved.ok()) return saved;
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  return absl::CancelledError(absl::StrCat(
+      "preempted by ", StopCause(), " after step ", state_.step,
+      config_.checkpoint.dir.empty()
+          ? std::string("; nothing saved (no checkpoint.dir)")
+          : absl::StrFormat("; checkpoint step %d committed in %.2f s", state_.step, seconds)));
+}
+
+absl::Status Trainer::Run() {
+  using Clock = std::chrono::steady_clock;
+  const int total = config_.train.steps;
+  const int first = state_.step;
+  auto start = Clock::now();
+  while (state_.step < total) {
+    auto metrics = Step();
+    if (!metrics.ok()) return metrics.status();
+    if (!std::isfinite(metrics->loss)) {
+      return absl::InternalError(absl::StrCat("step ", metrics->step, ": the loss is ",
+                                              metrics->loss, "; lower optim.lr or check the data"));
+    }
+    if (options_.on_step) options_.on_step(*metrics);
+    if (ShouldLog(metrics->step, total, config_.train.log_every)) {
+      absl::Status logged = Log(*metrics);
+      if (!logged.ok()) return logged;
+    }
+    if (val_ != nullptr && ShouldEvaluate(metrics->step, total, config_.train.eval_every)) {
+      auto val_loss = Evaluate();
+      if (!val_loss.ok()) return val_loss.status();
+      EvalMetrics eval{metrics->step, *val_loss};
+      if (options_.on_eval) options_.on_eval(eval);
+      absl::Status logged = LogEval(eval);
+      if (!logged.ok()) return logged;
+    }
+    absl::Status saved = checkpoints_->AfterStep(*model_, *optimizer_, state_);
+    if (!saved.ok()) return saved;
+    if (stop_signal_ != 0 && state_.step < total) return Preempt(Clock::now());
+    double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    progress_.Draw(state_.step, first, total, elapsed);
+  }
+  progress_.Clear();
+  return checkpoints_->SaveFinal(*model_, *optimizer_, state_);
+}
+
+}  // namespace muster::worker
