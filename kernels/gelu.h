@@ -50,7 +50,7 @@ MUSTER_HD float GeluBackwardElem(float x, float grad_out) {
 
 // CPU back end. out, in: (n,). May run in place (out == in).
 void GeluForwardCpu(float* out, const float* in, size_t n);
-// grad_in, in, grad_out: (n,). grad_in may alias grad_out.
+// grad_in, in, grad_out: (n,). grad_in may alias grad_out or in (elementwise).
 void GeluBackwardCpu(float* grad_in, const float* in, const float* grad_out, size_t n);
 
 // CUDA back end (--config=cuda only): device pointers, enqueued on `stream`

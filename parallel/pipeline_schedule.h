@@ -51,10 +51,9 @@
 // Every rank then holds up to P micro-batches from F to Bw (the paper: "all
 // workers maintain the same number of in-flight microbatches"), but rank r
 // only P - r of them from F to Bi; between Bi and Bw a micro-batch needs
-// only what Bw reads, less than B does, so a runtime that freed the rest
-// at Bi would peak at rank 0's memory, as in 1F1B. (worker/strategy/pipeline/pipeline.h's
-// does not yet: a slot is kept whole until Bw, with the output gradients
-// Bw reads on top.)
+// only what Bw reads, less than B does, so the peak is rank 0's, as in
+// 1F1B. (worker/strategy/pipeline/pipeline.h's runtime keeps what Bw reads
+// in activations Bi is done with, so a slot is the size of a 1F1B slot.)
 //
 // Thread-safety: pure functions.
 #pragma once

@@ -246,16 +246,16 @@ int PrintInterleavedMemoryRows(const worker::ModelConfig& model, int micro_batch
 
 void PrintZeroBubbleMemoryHeader() {
   std::printf(
-      "\nzb_h1 activation memory per rank: parts made with split_backward, a slot also holding "
-      "each block's four\nmatmul output gradients (9 x B x T x C floats per block: +split MB); "
-      "slots as the Pipeline sizes them\n(worker::PipelineSlots: from a micro-batch's first "
-      "action on the rank to its Bw); bound = InFlightBound,\npeak = peak_in_flight(); 1F1B and "
-      "GPipe: the same (P, M) of the first table\n");
+      "\nzb_h1 activation memory per rank: parts made with split_backward (the output "
+      "gradients Bw reads kept in\nactivations Bi is done with: a slot is a 1F1B slot); slots "
+      "as the Pipeline sizes them (worker::PipelineSlots:\nfrom a micro-batch's first action on "
+      "the rank to its Bw); bound = InFlightBound, peak = peak_in_flight();\n1F1B and GPipe: "
+      "the same (P, M) of the first table\n");
   const char* format =
-      "  %2s %3s %4s %6s %8s %8s %10s %5s %5s %4s %9s %9s | %10s %9s | %11s %9s | %s\n";
-  std::printf(format, "P", "M", "rank", "blocks", "slot MB", "+split", "scratch MB", "slots",
-              "bound", "peak", "slots MB", "total MB", "1F1B slots", "total", "GPipe slots",
-              "total", "slots: /1F1B /GPipe; total: /1F1B");
+      "  %2s %3s %4s %6s %8s %10s %5s %5s %4s %9s %9s | %10s %9s | %11s %9s | %s\n";
+  std::printf(format, "P", "M", "rank", "blocks", "slot MB", "scratch MB", "slots", "bound", "peak",
+              "slots MB", "total MB", "1F1B slots", "total", "GPipe slots", "total",
+              "slots: /1F1B /GPipe; total: /1F1B");
 }
 
 int PrintZeroBubbleMemoryRows(const worker::ModelConfig& model, int micro_batch, int microbatches,
@@ -280,16 +280,13 @@ int PrintZeroBubbleMemoryRows(const worker::ModelConfig& model, int micro_batch,
                   (split.ok() ? whole.status() : split.status()).ToString().c_str());
       return 1;
     }
-    // What split_backward adds per slot: fcproj and attproj (C each), fch
-    // (4C) and qkv (3C) per block and token.
-    const size_t extra = split->per_slot - whole->per_slot;
-    const size_t expected =
-        static_cast<size_t>(9) * micro_batch * model.seq_len * model.dim * blocks * sizeof(float);
-    if (extra != expected || split->scratch != whole->scratch) {
+    // split_backward costs nothing per slot: the output gradients Bw reads
+    // are kept in activations Bi is done with (worker/model/model.h).
+    if (split->per_slot != whole->per_slot || split->scratch != whole->scratch) {
       std::printf(
-          "  P %d M %d rank %d zb_h1: split part's slot +%zu bytes (expected 9 x B x T x C x "
-          "%d blocks = %zu), scratch %zu against %zu\n",
-          P, M, rank, extra, blocks, expected, split->scratch, whole->scratch);
+          "  P %d M %d rank %d zb_h1: split part's slot %zu bytes, scratch %zu; the plain "
+          "part's %zu and %zu\n",
+          P, M, rank, split->per_slot, split->scratch, whole->per_slot, whole->scratch);
       status = 1;
     }
     const int slots = worker::PipelineSlots((*lists)[rank], P, 1)[0];
@@ -314,9 +311,9 @@ int PrintZeroBubbleMemoryRows(const worker::ModelConfig& model, int micro_batch,
     }
     const Cells& cells = *compared_cells;
     std::printf(
-        "  %2d %3d %4d %6d %8.2f %8.2f %10.2f %5d %5d %4d %9.1f %9.1f | %10.1f %9.1f | %11.1f "
+        "  %2d %3d %4d %6d %8.2f %10.2f %5d %5d %4d %9.1f %9.1f | %10.1f %9.1f | %11.1f "
         "%9.1f | %5.3f %6.3f; %5.3f\n",
-        P, M, rank, blocks, Mb(split->per_slot), Mb(extra), Mb(split->scratch), slots, bound,
+        P, M, rank, blocks, Mb(split->per_slot), Mb(split->scratch), slots, bound,
         zero_bubble.peak_in_flight[rank], Mb(slot_bytes), Mb(counted), Mb(cells[1][0]),
         Mb(cells[1][1]), Mb(cells[2][0]), Mb(cells[2][1]), cells[0][0] / cells[1][0],
         cells[0][0] / cells[2][0], cells[0][1] / cells[1][1]);

@@ -22,13 +22,13 @@
 // micro-batches (one per chunk and micro-batch), each holding 1/V of a
 // rank's blocks.
 //
-// zb_h1 runs one part per rank made with ModelPart::split_backward: each
-// slot also keeps the four matmul output gradients of every block that Bi
-// computes and Bw reads (9 x B x T x C floats per block), and a
-// micro-batch keeps its slot from its first action on the rank to its Bw.
-// The tool builds the part both ways, checks that the difference is those
-// floats, and checks ActivationBytes() against scratch + slots x per slot,
-// slots as worker::PipelineSlots gives them for the rank's list.
+// zb_h1 runs one part per rank made with ModelPart::split_backward, whose
+// slot is a plain part's (the output gradients Bw reads are kept in
+// activations Bi is done with), and a micro-batch keeps its slot from its
+// first action on the rank to its Bw. The tool builds the part both ways,
+// checks that their slots and scratch are the same size, and checks
+// ActivationBytes() against scratch + slots x per slot, slots as
+// worker::PipelineSlots gives them for the rank's list.
 #pragma once
 
 #include "tools/bench_pp_threads.h"

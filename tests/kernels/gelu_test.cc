@@ -63,6 +63,11 @@ TEST_CASE("cpu loops apply the element math, in place too") {
   GeluBackwardCpu(grad.data(), in.data(), grad.data(), in.size());
   for (size_t i = 0; i < in.size(); ++i) REQUIRE(grad[i] == GeluBackwardElem(in[i], 1.0f));
 
+  // In place over the input (a zero-bubble pipeline keeps dfch in fch).
+  std::vector<float> pre = in, dout = {0.5f, -1.0f, 2.0f, 0.25f, -0.75f};
+  GeluBackwardCpu(pre.data(), pre.data(), dout.data(), pre.size());
+  for (size_t i = 0; i < in.size(); ++i) REQUIRE(pre[i] == GeluBackwardElem(in[i], dout[i]));
+
   GeluForwardCpu(in.data(), in.data(), in.size());
   REQUIRE(in == out);
   GeluForwardCpu(nullptr, nullptr, 0);  // empty input is a no-op

@@ -86,8 +86,10 @@ struct ModelPart {
   int first_block = 0;
   int end_block = 0;
   int slots = 1;
-  // Also room per slot for PartBackwardInput to leave what
-  // PartBackwardWeight reads (each block's four matmul output gradients).
+  // PartBackwardInput and PartBackwardWeight may run on it (zero-bubble
+  // schedules). It costs no memory: what the weight pass reads (each
+  // block's four matmul output gradients) is kept in activations the
+  // input pass is done with.
   bool split_backward = false;
 };
 

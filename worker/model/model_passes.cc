@@ -89,13 +89,20 @@ class GptModelImpl final : public GptModel {
 
  private:
   // A block's matmul output gradients, kept from PartBackwardInput for
-  // PartBackwardWeight (split_backward parts only).
+  // PartBackwardWeight (split_backward parts). They take no memory of
+  // their own: each lives in a buffer of the block's activations that the
+  // input-gradient pass has read for the last time when it is written
+  // (see BlockBackward), so a split slot is the size of a plain one and a
+  // zero-bubble pipeline holds what 1F1B holds per micro-batch in flight.
   struct LayerOutputGrads {
-    float* fcproj;   // (B, T, C)
-    float* fch;      // (B, T, 4C) before GELU
-    float* attproj;  // (B, T, C)
-    float* qkv;      // (B, T, 3C)
+    float* fcproj;   // (B, T, C)  in residual3: read last by the next block's backward
+    float* fch;      // (B, T, 4C) in fch: GELU's backward computes it in place
+    float* attproj;  // (B, T, C)  in residual2: read last by ln2's backward
+    float* qkv;      // (B, T, 3C) in qkv: copied there after attention's backward
   };
+  static LayerOutputGrads OutputGradsIn(const LayerActivations& a) {
+    return {a.residual3, a.fch, a.residual2, a.qkv};
+  }
   // One micro-batch's activations: what its backward reads. Only the
   // buffers of the part's own stages exist (the others are nullptr).
   struct Slot {
@@ -106,7 +113,6 @@ class GptModelImpl final : public GptModel {
     float* encoded = nullptr;              // (B, T, C) first part
     float* input = nullptr;                // (B, T, C) the previous part's output
     std::vector<LayerActivations> layers;  // the part's blocks
-    std::vector<LayerOutputGrads> douts;   // the part's blocks (split_backward)
     float* lnf = nullptr;                  // (B, T, C) last part
     float* lnf_mean = nullptr;             // (B, T)
     float* lnf_rstd = nullptr;             // (B, T)
@@ -198,15 +204,6 @@ absl::Status GptModelImpl::Allocate() {
       plan.Request(&layer.fch, BT * 4 * C);
       plan.Request(&layer.fch_gelu, BT * 4 * C);
       plan.Request(&layer.residual3, BT * C);
-    }
-    if (part_.split_backward) {
-      slot.douts.resize(slot.layers.size());
-      for (LayerOutputGrads& douts : slot.douts) {
-        plan.Request(&douts.fcproj, BT * C);
-        plan.Request(&douts.fch, BT * 4 * C);
-        plan.Request(&douts.attproj, BT * C);
-        plan.Request(&douts.qkv, BT * 3 * C);
-      }
     }
     if (last_part()) {
       plan.Request(&slot.lnf, BT * C);
@@ -323,18 +320,21 @@ void GptModelImpl::BlockBackward(int layer, const float* residual_in,
   const LayerActivations& a = slot_->layers[layer - part_.first_block];
   // A matmul's weight and bias gradients, now or (douts) later.
   auto dweight = [&](int tensor) { return douts != nullptr ? nullptr : Grad(stage, tensor); };
-  // Output gradients PartBackwardWeight reads: the residual stream's are
+  // Output gradients PartBackwardWeight reads (douts: views of this
+  // block's activations, LayerOutputGrads), each written once the buffer
+  // under it has been read for the last time. The residual stream's are
   // copied (it changes on; with memcpy, as split parts are CPU only,
-  // CreatePart), the wide ones computed in place.
-  float* dfch = douts != nullptr ? douts->fch : dwide_;
-  float* dqkv = douts != nullptr ? douts->qkv : dwide_;
-  // residual3 = residual2 + fcproj: both get dresidual unchanged, so the
-  // fcproj gradient is read from dresidual_ and no copy is made.
+  // CreatePart). residual3 = residual2 + fcproj: both get dresidual
+  // unchanged, so fcproj's output gradient is dresidual_ now; residual3
+  // (this block's output) was read last by the next block's backward.
   if (douts != nullptr) std::memcpy(douts->fcproj, dresidual_, BT * C * sizeof(float));
   ops_->Zero(dwide_, BT * 4 * C * sizeof(float));
   ops_->MatmulBackward(dwide_, dweight(layout::kFcprojw), dweight(layout::kFcprojb), dresidual_,
                        a.fch_gelu, Param(stage, layout::kFcprojw), BT, 4 * C, C);
-  ops_->GeluBackward(dfch, a.fch, dwide_, BT * 4 * C);  // dfch_gelu -> dfch
+  // dfch_gelu -> dfch; kept, it overwrites fch itself (GELU's backward is
+  // elementwise and may run in place).
+  float* dfch = douts != nullptr ? douts->fch : dwide_;
+  ops_->GeluBackward(dfch, a.fch, dwide_, BT * 4 * C);
   ops_->Zero(dnarrow_, BT * C * sizeof(float));
   ops_->MatmulBackward(dnarrow_, dweight(layout::kFcw), dweight(layout::kFcb), dfch, a.ln2,
                        Param(stage, layout::kFcw), BT, C, 4 * C);
@@ -343,15 +343,18 @@ void GptModelImpl::BlockBackward(int layer, const float* residual_in,
   ops_->LayerNormBackward(dresidual_, Grad(stage, layout::kLn2w), Grad(stage, layout::kLn2b),
                           dnarrow_, a.residual2, Param(stage, layout::kLn2w), a.ln2_mean,
                           a.ln2_rstd, BT, C);
-  // residual2 = residual_in + attproj: the same pass-through as above.
+  // residual2 = residual_in + attproj: the same pass-through as above;
+  // LayerNorm's backward has just read residual2 for the last time.
   if (douts != nullptr) std::memcpy(douts->attproj, dresidual_, BT * C * sizeof(float));
   ops_->Zero(dnarrow_, BT * C * sizeof(float));
   ops_->MatmulBackward(dnarrow_, dweight(layout::kAttprojw), dweight(layout::kAttprojb), dresidual_,
                        a.atty, Param(stage, layout::kAttprojw), BT, C, C);
-  ops_->Zero(dqkv, BT * 3 * C * sizeof(float));
-  ops_->AttentionBackward(dqkv, dpreatt_, dnarrow_, a.qkv, a.att, B, T, C, NH);
+  ops_->Zero(dwide_, BT * 3 * C * sizeof(float));
+  ops_->AttentionBackward(dwide_, dpreatt_, dnarrow_, a.qkv, a.att, B, T, C, NH);  // dqkv
+  // Attention's backward has read qkv for the last time: dqkv is kept there.
+  if (douts != nullptr) std::memcpy(douts->qkv, dwide_, BT * 3 * C * sizeof(float));
   ops_->Zero(dnarrow_, BT * C * sizeof(float));
-  ops_->MatmulBackward(dnarrow_, dweight(layout::kQkvw), dweight(layout::kQkvb), dqkv, a.ln1,
+  ops_->MatmulBackward(dnarrow_, dweight(layout::kQkvw), dweight(layout::kQkvb), dwide_, a.ln1,
                        Param(stage, layout::kQkvw), BT, C, 3 * C);
   ops_->LayerNormBackward(dresidual_, Grad(stage, layout::kLn1w), Grad(stage, layout::kLn1b),
                           dnarrow_, residual_in, Param(stage, layout::kLn1w), a.ln1_mean,
@@ -368,7 +371,7 @@ void GptModelImpl::PartBackwardWeight(int slot) {
   for (int layer = part_.end_block - 1; layer >= part_.first_block; --layer) {
     const int stage = layout::BlockStage(layer);
     const LayerActivations& a = slot_->layers[layer - part_.first_block];
-    const LayerOutputGrads& d = slot_->douts[layer - part_.first_block];
+    const LayerOutputGrads d = OutputGradsIn(a);
     ops_->MatmulBackward(nullptr, Grad(stage, layout::kFcprojw), Grad(stage, layout::kFcprojb),
                          d.fcproj, a.fch_gelu, Param(stage, layout::kFcprojw), BT, 4 * C, C);
     ops_->MatmulBackward(nullptr, Grad(stage, layout::kFcw), Grad(stage, layout::kFcb), d.fch,
@@ -412,8 +415,8 @@ void GptModelImpl::Backward(int slot, float loss_scale, const float* grad_out, f
 
   for (int layer = part_.end_block - 1; layer >= part_.first_block; --layer) {
     PreBackward(layout::BlockStage(layer));
-    BlockBackward(layer, BlockInput(layer),
-                  defer_weights ? &s.douts[layer - part_.first_block] : nullptr);
+    const LayerOutputGrads douts = OutputGradsIn(s.layers[layer - part_.first_block]);
+    BlockBackward(layer, BlockInput(layer), defer_weights ? &douts : nullptr);
     PostBackward(layout::BlockStage(layer));
   }
 

@@ -595,7 +595,9 @@ TEST_CASE("a split backward (input pass, then weight pass) adds PartBackward's b
     auto split = GptModel::CreatePart(config, B, Device::kCpu, split_cut);
     REQUIRE(plain.ok());
     REQUIRE(split.ok());
-    CHECK((*split)->ActivationBytes() > (*plain)->ActivationBytes());
+    // The kept output gradients live in activations the input pass is done
+    // with: a split part takes no more memory than a plain one.
+    CHECK((*split)->ActivationBytes() == (*plain)->ActivationBytes());
     const bool last = cut.end_block == config.layers, first = cut.first_block == 0;
     const size_t activation = static_cast<size_t>(B) * T * config.dim;
     std::mt19937 random(7);
