@@ -15,6 +15,10 @@
 #              threads sharing GPU 0 over 127.0.0.1
 #   sanitizer  compute-sanitizer --tool memcheck bin/fast_cuda_test $SANITIZER_ARGS
 #   bench      bin/bench_gpu $BENCH_ARGS
+#   fsdpcpu    bin/bench_fsdp --skip-rss $FSDP_ARGS: FSDP against DDP and the
+#              communication hidden, on the node's CPU cores (no GPU): the
+#              same measurement as on a 2-core machine, without two ranks and
+#              their communication threads sharing 2 cores
 #   torch      python3 bin/bench_gpu_torch.py $TORCH_ARGS (the node's own
 #              environment: none of the bundle's libraries)
 #   train      bin/worker on each of $TRAIN_CONFIGS (default
@@ -69,8 +73,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-ALL_STEPS=(selfcheck link kernels model staged sanitizer bench torch train curve determinism resume
-           ddp1 ddp2 ddpnccl2 ddpkill)
+ALL_STEPS=(selfcheck link kernels model staged sanitizer bench fsdpcpu torch train curve determinism
+           resume ddp1 ddp2 ddpnccl2 ddpkill)
 DEFAULT_STEPS=(link kernels model bench)
 
 OUT=${OUT:-/tmp/gpu_out}
@@ -272,6 +276,12 @@ step_bench() {
   local -a args
   mapfile -t args < <(words BENCH_ARGS)
   need bin/bench_gpu && bundled bin/bench_gpu "${args[@]}"
+}
+
+step_fsdpcpu() {
+  local -a args
+  mapfile -t args < <(words FSDP_ARGS)
+  need bin/bench_fsdp && bundled bin/bench_fsdp --skip-rss "${args[@]}"
 }
 
 step_torch() {
