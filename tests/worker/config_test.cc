@@ -576,7 +576,7 @@ TEST_CASE("ModelConfigHash is stable and covers exactly the model's shape") {
   CHECK(ModelConfigHash(a.model) == ModelConfigHash(b.model));
 }
 
-// ---- The field tables (worker/config/config.cc): ConfigFields() is what the
+// ---- The field tables (worker/config/fields.h): ConfigFields() is what the
 // reader, ConfigToYaml and operator== walk, so checking it covers them all.
 
 // Converts to anything, so T{AnyMember{}...} compiles with at most as many
@@ -629,12 +629,12 @@ TEST_CASE("ConfigFields lists every member of every config struct") {
       {"checkpoint", MemberCount<CheckpointConfig>()},
   };
   for (const auto& [section, members] : sections) {
-    INFO("section " << section << ": a member missing from its table in worker/config/config.cc?");
+    INFO("section " << section << ": a member missing from its table in worker/config/fields.h?");
     CHECK(listed[section] == members);
   }
   // TrainConfig: the sections and top-level strings above, plus `source`
   // (where it came from, not a yaml field).
-  INFO("a TrainConfig member missing from its table in worker/config/config.cc?");
+  INFO("a TrainConfig member missing from its table in worker/config/fields.h?");
   CHECK(listed.size() == sections.size());
   CHECK(MemberCount<TrainConfig>() == sections.size() + 1);
 }
@@ -854,7 +854,7 @@ TEST_CASE("docs/yaml-schema.md's field tables list exactly ConfigFields") {
   for (const ConfigField& field : ConfigFields()) {
     auto it = documented.find(field.path);
     if (it == documented.end()) {
-      FAIL_CHECK(field.path << " is a field (worker/config/config.cc) that docs/yaml-schema.md's "
+      FAIL_CHECK(field.path << " is a field (worker/config/fields.h) that docs/yaml-schema.md's "
                                "tables do not document");
       continue;
     }
@@ -874,7 +874,7 @@ TEST_CASE("docs/yaml-schema.md's field tables list exactly ConfigFields") {
   }
   for (const auto& [path, row] : documented) {
     FAIL_CHECK("docs/yaml-schema.md:" << row.line << ": documents " << path
-                                      << ", which is no field (worker/config/config.cc)");
+                                      << ", which is no field (worker/config/fields.h)");
   }
 }
 

@@ -1,0 +1,158 @@
+#include "worker/config/validate.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/config/walk.h"
+
+namespace muster::worker::config_detail {
+
+absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
+  auto fail = [&](const std::string& path, const std::string& what,
+                  std::initializer_list<std::string> also = {}) {
+    std::vector<std::string> paths = {path};
+    paths.insert(paths.end(), also.begin(), also.end());
+    return reader.Error(reader.LineFor(paths), path, what);
+  };
+  absl::Status own = absl::OkStatus();
+  ForEachScalar(config, "", [&](const std::string& path, const Rule& rule, const auto& value) {
+    if (!own.ok()) return;
+    if (std::optional<std::string> what = CheckValue(rule, value)) own = fail(path, *what);
+  });
+  if (!own.ok()) return own;
+
+  const ModelConfig& m = config.model;
+  const DataConfig& d = config.data;
+  const OptimConfig& o = config.optim;
+  const TrainLoopConfig& t = config.train;
+  const CheckpointConfig& c = config.checkpoint;
+  if (m.dim % m.heads != 0) {
+    return fail("model.heads", absl::StrCat(m.heads, " does not divide model.dim ", m.dim),
+                {"model.dim"});
+  }
+  if (o.min_lr > o.lr) {
+    return fail("optim.min_lr", absl::StrCat(o.min_lr, " is above optim.lr ", o.lr), {"optim.lr"});
+  }
+  if (t.eval_every > 0 && d.val.empty()) {
+    return fail("train.eval_every", "evaluation needs data.val (a glob of token shards)");
+  }
+  // Only an explicit cpu is known here; with device auto the same mistake
+  // surfaces when the trainer resolves both (ResolvePrecision).
+  if (config.device == "cpu" && (config.precision == "tf32" || config.precision == "bf16")) {
+    return fail("precision",
+                absl::StrCat(config.precision, " needs device cuda; the CPU computes in fp32 only"),
+                {"device"});
+  }
+  if (config.device == "cpu" && config.parallel.backend == "nccl") {
+    return fail("parallel.backend",
+                "nccl needs device cuda; on the CPU gradients are reduced over gloo", {"device"});
+  }
+  // The degrees' product is checked against the world when the worker
+  // joins its peers (ParallelDimsFor, worker/strategy/strategy.h): the world size is not
+  // known here. What no world can fix is refused now.
+  const ParallelConfig& p = config.parallel;
+  if (p.strategy == "ddp" && p.dp_shard > 1) {
+    return fail("parallel.dp_shard",
+                absl::StrCat(p.dp_shard,
+                             " shards each replica, which needs parallel.strategy: fsdp; ddp "
+                             "replicates the whole model: 0 (auto) or 1"),
+                {"parallel.strategy"});
+  }
+  const bool interleaved = p.schedule == "interleaved_1f1b";
+  const int V = VirtualStages(p);
+  if (interleaved && V < 2) {
+    return fail("parallel.virtual_stages",
+                absl::StrCat(V,
+                             " with interleaved_1f1b, which runs 2 or more pipeline stages per "
+                             "rank (0: auto, 2)"),
+                {"parallel.schedule"});
+  }
+  if (!interleaved && V != 1) {
+    return fail("parallel.virtual_stages",
+                absl::StrCat(V, " with parallel.schedule ", p.schedule,
+                             ", which runs one pipeline stage per rank: 0 or 1, or use "
+                             "interleaved_1f1b"),
+                {"parallel.schedule"});
+  }
+  if (p.pp > 1) {
+    if (p.pp * V > config.model.layers) {
+      return fail("parallel.pp",
+                  absl::StrCat(
+                      p.pp * V, " pipeline stages",
+                      V > 1 ? absl::StrCat(" (", p.pp, " ranks x ", V, " virtual stages)") : "",
+                      " for ", config.model.layers, " blocks (model.layers): each stage needs one"),
+                  {"model.layers", "parallel.virtual_stages"});
+    }
+    if (p.microbatches > 0 && config.data.grad_accumulation > 1) {
+      return fail("data.grad_accumulation",
+                  absl::StrCat(config.data.grad_accumulation, " with parallel.microbatches ",
+                               p.microbatches,
+                               ": a pipeline's micro-batches per step are parallel.microbatches "
+                               "alone; leave data.grad_accumulation at 1"),
+                  {"parallel.microbatches"});
+    }
+    const int M = MicroSteps(config);
+    if (p.schedule != "gpipe" && M < p.pp) {
+      return fail(
+          "parallel.microbatches",
+          absl::StrCat(M,
+                       " micro-batches per step (parallel.microbatches, or "
+                       "data.grad_accumulation when it is 0) is fewer than parallel.pp (",
+                       p.pp, "): ", p.schedule, " never fills the pipeline; use more, or gpipe"),
+          {"parallel.pp"});
+    }
+    if (interleaved && M % p.pp != 0) {
+      return fail(
+          "parallel.microbatches",
+          absl::StrCat(M, " micro-batches per step is not a multiple of parallel.pp (", p.pp,
+                       "): interleaved_1f1b sends micro-batches round in groups of pp"),
+          {"parallel.pp"});
+    }
+  }
+  if (!p.pp_split.empty()) {
+    const std::string split = WriteScalar(p.pp_split);
+    if (p.pp < 2) {
+      return fail("parallel.pp_split",
+                  absl::StrCat(split, " splits a pipeline, which needs parallel.pp above 1 (it is ",
+                               p.pp, "); leave it empty ([])"),
+                  {"parallel.pp"});
+    }
+    if (static_cast<int>(p.pp_split.size()) != p.pp * V) {
+      return fail("parallel.pp_split",
+                  absl::StrCat(split, " has ", p.pp_split.size(),
+                               " entries; expected one per pipeline stage, parallel.pp ", p.pp,
+                               V > 1 ? absl::StrCat(" x parallel.virtual_stages ", V) : ""),
+                  {"parallel.pp"});
+    }
+    int64_t blocks = 0;
+    for (size_t i = 0; i < p.pp_split.size(); ++i) {
+      if (p.pp_split[i] < 1) {
+        return fail("parallel.pp_split",
+                    absl::StrCat(split, ": entry ", i + 1, " is ", p.pp_split[i],
+                                 "; each stage needs at least 1 block"));
+      }
+      blocks += p.pp_split[i];
+    }
+    if (blocks != m.layers) {
+      return fail(
+          "parallel.pp_split",
+          absl::StrCat(split, " sums to ", blocks, " blocks, but model.layers is ", m.layers),
+          {"model.layers"});
+    }
+  }
+  if (c.every > 0 && c.dir.empty()) {
+    return fail("checkpoint.every", "saving checkpoints needs checkpoint.dir");
+  }
+  if (!c.dir.empty() && c.every > 0 && c.keep_last < 2) {
+    return fail("checkpoint.keep_last",
+                absl::StrCat(c.keep_last,
+                             " is too few while checkpoints are on; keep at "
+                             "least 2, so that one survives a bad newest one"),
+                {"checkpoint.every", "checkpoint.dir"});
+  }
+  return absl::OkStatus();
+}
+}  // namespace muster::worker::config_detail
