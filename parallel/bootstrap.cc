@@ -13,10 +13,10 @@ extern char** environ;
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "parallel/gloo_group.h"
-#include "parallel/nccl_group.h"
+#include "parallel/gloo/group.h"
+#include "parallel/nccl/group.h"
 #include "parallel/self_group.h"
-#include "parallel/staged_group.h"
+#include "parallel/staged/group.h"
 #include "rendezvous/client/rpc.h"
 #include "rendezvous/client/watcher.h"
 

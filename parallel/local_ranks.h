@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "parallel/gloo_group.h"
+#include "parallel/gloo/group.h"
 #include "parallel/process_group.h"
 #include "rendezvous/client/store.h"
 

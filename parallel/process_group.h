@@ -1,8 +1,8 @@
 // Collective communication among the ranks of one job round: the one
 // interface DDP (and later FSDP and pipeline parallelism) talk through.
-// Back ends: Gloo over TCP (parallel/gloo_group.h, CPU memory), NCCL
-// (parallel/nccl_group.h, device memory, --config=cuda only), Gloo staged
-// through pinned memory (parallel/staged_group.h) and a group of one rank
+// Back ends: Gloo over TCP (parallel/gloo/group.h, CPU memory), NCCL
+// (parallel/nccl/group.h, device memory, --config=cuda only), Gloo staged
+// through pinned memory (parallel/staged/group.h) and a group of one rank
 // (parallel/self_group.h). Blocking control-plane calls over a host-memory
 // group: parallel/collectives.h.
 //

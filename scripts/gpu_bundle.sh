@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 GPU_TARGETS_DEFAULT=(
   //worker:worker
   //launcher:launch
-  //parallel:nccl_link_check
+  //parallel/nccl:nccl_link_check
   //tools:bench_gpu
   //tools:bench_fsdp
   //kernels:cuda_link_check

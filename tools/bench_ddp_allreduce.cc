@@ -27,7 +27,7 @@ int IterationsFor(size_t bytes) {
 
 // gloo's side: a context connected through gloo's own in-memory store
 // (the store only matters while connecting) and gloo::allreduce with the
-// ring algorithm and gloo's sum, exactly what parallel/gloo_ops.cc calls.
+// ring algorithm and gloo's sum, exactly what parallel/gloo/ops.cc calls.
 class DirectGloo {
  public:
   static absl::StatusOr<std::unique_ptr<DirectGloo>> Connect(gloo::rendezvous::Store& store,

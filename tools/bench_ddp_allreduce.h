@@ -1,5 +1,5 @@
 // Allreduce bus bandwidth over loopback for tools/bench_ddp: our
-// ProcessGroup (parallel/gloo_group.h) against gloo's ring allreduce called
+// ProcessGroup (parallel/gloo/group.h) against gloo's ring allreduce called
 // directly on a context of its own, ranks as threads of this process.
 //
 // busbw = 2 (n - 1) / n * bytes / time, the bytes each rank's link carries

@@ -28,8 +28,8 @@
 #include "absl/strings/str_replace.h"
 #include "launcher/worker_env.h"
 #include "parallel/bootstrap.h"
-#include "parallel/nccl_group.h"
-#include "parallel/nccl_transport.h"
+#include "parallel/nccl/group.h"
+#include "parallel/nccl/transport.h"
 #include "worker/checkpoint/env.h"
 #include "worker/config/config.h"
 #include "worker/model/ops.h"
@@ -113,7 +113,7 @@ struct Parallelism {
   std::unique_ptr<ParallelStrategy> owned;
   std::string description;  // for the banner: the ranks, the GPU, the backend ("" alone)
   // Rank 0 over NCCL without the user's NCCL_DEBUG: NCCL's INIT log, read
-  // after the first step for the transports (parallel/nccl_transport.h).
+  // after the first step for the transports (parallel/nccl/transport.h).
   std::optional<std::string> nccl_log;
   ParallelStrategy* strategy() const { return owned.get(); }  // nullptr: alone
 };

@@ -12,7 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/status/statusor.h"
-#include "parallel/gloo_group.h"
+#include "parallel/gloo/group.h"
 #include "parallel/local_ranks.h"
 #include "rendezvous/client/store.h"
 

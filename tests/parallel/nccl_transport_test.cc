@@ -1,6 +1,6 @@
 // The NCCL transport summary, on log lines as NCCL 2.2x prints them
 // (one node with P2P and SHM, two nodes over InfiniBand, sockets).
-#include "parallel/nccl_transport.h"
+#include "parallel/nccl/transport.h"
 
 #include <catch2/catch.hpp>
 #include <cstdlib>

@@ -12,7 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
-#include "parallel/staged_group.h"
+#include "parallel/staged/group.h"
 #include "tests/parallel/group_test_util.h"
 
 namespace muster::parallel::testing {

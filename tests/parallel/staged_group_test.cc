@@ -3,7 +3,7 @@
 // set by the BUILD file), a machine without a GPU gives INTERNAL and one
 // with a GPU a group. The operations themselves need a GPU:
 // tests/parallel/staged_group_cuda_test.cc.
-#include "parallel/staged_group.h"
+#include "parallel/staged/group.h"
 #include "absl/strings/match.h"
 #include "tests/parallel/group_test_util.h"
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "parallel/gloo_group.h"
+#include "parallel/gloo/group.h"
 #include "parallel/gradient_reducer.h"
 #include "rendezvous/client/store.h"
 #include "tests/parallel/group_test_util.h"

@@ -1,4 +1,4 @@
-#include "parallel/gloo_ops.h"
+#include "parallel/gloo/ops.h"
 
 #include <gloo/allgatherv.h>
 #include <gloo/allreduce.h>

@@ -1,5 +1,5 @@
-// CreateNcclGroup under --config=cuda (see nccl_group.h).
-#include "parallel/nccl_group.h"
+// CreateNcclGroup under --config=cuda (see group.h).
+#include "parallel/nccl/group.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>

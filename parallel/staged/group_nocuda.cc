@@ -1,5 +1,5 @@
 // CreateHostStagedGroup in a build without --config=cuda.
-#include "parallel/staged_group.h"
+#include "parallel/staged/group.h"
 
 #include "absl/strings/str_cat.h"
 

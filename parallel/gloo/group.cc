@@ -1,4 +1,4 @@
-#include "parallel/gloo_group.h"
+#include "parallel/gloo/group.h"
 
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
@@ -18,8 +18,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "parallel/gloo_ops.h"
-#include "parallel/gloo_store.h"
+#include "parallel/gloo/ops.h"
+#include "parallel/gloo/store.h"
 #include "parallel/work_queue.h"
 
 namespace muster::parallel {

@@ -1,6 +1,6 @@
 // The bodies of GlooGroup's operations: blocking gloo calls on one
 // context, run on the group's communication thread. Internal to
-// parallel/gloo_group.cc (not a public header).
+// parallel/gloo/group.cc (not a public header).
 //
 // Every function throws what gloo throws (gloo::IoException on a broken
 // connection or a timeout, gloo::EnforceNotMet on misuse); GlooGroup maps

@@ -1,5 +1,5 @@
-// CreateHostStagedGroup under --config=cuda (see staged_group.h).
-#include "parallel/staged_group.h"
+// CreateHostStagedGroup under --config=cuda (see group.h).
+#include "parallel/staged/group.h"
 
 #include <cuda_runtime.h>
 

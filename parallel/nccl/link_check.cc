@@ -1,8 +1,8 @@
-// Proves nccl_group links (bazel build --config=cuda //parallel:nccl_link_check).
+// Proves nccl_group links (bazel build --config=cuda //parallel/nccl:link_check).
 // Run on a machine with a GPU it creates a group of one and allreduces.
 #include <cstdio>
 
-#include "parallel/nccl_group.h"
+#include "parallel/nccl/group.h"
 
 int main() {
   muster::rdzv::InMemoryStore store;

@@ -1,4 +1,4 @@
-#include "parallel/nccl_transport.h"
+#include "parallel/nccl/transport.h"
 
 #include <unistd.h>
 

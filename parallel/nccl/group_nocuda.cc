@@ -1,5 +1,5 @@
 // CreateNcclGroup in a build without --config=cuda.
-#include "parallel/nccl_group.h"
+#include "parallel/nccl/group.h"
 
 namespace muster::parallel {
 

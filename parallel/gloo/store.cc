@@ -1,4 +1,4 @@
-#include "parallel/gloo_store.h"
+#include "parallel/gloo/store.h"
 
 #include <gloo/common/error.h>
 
