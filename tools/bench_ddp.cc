@@ -7,7 +7,7 @@
 //      `launch --standalone`: global tokens/s, scaling efficiency, and
 //      ours/theirs;
 //   3. overlap: the fraction of the gradient allreduce hidden behind the
-//      backward pass (tools/bench_ddp_overlap.h says how it is measured).
+//      backward pass (tools/ddp/overlap.h says how it is measured).
 // Every rank computes with one thread (launch's OMP_NUM_THREADS=1).
 //
 //   bazel run //tools:bench_ddp -- [--steps 10] [--rounds 3] [--nproc 2]
@@ -24,10 +24,10 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "tools/bench_ddp_allreduce.h"
-#include "tools/bench_ddp_overlap.h"
-#include "tools/bench_ddp_runs.h"
 #include "tools/bench_util.h"
+#include "tools/ddp/allreduce.h"
+#include "tools/ddp/overlap.h"
+#include "tools/ddp/runs.h"
 
 namespace muster::tools {
 namespace {

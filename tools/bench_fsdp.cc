@@ -1,6 +1,6 @@
 // bench_fsdp: what sharding the training state (worker/strategy/fsdp/fsdp.h) costs and
 // saves on this machine's CPU, against DDP.
-//   1. throughput at N ranks as threads (tools/bench_fsdp_threads.h) of
+//   1. throughput at N ranks as threads (tools/fsdp/threads.h) of
 //      bench_ddp's small GPT: DDP, FSDP ZeRO-1, ZeRO-2 and ZeRO-3 in
 //      rounds, every job once per round, so load from elsewhere on the
 //      machine lands on each alike; medians over rounds, and FSDP/DDP;
@@ -8,7 +8,7 @@
 //      reduce-scatters that compute hides: exposed wait against the same
 //      collectives alone;
 //   3. peak RSS per rank of GPT-2 124M, the real `worker` under the real
-//      `launch`, DDP and ZeRO-3 at 2 and 4 ranks (tools/bench_fsdp_rss.h),
+//      `launch`, DDP and ZeRO-3 at 2 and 4 ranks (tools/fsdp/rss.h),
 //      next to the training state the formula gives (FsdpMemoryFormula).
 // Every rank computes with one thread (launch's OMP_NUM_THREADS=1).
 //
@@ -30,9 +30,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "parallel/process_group.h"
-#include "tools/bench_fsdp_rss.h"
-#include "tools/bench_fsdp_threads.h"
 #include "tools/bench_util.h"
+#include "tools/fsdp/rss.h"
+#include "tools/fsdp/threads.h"
 #include "worker/data/data.h"
 #include "worker/model/model.h"
 #include "worker/strategy/fsdp/fsdp.h"
@@ -315,7 +315,7 @@ int Main(int argc, char** argv) {
 }  // namespace muster::tools
 
 int main(int argc, char** argv) {
-  // A rank of the RSS jobs (tools/bench_fsdp_rss.h): no flags of ours.
+  // A rank of the RSS jobs (tools/fsdp/rss.h): no flags of ours.
   if (argc > 1 && std::strcmp(argv[1], muster::tools::kRssChildFlag) == 0) {
     return muster::tools::RssChildMain(argc, argv);
   }

@@ -4,16 +4,16 @@
 // P or the model has fewer than P x V blocks) and zb_h1 (every backward
 // split into Bi, the input's gradient, and a deferred Bw, the weights';
 // skipped where M < P).
-//   1. the bubble: P ranks as threads (tools/bench_pp_threads.h), M
+//   1. the bubble: P ranks as threads (tools/pp/threads.h), M
 //      micro-batches, each rank's idle fraction of the step from
-//      Pipeline::last_step_times() (tools/bench_pp_timeline.h: busy =
+//      Pipeline::last_step_times() (tools/pp/timeline.h: busy =
 //      its F + B + Bi + Bw, span = the pipeline's first compute to its
 //      last), median over the timed steps, next to (P-1)/(M+P-1),
 //      (P-1)/(VM+P-1) for interleaved (a Forward and Backward there are
 //      of one chunk, 1/V of the rank's blocks), or (P-1)/(3M+P-1) for
 //      zb_h1 (the paper's, which assumes F = Bi = Bw). On the wall clock;
 //      with processor sharing undone (P ranks on fewer cores); and
-//      replayed from each action's CPU time (tools/bench_pp_cpu.h), which
+//      replayed from each action's CPU time (tools/pp/cpu.h), which
 //      other load on the machine does not change. zb_h1 also next to
 //      SimulateSchedule with its measured mean F, Bi and Bw, the theory
 //      for the costs it really has;
@@ -21,7 +21,7 @@
 //      (every chunk's slots and scratch) and Pipeline::peak_in_flight(),
 //      the slots split from the backward scratch with parts built
 //      directly (GptModel::CreatePart with 1 and 2 slots, split_backward
-//      for zb_h1; tools/bench_pp_memory.h), interleaved and zb_h1 against
+//      for zb_h1; tools/pp/memory.h), interleaved and zb_h1 against
 //      1F1B and GPipe.
 // Every rank computes with one thread.
 //
@@ -47,10 +47,10 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/statusor.h"
 #include "parallel/pipeline_schedule.h"
-#include "tools/bench_pp_memory.h"
-#include "tools/bench_pp_threads.h"
-#include "tools/bench_pp_timeline.h"
 #include "tools/bench_util.h"
+#include "tools/pp/memory.h"
+#include "tools/pp/threads.h"
+#include "tools/pp/timeline.h"
 #include "worker/data/data.h"
 
 namespace muster::tools {
@@ -197,7 +197,7 @@ int PrintBubble(const std::vector<Job>& jobs, int cores, int virtual_stages) {
   std::printf(
       "\nbubble: idle fraction per rank = 1 - (its F + B + Bi + Bw time) / (the pipeline's "
       "first compute to its\nlast); median over steps; mean [least, most] over ranks "
-      "(tools/bench_pp_timeline.h).\n  wall: as it ran; normalized: processor sharing undone "
+      "(tools/pp/timeline.h).\n  wall: as it ran; normalized: processor sharing undone "
       "for %d cores; replay: the lists run with each\n  action's sampled CPU time, "
       "communication free; imbalance: the replay with each rank's mean F, B, Bi, Bw.\n  int-V%d: "
       "interleaved_1f1b, %d virtual stages per rank, theory (P-1)/(VM+P-1); zb_h1: theory "

@@ -1,4 +1,4 @@
-#include "tools/bench_ddp_allreduce.h"
+#include "tools/ddp/allreduce.h"
 
 #include <gloo/allreduce.h>
 #include <gloo/math.h>

@@ -31,7 +31,7 @@
 // worker::PipelineSlots gives them for the rank's list.
 #pragma once
 
-#include "tools/bench_pp_threads.h"
+#include "tools/pp/threads.h"
 #include "worker/config/config.h"
 
 namespace muster::tools {

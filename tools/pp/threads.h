@@ -14,7 +14,7 @@
 // microseconds later, after building the schedule's lists), and the
 // training thread's CPU time (CLOCK_THREAD_CPUTIME_ID) around the call.
 // The CPU time of each action is sampled from outside
-// (tools/bench_pp_cpu.h, every millisecond).
+// (tools/pp/cpu.h, every millisecond).
 #pragma once
 
 #include <cstddef>

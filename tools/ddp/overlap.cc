@@ -1,4 +1,4 @@
-#include "tools/bench_ddp_overlap.h"
+#include "tools/ddp/overlap.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "tools/bench_pp_threads.h"
+#include "tools/pp/threads.h"
 
 #include <time.h>
 
@@ -13,7 +13,7 @@
 #include "parallel/parallel_dims.h"
 #include "parallel/process_group.h"
 #include "rendezvous/client/store.h"
-#include "tools/bench_pp_cpu.h"
+#include "tools/pp/cpu.h"
 #include "worker/trainer/trainer.h"
 
 namespace muster::tools {

@@ -1,4 +1,4 @@
-#include "tools/bench_pp_cpu.h"
+#include "tools/pp/cpu.h"
 
 #include <algorithm>
 

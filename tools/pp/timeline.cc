@@ -1,4 +1,4 @@
-#include "tools/bench_pp_timeline.h"
+#include "tools/pp/timeline.h"
 
 #include <algorithm>
 #include <limits>

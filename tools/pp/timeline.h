@@ -1,5 +1,5 @@
 // The idle time of one pipeline step of tools/bench_pp, from the ranks'
-// action times (tools/bench_pp_threads.h).
+// action times (tools/pp/threads.h).
 //
 // Busy: a rank's compute actions, Forwards and Backwards, the latter
 // whole (B) or split in two passes (zb_h1's Bi and Bw): busy = F + B + Bi
@@ -34,7 +34,7 @@
 
 #include <vector>
 
-#include "tools/bench_pp_threads.h"
+#include "tools/pp/threads.h"
 
 namespace muster::tools {
 

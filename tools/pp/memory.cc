@@ -1,4 +1,4 @@
-#include "tools/bench_pp_memory.h"
+#include "tools/pp/memory.h"
 
 #include <algorithm>
 #include <array>

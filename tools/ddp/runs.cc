@@ -1,4 +1,4 @@
-#include "tools/bench_ddp_runs.h"
+#include "tools/ddp/runs.h"
 
 #include <cstdio>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "tools/bench_fsdp_threads.h"
+#include "tools/fsdp/threads.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "tools/bench_fsdp_rss.h"
+#include "tools/fsdp/rss.h"
 
 #include <signal.h>
 #include <sys/prctl.h>
