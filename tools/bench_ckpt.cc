@@ -22,10 +22,10 @@
 #include "absl/strings/str_cat.h"
 #include "worker/checkpoint/env.h"
 #include "worker/checkpoint/layout.h"
-#include "worker/checkpoint/manager.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/reader.h"
 #include "worker/data/data.h"
+#include "worker/trainer/checkpoint_manager.h"
 #include "worker/trainer/trainer.h"
 
 namespace muster::worker {

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/grad_norm.h"
-#include "worker/checkpoint/manager.h"
+#include "worker/trainer/checkpoint_manager.h"
 
 namespace muster::worker {
 

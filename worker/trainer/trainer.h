@@ -30,12 +30,12 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "worker/checkpoint/env.h"
-#include "worker/checkpoint/manager.h"
 #include "worker/config/config.h"
 #include "worker/data/data.h"
 #include "worker/model/model.h"
 #include "worker/optim/optim.h"
 #include "worker/strategy/strategy.h"
+#include "worker/trainer/checkpoint_manager.h"
 #include "worker/trainer/metrics.h"
 
 namespace muster::worker {
@@ -73,7 +73,7 @@ class Trainer {
   // device cannot do, bf16 on the CPU, is INVALID_ARGUMENT naming
   // `precision`), builds the model with InitWeights(train.seed) and the
   // optimizer, resumes from a checkpoint per checkpoint.resume
-  // (worker/checkpoint/manager.h; its errors), and opens the metrics file
+  // (worker/trainer/checkpoint_manager.h; its errors), and opens the metrics file
   // (appending after a resume).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                          TrainerOptions options = {});

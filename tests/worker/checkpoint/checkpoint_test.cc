@@ -22,12 +22,12 @@
 #include "tests/worker/checkpoint/tiny_job.h"
 #include "tests/worker/thread_ranks.h"
 #include "worker/checkpoint/layout.h"
-#include "worker/checkpoint/manager.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/reader.h"
 #include "worker/checkpoint/retention.h"
 #include "worker/checkpoint/writer.h"
 #include "worker/data/data.h"
+#include "worker/trainer/checkpoint_manager.h"
 #include "worker/trainer/trainer.h"
 
 namespace muster::worker {

@@ -1,4 +1,4 @@
-#include "worker/checkpoint/manager.h"
+#include "worker/trainer/checkpoint_manager.h"
 
 #include <unistd.h>
 
