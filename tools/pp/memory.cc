@@ -23,8 +23,8 @@ struct PartBytes {
   size_t per_slot = 0, scratch = 0;
 };
 
-// `split_backward`: the part as zb_h1's Pipeline makes it, each slot also
-// holding what PartBackwardInput leaves for PartBackwardWeight.
+// `split_backward`: the part as zb_h1's Pipeline makes it, whose slots
+// also keep what PartBackwardInput leaves for PartBackwardWeight.
 absl::StatusOr<PartBytes> MeasurePart(const worker::ModelConfig& config, int micro_batch,
                                       int first_block, int end_block, bool split_backward = false) {
   size_t bytes[2] = {0, 0};

@@ -63,8 +63,8 @@ void PrintZeroBubbleMemoryHeader();
 // The rows of one (P, M) for zb_h1, next to GPipe's and 1F1B's runs of
 // the same (P, M). Adds to *below_one_f the ranks whose zb_h1 slots take
 // no more bytes than 1F1B's, to *compared every rank. Returns 1 when a part
-// cannot be built, the split part's slot is not 9 x B x T x C floats per
-// block larger than the whole one's (or its scratch differs),
+// cannot be built, the split part's slot or scratch differs from the
+// plain one's,
 // ActivationBytes() is not scratch + slots x per slot, or peak_in_flight()
 // exceeds the bound, else 0.
 int PrintZeroBubbleMemoryRows(const worker::ModelConfig& model, int micro_batch, int microbatches,
