@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <memory>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 #include "parallel/local_ranks.h"
@@ -30,15 +32,58 @@ struct Collective {
   std::vector<size_t> counts;
 };
 
+// The gradient norm's all-gather (worker/strategy/fsdp/fsdp.cc, GradSumOfSquares): two
+// floats from every rank, not counted in Fsdp::waits().
+bool IsNormGather(const Collective& collective) {
+  return collective.gather && std::all_of(collective.counts.begin(), collective.counts.end(),
+                                          [](size_t count) { return count == 2; });
+}
+
+// When one rank issued a collective of a timed step and waited for it (the
+// first Wait; a collective never waited for has waited == false). Ranks are
+// threads of this process, so their steady_clock times compare.
+struct Timing {
+  int step = 0;
+  bool norm = false;  // the gradient norm's all-gather (not in Fsdp::waits())
+  Clock::time_point issued, wait_start, wait_end;
+  bool waited = false;
+};
+
+// A Work that notes its first Wait's start and end into `timing`. Only the
+// training thread waits on Fsdp's works.
+class TimedWork final : public parallel::Work {
+ public:
+  TimedWork(std::shared_ptr<parallel::Work> inner, Timing* timing)
+      : inner_(std::move(inner)), timing_(timing) {}
+  absl::Status Wait() override {
+    const Clock::time_point start = Clock::now();
+    absl::Status status = inner_->Wait();
+    if (!timing_->waited) {
+      timing_->waited = true;
+      timing_->wait_start = start;
+      timing_->wait_end = Clock::now();
+    }
+    return status;
+  }
+  bool Done() const override { return inner_->Done(); }
+
+ private:
+  std::shared_ptr<parallel::Work> inner_;
+  Timing* const timing_;
+};
+
 // A ProcessGroup that passes everything to `inner` and, while recording,
-// notes each AllGather and ReduceScatter. Only the training thread issues,
-// so the list needs no lock.
+// notes each AllGather and ReduceScatter; while timing step `step` (>= 0),
+// also when each is issued and waited for. Only the training thread
+// issues, so the lists need no lock.
 class RecordingGroup final : public parallel::ProcessGroup {
  public:
   explicit RecordingGroup(parallel::ProcessGroup* inner) : inner_(inner) {}
 
   void set_recording(bool on) { recording_ = on; }
+  void set_timing_step(int step) { timing_step_ = step; }
   const std::vector<Collective>& recorded() const { return recorded_; }
+  const std::deque<Timing>& timings() const { return timings_; }
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -56,12 +101,12 @@ class RecordingGroup final : public parallel::ProcessGroup {
                                                 std::vector<size_t> counts,
                                                 parallel::ReduceOp op) override {
     if (recording_) recorded_.push_back({false, counts});
-    return inner_->ReduceScatter(input, output, std::move(counts), op);
+    return Timed(false, counts, inner_->ReduceScatter(input, output, counts, op));
   }
   std::shared_ptr<parallel::Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
                                             std::vector<size_t> counts) override {
     if (recording_) recorded_.push_back({true, counts});
-    return inner_->AllGather(input, output, std::move(counts));
+    return Timed(true, counts, inner_->AllGather(input, output, counts));
   }
   std::shared_ptr<parallel::Work> Broadcast(absl::Span<float> data, int root) override {
     return inner_->Broadcast(data, root);
@@ -81,17 +126,22 @@ class RecordingGroup final : public parallel::ProcessGroup {
   void Abort(const absl::Status& cause) override { inner_->Abort(cause); }
 
  private:
+  std::shared_ptr<parallel::Work> Timed(bool gather, const std::vector<size_t>& counts,
+                                        std::shared_ptr<parallel::Work> work) {
+    if (timing_step_ < 0) return work;
+    Timing& timing = timings_.emplace_back();
+    timing.step = timing_step_;
+    timing.norm = IsNormGather({gather, counts});
+    timing.issued = Clock::now();
+    return std::make_shared<TimedWork>(std::move(work), &timing);
+  }
+
   parallel::ProcessGroup* const inner_;
   bool recording_ = false;
+  int timing_step_ = -1;
   std::vector<Collective> recorded_;
+  std::deque<Timing> timings_;  // stable addresses for the TimedWorks
 };
-
-// The gradient norm's all-gather (worker/strategy/fsdp/fsdp.cc, GradSumOfSquares): two
-// floats from every rank, not counted in Fsdp::waits().
-bool IsNormGather(const Collective& collective) {
-  return collective.gather && std::all_of(collective.counts.begin(), collective.counts.end(),
-                                          [](size_t count) { return count == 2; });
-}
 
 struct RankSamples {
   double elapsed_ms = 0;             // the timed steps
@@ -99,6 +149,7 @@ struct RankSamples {
   std::vector<double> alone_ms;      // per replay
   worker::FsdpWaits waits_per_step;  // of the last timed step
   std::vector<Collective> replayed;
+  std::vector<Timing> timings;  // of the timed steps, in issue order
 };
 
 // Issues `collectives` back to back on `group` and waits for all of them,
@@ -135,14 +186,15 @@ absl::Status Replay(parallel::ProcessGroup* group, const std::vector<Collective>
 }
 
 absl::Status RunRank(worker::TrainConfig config, int zero, parallel::ProcessGroup* group,
-                     int warmup, int steps, int replays, RankSamples* samples) {
+                     parallel::ProcessGroup* control, int warmup, int steps, int replays,
+                     RankSamples* samples) {
   std::unique_ptr<FILE, int (*)(FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
   RecordingGroup recorder(group);
   std::unique_ptr<worker::ParallelStrategy> strategy;
   worker::Fsdp* fsdp = nullptr;
   if (zero == 0) {
     config.parallel.strategy = "ddp";
-    strategy = std::make_unique<worker::Ddp>(group, group,
+    strategy = std::make_unique<worker::Ddp>(group, control,
                                              worker::BucketOptionsFor(config.parallel), "gloo");
   } else {
     config.parallel.strategy = "fsdp";
@@ -151,7 +203,8 @@ absl::Status RunRank(worker::TrainConfig config, int zero, parallel::ProcessGrou
     if (!dims.ok()) return dims.status();
     worker::FsdpOptions options;
     options.zero = zero;
-    auto owned = std::make_unique<worker::Fsdp>(&recorder, nullptr, group, *dims, options, "gloo");
+    auto owned =
+        std::make_unique<worker::Fsdp>(&recorder, nullptr, control, *dims, options, "gloo");
     fsdp = owned.get();
     strategy = std::move(owned);
   }
@@ -170,6 +223,7 @@ absl::Status RunRank(worker::TrainConfig config, int zero, parallel::ProcessGrou
     if (step == warmup) timed_start = Clock::now();
     const bool last = step == warmup + steps - 1;
     recorder.set_recording(last);
+    recorder.set_timing_step(step >= warmup ? step - warmup : -1);
     const worker::FsdpWaits before = fsdp != nullptr ? fsdp->waits() : worker::FsdpWaits{};
     auto metrics = (*trainer)->Step();
     if (!metrics.ok()) return metrics.status();
@@ -184,6 +238,8 @@ absl::Status RunRank(worker::TrainConfig config, int zero, parallel::ProcessGrou
   }
   samples->elapsed_ms = Ms(Clock::now() - timed_start);
   recorder.set_recording(false);
+  recorder.set_timing_step(-1);
+  samples->timings.assign(recorder.timings().begin(), recorder.timings().end());
   if (fsdp == nullptr) return absl::OkStatus();
   for (const Collective& collective : recorder.recorded()) {
     if (!IsNormGather(collective)) samples->replayed.push_back(collective);
@@ -219,16 +275,52 @@ std::vector<double> AcrossRanks(const std::vector<RankSamples>& ranks,
   return out;
 }
 
+// Splits each rank's waits into the part before every rank had issued the
+// collective (waiting for a peer to arrive: skew) and the part after
+// (communication compute did not hide). Per step, the mean over ranks of
+// the part after; false if the ranks' collectives do not line up.
+bool ExposedAfterArrival(const std::vector<RankSamples>& ranks, int steps,
+                         std::vector<double>* per_step_ms) {
+  const size_t count = ranks[0].timings.size();
+  for (const RankSamples& rank : ranks) {
+    if (rank.timings.size() != count) return false;
+  }
+  std::vector<double> sums(steps, 0.0);
+  for (size_t i = 0; i < count; ++i) {
+    Clock::time_point last = ranks[0].timings[i].issued;
+    for (const RankSamples& rank : ranks) {
+      const Timing& timing = rank.timings[i];
+      if (timing.step != ranks[0].timings[i].step) return false;
+      last = std::max(last, timing.issued);
+    }
+    for (const RankSamples& rank : ranks) {
+      const Timing& timing = rank.timings[i];
+      if (timing.norm || !timing.waited || timing.step >= steps) continue;
+      // The wait from when the last rank issued it (or from its start).
+      const Clock::time_point from = std::max(timing.wait_start, last);
+      if (timing.wait_end > from) sums[timing.step] += Ms(timing.wait_end - from);
+    }
+  }
+  for (double& sum : sums) sum /= ranks.size();
+  *per_step_ms = std::move(sums);
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int zero, int ranks,
                                          int warmup, int steps, int replays) {
   rdzv::InMemoryStore store;
-  auto groups = parallel::ConnectLocalGroups(&store, ranks);
+  // As in the worker: the strategy's data group, and a control group of
+  // its own for the loss and the stop vote.
+  auto groups = parallel::ConnectLocalGroups(&store, ranks, "data/");
   if (!groups.ok()) return groups.status();
+  auto controls = parallel::ConnectLocalGroups(&store, ranks, "control/");
+  if (!controls.ok()) return controls.status();
   std::vector<RankSamples> samples(ranks);
   absl::Status status = parallel::FirstError(parallel::OnEveryRank(ranks, [&](int rank) {
-    return RunRank(config, zero, (*groups)[rank].get(), warmup, steps, replays, &samples[rank]);
+    return RunRank(config, zero, (*groups)[rank].get(), (*controls)[rank].get(), warmup, steps,
+                   replays, &samples[rank]);
   }));
   if (!status.ok()) return status;
   ThreadsRun run;
@@ -242,6 +334,13 @@ absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int 
   run.exposed_ms = Median(AcrossRanks(samples, &RankSamples::exposed_ms, false));
   run.exposed_least_ms = Median(AcrossRanks(samples, &RankSamples::exposed_ms, true));
   run.alone_ms = Median(AcrossRanks(samples, &RankSamples::alone_ms, true));
+  for (const RankSamples& rank : samples) run.exposed_rank_ms.push_back(Median(rank.exposed_ms));
+  std::vector<double> after_arrival;
+  if (ExposedAfterArrival(samples, steps, &after_arrival)) {
+    run.exposed_arrived_ms = Median(after_arrival);
+  } else {
+    run.exposed_arrived_ms = -1;
+  }
   run.gathers = static_cast<int>(samples[0].waits_per_step.gathers);
   run.reduces = static_cast<int>(samples[0].waits_per_step.reduces);
   run.replayed = static_cast<int>(samples[0].replayed.size());

@@ -1,7 +1,8 @@
 // One training job of tools/bench_fsdp with ranks as threads of this
-// process: each rank a real worker::Trainer over a real Gloo group (joined
-// through an in-memory store, parallel/local_ranks.h), with the worker::Ddp
-// strategy or worker::Fsdp at ZeRO-1, 2 or 3.
+// process: each rank a real worker::Trainer over real Gloo groups (joined
+// through an in-memory store, parallel/local_ranks.h): a data group for the
+// strategy, the worker::Ddp strategy or worker::Fsdp at ZeRO-1, 2 or 3, and
+// a control group of its own (the loss and the stop vote), as in the worker.
 //
 // Throughput: global tokens over the wall time of the timed steps (the
 // slowest rank's; the step's loss all-reduce keeps the ranks in step).
@@ -24,11 +25,18 @@
 //            of two floats per rank is left out of both (Fsdp does not
 //            count it in waits()).
 //   hidden = 1 - exposed / alone.
+//   peers there  exposed split: each wait counted only from the moment
+//            every rank had issued the collective (ranks are threads, so
+//            their clocks agree); the part before is the rank waiting for
+//            a peer to reach the collective (skew, load imbalance), which
+//            no overlap can hide. Mean over ranks, median over steps.
 //
 // Caveat: on a CPU the communication thread needs a core too, so while it
 // overlaps compute it slows compute; that shows in tokens/s, not in
 // `hidden`.
 #pragma once
+
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/config/config.h"
@@ -41,6 +49,11 @@ struct ThreadsRun {
   // FSDP only (zero > 0), per step:
   double exposed_ms = 0;        // mean over ranks
   double exposed_least_ms = 0;  // the least rank's
+  // The mean over ranks of the waits from the moment every rank had issued
+  // the collective: exposed less the time spent waiting for a peer to
+  // arrive (-1 if the ranks' collectives did not line up).
+  double exposed_arrived_ms = 0;
+  std::vector<double> exposed_rank_ms;  // each rank's median
   double alone_ms = 0;
   int gathers = 0;         // all-gathers Fsdp issued (waits().gathers)
   int reduces = 0;         // reduce-scatters (waits().reduces)

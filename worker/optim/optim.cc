@@ -155,6 +155,12 @@ std::vector<ParamRange> AdamW::owned() const {
 size_t AdamW::moment_floats() const { return impl_->floats; }
 
 void AdamW::Step(float lr, int step, float grad_scale) {
+  // One call per group: on CUDA one launch for the whole model.
+  for (size_t g = 0; g < impl_->shard.groups.size(); ++g) StepGroup(g, lr, step, grad_scale);
+}
+
+void AdamW::StepGroup(size_t g, float lr, int step, float grad_scale) {
+  assert(g < impl_->shard.groups.size());
   kernels::AdamWHyper hyper;
   hyper.learning_rate = lr;
   hyper.grad_scale = grad_scale;
@@ -162,14 +168,13 @@ void AdamW::Step(float lr, int step, float grad_scale) {
   hyper.beta2 = static_cast<float>(impl_->config.beta2);
   hyper.eps = static_cast<float>(impl_->config.eps);
   hyper.weight_decay = static_cast<float>(impl_->config.weight_decay);
-  // One call per group: on CUDA one launch for the whole model.
-  for (size_t g = 0; g < impl_->shard.groups.size(); ++g) {
-    const ParamShard::Group& group = impl_->shard.groups[g];
-    const size_t base = impl_->moment_base[g];
-    impl_->model->ops().AdamWUpdate(group.params, impl_->m + base, impl_->v + base, group.grads,
-                                    group.bf16, impl_->runs[g], hyper, step);
-  }
+  const ParamShard::Group& group = impl_->shard.groups[g];
+  const size_t base = impl_->moment_base[g];
+  impl_->model->ops().AdamWUpdate(group.params, impl_->m + base, impl_->v + base, group.grads,
+                                  group.bf16, impl_->runs[g], hyper, step);
 }
+
+size_t AdamW::groups() const { return impl_->shard.groups.size(); }
 
 void AdamW::CopyParamsRangeToHost(size_t first, size_t count, float* host) const {
   impl_->ForEachPiece(first, count, [&](size_t g, size_t at, size_t in_range, size_t floats) {

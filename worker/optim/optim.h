@@ -77,6 +77,12 @@ class AdamW {
   // read (the clip factor of ClipScale; the gradient buffers are left as
   // they are).
   void Step(float lr, int step, float grad_scale = 1.0f);
+  // The same update of group `group` of the ParamShard alone (0 <= group <
+  // groups()): a sharding strategy steps its groups one at a time to send
+  // each group's new parameters while the next one updates. Calling it
+  // once for every group is Step, bit for bit (the update is elementwise).
+  void StepGroup(size_t group, float lr, int step, float grad_scale = 1.0f);
+  size_t groups() const;
   // Floats [first, first + count) of the flat layout: the owned parameters
   // and the moments, to and from `host` (checkpoints). Writing parameters
   // tells the model (GptModel::ParamsChanged).

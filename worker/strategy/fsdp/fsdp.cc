@@ -217,15 +217,16 @@ absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
   }
   initial = {};
 
+  // One AdamW group per stage, so OptimizerStep can send a stage's new
+  // parameters while the next stage updates.
   ParamShard shard;
-  ParamShard::Group group;
-  group.params = shard_params_;
-  group.grads = shard_grads_;
   for (size_t s = 0; s < stages_.size(); ++s) {
-    group.slices.push_back(
-        {static_cast<int>(s), stages_[s].first, stages_[s].count, stages_[s].at});
+    ParamShard::Group group;
+    group.params = shard_params_ + stages_[s].at;
+    group.grads = shard_grads_ + stages_[s].at;
+    group.slices.push_back({static_cast<int>(s), stages_[s].first, stages_[s].count, 0});
+    shard.groups.push_back(std::move(group));
   }
-  shard.groups.push_back(std::move(group));
   auto optimizer = AdamW::Create(model, spec.optim, std::move(shard));
   if (!optimizer.ok()) return optimizer.status();
   built.optimizer = *std::move(optimizer);
@@ -419,14 +420,37 @@ absl::StatusOr<double> Fsdp::GradSumOfSquares(GptModel* model) {
 absl::Status Fsdp::OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
                                  float grad_scale) {
   if (!error_.ok()) return error_;
-  optimizer->Step(lr, step, grad_scale);
-  absl::Status status = absl::OkStatus();
-  if (options_.zero <= 2) {
-    status = GatherAll();
-  } else {
-    for (size_t s = 0; s < stages_.size(); ++s) ReleaseParams(static_cast<int>(s));
-    status = error_;
+  if (optimizer->groups() != stages_.size()) {
+    return absl::FailedPreconditionError("Fsdp::OptimizerStep with an AdamW Build did not make");
   }
+  // Stage by stage, each stage's all-gather sent as soon as it has
+  // updated, behind the next stages' updates: under ZeRO-1/2 every stage's
+  // (into the full copy), waited for at the end; under ZeRO-3 those the
+  // next step's forward needs first (the first two stages'), left in
+  // flight for it, so only the embedding's own gather is not hidden.
+  for (size_t s = 0; s < stages_.size(); ++s) ReleaseParams(static_cast<int>(s));  // ZeRO-3
+  std::vector<int> first_needed;
+  if (options_.zero == 3) {
+    first_needed = ParamsNeeded(0);
+    if (stages_.size() > 1) {
+      for (int need : ParamsNeeded(1)) first_needed.push_back(need);
+    }
+  }
+  std::vector<std::shared_ptr<parallel::Work>> works;
+  for (size_t s = 0; s < stages_.size(); ++s) {
+    optimizer->StepGroup(s, lr, step, grad_scale);
+    StageShard& stage = stages_[s];
+    if (options_.zero <= 2) {
+      works.push_back(shard_->AllGather(absl::MakeConstSpan(shard_params_ + stage.at, stage.count),
+                                        absl::MakeSpan(stage.params, stage.size), stage.counts));
+      ++waits_.gathers;
+    } else if (std::find(first_needed.begin(), first_needed.end(), static_cast<int>(s)) !=
+               first_needed.end()) {
+      StartGather(static_cast<int>(s));
+    }
+  }
+  for (auto& work : works) Fail(TimedWait(*work, &waits_.gather_s));
+  absl::Status status = error_;
   if (!logged_memory_ && options_.log != nullptr) {
     logged_memory_ = true;
     const FsdpMemory want = FsdpMemoryFormula(options_.zero, shard_floats_, total_floats_);

@@ -24,8 +24,14 @@
 //            it computes), freed after
 //            it unless reshard_after_
 //            forward is off, gathered
-//            again for its backward
+//            again for its backward;
+//            stages 0 and 1 gathered
+//            for the next step during
+//            the optimizer step
 //
+// OptimizerStep updates the shard one stage at a time and sends each
+// stage's new parameters (ZeRO-1/2: every stage; ZeRO-3: stages 0 and 1)
+// while the later stages update.
 // The head uses stage 0's wte (tied), so the head's forward and backward
 // need stage 0's parameters too, and stage 0's gradient buffer lives from
 // the head's backward to the embedding's, where both shares are added.
