@@ -47,8 +47,17 @@
 #              rank 0 the moment rank 1 dies, so this does not show rank 0
 #              leaving its collective by itself: on the CPU that is
 #              //tests/worker/strategy:ddp_watchdog_test and ddp_launch_test.)
-#   (GPU_RUN_DEVICE=cpu: ddp1, ddp2 and ddpkill run on the CPU over Gloo as a
-#   dry run of the script; ddpnccl2 is skipped)
+#   fsdp1      FSDP with a world of one over NCCL, ZeRO-1, 2 and 3 in bf16,
+#              against one process alone: every loss within 1e-5 (relative)
+#              over 30 steps (not bit for bit: the clipping norm sums the
+#              shard's buffers, not the engine's one padded allocation), and
+#              the memory line says "equal"
+#   fsdp2      launch --standalone --nproc_per_node=2 with parallel.backend:
+#              gloo (both ranks on this GPU, staged through pinned memory),
+#              ZeRO-2 and ZeRO-3, B=4 each, against 1 process at B=8: every
+#              loss within 1e-5 (relative) over 20 steps
+#   (GPU_RUN_DEVICE=cpu: ddp1, ddp2, ddpkill, fsdp1 and fsdp2 run on the CPU
+#   over Gloo as a dry run of the script; ddpnccl2 is skipped)
 #   (curve, determinism and resume compare metrics files with
 #   scripts/compare_metrics.py from this checkout, so they need python3)
 # Environment:
@@ -74,7 +83,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 ALL_STEPS=(selfcheck link kernels model staged sanitizer bench fsdpcpu torch train curve determinism
-           resume ddp1 ddp2 ddpnccl2 ddpkill)
+           resume ddp1 ddp2 ddpnccl2 ddpkill fsdp1 fsdp2)
 DEFAULT_STEPS=(link kernels model bench)
 
 OUT=${OUT:-/tmp/gpu_out}
@@ -596,6 +605,41 @@ step_ddp2() {
     { sed 's/^/  | /' out/ddp2_two/launch.log; return 1; }
   grep -m1 "DDP over" out/ddp2_two/launch.log
   compare_metrics curve out/ddp2_one/metrics.jsonl out/ddp2_two/metrics.jsonl --after 0 --rel 1e-5
+}
+
+step_fsdp1() {
+  local zero
+  need bin/worker && need_compare || return 127
+  dry_run_note
+  run_config fsdp1_alone "$(precision_for bf16)" 30 1 || return 1
+  run_worker examples/fsdp1_alone.yaml || return 1
+  for zero in 1 2 3; do
+    run_config "fsdp1_zero$zero" "$(precision_for bf16)" 30 1 parallel.strategy=fsdp \
+      "parallel.zero=$zero" "parallel.backend=$(nccl_or_dry)" || return 1
+    (export WORLD_SIZE=1 RANK=0 LOCAL_RANK=0; run_worker "examples/fsdp1_zero$zero.yaml") 2>&1 |
+      tee "out/fsdp1_zero$zero.log" || return 1
+    grep -q "memory: .*: equal)" "out/fsdp1_zero$zero.log" ||
+      { echo "FAIL: zero $zero: no memory line equal to the formula"; return 1; }
+    compare_metrics curve out/fsdp1_alone/metrics.jsonl "out/fsdp1_zero$zero/metrics.jsonl" \
+      --after 0 --rel 1e-5 || return 1
+  done
+}
+
+step_fsdp2() {
+  local zero
+  need bin/worker && need bin/launch && need_compare || return 127
+  dry_run_note
+  run_config fsdp2_one "$(precision_for bf16)" 20 1 data.micro_batch=8 || return 1
+  run_worker examples/fsdp2_one.yaml || return 1
+  for zero in 2 3; do
+    run_config "fsdp2_zero$zero" "$(precision_for bf16)" 20 1 data.micro_batch=4 \
+      parallel.strategy=fsdp "parallel.zero=$zero" parallel.backend=gloo || return 1
+    run_launch "fsdp2_zero$zero" --nproc_per_node=2 --max_restarts=0 ||
+      { sed 's/^/  | /' "out/fsdp2_zero$zero/launch.log"; return 1; }
+    grep -m2 "fsdp" "out/fsdp2_zero$zero/launch.log"
+    compare_metrics curve out/fsdp2_one/metrics.jsonl "out/fsdp2_zero$zero/metrics.jsonl" \
+      --after 0 --rel 1e-5 || return 1
+  done
 }
 
 step_ddpnccl2() {

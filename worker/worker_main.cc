@@ -226,13 +226,6 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
         "parallel.pp: pipeline stages run on the CPU in this build (device cpu); on CUDA they "
         "are planned");
   }
-  if (fsdp && *device == Device::kCuda) {
-    // The CUDA engine holds its own parameters (worker/model/model.h,
-    // ParamStorage): a config the worker cannot run, said before joining.
-    return absl::InvalidArgumentError(
-        "parallel.strategy: fsdp runs on the CPU in this build (device cpu); on CUDA it is "
-        "planned, use ddp there");
-  }
   // A world of one reduces nothing, unless a backend was asked for by name
   // (a world of one over NCCL must match one process bit for bit) or the
   // strategy is FSDP (whose checkpoints are written by shard).

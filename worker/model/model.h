@@ -67,14 +67,19 @@ struct Stage {
   size_t size = 0;          // floats in the buffer
   float* params = nullptr;  // device memory (host memory on CPU)
   float* grads = nullptr;   // same layout
+  // The bf16 copy of params the CUDA engine's GEMMs read (precision kBf16
+  // only; nullptr otherwise), same layout.
+  uint16_t* bf16 = nullptr;
 };
 
 // Who holds the stages' parameter and gradient buffers.
 //   kOwned     the model: one allocation each, stages at aligned offsets;
 //   kExternal  the caller (a sharding strategy, worker/strategy/fsdp/fsdp.h), which
 //              points each stage at its buffers with BindStage before the
-//              stage is used; the model allocates activations only. CPU
-//              only for now.
+//              stage is used; the model allocates activations only. On
+//              CUDA with kBf16 the caller also binds each stage's bf16
+//              copy and keeps it equal to the fp32 parameters rounded to
+//              nearest even (Ops::CastToBf16).
 enum class ParamStorage { kOwned, kExternal };
 
 // The part of the model one pipeline rank runs (worker/strategy/pipeline/pipeline.h): blocks
@@ -100,8 +105,7 @@ class GptModel {
   // config.seq_len tokens. On the CPU the precision must be kFp32
   // (INVALID_ARGUMENT otherwise). On CUDA the model is the fused engine of
   // worker/model/model_cuda.cc; memory it cannot get is RESOURCE_EXHAUSTED
-  // naming the bytes asked for and the bytes free; kExternal there is
-  // UNIMPLEMENTED.
+  // naming the bytes asked for and the bytes free.
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(
       const ModelConfig& config, int max_batch, Device device,
       Precision precision = Precision::kFp32, ParamStorage storage = ParamStorage::kOwned);
@@ -124,6 +128,9 @@ class GptModel {
   // The back end that owns this model's device memory; AdamW and
   // ClipGradNorm run their kernels through it.
   Ops& ops() const { return *ops_; }
+  // The same, shared: for buffers that may outlive the model (a sharding
+  // strategy's, which is destroyed after the trainer and its model).
+  std::shared_ptr<Ops> shared_ops() const { return ops_; }
   // The first error of the device back end (a failed CUDA launch or copy),
   // sticky; always OK on the CPU.
   virtual absl::Status DeviceStatus() const;
@@ -138,11 +145,13 @@ class GptModel {
   void InitStageWeights(int stage, uint64_t seed, float* host) const;
 
   // kExternal storage: stage `stage` reads its parameters from `params`
-  // and adds its gradients into `grads` (either may be nullptr while the
-  // stage is not in use). Device memory, the stage's size floats each.
-  void BindStage(int stage, float* params, float* grads) {
+  // (and, on CUDA with kBf16, its GEMM weights from `bf16`) and adds its
+  // gradients into `grads` (any may be nullptr while the stage is not in
+  // use). Device memory, the stage's size elements each.
+  void BindStage(int stage, float* params, float* grads, uint16_t* bf16 = nullptr) {
     stages_[stage].params = params;
     stages_[stage].grads = grads;
+    stages_[stage].bf16 = bf16;
   }
 
   std::vector<Stage>& stages() { return stages_; }

@@ -10,6 +10,11 @@
 // which is refreshed before a Forward after any other write
 // (ParamsChanged).
 //
+// With ParamStorage::kExternal (FSDP) the engine allocates activations
+// only; the strategy binds each stage's fp32 parameters, gradients and, for
+// kBf16, bf16 copy (Stage::bf16) before the stage runs, and keeps that
+// copy current itself.
+//
 // Every kernel of a step runs in order on the default stream; Forward
 // waits for the losses, Backward only enqueues. The step's bits do not
 // depend on scheduling: no kernel uses atomics, and cuBLASLt gets the same
@@ -82,10 +87,11 @@ std::string GemmError(int code) {
 
 class CudaModel final : public GptModel {
  public:
-  CudaModel(const ModelConfig& config, int max_batch, Precision precision, std::unique_ptr<Ops> ops,
-            std::unique_ptr<fast::Gemm> gemm)
+  CudaModel(const ModelConfig& config, int max_batch, Precision precision, ParamStorage storage,
+            std::unique_ptr<Ops> ops, std::unique_ptr<fast::Gemm> gemm)
       : GptModel(config, Device::kCuda, precision),
         max_batch_(max_batch),
+        storage_(storage),
         gemm_(std::move(gemm)),
         act_(gemm_->act()),
         act_bytes_(fast::ActBytes(act_)) {
@@ -102,11 +108,22 @@ class CudaModel final : public GptModel {
   float Forward(const int* inputs, const int* targets, int B, int T) override;
   void Backward(float loss_scale) override;
 
-  void ZeroGrad() override { ops_->Zero(grads_base_, param_floats_ * sizeof(float)); }
+  void ZeroGrad() override {
+    if (grads_base_ == nullptr) {  // kExternal: the bound buffers
+      for (const Stage& stage : stages_) {
+        if (stage.grads != nullptr) ops_->Zero(stage.grads, stage.size * sizeof(float));
+      }
+      return;
+    }
+    ops_->Zero(grads_base_, param_floats_ * sizeof(float));
+  }
 
   // One pass over the one gradient allocation (its padding is zeros): one
   // reduction and one wait instead of one per stage.
-  double GradSumOfSquares() override { return ops_->SumOfSquares(grads_base_, param_floats_); }
+  double GradSumOfSquares() override {
+    if (grads_base_ == nullptr) return GptModel::GradSumOfSquares();  // kExternal
+    return ops_->SumOfSquares(grads_base_, param_floats_);
+  }
 
   std::vector<float> Logits(int b, int t) const override;
 
@@ -116,16 +133,15 @@ class CudaModel final : public GptModel {
   }
 
   void ParamsChanged() override { bf16_stale_ = true; }
-  uint16_t* ParamsBf16(int stage) override {
-    return params_bf16_ == nullptr ? nullptr : params_bf16_ + stage_offsets_[stage];
-  }
+  uint16_t* ParamsBf16(int stage) override { return stages_[stage].bf16; }
 
  private:
   // Tensor `index` of `stage` as the GEMMs read it: the bf16 copy, or the
   // fp32 master itself.
   const void* Weight(int stage, int index) {
-    if (params_bf16_ == nullptr) return Param(stage, index);
-    return params_bf16_ + stage_offsets_[stage] + stages_[stage].tensors[index].offset;
+    if (precision_ != Precision::kBf16) return Param(stage, index);
+    assert(stages_[stage].bf16 != nullptr);
+    return stages_[stage].bf16 + stages_[stage].tensors[index].offset;
   }
 
   void BlockForward(int layer, const void* residual_in);
@@ -141,12 +157,14 @@ class CudaModel final : public GptModel {
   }
 
   const int max_batch_;
+  const ParamStorage storage_;
   std::unique_ptr<fast::Gemm> gemm_;
   const fast::ActType act_;
   const size_t act_bytes_;
   std::vector<void*> allocations_;
   absl::Status status_;
 
+  // kOwned only (null with kExternal):
   std::vector<size_t> stage_offsets_;  // floats, in the params/grads allocations
   size_t param_floats_ = 0;            // of one allocation, padding included
   float* params_base_ = nullptr;
@@ -189,18 +207,21 @@ absl::Status CudaModel::Allocate() {
   const size_t NH = config_.heads, Vp = config_.padded_vocab(), BT = B * T;
 
   stages_ = layout::PlanStages(config_);
-  param_floats_ = layout::StageOffsets(stages_, &stage_offsets_);
-  layout::MemoryPlanner weights;
-  weights.Request(&params_base_, param_floats_);
-  weights.Request(&grads_base_, param_floats_);
-  if (precision_ == Precision::kBf16) weights.Request(&params_bf16_, param_floats_);
-  absl::StatusOr<void*> block = ops_->Alloc(weights.total_bytes());
-  if (!block.ok()) return block.status();
-  allocations_.push_back(*block);
-  weights.Assign(*block);
-  for (size_t s = 0; s < stages_.size(); ++s) {
-    stages_[s].params = params_base_ + stage_offsets_[s];
-    stages_[s].grads = grads_base_ + stage_offsets_[s];
+  if (storage_ == ParamStorage::kOwned) {
+    param_floats_ = layout::StageOffsets(stages_, &stage_offsets_);
+    layout::MemoryPlanner weights;
+    weights.Request(&params_base_, param_floats_);
+    weights.Request(&grads_base_, param_floats_);
+    if (precision_ == Precision::kBf16) weights.Request(&params_bf16_, param_floats_);
+    absl::StatusOr<void*> block = ops_->Alloc(weights.total_bytes());
+    if (!block.ok()) return block.status();
+    allocations_.push_back(*block);
+    weights.Assign(*block);
+    for (size_t s = 0; s < stages_.size(); ++s) {
+      stages_[s].params = params_base_ + stage_offsets_[s];
+      stages_[s].grads = grads_base_ + stage_offsets_[s];
+      if (params_bf16_ != nullptr) stages_[s].bf16 = params_bf16_ + stage_offsets_[s];
+    }
   }
 
   const size_t act = act_bytes_;
@@ -476,7 +497,8 @@ std::vector<float> CudaModel::Logits(int b, int t) const {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& config, int max_batch,
-                                                          Precision precision) {
+                                                          Precision precision,
+                                                          ParamStorage storage) {
   const int head_size = config.dim / config.heads;
   if (!fast::RowWidthOk(config.dim) || !fast::RowWidthOk(head_size)) {
     return absl::InvalidArgumentError(absl::StrCat("model: on CUDA, model.dim (", config.dim,
@@ -490,8 +512,8 @@ absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& con
     return absl::FailedPreconditionError(
         absl::StrCat("device cuda: cuBLASLt set-up failed: ", GemmError(code)));
   }
-  auto model =
-      std::make_unique<CudaModel>(config, max_batch, precision, std::move(*ops), std::move(gemm));
+  auto model = std::make_unique<CudaModel>(config, max_batch, precision, storage, std::move(*ops),
+                                           std::move(gemm));
   if (absl::Status allocated = model->Allocate(); !allocated.ok()) return allocated;
   return std::unique_ptr<GptModel>(std::move(model));
 }

@@ -12,6 +12,7 @@
 namespace muster::worker {
 
 absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& config, int max_batch,
-                                                          Precision precision);
+                                                          Precision precision,
+                                                          ParamStorage storage);
 
 }  // namespace muster::worker

@@ -456,13 +456,7 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& co
   if (absl::Status checked = CheckModelArgs(config, max_batch, device, precision); !checked.ok()) {
     return checked;
   }
-  if (device == Device::kCuda) {
-    if (storage == ParamStorage::kExternal) {
-      return absl::UnimplementedError(
-          "the CUDA engine holds its own parameters; sharded (external) storage is planned");
-    }
-    return CreateCudaModel(config, max_batch, precision);
-  }
+  if (device == Device::kCuda) return CreateCudaModel(config, max_batch, precision, storage);
   absl::StatusOr<std::unique_ptr<Ops>> ops = MakeOps(device);
   if (!ops.ok()) return ops.status();
   auto model = std::make_unique<GptModelImpl>(config, max_batch, device, std::move(*ops), storage,

@@ -39,6 +39,14 @@ class Ops {
   // is a no-op.
   virtual absl::StatusOr<void*> Alloc(size_t bytes) = 0;
   virtual void Free(void* ptr) = 0;
+  // `bytes` of uninitialised device memory for a buffer that lives briefly
+  // (a sharding strategy's gathered parameters, a stage's gradient). On
+  // CUDA it comes from the stream-ordered pool (cudaMallocAsync), so
+  // FreeTransient takes effect after the work issued before it, without
+  // waiting for that work, and freed memory is reused without a trip to
+  // the driver. On the CPU, plain aligned host memory.
+  virtual absl::StatusOr<void*> AllocTransient(size_t bytes) = 0;
+  virtual void FreeTransient(void* ptr) = 0;
   virtual void ToDevice(void* device_dst, const void* host_src, size_t bytes) = 0;
   virtual void ToHost(void* host_dst, const void* device_src, size_t bytes) const = 0;
   virtual void Zero(void* device_dst, size_t bytes) = 0;
@@ -72,8 +80,9 @@ class Ops {
   // [begin, begin + count) of each): hyper.weight_decay where the run has
   // decay, 0 elsewhere. params_bf16: nullptr, or a bf16 copy of params
   // (raw bits, same layout) that gets the updated parameters rounded to
-  // nearest even (CUDA only). A caller passes the same runs on every call
-  // (the CUDA back end keeps them on the device, and launches once).
+  // nearest even (CUDA only). The CUDA back end keeps each distinct run
+  // table it is given on the device, so a caller passes a fixed set of
+  // tables (one per AdamW group) and each call is one launch.
   struct AdamWRun {
     size_t begin = 0;
     size_t count = 0;
@@ -82,6 +91,10 @@ class Ops {
   virtual void AdamWUpdate(float* params, float* m, float* v, const float* grads,
                            uint16_t* params_bf16, const std::vector<AdamWRun>& runs,
                            const kernels::AdamWHyper& hyper, int step) = 0;
+  // out (n raw bf16 bits) = in rounded to nearest even: a sharding
+  // strategy's bf16 copy of parameters it gathered (CUDA only; the CPU
+  // computes in fp32 and never calls it).
+  virtual void CastToBf16(uint16_t* out, const float* in, size_t n) = 0;
   // Sum of x[i]^2 in double, returned to the host.
   virtual double SumOfSquares(const float* x, size_t n) = 0;
   virtual void Scale(float* x, size_t n, float scale) = 0;

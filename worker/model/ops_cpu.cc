@@ -37,6 +37,16 @@ class CpuOps final : public Ops {
     return ptr;
   }
   void Free(void* ptr) override { std::free(ptr); }
+  absl::StatusOr<void*> AllocTransient(size_t bytes) override {
+    const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+    void* ptr = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+    if (ptr == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+    }
+    return ptr;
+  }
+  void FreeTransient(void* ptr) override { std::free(ptr); }
   void ToDevice(void* dst, const void* src, size_t bytes) override {
     if (bytes > 0) std::memcpy(dst, src, bytes);
   }
@@ -107,6 +117,9 @@ class CpuOps final : public Ops {
       k::AdamWUpdateCpu(params + run.begin, m + run.begin, v + run.begin, grads + run.begin,
                         run.count, run_hyper, step);
     }
+  }
+  void CastToBf16(uint16_t*, const float*, size_t) override {
+    assert(false && "the CPU computes in fp32 only");
   }
   double SumOfSquares(const float* x, size_t n) override { return k::SumOfSquaresCpu(x, n); }
   void Scale(float* x, size_t n, float scale) override { k::ScaleCpu(x, n, scale); }

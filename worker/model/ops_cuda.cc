@@ -2,6 +2,7 @@
 // on the default stream, and one cuBLAS handle. Compiled only under
 // --config=cuda (worker/model/ops_nocuda.cc stands in otherwise).
 #include <algorithm>
+#include <deque>
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -29,7 +30,7 @@ class CudaOps final : public Ops {
  public:
   explicit CudaOps(cublasHandle_t blas) : blas_(blas) {}
   ~CudaOps() override {
-    cudaFree(adamw_chunks_);
+    for (AdamWTable& table : adamw_tables_) cudaFree(table.chunks);
     cudaFree(norm_scratch_);
     cublasDestroy(blas_);
   }
@@ -40,20 +41,22 @@ class CudaOps final : public Ops {
   absl::StatusOr<void*> Alloc(size_t bytes) override {
     void* ptr = nullptr;
     const cudaError_t error = cudaMalloc(&ptr, bytes == 0 ? 1 : bytes);
-    if (error != cudaSuccess) {
-      cudaGetLastError();  // an allocation failure is not sticky: clear it
-      size_t free_bytes = 0, total_bytes = 0;
-      cudaMemGetInfo(&free_bytes, &total_bytes);
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "out of GPU memory: asked for ", bytes, " bytes (", absl::StrFormat("%.2f", bytes / 1e9),
-          " GB) with ", free_bytes, " bytes (", absl::StrFormat("%.2f", free_bytes / 1e9),
-          " GB) free of ", absl::StrFormat("%.2f", total_bytes / 1e9), " GB (cudaMalloc: ",
-          cudaGetErrorString(error), "); lower data.micro_batch or model.seq_len"));
-    }
+    if (error != cudaSuccess) return OutOfMemory(bytes, "cudaMalloc", error);
     Check("cudaMemset", cudaMemset(ptr, 0, bytes));
     return ptr;
   }
   void Free(void* ptr) override { cudaFree(ptr); }
+  absl::StatusOr<void*> AllocTransient(size_t bytes) override {
+    void* ptr = nullptr;
+    const cudaError_t error =
+        cudaMallocAsync(&ptr, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(kStream));
+    if (error != cudaSuccess) return OutOfMemory(bytes, "cudaMallocAsync", error);
+    return ptr;
+  }
+  void FreeTransient(void* ptr) override {
+    if (ptr != nullptr)
+      Check("cudaFreeAsync", cudaFreeAsync(ptr, static_cast<cudaStream_t>(kStream)));
+  }
   void ToDevice(void* dst, const void* src, size_t bytes) override {
     Check("cudaMemcpy to device", cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   }
@@ -122,16 +125,15 @@ class CudaOps final : public Ops {
   void AdamWUpdate(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
                    const std::vector<AdamWRun>& runs, const k::AdamWHyper& hyper,
                    int step) override {
-    if (runs.size() != adamw_runs_.size() ||
-        !std::equal(runs.begin(), runs.end(), adamw_runs_.begin(),
-                    [](const AdamWRun& a, const AdamWRun& b) {
-                      return a.begin == b.begin && a.count == b.count && a.decay == b.decay;
-                    })) {
-      if (!UploadAdamWChunks(runs)) return;
-    }
+    const AdamWTable* table = FindAdamWTable(runs);
+    if (table == nullptr) table = UploadAdamWTable(runs);
+    if (table == nullptr) return;
     Check("adamw",
-          k::fast::AdamWUpdateChunks(params, m, v, grads, params_bf16, adamw_chunks_,
-                                     adamw_chunk_count_, adamw_aligned_, hyper, step, kStream));
+          k::fast::AdamWUpdateChunks(params, m, v, grads, params_bf16, table->chunks,
+                                     table->chunk_count, table->aligned, hyper, step, kStream));
+  }
+  void CastToBf16(uint16_t* out, const float* in, size_t n) override {
+    Check("bf16 cast", k::fast::CastToBf16(out, in, n, kStream));
   }
   double SumOfSquares(const float* x, size_t n) override {
     // One device result double followed by the kernel's scratch, grown to
@@ -159,6 +161,19 @@ class CudaOps final : public Ops {
  private:
   static constexpr void* kStream = nullptr;  // the default stream orders all work
 
+  // An allocation failure, which is not sticky: cleared, and reported with
+  // the bytes asked for and the bytes free.
+  static absl::Status OutOfMemory(size_t bytes, const char* call, cudaError_t error) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "out of GPU memory: asked for ", bytes, " bytes (", absl::StrFormat("%.2f", bytes / 1e9),
+        " GB) with ", free_bytes, " bytes (", absl::StrFormat("%.2f", free_bytes / 1e9),
+        " GB) free of ", absl::StrFormat("%.2f", total_bytes / 1e9), " GB (", call, ": ",
+        cudaGetErrorString(error), "); lower data.micro_batch or model.seq_len"));
+  }
+
   // Records the first failure; `code` is a cudaError_t, or for matmuls
   // kCublasErrorBase + a cublasStatus_t.
   bool Check(const char* what, int code) const {
@@ -172,34 +187,49 @@ class CudaOps final : public Ops {
     return false;
   }
 
-  // The run table of AdamWUpdate, split into one chunk per block, on the
-  // device (a model's runs never change, so this happens once).
-  bool UploadAdamWChunks(const std::vector<AdamWRun>& runs) {
-    std::vector<k::fast::AdamWChunk> table;
-    adamw_aligned_ = true;  // every run starts on 16 bytes: 128-bit accesses
+  // A run table of AdamWUpdate, split into one chunk per block, on the
+  // device. A model's AdamW groups never change their runs, so each table
+  // is uploaded once and kept (FSDP steps one group per stage).
+  struct AdamWTable {
+    std::vector<AdamWRun> runs;
+    k::fast::AdamWChunk* chunks = nullptr;
+    int chunk_count = 0;
+    bool aligned = true;  // every run starts on 16 bytes: 128-bit accesses
+  };
+
+  const AdamWTable* FindAdamWTable(const std::vector<AdamWRun>& runs) const {
+    for (const AdamWTable& table : adamw_tables_) {
+      if (std::equal(runs.begin(), runs.end(), table.runs.begin(), table.runs.end(),
+                     [](const AdamWRun& a, const AdamWRun& b) {
+                       return a.begin == b.begin && a.count == b.count && a.decay == b.decay;
+                     })) {
+        return &table;
+      }
+    }
+    return nullptr;
+  }
+
+  const AdamWTable* UploadAdamWTable(const std::vector<AdamWRun>& runs) {
+    AdamWTable table;
+    table.runs = runs;
+    std::vector<k::fast::AdamWChunk> chunks;
     for (const AdamWRun& run : runs) {
-      table.push_back(k::fast::AdamWChunk{run.begin, run.count, run.decay ? 1u : 0u});
-      adamw_aligned_ = adamw_aligned_ && run.begin % 4 == 0;
+      chunks.push_back(k::fast::AdamWChunk{run.begin, run.count, run.decay ? 1u : 0u});
+      table.aligned = table.aligned && run.begin % 4 == 0;
     }
-    const std::vector<k::fast::AdamWChunk> pieces = k::fast::SplitAdamWRuns(table);
-    cudaFree(adamw_chunks_);
-    adamw_chunks_ = nullptr;
-    adamw_runs_.clear();
+    const std::vector<k::fast::AdamWChunk> pieces = k::fast::SplitAdamWRuns(chunks);
     const size_t bytes = pieces.size() * sizeof(k::fast::AdamWChunk);
-    if (!Check("cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&adamw_chunks_), bytes))) {
-      return false;
+    if (!Check("cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&table.chunks), bytes))) {
+      return nullptr;
     }
-    ToDevice(adamw_chunks_, pieces.data(), bytes);
-    adamw_chunk_count_ = static_cast<int>(pieces.size());
-    adamw_runs_ = runs;
-    return true;
+    ToDevice(table.chunks, pieces.data(), bytes);
+    table.chunk_count = static_cast<int>(pieces.size());
+    adamw_tables_.push_back(std::move(table));
+    return &adamw_tables_.back();
   }
 
   cublasHandle_t blas_;
-  std::vector<AdamWRun> adamw_runs_;
-  k::fast::AdamWChunk* adamw_chunks_ = nullptr;
-  int adamw_chunk_count_ = 0;
-  bool adamw_aligned_ = true;
+  std::deque<AdamWTable> adamw_tables_;  // stable addresses
   double* norm_scratch_ = nullptr;
   size_t norm_scratch_doubles_ = 0;
   mutable absl::Status status_;

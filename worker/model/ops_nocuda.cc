@@ -22,7 +22,8 @@ absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(Precision) {
   return absl::FailedPreconditionError(kNoCuda);
 }
 
-absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig&, int, Precision) {
+absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig&, int, Precision,
+                                                          ParamStorage) {
   return absl::FailedPreconditionError(kNoCuda);
 }
 

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "worker/model/model.h"
+#include "worker/model/ops.h"
 #include "worker/optim/optim.h"
 
 namespace muster::worker {
@@ -217,6 +218,66 @@ TEST_CASE("parameters written from the host reach the bf16 weight copy", "[cuda]
   Train(trained.get(), config, 3);
   trained->CopyParamsFromHost(fresh->CopyParamsToHost());
   CHECK(trained->Forward(batch.inputs.data(), batch.targets.data(), 4, 40) == want);
+}
+
+TEST_CASE("with external storage (FSDP's), the engine computes the owned model's bits", "[cuda]") {
+  // The stages' buffers allocated one by one as a sharding strategy binds
+  // them, holding the owned model's weights (and their bf16 copy): the same
+  // loss and gradients, bit for bit, and ZeroGrad clears the bound buffers.
+  const ModelConfig config = SmallConfig();
+  const Batch batch = RandomBatch(config, 4, 40, 31);
+  for (const Bounds& bounds : kBounds) {
+    SECTION(PrecisionName(bounds.precision)) {
+      auto owned = Make(config, 4, Device::kCuda, bounds.precision);
+      auto made =
+          GptModel::Create(config, 4, Device::kCuda, bounds.precision, ParamStorage::kExternal);
+      INFO(made.status().ToString());
+      REQUIRE(made.ok());
+      GptModel& external = **made;
+      Ops& ops = external.ops();
+      const std::vector<float> weights = owned->CopyParamsToHost();
+      std::vector<void*> buffers;
+      size_t flat = 0;
+      for (size_t s = 0; s < external.stages().size(); ++s) {
+        const size_t size = external.stages()[s].size;
+        auto params = ops.AllocTransient(size * sizeof(float));  // as FSDP's gathered ones
+        auto grads = ops.Alloc(size * sizeof(float));
+        REQUIRE(params.ok());
+        REQUIRE(grads.ok());
+        ops.ToDevice(*params, weights.data() + flat, size * sizeof(float));
+        uint16_t* bf16 = nullptr;
+        if (bounds.precision == Precision::kBf16) {
+          auto copy = ops.Alloc(size * sizeof(uint16_t));
+          REQUIRE(copy.ok());
+          bf16 = static_cast<uint16_t*>(*copy);
+          ops.CastToBf16(bf16, static_cast<float*>(*params), size);
+          buffers.push_back(*copy);
+        }
+        external.BindStage(static_cast<int>(s), static_cast<float*>(*params),
+                           static_cast<float*>(*grads), bf16);
+        buffers.push_back(*grads);
+        flat += size;
+      }
+      for (int round = 0; round < 2; ++round) {  // the second after ZeroGrad
+        INFO("round " << round);
+        owned->ZeroGrad();
+        external.ZeroGrad();
+        const float want = owned->Forward(batch.inputs.data(), batch.targets.data(), 4, 40);
+        const float got = external.Forward(batch.inputs.data(), batch.targets.data(), 4, 40);
+        CHECK(got == want);
+        owned->Backward(1.0f);
+        external.Backward(1.0f);
+        CHECK(external.CopyGradsToHost() == owned->CopyGradsToHost());
+        const double norm = owned->GradSumOfSquares();
+        CHECK(std::fabs(external.GradSumOfSquares() - norm) <= 1e-12 * norm);
+      }
+      REQUIRE(external.DeviceStatus().ok());
+      for (size_t s = 0; s < external.stages().size(); ++s) {
+        ops.FreeTransient(external.stages()[s].params);
+      }
+      for (void* buffer : buffers) ops.Free(buffer);
+    }
+  }
 }
 
 TEST_CASE("a batch that does not fit is RESOURCE_EXHAUSTED naming the bytes", "[cuda]") {

@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +11,33 @@
 #include "worker/model/ops.h"
 
 namespace muster::worker {
+
+// Memory of the model's back end, freed through it: persistent (Ops::Alloc,
+// zeroed) or transient (Ops::AllocTransient, uninitialised). It holds the
+// back end, so it may outlive the model (the strategy is destroyed after
+// the trainer).
+class Fsdp::Buffer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Buffer>> Make(std::shared_ptr<Ops> ops, size_t bytes,
+                                                      bool transient) {
+    absl::StatusOr<void*> ptr = transient ? ops->AllocTransient(bytes) : ops->Alloc(bytes);
+    if (!ptr.ok()) return ptr.status();
+    return std::unique_ptr<Buffer>(new Buffer(std::move(ops), *ptr, transient));
+  }
+  ~Buffer() { transient_ ? ops_->FreeTransient(ptr_) : ops_->Free(ptr_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  float* floats() const { return static_cast<float*>(ptr_); }
+  uint16_t* halves() const { return static_cast<uint16_t*>(ptr_); }
+
+ private:
+  Buffer(std::shared_ptr<Ops> ops, void* ptr, bool transient)
+      : ops_(std::move(ops)), ptr_(ptr), transient_(transient) {}
+  std::shared_ptr<Ops> ops_;
+  void* ptr_;
+  bool transient_;
+};
 
 // One stage as this rank shards it. `params` and `grads` are the full
 // buffers the model reads and adds into while they are bound: slices of
@@ -25,7 +51,8 @@ struct Fsdp::StageShard {
   size_t at = 0;  // where the slice lives in shard_params_ / shard_grads_
   float* params = nullptr;
   float* grads = nullptr;
-  std::unique_ptr<float[]> own_params, own_grads;
+  uint16_t* bf16 = nullptr;  // the bf16 copy of params (kBf16)
+  std::unique_ptr<Buffer> own_params, own_grads, own_bf16;
   std::shared_ptr<parallel::Work> gather;  // in flight into `params`
 };
 
@@ -34,32 +61,11 @@ struct Fsdp::StageShard {
 struct Fsdp::PendingReduce {
   int stage = 0;
   std::shared_ptr<parallel::Work> work;
-  std::unique_ptr<float[]> scratch;  // count floats, or null
-  std::unique_ptr<float[]> grads;    // the full gradient it reads, freed after
+  std::unique_ptr<Buffer> scratch;  // count floats, or null
+  std::unique_ptr<Buffer> grads;    // the full gradient it reads, freed after
 };
 
 namespace {
-
-// Host memory the hooks hand out. Plain operator new (not the model's
-// Ops): FSDP is CPU-only for now, and these buffers may outlive the model
-// (the strategy is destroyed after the trainer). A failure is fatal in a
-// hook, which cannot return an error, so it exits naming the bytes, as the
-// issue asks for an OOM.
-std::unique_ptr<float[]> NewFloats(size_t floats) {
-  std::unique_ptr<float[]> buffer(new (std::nothrow) float[floats == 0 ? 1 : floats]);
-  return buffer;
-}
-
-// The same in a stage hook: exits on failure, naming what and how much.
-std::unique_ptr<float[]> NewFloatsOrExit(size_t floats, const char* what, int stage) {
-  std::unique_ptr<float[]> buffer = NewFloats(floats);
-  if (buffer == nullptr) {
-    std::fprintf(stderr, "worker: fsdp: out of memory for stage %d's %s (%zu bytes)\n", stage, what,
-                 floats * sizeof(float));
-    std::exit(1);
-  }
-  return buffer;
-}
 
 // Waits for `work`, adding the time spent to *seconds.
 absl::Status TimedWait(parallel::Work& work, double* seconds) {
@@ -71,9 +77,9 @@ absl::Status TimedWait(parallel::Work& work, double* seconds) {
 
 }  // namespace
 
-FsdpMemory FsdpMemoryFormula(int zero, uint64_t owned, uint64_t total) {
+FsdpMemory FsdpMemoryFormula(int zero, uint64_t owned, uint64_t total, bool bf16) {
   FsdpMemory memory;
-  memory.params = 4 * owned + (zero <= 2 ? 4 * total : 0);
+  memory.params = 4 * owned + (zero <= 2 ? (bf16 ? 6 : 4) * total : 0);
   memory.grads = 4 * owned + (zero == 1 ? 4 * total : 0);
   memory.moments = 8 * owned;
   return memory;
@@ -127,10 +133,6 @@ void Fsdp::Fail(const absl::Status& status) {
 
 absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
   if (model_ != nullptr) return absl::FailedPreconditionError("Fsdp::Build called twice");
-  if (spec.device != Device::kCpu) {
-    return absl::UnimplementedError(
-        "parallel.strategy: fsdp runs on the CPU in this build; on CUDA it is planned (use ddp)");
-  }
   if (options_.zero < 1 || options_.zero > 3) {
     return absl::InvalidArgumentError(
         absl::StrCat("parallel.zero: expected 1, 2 or 3, got ", options_.zero));
@@ -151,6 +153,8 @@ absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
   BuiltModel built;
   built.model = *std::move(made);
   GptModel* model = built.model.get();
+  ops_ = model->shared_ops();
+  bf16_ = model->precision() == Precision::kBf16;
 
   const int n = shard_->size(), j = shard_->rank();
   std::vector<Stage>& stages = model->stages();
@@ -166,53 +170,60 @@ absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
     total_floats_ += stage.size;
   }
 
-  // The persistent arrays; a failure here is an error, not an exit.
-  auto persistent = [](size_t floats, uint64_t* account,
-                       std::unique_ptr<float[]>* into) -> absl::Status {
-    *into = NewFloats(floats);
-    if (*into == nullptr) {
+  // The persistent arrays (zeroed); a failure here is an error, not an
+  // exit.
+  auto persistent = [this](size_t bytes, uint64_t* account,
+                           std::unique_ptr<Buffer>* into) -> absl::Status {
+    auto buffer = Buffer::Make(ops_, bytes, /*transient=*/false);
+    if (!buffer.ok()) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("fsdp: cannot allocate ", floats * sizeof(float), " bytes"));
+          absl::StrCat("fsdp: cannot allocate ", bytes, " bytes: ", buffer.status().message()));
     }
-    *account += floats * sizeof(float);
+    *into = *std::move(buffer);
+    *account += bytes;
     return absl::OkStatus();
   };
-  absl::Status status = persistent(shard_floats_, &memory_.params, &shard_params_storage_);
-  if (status.ok()) status = persistent(shard_floats_, &memory_.grads, &shard_grads_storage_);
+  const size_t f = sizeof(float);
+  absl::Status status = persistent(shard_floats_ * f, &memory_.params, &shard_params_storage_);
+  if (status.ok()) status = persistent(shard_floats_ * f, &memory_.grads, &shard_grads_storage_);
   if (status.ok() && options_.zero <= 2) {
-    status = persistent(total_floats_, &memory_.params, &full_params_storage_);
+    status = persistent(total_floats_ * f, &memory_.params, &full_params_storage_);
+    if (status.ok() && bf16_) {
+      status = persistent(total_floats_ * sizeof(uint16_t), &memory_.params, &full_bf16_storage_);
+    }
   }
   if (status.ok() && options_.zero == 1) {
-    status = persistent(total_floats_, &memory_.grads, &full_grads_storage_);
+    status = persistent(total_floats_ * f, &memory_.grads, &full_grads_storage_);
   }
   if (!status.ok()) return status;
-  shard_params_ = shard_params_storage_.get();
-  shard_grads_ = shard_grads_storage_.get();
-  full_params_ = full_params_storage_.get();
-  full_grads_ = full_grads_storage_.get();
-  std::fill(shard_grads_, shard_grads_ + shard_floats_, 0.0f);
-  if (full_grads_ != nullptr) std::fill(full_grads_, full_grads_ + total_floats_, 0.0f);
+  shard_params_ = shard_params_storage_->floats();
+  shard_grads_ = shard_grads_storage_->floats();
+  if (full_params_storage_ != nullptr) full_params_ = full_params_storage_->floats();
+  if (full_grads_storage_ != nullptr) full_grads_ = full_grads_storage_->floats();
+  if (full_bf16_storage_ != nullptr) full_bf16_ = full_bf16_storage_->halves();
 
   // Every rank computes the same initial weights from the seed, one stage
-  // at a time, and keeps its slice (and the whole under ZeRO-1/2): nothing
-  // to communicate, and never more than one stage beyond the shard.
+  // at a time on the host, and keeps its slice (and the whole under
+  // ZeRO-1/2): nothing to communicate, and never more than one stage
+  // beyond the shard.
   std::vector<float> initial;
   size_t stage_flat = 0;
   for (size_t s = 0; s < stages.size(); ++s) {
     StageShard& stage = stages_[s];
+    initial.resize(stage.size);
+    model->InitStageWeights(static_cast<int>(s), spec.seed, initial.data());
+    ops_->ToDevice(shard_params_ + stage.at, initial.data() + stage.first,
+                   stage.count * sizeof(float));
     if (full_params_ != nullptr) {
       stage.params = full_params_ + stage_flat;
-      model->InitStageWeights(static_cast<int>(s), spec.seed, stage.params);
-      std::memcpy(shard_params_ + stage.at, stage.params + stage.first,
-                  stage.count * sizeof(float));
-    } else {
-      initial.resize(stage.size);
-      model->InitStageWeights(static_cast<int>(s), spec.seed, initial.data());
-      std::memcpy(shard_params_ + stage.at, initial.data() + stage.first,
-                  stage.count * sizeof(float));
+      ops_->ToDevice(stage.params, initial.data(), stage.size * sizeof(float));
+      if (full_bf16_ != nullptr) {
+        stage.bf16 = full_bf16_ + stage_flat;
+        CastStage(static_cast<int>(s));
+      }
     }
     if (full_grads_ != nullptr) stage.grads = full_grads_ + stage_flat;
-    model->BindStage(static_cast<int>(s), stage.params, stage.grads);
+    model->BindStage(static_cast<int>(s), stage.params, stage.grads, stage.bf16);
     stage_flat += stage.size;
   }
   initial = {};
@@ -248,12 +259,34 @@ std::vector<int> Fsdp::ParamsNeeded(int stage) const {
   return {stage};
 }
 
+std::unique_ptr<Fsdp::Buffer> Fsdp::TransientOrExit(size_t bytes, const char* what, int stage) {
+  auto buffer = Buffer::Make(ops_, bytes, /*transient=*/true);
+  if (!buffer.ok()) {
+    // A hook cannot return an error; the issue asks an OOM to be a clear
+    // exit naming the bytes.
+    std::fprintf(stderr, "worker: fsdp: out of memory for stage %d's %s (%zu bytes): %s\n", stage,
+                 what, bytes, std::string(buffer.status().message()).c_str());
+    std::exit(1);
+  }
+  return *std::move(buffer);
+}
+
+void Fsdp::CastStage(int s) {
+  StageShard& stage = stages_[s];
+  ops_->CastToBf16(stage.bf16, stage.params, stage.size);
+}
+
 void Fsdp::StartGather(int s) {
   StageShard& stage = stages_[s];
   if (stage.params != nullptr) return;  // kept, gathered or on its way
-  stage.own_params = NewFloatsOrExit(stage.size, "gathered parameters", s);
-  stage.params = stage.own_params.get();
+  stage.own_params = TransientOrExit(stage.size * sizeof(float), "gathered parameters", s);
+  stage.params = stage.own_params->floats();
   memory_.gathered += stage.size * sizeof(float);
+  if (bf16_) {
+    stage.own_bf16 = TransientOrExit(stage.size * sizeof(uint16_t), "bf16 parameters", s);
+    stage.bf16 = stage.own_bf16->halves();
+    memory_.gathered += stage.size * sizeof(uint16_t);
+  }
   memory_.gathered_peak = std::max(memory_.gathered_peak, memory_.gathered);
   stage.gather = shard_->AllGather(absl::MakeConstSpan(shard_params_ + stage.at, stage.count),
                                    absl::MakeSpan(stage.params, stage.size), stage.counts);
@@ -265,8 +298,10 @@ void Fsdp::WaitGathered(int s) {
   if (stage.gather != nullptr) {
     Fail(TimedWait(*stage.gather, &waits_.gather_s));
     stage.gather = nullptr;
+    // On the compute stream, after the gather (waited for above).
+    if (bf16_) CastStage(s);
   }
-  model_->BindStage(s, stage.params, stage.grads);
+  model_->BindStage(s, stage.params, stage.grads, stage.bf16);
 }
 
 void Fsdp::ReleaseParams(int s) {
@@ -276,10 +311,16 @@ void Fsdp::ReleaseParams(int s) {
     Fail(stage.gather->Wait());  // the group still writes into it
     stage.gather = nullptr;
   }
+  // Transient: on CUDA freed after the stage's queued kernels.
   stage.own_params.reset();
   stage.params = nullptr;
   memory_.gathered -= stage.size * sizeof(float);
-  model_->BindStage(s, nullptr, stage.grads);
+  if (stage.own_bf16 != nullptr) {
+    stage.own_bf16.reset();
+    stage.bf16 = nullptr;
+    memory_.gathered -= stage.size * sizeof(uint16_t);
+  }
+  model_->BindStage(s, nullptr, stage.grads, nullptr);
 }
 
 absl::Status Fsdp::GatherAll() {
@@ -290,18 +331,21 @@ absl::Status Fsdp::GatherAll() {
   }
   waits_.gathers += static_cast<int64_t>(works.size());
   for (auto& work : works) Fail(TimedWait(*work, &waits_.gather_s));
+  if (bf16_) {
+    for (size_t s = 0; s < stages_.size(); ++s) CastStage(static_cast<int>(s));
+  }
   return error_;
 }
 
 void Fsdp::BindGrads(int s) {
   StageShard& stage = stages_[s];
   if (stage.grads != nullptr) return;  // kept (ZeRO-1) or bound earlier in this backward
-  stage.own_grads = NewFloatsOrExit(stage.size, "gradient", s);
-  stage.grads = stage.own_grads.get();
-  std::fill(stage.grads, stage.grads + stage.size, 0.0f);
+  stage.own_grads = TransientOrExit(stage.size * sizeof(float), "gradient", s);
+  stage.grads = stage.own_grads->floats();
+  ops_->Zero(stage.grads, stage.size * sizeof(float));
   memory_.gathered += stage.size * sizeof(float);
   memory_.gathered_peak = std::max(memory_.gathered_peak, memory_.gathered);
-  model_->BindStage(s, stage.params, stage.grads);
+  model_->BindStage(s, stage.params, stage.grads, stage.bf16);
 }
 
 void Fsdp::StartReduce(int s) {
@@ -312,10 +356,10 @@ void Fsdp::StartReduce(int s) {
   // ZeRO-1 reduces once per step, the sum of every micro-step; ZeRO-2/3
   // reduce each micro-step's and add all but the first into the shard.
   if (options_.zero >= 2 && micro_step_ > 1) {
-    reduce.scratch = NewFloatsOrExit(stage.count, "accumulation scratch", s);
+    reduce.scratch = TransientOrExit(stage.count * sizeof(float), "accumulation scratch", s);
     memory_.gathered += stage.count * sizeof(float);
     memory_.gathered_peak = std::max(memory_.gathered_peak, memory_.gathered);
-    out = reduce.scratch.get();
+    out = reduce.scratch->floats();
   }
   reduce.work = shard_->ReduceScatter(absl::MakeConstSpan(stage.grads, stage.size),
                                       absl::MakeSpan(out, stage.count), stage.counts,
@@ -324,7 +368,7 @@ void Fsdp::StartReduce(int s) {
     // The buffer now belongs to the reduction; the model is done with it.
     reduce.grads = std::move(stage.own_grads);
     stage.grads = nullptr;
-    model_->BindStage(s, stage.params, nullptr);
+    model_->BindStage(s, stage.params, nullptr, stage.bf16);
   }
   reduces_.push_back(std::move(reduce));
   ++waits_.reduces;
@@ -338,8 +382,9 @@ absl::Status Fsdp::RetireReduces(bool wait) {
     Fail(TimedWait(*reduce.work, &waits_.reduce_s));
     const StageShard& stage = stages_[reduce.stage];
     if (reduce.scratch != nullptr) {
+      // into += scratch (ResidualForward allows out to alias an input).
       float* into = shard_grads_ + stage.at;
-      for (size_t i = 0; i < stage.count; ++i) into[i] += reduce.scratch[i];
+      ops_->ResidualForward(into, into, reduce.scratch->floats(), stage.count);
       memory_.gathered -= stage.count * sizeof(float);
     }
     if (reduce.grads != nullptr) memory_.gathered -= stage.size * sizeof(float);
@@ -408,10 +453,7 @@ absl::Status Fsdp::ReduceGradients(GptModel* model) {
 
 absl::StatusOr<double> Fsdp::GradSumOfSquares(GptModel* model) {
   if (!error_.ok()) return error_;
-  double local = 0.0;
-  for (size_t i = 0; i < shard_floats_; ++i) {
-    local += static_cast<double>(shard_grads_[i]) * shard_grads_[i];
-  }
+  const double local = ops_->SumOfSquares(shard_grads_, shard_floats_);
   // Over the shard group in double; every replica holds the same shards.
   parallel::Collectives shard(shard_);
   return shard.SumDouble(local);
@@ -449,11 +491,14 @@ absl::Status Fsdp::OptimizerStep(GptModel* model, AdamW* optimizer, float lr, in
       StartGather(static_cast<int>(s));
     }
   }
-  for (auto& work : works) Fail(TimedWait(*work, &waits_.gather_s));
+  for (size_t s = 0; s < works.size(); ++s) {  // ZeRO-1/2: one per stage
+    Fail(TimedWait(*works[s], &waits_.gather_s));
+    if (bf16_) CastStage(static_cast<int>(s));
+  }
   absl::Status status = error_;
   if (!logged_memory_ && options_.log != nullptr) {
     logged_memory_ = true;
-    const FsdpMemory want = FsdpMemoryFormula(options_.zero, shard_floats_, total_floats_);
+    const FsdpMemory want = FsdpMemoryFormula(options_.zero, shard_floats_, total_floats_, bf16_);
     std::fprintf(options_.log,
                  "worker: fsdp rank %d memory: params %llu B, grads %llu B, moments %llu B "
                  "(formula %llu + %llu + %llu: %s); gathered buffers peak %llu B\n",
@@ -477,7 +522,7 @@ void Fsdp::ZeroGrad(GptModel* model) {
   micro_step_ = 0;
   last_micro_step_ = false;
   // ZeRO-2/3: the first micro-step's reduction overwrites the shard.
-  if (full_grads_ != nullptr) std::fill(full_grads_, full_grads_ + total_floats_, 0.0f);
+  if (full_grads_ != nullptr) ops_->Zero(full_grads_, total_floats_ * sizeof(float));
 }
 
 std::vector<std::vector<FlatRange>> Fsdp::CheckpointFiles(uint64_t total) const {
@@ -507,7 +552,8 @@ absl::StatusOr<std::vector<float>> Fsdp::GatheredParams(int s) {
   StartGather(s);
   WaitGathered(s);
   if (!error_.ok()) return error_;
-  std::vector<float> copy(stage.params, stage.params + stage.size);
+  std::vector<float> copy(stage.size);
+  ops_->ToHost(copy.data(), stage.params, stage.size * sizeof(float));
   if (!had) ReleaseParams(s);
   return copy;
 }

@@ -46,8 +46,16 @@
 // replicas that hold the same shard, and a resume loads exactly the
 // slices it owns, from a checkpoint of any strategy and world size.
 //
-// CPU only for now: the CUDA engine holds its own parameters (model.h,
-// ParamStorage), so Build is UNIMPLEMENTED on CUDA.
+// Devices: every buffer comes from the model's back end (worker/model/ops.h):
+// host memory on the CPU, device memory on CUDA, where the groups must take
+// device memory (NCCL, or Gloo staged through the host). With precision
+// bf16 each stage's parameters are gathered in fp32 (as the engine's
+// LayerNorms and encoder read them) and cast to the bf16 copy its GEMMs
+// read, next to them; gradients are reduce-scattered in fp32. Gathered and
+// gradient buffers are transient (Ops::AllocTransient: on CUDA stream
+// ordered, so a stage's parameters are freed after its queued kernels
+// without waiting for them). Status on CUDA: compiles and links; not yet
+// run on a GPU.
 //
 // Errors: the groups' (parallel/process_group.h). An error inside a stage
 // hook (a failed gather) is kept and returned by the next
@@ -104,9 +112,10 @@ struct FsdpWaits {
 // stage sizes alone: for a rank that owns `owned` floats of a model of
 // `total` floats, 4-byte floats,
 //   params  = 4 * owned + (zero <= 2 ? 4 * total : 0)
+//             + (bf16 && zero <= 2 ? 2 * total : 0)   (the kept bf16 copy)
 //   grads   = 4 * owned + (zero == 1 ? 4 * total : 0)
 //   moments = 8 * owned
-FsdpMemory FsdpMemoryFormula(int zero, uint64_t owned, uint64_t total);
+FsdpMemory FsdpMemoryFormula(int zero, uint64_t owned, uint64_t total, bool bf16 = false);
 
 class Fsdp final : public ParallelStrategy {
  public:
@@ -153,6 +162,7 @@ class Fsdp final : public ParallelStrategy {
   absl::StatusOr<std::vector<float>> GatheredParams(int stage);
 
  private:
+  class Buffer;  // memory of the model's back end (fsdp.cc)
   struct StageShard;
   struct PendingReduce;
 
@@ -169,9 +179,14 @@ class Fsdp final : public ParallelStrategy {
   // reads: itself, and stage 0 for the head.
   std::vector<int> ParamsNeeded(int stage) const;
   // ZeRO-3: starts gathering stage s's parameters unless they are there or
-  // on their way; waits for them.
+  // on their way; waits for them (and makes the bf16 copy).
   void StartGather(int stage);
   void WaitGathered(int stage);
+  // A transient buffer of the back end; exits naming the bytes if there is
+  // no memory (a stage hook cannot return an error).
+  std::unique_ptr<Buffer> TransientOrExit(size_t bytes, const char* what, int stage);
+  // The bf16 copy of stage s's parameters from its fp32 ones (kBf16).
+  void CastStage(int stage);
   void ReleaseParams(int stage);
   // Gathers every stage into the full copies ZeRO-1/2 keep; waits.
   absl::Status GatherAll();
@@ -187,18 +202,21 @@ class Fsdp final : public ParallelStrategy {
   const FsdpOptions options_;
   const std::string backend_;
   GptModel* model_ = nullptr;  // the one Build made
+  std::shared_ptr<Ops> ops_;   // its back end; every Buffer holds it too
+  bool bf16_ = false;          // the model computes in bf16: stages get a bf16 copy
   std::vector<StageShard> stages_;
   std::vector<PendingReduce> reduces_;
   // The owned slices, stage after stage, and their gradient (same layout).
-  std::unique_ptr<float[]> shard_params_storage_, shard_grads_storage_;
+  std::unique_ptr<Buffer> shard_params_storage_, shard_grads_storage_;
   float* shard_params_ = nullptr;
   float* shard_grads_ = nullptr;
   size_t shard_floats_ = 0;
-  // Every stage end to end: the parameters ZeRO-1/2 keep, the gradient
-  // ZeRO-1 keeps.
-  std::unique_ptr<float[]> full_params_storage_, full_grads_storage_;
+  // Every stage end to end: the parameters ZeRO-1/2 keep (and their bf16
+  // copy), the gradient ZeRO-1 keeps.
+  std::unique_ptr<Buffer> full_params_storage_, full_grads_storage_, full_bf16_storage_;
   float* full_params_ = nullptr;
   float* full_grads_ = nullptr;
+  uint16_t* full_bf16_ = nullptr;
   size_t total_floats_ = 0;
   int micro_step_ = 0;  // micro-steps begun since ZeroGrad
   bool last_micro_step_ = false;
