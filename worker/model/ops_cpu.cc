@@ -27,13 +27,8 @@ class CpuOps final : public Ops {
   absl::Status status() const override { return absl::OkStatus(); }
 
   absl::StatusOr<void*> Alloc(size_t bytes) override {
-    const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-    void* ptr = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
-    if (ptr == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
-    }
-    std::memset(ptr, 0, rounded);
+    absl::StatusOr<void*> ptr = AllocTransient(bytes);
+    if (ptr.ok()) std::memset(*ptr, 0, bytes);
     return ptr;
   }
   void Free(void* ptr) override { std::free(ptr); }
