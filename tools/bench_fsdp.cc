@@ -14,7 +14,7 @@
 //
 //   bazel build -c opt //tools:bench_fsdp && bazel-bin/tools/bench_fsdp
 //       [--steps 6] [--rounds 9] [--nproc 2] [--skip-throughput]
-//       [--skip-rss] [--rss-ranks 2 4] [--rss-steps 3]
+//       [--skip-rss] [--rss-ranks 2 4] [--rss-steps 3] [--pin]
 #include <unistd.h>
 
 #include <algorithm>
@@ -85,19 +85,20 @@ double MedianOf(const Job& job, Field field) {
 }
 
 int PrintThroughput(const worker::TrainConfig& config, int nproc, int warmup, int steps, int rounds,
-                    int replays) {
+                    int replays, bool pin) {
   const worker::ModelConfig& m = config.model;
   std::printf(
       "FSDP against DDP on GPT L=%d C=%d NH=%d T=%d V=%d, B=%d per rank, %d ranks as threads, "
       "DDP bucket_mb %g;\n%d timed steps after %d, %d rounds (each job once per round); one "
-      "thread per rank\n",
+      "thread per rank%s\n",
       m.layers, m.dim, m.heads, m.seq_len, m.vocab, config.data.micro_batch, nproc,
-      config.parallel.bucket_mb, steps, warmup, rounds);
+      config.parallel.bucket_mb, steps, warmup, rounds,
+      pin ? ", rank r's pinned to the r-th CPU" : "");
   std::fflush(stdout);
   std::vector<Job> jobs = {{"DDP", 0}, {"FSDP ZeRO-1", 1}, {"FSDP ZeRO-2", 2}, {"FSDP ZeRO-3", 3}};
   for (int round = 0; round < rounds; ++round) {
     for (Job& job : jobs) {
-      auto run = RunThreadsJob(config, job.zero, nproc, warmup, steps, replays);
+      auto run = RunThreadsJob(config, job.zero, nproc, warmup, steps, replays, pin);
       if (run.ok()) {
         job.runs.push_back(*run);
       } else if (job.error.ok()) {
@@ -281,7 +282,7 @@ int Main(int argc, char** argv) {
   int rss_steps = 3, rss_micro_batch = 1, rss_seq_len = 64;
   double bucket_mb = 2.0;
   std::vector<int> rss_ranks = {2, 4};
-  bool skip_throughput = false, skip_rss = false;
+  bool skip_throughput = false, skip_rss = false, pin = false;
   CLI::App app("bench_fsdp: FSDP (ZeRO-1/2/3) against DDP: throughput, overlap, memory");
   app.add_option("--steps", steps, "Timed training steps per job")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
@@ -302,6 +303,8 @@ int Main(int argc, char** argv) {
   app.add_option("--rss-seq-len", rss_seq_len, "T, RSS jobs")->capture_default_str();
   app.add_flag("--skip-throughput", skip_throughput, "No throughput and overlap tables");
   app.add_flag("--skip-rss", skip_rss, "No peak RSS table");
+  app.add_flag("--pin", pin,
+               "Pin rank r's training thread to the r-th CPU (its communication threads float)");
   CLI11_PARSE(app, argc, argv);
 
   const std::string dir = MakeTempDir("bench_fsdp_");
@@ -314,7 +317,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "bench_fsdp: %s\n", data.ToString().c_str());
       return 1;
     }
-    status |= PrintThroughput(config, nproc, warmup, steps, rounds, replays);
+    status |= PrintThroughput(config, nproc, warmup, steps, rounds, replays, pin);
   }
   if (!skip_rss) {
     RssPaths paths{BuiltFile("launcher/launch"), BuiltFile("worker/worker"),

@@ -1,5 +1,8 @@
 #include "tools/fsdp/threads.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -185,9 +188,34 @@ absl::Status Replay(parallel::ProcessGroup* group, const std::vector<Collective>
   return absl::OkStatus();
 }
 
+// Pins the calling thread to the `index`-th CPU this process may use
+// (modulo their count).
+absl::Status PinToCpu(int index) {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) {
+    return absl::InternalError("sched_getaffinity failed");
+  }
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
+  }
+  if (cpus.empty()) return absl::InternalError("no CPU to pin to");
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(cpus[index % cpus.size()], &one);
+  if (pthread_setaffinity_np(pthread_self(), sizeof(one), &one) != 0) {
+    return absl::InternalError("pthread_setaffinity_np failed");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunRank(worker::TrainConfig config, int zero, parallel::ProcessGroup* group,
-                     parallel::ProcessGroup* control, int warmup, int steps, int replays,
+                     parallel::ProcessGroup* control, int warmup, int steps, int replays, bool pin,
                      RankSamples* samples) {
+  // Only the training thread: the groups' threads (made before) still float.
+  if (pin) {
+    if (absl::Status pinned = PinToCpu(group->rank()); !pinned.ok()) return pinned;
+  }
   std::unique_ptr<FILE, int (*)(FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
   RecordingGroup recorder(group);
   std::unique_ptr<worker::ParallelStrategy> strategy;
@@ -309,7 +337,7 @@ bool ExposedAfterArrival(const std::vector<RankSamples>& ranks, int steps,
 }  // namespace
 
 absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int zero, int ranks,
-                                         int warmup, int steps, int replays) {
+                                         int warmup, int steps, int replays, bool pin) {
   rdzv::InMemoryStore store;
   // As in the worker: the strategy's data group, and a control group of
   // its own for the loss and the stop vote.
@@ -320,7 +348,7 @@ absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int 
   std::vector<RankSamples> samples(ranks);
   absl::Status status = parallel::FirstError(parallel::OnEveryRank(ranks, [&](int rank) {
     return RunRank(config, zero, (*groups)[rank].get(), (*controls)[rank].get(), warmup, steps,
-                   replays, &samples[rank]);
+                   replays, pin, &samples[rank]);
   }));
   if (!status.ok()) return status;
   ThreadsRun run;

@@ -44,7 +44,7 @@ class Ops {
   // CUDA it comes from the stream-ordered pool (cudaMallocAsync), so
   // FreeTransient takes effect after the work issued before it, without
   // waiting for that work, and freed memory is reused without a trip to
-  // the driver. On the CPU, plain aligned host memory.
+  // the driver. On the CPU, host memory from malloc (16-byte aligned).
   virtual absl::StatusOr<void*> AllocTransient(size_t bytes) = 0;
   virtual void FreeTransient(void* ptr) = 0;
   virtual void ToDevice(void* device_dst, const void* host_src, size_t bytes) = 0;
