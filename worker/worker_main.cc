@@ -220,6 +220,13 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
   }
   const bool fsdp = config.parallel.strategy == "fsdp";
   const bool pipeline = dims->pp > 1;
+  if (fsdp && dims->dp_replicate > 1 && *device == Device::kCuda) {
+    // Communicator::NewGroup makes Gloo groups on host memory; FSDP's
+    // buffers are device memory there.
+    return absl::InvalidArgumentError(
+        "parallel.dp_replicate: HSDP (fsdp with dp_replicate above 1) runs on the CPU in this "
+        "build; on CUDA shard over the whole world (dp_replicate 1)");
+  }
   if (pipeline && *device == Device::kCuda) {
     // Model parts run on the CPU only (worker/model/model.h, CreatePart).
     return absl::InvalidArgumentError(

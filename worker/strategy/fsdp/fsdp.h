@@ -54,8 +54,9 @@
 // read, next to them; gradients are reduce-scattered in fp32. Gathered and
 // gradient buffers are transient (Ops::AllocTransient: on CUDA stream
 // ordered, so a stage's parameters are freed after its queued kernels
-// without waiting for them). Status on CUDA: compiles and links; not yet
-// run on a GPU.
+// without waiting for them). HSDP stays on the CPU (the worker refuses it
+// on CUDA: its sub-groups are host-memory Gloo groups). Status on CUDA:
+// compiles and links; not yet run on a GPU.
 //
 // Errors: the groups' (parallel/process_group.h). An error inside a stage
 // hook (a failed gather) is kept and returned by the next
