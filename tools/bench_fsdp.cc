@@ -62,13 +62,6 @@ worker::TrainConfig Gpt2Small(int seq_len, int micro_batch) {
   return config;
 }
 
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
-}
-
 // One configuration of the throughput table; zero 0 is DDP.
 struct Job {
   std::string name;

@@ -46,12 +46,15 @@
 #include "kernels/grad_norm.h"
 #include "launcher/process.h"
 #include "launcher/worker_env.h"
+#include "tools/bench_util.h"
 #include "worker/model/model.h"
 #include "worker/model/ops.h"
 #include "worker/optim/optim.h"
 
 namespace muster::worker {
 namespace {
+
+using tools::Median;
 
 constexpr double kGB = 1e9;  // peak memory is printed in GB (10^9 bytes)
 
@@ -75,13 +78,6 @@ ModelConfig Gpt2(int T) {
   config.vocab = 50257;
   config.seq_len = T;
   return config;
-}
-
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, int B, int T,

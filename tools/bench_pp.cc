@@ -58,13 +58,6 @@ namespace {
 
 using parallel::ScheduleKind;
 
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
-}
-
 std::string LoadAverage() {
   std::ifstream file("/proc/loadavg");
   std::string one, five, fifteen;

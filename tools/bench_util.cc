@@ -1,5 +1,7 @@
 #include "tools/bench_util.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -48,6 +50,17 @@ absl::Status WriteRandomTokens(const std::string& path, int vocab) {
   std::vector<uint16_t> tokens(1 << 20);
   for (uint16_t& value : tokens) value = static_cast<uint16_t>(token(rng));
   return worker::WriteTokenShard(path, tokens);
+}
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
+}
+
+double Ms(std::chrono::steady_clock::duration duration) {
+  return std::chrono::duration<double, std::milli>(duration).count();
 }
 
 }  // namespace muster::tools

@@ -1,7 +1,9 @@
 // What every ranks-as-threads benchmark in tools/ needs before it starts.
 #pragma once
 
+#include <chrono>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -25,5 +27,12 @@ std::string MakeTempDir(const std::string& prefix);
 // the same for every run (a fixed seed): throughput benchmarks do not need
 // text, only tokens in range.
 absl::Status WriteRandomTokens(const std::string& path, int vocab);
+
+// The median of `values` (the mean of the middle two for an even count);
+// 0 for none.
+double Median(std::vector<double> values);
+
+// A steady_clock duration in milliseconds.
+double Ms(std::chrono::steady_clock::duration duration);
 
 }  // namespace muster::tools

@@ -6,6 +6,7 @@
 
 #include "parallel/gradient_reducer.h"
 #include "parallel/local_ranks.h"
+#include "tools/bench_util.h"
 #include "worker/strategy/ddp/ddp.h"
 #include "worker/trainer/trainer.h"
 
@@ -13,10 +14,6 @@ namespace muster::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Ms(Clock::duration duration) {
-  return std::chrono::duration<double, std::milli>(duration).count();
-}
 
 // A wait that began at `start` and lasted `ms`: a step's reduction after
 // backward, or a bare reduction.
@@ -85,13 +82,6 @@ absl::Status RunRank(const worker::TrainConfig& config, parallel::ProcessGroup* 
 
 // Medians: the machine is shared, and one step stalled by another
 // process's burst should not decide the figure.
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
-}
-
 // Per sample i: the wait of the rank that started waiting last (earlier
 // ranks also wait for it to get there, which is skew, not communication),
 // and the skew itself.

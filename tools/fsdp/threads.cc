@@ -16,6 +16,7 @@
 #include "parallel/parallel_dims.h"
 #include "parallel/process_group.h"
 #include "rendezvous/client/store.h"
+#include "tools/bench_util.h"
 #include "worker/strategy/ddp/ddp.h"
 #include "worker/strategy/fsdp/fsdp.h"
 #include "worker/trainer/trainer.h"
@@ -24,10 +25,6 @@ namespace muster::tools {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Ms(Clock::duration duration) {
-  return std::chrono::duration<double, std::milli>(duration).count();
-}
 
 // One collective as Fsdp issued it: enough to issue it again.
 struct Collective {
@@ -279,13 +276,6 @@ absl::Status RunRank(worker::TrainConfig config, int zero, parallel::ProcessGrou
     return status;
   }
   return Replay(group, samples->replayed, replays, &samples->alone_ms);
-}
-
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : (values[middle - 1] + values[middle]) / 2;
 }
 
 // Per sample i, over ranks: the mean (or the least) of (rank.*field)[i].
