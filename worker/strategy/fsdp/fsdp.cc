@@ -288,9 +288,14 @@ void Fsdp::StartGather(int s) {
     memory_.gathered += stage.size * sizeof(uint16_t);
   }
   memory_.gathered_peak = std::max(memory_.gathered_peak, memory_.gathered);
-  stage.gather = shard_->AllGather(absl::MakeConstSpan(shard_params_ + stage.at, stage.count),
-                                   absl::MakeSpan(stage.params, stage.size), stage.counts);
+  stage.gather = IssueGather(s);
+}
+
+std::shared_ptr<parallel::Work> Fsdp::IssueGather(int s) {
+  StageShard& stage = stages_[s];
   ++waits_.gathers;
+  return shard_->AllGather(absl::MakeConstSpan(shard_params_ + stage.at, stage.count),
+                           absl::MakeSpan(stage.params, stage.size), stage.counts);
 }
 
 void Fsdp::WaitGathered(int s) {
@@ -325,11 +330,7 @@ void Fsdp::ReleaseParams(int s) {
 
 absl::Status Fsdp::GatherAll() {
   std::vector<std::shared_ptr<parallel::Work>> works;
-  for (StageShard& stage : stages_) {
-    works.push_back(shard_->AllGather(absl::MakeConstSpan(shard_params_ + stage.at, stage.count),
-                                      absl::MakeSpan(stage.params, stage.size), stage.counts));
-  }
-  waits_.gathers += static_cast<int64_t>(works.size());
+  for (size_t s = 0; s < stages_.size(); ++s) works.push_back(IssueGather(static_cast<int>(s)));
   for (auto& work : works) Fail(TimedWait(*work, &waits_.gather_s));
   if (bf16_) {
     for (size_t s = 0; s < stages_.size(); ++s) CastStage(static_cast<int>(s));
@@ -481,11 +482,8 @@ absl::Status Fsdp::OptimizerStep(GptModel* model, AdamW* optimizer, float lr, in
   std::vector<std::shared_ptr<parallel::Work>> works;
   for (size_t s = 0; s < stages_.size(); ++s) {
     optimizer->StepGroup(s, lr, step, grad_scale);
-    StageShard& stage = stages_[s];
     if (options_.zero <= 2) {
-      works.push_back(shard_->AllGather(absl::MakeConstSpan(shard_params_ + stage.at, stage.count),
-                                        absl::MakeSpan(stage.params, stage.size), stage.counts));
-      ++waits_.gathers;
+      works.push_back(IssueGather(static_cast<int>(s)));
     } else if (std::find(first_needed.begin(), first_needed.end(), static_cast<int>(s)) !=
                first_needed.end()) {
       StartGather(static_cast<int>(s));

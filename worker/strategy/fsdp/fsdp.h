@@ -182,6 +182,9 @@ class Fsdp final : public ParallelStrategy {
   // ZeRO-3: starts gathering stage s's parameters unless they are there or
   // on their way; waits for them (and makes the bf16 copy).
   void StartGather(int stage);
+  // Issues the all-gather of stage s's slices into its `params` (which
+  // must be there) and counts it.
+  std::shared_ptr<parallel::Work> IssueGather(int stage);
   void WaitGathered(int stage);
   // A transient buffer of the back end; exits naming the bytes if there is
   // no memory (a stage hook cannot return an error).
