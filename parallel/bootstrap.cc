@@ -163,6 +163,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
   gloo.address = comm->local_address_;
   gloo.timeout = world.comm_timeout.value_or(options.timeout);
   comm->timeout_ = gloo.timeout;
+  comm->options_ = options;
 
   if (world.world_size == 1) {
     comm->store_ = std::make_unique<rdzv::InMemoryStore>();
@@ -279,6 +280,17 @@ absl::Status RoundStatus(const std::optional<rdzv::pb::JobState>& latest, const 
 
 absl::StatusOr<ProcessGroup*> Communicator::NewGroup(const std::string& name,
                                                      const std::vector<int>& ranks) {
+  return CreateSubGroup(name, ranks, DataBackend::kGloo);
+}
+
+absl::StatusOr<ProcessGroup*> Communicator::NewDataGroup(const std::string& name,
+                                                         const std::vector<int>& ranks) {
+  return CreateSubGroup(name, ranks, options_.data_backend);
+}
+
+absl::StatusOr<ProcessGroup*> Communicator::CreateSubGroup(const std::string& name,
+                                                           const std::vector<int>& ranks,
+                                                           DataBackend backend) {
   const std::string listed = absl::StrCat("[", absl::StrJoin(ranks, ","), "]");
   const std::string where = absl::StrCat("rank ", world_.rank, " of ", world_.world_size,
                                          ": creating group '", name, "' of ranks ", listed);
@@ -304,17 +316,15 @@ absl::StatusOr<ProcessGroup*> Communicator::NewGroup(const std::string& name,
   }
   {
     absl::MutexLock lock(&sub_groups_mu_);
-    if (!sub_groups_.emplace(name, nullptr).second) {
+    if (!sub_groups_.emplace(name, SubGroup{}).second) {
       return absl::AlreadyExistsError(
           absl::StrCat(where, ": a group of that name was created already"));
     }
   }
 
-  std::unique_ptr<ProcessGroup> made;
-  if (ranks.size() == 1) {
-    made = CreateSelfGroup(timeout_);
-  } else {
-    rdzv::PrefixStore store(store_.get(), absl::StrCat("group/", name));
+  const int size = static_cast<int>(ranks.size());
+  rdzv::PrefixStore store(store_.get(), absl::StrCat("group/", name));
+  if (size > 1) {
     // Two layouts that name different groups alike would otherwise wait
     // for each other until the timeout: the first member to get here
     // records the ranks, the others compare.
@@ -328,23 +338,59 @@ absl::StatusOr<ProcessGroup*> Communicator::NewGroup(const std::string& name,
       return absl::InvalidArgumentError(
           absl::StrCat(where, ", but another member created it with ranks ", recorded->value));
     }
+  }
+  SubGroup made;
+  if (backend == DataBackend::kNccl) {
+    rdzv::PrefixStore nccl_store(store_.get(), absl::StrCat("nccl-group/", name));
+    NcclOptions nccl;
+    nccl.device = options_.cuda_device;
+    nccl.timeout = timeout_;
+    nccl.compute_stream = options_.compute_stream;
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> connected =
+        CreateNcclGroup(&nccl_store, group_rank, size, nccl);
+    if (!connected.ok()) {
+      return absl::Status(connected.status().code(),
+                          absl::StrCat(where, " over NCCL: ", connected.status().message()));
+    }
+    made.group = *std::move(connected);
+  } else if (size == 1) {
+    made.group = CreateSelfGroup(timeout_);
+  } else {
     GlooOptions gloo;
     gloo.address = local_address_;
     gloo.timeout = timeout_;
     absl::StatusOr<std::unique_ptr<ProcessGroup>> connected =
-        CreateGlooGroup(&store, group_rank, static_cast<int>(ranks.size()), gloo);
+        CreateGlooGroup(&store, group_rank, size, gloo);
     if (!connected.ok()) {
       return absl::Status(connected.status().code(),
                           absl::StrCat(where, ": ", connected.status().message()));
     }
-    made = *std::move(connected);
+    made.group = *std::move(connected);
   }
-  ProcessGroup* group = made.get();
+  if (backend == DataBackend::kStagedGloo) {
+    StagedOptions staged;
+    staged.device = options_.cuda_device;
+    staged.compute_stream = options_.compute_stream;
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> wrapped =
+        CreateHostStagedGroup(made.group.get(), staged);
+    if (!wrapped.ok()) {
+      return absl::Status(
+          wrapped.status().code(),
+          absl::StrCat(where, ": staging it through host memory: ", wrapped.status().message()));
+    }
+    made.inner = std::move(made.group);
+    made.group = *std::move(wrapped);
+  }
+  ProcessGroup* group = made.group.get();
+  ProcessGroup* inner = made.inner.get();
   {
     absl::MutexLock lock(&sub_groups_mu_);
     sub_groups_[name] = std::move(made);
   }
-  if (watchdog_ != nullptr) watchdog_->Watch(group);
+  if (watchdog_ != nullptr) {
+    watchdog_->Watch(group);
+    if (inner != nullptr) watchdog_->Watch(inner);
+  }
   return group;
 }
 

@@ -150,6 +150,16 @@ class Communicator {
   // Thread-safety: any thread, but every member must create its groups in
   // the same order, or two ranks can wait for each other on different ones.
   absl::StatusOr<ProcessGroup*> NewGroup(const std::string& name, const std::vector<int>& ranks);
+  // The same on the data backend, for device buffers (FSDP's sub-groups
+  // under HSDP): kGloo, NewGroup's group; kStagedGloo, that Gloo group (or
+  // self group) staged through pinned host memory on the data group's
+  // device; kNccl, an NCCL communicator of its own among `ranks` (a single
+  // rank too: NCCL takes device memory, the self group does not), its id
+  // exchanged under "nccl-group/<name>/". The watchdog watches it as it
+  // does NewGroup's. Errors: NewGroup's, and CreateHostStagedGroup's or
+  // CreateNcclGroup's.
+  absl::StatusOr<ProcessGroup*> NewDataGroup(const std::string& name,
+                                             const std::vector<int>& ranks);
 
   ProcessGroup& group() { return *group_; }
   ProcessGroup& data_group() { return data_group_ != nullptr ? *data_group_ : *group_; }
@@ -163,6 +173,15 @@ class Communicator {
 
  private:
   Communicator() = default;
+  // NewGroup and NewDataGroup: the checks, then a group on `backend`.
+  absl::StatusOr<ProcessGroup*> CreateSubGroup(const std::string& name,
+                                               const std::vector<int>& ranks, DataBackend backend);
+  // A sub-group and, when it is staged, the Gloo group it wraps (declared
+  // first: destroyed after the wrapper).
+  struct SubGroup {
+    std::unique_ptr<ProcessGroup> inner;
+    std::unique_ptr<ProcessGroup> group;
+  };
 
   WorldInfo world_;
   std::string local_address_;
@@ -176,9 +195,11 @@ class Communicator {
   std::unique_ptr<rdzv::JobWatcher> round_watcher_;
   std::unique_ptr<Watchdog> watchdog_;
   absl::Duration timeout_;  // of every Gloo group
+  CommunicatorOptions options_;
   absl::Mutex sub_groups_mu_;
-  // NewGroup's, by name; nullptr while being created, or when creating failed.
-  std::map<std::string, std::unique_ptr<ProcessGroup>> sub_groups_ ABSL_GUARDED_BY(sub_groups_mu_);
+  // NewGroup's and NewDataGroup's, by name; empty while being created, or
+  // when creating failed.
+  std::map<std::string, SubGroup> sub_groups_ ABSL_GUARDED_BY(sub_groups_mu_);
 };
 
 }  // namespace muster::parallel

@@ -101,6 +101,13 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
                                           std::vector<size_t> counts) = 0;
 
+  // AllGather on 16-bit elements: raw bf16 bits, moved and never computed
+  // on (FSDP gathers parameters in bf16, half the bytes of fp32). The same
+  // counts, memory kind and errors as AllGather.
+  virtual std::shared_ptr<Work> AllGatherBf16(absl::Span<const uint16_t> input,
+                                              absl::Span<uint16_t> output,
+                                              std::vector<size_t> counts) = 0;
+
   // Every rank's `data` becomes root's.
   virtual std::shared_ptr<Work> Broadcast(absl::Span<float> data, int root) = 0;
 

@@ -28,20 +28,17 @@ class SelfGroup : public ProcessGroup {
 
   std::shared_ptr<Work> ReduceScatter(absl::Span<const float> input, absl::Span<float> output,
                                       std::vector<size_t> counts, ReduceOp) override {
-    if (absl::Status bad = CheckCounts("reduce_scatter", counts, input.size(), output.size(), 0, 1);
-        !bad.ok()) {
-      return WorkQueue::Finished(bad);
-    }
-    return Done([&] { std::copy(input.begin(), input.end(), output.begin()); });
+    return Copy("reduce_scatter", counts, input.size(), output.size(), input, output);
   }
 
   std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
                                   std::vector<size_t> counts) override {
-    if (absl::Status bad = CheckCounts("allgather", counts, output.size(), input.size(), 0, 1);
-        !bad.ok()) {
-      return WorkQueue::Finished(bad);
-    }
-    return Done([&] { std::copy(input.begin(), input.end(), output.begin()); });
+    return Copy("allgather", counts, output.size(), input.size(), input, output);
+  }
+
+  std::shared_ptr<Work> AllGatherBf16(absl::Span<const uint16_t> input, absl::Span<uint16_t> output,
+                                      std::vector<size_t> counts) override {
+    return Copy("allgather", counts, output.size(), input.size(), input, output);
   }
 
   std::shared_ptr<Work> Broadcast(absl::Span<float>, int root) override { return CheckRoot(root); }
@@ -76,6 +73,17 @@ class SelfGroup : public ProcessGroup {
   }
 
  private:
+  // A world of one's reduce_scatter and allgathers: check the counts against
+  // the `full` and `piece` sizes, then copy.
+  template <typename T>
+  std::shared_ptr<Work> Copy(const char* what, const std::vector<size_t>& counts, size_t full,
+                             size_t piece, absl::Span<const T> input, absl::Span<T> output) {
+    if (absl::Status bad = CheckCounts(what, counts, full, piece, 0, 1); !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Done([&] { std::copy(input.begin(), input.end(), output.begin()); });
+  }
+
   std::shared_ptr<Work> CheckRoot(int root) {
     if (absl::Status bad = CheckPeer("broadcast root", root, /*self_ok=*/true, 0, 1); !bad.ok()) {
       return WorkQueue::Finished(bad);

@@ -1,9 +1,10 @@
 // bench_fsdp: what sharding the training state (worker/strategy/fsdp/fsdp.h) costs and
 // saves on this machine's CPU, against DDP.
 //   1. throughput at N ranks as threads (tools/fsdp/threads.h) of
-//      bench_ddp's small GPT: DDP, FSDP ZeRO-1, ZeRO-2 and ZeRO-3 in
-//      rounds, every job once per round, so load from elsewhere on the
-//      machine lands on each alike; medians over rounds, and FSDP/DDP;
+//      bench_ddp's small GPT: DDP, FSDP ZeRO-1, ZeRO-2 and ZeRO-3, and
+//      ZeRO-3 gathering parameters in bf16 (half the bytes), in rounds, every job once per round,
+//      so load from elsewhere on the machine lands on each alike; medians over rounds, and
+//      FSDP/DDP;
 //   2. in the same runs, the part of FSDP's all-gathers and
 //      reduce-scatters that compute hides: exposed wait against the same
 //      collectives alone;
@@ -66,6 +67,7 @@ worker::TrainConfig Gpt2Small(int seq_len, int micro_batch) {
 struct Job {
   std::string name;
   int zero = 0;
+  worker::GatherDtype gather = worker::GatherDtype::kFp32;
   std::vector<ThreadsRun> runs;  // one per round
   absl::Status error;            // the first failure
 };
@@ -88,10 +90,14 @@ int PrintThroughput(const worker::TrainConfig& config, int nproc, int warmup, in
       config.parallel.bucket_mb, steps, warmup, rounds,
       pin ? ", rank r's pinned to the r-th CPU" : "");
   std::fflush(stdout);
-  std::vector<Job> jobs = {{"DDP", 0}, {"FSDP ZeRO-1", 1}, {"FSDP ZeRO-2", 2}, {"FSDP ZeRO-3", 3}};
+  std::vector<Job> jobs = {{"DDP", 0},
+                           {"FSDP ZeRO-1", 1},
+                           {"FSDP ZeRO-2", 2},
+                           {"FSDP ZeRO-3", 3},
+                           {"ZeRO-3 bf16g", 3, worker::GatherDtype::kBf16}};
   for (int round = 0; round < rounds; ++round) {
     for (Job& job : jobs) {
-      auto run = RunThreadsJob(config, job.zero, nproc, warmup, steps, replays, pin);
+      auto run = RunThreadsJob(config, job.zero, job.gather, nproc, warmup, steps, replays, pin);
       if (run.ok()) {
         job.runs.push_back(*run);
       } else if (job.error.ok()) {
@@ -130,7 +136,9 @@ int PrintThroughput(const worker::TrainConfig& config, int nproc, int warmup, in
     }
     std::printf("\n");
   }
-  std::printf("  goal: FSDP (ZeRO-3) >= 0.9x DDP tokens/s at 2 ranks\n");
+  std::printf(
+      "  goal: FSDP (ZeRO-3) >= 0.9x DDP tokens/s at 2 ranks. bf16g: parameters all-gathered in "
+      "bf16\n");
 
   std::printf(
       "\n  communication hidden behind compute (per step, medians; exposed = "

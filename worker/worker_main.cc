@@ -220,13 +220,6 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
   }
   const bool fsdp = config.parallel.strategy == "fsdp";
   const bool pipeline = dims->pp > 1;
-  if (fsdp && dims->dp_replicate > 1 && *device == Device::kCuda) {
-    // Communicator::NewGroup makes Gloo groups on host memory; FSDP's
-    // buffers are device memory there.
-    return absl::InvalidArgumentError(
-        "parallel.dp_replicate: HSDP (fsdp with dp_replicate above 1) runs on the CPU in this "
-        "build; on CUDA shard over the whole world (dp_replicate 1)");
-  }
   if (pipeline && *device == Device::kCuda) {
     // Model parts run on the CPU only (worker/model/model.h, CreatePart).
     return absl::InvalidArgumentError(
@@ -277,14 +270,15 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
   if (fsdp) {
     // HSDP: a sub-group per replica to shard over, and one per shard
     // index to average across replicas, created in the same order on
-    // every rank. Pure FSDP shards over the world's group.
+    // every rank, on the data backend (device memory on CUDA). Pure FSDP
+    // shards over the world's data group.
     parallel::ProcessGroup* shard = &result.communicator->data_group();
     parallel::ProcessGroup* replicate = nullptr;
     if (dims->dp_replicate > 1) {
       using Dim = parallel::ParallelDims::Dim;
       for (Dim dim : {Dim::kDpShard, Dim::kDpReplicate}) {
-        auto group = result.communicator->NewGroup(dims->GroupName(dim, world->rank),
-                                                   dims->GroupRanks(dim, world->rank));
+        auto group = result.communicator->NewDataGroup(dims->GroupName(dim, world->rank),
+                                                       dims->GroupRanks(dim, world->rank));
         if (!group.ok()) return group.status();
         (dim == Dim::kDpShard ? shard : replicate) = *group;
       }
@@ -292,6 +286,10 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
     FsdpOptions options;
     options.zero = config.parallel.zero;
     options.reshard_after_forward = config.parallel.reshard_after_forward;
+    // Checked against auto|fp32|bf16 when the file loaded.
+    options.gather = config.parallel.gather_dtype == "bf16"   ? GatherDtype::kBf16
+                     : config.parallel.gather_dtype == "fp32" ? GatherDtype::kFp32
+                                                              : GatherDtype::kAuto;
     options.log = stdout;
     result.owned = std::make_unique<Fsdp>(shard, replicate, &result.communicator->control_group(),
                                           *dims, options, backend_name);

@@ -1,5 +1,6 @@
 #include <cstdint>
 
+#include "kernels/bf16.h"
 #include "kernels/fast/adamw.h"
 #include "kernels/fast/common.cuh"
 
@@ -60,6 +61,11 @@ __global__ void CastKernel(bf16* out, const float* in, size_t n) {
   if (i < n) out[i] = __float2bfloat16_rn(in[i]);
 }
 
+__global__ void WidenKernel(float* out, const uint16_t* in, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = FloatFromBf16(in[i]);
+}
+
 }  // namespace
 
 int AdamWUpdateChunks(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
@@ -85,6 +91,12 @@ int CastToBf16(uint16_t* out, const float* in, size_t n, void* stream) {
   if (n == 0) return 0;
   CastKernel<<<CeilDiv(n, kThreads), kThreads, 0, AsStream(stream)>>>(reinterpret_cast<bf16*>(out),
                                                                       in, n);
+  return LaunchStatus();
+}
+
+int CastFromBf16(float* out, const uint16_t* in, size_t n, void* stream) {
+  if (n == 0) return 0;
+  WidenKernel<<<CeilDiv(n, kThreads), kThreads, 0, AsStream(stream)>>>(out, in, n);
   return LaunchStatus();
 }
 

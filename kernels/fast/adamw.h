@@ -48,4 +48,7 @@ int AdamWUpdateChunks(float* params, float* m, float* v, const float* grads, uin
 // out (n, raw bf16 bits) = in (n) fp32 rounded to nearest even.
 int CastToBf16(uint16_t* out, const float* in, size_t n, void* stream);
 
+// out (n) fp32 = in (n, raw bf16 bits), exactly (kernels/bf16.h).
+int CastFromBf16(float* out, const uint16_t* in, size_t n, void* stream);
+
 }  // namespace muster::kernels::fast

@@ -162,17 +162,12 @@ class GlooGroup : public ProcessGroup {
 
   std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
                                   std::vector<size_t> counts) override {
-    if (absl::Status bad = CheckCounts("allgather", counts, output.size(), input.size());
-        !bad.ok()) {
-      return WorkQueue::Finished(bad);
-    }
-    return Issue(absl::StrCat("allgather of ", output.size(), " floats"),
-                 [context = context_, input, output, counts = std::move(counts)](uint32_t tag,
-                                                                                 Millis timeout) {
-                   if (!output.empty()) {
-                     gloo_ops::AllGather(context, input, output, counts, tag, timeout);
-                   }
-                 });
+    return AllGatherOf(input, output, std::move(counts), "floats");
+  }
+
+  std::shared_ptr<Work> AllGatherBf16(absl::Span<const uint16_t> input, absl::Span<uint16_t> output,
+                                      std::vector<size_t> counts) override {
+    return AllGatherOf(input, output, std::move(counts), "bf16s");
   }
 
   std::shared_ptr<Work> Broadcast(absl::Span<float> data, int root) override {
@@ -233,6 +228,23 @@ class GlooGroup : public ProcessGroup {
   }
 
  private:
+  // AllGather and AllGatherBf16: the same exchange of T's.
+  template <typename T>
+  std::shared_ptr<Work> AllGatherOf(absl::Span<const T> input, absl::Span<T> output,
+                                    std::vector<size_t> counts, const char* unit) {
+    if (absl::Status bad = CheckCounts("allgather", counts, output.size(), input.size());
+        !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("allgather of ", output.size(), " ", unit),
+                 [context = context_, input, output, counts = std::move(counts)](uint32_t tag,
+                                                                                 Millis timeout) {
+                   if (!output.empty()) {
+                     gloo_ops::AllGather(context, input, output, counts, tag, timeout);
+                   }
+                 });
+  }
+
   static constexpr absl::Duration kMonitorInterval = absl::Milliseconds(50);
 
   // The gloo calls of one operation; may throw what gloo throws. `tag`

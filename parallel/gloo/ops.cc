@@ -131,15 +131,33 @@ void AllReduce(const std::shared_ptr<gloo::Context>& context, absl::Span<int64_t
   RingAllReduce(context, data, op, tag, timeout);
 }
 
-void AllGather(const std::shared_ptr<gloo::Context>& context, absl::Span<const float> input,
-               absl::Span<float> output, const std::vector<size_t>& counts, uint32_t tag,
-               Millis timeout) {
+namespace {
+
+// gloo::allgatherv moves elements of any type without looking at them.
+template <typename T>
+void AllGatherOf(const std::shared_ptr<gloo::Context>& context, absl::Span<const T> input,
+                 absl::Span<T> output, const std::vector<size_t>& counts, uint32_t tag,
+                 Millis timeout) {
   gloo::AllgathervOptions options(context);
-  options.setInput(Mutable(input), input.size());
+  options.setInput(const_cast<T*>(input.data()), input.size());
   options.setOutput(output.data(), counts);
   options.setTag(tag);
   options.setTimeout(timeout);
   gloo::allgatherv(options);
+}
+
+}  // namespace
+
+void AllGather(const std::shared_ptr<gloo::Context>& context, absl::Span<const float> input,
+               absl::Span<float> output, const std::vector<size_t>& counts, uint32_t tag,
+               Millis timeout) {
+  AllGatherOf(context, input, output, counts, tag, timeout);
+}
+
+void AllGather(const std::shared_ptr<gloo::Context>& context, absl::Span<const uint16_t> input,
+               absl::Span<uint16_t> output, const std::vector<size_t>& counts, uint32_t tag,
+               Millis timeout) {
+  AllGatherOf(context, input, output, counts, tag, timeout);
 }
 
 void Broadcast(const std::shared_ptr<gloo::Context>& context, absl::Span<float> data, int root,

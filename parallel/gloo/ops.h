@@ -38,9 +38,12 @@ void AllReduce(const std::shared_ptr<gloo::Context>& context, absl::Span<float> 
 void AllReduce(const std::shared_ptr<gloo::Context>& context, absl::Span<int64_t> data, ReduceOp op,
                uint32_t tag, Millis timeout);
 
-// Rank r contributes input (counts[r] floats); output holds all in order.
+// Rank r contributes input (counts[r] elements); output holds all in order.
 void AllGather(const std::shared_ptr<gloo::Context>& context, absl::Span<const float> input,
                absl::Span<float> output, const std::vector<size_t>& counts, uint32_t tag,
+               Millis timeout);
+void AllGather(const std::shared_ptr<gloo::Context>& context, absl::Span<const uint16_t> input,
+               absl::Span<uint16_t> output, const std::vector<size_t>& counts, uint32_t tag,
                Millis timeout);
 
 void Broadcast(const std::shared_ptr<gloo::Context>& context, absl::Span<float> data, int root,

@@ -196,30 +196,12 @@ class NcclGroup : public ProcessGroup {
 
   std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
                                   std::vector<size_t> counts) override {
-    if (absl::Status bad =
-            CheckCounts("allgather", counts, output.size(), input.size(), rank_, size_);
-        !bad.ok()) {
-      return WorkQueue::Finished(bad);
-    }
-    const int size = size_;
-    return Issue(absl::StrCat("allgather of ", output.size(), " floats"), [=](ncclComm_t comm,
-                                                                              cudaStream_t stream) {
-      if (AllEqual(counts)) {
-        return ncclAllGather(input.data(), output.data(), counts[0], ncclFloat, comm, stream);
-      }
-      // Uneven pieces: every rank broadcasts its piece into its place.
-      std::vector<size_t> offsets = Offsets(counts);
-      ncclGroupStart();
-      for (int root = 0; root < size; ++root) {
-        ncclResult_t result = ncclBroadcast(input.data(), output.data() + offsets[root],
-                                            counts[root], ncclFloat, root, comm, stream);
-        if (result != ncclSuccess && result != ncclInProgress) {
-          ncclGroupEnd();
-          return result;
-        }
-      }
-      return ncclGroupEnd();
-    });
+    return AllGatherOf(input, output, std::move(counts), ncclFloat, "floats");
+  }
+
+  std::shared_ptr<Work> AllGatherBf16(absl::Span<const uint16_t> input, absl::Span<uint16_t> output,
+                                      std::vector<size_t> counts) override {
+    return AllGatherOf(input, output, std::move(counts), ncclBfloat16, "bf16s");
   }
 
   std::shared_ptr<Work> Broadcast(absl::Span<float> data, int root) override {
@@ -283,6 +265,37 @@ class NcclGroup : public ProcessGroup {
   }
 
  private:
+  // AllGather and AllGatherBf16: the same calls on `type`'s elements.
+  template <typename T>
+  std::shared_ptr<Work> AllGatherOf(absl::Span<const T> input, absl::Span<T> output,
+                                    std::vector<size_t> counts, ncclDataType_t type,
+                                    const char* unit) {
+    if (absl::Status bad =
+            CheckCounts("allgather", counts, output.size(), input.size(), rank_, size_);
+        !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    const int size = size_;
+    return Issue(absl::StrCat("allgather of ", output.size(), " ", unit), [=](ncclComm_t comm,
+                                                                              cudaStream_t stream) {
+      if (AllEqual(counts)) {
+        return ncclAllGather(input.data(), output.data(), counts[0], type, comm, stream);
+      }
+      // Uneven pieces: every rank broadcasts its piece into its place.
+      std::vector<size_t> offsets = Offsets(counts);
+      ncclGroupStart();
+      for (int root = 0; root < size; ++root) {
+        ncclResult_t result = ncclBroadcast(input.data(), output.data() + offsets[root],
+                                            counts[root], type, root, comm, stream);
+        if (result != ncclSuccess && result != ncclInProgress) {
+          ncclGroupEnd();
+          return result;
+        }
+      }
+      return ncclGroupEnd();
+    });
+  }
+
   using Launch = std::function<ncclResult_t(ncclComm_t, cudaStream_t)>;
 
   static ncclRedOp_t Nccl(ReduceOp op) {

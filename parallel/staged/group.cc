@@ -115,9 +115,11 @@ constexpr size_t kPinnedAlignment = 64;
 using HostViews = std::vector<absl::Span<uint8_t>>;
 using Launch = std::function<std::shared_ptr<Work>(ProcessGroup& inner, const HostViews& host)>;
 
-absl::Span<float> Floats(absl::Span<uint8_t> bytes) {
-  return absl::Span<float>(reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float));
+template <typename T>
+absl::Span<T> ViewAs(absl::Span<uint8_t> bytes) {
+  return absl::Span<T>(reinterpret_cast<T*>(bytes.data()), bytes.size() / sizeof(T));
 }
+absl::Span<float> Floats(absl::Span<uint8_t> bytes) { return ViewAs<float>(bytes); }
 
 // Device (or managed) memory is staged; pinned and pageable host memory is
 // passed to the inner group as it is. A host-only region in device or
@@ -279,11 +281,12 @@ absl::Status RunStaged(Staging& s, cudaEvent_t ready, const std::vector<Region>&
                        "cudaStreamQuery (copies host to device)");
 }
 
-Region Buffer(const float* data, size_t count, bool copy_in, bool copy_out) {
+template <typename T>
+Region Buffer(const T* data, size_t count, bool copy_in, bool copy_out) {
   Region region;
   // Never written unless copy_out, which only mutable buffers ask for.
-  region.user = reinterpret_cast<uint8_t*>(const_cast<float*>(data));
-  region.bytes = count * sizeof(float);
+  region.user = reinterpret_cast<uint8_t*>(const_cast<T*>(data));
+  region.bytes = count * sizeof(T);
   region.copy_in = copy_in;
   region.copy_out = copy_out;
   return region;
@@ -356,16 +359,18 @@ class StagedGroup : public ProcessGroup {
 
   std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
                                   std::vector<size_t> counts) override {
-    if (absl::Status bad = CheckCounts("allgather", counts, output.size(), input.size());
-        !bad.ok()) {
-      return WorkQueue::Finished(bad);
-    }
-    return Issue(absl::StrCat("allgather of ", output.size(), " floats"),
-                 {Buffer(input.data(), input.size(), true, false),
-                  Buffer(output.data(), output.size(), false, true)},
-                 [counts = std::move(counts)](ProcessGroup& inner, const HostViews& host) {
-                   return inner.AllGather(Floats(host[0]), Floats(host[1]), counts);
-                 });
+    return AllGatherOf(
+        input, output, std::move(counts), "floats",
+        [](ProcessGroup& inner, absl::Span<const float> in, absl::Span<float> out,
+           const std::vector<size_t>& counts) { return inner.AllGather(in, out, counts); });
+  }
+
+  std::shared_ptr<Work> AllGatherBf16(absl::Span<const uint16_t> input, absl::Span<uint16_t> output,
+                                      std::vector<size_t> counts) override {
+    return AllGatherOf(
+        input, output, std::move(counts), "bf16s",
+        [](ProcessGroup& inner, absl::Span<const uint16_t> in, absl::Span<uint16_t> out,
+           const std::vector<size_t>& counts) { return inner.AllGatherBf16(in, out, counts); });
   }
 
   std::shared_ptr<Work> Broadcast(absl::Span<float> data, int root) override {
@@ -442,6 +447,23 @@ class StagedGroup : public ProcessGroup {
   }
 
  private:
+  // AllGather and AllGatherBf16: the same staging of T's around `gather`,
+  // the inner group's call.
+  template <typename T, typename Gather>
+  std::shared_ptr<Work> AllGatherOf(absl::Span<const T> input, absl::Span<T> output,
+                                    std::vector<size_t> counts, const char* unit, Gather gather) {
+    if (absl::Status bad = CheckCounts("allgather", counts, output.size(), input.size());
+        !bad.ok()) {
+      return WorkQueue::Finished(bad);
+    }
+    return Issue(absl::StrCat("allgather of ", output.size(), " ", unit),
+                 {Buffer(input.data(), input.size(), true, false),
+                  Buffer(output.data(), output.size(), false, true)},
+                 [counts = std::move(counts), gather](ProcessGroup& inner, const HostViews& host) {
+                   return gather(inner, ViewAs<T>(host[0]), ViewAs<T>(host[1]), counts);
+                 });
+  }
+
   // Records the compute stream's progress now, on the issuing thread, and
   // queues the staged operation to run after it.
   std::shared_ptr<Work> Issue(std::string what, std::vector<Region> regions, Launch launch) {

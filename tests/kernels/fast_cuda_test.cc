@@ -17,6 +17,7 @@
 
 #include "kernels/adamw.h"
 #include "kernels/attention.h"
+#include "kernels/bf16.h"
 #include "kernels/fast/adamw.h"
 #include "kernels/fast/attention.h"
 #include "kernels/fast/classifier.h"
@@ -47,18 +48,10 @@ std::vector<float> Random(size_t n, std::mt19937& rng, float scale = 1.0f) {
   return v;
 }
 
-uint16_t Bf16Bits(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
-}
-float FromBf16(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float x;
-  std::memcpy(&x, &bits, 4);
-  return x;
-}
+// Host-side rounding (kernels/bf16.h), the reference for the device's
+// __float2bfloat16_rn.
+uint16_t Bf16Bits(float x) { return kernels::Bf16FromFloat(x); }
+float FromBf16(uint16_t h) { return kernels::FloatFromBf16(h); }
 
 // The precision under test: storage of activations and the GEMMs' math.
 struct Mode {
@@ -580,6 +573,56 @@ TEST_CASE(
       }
       cudaFree(d_chunks);
     }
+  }
+}
+
+TEST_CASE("the bf16 casts give kernels/bf16.h's bits, both ways, on any length", "[cast]") {
+  std::mt19937 rng(Seed());
+  // Odd lengths, so the last block is partial; every fp32 bit pattern
+  // class: random finite values of every exponent, ties, infinities, NaN.
+  for (const size_t n : {size_t{1}, size_t{1000}, size_t{65537}}) {
+    INFO("n " << n);
+    std::uniform_int_distribution<uint32_t> any_bits;
+    std::vector<float> in(n);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits = any_bits(rng);
+      if (i % 7 == 1) bits = (bits & 0xffff0000u) | 0x8000u;  // a tie
+      if (i % 11 == 2) bits = 0x7f800000u;                    // infinity
+      if (i % 13 == 3) bits = 0x7fc00001u;                    // a NaN
+      std::memcpy(&in[i], &bits, 4);
+    }
+    float* d_in = nullptr;
+    uint16_t* d_half = nullptr;
+    float* d_back = nullptr;
+    REQUIRE(cudaMalloc(&d_in, n * 4) == cudaSuccess);
+    REQUIRE(cudaMalloc(&d_half, n * 2) == cudaSuccess);
+    REQUIRE(cudaMalloc(&d_back, n * 4) == cudaSuccess);
+    REQUIRE(cudaMemset(d_back, 0xff, n * 4) == cudaSuccess);  // poison
+    REQUIRE(cudaMemcpy(d_in, in.data(), n * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    CUDA_REQUIRE(CastToBf16(d_half, d_in, n, nullptr));
+    CUDA_REQUIRE(CastFromBf16(d_back, d_half, n, nullptr));
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    std::vector<uint16_t> half(n);
+    std::vector<float> back(n);
+    REQUIRE(cudaMemcpy(half.data(), d_half, n * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    REQUIRE(cudaMemcpy(back.data(), d_back, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    for (size_t i = 0; i < n; ++i) {
+      INFO("element " << i << " = " << in[i]);
+      if (std::isnan(in[i])) {
+        REQUIRE(std::isnan(FromBf16(half[i])));
+        REQUIRE(std::isnan(back[i]));
+        continue;
+      }
+      REQUIRE(half[i] == Bf16Bits(in[i]));
+      uint32_t got_bits, want_bits;
+      const float want = FromBf16(half[i]);
+      std::memcpy(&got_bits, &back[i], 4);
+      std::memcpy(&want_bits, &want, 4);
+      REQUIRE(got_bits == want_bits);
+    }
+    cudaFree(d_in);
+    cudaFree(d_half);
+    cudaFree(d_back);
   }
 }
 

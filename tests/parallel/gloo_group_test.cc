@@ -81,6 +81,24 @@ TEST_CASE("collectives give exact results for uneven and empty sizes") {
     for (int r = 0; r < size; ++r) CHECK(outputs[r] == expected);
   }
 
+  SECTION("allgather of bf16 bits: moved, never computed on") {
+    std::vector<std::vector<uint16_t>> inputs(size), outputs(size);
+    std::vector<uint16_t> expected;
+    Works works;
+    // Patterns that any arithmetic would change: NaN payloads, -0, all ones.
+    const uint16_t patterns[] = {0x7fc1, 0x8000, 0xffff, 0x0001, 0x3f80};
+    for (int r = 0; r < size; ++r) {
+      for (size_t i = 0; i < counts[r]; ++i) {
+        inputs[r].push_back(static_cast<uint16_t>(patterns[(i + r) % 5] ^ (i << 4)));
+      }
+      expected.insert(expected.end(), inputs[r].begin(), inputs[r].end());
+      outputs[r].assign(n, 0x1234);
+      works.push_back(groups[r]->AllGatherBf16(inputs[r], absl::MakeSpan(outputs[r]), counts));
+    }
+    WaitAll(works);
+    for (int r = 0; r < size; ++r) CHECK(outputs[r] == expected);
+  }
+
   SECTION("broadcast from a non-zero root") {
     const int root = size - 1;
     std::vector<std::vector<float>> data(size);
@@ -92,6 +110,27 @@ TEST_CASE("collectives give exact results for uneven and empty sizes") {
     WaitAll(works);
     for (int r = 0; r < size; ++r) CHECK(data[r] == RankData(root, n));
   }
+}
+
+TEST_CASE("a bf16 allgather with skewed counts, one of them 0, concatenates bit-exactly") {
+  const int size = 3;
+  rdzv::InMemoryStore store;
+  Groups groups = ConnectGroups(store, size);
+  // Rank 1 contributes nothing; the others different lengths. The bits are
+  // ones that any float arithmetic (or a conversion) would change: a quiet
+  // NaN, -0, an all-ones NaN, a subnormal.
+  const std::vector<size_t> counts = {5, 0, 3};
+  const std::vector<std::vector<uint16_t>> inputs = {
+      {0x7fc0, 0x8000, 0xffff, 0x0001, 0x7f81}, {}, {0xffff, 0x7fc0, 0x8000}};
+  const std::vector<uint16_t> expected = {0x7fc0, 0x8000, 0xffff, 0x0001,
+                                          0x7f81, 0xffff, 0x7fc0, 0x8000};
+  std::vector<std::vector<uint16_t>> outputs(size, std::vector<uint16_t>(8, 0x1234));
+  Works works;
+  for (int r = 0; r < size; ++r) {
+    works.push_back(groups[r]->AllGatherBf16(inputs[r], absl::MakeSpan(outputs[r]), counts));
+  }
+  WaitAll(works);
+  for (int r = 0; r < size; ++r) CHECK(outputs[r] == expected);
 }
 
 TEST_CASE("send and recv match by source and tag, in order") {
@@ -154,6 +193,9 @@ TEST_CASE("bad arguments fail at once with INVALID_ARGUMENT and leave the group 
       groups[0]->ReduceScatter(data, absl::MakeSpan(out), {1, 1}, ReduceOp::kSum)->Wait().code() ==
       absl::StatusCode::kInvalidArgument);
   CHECK(groups[0]->AllGather(data, absl::MakeSpan(out), {2, 2})->Wait().code() ==
+        absl::StatusCode::kInvalidArgument);
+  std::vector<uint16_t> halves(4, 1), halves_out(2);
+  CHECK(groups[0]->AllGatherBf16(halves, absl::MakeSpan(halves_out), {2, 2})->Wait().code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(groups[0]->Broadcast(absl::MakeSpan(data), 2)->Wait().code() ==
         absl::StatusCode::kInvalidArgument);

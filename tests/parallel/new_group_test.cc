@@ -199,6 +199,27 @@ TEST_CASE("NewGroup refuses a rank not in the list, bad lists, a name used twice
   CHECK(absl::Now() - start < absl::Seconds(10));
 }
 
+TEST_CASE("NewDataGroup on a Gloo world is a Gloo group; it shares NewGroup's names") {
+  World world(4);
+  std::vector<absl::StatusOr<ProcessGroup*>> data = OnEveryRank(2, [&](int rank) {
+    return world.comms[rank]->NewDataGroup("data pair", {0, 1});
+  });
+  REQUIRE(data[0].ok());
+  REQUIRE(data[1].ok());
+  std::vector<absl::StatusOr<int64_t>> sums = OnEveryRank(2, [&](int rank) {
+    return Collectives(*data[rank]).AllReduce(int64_t{rank + 1}, ReduceOp::kSum);
+  });
+  CHECK(*sums[0] == 3);
+  CHECK(*sums[1] == 3);
+  CHECK(world.comms[0]->NewGroup("data pair", {0, 1}).status().code() ==
+        absl::StatusCode::kAlreadyExists);
+  CHECK(world.comms[2]->NewDataGroup("data pair", {0, 2}).status().code() ==
+        absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<ProcessGroup*> alone = world.comms[3]->NewDataGroup("data alone", {3});
+  REQUIRE(alone.ok());
+  CHECK((*alone)->size() == 1);
+}
+
 TEST_CASE("the watchdog aborts the sub-groups when a group of the rank fails") {
   // Only rank 0's watchdog looks (every 100 ms); the others' would look
   // only when woken by the round watch, and the round stays RUNNING. So

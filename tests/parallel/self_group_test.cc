@@ -35,6 +35,10 @@ TEST_CASE("a self group is rank 0 of 1, and every collective is the identity or 
   out.assign(3, 9.0f);
   CHECK(group->AllGather(original, absl::MakeSpan(out), {3})->Wait().ok());
   CHECK(out == original);
+  const std::vector<uint16_t> halves = {0x7fc1, 0x8000, 0xffff};
+  std::vector<uint16_t> halves_out(3, 0);
+  CHECK(group->AllGatherBf16(halves, absl::MakeSpan(halves_out), {3})->Wait().ok());
+  CHECK(halves_out == halves);
   CHECK(group->Broadcast(absl::MakeSpan(floats), 0)->Wait().ok());
   std::vector<uint8_t> bytes = {1, 2, 3};
   CHECK(group->BroadcastBytes(absl::MakeSpan(bytes), 0)->Wait().ok());
@@ -57,6 +61,9 @@ TEST_CASE("a self group checks arguments like every back end") {
   CHECK(absl::IsInvalidArgument(
       group->ReduceScatter(data, absl::MakeSpan(out), {2}, ReduceOp::kSum)->Wait()));
   CHECK(absl::IsInvalidArgument(group->AllGather(data, absl::MakeSpan(out), {4})->Wait()));
+  std::vector<uint16_t> halves(4, 1), halves_out(2);
+  CHECK(absl::IsInvalidArgument(
+      group->AllGatherBf16(halves, absl::MakeSpan(halves_out), {4})->Wait()));
   CHECK(absl::IsInvalidArgument(group->Broadcast(absl::MakeSpan(data), 1)->Wait()));
   CHECK(absl::IsInvalidArgument(group->BroadcastBytes(absl::MakeSpan(bytes), 1)->Wait()));
   // There is no peer to talk to.
@@ -83,6 +90,9 @@ TEST_CASE("an aborted self group fails every later operation with the first caus
   std::vector<float> out(1, 5.0f);
   CHECK(group->AllGather(floats, absl::MakeSpan(out), {1})->Wait() == cause);
   CHECK(out == std::vector<float>{5.0f});  // nothing copied
+  std::vector<uint16_t> halves = {0x7fc0}, halves_out = {0x1234};
+  CHECK(group->AllGatherBf16(halves, absl::MakeSpan(halves_out), {1})->Wait() == cause);
+  CHECK(halves_out == std::vector<uint16_t>{0x1234});  // nothing copied
 }
 
 }  // namespace

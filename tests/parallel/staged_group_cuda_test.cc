@@ -28,41 +28,43 @@ using Works = std::vector<std::shared_ptr<Work>>;
   } while (0)
 
 // n floats of device memory on the current device (device 0).
-class DeviceBuffer {
+template <typename T>
+class DeviceArray {
  public:
-  explicit DeviceBuffer(size_t n) : n_(n) {
-    if (n_ > 0) CUDA_REQUIRE(cudaMalloc(&data_, n_ * sizeof(float)));
+  explicit DeviceArray(size_t n) : n_(n) {
+    if (n_ > 0) CUDA_REQUIRE(cudaMalloc(&data_, n_ * sizeof(T)));
   }
-  explicit DeviceBuffer(const std::vector<float>& values) : DeviceBuffer(values.size()) {
+  explicit DeviceArray(const std::vector<T>& values) : DeviceArray(values.size()) {
     Upload(values);
   }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() {
     if (data_ != nullptr) cudaFree(data_);
   }
 
-  void Upload(const std::vector<float>& values) {
+  void Upload(const std::vector<T>& values) {
     REQUIRE(values.size() == n_);
     if (n_ > 0) {
-      CUDA_REQUIRE(cudaMemcpy(data_, values.data(), n_ * sizeof(float), cudaMemcpyHostToDevice));
+      CUDA_REQUIRE(cudaMemcpy(data_, values.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
     }
   }
-  std::vector<float> Download() const {
-    std::vector<float> values(n_);
+  std::vector<T> Download() const {
+    std::vector<T> values(n_);
     if (n_ > 0) {
-      CUDA_REQUIRE(cudaMemcpy(values.data(), data_, n_ * sizeof(float), cudaMemcpyDeviceToHost));
+      CUDA_REQUIRE(cudaMemcpy(values.data(), data_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
     }
     return values;
   }
-  float* data() { return data_; }
-  absl::Span<float> span() { return absl::MakeSpan(data_, n_); }
+  T* data() { return data_; }
+  absl::Span<T> span() { return absl::MakeSpan(data_, n_); }
   size_t size() const { return n_; }
 
  private:
   size_t n_;
-  float* data_ = nullptr;
+  T* data_ = nullptr;
 };
+using DeviceBuffer = DeviceArray<float>;
 
 std::vector<std::unique_ptr<DeviceBuffer>> RankBuffers(int size, size_t n) {
   std::vector<std::unique_ptr<DeviceBuffer>> buffers;
@@ -171,6 +173,26 @@ TEST_CASE("collectives on device buffers give exact results") {
       inputs.push_back(std::make_unique<DeviceBuffer>(piece));
       outputs.push_back(std::make_unique<DeviceBuffer>(std::vector<float>(n, -1.0f)));
       works.push_back(staged[r]->AllGather(inputs[r]->span(), outputs[r]->span(), counts));
+    }
+    WaitAll(works);
+    for (int r = 0; r < size; ++r) CHECK(outputs[r]->Download() == expected);
+  }
+
+  SECTION("allgather of bf16 bits, skewed counts: 2-byte elements through the host") {
+    const std::vector<size_t> counts = SkewedCounts(n, size);
+    std::vector<std::unique_ptr<DeviceArray<uint16_t>>> inputs, outputs;
+    std::vector<uint16_t> expected;
+    Works works;
+    for (int r = 0; r < size; ++r) {
+      std::vector<uint16_t> piece;
+      for (size_t i = 0; i < counts[r]; ++i) {
+        piece.push_back(static_cast<uint16_t>(0x7fc1 ^ (i * 7919 + r)));  // NaN payloads too
+      }
+      expected.insert(expected.end(), piece.begin(), piece.end());
+      inputs.push_back(std::make_unique<DeviceArray<uint16_t>>(piece));
+      outputs.push_back(
+          std::make_unique<DeviceArray<uint16_t>>(std::vector<uint16_t>(n, uint16_t{0x1234})));
+      works.push_back(staged[r]->AllGatherBf16(inputs[r]->span(), outputs[r]->span(), counts));
     }
     WaitAll(works);
     for (int r = 0; r < size; ++r) CHECK(outputs[r]->Download() == expected);
@@ -343,6 +365,9 @@ TEST_CASE("bad arguments fail at once with INVALID_ARGUMENT and leave the group 
   CHECK(staged[0]->ReduceScatter(data.span(), out.span(), {1, 1}, ReduceOp::kSum)->Wait().code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(staged[0]->AllGather(data.span(), out.span(), {2, 2})->Wait().code() ==
+        absl::StatusCode::kInvalidArgument);
+  DeviceArray<uint16_t> halves(std::vector<uint16_t>(4, 1)), halves_out(2);
+  CHECK(staged[0]->AllGatherBf16(halves.span(), halves_out.span(), {2, 2})->Wait().code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(staged[0]->Broadcast(data.span(), 2)->Wait().code() == absl::StatusCode::kInvalidArgument);
   CHECK(staged[0]->Send(data.span(), 0, 1)->Wait().code() == absl::StatusCode::kInvalidArgument);

@@ -31,6 +31,10 @@ class FakeGroup : public ProcessGroup {
                                   std::vector<size_t>) override {
     return Nothing();
   }
+  std::shared_ptr<Work> AllGatherBf16(absl::Span<const uint16_t>, absl::Span<uint16_t>,
+                                      std::vector<size_t>) override {
+    return Nothing();
+  }
   std::shared_ptr<Work> AllReduceInt64(absl::Span<int64_t>, ReduceOp) override { return Nothing(); }
   std::shared_ptr<Work> Broadcast(absl::Span<float>, int) override { return Nothing(); }
   std::shared_ptr<Work> BroadcastBytes(absl::Span<uint8_t>, int) override { return Nothing(); }

@@ -319,6 +319,31 @@ TEST_CASE("parallel.backend: auto, nccl, gloo; nccl is refused with an explicit 
   CHECK(ParseConfig(text, "t.yaml", "").ok());
 }
 
+TEST_CASE("parallel.gather_dtype: auto, fp32 or bf16 on either device; anything else is named") {
+  const std::string fsdp = std::string(kMinimal) + "parallel:\n  strategy: fsdp\n";
+  absl::StatusOr<TrainConfig> parsed = ParseConfig(fsdp, "t.yaml", "");
+  REQUIRE(parsed.ok());
+  CHECK(parsed->parallel.gather_dtype == "auto");
+  for (const char* value : {"auto", "fp32", "bf16"}) {
+    INFO(value);
+    parsed = ParseConfig(fsdp + "  gather_dtype: " + value + "\n", "t.yaml", "");
+    INFO(parsed.status().ToString());
+    REQUIRE(parsed.ok());
+    CHECK(parsed->parallel.gather_dtype == value);
+  }
+  // bf16 gathers need no bf16 arithmetic: the CPU takes them.
+  parsed = ParseConfig(fsdp + "  gather_dtype: bf16\ndevice: cpu\n", "t.yaml", "");
+  REQUIRE(parsed.ok());
+  for (const char* value : {"fp16", "BF16"}) {
+    INFO(value);
+    CHECK(ErrorOf(fsdp + "  gather_dtype: " + value + "\n") ==
+          absl::StrCat("t.yaml:5: parallel.gather_dtype: expected auto, fp32 or bf16, got '", value,
+                       "'"));
+  }
+  CHECK(ErrorOf(fsdp + "  gather_dtype: [bf16]\n") ==
+        "t.yaml:5: parallel.gather_dtype: expected a string, got a list");
+}
+
 TEST_CASE("parallel: fsdp with every ZeRO stage, sharding degrees, reshard_after_forward") {
   struct Case {
     std::string yaml;
@@ -445,6 +470,7 @@ TEST_CASE("ConfigToYaml parses back to an equal config") {
   hsdp.parallel.strategy = "fsdp";
   hsdp.parallel.zero = 2;
   hsdp.parallel.reshard_after_forward = false;
+  hsdp.parallel.gather_dtype = "bf16";
   hsdp.parallel.dp_replicate = 2;
   hsdp.parallel.dp_shard = 4;
   configs.push_back(hsdp);
@@ -496,6 +522,7 @@ TEST_CASE("ConfigToYaml prints every field") {
                           "bucket_mb:",
                           "zero: 3\n",
                           "reshard_after_forward: true\n",
+                          "gather_dtype: \"auto\"\n",
                           "timeout_s:",
                           "dp_replicate: 0\n",
                           "dp_shard: 0\n",

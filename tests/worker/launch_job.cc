@@ -148,13 +148,13 @@ void CheckResumed(const TempDir& dir, const std::string& name, const std::map<in
 }
 
 void CheckFollows(const std::map<int, double>& losses, const std::map<int, double>& reference,
-                  const std::string& what) {
+                  const std::string& what, double relative) {
   for (const auto& [step, loss] : losses) {
     auto expected = reference.find(step);
     INFO(what << " step " << step << ": " << loss << " vs "
               << (expected == reference.end() ? NAN : expected->second));
     REQUIRE(expected != reference.end());
-    CHECK(std::abs(loss - expected->second) <= 1e-5 * std::abs(expected->second));
+    CHECK(std::abs(loss - expected->second) <= relative * std::abs(expected->second));
   }
 }
 

@@ -53,10 +53,10 @@ std::map<int, double> TrainYaml(const TempDir& dir, const std::string& name, int
 void CheckResumed(const TempDir& dir, const std::string& name, const std::map<int, double>& losses,
                   int steps, int saved_step);
 
-// Every step of `losses` within 1e-5 relative of the same step of
-// `reference`; `what` names the comparison in failures.
+// Every step of `losses` within `relative` (1e-5 unless told) of the same
+// step of `reference`; `what` names the comparison in failures.
 void CheckFollows(const std::map<int, double>& losses, const std::map<int, double>& reference,
-                  const std::string& what);
+                  const std::string& what, double relative = 1e-5);
 
 // A checkpoint's directory name under checkpoint.dir.
 std::string StepDir(int step);

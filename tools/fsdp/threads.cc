@@ -30,13 +30,15 @@ using Clock = std::chrono::steady_clock;
 struct Collective {
   bool gather = false;  // AllGather; else ReduceScatter (mean)
   std::vector<size_t> counts;
+  bool bf16 = false;  // AllGatherBf16: 2-byte elements
 };
 
 // The gradient norm's all-gather (worker/strategy/fsdp/fsdp.cc, GradSumOfSquares): two
 // floats from every rank, not counted in Fsdp::waits().
 bool IsNormGather(const Collective& collective) {
-  return collective.gather && std::all_of(collective.counts.begin(), collective.counts.end(),
-                                          [](size_t count) { return count == 2; });
+  return collective.gather && !collective.bf16 &&
+         std::all_of(collective.counts.begin(), collective.counts.end(),
+                     [](size_t count) { return count == 2; });
 }
 
 // When one rank issued a collective of a timed step and waited for it (the
@@ -108,6 +110,12 @@ class RecordingGroup final : public parallel::ProcessGroup {
     if (recording_) recorded_.push_back({true, counts});
     return Timed(true, counts, inner_->AllGather(input, output, counts));
   }
+  std::shared_ptr<parallel::Work> AllGatherBf16(absl::Span<const uint16_t> input,
+                                                absl::Span<uint16_t> output,
+                                                std::vector<size_t> counts) override {
+    if (recording_) recorded_.push_back({true, counts, true});
+    return Timed(true, counts, inner_->AllGatherBf16(input, output, counts), /*bf16=*/true);
+  }
   std::shared_ptr<parallel::Work> Broadcast(absl::Span<float> data, int root) override {
     return inner_->Broadcast(data, root);
   }
@@ -127,11 +135,11 @@ class RecordingGroup final : public parallel::ProcessGroup {
 
  private:
   std::shared_ptr<parallel::Work> Timed(bool gather, const std::vector<size_t>& counts,
-                                        std::shared_ptr<parallel::Work> work) {
+                                        std::shared_ptr<parallel::Work> work, bool bf16 = false) {
     if (timing_step_ < 0) return work;
     Timing& timing = timings_.emplace_back();
     timing.step = timing_step_;
-    timing.norm = IsNormGather({gather, counts});
+    timing.norm = IsNormGather({gather, counts, bf16});
     timing.issued = Clock::now();
     return std::make_shared<TimedWork>(std::move(work), &timing);
   }
@@ -156,14 +164,19 @@ struct RankSamples {
 // `rounds` times after a barrier each; the times of the issue-to-done.
 absl::Status Replay(parallel::ProcessGroup* group, const std::vector<Collective>& collectives,
                     int rounds, std::vector<double>* times_ms) {
-  // Separate buffers: the operations are in flight together.
+  // Separate buffers: the operations are in flight together (bf16
+  // gathers use the 16-bit ones, the others the floats).
   std::vector<std::vector<float>> inputs, outputs;
+  std::vector<std::vector<uint16_t>> inputs16, outputs16;
   for (const Collective& collective : collectives) {
     const size_t total =
         std::accumulate(collective.counts.begin(), collective.counts.end(), static_cast<size_t>(0));
     const size_t mine = collective.counts[group->rank()];
-    inputs.emplace_back(collective.gather ? mine : total, 1.0f);
-    outputs.emplace_back(collective.gather ? total : mine, 0.0f);
+    const size_t in = collective.gather ? mine : total, out = collective.gather ? total : mine;
+    inputs.emplace_back(collective.bf16 ? 0 : in, 1.0f);
+    outputs.emplace_back(collective.bf16 ? 0 : out, 0.0f);
+    inputs16.emplace_back(collective.bf16 ? in : 0, uint16_t{0x3f80});
+    outputs16.emplace_back(collective.bf16 ? out : 0, uint16_t{0});
   }
   for (int round = 0; round < rounds; ++round) {
     if (absl::Status status = group->Barrier()->Wait(); !status.ok()) return status;
@@ -172,7 +185,9 @@ absl::Status Replay(parallel::ProcessGroup* group, const std::vector<Collective>
     for (size_t i = 0; i < collectives.size(); ++i) {
       const Collective& collective = collectives[i];
       works.push_back(
-          collective.gather
+          collective.bf16
+              ? group->AllGatherBf16(inputs16[i], absl::MakeSpan(outputs16[i]), collective.counts)
+          : collective.gather
               ? group->AllGather(inputs[i], absl::MakeSpan(outputs[i]), collective.counts)
               : group->ReduceScatter(inputs[i], absl::MakeSpan(outputs[i]), collective.counts,
                                      parallel::ReduceOp::kAvg));
@@ -206,9 +221,9 @@ absl::Status PinToCpu(int index) {
   return absl::OkStatus();
 }
 
-absl::Status RunRank(worker::TrainConfig config, int zero, parallel::ProcessGroup* group,
-                     parallel::ProcessGroup* control, int warmup, int steps, int replays, bool pin,
-                     RankSamples* samples) {
+absl::Status RunRank(worker::TrainConfig config, int zero, worker::GatherDtype gather,
+                     parallel::ProcessGroup* group, parallel::ProcessGroup* control, int warmup,
+                     int steps, int replays, bool pin, RankSamples* samples) {
   // Only the training thread: the groups' threads (made before) still float.
   if (pin) {
     if (absl::Status pinned = PinToCpu(group->rank()); !pinned.ok()) return pinned;
@@ -228,6 +243,7 @@ absl::Status RunRank(worker::TrainConfig config, int zero, parallel::ProcessGrou
     if (!dims.ok()) return dims.status();
     worker::FsdpOptions options;
     options.zero = zero;
+    options.gather = gather;
     auto owned =
         std::make_unique<worker::Fsdp>(&recorder, nullptr, control, *dims, options, "gloo");
     fsdp = owned.get();
@@ -326,8 +342,9 @@ bool ExposedAfterArrival(const std::vector<RankSamples>& ranks, int steps,
 
 }  // namespace
 
-absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int zero, int ranks,
-                                         int warmup, int steps, int replays, bool pin) {
+absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int zero,
+                                         worker::GatherDtype gather, int ranks, int warmup,
+                                         int steps, int replays, bool pin) {
   rdzv::InMemoryStore store;
   // As in the worker: the strategy's data group, and a control group of
   // its own for the loss and the stop vote.
@@ -337,8 +354,8 @@ absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int 
   if (!controls.ok()) return controls.status();
   std::vector<RankSamples> samples(ranks);
   absl::Status status = parallel::FirstError(parallel::OnEveryRank(ranks, [&](int rank) {
-    return RunRank(config, zero, (*groups)[rank].get(), (*controls)[rank].get(), warmup, steps,
-                   replays, pin, &samples[rank]);
+    return RunRank(config, zero, gather, (*groups)[rank].get(), (*controls)[rank].get(), warmup,
+                   steps, replays, pin, &samples[rank]);
   }));
   if (!status.ok()) return status;
   ThreadsRun run;
@@ -365,7 +382,8 @@ absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int 
   for (const Collective& collective : samples[0].replayed) {
     const size_t total =
         std::accumulate(collective.counts.begin(), collective.counts.end(), static_cast<size_t>(0));
-    (collective.gather ? run.gathered_mb : run.reduced_mb) += total * 4 / 1048576.0;
+    (collective.gather ? run.gathered_mb : run.reduced_mb) +=
+        total * (collective.bf16 ? 2 : 4) / 1048576.0;
   }
   return run;
 }

@@ -40,6 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/config/config.h"
+#include "worker/strategy/fsdp/fsdp.h"
 
 namespace muster::tools {
 
@@ -64,10 +65,11 @@ struct ThreadsRun {
 
 // `config` names its training data; its model, micro-batch and
 // parallel.bucket_mb (DDP) are used. `zero`: 0 for DDP, else the ZeRO
-// stage. `warmup` steps first, untimed. `pin`: rank r's training thread
-// runs on the r-th CPU this process may use only (the communication
-// threads still go wherever the scheduler puts them).
-absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int zero, int ranks,
-                                         int warmup, int steps, int replays, bool pin);
+// stage, gathering parameters in `gather`. `warmup` steps first, untimed. `pin`: rank r's training
+// thread runs on the r-th CPU this process may use only (the communication threads still go
+// wherever the scheduler puts them).
+absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int zero,
+                                         worker::GatherDtype gather, int ranks, int warmup,
+                                         int steps, int replays, bool pin);
 
 }  // namespace muster::tools

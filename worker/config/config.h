@@ -67,6 +67,13 @@ struct ParallelConfig {
   // and gathers them again for its backward (memory); false keeps them from
   // forward to backward (one all-gather per stage per micro-step fewer).
   bool reshard_after_forward = true;
+  // The type FSDP all-gathers parameters in (gradients are always
+  // reduce-scattered in fp32): auto (bf16 when precision is bf16, else
+  // fp32) | fp32 | bf16. bf16 sends half the bytes, and the model then
+  // computes with every parameter rounded to bf16 (LayerNorms and biases
+  // too), as PyTorch FSDP2's param_dtype does; the master copy AdamW
+  // updates stays fp32. Ignored under ddp.
+  std::string gather_dtype = "auto";
   // Where gradients are reduced: auto (NCCL on CUDA, Gloo on the CPU) |
   // nccl | gloo (on CUDA: staged through pinned host memory).
   std::string backend = "auto";

@@ -180,6 +180,11 @@ struct Table<ParallelConfig> {
       {"reshard_after_forward", &P::reshard_after_forward,
        "ZeRO-3 frees a stage's gathered parameters after its forward and gathers them again for "
        "backward; false keeps them until backward"},
+      {"gather_dtype", &P::gather_dtype,
+       "the type fsdp all-gathers parameters in; bf16 halves the bytes and rounds every "
+       "parameter the model reads to bf16 (the fp32 master copy stays); auto: bf16 when "
+       "precision is bf16, else fp32",
+       OneOf("auto|fp32|bf16")},
       {"backend", &P::backend, "where gradients are reduced; auto: NCCL on CUDA, Gloo on the CPU",
        OneOf("auto|nccl|gloo")},
       {"bucket_mb", &P::bucket_mb, "gradient all-reduce bucket, MiB", Positive()},

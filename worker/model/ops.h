@@ -80,7 +80,7 @@ class Ops {
   // [begin, begin + count) of each): hyper.weight_decay where the run has
   // decay, 0 elsewhere. params_bf16: nullptr, or a bf16 copy of params
   // (raw bits, same layout) that gets the updated parameters rounded to
-  // nearest even (CUDA only). The CUDA back end keeps each distinct run
+  // nearest even (kernels/bf16.h). The CUDA back end keeps each distinct run
   // table it is given on the device, so a caller passes a fixed set of
   // tables (one per AdamW group) and each call is one launch.
   struct AdamWRun {
@@ -91,10 +91,11 @@ class Ops {
   virtual void AdamWUpdate(float* params, float* m, float* v, const float* grads,
                            uint16_t* params_bf16, const std::vector<AdamWRun>& runs,
                            const kernels::AdamWHyper& hyper, int step) = 0;
-  // out (n raw bf16 bits) = in rounded to nearest even: a sharding
-  // strategy's bf16 copy of parameters it gathered (CUDA only; the CPU
-  // computes in fp32 and never calls it).
+  // out (n raw bf16 bits) = in rounded to nearest even, and back (exact):
+  // a sharding strategy's bf16 copies of the parameters it gathers or
+  // sends (kernels/bf16.h; the same bits on both back ends).
   virtual void CastToBf16(uint16_t* out, const float* in, size_t n) = 0;
+  virtual void CastFromBf16(float* out, const uint16_t* in, size_t n) = 0;
   // Sum of x[i]^2 in double, returned to the host.
   virtual double SumOfSquares(const float* x, size_t n) = 0;
   virtual void Scale(float* x, size_t n, float scale) = 0;

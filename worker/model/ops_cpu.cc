@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/attention.h"
+#include "kernels/bf16.h"
 #include "kernels/crossentropy.h"
 #include "kernels/encoder.h"
 #include "kernels/gelu.h"
@@ -114,16 +115,23 @@ class CpuOps final : public Ops {
   void AdamWUpdate(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
                    const std::vector<AdamWRun>& runs, const k::AdamWHyper& hyper,
                    int step) override {
-    assert(params_bf16 == nullptr);  // the CPU computes in fp32 only
     for (const AdamWRun& run : runs) {
       k::AdamWHyper run_hyper = hyper;
       if (!run.decay) run_hyper.weight_decay = 0.0f;
       k::AdamWUpdateCpu(params + run.begin, m + run.begin, v + run.begin, grads + run.begin,
                         run.count, run_hyper, step);
+      // A second pass over the run, still in cache: the CPU computes in
+      // fp32, and only FSDP's bf16 all-gather asks for the copy.
+      if (params_bf16 != nullptr) {
+        CastToBf16(params_bf16 + run.begin, params + run.begin, run.count);
+      }
     }
   }
-  void CastToBf16(uint16_t*, const float*, size_t) override {
-    assert(false && "the CPU computes in fp32 only");
+  void CastToBf16(uint16_t* out, const float* in, size_t n) override {
+    for (size_t i = 0; i < n; ++i) out[i] = k::Bf16FromFloat(in[i]);
+  }
+  void CastFromBf16(float* out, const uint16_t* in, size_t n) override {
+    for (size_t i = 0; i < n; ++i) out[i] = k::FloatFromBf16(in[i]);
   }
   double SumOfSquares(const float* x, size_t n) override { return k::SumOfSquaresCpu(x, n); }
   void Scale(float* x, size_t n, float scale) override { k::ScaleCpu(x, n, scale); }

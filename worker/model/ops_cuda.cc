@@ -135,6 +135,9 @@ class CudaOps final : public Ops {
   void CastToBf16(uint16_t* out, const float* in, size_t n) override {
     Check("bf16 cast", k::fast::CastToBf16(out, in, n, kStream));
   }
+  void CastFromBf16(float* out, const uint16_t* in, size_t n) override {
+    Check("bf16 widen", k::fast::CastFromBf16(out, in, n, kStream));
+  }
   double SumOfSquares(const float* x, size_t n) override {
     // One device result double followed by the kernel's scratch, grown to
     // the largest buffer seen and then reused.

@@ -135,6 +135,11 @@ class CountingGroup : public parallel::ProcessGroup {
                                             std::vector<size_t> counts) override {
     return group_->AllGather(input, output, std::move(counts));
   }
+  std::shared_ptr<parallel::Work> AllGatherBf16(absl::Span<const uint16_t> input,
+                                                absl::Span<uint16_t> output,
+                                                std::vector<size_t> counts) override {
+    return group_->AllGatherBf16(input, output, std::move(counts));
+  }
   std::shared_ptr<parallel::Work> Broadcast(absl::Span<float> data, int root) override {
     return group_->Broadcast(data, root);
   }

@@ -16,6 +16,7 @@
 // floats and each block 35 x (12 x 35 + 13) = 15155, neither divisible by
 // 2 or 3 (the head, 2C = 70, is even whatever C is).
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -34,6 +35,7 @@ namespace {
 struct Job {
   std::string strategy = "fsdp";
   int zero = 3;
+  std::string gather_dtype = "auto";
   int dp_replicate = 0;  // 0: auto
   int dp_shard = 0;      // 0: auto
   int micro_batch = 1;
@@ -55,8 +57,8 @@ std::string JobYaml(const Job& job) {
       "optim: {lr: 5.0e-3, warmup_steps: 2, grad_clip: 0.5}\n", "train: {steps: ", job.steps,
       ", log_every: 1, metrics_file: ", job.metrics, "}\n", "device: cpu\n",
       "parallel: {strategy: ", job.strategy, ", zero: ", job.zero,
-      ", dp_replicate: ", job.dp_replicate, ", dp_shard: ", job.dp_shard,
-      ", bucket_mb: 0.01, timeout_s: ", job.timeout_s, "}\n",
+      ", gather_dtype: ", job.gather_dtype, ", dp_replicate: ", job.dp_replicate,
+      ", dp_shard: ", job.dp_shard, ", bucket_mb: 0.01, timeout_s: ", job.timeout_s, "}\n",
       job.checkpoint.empty() ? "" : absl::StrCat("checkpoint: ", job.checkpoint, "\n"));
 }
 
@@ -199,6 +201,58 @@ TEST_CASE("checkpoints resume across DDP and FSDP and across 2 and 3 ranks") {
   CheckSameCheckpoint(dir.File("fsdp2_again_ckpt"), dir.File("fsdp2_ckpt"), kSteps, 2);
 }
 
+TEST_CASE("bf16 gathers: 2 and 3 ranks follow a world of 1 gathering in bf16; resume is exact") {
+  TempDir dir;
+  WriteCorpus(dir.path());
+  const int kSteps = 20, kSaved = 10;
+  // Global batch 6: 1 x 6, 2 x 3, 3 x 2. Every rank rounds the same master
+  // weights the same way, so the sharding changes only the reductions'
+  // order, as with fp32 gathers. But rounding to bf16 is a step function: a
+  // master weight one fp32 ulp off the reference's can land on the next bf16
+  // value, 2^-8 relative away, so over 20 steps the curves part by a little
+  // more than fp32 gathers' 1e-5 (1.1e-5 measured): 1e-4 here.
+  const double kBf16Follows = 1e-4;
+  Job one;
+  one.gather_dtype = "bf16";
+  one.micro_batch = 6;
+  std::map<int, double> reference = Train(dir, "bf16_world1", 1, one);
+  REQUIRE(reference.size() == kSteps);
+  Job fp32 = one;
+  fp32.gather_dtype = "fp32";
+  std::map<int, double> unrounded = Train(dir, "fp32_world1", 1, fp32);
+  for (int step = 1; step <= kSteps; ++step) {
+    INFO("step " << step);
+    // Rounded weights: near the fp32 curve, not on it.
+    CHECK(std::abs(reference[step] - unrounded[step]) <= 1e-2 * unrounded[step]);
+  }
+  CHECK(reference != unrounded);
+
+  Job two = one;
+  two.micro_batch = 3;
+  two.checkpoint = CheckpointYaml(dir, "bf16_world2_ckpt", kSaved);
+  std::map<int, double> two_losses = Train(dir, "bf16_world2", 2, two);
+  CheckFollows(two_losses, reference, "bf16 gathers, 2 ranks", kBf16Follows);
+  CheckMemoryLines(ReadFile(dir.File("bf16_world2.log")), 2);
+  Job three = one;
+  three.zero = 1;
+  three.micro_batch = 2;
+  CheckFollows(Train(dir, "bf16_world3", 3, three), reference, "bf16 gathers, ZeRO-1, 3 ranks",
+               kBf16Follows);
+
+  // The resumed run sends the bf16 copies of the slices it loaded: every
+  // step as the uninterrupted run wrote it.
+  two.checkpoint = "";
+  const std::string saved = dir.File("bf16_world2_ckpt/" + StepDir(kSaved));
+  Resume(dir, "bf16_world2_again", 2, two, saved, kSaved);
+  std::map<int, std::string> resumed = LossTexts(dir.File("bf16_world2_again.jsonl"));
+  std::map<int, std::string> uninterrupted = LossTexts(dir.File("bf16_world2.jsonl"));
+  REQUIRE(resumed.size() == kSteps - kSaved);
+  for (const auto& [step, loss] : resumed) {
+    INFO("step " << step);
+    CHECK(loss == uninterrupted[step]);
+  }
+}
+
 TEST_CASE("an FSDP rank SIGKILLed mid-run: the other leaves, launch restarts, the run ends exact") {
   TempDir dir;
   WriteCorpus(dir.path());
@@ -240,6 +294,12 @@ TEST_CASE("bad FSDP configs exit 2 naming the fields") {
     const std::string log = RefusedJob(dir, "zero4", 2, job);
     INFO(log);
     CHECK(absl::StrContains(log, "parallel.zero"));
+  }
+  SECTION("parallel.gather_dtype: fp16") {
+    job.gather_dtype = "fp16";
+    const std::string log = RefusedJob(dir, "gather_fp16", 2, job);
+    INFO(log);
+    CHECK(absl::StrContains(log, "parallel.gather_dtype: expected auto, fp32 or bf16"));
   }
   SECTION("dp_shard: 2 on a world of 3") {
     job.dp_shard = 2;

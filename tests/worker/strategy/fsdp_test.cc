@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/bf16.h"
 #include "parallel/local_ranks.h"
 #include "parallel/parallel_dims.h"
 #include "rendezvous/client/store.h"
@@ -50,8 +51,9 @@ struct RankResult {
 };
 
 // Trains `config` on replicate x shard ranks as threads (zero 0: one
-// process, no strategy).
-std::vector<RankResult> Train(const TrainConfig& config, int zero, int replicate, int shard) {
+// process, no strategy), FSDP gathering parameters in `gather`.
+std::vector<RankResult> Train(const TrainConfig& config, int zero, int replicate, int shard,
+                              GatherDtype gather = GatherDtype::kAuto) {
   const int world = replicate * shard;
   std::vector<RankResult> results(world);
   std::unique_ptr<FILE, int (*)(FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
@@ -100,6 +102,7 @@ std::vector<RankResult> Train(const TrainConfig& config, int zero, int replicate
     RankResult& result = results[rank];
     FsdpOptions options;
     options.zero = zero;
+    options.gather = gather;
     Fsdp fsdp(shards[rank], replicas[rank], (*worlds)[rank].get(), *dims, options, "gloo");
     TrainerOptions trainer_options;
     trainer_options.log = sink.get();
@@ -135,14 +138,17 @@ std::vector<RankResult> Train(const TrainConfig& config, int zero, int replicate
   return results;
 }
 
-void CheckMatches(const std::vector<RankResult>& ranks, const RankResult& one) {
+// `grad_relative` bounds the gradient norms' distance from `one`'s.
+void CheckMatches(const std::vector<RankResult>& ranks, const RankResult& one,
+                  double grad_relative = 1e-4) {
   for (size_t step = 0; step < one.losses.size(); ++step) {
     INFO("step " << step + 1);
     for (const RankResult& rank : ranks) {
       CHECK(rank.losses[step] == ranks[0].losses[step]);  // the mean loss, over the world
       CHECK(std::abs(rank.losses[step] - one.losses[step]) <= 1e-5 * one.losses[step]);
       CHECK(rank.grad_norms[step] == ranks[0].grad_norms[step]);
-      CHECK(std::abs(rank.grad_norms[step] - one.grad_norms[step]) <= 1e-4 * one.grad_norms[step]);
+      CHECK(std::abs(rank.grad_norms[step] - one.grad_norms[step]) <=
+            grad_relative * one.grad_norms[step]);
     }
   }
   // Every rank sees the same full parameters, bit for bit.
@@ -161,6 +167,43 @@ TEST_CASE("FSDP ZeRO-1, 2 and 3 at 2 and 3 ranks match one process at the same g
   }
 }
 
+// Whether every value is a bf16 one (its low 16 bits zero).
+bool AllBf16(const std::vector<std::vector<float>>& stages) {
+  for (const std::vector<float>& stage : stages) {
+    for (float x : stage) {
+      if (kernels::FloatFromBf16(kernels::Bf16FromFloat(x)) != x) return false;
+    }
+  }
+  return true;
+}
+
+TEST_CASE("bf16 gathers: ZeRO-1, 2 and 3 at 2 and 3 ranks match a world of 1 gathering in bf16") {
+  // The same rounding on every rank, whatever the sharding: a world of one
+  // that gathers in bf16 is the reference, losses within the usual 1e-5.
+  // Rounding is a step function, though: a master weight an fp32 ulp off
+  // the reference's (another reduction order) can round to the next bf16
+  // value, 2^-8 relative away, and the gradient norm feels that more than
+  // the loss does (3.1e-4 measured), so its bound is 1e-3, not 1e-4.
+  const double kGrad = 1e-3;
+  const RankResult fp32 = Train(SmallJob(6, 1), 0, 1, 1)[0];
+  for (int zero : {1, 2, 3}) {
+    INFO("zero " << zero);
+    const RankResult one = Train(SmallJob(6, 1), zero, 1, 1, GatherDtype::kBf16)[0];
+    CHECK(AllBf16(one.gathered));
+    std::vector<RankResult> two = Train(SmallJob(3, 1), zero, 1, 2, GatherDtype::kBf16);
+    CheckMatches(two, one, kGrad);
+    for (const RankResult& rank : two) CHECK(AllBf16(rank.gathered));
+    CheckMatches(Train(SmallJob(2, 1), zero, 1, 3, GatherDtype::kBf16), one, kGrad);
+    CheckMatches(Train(SmallJob(1, 3), zero, 1, 2, GatherDtype::kBf16), one, kGrad);
+    // Rounding the weights moves the loss a little, not a lot.
+    for (size_t step = 0; step < fp32.losses.size(); ++step) {
+      INFO("step " << step + 1);
+      CHECK(one.losses[step] != fp32.losses[step]);
+      CHECK(std::abs(one.losses[step] - fp32.losses[step]) <= 1e-2 * fp32.losses[step]);
+    }
+  }
+}
+
 TEST_CASE("HSDP: 2 replicas x 2 shards match one process") {
   const RankResult one = Train(SmallJob(8, 1), 0, 1, 1)[0];
   CheckMatches(Train(SmallJob(2, 1), 3, 2, 2), one);
@@ -169,36 +212,40 @@ TEST_CASE("HSDP: 2 replicas x 2 shards match one process") {
 
 TEST_CASE("each rank holds the bytes of the memory formula") {
   for (int zero : {1, 2, 3}) {
-    INFO("zero " << zero);
-    std::vector<RankResult> ranks = Train(SmallJob(2, 1), zero, 1, 3);
-    uint64_t total = 0;
-    for (size_t size : ranks[0].stage_sizes) total += size;
-    uint64_t largest_block = 0;
-    for (size_t s = 1; s + 1 < ranks[0].stage_sizes.size(); ++s) {
-      largest_block = std::max<uint64_t>(largest_block, ranks[0].stage_sizes[s]);
-    }
-    for (int rank = 0; rank < 3; ++rank) {
-      // The owned floats from the stage sizes alone: rank's chunk of each.
-      uint64_t owned = 0;
-      for (size_t size : ranks[rank].stage_sizes) owned += parallel::EvenCounts(size, 3)[rank];
-      CHECK(ranks[rank].owned == owned);
-      const FsdpMemory want = FsdpMemoryFormula(zero, owned, total);
-      CHECK(ranks[rank].memory.params == want.params);
-      CHECK(ranks[rank].memory.grads == want.grads);
-      CHECK(ranks[rank].memory.moments == want.moments);
-      // Between steps: nothing under ZeRO-1/2; under ZeRO-3 the first two
-      // stages' parameters, gathered during the optimizer step for the
-      // next forward.
-      const std::vector<size_t>& sizes = ranks[0].stage_sizes;
-      CHECK(ranks[rank].memory.gathered == (zero == 3 ? 4 * (sizes[0] + sizes[1]) : 0));
-      if (zero == 3) {
-        // At most: the head, stage 0's parameters and gradient, and two
-        // blocks' parameters and gradients in flight.
-        const uint64_t embedding = ranks[0].stage_sizes.front();
-        const uint64_t head = ranks[0].stage_sizes.back();
-        CHECK(ranks[rank].memory.gathered_peak > 0);
-        CHECK(ranks[rank].memory.gathered_peak <=
-              4 * (2 * embedding + 2 * head + 4 * largest_block));
+    for (GatherDtype gather : {GatherDtype::kFp32, GatherDtype::kBf16}) {
+      const bool gather_bf16 = gather == GatherDtype::kBf16;
+      INFO("zero " << zero << (gather_bf16 ? ", bf16 gathers" : ""));
+      std::vector<RankResult> ranks = Train(SmallJob(2, 1), zero, 1, 3, gather);
+      uint64_t total = 0;
+      for (size_t size : ranks[0].stage_sizes) total += size;
+      uint64_t largest_block = 0;
+      for (size_t s = 1; s + 1 < ranks[0].stage_sizes.size(); ++s) {
+        largest_block = std::max<uint64_t>(largest_block, ranks[0].stage_sizes[s]);
+      }
+      for (int rank = 0; rank < 3; ++rank) {
+        // The owned floats from the stage sizes alone: rank's chunk of each.
+        uint64_t owned = 0;
+        for (size_t size : ranks[rank].stage_sizes) owned += parallel::EvenCounts(size, 3)[rank];
+        CHECK(ranks[rank].owned == owned);
+        const FsdpMemory want = FsdpMemoryFormula(zero, owned, total, false, gather_bf16);
+        CHECK(ranks[rank].memory.params == want.params);
+        CHECK(ranks[rank].memory.grads == want.grads);
+        CHECK(ranks[rank].memory.moments == want.moments);
+        // Between steps: nothing under ZeRO-1/2; under ZeRO-3 the first two
+        // stages' parameters, gathered during the optimizer step for the
+        // next forward.
+        const std::vector<size_t>& sizes = ranks[0].stage_sizes;
+        CHECK(ranks[rank].memory.gathered == (zero == 3 ? 4 * (sizes[0] + sizes[1]) : 0));
+        if (zero == 3) {
+          // At most: the head, stage 0's parameters and gradient, and two
+          // blocks' parameters and gradients in flight.
+          const uint64_t embedding = ranks[0].stage_sizes.front();
+          const uint64_t head = ranks[0].stage_sizes.back();
+          CHECK(ranks[rank].memory.gathered_peak > 0);
+          // (bf16 gathers: each gathered stage's receive buffer too).
+          CHECK(ranks[rank].memory.gathered_peak <=
+                (gather_bf16 ? 6 : 4) * (2 * embedding + 2 * head + 4 * largest_block));
+        }
       }
     }
   }

@@ -77,9 +77,11 @@ absl::Status TimedWait(parallel::Work& work, double* seconds) {
 
 }  // namespace
 
-FsdpMemory FsdpMemoryFormula(int zero, uint64_t owned, uint64_t total, bool bf16) {
+FsdpMemory FsdpMemoryFormula(int zero, uint64_t owned, uint64_t total, bool bf16,
+                             bool gather_bf16) {
   FsdpMemory memory;
-  memory.params = 4 * owned + (zero <= 2 ? (bf16 ? 6 : 4) * total : 0);
+  memory.params = 4 * owned + (gather_bf16 ? 2 * owned : 0) +
+                  (zero <= 2 ? (bf16 || gather_bf16 ? 6 : 4) * total : 0);
   memory.grads = 4 * owned + (zero == 1 ? 4 * total : 0);
   memory.moments = 8 * owned;
   return memory;
@@ -105,8 +107,9 @@ Fsdp::~Fsdp() {
 }
 
 std::string Fsdp::Describe() const {
-  std::string text = absl::StrCat("fsdp (zero-", options_.zero, ") over ", backend_, ", ",
-                                  dims_.world(), " ranks");
+  std::string text =
+      absl::StrCat("fsdp (zero-", options_.zero, gather_bf16_ ? ", bf16 gathers" : "", ") over ",
+                   backend_, ", ", dims_.world(), " ranks");
   if (dims_.dp_replicate > 1) {
     absl::StrAppend(&text, ": ", dims_.dp_replicate, " replicas x ", dims_.dp_shard, " shards");
   }
@@ -155,6 +158,8 @@ absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
   GptModel* model = built.model.get();
   ops_ = model->shared_ops();
   bf16_ = model->precision() == Precision::kBf16;
+  gather_bf16_ =
+      options_.gather == GatherDtype::kBf16 || (options_.gather == GatherDtype::kAuto && bf16_);
 
   const int n = shard_->size(), j = shard_->rank();
   std::vector<Stage>& stages = model->stages();
@@ -186,9 +191,12 @@ absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
   const size_t f = sizeof(float);
   absl::Status status = persistent(shard_floats_ * f, &memory_.params, &shard_params_storage_);
   if (status.ok()) status = persistent(shard_floats_ * f, &memory_.grads, &shard_grads_storage_);
+  if (status.ok() && gather_bf16_) {
+    status = persistent(shard_floats_ * sizeof(uint16_t), &memory_.params, &shard_bf16_storage_);
+  }
   if (status.ok() && options_.zero <= 2) {
     status = persistent(total_floats_ * f, &memory_.params, &full_params_storage_);
-    if (status.ok() && bf16_) {
+    if (status.ok() && (bf16_ || gather_bf16_)) {
       status = persistent(total_floats_ * sizeof(uint16_t), &memory_.params, &full_bf16_storage_);
     }
   }
@@ -198,6 +206,7 @@ absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
   if (!status.ok()) return status;
   shard_params_ = shard_params_storage_->floats();
   shard_grads_ = shard_grads_storage_->floats();
+  if (shard_bf16_storage_ != nullptr) shard_bf16_ = shard_bf16_storage_->halves();
   if (full_params_storage_ != nullptr) full_params_ = full_params_storage_->floats();
   if (full_grads_storage_ != nullptr) full_grads_ = full_grads_storage_->floats();
   if (full_bf16_storage_ != nullptr) full_bf16_ = full_bf16_storage_->halves();
@@ -206,6 +215,7 @@ absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
   // at a time on the host, and keeps its slice (and the whole under
   // ZeRO-1/2): nothing to communicate, and never more than one stage
   // beyond the shard.
+  model_ = model;  // for BindModel; the hooks are set below
   std::vector<float> initial;
   size_t stage_flat = 0;
   for (size_t s = 0; s < stages.size(); ++s) {
@@ -219,14 +229,17 @@ absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
       ops_->ToDevice(stage.params, initial.data(), stage.size * sizeof(float));
       if (full_bf16_ != nullptr) {
         stage.bf16 = full_bf16_ + stage_flat;
-        CastStage(static_cast<int>(s));
+        // Bf16 gathers: round the kept copy as a gather would.
+        if (gather_bf16_) ops_->CastToBf16(stage.bf16, stage.params, stage.size);
+        FinishGather(static_cast<int>(s));
       }
     }
     if (full_grads_ != nullptr) stage.grads = full_grads_ + stage_flat;
-    model->BindStage(static_cast<int>(s), stage.params, stage.grads, stage.bf16);
+    BindModel(static_cast<int>(s));
     stage_flat += stage.size;
   }
   initial = {};
+  if (gather_bf16_) ops_->CastToBf16(shard_bf16_, shard_params_, shard_floats_);
 
   // One AdamW group per stage, so OptimizerStep can send a stage's new
   // parameters while the next stage updates.
@@ -235,11 +248,16 @@ absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
     ParamShard::Group group;
     group.params = shard_params_ + stages_[s].at;
     group.grads = shard_grads_ + stages_[s].at;
+    // Bf16 gathers send this copy; AdamW refreshes it in the same pass.
+    group.bf16 = gather_bf16_ ? shard_bf16_ + stages_[s].at : nullptr;
     group.slices.push_back({static_cast<int>(s), stages_[s].first, stages_[s].count, 0});
     shard.groups.push_back(std::move(group));
   }
   auto optimizer = AdamW::Create(model, spec.optim, std::move(shard));
-  if (!optimizer.ok()) return optimizer.status();
+  if (!optimizer.ok()) {
+    model_ = nullptr;
+    return optimizer.status();
+  }
   built.optimizer = *std::move(optimizer);
   memory_.moments = 2 * built.optimizer->moment_floats() * sizeof(float);
 
@@ -271,9 +289,27 @@ std::unique_ptr<Fsdp::Buffer> Fsdp::TransientOrExit(size_t bytes, const char* wh
   return *std::move(buffer);
 }
 
-void Fsdp::CastStage(int s) {
+void Fsdp::FinishGather(int s) {
   StageShard& stage = stages_[s];
-  ops_->CastToBf16(stage.bf16, stage.params, stage.size);
+  if (gather_bf16_) {
+    ops_->CastFromBf16(stage.params, stage.bf16, stage.size);
+    if (!bf16_ && stage.own_bf16 != nullptr) {
+      // Only the receive buffer: the model reads fp32. Stream ordered on
+      // CUDA, so freed after the widening.
+      stage.own_bf16.reset();
+      stage.bf16 = nullptr;
+      memory_.gathered -= stage.size * sizeof(uint16_t);
+    }
+  } else if (bf16_) {
+    ops_->CastToBf16(stage.bf16, stage.params, stage.size);
+  }
+}
+
+uint16_t* Fsdp::ModelBf16(int s) const { return bf16_ ? stages_[s].bf16 : nullptr; }
+
+void Fsdp::BindModel(int s) {
+  const StageShard& stage = stages_[s];
+  model_->BindStage(s, stage.params, stage.grads, ModelBf16(s));
 }
 
 void Fsdp::StartGather(int s) {
@@ -282,7 +318,7 @@ void Fsdp::StartGather(int s) {
   stage.own_params = TransientOrExit(stage.size * sizeof(float), "gathered parameters", s);
   stage.params = stage.own_params->floats();
   memory_.gathered += stage.size * sizeof(float);
-  if (bf16_) {
+  if (bf16_ || gather_bf16_) {  // the model's copy, or where bf16 gathers land
     stage.own_bf16 = TransientOrExit(stage.size * sizeof(uint16_t), "bf16 parameters", s);
     stage.bf16 = stage.own_bf16->halves();
     memory_.gathered += stage.size * sizeof(uint16_t);
@@ -294,6 +330,10 @@ void Fsdp::StartGather(int s) {
 std::shared_ptr<parallel::Work> Fsdp::IssueGather(int s) {
   StageShard& stage = stages_[s];
   ++waits_.gathers;
+  if (gather_bf16_) {
+    return shard_->AllGatherBf16(absl::MakeConstSpan(shard_bf16_ + stage.at, stage.count),
+                                 absl::MakeSpan(stage.bf16, stage.size), stage.counts);
+  }
   return shard_->AllGather(absl::MakeConstSpan(shard_params_ + stage.at, stage.count),
                            absl::MakeSpan(stage.params, stage.size), stage.counts);
 }
@@ -304,9 +344,9 @@ void Fsdp::WaitGathered(int s) {
     Fail(TimedWait(*stage.gather, &waits_.gather_s));
     stage.gather = nullptr;
     // On the compute stream, after the gather (waited for above).
-    if (bf16_) CastStage(s);
+    FinishGather(s);
   }
-  model_->BindStage(s, stage.params, stage.grads, stage.bf16);
+  BindModel(s);
 }
 
 void Fsdp::ReleaseParams(int s) {
@@ -332,9 +372,7 @@ absl::Status Fsdp::GatherAll() {
   std::vector<std::shared_ptr<parallel::Work>> works;
   for (size_t s = 0; s < stages_.size(); ++s) works.push_back(IssueGather(static_cast<int>(s)));
   for (auto& work : works) Fail(TimedWait(*work, &waits_.gather_s));
-  if (bf16_) {
-    for (size_t s = 0; s < stages_.size(); ++s) CastStage(static_cast<int>(s));
-  }
+  for (size_t s = 0; s < stages_.size(); ++s) FinishGather(static_cast<int>(s));
   return error_;
 }
 
@@ -346,7 +384,7 @@ void Fsdp::BindGrads(int s) {
   ops_->Zero(stage.grads, stage.size * sizeof(float));
   memory_.gathered += stage.size * sizeof(float);
   memory_.gathered_peak = std::max(memory_.gathered_peak, memory_.gathered);
-  model_->BindStage(s, stage.params, stage.grads, stage.bf16);
+  BindModel(s);
 }
 
 void Fsdp::StartReduce(int s) {
@@ -369,7 +407,7 @@ void Fsdp::StartReduce(int s) {
     // The buffer now belongs to the reduction; the model is done with it.
     reduce.grads = std::move(stage.own_grads);
     stage.grads = nullptr;
-    model_->BindStage(s, stage.params, nullptr, stage.bf16);
+    BindModel(s);
   }
   reduces_.push_back(std::move(reduce));
   ++waits_.reduces;
@@ -491,12 +529,13 @@ absl::Status Fsdp::OptimizerStep(GptModel* model, AdamW* optimizer, float lr, in
   }
   for (size_t s = 0; s < works.size(); ++s) {  // ZeRO-1/2: one per stage
     Fail(TimedWait(*works[s], &waits_.gather_s));
-    if (bf16_) CastStage(static_cast<int>(s));
+    FinishGather(static_cast<int>(s));
   }
   absl::Status status = error_;
   if (!logged_memory_ && options_.log != nullptr) {
     logged_memory_ = true;
-    const FsdpMemory want = FsdpMemoryFormula(options_.zero, shard_floats_, total_floats_, bf16_);
+    const FsdpMemory want =
+        FsdpMemoryFormula(options_.zero, shard_floats_, total_floats_, bf16_, gather_bf16_);
     std::fprintf(options_.log,
                  "worker: fsdp rank %d memory: params %llu B, grads %llu B, moments %llu B "
                  "(formula %llu + %llu + %llu: %s); gathered buffers peak %llu B\n",
@@ -539,6 +578,8 @@ std::vector<FlatRange> Fsdp::CheckpointLoad(uint64_t total) const {
 }
 
 absl::Status Fsdp::StateLoaded(GptModel* model) {
+  // What bf16 gathers send must be the loaded slice's.
+  if (gather_bf16_) ops_->CastToBf16(shard_bf16_, shard_params_, shard_floats_);
   if (options_.zero <= 2) return GatherAll();
   for (size_t s = 0; s < stages_.size(); ++s) ReleaseParams(static_cast<int>(s));
   return error_;

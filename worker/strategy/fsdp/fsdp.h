@@ -48,15 +48,24 @@
 //
 // Devices: every buffer comes from the model's back end (worker/model/ops.h):
 // host memory on the CPU, device memory on CUDA, where the groups must take
-// device memory (NCCL, or Gloo staged through the host). With precision
-// bf16 each stage's parameters are gathered in fp32 (as the engine's
-// LayerNorms and encoder read them) and cast to the bf16 copy its GEMMs
-// read, next to them; gradients are reduce-scattered in fp32. Gathered and
-// gradient buffers are transient (Ops::AllocTransient: on CUDA stream
-// ordered, so a stage's parameters are freed after its queued kernels
-// without waiting for them). HSDP stays on the CPU (the worker refuses it
-// on CUDA: its sub-groups are host-memory Gloo groups). Status on CUDA:
-// compiles and links; not yet run on a GPU.
+// device memory (NCCL, or Gloo staged through the host).
+//
+// Gather type (parallel.gather_dtype). fp32: each stage's parameters are
+// gathered as they are; with precision bf16 they are then cast to the
+// bf16 copy the engine's GEMMs read, next to the fp32 ones its LayerNorms
+// and encoder read. bf16 (auto's choice under precision bf16): each rank
+// keeps a bf16 copy of its slice, which AdamW refreshes as it updates the
+// fp32 master slice; the stages are gathered from those copies, half the
+// bytes, into the bf16 buffer, and widened into the fp32 one (exactly),
+// so every parameter the model reads is the master's bf16 rounding, on
+// every rank alike (PyTorch FSDP2's param_dtype). Under ZeRO-1/2 the kept
+// full copy starts rounded the same way. Gradients are reduce-scattered in
+// fp32 either way. Gathered and gradient buffers are transient
+// (Ops::AllocTransient: on CUDA stream ordered, so a stage's parameters
+// are freed after its queued kernels without waiting for them). Under
+// HSDP both groups must take the same memory (the worker makes them with
+// Communicator::NewDataGroup). Status on CUDA: compiles and links; not yet
+// run on a GPU.
 //
 // Errors: the groups' (parallel/process_group.h). An error inside a stage
 // hook (a failed gather) is kept and returned by the next
@@ -80,9 +89,13 @@
 
 namespace muster::worker {
 
+// parallel.gather_dtype: kAuto is kBf16 when the model computes in bf16.
+enum class GatherDtype { kAuto, kFp32, kBf16 };
+
 struct FsdpOptions {
   int zero = 3;                       // parallel.zero: 1, 2 or 3
   bool reshard_after_forward = true;  // parallel.reshard_after_forward (ZeRO-3)
+  GatherDtype gather = GatherDtype::kAuto;
   // Each rank prints its memory line here after its first optimizer step
   // (nullptr: nowhere).
   FILE* log = nullptr;
@@ -111,12 +124,16 @@ struct FsdpWaits {
 
 // What FsdpMemory's params, grads and moments must equal, from the
 // stage sizes alone: for a rank that owns `owned` floats of a model of
-// `total` floats, 4-byte floats,
-//   params  = 4 * owned + (zero <= 2 ? 4 * total : 0)
-//             + (bf16 && zero <= 2 ? 2 * total : 0)   (the kept bf16 copy)
+// `total` floats, 4-byte floats, computing in bf16 (`bf16`) or not, and
+// gathering in bf16 (`gather_bf16`) or not,
+//   params  = 4 * owned + (gather_bf16 ? 2 * owned : 0)   (the slice's bf16 copy)
+//             + (zero <= 2 ? 4 * total : 0)
+//             + ((bf16 || gather_bf16) && zero <= 2 ? 2 * total : 0)
+//                                                  (the kept full bf16 copy)
 //   grads   = 4 * owned + (zero == 1 ? 4 * total : 0)
 //   moments = 8 * owned
-FsdpMemory FsdpMemoryFormula(int zero, uint64_t owned, uint64_t total, bool bf16 = false);
+FsdpMemory FsdpMemoryFormula(int zero, uint64_t owned, uint64_t total, bool bf16 = false,
+                             bool gather_bf16 = false);
 
 class Fsdp final : public ParallelStrategy {
  public:
@@ -157,6 +174,8 @@ class Fsdp final : public ParallelStrategy {
   const FsdpWaits& waits() const { return waits_; }
   // Floats of the flat parameter layout this rank owns.
   uint64_t owned_floats() const;
+  // Whether parameters are all-gathered in bf16 (known after Build).
+  bool gathers_bf16() const { return gather_bf16_; }
   // Stage `stage`'s full parameters as this rank sees them now, gathered
   // for the call if needed (tests: every rank must see the same bits).
   // A collective over the shard group.
@@ -189,8 +208,15 @@ class Fsdp final : public ParallelStrategy {
   // A transient buffer of the back end; exits naming the bytes if there is
   // no memory (a stage hook cannot return an error).
   std::unique_ptr<Buffer> TransientOrExit(size_t bytes, const char* what, int stage);
-  // The bf16 copy of stage s's parameters from its fp32 ones (kBf16).
-  void CastStage(int stage);
+  // After stage s's parameters arrived: the fp32 view of the gathered bf16
+  // ones (bf16 gathers; the receive buffer is freed then when the model
+  // does not read bf16), or the bf16 copy of the gathered fp32 ones
+  // (fp32 gathers under precision bf16).
+  void FinishGather(int stage);
+  // What the model gets to read as stage s's bf16 copy: nullptr unless it
+  // computes in bf16.
+  uint16_t* ModelBf16(int stage) const;
+  void BindModel(int stage);
   void ReleaseParams(int stage);
   // Gathers every stage into the full copies ZeRO-1/2 keep; waits.
   absl::Status GatherAll();
@@ -208,15 +234,18 @@ class Fsdp final : public ParallelStrategy {
   GptModel* model_ = nullptr;  // the one Build made
   std::shared_ptr<Ops> ops_;   // its back end; every Buffer holds it too
   bool bf16_ = false;          // the model computes in bf16: stages get a bf16 copy
+  bool gather_bf16_ = false;   // parameters travel in bf16 (GatherDtype)
   std::vector<StageShard> stages_;
   std::vector<PendingReduce> reduces_;
-  // The owned slices, stage after stage, and their gradient (same layout).
-  std::unique_ptr<Buffer> shard_params_storage_, shard_grads_storage_;
+  // The owned slices, stage after stage, their gradient (same layout) and,
+  // for bf16 gathers, their bf16 copy (what this rank sends).
+  std::unique_ptr<Buffer> shard_params_storage_, shard_grads_storage_, shard_bf16_storage_;
   float* shard_params_ = nullptr;
   float* shard_grads_ = nullptr;
+  uint16_t* shard_bf16_ = nullptr;
   size_t shard_floats_ = 0;
   // Every stage end to end: the parameters ZeRO-1/2 keep (and their bf16
-  // copy), the gradient ZeRO-1 keeps.
+  // copy, under precision bf16 or bf16 gathers), the gradient ZeRO-1 keeps.
   std::unique_ptr<Buffer> full_params_storage_, full_grads_storage_, full_bf16_storage_;
   float* full_params_ = nullptr;
   float* full_grads_ = nullptr;
