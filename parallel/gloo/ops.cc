@@ -213,11 +213,15 @@ void ProbeConnection(gloo::Context& context, int peer) {
 // handshake per call), works in place on the whole input and has no
 // timeout per call. A ring on unbound buffers handles any counts
 // (zeros included) and moves each element once per step: P-1 steps, in step
-// s rank r sends its running sum of chunk (r-s-1) to r+1 and adds the chunk
-// (r-s-2) received from r-1, so after P-1 steps it holds the full sum of
-// chunk r (or its min, or max: any associative, commutative op). Chunks are
-// matched by order on one slot: a pair's messages on a slot are delivered in
-// the order posted.
+// s rank r sends its running sum of chunk (r-s-1) to r+1 and receives the
+// running sum of chunk (r-s-2) from r-1, which it adds its own input to, so
+// after P-1 steps it holds the full sum of chunk r (or its min, or max: any
+// associative, commutative op). The chunk summed in step s is the one sent
+// in step s+1, so the running sums live in two chunk-sized buffers used in
+// turn (step 0 sends straight from the input, the last step sums into the
+// output): no copy of the whole input, which for FSDP's largest stage, the
+// tied embedding, is as big as the stage. Chunks are matched by order on one
+// slot: a pair's messages on a slot are delivered in the order posted.
 void ReduceScatter(const std::shared_ptr<gloo::Context>& context, absl::Span<const float> input,
                    absl::Span<float> output, const std::vector<size_t>& counts, ReduceOp op,
                    uint32_t tag, Millis timeout) {
@@ -234,11 +238,15 @@ void ReduceScatter(const std::shared_ptr<gloo::Context>& context, absl::Span<con
     return std::max(
         Millis(1), std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()));
   };
-  std::vector<float> sums(input.begin(), input.end());                           // (total)
-  std::vector<float> incoming(*std::max_element(counts.begin(), counts.end()));  // (max count)
-  auto sums_buffer = context->createUnboundBuffer(sums.data(), sums.size() * sizeof(float));
-  auto incoming_buffer =
-      context->createUnboundBuffer(incoming.data(), incoming.size() * sizeof(float));
+  const size_t largest = *std::max_element(counts.begin(), counts.end());
+  std::vector<float> running[2];  // (largest count each; one when P is 2)
+  std::unique_ptr<gloo::transport::UnboundBuffer> running_buffer[2];
+  for (int b = 0; b < std::min(2, P - 1); ++b) {
+    running[b].resize(largest);
+    running_buffer[b] =
+        context->createUnboundBuffer(running[b].data(), running[b].size() * sizeof(float));
+  }
+  auto input_buffer = context->createUnboundBuffer(Mutable(input), input.size() * sizeof(float));
   const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
   const ReduceFunction combine = FunctionFor<float>(op);
   const int next = (r + 1) % P;
@@ -248,20 +256,25 @@ void ReduceScatter(const std::shared_ptr<gloo::Context>& context, absl::Span<con
     const int recv_chunk = (r - step - 2 + 2 * P) % P;
     const size_t send_bytes = counts[send_chunk] * sizeof(float);
     const size_t recv_bytes = counts[recv_chunk] * sizeof(float);
+    gloo::transport::UnboundBuffer* receive = running_buffer[step % 2].get();
+    float* received = running[step % 2].data();
+    // Step 0 sends this rank's own input; later steps the sum made in the
+    // step before, in the other buffer.
+    gloo::transport::UnboundBuffer* send =
+        step == 0 ? input_buffer.get() : running_buffer[(step - 1) % 2].get();
+    const size_t send_offset = step == 0 ? offsets[send_chunk] * sizeof(float) : 0;
     // Post the receive before the send: the transport sends only into a
     // posted receive, so every rank sending first would deadlock.
-    if (recv_bytes > 0) incoming_buffer->recv(prev, slot, 0, recv_bytes);
-    if (send_bytes > 0) {
-      sums_buffer->send(next, slot, offsets[send_chunk] * sizeof(float), send_bytes);
-    }
+    if (recv_bytes > 0) receive->recv(prev, slot, 0, recv_bytes);
+    if (send_bytes > 0) send->send(next, slot, send_offset, send_bytes);
     if (recv_bytes > 0) {
-      Check(incoming_buffer->waitRecv(left()), "reduce_scatter recv");
-      float* sum = sums.data() + offsets[recv_chunk];
-      combine(sum, sum, incoming.data(), counts[recv_chunk]);
+      Check(receive->waitRecv(left()), "reduce_scatter recv");
+      float* sum = step == P - 2 ? output.data() : received;
+      combine(sum, input.data() + offsets[recv_chunk], received, counts[recv_chunk]);
     }
-    if (send_bytes > 0) Check(sums_buffer->waitSend(left()), "reduce_scatter send");
+    // The next step receives into the buffer this one sent from.
+    if (send_bytes > 0) Check(send->waitSend(left()), "reduce_scatter send");
   }
-  std::copy_n(sums.begin() + offsets[r], counts[r], output.begin());
 }
 
 }  // namespace muster::parallel::gloo_ops

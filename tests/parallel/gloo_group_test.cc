@@ -133,6 +133,36 @@ TEST_CASE("a bf16 allgather with skewed counts, one of them 0, concatenates bit-
   for (int r = 0; r < size; ++r) CHECK(outputs[r] == expected);
 }
 
+TEST_CASE("reduce_scatter at 4 and 5 ranks, skewed counts with zeros, leaves inputs untouched") {
+  // The ring passes running sums through two buffers in turn: more ranks
+  // than 3 use both more than once, and a zero count skips a step's send and
+  // receive on both ends.
+  const int size = GENERATE(4, 5);
+  INFO("size " << size);
+  rdzv::InMemoryStore store;
+  Groups groups = ConnectGroups(store, size);
+  std::vector<size_t> counts = {0, 70001, 3, 0, 129};
+  counts.resize(size);
+  std::vector<size_t> offsets(size + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
+  const size_t n = offsets[size];
+  const std::vector<float> sum = SumOverRanks(size, n);
+  std::vector<std::vector<float>> inputs(size), outputs(size);
+  Works works;
+  for (int r = 0; r < size; ++r) {
+    inputs[r] = RankData(r, n);
+    outputs[r].assign(counts[r], -1.0f);
+    works.push_back(
+        groups[r]->ReduceScatter(inputs[r], absl::MakeSpan(outputs[r]), counts, ReduceOp::kSum));
+  }
+  WaitAll(works);
+  for (int r = 0; r < size; ++r) {
+    INFO("rank " << r);
+    CHECK(outputs[r] == std::vector<float>(sum.begin() + offsets[r], sum.begin() + offsets[r + 1]));
+    CHECK(inputs[r] == RankData(r, n));
+  }
+}
+
 TEST_CASE("send and recv match by source and tag, in order") {
   rdzv::InMemoryStore store;
   Groups groups = ConnectGroups(store, 3);
