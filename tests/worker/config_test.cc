@@ -181,6 +181,12 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "parallel:\n  dp_shard: 4\n  strategy: ddp\n",
        "t.yaml:4: parallel.dp_shard: 4 shards each replica, which needs parallel.strategy: fsdp"},
       {train + "parallel:\n  dp_shard: -1\n", "t.yaml:4: parallel.dp_shard: must be >= 0, got -1"},
+      {train + "parallel:\n  gather_dtype: bf16\n",
+       "t.yaml:4: parallel.gather_dtype: bf16 all-gathers fsdp's parameters, which needs "
+       "parallel.strategy: fsdp; ddp gathers none"},
+      {train + "parallel:\n  strategy: fsdp\n  pp: 2\n  microbatches: 2\n  gather_dtype: bf16\n",
+       "t.yaml:7: parallel.gather_dtype: bf16 with parallel.pp 2: a pipeline stage's shards are "
+       "gathered in fp32; use fp32 or auto"},
       {train + "parallel:\n  pp: 4\n",
        "t.yaml:4: parallel.microbatches: 1 micro-batches per step (parallel.microbatches, or "
        "data.grad_accumulation when it is 0) is fewer than parallel.pp (4)"},

@@ -61,6 +61,21 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                              "replicates the whole model: 0 (auto) or 1"),
                 {"parallel.strategy"});
   }
+  // bf16 gathers are Fsdp's (worker/strategy/fsdp): DDP gathers nothing,
+  // and a pipeline stage's shards gather in fp32 (pipeline_state.cc). An
+  // explicit bf16 that would change nothing is refused rather than ignored.
+  if (p.gather_dtype == "bf16" && p.strategy == "ddp") {
+    return fail("parallel.gather_dtype",
+                "bf16 all-gathers fsdp's parameters, which needs parallel.strategy: fsdp; ddp "
+                "gathers none",
+                {"parallel.strategy"});
+  }
+  if (p.gather_dtype == "bf16" && p.pp > 1) {
+    return fail("parallel.gather_dtype",
+                absl::StrCat("bf16 with parallel.pp ", p.pp,
+                             ": a pipeline stage's shards are gathered in fp32; use fp32 or auto"),
+                {"parallel.pp"});
+  }
   const bool interleaved = p.schedule == "interleaved_1f1b";
   const int V = VirtualStages(p);
   if (interleaved && V < 2) {
