@@ -44,7 +44,10 @@ class Ops {
   // CUDA it comes from the stream-ordered pool (cudaMallocAsync), so
   // FreeTransient takes effect after the work issued before it, without
   // waiting for that work, and freed memory is reused without a trip to
-  // the driver. On the CPU, host memory from malloc (16-byte aligned).
+  // the driver (the pool keeps what is freed: its release threshold is
+  // set to keep all). On the CPU, host memory from malloc (16-byte
+  // aligned), kept when freed for the next request of the same size, up to
+  // the most bytes once lent at the same time.
   virtual absl::StatusOr<void*> AllocTransient(size_t bytes) = 0;
   virtual void FreeTransient(void* ptr) = 0;
   virtual void ToDevice(void* device_dst, const void* host_src, size_t bytes) = 0;

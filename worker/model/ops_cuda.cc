@@ -2,6 +2,7 @@
 // on the default stream, and one cuBLAS handle. Compiled only under
 // --config=cuda (worker/model/ops_nocuda.cc stands in otherwise).
 #include <algorithm>
+#include <cstdint>
 #include <deque>
 
 #include <cublas_v2.h>
@@ -325,6 +326,26 @@ absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps() {
   if (created != CUBLAS_STATUS_SUCCESS) {
     return absl::FailedPreconditionError(
         absl::StrCat("device cuda: cublasCreate failed with status ", created));
+  }
+  // The stream-ordered pool AllocTransient draws on keeps what is freed
+  // instead of handing it back to the driver at the next synchronize, which
+  // is what its default release threshold (0) does: FSDP frees and retakes
+  // the same stage buffers every step, and the worker synchronizes every
+  // step. (The CPU keeps its transient buffers for the same reason,
+  // ops_cpu.cc.) The pool is the current device's, the one
+  // SelectCudaDevice set.
+  int device = 0;
+  cudaMemPool_t pool = nullptr;
+  uint64_t keep_all = UINT64_MAX;
+  cudaError_t pooled = cudaGetDevice(&device);
+  if (pooled == cudaSuccess) pooled = cudaDeviceGetDefaultMemPool(&pool, device);
+  if (pooled == cudaSuccess) {
+    pooled = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+  }
+  if (pooled != cudaSuccess) {
+    cublasDestroy(blas);
+    return absl::FailedPreconditionError(
+        absl::StrCat("device cuda: the stream-ordered memory pool: ", cudaGetErrorString(pooled)));
   }
   return std::unique_ptr<Ops>(new CudaOps(blas));
 }

@@ -2,6 +2,7 @@
 // determinism, initialisation, the grad-ready callback, llm.c files, the
 // optimizer and the schedule.
 #include "worker/model/model.h"
+#include "worker/model/ops.h"
 #include "worker/optim/optim.h"
 
 #include <algorithm>
@@ -671,6 +672,50 @@ TEST_CASE("a split backward (input pass, then weight pass) adds PartBackward's b
     CHECK(grad_in[0] == grad_in[1]);
     CHECK((*plain)->CopyGradsToHost() == (*split)->CopyGradsToHost());
   }
+}
+
+TEST_CASE("CPU transient buffers: a freed one serves the next request of its size") {
+  auto made = MakeOps(Device::kCpu);
+  REQUIRE(made.ok());
+  Ops& ops = **made;
+  const size_t kBig = 8 << 20, kSmall = 3 << 20;
+  auto alloc = [&](size_t bytes) {
+    absl::StatusOr<void*> ptr = ops.AllocTransient(bytes);
+    REQUIRE(ptr.ok());
+    std::memset(*ptr, 0x5a, bytes);  // writable, whole
+    return *ptr;
+  };
+  // A stage's gathered parameters and gradient, as FSDP takes them per step.
+  void* params = alloc(kBig);
+  void* grads = alloc(kBig);
+  CHECK(params != grads);
+  ops.FreeTransient(params);
+  ops.FreeTransient(grads);
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    void* again = alloc(kBig);
+    void* twice = alloc(kBig);
+    // The same two buffers, in either order: nothing new is faulted in.
+    CHECK(((again == params && twice == grads) || (again == grads && twice == params)));
+    void* other = alloc(kSmall);  // another size never gets them
+    CHECK((other != params && other != grads));
+    ops.FreeTransient(other);
+    ops.FreeTransient(twice);
+    ops.FreeTransient(again);
+  }
+  // Three big ones live at once: the third is new memory, and once all are
+  // freed the cache keeps them (the peak was 3 big + 0 small at once).
+  void* a = alloc(kBig);
+  void* b = alloc(kBig);
+  void* c = alloc(kBig);
+  CHECK((c != params && c != grads));
+  ops.FreeTransient(a);
+  ops.FreeTransient(b);
+  ops.FreeTransient(c);
+  ops.FreeTransient(nullptr);  // a no-op
+  void* empty = alloc(0);  // a zero-byte request still gets a buffer
+  CHECK(empty != nullptr);
+  ops.FreeTransient(empty);
 }
 
 TEST_CASE("a bad model part is INVALID_ARGUMENT") {
