@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compares the training losses of two worker metrics files (JSONL).
+"""Compares the training losses (or step times) of worker metrics files (JSONL).
 
 The worker's train.metrics_file has one object per logged step,
 {"step":10,"loss":2.61,...}, and one per evaluation, {"step":50,"val_loss":...}
@@ -18,6 +18,13 @@ evaluation records are skipped.
       same loss, compared as the text the worker wrote (%.9g: identical fp32
       values give identical text). Fails (exit 1) on the first difference or
       the first step missing from one file, printing it.
+
+  compare_metrics.py speed BASE OTHER... [--after N]
+      Prints each file's median step time (the records' "ms", steps after
+      N; default 5, past warm-up), and each OTHER's ratio to BASE's: below
+      1 is faster. Runs of one config done more than once may be passed as
+      BASE,BASE2 (comma-joined): their steps pool into one median. Exit 2
+      when a file has no timed step after N.
 
 --last-wins: a step logged more than once in a file (a run killed after its
 last checkpoint and resumed appends to the same file, so the steps between
@@ -39,19 +46,22 @@ class InputError(Exception):
     pass
 
 
-def read_losses(path, last_wins):
-    """Returns ({step: loss text}, notes) for the step records of PATH."""
-    losses = {}
-    notes = []
-    previous_step = None
+def numbered_lines(path):
+    """(line number, line) for each non-blank line of PATH."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().split("\n")
     except OSError as e:
         raise InputError(f"cannot read {path}: {e.strerror}")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    return [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+
+
+def read_losses(path, last_wins):
+    """Returns ({step: loss text}, notes) for the step records of PATH."""
+    losses = {}
+    notes = []
+    previous_step = None
+    for number, line in numbered_lines(path):
         try:
             # Floats stay as the text the worker wrote.
             record = json.loads(line, parse_float=str, parse_int=str)
@@ -180,6 +190,45 @@ def cmd_exact(args):
     return 0
 
 
+def read_step_ms(path, after):
+    """The "ms" of PATH's step records after step AFTER."""
+    ms = []
+    for number, line in numbered_lines(path):
+        try:
+            record = json.loads(line)
+            step = int(record["step"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise InputError(f"{path}:{number}: not a metrics record ({e}): {line[:120]!r}")
+        if "loss" in record and step > after:
+            if not isinstance(record.get("ms"), (int, float)):
+                raise InputError(f"{path}:{number}: step {step} has no \"ms\"")
+            ms.append(float(record["ms"]))
+    if not ms:
+        raise InputError(f"{path}: no step record after step {after}")
+    return ms
+
+
+def median(values):
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def cmd_speed(args):
+    rows = []
+    for group in [args.base] + args.others:
+        ms = []
+        for path in group.split(","):
+            ms += read_step_ms(path, args.after)
+        rows.append((group, median(ms), len(ms)))
+    base = rows[0][1]
+    width = max(len(name) for name, _, _ in rows)
+    print(f"{'run':<{width}}  {'ms/step':>9}  {'steps':>5}  {'/ base':>7}")
+    for name, ms, count in rows:
+        print(f"{name:<{width}}  {ms:9.2f}  {count:5d}  {ms / base:7.3f}")
+    return 0
+
+
 def main(argv):
     parser = argparse.ArgumentParser(
         description="Compare the losses of two worker metrics files (JSONL).")
@@ -200,11 +249,17 @@ def main(argv):
                        help="compare only steps after this one (default: all)")
     exact.add_argument("--last-wins", action="store_true",
                        help="a step logged twice counts with its last record")
+    speed = sub.add_parser("speed", help="median step time, against the first file")
+    speed.add_argument("base")
+    speed.add_argument("others", nargs="+")
+    speed.add_argument("--after", type=int, default=5,
+                       help="time only steps after this one (default 5)")
     args = parser.parse_args(argv)
     if args.command == "curve" and not (args.rel >= 0 and math.isfinite(args.rel)):
         parser.error("--rel must be a finite number >= 0")
     try:
-        return cmd_curve(args) if args.command == "curve" else cmd_exact(args)
+        command = {"curve": cmd_curve, "exact": cmd_exact, "speed": cmd_speed}[args.command]
+        return command(args)
     except InputError as e:
         print(f"compare_metrics: ERROR: {e}", file=sys.stderr)
         return 2

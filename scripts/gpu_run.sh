@@ -64,8 +64,14 @@
 #              gloo, HSDP 2 replicas x 2 shards at ZeRO-3 (sub-groups
 #              staged through pinned memory), B=2 each, against 1 process
 #              at B=8: every loss within 1e-5 over 20 steps
-#   (GPU_RUN_DEVICE=cpu: ddp1, ddp2, ddpkill, fsdp1, fsdp2 and hsdp run on the CPU
-#   over Gloo as a dry run of the script; ddpnccl2 is skipped)
+#   fsdpspeed  GPT-2 124M (T=1024, B=8, bf16), a world of one over NCCL:
+#              DDP, FSDP ZeRO-2, ZeRO-3 and ZeRO-3 with bf16 gathers, each
+#              twice, in alternating order, $FSDPSPEED_STEPS steps; the
+#              median step time after step 10 and each one's ratio to DDP's
+#              (a world of one's collectives are copies: FSDP's overhead)
+#   (GPU_RUN_DEVICE=cpu: ddp1, ddp2, ddpkill, fsdp1, fsdp2, hsdp and fsdpspeed
+#   (examples/tiny.yaml's model) run on the CPU over Gloo as a dry run of the
+#   script; ddpnccl2 is skipped)
 #   (curve, determinism and resume compare metrics files with
 #   scripts/compare_metrics.py from this checkout, so they need python3)
 # Environment:
@@ -91,7 +97,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 ALL_STEPS=(selfcheck link kernels model staged sanitizer bench fsdpcpu torch train curve determinism
-           resume ddp1 ddp2 ddpnccl2 ddpkill fsdp1 fsdp2 hsdp)
+           resume ddp1 ddp2 ddpnccl2 ddpkill fsdp1 fsdp2 hsdp fsdpspeed)
 DEFAULT_STEPS=(link kernels model bench)
 
 OUT=${OUT:-/tmp/gpu_out}
@@ -109,6 +115,7 @@ CURVE_AFTER=${CURVE_AFTER:-50}
 CURVE_REL=${CURVE_REL:-0.01}
 DETERMINISM_STEPS=${DETERMINISM_STEPS:-60}
 RESUME_STEPS=${RESUME_STEPS:-80}
+FSDPSPEED_STEPS=${FSDPSPEED_STEPS:-60}
 if [ "$GPU_RUN_DEVICE" = cuda ]; then
   RESUME_MODEL=${RESUME_MODEL-model.layers=8 model.dim=256 model.heads=4 model.seq_len=256 data.micro_batch=16}
 else
@@ -693,6 +700,46 @@ step_hsdp() {
     --rel 1e-5 || return 1
 }
 
+# FSDP's overhead on one GPU: with a world of one its all-gathers and
+# reduce-scatters are copies, so against DDP (whose all-reduce is one too)
+# what differs is FSDP's own work. Runs alternate (A B C D, then D C B A) so
+# a drifting clock lands on each alike.
+step_fsdpspeed() {
+  local round job name
+  local -a order runs model
+  need bin/worker && need_compare || return 127
+  dry_run_note
+  if [ "$GPU_RUN_DEVICE" = cpu ]; then
+    model=(data.micro_batch=4)  # examples/tiny.yaml's model: the plumbing only
+  else
+    model=(model.layers=12 model.dim=768 model.heads=12 model.vocab=50257 model.seq_len=1024
+           data.micro_batch=8)
+  fi
+  declare -A settings=(
+    [ddp]="parallel.strategy=ddp"
+    [zero2]="parallel.strategy=fsdp parallel.zero=2 parallel.gather_dtype=fp32"
+    [zero3]="parallel.strategy=fsdp parallel.zero=3 parallel.gather_dtype=fp32"
+    [zero3bf16g]="parallel.strategy=fsdp parallel.zero=3 parallel.gather_dtype=bf16")
+  for round in 1 2; do
+    order=(ddp zero2 zero3 zero3bf16g)
+    [ "$round" = 2 ] && order=(zero3bf16g zero3 zero2 ddp)
+    for job in "${order[@]}"; do
+      name="fsdpspeed_${job}_$round"
+      mkdir -p out || return 1
+      # shellcheck disable=SC2086  # the settings are words
+      run_config "$name" "$(precision_for bf16)" "$FSDPSPEED_STEPS" 1 "${model[@]}" \
+        "parallel.backend=$(nccl_or_dry)" ${settings[$job]} || return 1
+      (export WORLD_SIZE=1 RANK=0 LOCAL_RANK=0; run_worker "examples/$name.yaml") \
+        > "out/$name.log" 2>&1 || { sed 's/^/  | /' "out/$name.log"; return 1; }
+      grep -m3 -E "^worker: (GPT|[0-9]+ rank)|memory:" "out/$name.log"
+    done
+  done
+  for job in ddp zero2 zero3 zero3bf16g; do
+    runs+=("out/fsdpspeed_${job}_1/metrics.jsonl,out/fsdpspeed_${job}_2/metrics.jsonl")
+  done
+  compare_metrics speed "${runs[@]}" --after 10
+}
+
 step_ddpnccl2() {
   local gpus start rc took
   need bin/worker && need bin/launch || return 127
@@ -801,7 +848,8 @@ for step in "${steps[@]}"; do
       make_config precision_for run_config need_compare compare_metrics dry_run_note \
       last_step resume_attempt run_launch nccl_or_dry pid_with_env
     export BUNDLE_LD_PATH MUSTER_HOME TRAIN_CONFIGS COMPARE_METRICS GPU_RUN_DEVICE \
-      CURVE_STEPS CURVE_AFTER CURVE_REL DETERMINISM_STEPS RESUME_STEPS RESUME_MODEL
+      CURVE_STEPS CURVE_AFTER CURVE_REL DETERMINISM_STEPS RESUME_STEPS RESUME_MODEL \
+      FSDPSPEED_STEPS
     timeout -k 10 "$STEP_TIMEOUT" bash -c "step_$step"
   ) 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}

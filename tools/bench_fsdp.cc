@@ -8,7 +8,10 @@
 //   2. in the same runs, the part of FSDP's all-gathers and
 //      reduce-scatters that compute hides: exposed wait against the same
 //      collectives alone;
-//   3. peak RSS per rank of GPT-2 124M, the real `worker` under the real
+//   3. the throughput jobs again as `worker` processes under `launch`
+//      (what threads of one process cannot show: each rank's allocator
+//      and communication threads), median step times and FSDP/DDP;
+//   4. peak RSS per rank of GPT-2 124M, the real `worker` under the real
 //      `launch`, DDP and ZeRO-3 at 2 and 4 ranks (tools/fsdp/rss.h),
 //      next to the training state the formula gives (FsdpMemoryFormula).
 // Every rank computes with one thread (launch's OMP_NUM_THREADS=1).
@@ -16,6 +19,7 @@
 //   bazel build -c opt //tools:bench_fsdp && bazel-bin/tools/bench_fsdp
 //       [--steps 6] [--rounds 9] [--nproc 2] [--skip-throughput]
 //       [--skip-rss] [--rss-ranks 2 4] [--rss-steps 3] [--pin]
+//       [--skip-processes] [--proc-rounds 3] [--proc-steps 12] [--proc-warmup 3]
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -278,12 +283,106 @@ int PrintRss(const RssPaths& paths, worker::TrainConfig config, const std::vecto
   return status;
 }
 
+// The median "ms" of the step records after step `warmup` in a worker's
+// metrics file (JSONL, one {"step":N,"loss":...,"ms":...} per step).
+absl::StatusOr<double> MedianStepMs(const std::string& path, int warmup) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": no metrics file"));
+  std::vector<double> ms;
+  std::string line;
+  while (std::getline(in, line)) {
+    int step = 0;
+    const size_t at = line.find("\"ms\":");
+    if (std::sscanf(line.c_str(), "{\"step\":%d", &step) != 1 || at == std::string::npos) continue;
+    double value = 0;
+    if (step > warmup && std::sscanf(line.c_str() + at, "\"ms\":%lf", &value) == 1) {
+      ms.push_back(value);
+    }
+  }
+  if (ms.empty()) {
+    return absl::InternalError(absl::StrCat(path, ": no timed step after step ", warmup));
+  }
+  return Median(ms);
+}
+
+// The throughput jobs again as the product runs them: `worker` processes
+// under `launch --standalone`, one per rank, in rounds (each job once per
+// round), the median step time from each run's metrics file, the median
+// over rounds, and each FSDP job against DDP (ratio of medians, and median
+// of the rounds' ratios). The threads table above cannot see what is
+// per-process: each rank's allocator, its own Gloo and work-queue threads.
+int PrintProcesses(const RssPaths& paths, worker::TrainConfig config, int nproc, int rounds,
+                   int warmup, int steps) {
+  config.data.train = paths.dir + "/proc_train_*.bin";
+  config.train.steps = warmup + steps;
+  config.train.log_every = 1;
+  config.train.eval_every = 0;
+  if (absl::Status data = WriteRandomTokens(paths.dir + "/proc_train_000.bin", config.model.vocab);
+      !data.ok()) {
+    std::printf("processes: %s\n", data.ToString().c_str());
+    return 1;
+  }
+  struct ProcJob {
+    const char* name;
+    int zero;  // 0: DDP
+    const char* gather;
+    std::vector<double> ms;  // per round
+  };
+  std::vector<ProcJob> jobs = {{"DDP", 0, "fp32", {}},
+                               {"FSDP ZeRO-2", 2, "fp32", {}},
+                               {"FSDP ZeRO-3", 3, "fp32", {}},
+                               {"ZeRO-3 bf16g", 3, "bf16", {}}};
+  const worker::ModelConfig& m = config.model;
+  std::printf(
+      "\nthe same as %d `worker` processes under `launch --standalone` (GPT L=%d C=%d T=%d, B=%d "
+      "per rank): median step ms of steps %d..%d, %d rounds\n",
+      nproc, m.layers, m.dim, m.seq_len, config.data.micro_batch, warmup + 1, warmup + steps,
+      rounds);
+  std::fflush(stdout);
+  for (int round = 0; round < rounds; ++round) {
+    std::printf("  round %d/%d:", round + 1, rounds);
+    for (ProcJob& job : jobs) {
+      config.parallel.strategy = job.zero == 0 ? "ddp" : "fsdp";
+      config.parallel.zero = job.zero == 0 ? 3 : job.zero;
+      config.parallel.gather_dtype = job.gather;
+      const std::string name = absl::StrCat("proc_", job.zero, "_", job.gather, "_", round);
+      config.train.metrics_file = absl::StrCat(paths.dir, "/", name, ".jsonl");
+      std::remove(config.train.metrics_file.c_str());
+      auto run = RunRssJob(paths, config, name, nproc);
+      absl::StatusOr<double> ms = run.ok() ? MedianStepMs(config.train.metrics_file, warmup)
+                                           : absl::StatusOr<double>(run.status());
+      if (!ms.ok()) {
+        std::printf("\n  %s failed: %s\n", job.name, ms.status().ToString().c_str());
+        return 1;
+      }
+      job.ms.push_back(*ms);
+      std::printf("  %s %.1f ms", job.name, *ms);
+      std::fflush(stdout);
+    }
+    std::printf("\n");
+  }
+  std::printf("  %-14s %10s %10s %10s\n", "job", "ms/step", "/DDP", "/DDP");
+  std::printf("  %-14s %10s %10s %10s\n", "", "(median)", "medians", "per round");
+  const double ddp = Median(jobs[0].ms);
+  for (const ProcJob& job : jobs) {
+    std::vector<double> ratios;
+    for (int r = 0; r < rounds; ++r) ratios.push_back(jobs[0].ms[r] / job.ms[r]);
+    std::printf("  %-14s %10.1f %10.3f %10.3f\n", job.name, Median(job.ms), ddp / Median(job.ms),
+                Median(ratios));
+  }
+  std::printf(
+      "  /DDP: DDP's step time over the job's (tokens/s against DDP's; above 1 is faster)\n");
+  std::fflush(stdout);
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   int steps = 6, warmup = 2, nproc = 2, micro_batch = 8, rounds = 9, replays = 5;
   int rss_steps = 3, rss_micro_batch = 1, rss_seq_len = 64;
   double bucket_mb = 2.0;
   std::vector<int> rss_ranks = {2, 4};
-  bool skip_throughput = false, skip_rss = false, pin = false;
+  int proc_rounds = 3, proc_steps = 12, proc_warmup = 3;
+  bool skip_throughput = false, skip_rss = false, skip_processes = false, pin = false;
   CLI::App app("bench_fsdp: FSDP (ZeRO-1/2/3) against DDP: throughput, overlap, memory");
   app.add_option("--steps", steps, "Timed training steps per job")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
@@ -304,6 +403,13 @@ int Main(int argc, char** argv) {
   app.add_option("--rss-seq-len", rss_seq_len, "T, RSS jobs")->capture_default_str();
   app.add_flag("--skip-throughput", skip_throughput, "No throughput and overlap tables");
   app.add_flag("--skip-rss", skip_rss, "No peak RSS table");
+  app.add_flag("--skip-processes", skip_processes,
+               "No throughput table of worker processes under launch");
+  app.add_option("--proc-rounds", proc_rounds, "Rounds of the process jobs")->capture_default_str();
+  app.add_option("--proc-steps", proc_steps, "Timed steps of each process job")
+      ->capture_default_str();
+  app.add_option("--proc-warmup", proc_warmup, "Untimed steps first, process jobs")
+      ->capture_default_str();
   app.add_flag("--pin", pin,
                "Pin rank r's training thread to the r-th CPU (its communication threads float)");
   CLI11_PARSE(app, argc, argv);
@@ -320,7 +426,7 @@ int Main(int argc, char** argv) {
     }
     status |= PrintThroughput(config, nproc, warmup, steps, rounds, replays, pin);
   }
-  if (!skip_rss) {
+  if (!skip_rss || !skip_processes) {
     RssPaths paths{BuiltFile("launcher/launch"), BuiltFile("worker/worker"),
                    std::filesystem::read_symlink("/proc/self/exe").string(), dir};
     if (paths.launch.empty() || paths.worker.empty()) {
@@ -328,7 +434,13 @@ int Main(int argc, char** argv) {
       std::filesystem::remove_all(dir);
       return 2;
     }
-    status |= PrintRss(paths, Gpt2Small(rss_seq_len, rss_micro_batch), rss_ranks, rss_steps);
+    if (!skip_processes) {
+      status |= PrintProcesses(paths, SmallGpt(micro_batch, bucket_mb), nproc, proc_rounds,
+                               proc_warmup, proc_steps);
+    }
+    if (!skip_rss) {
+      status |= PrintRss(paths, Gpt2Small(rss_seq_len, rss_micro_batch), rss_ranks, rss_steps);
+    }
   }
   if (status == 0) {
     std::filesystem::remove_all(dir);
