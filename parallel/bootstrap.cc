@@ -153,6 +153,32 @@ std::string LocalAddressToward(const std::string& host) {
   return address;
 }
 
+namespace {
+
+// The data backend's groups, made alike for the world (Connect) and for
+// sub-groups (NewDataGroup): an NCCL communicator of `size` ranks whose id
+// goes through `store`, and a Gloo (or self) group staged through pinned
+// host memory on the options' device.
+absl::StatusOr<std::unique_ptr<ProcessGroup>> ConnectNccl(rdzv::Store* store, int rank, int size,
+                                                          const CommunicatorOptions& options,
+                                                          absl::Duration timeout) {
+  NcclOptions nccl;
+  nccl.device = options.cuda_device;
+  nccl.timeout = timeout;
+  nccl.compute_stream = options.compute_stream;
+  return CreateNcclGroup(store, rank, size, nccl);
+}
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> StageThroughHost(ProcessGroup* inner,
+                                                               const CommunicatorOptions& options) {
+  StagedOptions staged;
+  staged.device = options.cuda_device;
+  staged.compute_stream = options.compute_stream;
+  return CreateHostStagedGroup(inner, staged);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
     const WorldInfo& world, const CommunicatorOptions& options) {
   std::unique_ptr<Communicator> comm(new Communicator());
@@ -198,12 +224,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
       break;
     case DataBackend::kNccl: {
       comm->nccl_store_ = std::make_unique<rdzv::PrefixStore>(comm->store_.get(), "nccl");
-      NcclOptions nccl;
-      nccl.device = options.cuda_device;
-      nccl.timeout = gloo.timeout;
-      nccl.compute_stream = options.compute_stream;
       absl::StatusOr<std::unique_ptr<ProcessGroup>> made =
-          CreateNcclGroup(comm->nccl_store_.get(), world.rank, world.world_size, nccl);
+          ConnectNccl(comm->nccl_store_.get(), world.rank, world.world_size, options, gloo.timeout);
       if (!made.ok()) {
         return absl::Status(made.status().code(),
                             absl::StrCat(where, ": creating the NCCL communicator on CUDA device ",
@@ -213,11 +235,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
       break;
     }
     case DataBackend::kStagedGloo: {
-      StagedOptions staged;
-      staged.device = options.cuda_device;
-      staged.compute_stream = options.compute_stream;
       absl::StatusOr<std::unique_ptr<ProcessGroup>> made =
-          CreateHostStagedGroup(comm->group_.get(), staged);
+          StageThroughHost(comm->group_.get(), options);
       if (!made.ok()) {
         return absl::Status(
             made.status().code(),
@@ -342,12 +361,8 @@ absl::StatusOr<ProcessGroup*> Communicator::CreateSubGroup(const std::string& na
   SubGroup made;
   if (backend == DataBackend::kNccl) {
     rdzv::PrefixStore nccl_store(store_.get(), absl::StrCat("nccl-group/", name));
-    NcclOptions nccl;
-    nccl.device = options_.cuda_device;
-    nccl.timeout = timeout_;
-    nccl.compute_stream = options_.compute_stream;
     absl::StatusOr<std::unique_ptr<ProcessGroup>> connected =
-        CreateNcclGroup(&nccl_store, group_rank, size, nccl);
+        ConnectNccl(&nccl_store, group_rank, size, options_, timeout_);
     if (!connected.ok()) {
       return absl::Status(connected.status().code(),
                           absl::StrCat(where, " over NCCL: ", connected.status().message()));
@@ -368,11 +383,8 @@ absl::StatusOr<ProcessGroup*> Communicator::CreateSubGroup(const std::string& na
     made.group = *std::move(connected);
   }
   if (backend == DataBackend::kStagedGloo) {
-    StagedOptions staged;
-    staged.device = options_.cuda_device;
-    staged.compute_stream = options_.compute_stream;
     absl::StatusOr<std::unique_ptr<ProcessGroup>> wrapped =
-        CreateHostStagedGroup(made.group.get(), staged);
+        StageThroughHost(made.group.get(), options_);
     if (!wrapped.ok()) {
       return absl::Status(
           wrapped.status().code(),
