@@ -239,12 +239,13 @@ void ReduceScatter(const std::shared_ptr<gloo::Context>& context, absl::Span<con
         Millis(1), std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now()));
   };
   const size_t largest = *std::max_element(counts.begin(), counts.end());
-  std::vector<float> running[2];  // (largest count each; one when P is 2)
+  // (largest count each; one when P is 2). Not zeroed: every chunk is
+  // received in full before it is read.
+  std::unique_ptr<float[]> running[2];
   std::unique_ptr<gloo::transport::UnboundBuffer> running_buffer[2];
   for (int b = 0; b < std::min(2, P - 1); ++b) {
-    running[b].resize(largest);
-    running_buffer[b] =
-        context->createUnboundBuffer(running[b].data(), running[b].size() * sizeof(float));
+    running[b].reset(new float[largest]);
+    running_buffer[b] = context->createUnboundBuffer(running[b].get(), largest * sizeof(float));
   }
   auto input_buffer = context->createUnboundBuffer(Mutable(input), input.size() * sizeof(float));
   const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
@@ -257,7 +258,7 @@ void ReduceScatter(const std::shared_ptr<gloo::Context>& context, absl::Span<con
     const size_t send_bytes = counts[send_chunk] * sizeof(float);
     const size_t recv_bytes = counts[recv_chunk] * sizeof(float);
     gloo::transport::UnboundBuffer* receive = running_buffer[step % 2].get();
-    float* received = running[step % 2].data();
+    float* received = running[step % 2].get();
     // Step 0 sends this rank's own input; later steps the sum made in the
     // step before, in the other buffer.
     gloo::transport::UnboundBuffer* send =
