@@ -3,7 +3,8 @@
 # the shared libraries Debian provides for them, the example configs and a
 # small token data set into one relocatable tarball for a GPU node:
 #
-#   OUTDIR/muster/bin/       worker, bench_gpu, bench_fsdp (CPU), cuda_link_check, the CUDA tests
+#   OUTDIR/muster/bin/       worker, launch, bench_gpu, bench_ddp, bench_fsdp (CPU),
+#                            cuda_link_check, the CUDA tests
 #                            (RPATH $ORIGIN/../lib), bench_gpu_torch.py
 #   OUTDIR/muster/lib/       their shared libraries (RPATH $ORIGIN), less the
 #                            ones the node must provide itself (see EXCLUDED)
@@ -30,6 +31,7 @@ GPU_TARGETS_DEFAULT=(
   //parallel/nccl:nccl_link_check
   //tools:bench_gpu
   //tools:bench_fsdp
+  //tools:bench_ddp
   //kernels:cuda_link_check
   //tests/kernels:fast_cuda_test
   //tests/worker/model:model_cuda_test

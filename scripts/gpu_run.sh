@@ -69,6 +69,13 @@
 #              twice, in alternating order, $FSDPSPEED_STEPS steps; the
 #              median step time after step 10 and each one's ratio to DDP's
 #              (a world of one's collectives are copies: FSDP's overhead)
+#   ddpbench   bin/bench_ddp --device cuda $DDPBENCH_ARGS: GPT-2 124M (bf16,
+#              T=1024, B=8 per rank): 1 rank without DDP against 2 ranks
+#              sharing this GPU over Gloo staged through pinned memory
+#              (under launch), and in one process DDP with a world of one
+#              over NCCL and over staged Gloo against no DDP: the step time
+#              DDP adds, the buckets reduced alone, the part hidden
+#              (GPU_RUN_DEVICE=cpu: the small GPT on the CPU over Gloo)
 #   (GPU_RUN_DEVICE=cpu: ddp1, ddp2, ddpkill, fsdp1, fsdp2, hsdp and fsdpspeed
 #   (examples/tiny.yaml's model) run on the CPU over Gloo as a dry run of the
 #   script; ddpnccl2 is skipped)
@@ -86,6 +93,8 @@
 #   resume run's model and data; default on cuda "model.layers=8
 #   model.dim=256 model.heads=4 model.seq_len=256 data.micro_batch=16",
 #   on cpu none: tiny.yaml's model)
+#   DDPBENCH_ARGS (none): more bench_ddp flags for ddpbench (--micro-batch,
+#   --rounds, --steps, --world-of-one ...)
 # Exit status: 0 when every step passed, 1 when one failed, 2 on a usage or
 # set-up error.
 #
@@ -97,7 +106,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 ALL_STEPS=(selfcheck link kernels model staged sanitizer bench fsdpcpu torch train curve determinism
-           resume ddp1 ddp2 ddpnccl2 ddpkill fsdp1 fsdp2 hsdp fsdpspeed)
+           resume ddp1 ddp2 ddpnccl2 ddpkill ddpbench fsdp1 fsdp2 hsdp fsdpspeed)
 DEFAULT_STEPS=(link kernels model bench)
 
 OUT=${OUT:-/tmp/gpu_out}
@@ -116,6 +125,7 @@ CURVE_REL=${CURVE_REL:-0.01}
 DETERMINISM_STEPS=${DETERMINISM_STEPS:-60}
 RESUME_STEPS=${RESUME_STEPS:-80}
 FSDPSPEED_STEPS=${FSDPSPEED_STEPS:-60}
+DDPBENCH_ARGS=${DDPBENCH_ARGS:-}
 if [ "$GPU_RUN_DEVICE" = cuda ]; then
   RESUME_MODEL=${RESUME_MODEL-model.layers=8 model.dim=256 model.heads=4 model.seq_len=256 data.micro_batch=16}
 else
@@ -306,6 +316,19 @@ step_fsdpcpu() {
   local -a args
   mapfile -t args < <(words FSDP_ARGS)
   need bin/bench_fsdp && bundled bin/bench_fsdp --skip-rss "${args[@]}"
+}
+
+step_ddpbench() {
+  local -a args
+  mapfile -t args < <(words DDPBENCH_ARGS)
+  need bin/bench_ddp && need bin/worker && need bin/launch || return 127
+  if [ "$GPU_RUN_DEVICE" = cpu ]; then
+    dry_run_note
+    bundled bin/bench_ddp --device cpu --skip-allreduce --skip-torch --skip-overlap \
+      --world-of-one gloo --steps 3 --warmup 1 --rounds 2 "${args[@]}"
+  else
+    bundled bin/bench_ddp --device cuda "${args[@]}"
+  fi
 }
 
 step_torch() {
@@ -849,7 +872,7 @@ for step in "${steps[@]}"; do
       last_step resume_attempt run_launch nccl_or_dry pid_with_env
     export BUNDLE_LD_PATH MUSTER_HOME TRAIN_CONFIGS COMPARE_METRICS GPU_RUN_DEVICE \
       CURVE_STEPS CURVE_AFTER CURVE_REL DETERMINISM_STEPS RESUME_STEPS RESUME_MODEL \
-      FSDPSPEED_STEPS
+      FSDPSPEED_STEPS DDPBENCH_ARGS
     timeout -k 10 "$STEP_TIMEOUT" bash -c "step_$step"
   ) 2>&1 | tee "$log"
   rc=${PIPESTATUS[0]}

@@ -1,4 +1,5 @@
-// bench_ddp: what data parallelism costs and gains on this machine's CPU.
+// bench_ddp: what data parallelism costs and gains on this machine's CPU,
+// or on its GPU (--device cuda).
 //   1. allreduce bus bandwidth over loopback, 1 KB .. 64 MB, 2 and 3 ranks
 //      (threads): our Gloo ProcessGroup against gloo's ring allreduce
 //      called directly;
@@ -7,11 +8,23 @@
 //      `launch --standalone`: global tokens/s, scaling efficiency, and
 //      ours/theirs;
 //   3. overlap: the fraction of the gradient allreduce hidden behind the
-//      backward pass (tools/ddp/overlap.h says how it is measured).
+//      backward pass (tools/ddp/overlap.h says how it is measured);
+//   4. with --world-of-one BACKEND...: DDP with a world of one against no
+//      DDP, in this process: the step time DDP adds, the buckets reduced
+//      alone, and the part of them the step hid (MeasureWorldOfOne).
 // Every rank computes with one thread (launch's OMP_NUM_THREADS=1).
+//
+// --device cuda (a build with --config=cuda, on a GPU node) trains GPT-2
+// 124M (--small: the small GPT) in --precision (bf16 by default there)
+// and runs 2 and 4 only: table 2 as 1 rank without DDP against
+// `launch --nproc_per_node=N` ranks sharing GPU 0 over parallel.backend
+// gloo (staged through pinned memory: NCCL refuses two ranks on one GPU),
+// and table 4 over nccl and staged gloo. Tables 1 and 3 and PyTorch are
+// CPU measurements.
 //
 //   bazel run //tools:bench_ddp -- [--steps 10] [--rounds 3] [--nproc 2]
 //                                   [--bucket-mb 25] [--skip-allreduce]
+//   bench_ddp --device cuda [--micro-batch 8] [--seq 1024]   (GPU node)
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,26 +37,15 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "tools/bench_util.h"
 #include "tools/ddp/allreduce.h"
 #include "tools/ddp/overlap.h"
 #include "tools/ddp/runs.h"
+#include "worker/strategy/strategy.h"
 
 namespace muster::tools {
 namespace {
-
-worker::TrainConfig SmallGpt(int micro_batch, double bucket_mb) {
-  worker::TrainConfig config;
-  config.model.layers = 4;
-  config.model.dim = 256;
-  config.model.heads = 4;
-  config.model.vocab = 256;
-  config.model.seq_len = 128;
-  config.data.micro_batch = micro_batch;
-  config.device = "cpu";
-  config.parallel.bucket_mb = bucket_mb;
-  return config;
-}
 
 void PrintAllreduce(int ranks, double max_mb) {
   std::vector<size_t> sizes;
@@ -87,12 +89,16 @@ Throughput MedianRound(const Job& job) {
 // Our worker and PyTorch DDP at 1 and `nproc` ranks. The jobs run in
 // rounds, each round all of them in turn, so load from elsewhere on the
 // machine lands on every job alike; each figure is the median round.
+// The 1-rank job trains without DDP; the `nproc`-rank ones reduce over
+// `backend` (parallel.backend).
 int PrintThroughput(const JobPaths& paths, const worker::TrainConfig& config, int nproc, int warmup,
-                    int steps, int rounds, bool skip_torch) {
+                    int steps, int rounds, bool skip_torch, const std::string& backend) {
   std::vector<Job> jobs;
   for (int ranks : {1, nproc}) {
+    worker::TrainConfig job = config;
+    if (ranks > 1) job.parallel.backend = backend;
     jobs.push_back({absl::StrCat("muster worker, ", ranks, ranks == 1 ? " rank" : " ranks"),
-                    [=] { return RunWorkerJob(paths, config, ranks, warmup, steps); }});
+                    [=] { return RunWorkerJob(paths, job, ranks, warmup, steps); }});
   }
   const std::string script = BuiltFile("tools/bench_ddp_torch.py");
   for (int ranks : {1, nproc}) {
@@ -173,6 +179,50 @@ int PrintOverlap(worker::TrainConfig config, const std::vector<double>& bucket_m
   return status;
 }
 
+int PrintWorldOfOne(const worker::TrainConfig& config, const std::vector<std::string>& backends,
+                    int warmup, int steps, int rounds) {
+  std::printf(
+      "\nDDP with a world of one against no DDP, in this process on %s (Trainer; %d rounds of %d "
+      "steps each, in turn, after %d; medians):\n",
+      config.device.c_str(), rounds, steps, warmup);
+  std::printf("  %-14s %8s %12s %10s %10s %12s %10s %8s\n", "data backend", "buckets",
+              "gradient MB", "plain ms", "DDP ms", "overhead ms", "bare ms", "hidden");
+  int status = 0;
+  for (const std::string& name : backends) {
+    parallel::DataBackend backend;
+    if (name == "gloo") {
+      backend = config.device == "cuda" ? parallel::DataBackend::kStagedGloo
+                                        : parallel::DataBackend::kGloo;
+    } else if (name == "nccl") {
+      backend = parallel::DataBackend::kNccl;
+    } else {
+      std::printf("  %-14s unknown: expected gloo or nccl\n", name.c_str());
+      status = 1;
+      continue;
+    }
+    auto figures = MeasureWorldOfOne(config, backend, warmup, steps, rounds);
+    if (!figures.ok()) {
+      std::printf("  %-14s failed: %s\n", name.c_str(), figures.status().ToString().c_str());
+      status = 1;
+      continue;
+    }
+    // Below a millisecond of reduction, the difference of two step times
+    // is noise, and so is its ratio to it.
+    const std::string hidden =
+        figures->bare_ms >= 1.0 ? absl::StrFormat("%.0f%%", 100 * figures->hidden) : "-";
+    std::printf("  %-14s %8d %12.2f %10.2f %10.2f %12.2f %10.2f %8s\n",
+                worker::DataBackendName(backend), figures->buckets,
+                figures->gradient_floats * 4 / 1048576.0, figures->single_ms, figures->ddp_ms,
+                figures->overhead_ms, figures->bare_ms, hidden.c_str());
+    std::fflush(stdout);
+  }
+  std::printf(
+      "  plain: no DDP; overhead = DDP ms - plain ms; bare: the same buckets reduced with "
+      "nothing else queued;\n  hidden = 1 - overhead / bare (below 0: DDP cost the step more "
+      "than its reductions take alone;\n  -: bare under 1 ms, too little to tell from noise)\n");
+  return status;
+}
+
 int Main(int argc, char** argv) {
   int steps = 10, warmup = 2, nproc = 2, micro_batch = 8, rounds = 3;
   double bucket_mb = 25.0, max_mb = 64.0;
@@ -180,7 +230,11 @@ int Main(int argc, char** argv) {
   // The config's buckets, and buckets of about one stage each (this
   // model's blocks are 3 MB), where backward can hide the reduction.
   std::vector<double> overlap_bucket_mb = {25.0, 2.0};
-  bool skip_allreduce = false, skip_torch = false;
+  bool skip_allreduce = false, skip_torch = false, skip_throughput = false, skip_overlap = false;
+  std::string device = "cpu", precision = "auto", backend;
+  bool small = false;
+  int seq_len = 0;
+  std::vector<std::string> world_of_one;
   CLI::App app("bench_ddp: allreduce bandwidth, DDP scaling and overlap, against PyTorch DDP");
   app.add_option("--steps", steps, "Timed training steps per job")->capture_default_str();
   app.add_option("--warmup", warmup, "Untimed steps first")->capture_default_str();
@@ -197,7 +251,29 @@ int Main(int argc, char** argv) {
   app.add_option("--max-mb", max_mb, "Largest allreduce, MB")->capture_default_str();
   app.add_flag("--skip-allreduce", skip_allreduce, "No allreduce table");
   app.add_flag("--skip-torch", skip_torch, "No PyTorch comparison");
+  app.add_flag("--skip-throughput", skip_throughput, "No throughput table");
+  app.add_flag("--skip-overlap", skip_overlap, "No overlap table (ranks as threads)");
+  app.add_option("--device", device, "cpu, or cuda: GPT-2 124M on GPU 0 (tables 2 and 4)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_flag("--small", small, "With --device cuda: the small GPT, not GPT-2 124M");
+  app.add_option("--seq", seq_len, "T (default: 128 for the small GPT, 1024 for GPT-2 124M)");
+  app.add_option("--precision", precision, "precision: auto, fp32, tf32 or bf16 (CUDA)")
+      ->capture_default_str();
+  app.add_option("--backend", backend,
+                 "parallel.backend of the N-rank throughput jobs (default: auto; gloo on cuda)");
+  app.add_option("--world-of-one", world_of_one,
+                 "Backends of the world-of-one table: gloo, nccl (default: none on cpu; nccl "
+                 "gloo on cuda)");
   CLI11_PARSE(app, argc, argv);
+  const bool cuda = device == "cuda";
+  if (cuda) {
+    // Tables 1 and 3 and the PyTorch jobs measure the CPU.
+    skip_allreduce = skip_torch = skip_overlap = true;
+    if (backend.empty()) backend = "gloo";
+    if (world_of_one.empty()) world_of_one = {"nccl", "gloo"};
+  }
+  if (backend.empty()) backend = "auto";
 
   if (!skip_allreduce) {
     for (int ranks : allreduce_ranks) PrintAllreduce(ranks, max_mb);
@@ -210,20 +286,35 @@ int Main(int argc, char** argv) {
   }
   char dir_template[] = "/tmp/bench_ddp_XXXXXX";
   paths.dir = mkdtemp(dir_template);
-  const worker::TrainConfig config = SmallGpt(micro_batch, bucket_mb);
+  worker::TrainConfig config = SmallGpt(micro_batch, bucket_mb);
+  if (cuda && !small) {
+    config = Gpt2Small(1024, micro_batch);
+    config.parallel.bucket_mb = bucket_mb;
+  }
+  if (seq_len > 0) config.model.seq_len = seq_len;
+  config.device = device;
+  config.precision = precision;
   if (absl::Status data = WriteBenchData(paths.dir, config.model.vocab); !data.ok()) {
     std::fprintf(stderr, "bench_ddp: %s\n", data.ToString().c_str());
     return 1;
   }
   const worker::ModelConfig& m = config.model;
   std::printf(
-      "\nDDP on GPT L=%d C=%d NH=%d T=%d V=%d, B=%d per rank, bucket_mb %g, "
+      "\nDDP on GPT L=%d C=%d NH=%d T=%d V=%d, B=%d per rank, bucket_mb %g, %s, precision %s, "
       "%d timed steps after %d; one thread per rank\n",
-      m.layers, m.dim, m.heads, m.seq_len, m.vocab, micro_batch, bucket_mb, steps, warmup);
-  int status = PrintThroughput(paths, config, nproc, warmup, steps, rounds, skip_torch);
+      m.layers, m.dim, m.heads, m.seq_len, m.vocab, micro_batch, bucket_mb, device.c_str(),
+      precision.c_str(), steps, warmup);
+  int status = 0;
+  if (!skip_throughput) {
+    std::printf("throughput (%d ranks: parallel.backend %s)\n", nproc, backend.c_str());
+    status |= PrintThroughput(paths, config, nproc, warmup, steps, rounds, skip_torch, backend);
+  }
   worker::TrainConfig in_process = config;
   in_process.data.train = paths.dir + "/train_*.bin";
-  status |= PrintOverlap(in_process, overlap_bucket_mb, nproc, warmup, steps);
+  if (!skip_overlap) status |= PrintOverlap(in_process, overlap_bucket_mb, nproc, warmup, steps);
+  if (!world_of_one.empty()) {
+    status |= PrintWorldOfOne(in_process, world_of_one, warmup, steps, rounds);
+  }
   std::filesystem::remove_all(paths.dir);
   return status;
 }

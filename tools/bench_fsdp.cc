@@ -46,28 +46,6 @@
 namespace muster::tools {
 namespace {
 
-// bench_ddp's model (tools/bench_ddp.cc, SmallGpt).
-worker::TrainConfig SmallGpt(int micro_batch, double bucket_mb) {
-  worker::TrainConfig config;
-  config.model.layers = 4;
-  config.model.dim = 256;
-  config.model.heads = 4;
-  config.model.vocab = 256;
-  config.model.seq_len = 128;
-  config.data.micro_batch = micro_batch;
-  config.device = "cpu";
-  config.parallel.bucket_mb = bucket_mb;
-  return config;
-}
-
-worker::TrainConfig Gpt2Small(int seq_len, int micro_batch) {
-  worker::TrainConfig config;
-  config.model = {12, 12, 768, 50257, seq_len};  // layers, heads, dim, vocab, seq_len
-  config.data.micro_batch = micro_batch;
-  config.device = "cpu";
-  return config;
-}
-
 // One configuration of the throughput table; zero 0 is DDP.
 struct Job {
   std::string name;

@@ -16,8 +16,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,11 +26,13 @@
 #include "absl/time/time.h"
 #include "launcher/process.h"
 #include "launcher/worker_env.h"
+#include "tools/bench_util.h"
 
 namespace {
 
 using muster::launcher::Child;
 using muster::launcher::SpawnSpec;
+using muster::tools::Slurp;
 
 std::vector<std::string> Environment() {
   std::vector<std::string> env;
@@ -60,13 +60,6 @@ absl::Duration TimeRun(const std::vector<std::string>& argv) {
 absl::Duration Median(std::vector<absl::Duration> samples) {
   std::sort(samples.begin(), samples.end());
   return samples[samples.size() / 2];
-}
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 // Lines "<restart> <pid> <unix ns>" that workers append at start.

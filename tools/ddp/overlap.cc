@@ -6,8 +6,12 @@
 
 #include "parallel/gradient_reducer.h"
 #include "parallel/local_ranks.h"
+#include "parallel/nccl/group.h"
+#include "parallel/staged/group.h"
 #include "tools/bench_util.h"
+#include "worker/model/ops.h"
 #include "worker/strategy/ddp/ddp.h"
+#include "worker/strategy/strategy.h"
 #include "worker/trainer/trainer.h"
 
 namespace muster::tools {
@@ -126,6 +130,111 @@ absl::StatusOr<OverlapFigures> MeasureOverlap(const worker::TrainConfig& config,
   figures.skew_ms = Median(skew_ms);
   figures.bare_ms = Median(bare_ms);
   figures.hidden = figures.bare_ms > 0 ? 1.0 - figures.exposed_ms / figures.bare_ms : 0;
+  return figures;
+}
+
+namespace {
+
+// The data group of a world of one on `backend`, over `gloo` (a Gloo group
+// of one rank) where the backend is Gloo.
+absl::StatusOr<std::unique_ptr<parallel::ProcessGroup>> WorldOfOneGroup(
+    parallel::DataBackend backend, parallel::ProcessGroup* gloo, rdzv::Store* store) {
+  switch (backend) {
+    case parallel::DataBackend::kGloo:
+      return std::unique_ptr<parallel::ProcessGroup>();  // gloo itself
+    case parallel::DataBackend::kNccl:
+      return parallel::CreateNcclGroup(store, 0, 1, parallel::NcclOptions{});
+    case parallel::DataBackend::kStagedGloo:
+      return parallel::CreateHostStagedGroup(gloo, parallel::StagedOptions{});
+  }
+  return absl::InvalidArgumentError("unknown data backend");
+}
+
+// Waits for every kernel queued on the model's device: a 4-byte copy to
+// the host on the stream the engine runs on (the CPU's is immediate).
+void DeviceDone(worker::GptModel* model) {
+  float probe;
+  model->ops().ToHost(&probe, model->stages().front().grads, sizeof probe);
+}
+
+}  // namespace
+
+absl::StatusOr<WorldOfOneFigures> MeasureWorldOfOne(const worker::TrainConfig& config,
+                                                    parallel::DataBackend backend, int warmup,
+                                                    int steps, int rounds) {
+  worker::TrainConfig train = config;
+  train.train.steps = 2 * (warmup + rounds * steps) + 1;  // the schedule outlasts the run
+  train.train.log_every = 0;
+  train.train.eval_every = 0;
+  if (train.device == "cuda") {
+    // As the worker does, before the model, cuBLAS or NCCL touch the GPU.
+    auto choice = worker::SelectCudaDevice(0);
+    if (!choice.ok()) return choice.status();
+  }
+  rdzv::InMemoryStore store;
+  auto gloo = parallel::ConnectLocalGroups(&store, 1, "world_of_one/");
+  if (!gloo.ok()) return gloo.status();
+  parallel::ProcessGroup* control = (*gloo)[0].get();
+  auto made = WorldOfOneGroup(backend, control, &store);
+  if (!made.ok()) return made.status();
+  std::unique_ptr<parallel::ProcessGroup> owned = *std::move(made);
+  parallel::ProcessGroup* data = owned != nullptr ? owned.get() : control;
+
+  const parallel::BucketOptions buckets = worker::BucketOptionsFor(train.parallel);
+  // A staged data group wraps the Gloo one, which then must carry nothing
+  // else (parallel/staged/group.h): the control messages go through it too.
+  worker::Ddp ddp(data, backend == parallel::DataBackend::kStagedGloo ? data : control, buckets,
+                  worker::DataBackendName(backend));
+  worker::TrainerOptions with_ddp;
+  with_ddp.strategy = &ddp;
+  auto single = worker::Trainer::Create(train, worker::TrainerOptions{});
+  if (!single.ok()) return single.status();
+  auto reduced = worker::Trainer::Create(train, with_ddp);
+  if (!reduced.ok()) return reduced.status();
+
+  std::vector<double> single_ms, ddp_ms;
+  auto run = [&](worker::Trainer* trainer, int count, std::vector<double>* times) -> absl::Status {
+    for (int i = 0; i < count; ++i) {
+      const auto start = Clock::now();
+      auto metrics = trainer->Step();
+      if (!metrics.ok()) return metrics.status();
+      if (times != nullptr) times->push_back(Ms(Clock::now() - start));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status status = run(single->get(), warmup, nullptr); !status.ok()) return status;
+  if (absl::Status status = run(reduced->get(), warmup, nullptr); !status.ok()) return status;
+  for (int round = 0; round < rounds; ++round) {
+    const bool single_first = round % 2 == 0;
+    for (int turn = 0; turn < 2; ++turn) {
+      const bool plain = (turn == 0) == single_first;
+      absl::Status status =
+          plain ? run(single->get(), steps, &single_ms) : run(reduced->get(), steps, &ddp_ms);
+      if (!status.ok()) return status;
+    }
+  }
+
+  // The Ddp model's buckets, reduced alone.
+  worker::GptModel* model = (*reduced)->model();
+  std::vector<absl::Span<float>> segments;
+  for (worker::Stage& stage : model->stages()) segments.emplace_back(stage.grads, stage.size);
+  parallel::GradientReducer bare(data, segments, buckets);
+  WorldOfOneFigures figures;
+  figures.buckets = static_cast<int>(bare.buckets().size());
+  for (const parallel::Bucket& bucket : bare.buckets()) figures.gradient_floats += bucket.floats;
+  std::vector<double> bare_ms;
+  for (int round = 0; round < warmup + steps; ++round) {
+    DeviceDone(model);
+    bare.Arm();
+    const auto start = Clock::now();
+    if (absl::Status status = bare.Finish(); !status.ok()) return status;
+    if (round >= warmup) bare_ms.push_back(Ms(Clock::now() - start));
+  }
+  figures.single_ms = Median(single_ms);
+  figures.ddp_ms = Median(ddp_ms);
+  figures.bare_ms = Median(bare_ms);
+  figures.overhead_ms = figures.ddp_ms - figures.single_ms;
+  figures.hidden = figures.bare_ms > 0 ? 1.0 - figures.overhead_ms / figures.bare_ms : 0;
   return figures;
 }
 

@@ -23,6 +23,7 @@
 #include <cstddef>
 
 #include "absl/status/statusor.h"
+#include "parallel/bootstrap.h"
 #include "worker/config/config.h"
 
 namespace muster::tools {
@@ -42,5 +43,39 @@ struct OverlapFigures {
 // `warmup` steps are run first and not counted.
 absl::StatusOr<OverlapFigures> MeasureOverlap(const worker::TrainConfig& config, int ranks,
                                               int warmup, int steps);
+
+// DDP with a world of one against no strategy at all, on config.device
+// (CPU, or CUDA device 0): what the reducer costs a step when there is no
+// peer, so every reduction is the back end's fixed cost (NCCL: launches and
+// a copy; Gloo staged through pinned memory: device-to-host and back).
+// Two Trainers in this process, one plain and one with worker::Ddp over a
+// `backend` group of one rank (its control group a Gloo group of one),
+// take `steps` steps each in turn for `rounds` rounds (which goes first
+// alternates), after `warmup` untimed steps each. Then the Ddp model's
+// buckets are reduced bare, `steps` times, each after the device has
+// finished its queued work.
+//   overhead = ddp_ms - single_ms     (what DDP added to a step)
+//   hidden   = 1 - overhead / bare_ms (the part of the reduction the step
+//                                      did not pay; below 0 when DDP costs
+//                                      a step more than its reductions)
+// Step times are host times around Trainer::Step, medians over all
+// rounds; a step reads its loss back, so its kernels are done when the
+// next one starts, up to the optimizer's.
+struct WorldOfOneFigures {
+  int buckets = 0;
+  size_t gradient_floats = 0;
+  double single_ms = 0;
+  double ddp_ms = 0;
+  double bare_ms = 0;
+  double overhead_ms = 0;
+  double hidden = 0;
+};
+
+// `config` must name training data; its model, micro-batch, precision and
+// parallel.bucket_mb are used. `backend`: kGloo, or on CUDA kNccl or
+// kStagedGloo (FAILED_PRECONDITION from the group in a build without CUDA).
+absl::StatusOr<WorldOfOneFigures> MeasureWorldOfOne(const worker::TrainConfig& config,
+                                                    parallel::DataBackend backend, int warmup,
+                                                    int steps, int rounds);
 
 }  // namespace muster::tools

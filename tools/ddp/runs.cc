@@ -4,51 +4,20 @@
 #include <cstdlib>
 #include <fstream>
 #include <random>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "launcher/process.h"
 #include "launcher/worker_env.h"
+#include "tools/bench_util.h"
 #include "worker/data/data.h"
 
 namespace muster::tools {
 namespace {
 
-constexpr char kPython[] = "/usr/bin/python3";  // Debian's, with python3-torch
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// Runs argv with the current environment plus `extra_env`, output to
-// `log`; bounded by 10 minutes. The error quotes the log's tail.
-absl::Status RunLogged(const std::vector<std::string>& argv, const std::string& log,
-                       const std::vector<std::string>& extra_env = {}) {
-  launcher::SpawnSpec spec;
-  spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >\"$BENCH_LOG\" 2>&1"};
-  spec.argv.insert(spec.argv.end(), argv.begin(), argv.end());
-  for (const auto& [key, value] : launcher::CurrentEnvironment()) {
-    spec.env.push_back(key + "=" + value);
-  }
-  spec.env.push_back("BENCH_LOG=" + log);
-  spec.env.insert(spec.env.end(), extra_env.begin(), extra_env.end());
-  auto child = launcher::Child::Spawn(spec);
-  if (!child.ok()) return child.status();
-  auto exit = child->WaitFor(absl::Minutes(10));
-  if (exit.has_value() && exit->Succeeded()) return absl::OkStatus();
-  std::string text = Slurp(log);
-  if (text.size() > 600) text = "..." + text.substr(text.size() - 600);
-  return absl::InternalError(
-      absl::StrCat(argv[0],
-                   exit.has_value() ? absl::StrCat(" exited with code ", exit->ShellCode())
-                                    : std::string(" ran past 10 minutes"),
-                   "; log ", log, ":\n", text));
-}
+constexpr char kPython[] = "/usr/bin/python3";        // Debian's, with python3-torch
+constexpr absl::Duration kLimit = absl::Minutes(10);  // one job
 
 // Throughput over the steps after `warmup` in a metrics JSONL.
 absl::StatusOr<Throughput> FromMetrics(const std::string& path, int warmup) {
@@ -97,10 +66,11 @@ absl::StatusOr<Throughput> RunWorkerJob(const JobPaths& paths, worker::TrainConf
   std::remove(config.train.metrics_file.c_str());
   std::ofstream(name + ".yaml") << worker::ConfigToYaml(config);
   absl::Status ran =
-      nproc == 1 ? RunLogged({paths.worker, name + ".yaml"}, name + ".log", {"OMP_NUM_THREADS=1"})
-                 : RunLogged({paths.launch, "--standalone",
-                              absl::StrCat("--nproc_per_node=", nproc), name + ".yaml"},
-                             name + ".log");
+      nproc == 1
+          ? RunLogged({paths.worker, name + ".yaml"}, name + ".log", kLimit, {"OMP_NUM_THREADS=1"})
+          : RunLogged({paths.launch, "--standalone", absl::StrCat("--nproc_per_node=", nproc),
+                       name + ".yaml"},
+                      name + ".log", kLimit);
   if (!ran.ok()) return ran;
   return FromMetrics(config.train.metrics_file, warmup);
 }
@@ -140,7 +110,7 @@ absl::StatusOr<Throughput> RunTorchDdpJob(const JobPaths& paths, const std::stri
                                 absl::StrCat(config.parallel.bucket_mb),
                                 "--out",
                                 name + ".out"},
-                               name + ".log");
+                               name + ".log", kLimit);
   if (!ran.ok()) return ran;
   Throughput result;
   if (std::sscanf(Slurp(name + ".out").c_str(), "tokens_per_s %lf ms_per_step %lf steps %d",

@@ -13,49 +13,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "launcher/process.h"
 #include "launcher/worker_env.h"
+#include "tools/bench_util.h"
 
 namespace muster::tools {
-namespace {
-
-std::string Slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// `argv` with the current environment, stdout and stderr to `log`,
-// bounded by 20 minutes (4 ranks of GPT-2 124M on 2 cores are slow). The
-// error quotes the log's tail.
-absl::Status RunLogged(const std::vector<std::string>& argv, const std::string& log) {
-  launcher::SpawnSpec spec;
-  spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >\"$BENCH_LOG\" 2>&1"};
-  spec.argv.insert(spec.argv.end(), argv.begin(), argv.end());
-  for (const auto& [key, value] : launcher::CurrentEnvironment()) {
-    spec.env.push_back(key + "=" + value);
-  }
-  spec.env.push_back("BENCH_LOG=" + log);
-  auto child = launcher::Child::Spawn(spec);
-  if (!child.ok()) return child.status();
-  auto exit = child->WaitFor(absl::Minutes(20));
-  if (exit.has_value() && exit->Succeeded()) return absl::OkStatus();
-  std::string text = Slurp(log);
-  if (text.size() > 1500) text = "..." + text.substr(text.size() - 1500);
-  return absl::InternalError(
-      absl::StrCat(argv[0],
-                   exit.has_value() ? absl::StrCat(" exited with code ", exit->ShellCode())
-                                    : std::string(" ran past 20 minutes"),
-                   "; log ", log, ":\n", text));
-}
-
-}  // namespace
-
 absl::StatusOr<RssRun> RunRssJob(const RssPaths& paths, const worker::TrainConfig& config,
                                  const std::string& name, int nproc) {
   const std::string base = absl::StrCat(paths.dir, "/", name);
@@ -65,7 +30,8 @@ absl::StatusOr<RssRun> RunRssJob(const RssPaths& paths, const worker::TrainConfi
   absl::Status ran = RunLogged(
       {paths.launch, "--standalone", absl::StrCat("--nproc_per_node=", nproc), "--no_python",
        paths.self, kRssChildFlag, base + ".rss", paths.worker, base + ".yaml"},
-      base + ".log");
+      // 4 ranks of GPT-2 124M on 2 cores are slow.
+      base + ".log", absl::Minutes(20), {}, 1500);
   if (!ran.ok()) return ran;
   RssRun run;
   run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
