@@ -19,7 +19,8 @@ struct WorkQueue::Item {
 };
 
 struct WorkQueue::State {
-  explicit State(absl::Duration timeout) : timeout(timeout) {}
+  State(absl::Duration timeout, std::function<void()> on_break)
+      : timeout(timeout), on_break(std::move(on_break)) {}
 
   // Completes `item` (if not already) and wakes every waiter.
   void Finish(Item& item, absl::Status result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -29,16 +30,21 @@ struct WorkQueue::State {
     changed.SignalAll();
   }
 
-  // The sticky failure: records the first error and fails the running
-  // operation and everything queued with it.
+  // The sticky failure: records the first error (running on_break, before
+  // the lock is let go) and fails the running operation and everything
+  // queued with it.
   void Break(const absl::Status& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (first_error.ok()) first_error = error;
+    if (first_error.ok()) {
+      first_error = error;
+      if (on_break) on_break();
+    }
     if (running != nullptr) Finish(*running, first_error);
     for (const std::shared_ptr<Item>& item : queue) Finish(*item, first_error);
     queue.clear();
   }
 
   const absl::Duration timeout;
+  const std::function<void()> on_break;
   absl::Mutex mu;
   absl::CondVar changed;  // an item finished, was queued or started
   std::deque<std::shared_ptr<Item>> queue ABSL_GUARDED_BY(mu);
@@ -95,9 +101,9 @@ class WorkQueue::FinishedWork : public Work {
   const absl::Status status_;
 };
 
-WorkQueue::WorkQueue(absl::Duration timeout)
+WorkQueue::WorkQueue(absl::Duration timeout, std::function<void()> on_break)
     : timeout_(timeout),
-      state_(std::make_shared<State>(timeout)),
+      state_(std::make_shared<State>(timeout, std::move(on_break))),
       thread_([state = state_] { Run(*state); }) {}
 
 WorkQueue::~WorkQueue() {

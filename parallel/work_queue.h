@@ -32,7 +32,15 @@ class WorkQueue {
   static constexpr absl::Duration kStuckGrace = absl::Seconds(2);
 
   // `timeout` bounds each operation, counted from when it starts running.
-  explicit WorkQueue(absl::Duration timeout);
+  //
+  // `on_break` (may be empty) runs once, when the queue first fails,
+  // whichever thread breaks it (the communication thread, Fail, or a Wait
+  // that finds the thread stuck), while that thread holds the queue's lock:
+  // so before any waiter can return with the failure. A transport uses it
+  // to stop touching the callers' buffers (Gloo closes its connections)
+  // before a waiter, seeing the error, frees them. It must not call into
+  // this queue.
+  explicit WorkQueue(absl::Duration timeout, std::function<void()> on_break = {});
   // Queued operations fail with CANCELLED. A running operation is waited
   // for (it returns by its deadline), unless the queue has failed: then the
   // thread is detached and finishes that operation on its own, so a thread

@@ -113,7 +113,19 @@ class GlooGroup : public ProcessGroup {
   explicit GlooGroup(std::shared_ptr<const Shared> shared)
       : shared_(std::move(shared)),
         context_(shared_->context),
-        queue_(std::make_unique<WorkQueue>(shared_->timeout)),
+        // Closed before any waiter sees the failure: a waiter that returns
+        // may free the buffers its operation was sending from, and gloo's
+        // device thread sends on a peer's request (a receive it posted)
+        // as long as the pair is open; from freed memory, that write fails
+        // with EFAULT and gloo throws on its own thread, ending the process.
+        // Weak: the queue's state lives on in Work handles, and must not
+        // keep a destroyed group's connections open.
+        queue_(std::make_unique<WorkQueue>(shared_->timeout,
+                                           [weak = std::weak_ptr<const Shared>(shared_)] {
+                                             if (auto shared = weak.lock()) {
+                                               CloseConnections(*shared);
+                                             }
+                                           })),
         monitor_([this] { Monitor(); }) {}
 
   ~GlooGroup() override {
@@ -221,10 +233,10 @@ class GlooGroup : public ProcessGroup {
   GroupHealth Health() const override { return queue_->health(); }
 
   void Abort(const absl::Status& cause) override {
+    // Breaking the queue closes the connections (on_break): the thread
+    // blocked in a gloo wait (if any) fails once its pair closes, and peers
+    // blocked on us fail at once.
     queue_->Fail(cause);
-    // The thread blocked in a gloo wait (if any) fails once its pair
-    // closes; peers blocked on us fail at once.
-    CloseConnections(*shared_);
   }
 
  private:
@@ -262,9 +274,8 @@ class GlooGroup : public ProcessGroup {
           if (left <= absl::ZeroDuration()) {
             return absl::DeadlineExceededError("its deadline passed before it could start");
           }
-          absl::Status status = RunGloo(*shared, [&] { body(tag, ToMillis(left)); });
-          if (!status.ok()) CloseConnections(*shared);
-          return status;
+          // A failure breaks the queue, which closes the connections.
+          return RunGloo(*shared, [&] { body(tag, ToMillis(left)); });
         });
   }
 
@@ -292,7 +303,6 @@ class GlooGroup : public ProcessGroup {
                   ? absl::StrCat("connection to rank ", peer,
                                  " failed (that process died or closed the group): ", error.what())
                   : absl::StrCat("connection to rank ", peer, ": ", status.message())));
-          CloseConnections(*shared_);
           break;
         }
       }

@@ -1,7 +1,9 @@
 // The ordering and sticky-error rules, on a WorkQueue with plain closures.
 #include "parallel/work_queue.h"
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -124,6 +126,58 @@ TEST_CASE("destroying the queue cancels what has not started") {
   CHECK(running->Wait().ok());
   CHECK(queued->Wait().code() == absl::StatusCode::kCancelled);
   CHECK(WorkQueue::Finished(absl::InvalidArgumentError("x"))->Done());
+}
+
+TEST_CASE("on_break runs once, when the queue first fails, before any waiter returns") {
+  // The waiter below returns as soon as the queue lets it. on_break waits a
+  // while for it to have returned: it must not have (the queue holds its
+  // lock through on_break), or a transport could still be sending from the
+  // buffers that waiter goes on to free.
+  absl::Mutex mu;
+  bool waiter_returned = false;
+  int breaks = 0;
+  bool waiter_had_returned = false;
+  absl::Notification started, release;
+  auto queue = std::make_unique<WorkQueue>(absl::Seconds(10), [&] {
+    absl::MutexLock lock(&mu);
+    ++breaks;
+    mu.AwaitWithTimeout(absl::Condition(&waiter_returned), absl::Milliseconds(200));
+    waiter_had_returned = waiter_returned;
+  });
+  auto running = queue->Enqueue("running", [&](absl::Time) {
+    started.Notify();
+    release.WaitForNotification();
+    return absl::UnavailableError("closed under it");
+  });
+  started.WaitForNotification();
+  std::thread waiter([&] {
+    absl::Status status = running->Wait();
+    CHECK(status.code() == absl::StatusCode::kAborted);
+    absl::MutexLock lock(&mu);
+    waiter_returned = true;
+  });
+  queue->Fail(absl::AbortedError("the round ended"));
+  waiter.join();
+  release.Notify();  // the operation now fails too: the queue had failed already
+  CHECK(queue->Enqueue("later", [](absl::Time) { return absl::OkStatus(); })->Wait().code() ==
+        absl::StatusCode::kAborted);
+  queue.reset();
+  absl::MutexLock lock(&mu);
+  CHECK(breaks == 1);
+  CHECK_FALSE(waiter_had_returned);
+}
+
+TEST_CASE("on_break runs on the communication thread when an operation fails") {
+  std::atomic<int> breaks{0};
+  WorkQueue queue(absl::Seconds(10), [&] { ++breaks; });
+  CHECK(queue.Enqueue("fine", [](absl::Time) { return absl::OkStatus(); })->Wait().ok());
+  CHECK(breaks == 0);
+  CHECK(queue.Enqueue("bad", [](absl::Time) { return absl::UnavailableError("peer gone"); })
+            ->Wait()
+            .code() == absl::StatusCode::kUnavailable);
+  CHECK(breaks == 1);
+  queue.Fail(absl::AbortedError("again"));
+  CHECK(breaks == 1);
 }
 
 }  // namespace
