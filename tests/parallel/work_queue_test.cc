@@ -137,19 +137,22 @@ TEST_CASE("on_break runs once, when the queue first fails, before any waiter ret
   bool waiter_returned = false;
   int breaks = 0;
   bool waiter_had_returned = false;
-  absl::Notification started, release;
+  // Shared: the queue, broken while its operation runs, detaches its
+  // thread, which may still be leaving WaitForNotification after the test.
+  auto started = std::make_shared<absl::Notification>();
+  auto release = std::make_shared<absl::Notification>();
   auto queue = std::make_unique<WorkQueue>(absl::Seconds(10), [&] {
     absl::MutexLock lock(&mu);
     ++breaks;
     mu.AwaitWithTimeout(absl::Condition(&waiter_returned), absl::Milliseconds(200));
     waiter_had_returned = waiter_returned;
   });
-  auto running = queue->Enqueue("running", [&](absl::Time) {
-    started.Notify();
-    release.WaitForNotification();
+  auto running = queue->Enqueue("running", [started, release](absl::Time) {
+    started->Notify();
+    release->WaitForNotification();
     return absl::UnavailableError("closed under it");
   });
-  started.WaitForNotification();
+  started->WaitForNotification();
   std::thread waiter([&] {
     absl::Status status = running->Wait();
     CHECK(status.code() == absl::StatusCode::kAborted);
@@ -158,7 +161,7 @@ TEST_CASE("on_break runs once, when the queue first fails, before any waiter ret
   });
   queue->Fail(absl::AbortedError("the round ended"));
   waiter.join();
-  release.Notify();  // the operation now fails too: the queue had failed already
+  release->Notify();  // the operation now fails too: the queue had failed already
   CHECK(queue->Enqueue("later", [](absl::Time) { return absl::OkStatus(); })->Wait().code() ==
         absl::StatusCode::kAborted);
   queue.reset();
