@@ -1,4 +1,6 @@
 // The CPU back end: host memory and the kernels' ...Cpu loops.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cassert>
 #include <cstdlib>
@@ -26,6 +28,7 @@ namespace {
 namespace k = ::muster::kernels;
 
 constexpr size_t kAlignment = 256;
+constexpr size_t kHugePage = size_t{2} << 20;  // x86-64's transparent huge page
 
 class CpuOps final : public Ops {
  public:
@@ -43,10 +46,20 @@ class CpuOps final : public Ops {
   Device device() const override { return Device::kCpu; }
   absl::Status status() const override { return absl::OkStatus(); }
 
+  // Blocks of kHugePage or more (parameters, gradients, moments, the
+  // activations) start on a huge-page boundary and are advised to use
+  // huge pages (transparent huge pages in "madvise" mode, the common
+  // default): one page fault per 2 MB instead of 512. Faults are costly
+  // in a virtual machine: on the development VM the zeroing below, almost
+  // all of it page faults, took a third of a 1-step run of a small GPT.
   absl::StatusOr<void*> Alloc(size_t bytes) override {
-    const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-    void* ptr = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+    const bool huge = bytes >= kHugePage;
+    const size_t alignment = huge ? kHugePage : kAlignment;
+    const size_t rounded = (bytes + alignment - 1) / alignment * alignment;
+    void* ptr = std::aligned_alloc(alignment, rounded == 0 ? alignment : rounded);
     if (ptr == nullptr) return OutOfMemory(bytes);
+    // Advice only: without THP support it fails and changes nothing.
+    if (huge) (void)madvise(ptr, rounded, MADV_HUGEPAGE);
     std::memset(ptr, 0, rounded);
     return ptr;
   }
