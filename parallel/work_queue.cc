@@ -19,7 +19,7 @@ struct WorkQueue::Item {
 };
 
 struct WorkQueue::State {
-  State(absl::Duration timeout, std::function<void()> on_break)
+  State(absl::Duration timeout, std::function<void(const absl::Status&)> on_break)
       : timeout(timeout), on_break(std::move(on_break)) {}
 
   // Completes `item` (if not already) and wakes every waiter.
@@ -36,7 +36,7 @@ struct WorkQueue::State {
   void Break(const absl::Status& error) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (first_error.ok()) {
       first_error = error;
-      if (on_break) on_break();
+      if (on_break) on_break(first_error);
     }
     if (running != nullptr) Finish(*running, first_error);
     for (const std::shared_ptr<Item>& item : queue) Finish(*item, first_error);
@@ -44,7 +44,7 @@ struct WorkQueue::State {
   }
 
   const absl::Duration timeout;
-  const std::function<void()> on_break;
+  const std::function<void(const absl::Status&)> on_break;
   absl::Mutex mu;
   absl::CondVar changed;  // an item finished, was queued or started
   std::deque<std::shared_ptr<Item>> queue ABSL_GUARDED_BY(mu);
@@ -101,7 +101,7 @@ class WorkQueue::FinishedWork : public Work {
   const absl::Status status_;
 };
 
-WorkQueue::WorkQueue(absl::Duration timeout, std::function<void()> on_break)
+WorkQueue::WorkQueue(absl::Duration timeout, std::function<void(const absl::Status&)> on_break)
     : timeout_(timeout),
       state_(std::make_shared<State>(timeout, std::move(on_break))),
       thread_([state = state_] { Run(*state); }) {}

@@ -33,14 +33,15 @@ class WorkQueue {
 
   // `timeout` bounds each operation, counted from when it starts running.
   //
-  // `on_break` (may be empty) runs once, when the queue first fails,
-  // whichever thread breaks it (the communication thread, Fail, or a Wait
-  // that finds the thread stuck), while that thread holds the queue's lock:
-  // so before any waiter can return with the failure. A transport uses it
-  // to stop touching the callers' buffers (Gloo closes its connections)
-  // before a waiter, seeing the error, frees them. It must not call into
-  // this queue.
-  explicit WorkQueue(absl::Duration timeout, std::function<void()> on_break = {});
+  // `on_break` (may be empty) runs once, with the error, when the queue
+  // first fails, whichever thread breaks it (the communication thread,
+  // Fail, or a Wait that finds the thread stuck), while that thread holds
+  // the queue's lock: so before any waiter can return with the failure. A
+  // transport uses it to stop touching the callers' buffers (Gloo closes
+  // its connections; a staged group aborts the group it wraps) before a
+  // waiter, seeing the error, frees them. It must not call into this queue.
+  explicit WorkQueue(absl::Duration timeout,
+                     std::function<void(const absl::Status&)> on_break = {});
   // Queued operations fail with CANCELLED. A running operation is waited
   // for (it returns by its deadline), unless the queue has failed: then the
   // thread is detached and finishes that operation on its own, so a thread

@@ -120,12 +120,13 @@ class GlooGroup : public ProcessGroup {
         // with EFAULT and gloo throws on its own thread, ending the process.
         // Weak: the queue's state lives on in Work handles, and must not
         // keep a destroyed group's connections open.
-        queue_(std::make_unique<WorkQueue>(shared_->timeout,
-                                           [weak = std::weak_ptr<const Shared>(shared_)] {
-                                             if (auto shared = weak.lock()) {
-                                               CloseConnections(*shared);
-                                             }
-                                           })),
+        queue_(std::make_unique<WorkQueue>(
+            shared_->timeout,
+            [weak = std::weak_ptr<const Shared>(shared_)](const absl::Status&) {
+              if (auto shared = weak.lock()) {
+                CloseConnections(*shared);
+              }
+            })),
         monitor_([this] { Monitor(); }) {}
 
   ~GlooGroup() override {

@@ -5,8 +5,10 @@
 #include <nccl.h>
 
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <thread>
+#include <type_traits>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
@@ -260,8 +262,15 @@ class NcclGroup : public ProcessGroup {
   GroupHealth Health() const override { return queue_->health(); }
 
   void Abort(const absl::Status& cause) override {
-    queue_->Fail(cause);  // waiters return now
-    comm_->Abort(cause);  // the communication thread's next call sees it
+    // The communicator first, then the queue: ncclCommAbort ends the
+    // kernels of a collective in flight, so no waiter returns (and frees
+    // its buffers) while NCCL may still write them. (The Gloo group closes
+    // its connections before its waiters return for the same reason.) The
+    // communication thread's next call sees the abort and fails its
+    // operation with `cause`; Fail then breaks the queue if that has not
+    // happened yet, and wakes the waiters.
+    comm_->Abort(cause);
+    queue_->Fail(cause);
   }
 
  private:
@@ -315,26 +324,29 @@ class NcclGroup : public ProcessGroup {
   // Records the compute stream's progress now (on the issuing thread) and
   // queues `launch` to run after it on the group's stream.
   std::shared_ptr<Work> Issue(std::string what, Launch launch) {
-    cudaEvent_t ready = nullptr;
+    cudaEvent_t event = nullptr;
     absl::Status recorded =
-        CudaStatus(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+        CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
+    // Destroyed with the last owner: the operation once it has run, or the
+    // queue when it drops the operation unrun (cancelled, or after a
+    // failure).
+    std::shared_ptr<std::remove_pointer_t<cudaEvent_t>> ready(event, [](cudaEvent_t e) {
+      if (e != nullptr) cudaEventDestroy(e);
+    });
     if (recorded.ok()) {
       recorded = CudaStatus(
-          cudaEventRecord(ready, static_cast<cudaStream_t>(comm_->options.compute_stream)),
+          cudaEventRecord(event, static_cast<cudaStream_t>(comm_->options.compute_stream)),
           "cudaEventRecord");
     }
-    if (!recorded.ok()) {
-      if (ready != nullptr) cudaEventDestroy(ready);
-      return WorkQueue::Finished(recorded);
-    }
-    return queue_->Enqueue(absl::StrCat(what, " on rank ", rank_, " of ", size_),
-                           [comm = comm_, ready, launch = std::move(launch)](absl::Time deadline) {
-                             absl::Status status = Run(*comm, ready, launch, deadline);
-                             cudaEventDestroy(ready);
-                             // Broken for good: aborting frees the peers blocked on us.
-                             if (!status.ok()) comm->Abort(status);
-                             return status;
-                           });
+    if (!recorded.ok()) return WorkQueue::Finished(recorded);
+    return queue_->Enqueue(
+        absl::StrCat(what, " on rank ", rank_, " of ", size_),
+        [comm = comm_, ready = std::move(ready), launch = std::move(launch)](absl::Time deadline) {
+          absl::Status status = Run(*comm, ready.get(), launch, deadline);
+          // Broken for good: aborting frees the peers blocked on us.
+          if (!status.ok()) comm->Abort(status);
+          return status;
+        });
   }
 
   // On the communication thread: wait for `ready`, launch, then poll the

@@ -311,7 +311,10 @@ class StagedGroup : public ProcessGroup {
         size_(inner->size()),
         timeout_(inner->timeout() + kCopyMargin),
         staging_(std::move(staging)),
-        queue_(std::make_unique<WorkQueue>(timeout_)) {}
+        queue_(std::make_unique<WorkQueue>(
+            timeout_, [weak = std::weak_ptr<Staging>(staging_)](const absl::Status& cause) {
+              if (auto staging = weak.lock()) Break(*staging, cause);
+            })) {}
 
   ~StagedGroup() override {
     queue_.reset();  // joins the thread, or detaches one stuck after a failure
@@ -436,17 +439,29 @@ class StagedGroup : public ProcessGroup {
     return health;
   }
 
-  void Abort(const absl::Status& cause) override {
-    queue_->Fail(cause);
-    // After Fail, so that the running operation, if it stops on seeing
-    // this, finds its Work already failed with `cause`.
-    staging_->aborted.store(true);
-    // Frees our thread if it is blocked in an inner operation, and the
-    // peers blocked on this rank.
-    inner_->Abort(cause);
-  }
+  // Breaking the queue aborts the inner group (on_break, Break below).
+  void Abort(const absl::Status& cause) override { queue_->Fail(cause); }
 
  private:
+  // The queue's on_break: runs once, when it first fails, before any waiter
+  // can see the failure (the queue's lock is held), so after `cause` is the
+  // running operation's result. Host-only buffers (a SumDouble's, a
+  // BroadcastBytes's) go to the inner group as they are: it is aborted now
+  // (Gloo closes its connections), or it could go on reading and writing
+  // them after the waiter has returned and freed them. That also frees our
+  // thread if it is blocked in an inner operation, and the peers blocked
+  // on this rank. The running operation starts no further copy once
+  // `aborted` is set; a copy already on the staging stream is not waited
+  // for here (it may wait behind the compute stream, and this runs under
+  // the queue's lock): device memory freed meanwhile stays mapped in the
+  // stream-ordered pool, so it cannot fault, only be overwritten in a
+  // step that has failed.
+  static void Break(Staging& staging, const absl::Status& cause) {
+    staging.aborted.store(true);
+    absl::MutexLock lock(&staging.mu);
+    if (staging.inner != nullptr) staging.inner->Abort(cause);
+  }
+
   // AllGather and AllGatherBf16: the same staging of T's around `gather`,
   // the inner group's call.
   template <typename T, typename Gather>
@@ -501,15 +516,10 @@ class StagedGroup : public ProcessGroup {
         absl::StrCat(what, " via host memory (rank ", rank_, " of ", size_, ")"),
         [staging = staging_, ready = std::move(ready), regions = std::move(regions),
          launch = std::move(launch)](absl::Time deadline) {
-          absl::Status status = RunStaged(*staging, ready == nullptr ? nullptr : ready->event,
-                                          regions, launch, deadline);
-          if (!status.ok()) {
-            // Broken for good: abort the inner group too, so that peers
-            // blocked on this rank fail now (a no-op when the error is its).
-            absl::MutexLock lock(&staging->mu);
-            if (staging->inner != nullptr) staging->inner->Abort(status);
-          }
-          return status;
+          // A failure breaks the queue, whose on_break aborts the inner
+          // group too, so that peers blocked on this rank fail now.
+          return RunStaged(*staging, ready == nullptr ? nullptr : ready->event, regions, launch,
+                           deadline);
         });
   }
 

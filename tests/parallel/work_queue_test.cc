@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -141,9 +142,11 @@ TEST_CASE("on_break runs once, when the queue first fails, before any waiter ret
   // thread, which may still be leaving WaitForNotification after the test.
   auto started = std::make_shared<absl::Notification>();
   auto release = std::make_shared<absl::Notification>();
-  auto queue = std::make_unique<WorkQueue>(absl::Seconds(10), [&] {
+  std::string break_message;
+  auto queue = std::make_unique<WorkQueue>(absl::Seconds(10), [&](const absl::Status& error) {
     absl::MutexLock lock(&mu);
     ++breaks;
+    break_message = std::string(error.message());
     mu.AwaitWithTimeout(absl::Condition(&waiter_returned), absl::Milliseconds(200));
     waiter_had_returned = waiter_returned;
   });
@@ -167,18 +170,26 @@ TEST_CASE("on_break runs once, when the queue first fails, before any waiter ret
   queue.reset();
   absl::MutexLock lock(&mu);
   CHECK(breaks == 1);
+  // The cause, prefixed with the running operation, not its later error.
+  CHECK(break_message == "running: the round ended");
   CHECK_FALSE(waiter_had_returned);
 }
 
 TEST_CASE("on_break runs on the communication thread when an operation fails") {
   std::atomic<int> breaks{0};
-  WorkQueue queue(absl::Seconds(10), [&] { ++breaks; });
+  absl::Status broken_by;
+  WorkQueue queue(absl::Seconds(10), [&](const absl::Status& error) {
+    ++breaks;
+    broken_by = error;
+  });
   CHECK(queue.Enqueue("fine", [](absl::Time) { return absl::OkStatus(); })->Wait().ok());
   CHECK(breaks == 0);
   CHECK(queue.Enqueue("bad", [](absl::Time) { return absl::UnavailableError("peer gone"); })
             ->Wait()
             .code() == absl::StatusCode::kUnavailable);
   CHECK(breaks == 1);
+  CHECK(broken_by.code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(broken_by.message(), "peer gone"));
   queue.Fail(absl::AbortedError("again"));
   CHECK(breaks == 1);
 }

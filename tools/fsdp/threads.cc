@@ -33,20 +33,11 @@ struct Collective {
   bool bf16 = false;  // AllGatherBf16: 2-byte elements
 };
 
-// The gradient norm's all-gather (worker/strategy/fsdp/fsdp.cc, GradSumOfSquares): two
-// floats from every rank, not counted in Fsdp::waits().
-bool IsNormGather(const Collective& collective) {
-  return collective.gather && !collective.bf16 &&
-         std::all_of(collective.counts.begin(), collective.counts.end(),
-                     [](size_t count) { return count == 2; });
-}
-
 // When one rank issued a collective of a timed step and waited for it (the
 // first Wait; a collective never waited for has waited == false). Ranks are
 // threads of this process, so their steady_clock times compare.
 struct Timing {
   int step = 0;
-  bool norm = false;  // the gradient norm's all-gather (not in Fsdp::waits())
   Clock::time_point issued, wait_start, wait_end;
   bool waited = false;
 };
@@ -103,18 +94,18 @@ class RecordingGroup final : public parallel::ProcessGroup {
                                                 std::vector<size_t> counts,
                                                 parallel::ReduceOp op) override {
     if (recording_) recorded_.push_back({false, counts});
-    return Timed(false, counts, inner_->ReduceScatter(input, output, counts, op));
+    return Timed(inner_->ReduceScatter(input, output, counts, op));
   }
   std::shared_ptr<parallel::Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
                                             std::vector<size_t> counts) override {
     if (recording_) recorded_.push_back({true, counts});
-    return Timed(true, counts, inner_->AllGather(input, output, counts));
+    return Timed(inner_->AllGather(input, output, counts));
   }
   std::shared_ptr<parallel::Work> AllGatherBf16(absl::Span<const uint16_t> input,
                                                 absl::Span<uint16_t> output,
                                                 std::vector<size_t> counts) override {
     if (recording_) recorded_.push_back({true, counts, true});
-    return Timed(true, counts, inner_->AllGatherBf16(input, output, counts), /*bf16=*/true);
+    return Timed(inner_->AllGatherBf16(input, output, counts));
   }
   std::shared_ptr<parallel::Work> Broadcast(absl::Span<float> data, int root) override {
     return inner_->Broadcast(data, root);
@@ -134,12 +125,10 @@ class RecordingGroup final : public parallel::ProcessGroup {
   void Abort(const absl::Status& cause) override { inner_->Abort(cause); }
 
  private:
-  std::shared_ptr<parallel::Work> Timed(bool gather, const std::vector<size_t>& counts,
-                                        std::shared_ptr<parallel::Work> work, bool bf16 = false) {
+  std::shared_ptr<parallel::Work> Timed(std::shared_ptr<parallel::Work> work) {
     if (timing_step_ < 0) return work;
     Timing& timing = timings_.emplace_back();
     timing.step = timing_step_;
-    timing.norm = IsNormGather({gather, counts, bf16});
     timing.issued = Clock::now();
     return std::make_shared<TimedWork>(std::move(work), &timing);
   }
@@ -282,9 +271,7 @@ absl::Status RunRank(worker::TrainConfig config, int zero, worker::GatherDtype g
   recorder.set_timing_step(-1);
   samples->timings.assign(recorder.timings().begin(), recorder.timings().end());
   if (fsdp == nullptr) return absl::OkStatus();
-  for (const Collective& collective : recorder.recorded()) {
-    if (!IsNormGather(collective)) samples->replayed.push_back(collective);
-  }
+  samples->replayed = recorder.recorded();
   // Two untimed rounds first, as the steps had their warm-up: the first
   // rounds are 3-4x slower (fresh memory for the group's scratch buffers).
   std::vector<double> untimed;
@@ -329,7 +316,7 @@ bool ExposedAfterArrival(const std::vector<RankSamples>& ranks, int steps,
     }
     for (const RankSamples& rank : ranks) {
       const Timing& timing = rank.timings[i];
-      if (timing.norm || !timing.waited || timing.step >= steps) continue;
+      if (!timing.waited || timing.step >= steps) continue;
       // The wait from when the last rank issued it (or from its start).
       const Clock::time_point from = std::max(timing.wait_start, last);
       if (timing.wait_end > from) sums[timing.step] += Ms(timing.wait_end - from);

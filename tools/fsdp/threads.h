@@ -21,9 +21,8 @@
 //            back over the same group, and waited for. The rank that left
 //            the barrier before them last (the least time), median of
 //            `replays` after two untimed (the first rounds are 3-4x
-//            slower: fresh scratch memory). The gradient norm's all-gather
-//            of two floats per rank is left out of both (Fsdp does not
-//            count it in waits()).
+//            slower: fresh scratch memory). (The gradient norm's
+//            all-gather goes over the control group, so it is in neither.)
 //   hidden = 1 - exposed / alone.
 //   peers there  exposed split: each wait counted only from the moment
 //            every rank had issued the collective (ranks are threads, so

@@ -29,11 +29,16 @@ namespace k = ::muster::kernels;
 
 class CudaOps final : public Ops {
  public:
-  explicit CudaOps(cublasHandle_t blas) : blas_(blas) {}
+  // `pool` is the device's stream-ordered pool, or null where the device
+  // has none (transient buffers are then plain cudaMalloc'd ones).
+  CudaOps(cublasHandle_t blas, cudaMemPool_t pool) : blas_(blas), pool_(pool) {}
   ~CudaOps() override {
     for (AdamWTable& table : adamw_tables_) cudaFree(table.chunks);
     cudaFree(norm_scratch_);
     cublasDestroy(blas_);
+    // What the pool keeps (see MakeCudaOps) goes back to the driver, for a
+    // later model in this process or another process on the GPU.
+    if (pool_ != nullptr && cudaDeviceSynchronize() == cudaSuccess) cudaMemPoolTrimTo(pool_, 0);
   }
 
   Device device() const override { return Device::kCuda; }
@@ -41,8 +46,8 @@ class CudaOps final : public Ops {
 
   absl::StatusOr<void*> Alloc(size_t bytes) override {
     void* ptr = nullptr;
-    const cudaError_t error = cudaMalloc(&ptr, bytes == 0 ? 1 : bytes);
-    if (error != cudaSuccess) return OutOfMemory(bytes, "cudaMalloc", error);
+    const cudaError_t error = Malloc(&ptr, bytes == 0 ? 1 : bytes);
+    if (error != cudaSuccess) return AllocFailed(bytes, "cudaMalloc", error);
     Check("cudaMemset", cudaMemset(ptr, 0, bytes));
     return ptr;
   }
@@ -50,13 +55,21 @@ class CudaOps final : public Ops {
   absl::StatusOr<void*> AllocTransient(size_t bytes) override {
     void* ptr = nullptr;
     const cudaError_t error =
-        cudaMallocAsync(&ptr, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(kStream));
-    if (error != cudaSuccess) return OutOfMemory(bytes, "cudaMallocAsync", error);
+        pool_ == nullptr
+            ? Malloc(&ptr, bytes == 0 ? 1 : bytes)
+            : cudaMallocAsync(&ptr, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(kStream));
+    if (error != cudaSuccess) {
+      return AllocFailed(bytes, pool_ == nullptr ? "cudaMalloc" : "cudaMallocAsync", error);
+    }
     return ptr;
   }
   void FreeTransient(void* ptr) override {
-    if (ptr != nullptr)
+    if (ptr == nullptr) return;
+    if (pool_ == nullptr) {
+      Check("cudaFree", cudaFree(ptr));
+    } else {
       Check("cudaFreeAsync", cudaFreeAsync(ptr, static_cast<cudaStream_t>(kStream)));
+    }
   }
   void ToDevice(void* dst, const void* src, size_t bytes) override {
     Check("cudaMemcpy to device", cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
@@ -148,7 +161,7 @@ class CudaOps final : public Ops {
       norm_scratch_ = nullptr;
       norm_scratch_doubles_ = 0;
       if (!Check("cudaMalloc",
-                 cudaMalloc(reinterpret_cast<void**>(&norm_scratch_), doubles * sizeof(double)))) {
+                 Malloc(reinterpret_cast<void**>(&norm_scratch_), doubles * sizeof(double)))) {
         return 0.0;
       }
       norm_scratch_doubles_ = doubles;
@@ -165,17 +178,44 @@ class CudaOps final : public Ops {
  private:
   static constexpr void* kStream = nullptr;  // the default stream orders all work
 
-  // An allocation failure, which is not sticky: cleared, and reported with
-  // the bytes asked for and the bytes free.
-  static absl::Status OutOfMemory(size_t bytes, const char* call, cudaError_t error) {
+  // cudaMalloc, and once more after the pool has handed back what it keeps
+  // when the first try finds too little memory: the pool's release
+  // threshold (MakeCudaOps) keeps freed transient buffers from the driver,
+  // and a plain cudaMalloc cannot take them.
+  cudaError_t Malloc(void** ptr, size_t bytes) {
+    cudaError_t error = cudaMalloc(ptr, bytes);
+    if (error != cudaErrorMemoryAllocation || pool_ == nullptr) return error;
+    cudaGetLastError();  // the allocation failure is not sticky: clear it
+    if (cudaDeviceSynchronize() != cudaSuccess) return error;
+    cudaMemPoolTrimTo(pool_, 0);
+    return cudaMalloc(ptr, bytes);
+  }
+
+  // A failed allocation. Out of memory is not sticky: it is cleared and
+  // reported as RESOURCE_EXHAUSTED with the bytes asked for and the bytes
+  // free, and the model can go on or be replaced. Any other error (a kernel
+  // that faulted earlier makes every later call fail) is the back end's
+  // failure: INTERNAL, and recorded in status().
+  absl::Status AllocFailed(size_t bytes, const char* call, cudaError_t error) {
+    if (error != cudaErrorMemoryAllocation) {
+      Check(call, error);
+      return status_;
+    }
     cudaGetLastError();
     size_t free_bytes = 0, total_bytes = 0;
     cudaMemGetInfo(&free_bytes, &total_bytes);
+    uint64_t reserved = 0, used = 0;
+    if (pool_ != nullptr) {
+      cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved);
+      cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used);
+    }
+    const uint64_t kept = reserved > used ? reserved - used : 0;
     return absl::ResourceExhaustedError(absl::StrCat(
         "out of GPU memory: asked for ", bytes, " bytes (", absl::StrFormat("%.2f", bytes / 1e9),
         " GB) with ", free_bytes, " bytes (", absl::StrFormat("%.2f", free_bytes / 1e9),
-        " GB) free of ", absl::StrFormat("%.2f", total_bytes / 1e9), " GB (", call, ": ",
-        cudaGetErrorString(error), "); lower data.micro_batch or model.seq_len"));
+        " GB) free of ", absl::StrFormat("%.2f", total_bytes / 1e9), " GB",
+        kept > 0 ? absl::StrFormat(" and %.2f GB kept free in the memory pool", kept / 1e9) : "",
+        " (", call, ": ", cudaGetErrorString(error), "); lower data.micro_batch or model.seq_len"));
   }
 
   // Records the first failure; `code` is a cudaError_t, or for matmuls
@@ -223,7 +263,7 @@ class CudaOps final : public Ops {
     }
     const std::vector<k::fast::AdamWChunk> pieces = k::fast::SplitAdamWRuns(chunks);
     const size_t bytes = pieces.size() * sizeof(k::fast::AdamWChunk);
-    if (!Check("cudaMalloc", cudaMalloc(reinterpret_cast<void**>(&table.chunks), bytes))) {
+    if (!Check("cudaMalloc", Malloc(reinterpret_cast<void**>(&table.chunks), bytes))) {
       return nullptr;
     }
     ToDevice(table.chunks, pieces.data(), bytes);
@@ -233,6 +273,7 @@ class CudaOps final : public Ops {
   }
 
   cublasHandle_t blas_;
+  cudaMemPool_t pool_;
   std::deque<AdamWTable> adamw_tables_;  // stable addresses
   double* norm_scratch_ = nullptr;
   size_t norm_scratch_doubles_ = 0;
@@ -334,20 +375,28 @@ absl::StatusOr<std::unique_ptr<Ops>> MakeCudaOps() {
   // step. (The CPU keeps its transient buffers for the same reason,
   // ops_cpu.cc.) The pool is the current device's, the one
   // SelectCudaDevice set.
-  int device = 0;
+  // A device without stream-ordered pools (cudaDevAttrMemoryPoolsSupported
+  // 0) gets plain cudaMalloc for transient buffers instead.
+  int device = 0, pools_supported = 0;
   cudaMemPool_t pool = nullptr;
   uint64_t keep_all = UINT64_MAX;
   cudaError_t pooled = cudaGetDevice(&device);
-  if (pooled == cudaSuccess) pooled = cudaDeviceGetDefaultMemPool(&pool, device);
   if (pooled == cudaSuccess) {
-    pooled = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+    pooled = cudaDeviceGetAttribute(&pools_supported, cudaDevAttrMemoryPoolsSupported, device);
+  }
+  if (pooled == cudaSuccess && pools_supported != 0) {
+    pooled = cudaDeviceGetDefaultMemPool(&pool, device);
+    if (pooled == cudaSuccess) {
+      pooled = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+    }
   }
   if (pooled != cudaSuccess) {
+    cudaGetLastError();  // not left for the next kernel launch to report
     cublasDestroy(blas);
     return absl::FailedPreconditionError(
         absl::StrCat("device cuda: the stream-ordered memory pool: ", cudaGetErrorString(pooled)));
   }
-  return std::unique_ptr<Ops>(new CudaOps(blas));
+  return std::unique_ptr<Ops>(new CudaOps(blas, pools_supported != 0 ? pool : nullptr));
 }
 
 }  // namespace muster::worker

@@ -493,9 +493,12 @@ absl::Status Fsdp::ReduceGradients(GptModel* model) {
 absl::StatusOr<double> Fsdp::GradSumOfSquares(GptModel* model) {
   if (!error_.ok()) return error_;
   const double local = ops_->SumOfSquares(shard_grads_, shard_floats_);
-  // Over the shard group in double; every replica holds the same shards.
-  parallel::Collectives shard(shard_);
-  return shard.SumDouble(local);
+  // Every replica holds the same shards (HSDP): the first replica's once.
+  // Summed over the control group, which is host memory whatever the
+  // device (the shard group may be NCCL's, which reads only device
+  // memory); the other replicas add an exact 0, so the sum is that of the
+  // shard ranks in their order, the same bits as over the shard group.
+  return control_.SumDouble(dims_.Of(control_.rank()).replicate == 0 ? local : 0.0);
 }
 
 absl::Status Fsdp::OptimizerStep(GptModel* model, AdamW* optimizer, float lr, int step,
