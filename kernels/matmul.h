@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "kernels/hd.h"
 
@@ -30,6 +31,12 @@ MUSTER_HD void MatmulBiasGradChannels(float* dbias, const float* dout, size_t BT
 }
 
 // ---- CPU back end (host pointers) ----
+// Which GEMM kernels the CPU back end runs: OpenBLAS's version and the
+// kernels it picked for this CPU (e.g. "OpenBLAS 0.3.21, Cooperlake
+// kernels"), and OPENBLAS_CORETYPE when the environment sets it, which
+// overrides OpenBLAS's choice: Haswell's (AVX2) kernels on an AVX-512 CPU
+// run GEMMs at about half the speed.
+std::string CpuGemmDescription();
 // out (BT, OC) is overwritten.
 void MatmulForwardCpu(float* out, const float* inp, const float* weight, const float* bias,
                       size_t BT, int C, int OC);

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstdlib>
 
 #include "kernels/cpu_gemm.h"
 #include "kernels/cpu_parallel.h"
@@ -29,6 +30,21 @@ MUSTER_CPU_CLONES void BiasGradChannels(float* dbias, const float* dout, long BT
 }
 
 }  // namespace
+
+std::string CpuGemmDescription() {
+  // openblas_get_config() starts "OpenBLAS 0.3.21 ...": its version.
+  const char* config = openblas_get_config();
+  std::string version = config != nullptr ? config : "OpenBLAS";
+  if (size_t second_space = version.find(' ', version.find(' ') + 1);
+      second_space != std::string::npos) {
+    version.resize(second_space);
+  }
+  std::string description = version + ", " + openblas_get_corename() + " kernels";
+  if (const char* forced = std::getenv("OPENBLAS_CORETYPE"); forced != nullptr && *forced != 0) {
+    description += std::string(" (OPENBLAS_CORETYPE=") + forced + " in the environment)";
+  }
+  return description;
+}
 
 // The GEMMs run in OpenMP's threads, split by output rows (cpu_gemm.h).
 

@@ -38,6 +38,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/matmul.h"
 #include "tools/bench_util.h"
 #include "tools/ddp/allreduce.h"
 #include "tools/ddp/overlap.h"
@@ -304,6 +305,9 @@ int Main(int argc, char** argv) {
       "%d timed steps after %d; one thread per rank\n",
       m.layers, m.dim, m.heads, m.seq_len, m.vocab, micro_batch, bucket_mb, device.c_str(),
       precision.c_str(), steps, warmup);
+  // The workers and PyTorch inherit this environment, so the same kernels
+  // (PyTorch 1.13 takes its GEMMs from the same OpenBLAS).
+  std::printf("CPU GEMMs: %s\n", kernels::CpuGemmDescription().c_str());
   int status = 0;
   if (!skip_throughput) {
     std::printf("throughput (%d ranks: parallel.backend %s)\n", nproc, backend.c_str());

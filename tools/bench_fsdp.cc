@@ -35,6 +35,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/matmul.h"
 #include "parallel/process_group.h"
 #include "tools/bench_util.h"
 #include "tools/fsdp/rss.h"
@@ -72,6 +73,7 @@ int PrintThroughput(const worker::TrainConfig& config, int nproc, int warmup, in
       m.layers, m.dim, m.heads, m.seq_len, m.vocab, config.data.micro_batch, nproc,
       config.parallel.bucket_mb, steps, warmup, rounds,
       pin ? ", rank r's pinned to the r-th CPU" : "");
+  std::printf("CPU GEMMs: %s\n", kernels::CpuGemmDescription().c_str());
   std::fflush(stdout);
   std::vector<Job> jobs = {{"DDP", 0},
                            {"FSDP ZeRO-1", 1},

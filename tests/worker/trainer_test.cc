@@ -308,5 +308,29 @@ TEST_CASE("a precision the device cannot do is INVALID_ARGUMENT naming precision
   CHECK(MakeTrainer(config)->model()->precision() == Precision::kFp32);
 }
 
+TEST_CASE("the CPU peak for MFU says its clock, vector unit and GEMM kernels") {
+  unsetenv("MUSTER_PEAK_FLOPS");
+  std::string description;
+  const double peak = PeakFlops(Device::kCpu, Precision::kFp32, &description);
+  INFO(description);
+  // threads x clock x FLOPs per cycle: at least one 1 GHz SSE core.
+  CHECK(peak >= 8e9);
+  // The clock is in the sum: "N cores x F GHz ... = P GFLOP/s".
+  std::smatch parts;
+  REQUIRE(std::regex_search(
+      description, parts,
+      std::regex(R"(^(\d+) cores x (\d+\.\d+) GHz.* x (\d+) FLOP/cycle .* = (\d+\.\d) GFLOP/s)")));
+  const double product = std::stod(parts[1]) * std::stod(parts[2]) * 1e9 * std::stod(parts[3]);
+  CHECK(std::fabs(product - peak) <= 0.01 * peak);  // the GHz shown are rounded
+  CHECK(std::fabs(std::stod(parts[4]) * 1e9 - peak) <= 0.05e9);
+  CHECK_THAT(description, Catch::Contains("GEMMs: OpenBLAS "));
+  CHECK_THAT(description, Catch::Contains(" kernels"));
+
+  setenv("MUSTER_PEAK_FLOPS", "1.5e11", 1);
+  CHECK(PeakFlops(Device::kCpu, Precision::kFp32, &description) == 1.5e11);
+  CHECK(description == "MUSTER_PEAK_FLOPS=1.5e+11");
+  unsetenv("MUSTER_PEAK_FLOPS");
+}
+
 }  // namespace
 }  // namespace muster::worker

@@ -86,7 +86,8 @@ class ProgressBar {
 //     where threads is OMP_NUM_THREADS or the cores this process may run
 //     on, and the per-core peak is clock x FLOPs per cycle from the vector
 //     units /proc/cpuinfo reports (AVX-512: 2 FMA x 16 lanes x 2 = 64;
-//     AVX2+FMA: 32; otherwise SSE: 8);
+//     AVX2+FMA: 32; otherwise SSE: 8); the clock is the higher of
+//     /proc/cpuinfo's and the one measured (x86-64);
 //   CUDA: the dense peak for `precision` of the current GPU from the table
 //     of known GPUs (GetCudaDeviceInfo, worker/model/ops.h); 0 (unknown) for a
 //     GPU not in it, unless overridden.
