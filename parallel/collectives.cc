@@ -8,13 +8,22 @@
 
 namespace muster::parallel {
 
+absl::Status Collectives::HostMemory() const {
+  if (group_->takes_host_memory()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "the control plane's collectives pass host memory, and this group takes device memory "
+      "only (NCCL): use the control group");
+}
+
 absl::Status Collectives::Barrier() { return group_->Barrier()->Wait(); }
 
 absl::Status Collectives::AllReduce(absl::Span<int64_t> values, ReduceOp op) {
+  if (absl::Status host = HostMemory(); !host.ok()) return host;
   return group_->AllReduceInt64(values, op)->Wait();
 }
 
 absl::Status Collectives::AllReduce(absl::Span<float> values, ReduceOp op) {
+  if (absl::Status host = HostMemory(); !host.ok()) return host;
   return group_->AllReduce(values, op)->Wait();
 }
 
@@ -33,6 +42,7 @@ absl::StatusOr<float> Collectives::AllReduce(float value, ReduceOp op) {
 }
 
 absl::StatusOr<double> Collectives::SumDouble(double value) {
+  if (absl::Status host = HostMemory(); !host.ok()) return host;
   const float high = static_cast<float>(value);
   const float mine[2] = {high, static_cast<float>(value - high)};
   std::vector<float> all(2 * static_cast<size_t>(size()));
@@ -51,6 +61,7 @@ absl::StatusOr<double> Collectives::SumDouble(double value) {
 }
 
 absl::StatusOr<int64_t> Collectives::Broadcast(int64_t value, int root) {
+  if (absl::Status host = HostMemory(); !host.ok()) return host;
   // As its 8 bytes: every rank runs the same build, so the representation
   // is the same everywhere.
   if (absl::Status status =

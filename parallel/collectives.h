@@ -8,7 +8,9 @@
 //   - every rank of the group calls the same sequence of these methods,
 //     with the same arguments where they must agree (op, root, lengths);
 //   - buffers are host memory: the group is Gloo, a self group, or a
-//     staged group (whose new ops take host memory only), never NCCL;
+//     staged group (whose new ops take host memory only), never NCCL:
+//     over a group whose takes_host_memory() is false, every call but
+//     Barrier is FAILED_PRECONDITION, without communicating;
 //   - nobody else issues on the group while a call runs, or the issue
 //     order would differ between ranks.
 // Each call returns once its operations have finished, so the buffers may
@@ -65,6 +67,8 @@ class Collectives {
   absl::StatusOr<int64_t> Broadcast(int64_t value, int root);
 
  private:
+  absl::Status HostMemory() const;
+
   ProcessGroup* const group_;
 };
 

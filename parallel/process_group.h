@@ -77,6 +77,14 @@ class ProcessGroup {
   virtual int size() const = 0;
   virtual absl::Duration timeout() const = 0;
 
+  // Whether the group's operations take host memory: Gloo and self groups
+  // do, and a staged group does for the operations a device buffer cannot
+  // use (it stages device buffers for the others). NCCL takes device
+  // memory only, and a host pointer in its kernels is an illegal address
+  // or silent garbage, not an error; so code that passes host memory (the
+  // control plane, collectives.h) asks first.
+  virtual bool takes_host_memory() const { return true; }
+
   // In place: every rank's `data` becomes the element-wise sum, mean,
   // minimum or maximum over ranks. Every rank passes the same length (may
   // be 0).

@@ -147,6 +147,7 @@ class NcclGroup : public ProcessGroup {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  bool takes_host_memory() const override { return false; }  // device memory only
   absl::Duration timeout() const override { return comm_->options.timeout; }
 
   std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "parallel/forwarding_group.h"
 #include "parallel/self_group.h"
 #include "tests/parallel/group_test_util.h"
 
@@ -119,6 +121,57 @@ TEST_CASE("over a self group every call is local and immediate") {
   CHECK(control.Broadcast(&bytes, 0).ok());
   CHECK(bytes == "only me");
   CHECK(control.Barrier().ok());
+}
+
+// A group that, like NCCL's, takes device memory only, and counts what
+// reaches it.
+class DeviceMemoryOnly final : public ForwardingGroup {
+ public:
+  using ForwardingGroup::ForwardingGroup;
+  bool takes_host_memory() const override { return false; }
+  std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
+    ++issued;
+    return ForwardingGroup::AllReduce(data, op);
+  }
+  std::shared_ptr<Work> AllReduceInt64(absl::Span<int64_t> data, ReduceOp op) override {
+    ++issued;
+    return ForwardingGroup::AllReduceInt64(data, op);
+  }
+  std::shared_ptr<Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
+                                  std::vector<size_t> counts) override {
+    ++issued;
+    return ForwardingGroup::AllGather(input, output, std::move(counts));
+  }
+  std::shared_ptr<Work> BroadcastBytes(absl::Span<uint8_t> data, int root) override {
+    ++issued;
+    return ForwardingGroup::BroadcastBytes(data, root);
+  }
+  int issued = 0;
+};
+
+TEST_CASE("over a group that takes device memory only, every call with a buffer is refused") {
+  std::unique_ptr<ProcessGroup> self = CreateSelfGroup();
+  DeviceMemoryOnly device_only(self.get());
+  Collectives control(&device_only);
+  auto refused = [](const absl::Status& status) {
+    INFO(status.ToString());
+    return status.code() == absl::StatusCode::kFailedPrecondition &&
+           absl::StrContains(status.message(), "device memory only");
+  };
+  int64_t ints[2] = {1, 2};
+  float floats[2] = {1, 2};
+  CHECK(refused(control.AllReduce(absl::MakeSpan(ints), ReduceOp::kSum)));
+  CHECK(refused(control.AllReduce(absl::MakeSpan(floats), ReduceOp::kSum)));
+  CHECK(refused(control.AllReduce(kBig, ReduceOp::kMax).status()));
+  CHECK(refused(control.AllReduce(1.0f, ReduceOp::kSum).status()));
+  CHECK(refused(control.SumDouble(1.0).status()));
+  CHECK(refused(control.Broadcast(kBig, 0).status()));
+  std::string bytes = "host memory";
+  CHECK(refused(control.Broadcast(&bytes, 0)));
+  CHECK(device_only.issued == 0);  // nothing reached the group
+  CHECK(control.Barrier().ok());   // no buffer: allowed
+  // The group still works for what it takes.
+  CHECK(self->takes_host_memory());
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/forwarding_group.h"
 #include "parallel/local_ranks.h"
 #include "parallel/parallel_dims.h"
 #include "parallel/process_group.h"
@@ -69,60 +70,33 @@ class TimedWork final : public parallel::Work {
 // notes each AllGather and ReduceScatter; while timing step `step` (>= 0),
 // also when each is issued and waited for. Only the training thread
 // issues, so the lists need no lock.
-class RecordingGroup final : public parallel::ProcessGroup {
+class RecordingGroup final : public parallel::ForwardingGroup {
  public:
-  explicit RecordingGroup(parallel::ProcessGroup* inner) : inner_(inner) {}
+  explicit RecordingGroup(parallel::ProcessGroup* inner) : ForwardingGroup(inner) {}
 
   void set_recording(bool on) { recording_ = on; }
   void set_timing_step(int step) { timing_step_ = step; }
   const std::vector<Collective>& recorded() const { return recorded_; }
   const std::deque<Timing>& timings() const { return timings_; }
 
-  int rank() const override { return inner_->rank(); }
-  int size() const override { return inner_->size(); }
-  absl::Duration timeout() const override { return inner_->timeout(); }
-  std::shared_ptr<parallel::Work> AllReduce(absl::Span<float> data,
-                                            parallel::ReduceOp op) override {
-    return inner_->AllReduce(data, op);
-  }
-  std::shared_ptr<parallel::Work> AllReduceInt64(absl::Span<int64_t> data,
-                                                 parallel::ReduceOp op) override {
-    return inner_->AllReduceInt64(data, op);
-  }
   std::shared_ptr<parallel::Work> ReduceScatter(absl::Span<const float> input,
                                                 absl::Span<float> output,
                                                 std::vector<size_t> counts,
                                                 parallel::ReduceOp op) override {
     if (recording_) recorded_.push_back({false, counts});
-    return Timed(inner_->ReduceScatter(input, output, counts, op));
+    return Timed(inner().ReduceScatter(input, output, counts, op));
   }
   std::shared_ptr<parallel::Work> AllGather(absl::Span<const float> input, absl::Span<float> output,
                                             std::vector<size_t> counts) override {
     if (recording_) recorded_.push_back({true, counts});
-    return Timed(inner_->AllGather(input, output, counts));
+    return Timed(inner().AllGather(input, output, counts));
   }
   std::shared_ptr<parallel::Work> AllGatherBf16(absl::Span<const uint16_t> input,
                                                 absl::Span<uint16_t> output,
                                                 std::vector<size_t> counts) override {
     if (recording_) recorded_.push_back({true, counts, true});
-    return Timed(inner_->AllGatherBf16(input, output, counts));
+    return Timed(inner().AllGatherBf16(input, output, counts));
   }
-  std::shared_ptr<parallel::Work> Broadcast(absl::Span<float> data, int root) override {
-    return inner_->Broadcast(data, root);
-  }
-  std::shared_ptr<parallel::Work> BroadcastBytes(absl::Span<uint8_t> data, int root) override {
-    return inner_->BroadcastBytes(data, root);
-  }
-  std::shared_ptr<parallel::Work> Send(absl::Span<const float> data, int destination,
-                                       int tag) override {
-    return inner_->Send(data, destination, tag);
-  }
-  std::shared_ptr<parallel::Work> Recv(absl::Span<float> data, int source, int tag) override {
-    return inner_->Recv(data, source, tag);
-  }
-  std::shared_ptr<parallel::Work> Barrier() override { return inner_->Barrier(); }
-  parallel::GroupHealth Health() const override { return inner_->Health(); }
-  void Abort(const absl::Status& cause) override { inner_->Abort(cause); }
 
  private:
   std::shared_ptr<parallel::Work> Timed(std::shared_ptr<parallel::Work> work) {
@@ -133,7 +107,6 @@ class RecordingGroup final : public parallel::ProcessGroup {
     return std::make_shared<TimedWork>(std::move(work), &timing);
   }
 
-  parallel::ProcessGroup* const inner_;
   bool recording_ = false;
   int timing_step_ = -1;
   std::vector<Collective> recorded_;

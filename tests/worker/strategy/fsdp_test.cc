@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/bf16.h"
+#include "parallel/forwarding_group.h"
 #include "parallel/local_ranks.h"
 #include "parallel/parallel_dims.h"
 #include "rendezvous/client/store.h"
@@ -52,8 +53,19 @@ struct RankResult {
 
 // Trains `config` on replicate x shard ranks as threads (zero 0: one
 // process, no strategy), FSDP gathering parameters in `gather`.
+// A Gloo group that says what NCCL's says: it takes device memory only.
+// FSDP's shard and replicate groups are NCCL's on CUDA, so FSDP must pass
+// them only its buffers from the model's back end, never host memory (the
+// control plane's, parallel/collectives.h, refuses such a group).
+class DeviceMemoryOnly final : public parallel::ForwardingGroup {
+ public:
+  using ForwardingGroup::ForwardingGroup;
+  bool takes_host_memory() const override { return false; }
+};
+
 std::vector<RankResult> Train(const TrainConfig& config, int zero, int replicate, int shard,
-                              GatherDtype gather = GatherDtype::kAuto) {
+                              GatherDtype gather = GatherDtype::kAuto,
+                              bool device_only_data_groups = false) {
   const int world = replicate * shard;
   std::vector<RankResult> results(world);
   std::unique_ptr<FILE, int (*)(FILE*)> sink(std::fopen("/dev/null", "w"), &std::fclose);
@@ -97,6 +109,15 @@ std::vector<RankResult> Train(const TrainConfig& config, int zero, int replicate
   } else {
     connect(parallel::ParallelDims::Dim::kDpShard, &shards);
     connect(parallel::ParallelDims::Dim::kDpReplicate, &replicas);
+  }
+  if (device_only_data_groups) {
+    for (std::vector<parallel::ProcessGroup*>* groups : {&shards, &replicas}) {
+      for (parallel::ProcessGroup*& group : *groups) {
+        if (group == nullptr) continue;
+        owned_groups.push_back(std::make_unique<DeviceMemoryOnly>(group));
+        group = owned_groups.back().get();
+      }
+    }
   }
   parallel::OnEveryRank(world, [&](int rank) {
     RankResult& result = results[rank];
@@ -208,6 +229,15 @@ TEST_CASE("HSDP: 2 replicas x 2 shards match one process") {
   const RankResult one = Train(SmallJob(8, 1), 0, 1, 1)[0];
   CheckMatches(Train(SmallJob(2, 1), 3, 2, 2), one);
   CheckMatches(Train(SmallJob(2, 1), 2, 2, 2), one);
+}
+
+TEST_CASE("FSDP and HSDP pass their data groups no host memory (NCCL's takes device memory only)") {
+  // The same jobs with shard and replicate groups that refuse the control
+  // plane's host buffers: the gradient norm, once all-gathered over the
+  // shard group from the stack, goes over the control group.
+  const RankResult one = Train(SmallJob(8, 1), 0, 1, 1)[0];
+  CheckMatches(Train(SmallJob(4, 1), 3, 1, 2, GatherDtype::kAuto, true), one);
+  CheckMatches(Train(SmallJob(2, 1), 3, 2, 2, GatherDtype::kAuto, true), one);
 }
 
 TEST_CASE("each rank holds the bytes of the memory formula") {
