@@ -339,7 +339,15 @@ class NcclGroup : public ProcessGroup {
           cudaEventRecord(event, static_cast<cudaStream_t>(comm_->options.compute_stream)),
           "cudaEventRecord");
     }
-    if (!recorded.ok()) return WorkQueue::Finished(recorded);
+    if (!recorded.ok()) {
+      // CUDA itself failed: this rank skips a collective its peers issue,
+      // so break the group now, which frees them, rather than let them
+      // time out.
+      const absl::Status status(recorded.code(), absl::StrCat(what, " on rank ", rank_, " of ",
+                                                              size_, ": ", recorded.message()));
+      Abort(status);
+      return WorkQueue::Finished(status);
+    }
     return queue_->Enqueue(
         absl::StrCat(what, " on rank ", rank_, " of ", size_),
         [comm = comm_, ready = std::move(ready), launch = std::move(launch)](absl::Time deadline) {
@@ -405,6 +413,10 @@ class NcclGroup : public ProcessGroup {
       if (status.ok()) absl::SleepFor(kPollInterval);
     }
     cudaEventDestroy(done);
+    // An Abort between the kernel's end and here (ncclCommAbort also ends
+    // a collective's kernel early, and the event then completes): the
+    // operation failed, whatever the event says.
+    if (status.ok()) status = comm.AsyncError("operation");
     return status;
   }
 
