@@ -8,6 +8,7 @@
 //
 //   bazel run -c opt //tools:bench_train -- [--steps 10] [--big-steps 3]
 #include <unistd.h>
+#include <algorithm>
 
 #include <chrono>
 #include <cstdio>
@@ -95,9 +96,10 @@ std::string TorchScript() {
   return "";
 }
 
-// Runs the PyTorch twin of model (a); returns its ms/step, or 0 if torch or
-// the script is unavailable.
-double TorchMsPerStep(int B, int T, int warmup, int steps, int threads) {
+// Runs the PyTorch twin of model (a) with `env` (VAR=value ..., may be
+// empty) before the command; returns its ms/step, or 0 if torch or the
+// script is unavailable.
+double TorchMsPerStep(int B, int T, int warmup, int steps, int threads, const std::string& env) {
   const char* python = "/usr/bin/python3";
   if (access(python, X_OK) != 0 ||
       std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0) {
@@ -110,9 +112,9 @@ double TorchMsPerStep(int B, int T, int warmup, int steps, int threads) {
     return 0;
   }
   std::string command = absl::StrFormat(
-      "%s %s --layers 4 --dim 256 --heads 4 --vocab 256 --seq %d --batch %d --steps %d "
+      "%s%s %s --layers 4 --dim 256 --heads 4 --vocab 256 --seq %d --batch %d --steps %d "
       "--warmup %d --threads %d 2>&1",
-      python, script, T, B, steps, warmup, threads);
+      env.empty() ? "" : "env " + env + " ", python, script, T, B, steps, warmup, threads);
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return 0;
   std::string output;
@@ -180,10 +182,25 @@ int Main(int argc, char** argv) {
     int threads = 0;
     if (const char* omp = std::getenv("OMP_NUM_THREADS")) threads = std::atoi(omp);
     if (threads <= 0) threads = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-    double torch_ms = TorchMsPerStep(8, 128, warmup, steps, threads);
+    double torch_ms = TorchMsPerStep(8, 128, warmup, steps, threads, "");
+    if (torch_ms > 0 && threads > 1) {
+      // Debian's PyTorch takes its GEMMs from the pthreads build of
+      // OpenBLAS, whose thread pool spins against OpenMP's (ours did too,
+      // kernels/cpu_gemm.h): with 2 threads on 2 cores its step took
+      // 1.7-1.9x as long as with OpenBLAS held to one thread
+      // (2026-11-26). A user would run it the faster way, so the peer is
+      // measured both ways and the faster one is compared.
+      const double one_blas_thread =
+          TorchMsPerStep(8, 128, warmup, steps, threads, "OPENBLAS_NUM_THREADS=1");
+      std::printf(
+          "(a) in PyTorch on the CPU (%d threads): %.1f ms/step; with OPENBLAS_NUM_THREADS=1: "
+          "%.1f ms/step\n",
+          threads, torch_ms, one_blas_thread);
+      if (one_blas_thread > 0) torch_ms = std::min(torch_ms, one_blas_thread);
+    }
     if (torch_ms > 0) {
       std::printf(
-          "(a) in PyTorch on the CPU (%d threads): %.1f ms/step; "
+          "(a) in PyTorch on the CPU (%d threads, the faster way): %.1f ms/step; "
           "PyTorch time / muster time = %.2f (above 1: muster is faster)\n",
           threads, torch_ms, torch_ms / a->ms_per_step);
     }
