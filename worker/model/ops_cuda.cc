@@ -141,7 +141,9 @@ class CudaOps final : public Ops {
                    int step) override {
     const AdamWTable* table = FindAdamWTable(runs);
     if (table == nullptr) table = UploadAdamWTable(runs);
-    if (table == nullptr) return;
+    // No table (its upload failed: status() says why), or nothing to update
+    // (an FSDP rank's empty slice of a stage smaller than the shard group).
+    if (table == nullptr || table->chunk_count == 0) return;
     Check("adamw",
           k::fast::AdamWUpdateChunks(params, m, v, grads, params_bf16, table->chunks,
                                      table->chunk_count, table->aligned, hyper, step, kStream));
@@ -186,7 +188,9 @@ class CudaOps final : public Ops {
     cudaError_t error = cudaMalloc(ptr, bytes);
     if (error != cudaErrorMemoryAllocation || pool_ == nullptr) return error;
     cudaGetLastError();  // the allocation failure is not sticky: clear it
-    if (cudaDeviceSynchronize() != cudaSuccess) return error;
+    // A kernel that faulted earlier shows here: that error, not out of
+    // memory, is the one to report (AllocFailed makes it INTERNAL).
+    if (const cudaError_t synced = cudaDeviceSynchronize(); synced != cudaSuccess) return synced;
     cudaMemPoolTrimTo(pool_, 0);
     return cudaMalloc(ptr, bytes);
   }
@@ -263,10 +267,12 @@ class CudaOps final : public Ops {
     }
     const std::vector<k::fast::AdamWChunk> pieces = k::fast::SplitAdamWRuns(chunks);
     const size_t bytes = pieces.size() * sizeof(k::fast::AdamWChunk);
-    if (!Check("cudaMalloc", Malloc(reinterpret_cast<void**>(&table.chunks), bytes))) {
-      return nullptr;
+    if (!pieces.empty()) {  // an empty table needs no device memory
+      if (!Check("cudaMalloc", Malloc(reinterpret_cast<void**>(&table.chunks), bytes))) {
+        return nullptr;
+      }
+      ToDevice(table.chunks, pieces.data(), bytes);
     }
-    ToDevice(table.chunks, pieces.data(), bytes);
     table.chunk_count = static_cast<int>(pieces.size());
     adamw_tables_.push_back(std::move(table));
     return &adamw_tables_.back();
