@@ -8,8 +8,8 @@
 //
 //   bazel run -c opt //tools:bench_train -- [--steps 10] [--big-steps 3]
 #include <unistd.h>
-#include <algorithm>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -187,7 +187,7 @@ int Main(int argc, char** argv) {
       // Debian's PyTorch takes its GEMMs from the pthreads build of
       // OpenBLAS, whose thread pool spins against OpenMP's (ours did too,
       // kernels/cpu_gemm.h): with 2 threads on 2 cores its step took
-      // 1.7-1.9x as long as with OpenBLAS held to one thread
+      // 1.4-1.9x as long as with OpenBLAS held to one thread
       // (2026-11-26). A user would run it the faster way, so the peer is
       // measured both ways and the faster one is compared.
       const double one_blas_thread =
