@@ -14,13 +14,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "parallel/poll_backoff.h"
 #include "parallel/work_queue.h"
 
 namespace muster::parallel {
 namespace {
 
 constexpr char kIdKey[] = "nccl_id";
-constexpr absl::Duration kPollInterval = absl::Microseconds(200);
+// Polling an operation (poll_backoff.h): yield for kSpin, then sleep from
+// kFirstSleep, doubling to kLongestSleep. Most collectives of a GPU step
+// end within microseconds to a millisecond.
+constexpr absl::Duration kSpin = absl::Microseconds(50);
+constexpr absl::Duration kFirstSleep = absl::Microseconds(20);
+constexpr absl::Duration kLongestSleep = absl::Microseconds(200);
+// Initialising or finalising a communicator takes milliseconds at least.
+constexpr absl::Duration kSetUpPoll = absl::Microseconds(200);
 
 absl::Status CudaStatus(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return absl::OkStatus();
@@ -48,7 +56,7 @@ absl::Status PollComm(ncclComm_t comm, absl::Time deadline, const char* what) {
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(what, ": still in progress at the deadline"));
     }
-    absl::SleepFor(kPollInterval);
+    absl::SleepFor(kSetUpPoll);
   }
 }
 
@@ -375,6 +383,7 @@ class NcclGroup : public ProcessGroup {
       return s;
     }
     // A non-blocking communicator may still be enqueueing the launch.
+    PollBackoff enqueue_backoff(kSpin, kFirstSleep, kLongestSleep);
     while (true) {
       ncclResult_t state = ncclSuccess;
       absl::Status s = comm.Call("enqueue", [&](ncclComm_t c) {
@@ -386,7 +395,7 @@ class NcclGroup : public ProcessGroup {
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError("enqueue: still in progress at the deadline");
       }
-      absl::SleepFor(kPollInterval);
+      enqueue_backoff.Pause();
     }
     cudaEvent_t done = nullptr;
     if (absl::Status s =
@@ -395,6 +404,7 @@ class NcclGroup : public ProcessGroup {
       return s;
     }
     absl::Status status = CudaStatus(cudaEventRecord(done, comm.stream), "cudaEventRecord");
+    PollBackoff backoff(kSpin, kFirstSleep, kLongestSleep);
     while (status.ok()) {
       cudaError_t query = cudaEventQuery(done);
       if (query == cudaSuccess) break;
@@ -410,7 +420,7 @@ class NcclGroup : public ProcessGroup {
             absl::StrCat("not finished on the GPU within the timeout (",
                          absl::FormatDuration(comm.options.timeout), "); communicator aborted"));
       }
-      if (status.ok()) absl::SleepFor(kPollInterval);
+      if (status.ok()) backoff.Pause();
     }
     cudaEventDestroy(done);
     // An Abort between the kernel's end and here (ncclCommAbort also ends

@@ -1,7 +1,8 @@
 // ProcessGroup over NCCL, on device memory (the contract is
 // parallel/process_group.h). Built only with --config=cuda; without it,
-// CreateNcclGroup returns FAILED_PRECONDITION. Status: compiles and links;
-// untested, as no GPU is available to the project's CI.
+// CreateNcclGroup returns FAILED_PRECONDITION. CI builds and links it; it
+// runs on a lent GPU through scripts/gpu_run.sh (ddp1, fsdp1, fsdpspeed,
+// ddpnccl2, ddpbench), last on an H200 on 2026-11-26.
 //
 // Bootstrap: rank 0 calls ncclGetUniqueId and publishes it in the store
 // under "nccl_id"; the others read it (the store is scoped to the (job,
@@ -13,7 +14,11 @@
 // from the communication thread. Each waits for an event recorded on the
 // issuing thread's compute stream at issue time, so it sees every kernel
 // issued before it. A Work finishes when the GPU has finished the
-// operation; past the timeout the communicator is aborted and the Work
+// operation: the thread polls its event, yielding for 50 us and then
+// sleeping from 20 us doubling to 200 us (parallel/poll_backoff.h), so a
+// collective of tens of microseconds is not held up to a fixed sleep's
+// length (it was 200 us, and 13 back-to-back gathers cost 3.4 ms a
+// step); past the timeout the communicator is aborted and the Work
 // fails with DEADLINE_EXCEEDED. ncclRemoteError / ncclSystemError (a peer
 // or the network failed) are UNAVAILABLE.
 //

@@ -64,7 +64,10 @@ std::string DescribeNcclTransports(const NcclTransports& transports) {
 }
 
 std::optional<std::string> NcclTransportLog(const std::string& dir) {
-  if (std::getenv("NCCL_DEBUG") != nullptr) return std::nullopt;
+  // Any of NCCL's log settings is the user's: all of them stand, unchanged.
+  for (const char* name : {"NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_DEBUG_FILE"}) {
+    if (std::getenv(name) != nullptr) return std::nullopt;
+  }
   const std::string path = absl::StrCat(dir, "/muster-nccl-", getpid(), ".log");
   setenv("NCCL_DEBUG", "INFO", 1);
   setenv("NCCL_DEBUG_SUBSYS", "INIT", 1);

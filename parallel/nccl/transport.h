@@ -5,7 +5,8 @@
 // via P2P/CUMEM"). When the user has not set NCCL_DEBUG, rank 0 asks NCCL
 // for its INIT log in a file of its own (NcclTransportLog), and after the
 // first collective (connections are made lazily) summarizes it in one line.
-// With NCCL_DEBUG set, NCCL's log is the user's and is left alone.
+// With NCCL_DEBUG, NCCL_DEBUG_SUBSYS or NCCL_DEBUG_FILE set, NCCL's log is
+// the user's and all three are left alone (and no summary is printed).
 #pragma once
 
 #include <map>
@@ -30,7 +31,8 @@ NcclTransports ParseNcclTransports(absl::string_view log);
 // "no connections (a world of one)".
 std::string DescribeNcclTransports(const NcclTransports& transports);
 
-// Sets up NCCL's log for the summary: unless NCCL_DEBUG is set, points
+// Sets up NCCL's log for the summary: unless NCCL_DEBUG, NCCL_DEBUG_SUBSYS
+// or NCCL_DEBUG_FILE is set, points
 // NCCL_DEBUG (INFO), NCCL_DEBUG_SUBSYS (INIT) and NCCL_DEBUG_FILE at a file
 // in `dir` and returns its path; std::nullopt when the user's settings
 // stand. Call before NCCL is first used in this process.

@@ -15,12 +15,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "parallel/poll_backoff.h"
 #include "parallel/work_queue.h"
 
 namespace muster::parallel {
 namespace {
 
-// Polling a copy: the first pause, and the longest (the pause doubles).
+// Polling a copy (poll_backoff.h): yield for kSpin, then sleep from
+// kFirstPause, doubling to kLongestPause.
+constexpr absl::Duration kSpin = absl::Microseconds(20);
 constexpr absl::Duration kFirstPause = absl::Microseconds(10);
 constexpr absl::Duration kLongestPause = absl::Microseconds(500);
 
@@ -162,7 +165,7 @@ absl::Status Classify(Region& region, int device) {
 // caller's compute stream, which may never get there.
 absl::Status PollUntilDone(const std::function<cudaError_t()>& query, absl::Time deadline,
                            const char* what) {
-  absl::Duration pause = kFirstPause;
+  PollBackoff backoff(kSpin, kFirstPause, kLongestPause);
   while (true) {
     cudaError_t result = query();
     if (result == cudaSuccess) return absl::OkStatus();
@@ -171,8 +174,7 @@ absl::Status PollUntilDone(const std::function<cudaError_t()>& query, absl::Time
       return absl::DeadlineExceededError(
           absl::StrCat(what, ": not finished within the time left for copying"));
     }
-    absl::SleepFor(pause);
-    pause = std::min(pause * 2, kLongestPause);
+    backoff.Pause();
   }
 }
 

@@ -55,10 +55,12 @@ TEST_CASE("two agents with two workers each give every worker torchrun's environ
       server->endpoint(), "--rdzv_id=envjob",   "--rdzv_conf=token_file=" + dir.File("token"),
       "--log_dir",        dir.File("logs"),     "--tee=3"};
   std::string script = "env > " + dir.path() + "/env.$RANK; echo hello from $RANK";
-  Child first = StartLaunch(Concat(args, ShellWorker(script)), dir.File("agent0.log"),
-                            {"CUDA_VISIBLE_DEVICES=0,1"});
-  Child second = StartLaunch(Concat(args, ShellWorker(script)), dir.File("agent1.log"),
-                             {"CUDA_VISIBLE_DEVICES=0,1"});
+  // NCCL's settings reach the workers unchanged, as under torchrun.
+  const std::vector<std::string> node_env = {"CUDA_VISIBLE_DEVICES=0,1",
+                                             "NCCL_SOCKET_IFNAME=eth0,ib0", "NCCL_IB_HCA=mlx5_0:1",
+                                             "NCCL_DEBUG_SUBSYS=INIT,NET"};
+  Child first = StartLaunch(Concat(args, ShellWorker(script)), dir.File("agent0.log"), node_env);
+  Child second = StartLaunch(Concat(args, ShellWorker(script)), dir.File("agent1.log"), node_env);
   CHECK(ExitCodeWithin(first, absl::Seconds(60)) == 0);
   CHECK(ExitCodeWithin(second, absl::Seconds(60)) == 0);
 
@@ -89,6 +91,9 @@ TEST_CASE("two agents with two workers each give every worker torchrun's environ
           absl::StrCat(dir.File("logs"), "/envjob/attempt_0/", rank, "/error.json"));
     CHECK(env["OMP_NUM_THREADS"] == "1");
     CHECK(env["CUDA_VISIBLE_DEVICES"] == "0,1");
+    CHECK(env["NCCL_SOCKET_IFNAME"] == "eth0,ib0");
+    CHECK(env["NCCL_IB_HCA"] == "mlx5_0:1");
+    CHECK(env["NCCL_DEBUG_SUBSYS"] == "INIT,NET");
     CHECK(env["MUSTER_RDZV_ENDPOINT"] == server->endpoint());
     CHECK(env["MUSTER_JOB"] == "envjob");
     CHECK(env["MUSTER_ROUND"] == "0");

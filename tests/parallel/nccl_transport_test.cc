@@ -43,8 +43,10 @@ TEST_CASE("sockets, a world of one, and text that is not NCCL's") {
   CHECK(ParseNcclTransports("Channel 00 -> via\n\n -> via P2P\x01").connections.empty());
 }
 
-TEST_CASE("the log is asked for only when the user has not set NCCL_DEBUG") {
+TEST_CASE("the log is asked for only when the user has set none of NCCL's log settings") {
   unsetenv("NCCL_DEBUG");
+  unsetenv("NCCL_DEBUG_SUBSYS");
+  unsetenv("NCCL_DEBUG_FILE");
   auto path = NcclTransportLog("/tmp");
   REQUIRE(path.has_value());
   CHECK(std::string(std::getenv("NCCL_DEBUG")) == "INFO");
@@ -56,6 +58,19 @@ TEST_CASE("the log is asked for only when the user has not set NCCL_DEBUG") {
   CHECK_FALSE(NcclTransportLog("/tmp").has_value());
   CHECK(std::string(std::getenv("NCCL_DEBUG")) == "WARN");
   CHECK(std::getenv("NCCL_DEBUG_FILE") == nullptr);
+
+  // NCCL_DEBUG unset, but the user's subsystems or file: left as they are.
+  unsetenv("NCCL_DEBUG");
+  setenv("NCCL_DEBUG_SUBSYS", "COLL", 1);
+  CHECK_FALSE(NcclTransportLog("/tmp").has_value());
+  CHECK(std::getenv("NCCL_DEBUG") == nullptr);
+  CHECK(std::string(std::getenv("NCCL_DEBUG_SUBSYS")) == "COLL");
+  unsetenv("NCCL_DEBUG_SUBSYS");
+  setenv("NCCL_DEBUG_FILE", "/var/log/nccl.%h.%p", 1);
+  CHECK_FALSE(NcclTransportLog("/tmp").has_value());
+  CHECK(std::getenv("NCCL_DEBUG") == nullptr);
+  CHECK(std::string(std::getenv("NCCL_DEBUG_FILE")) == "/var/log/nccl.%h.%p");
+  unsetenv("NCCL_DEBUG_FILE");
 }
 
 }  // namespace

@@ -64,8 +64,8 @@
 // (Ops::AllocTransient: on CUDA stream ordered, so a stage's parameters
 // are freed after its queued kernels without waiting for them). Under
 // HSDP both groups must take the same memory (the worker makes them with
-// Communicator::NewDataGroup). Status on CUDA: compiles and links; not yet
-// run on a GPU.
+// Communicator::NewDataGroup). On CUDA: run on a lent GPU by
+// scripts/gpu_run.sh (fsdp1, fsdp2, hsdp, fsdpspeed).
 //
 // Errors: the groups' (parallel/process_group.h). An error inside a stage
 // hook (a failed gather) is kept and returned by the next
