@@ -77,6 +77,7 @@ class TimedPipeline final : public worker::ParallelStrategy {
     return inner_->CheckpointLoad(total);
   }
   absl::Status StateLoaded(worker::GptModel* model) override { return inner_->StateLoaded(model); }
+  absl::Status AfterRun(worker::GptModel* model) override { return inner_->AfterRun(model); }
 
  private:
   worker::Pipeline* const inner_;

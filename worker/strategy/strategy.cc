@@ -65,6 +65,8 @@ std::vector<FlatRange> SingleProcess::CheckpointLoad(uint64_t total) const {
 
 absl::Status SingleProcess::StateLoaded(GptModel* model) { return absl::OkStatus(); }
 
+absl::Status SingleProcess::AfterRun(GptModel* model) { return absl::OkStatus(); }
+
 absl::StatusOr<StepLoss> RunMicroSteps(ParallelStrategy* strategy, GptModel* model,
                                        const MicroBatches& batches, bool backward) {
   const size_t tokens = static_cast<size_t>(batches.B) * batches.T;

@@ -17,7 +17,9 @@
 //   CheckpointFiles,   what each rank writes to a checkpoint, what this
 //   CheckpointLoad,    rank reads back at a resume (through its AdamW,
 //   StateLoaded        which holds the parameters it owns), and what it
-//                      does once they are loaded.
+//                      does once they are loaded;
+//   AfterRun           its report at the end of a run (FSDP: a fingerprint
+//                      of the gathered parameters).
 //
 // It also gives the job's control plane (control(): losses, votes, the
 // checkpoint's agreement, over host memory) and where the rank sits
@@ -144,6 +146,12 @@ class ParallelStrategy {
   // every parameter copy the next Forward reads up to date. A collective
   // on every rank.
   virtual absl::Status StateLoaded(GptModel* model) = 0;
+
+  // After the last step and the final checkpoint (not on a preemption
+  // exit), on every rank: the strategy's closing report. FSDP prints each
+  // rank's fingerprint of the parameters it gathers, which every rank
+  // must share (a collective); the others do nothing.
+  virtual absl::Status AfterRun(GptModel* model) = 0;
 };
 
 // ForwardBackward (and ForwardOnly, with `backward` false) for a strategy
@@ -179,6 +187,7 @@ class SingleProcess final : public ParallelStrategy {
   std::vector<std::vector<FlatRange>> CheckpointFiles(uint64_t total) const override;
   std::vector<FlatRange> CheckpointLoad(uint64_t total) const override;
   absl::Status StateLoaded(GptModel* model) override;
+  absl::Status AfterRun(GptModel* model) override;
 
  private:
   parallel::ParallelDims dims_;

@@ -261,7 +261,9 @@ absl::Status Trainer::Run() {
     progress_.Draw(state_.step, first, total, elapsed);
   }
   progress_.Clear();
-  return checkpoints_->SaveFinal(*model_, *optimizer_, state_);
+  absl::Status saved = checkpoints_->SaveFinal(*model_, *optimizer_, state_);
+  if (!saved.ok()) return saved;
+  return strategy_->AfterRun(model_.get());
 }
 
 }  // namespace muster::worker

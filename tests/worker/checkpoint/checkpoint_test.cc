@@ -199,6 +199,7 @@ class ScatteredSingleProcess final : public ParallelStrategy {
     ++state_loaded;
     return single_.StateLoaded(model);
   }
+  absl::Status AfterRun(GptModel* model) override { return single_.AfterRun(model); }
 
   int state_loaded = 0;  // calls of StateLoaded
 

@@ -17,12 +17,14 @@
 // 2 or 3 (the head, 2C = 70, is even whatever C is).
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
@@ -104,6 +106,29 @@ void CheckMemoryLines(const std::string& console, int world) {
   }
 }
 
+// One parameter fingerprint per rank (Fsdp::AfterRun), all the same: every
+// rank gathered the same bits, HSDP's replicas too.
+void CheckFingerprints(const std::string& console, int world) {
+  std::map<int, std::string> by_rank;
+  for (absl::string_view line : absl::StrSplit(console, '\n')) {
+    const size_t at = line.find("worker: fsdp rank ");
+    if (at == absl::string_view::npos || !absl::StrContains(line, " parameters: fnv1a64 ")) {
+      continue;
+    }
+    int rank = -1;
+    absl::string_view rest = line.substr(at + std::strlen("worker: fsdp rank "));
+    REQUIRE(absl::SimpleAtoi(rest.substr(0, rest.find(' ')), &rank));
+    by_rank[rank] = std::string(rest.substr(rest.rfind(' ') + 1));
+  }
+  INFO(console);
+  REQUIRE(static_cast<int>(by_rank.size()) == world);
+  for (const auto& [rank, fingerprint] : by_rank) {
+    INFO("rank " << rank);
+    CHECK(fingerprint.size() == 16);
+    CHECK(fingerprint == by_rank.begin()->second);
+  }
+}
+
 TEST_CASE("ZeRO-1/2/3 at 2 and 3 ranks and HSDP 2x2 follow the 1-process loss curve") {
   TempDir dir;
   WriteCorpus(dir.path());
@@ -135,6 +160,7 @@ TEST_CASE("ZeRO-1/2/3 at 2 and 3 ranks and HSDP 2x2 follow the 1-process loss cu
     CHECK(losses.size() == kSteps);
     CheckFollows(losses, reference, name);
     CheckMemoryLines(ReadFile(dir.File(name + ".log")), config.world);
+    CheckFingerprints(ReadFile(dir.File(name + ".log")), config.world);
   }
 }
 

@@ -46,6 +46,7 @@ struct RankResult {
   std::vector<float> losses;
   std::vector<float> grad_norms;             // AdamW hides a gradient's scale; the norm does not
   std::vector<std::vector<float>> gathered;  // every stage's full parameters
+  uint64_t fingerprint = 0;                  // Fsdp::ParamsFingerprint
   FsdpMemory memory;
   uint64_t owned = 0;
   std::vector<size_t> stage_sizes;
@@ -151,6 +152,12 @@ std::vector<RankResult> Train(const TrainConfig& config, int zero, int replicate
       }
       result.gathered.push_back(*std::move(gathered));
     }
+    auto fingerprint = fsdp.ParamsFingerprint();
+    if (!fingerprint.ok()) {
+      result.error = fingerprint.status().ToString();
+      return 0;
+    }
+    result.fingerprint = *fingerprint;
     result.memory = fsdp.memory();
     result.owned = fsdp.owned_floats();
     return 0;
@@ -172,8 +179,19 @@ void CheckMatches(const std::vector<RankResult>& ranks, const RankResult& one,
             grad_relative * one.grad_norms[step]);
     }
   }
-  // Every rank sees the same full parameters, bit for bit.
-  for (const RankResult& rank : ranks) CHECK(rank.gathered == ranks[0].gathered);
+  // Every rank sees the same full parameters, bit for bit, and its
+  // fingerprint is FNV-1a of their bytes in stage order.
+  for (const RankResult& rank : ranks) {
+    CHECK(rank.gathered == ranks[0].gathered);
+    uint64_t fnv = 14695981039346656037ull;
+    for (const std::vector<float>& stage : rank.gathered) {
+      const auto* bytes = reinterpret_cast<const unsigned char*>(stage.data());
+      for (size_t i = 0; i < stage.size() * sizeof(float); ++i) {
+        fnv = (fnv ^ bytes[i]) * 1099511628211ull;
+      }
+    }
+    CHECK(rank.fingerprint == fnv);
+  }
 }
 
 TEST_CASE("FSDP ZeRO-1, 2 and 3 at 2 and 3 ranks match one process at the same global batch") {

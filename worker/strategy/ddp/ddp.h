@@ -67,6 +67,8 @@ class Ddp : public ParallelStrategy {
   std::vector<std::vector<FlatRange>> CheckpointFiles(uint64_t total) const override;
   std::vector<FlatRange> CheckpointLoad(uint64_t total) const override;
   absl::Status StateLoaded(GptModel* model) override;
+  // Nothing: every rank holds the whole model, kept equal by the reduction.
+  absl::Status AfterRun(GptModel* model) override { return absl::OkStatus(); }
 
   // nullptr until Build.
   const parallel::GradientReducer* reducer() const { return reducer_.get(); }

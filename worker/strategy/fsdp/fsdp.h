@@ -169,6 +169,10 @@ class Fsdp final : public ParallelStrategy {
   std::vector<std::vector<FlatRange>> CheckpointFiles(uint64_t total) const override;
   std::vector<FlatRange> CheckpointLoad(uint64_t total) const override;
   absl::Status StateLoaded(GptModel* model) override;
+  // Prints "worker: fsdp rank R parameters: fnv1a64 <16 hex digits>", the
+  // hash of every stage's gathered parameters in order (ParamsFingerprint):
+  // the same on every rank, HSDP's replicas too, when the shards agree.
+  absl::Status AfterRun(GptModel* model) override;
 
   const FsdpMemory& memory() const { return memory_; }
   const FsdpWaits& waits() const { return waits_; }
@@ -180,6 +184,9 @@ class Fsdp final : public ParallelStrategy {
   // for the call if needed (tests: every rank must see the same bits).
   // A collective over the shard group.
   absl::StatusOr<std::vector<float>> GatheredParams(int stage);
+  // FNV-1a (64-bit) of the bytes of GatheredParams(0), (1), ... in order.
+  // A collective over the shard group.
+  absl::StatusOr<uint64_t> ParamsFingerprint();
 
  private:
   class Buffer;  // memory of the model's back end (fsdp.cc)

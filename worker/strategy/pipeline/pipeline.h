@@ -156,6 +156,8 @@ class Pipeline final : public ParallelStrategy {
   std::vector<std::vector<FlatRange>> CheckpointFiles(uint64_t total) const override;
   std::vector<FlatRange> CheckpointLoad(uint64_t total) const override;
   absl::Status StateLoaded(GptModel* model) override;
+  // Nothing: each stage's ranks hold different parameters.
+  absl::Status AfterRun(GptModel* model) override { return absl::OkStatus(); }
 
   // Blocks per pipeline stage, pp x V of them (after Build).
   const std::vector<int>& split() const { return split_; }
