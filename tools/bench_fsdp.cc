@@ -148,11 +148,13 @@ int PrintThroughput(const worker::TrainConfig& config, int nproc, int warmup, in
   }
   std::printf(
       "\n  the exposed waits split (per step, medians, ms): each rank's own, and the mean over "
-      "ranks of the\n  waits counted from when every rank had issued the collective (the rest "
-      "is waiting for a peer to arrive)\n");
-  std::printf("  %-12s %24s %12s %10s\n", "job", "exposed per rank", "peers there", "hidden");
+      "ranks of the\n  waits counted from when every rank had issued the collective; skew = "
+      "the mean exposed less that: waiting for\n  a peer to arrive, which DDP's bucket waits "
+      "(its row) pay too\n");
+  std::printf("  %-12s %24s %12s %8s %10s\n", "job", "exposed per rank", "peers there", "skew",
+              "hidden");
   for (const Job& job : jobs) {
-    if (job.zero == 0 || job.runs.empty()) continue;
+    if (job.runs.empty()) continue;
     std::string per_rank;
     for (size_t r = 0; r < job.runs[0].exposed_rank_ms.size(); ++r) {
       std::vector<double> values;
@@ -160,13 +162,19 @@ int PrintThroughput(const worker::TrainConfig& config, int nproc, int warmup, in
       absl::StrAppend(&per_rank, per_rank.empty() ? "" : " / ",
                       absl::StrFormat("%.2f", Median(values)));
     }
-    const double alone = MedianOf(job, &ThreadsRun::alone_ms);
     const double arrived = MedianOf(job, &ThreadsRun::exposed_arrived_ms);
     if (arrived < 0) {
       std::printf("  %-12s %24s %12s\n", job.name.c_str(), per_rank.c_str(), "(no line-up)");
+      continue;
+    }
+    const double skew = MedianOf(job, &ThreadsRun::exposed_ms) - arrived;
+    if (job.zero == 0) {
+      std::printf("  %-12s %24s %12.2f %8.2f %10s\n", job.name.c_str(), per_rank.c_str(), arrived,
+                  skew, "-");
     } else {
-      std::printf("  %-12s %24s %12.2f %9.0f%%\n", job.name.c_str(), per_rank.c_str(), arrived,
-                  100 * (1 - arrived / alone));
+      const double alone = MedianOf(job, &ThreadsRun::alone_ms);
+      std::printf("  %-12s %24s %12.2f %8.2f %9.0f%%\n", job.name.c_str(), per_rank.c_str(),
+                  arrived, skew, 100 * (1 - arrived / alone));
     }
   }
   std::printf(

@@ -68,8 +68,8 @@ class TimedWork final : public parallel::Work {
 
 // A ProcessGroup that passes everything to `inner` and, while recording,
 // notes each AllGather and ReduceScatter; while timing step `step` (>= 0),
-// also when each is issued and waited for. Only the training thread
-// issues, so the lists need no lock.
+// also when each of those and each AllReduce (DDP's buckets) is issued and
+// waited for. Only the training thread issues, so the lists need no lock.
 class RecordingGroup final : public parallel::ForwardingGroup {
  public:
   explicit RecordingGroup(parallel::ProcessGroup* inner) : ForwardingGroup(inner) {}
@@ -96,6 +96,11 @@ class RecordingGroup final : public parallel::ForwardingGroup {
                                                 std::vector<size_t> counts) override {
     if (recording_) recorded_.push_back({true, counts, true});
     return Timed(inner().AllGatherBf16(input, output, counts));
+  }
+  // Timed, not recorded: DDP's waits are measured, not replayed.
+  std::shared_ptr<parallel::Work> AllReduce(absl::Span<float> data,
+                                            parallel::ReduceOp op) override {
+    return Timed(inner().AllReduce(data, op));
   }
 
  private:
@@ -196,7 +201,7 @@ absl::Status RunRank(worker::TrainConfig config, int zero, worker::GatherDtype g
   worker::Fsdp* fsdp = nullptr;
   if (zero == 0) {
     config.parallel.strategy = "ddp";
-    strategy = std::make_unique<worker::Ddp>(group, control,
+    strategy = std::make_unique<worker::Ddp>(&recorder, control,
                                              worker::BucketOptionsFor(config.parallel), "gloo");
   } else {
     config.parallel.strategy = "fsdp";
@@ -243,7 +248,16 @@ absl::Status RunRank(worker::TrainConfig config, int zero, worker::GatherDtype g
   recorder.set_recording(false);
   recorder.set_timing_step(-1);
   samples->timings.assign(recorder.timings().begin(), recorder.timings().end());
-  if (fsdp == nullptr) return absl::OkStatus();
+  if (fsdp == nullptr) {
+    // DDP: the training thread's waits on its buckets, per timed step.
+    samples->exposed_ms.assign(steps, 0.0);
+    for (const Timing& timing : samples->timings) {
+      if (timing.waited && timing.step < steps) {
+        samples->exposed_ms[timing.step] += Ms(timing.wait_end - timing.wait_start);
+      }
+    }
+    return absl::OkStatus();
+  }
   samples->replayed = recorder.recorded();
   // Two untimed rounds first, as the steps had their warm-up: the first
   // rounds are 3-4x slower (fresh memory for the group's scratch buffers).
@@ -325,10 +339,8 @@ absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int 
                         config.data.grad_accumulation * config.model.seq_len * steps;
   run.tokens_per_s = tokens / (elapsed_ms / 1e3);
   run.ms_per_step = elapsed_ms / steps;
-  if (zero == 0) return run;
   run.exposed_ms = Median(AcrossRanks(samples, &RankSamples::exposed_ms, false));
   run.exposed_least_ms = Median(AcrossRanks(samples, &RankSamples::exposed_ms, true));
-  run.alone_ms = Median(AcrossRanks(samples, &RankSamples::alone_ms, true));
   for (const RankSamples& rank : samples) run.exposed_rank_ms.push_back(Median(rank.exposed_ms));
   std::vector<double> after_arrival;
   if (ExposedAfterArrival(samples, steps, &after_arrival)) {
@@ -336,6 +348,8 @@ absl::StatusOr<ThreadsRun> RunThreadsJob(const worker::TrainConfig& config, int 
   } else {
     run.exposed_arrived_ms = -1;
   }
+  if (zero == 0) return run;  // DDP: nothing replayed alone
+  run.alone_ms = Median(AcrossRanks(samples, &RankSamples::alone_ms, true));
   run.gathers = static_cast<int>(samples[0].waits_per_step.gathers);
   run.reduces = static_cast<int>(samples[0].waits_per_step.reduces);
   run.replayed = static_cast<int>(samples[0].replayed.size());

@@ -7,7 +7,8 @@
 // Throughput: global tokens over the wall time of the timed steps (the
 // slowest rank's; the step's loss all-reduce keeps the ranks in step).
 //
-// Communication hidden behind compute (FSDP only):
+// Communication hidden behind compute (the waits also for DDP, whose bucket
+// all-reduces are timed the same way; `alone` and `hidden` FSDP only):
 //   exposed  Fsdp::waits() gather_s + reduce_s added during one step: the
 //            time the training thread blocked on the step's all-gathers
 //            and reduce-scatters. Per step, the mean over ranks (what a
@@ -46,7 +47,7 @@ namespace muster::tools {
 struct ThreadsRun {
   double tokens_per_s = 0;  // global
   double ms_per_step = 0;
-  // FSDP only (zero > 0), per step:
+  // Per step (DDP: the waits on its buckets' all-reduces):
   double exposed_ms = 0;        // mean over ranks
   double exposed_least_ms = 0;  // the least rank's
   // The mean over ranks of the waits from the moment every rank had issued
@@ -54,6 +55,7 @@ struct ThreadsRun {
   // arrive (-1 if the ranks' collectives did not line up).
   double exposed_arrived_ms = 0;
   std::vector<double> exposed_rank_ms;  // each rank's median
+  // FSDP only (zero > 0):
   double alone_ms = 0;
   int gathers = 0;         // all-gathers Fsdp issued (waits().gathers)
   int reduces = 0;         // reduce-scatters (waits().reduces)
