@@ -268,7 +268,19 @@ class NcclGroup : public ProcessGroup {
     });
   }
 
-  GroupHealth Health() const override { return queue_->health(); }
+  GroupHealth Health() const override {
+    GroupHealth health = queue_->health();
+    if (health.error.ok()) {
+      // The watchdog asks every 100 ms. The communication thread polls
+      // ncclCommGetAsyncError only while an operation runs, so a failure
+      // NCCL sees between collectives (a peer's connection lost:
+      // ncclRemoteError) would otherwise wait for the next one; asked
+      // here, the watchdog aborts within its period.
+      absl::Status async = comm_->AsyncError("communicator, between operations");
+      if (!async.ok()) health.error = async;
+    }
+    return health;
+  }
 
   void Abort(const absl::Status& cause) override {
     // The communicator first, then the queue: ncclCommAbort ends the

@@ -22,6 +22,10 @@
 // fails with DEADLINE_EXCEEDED. ncclRemoteError / ncclSystemError (a peer
 // or the network failed) are UNAVAILABLE.
 //
+// Health adds the communicator's asynchronous error (ncclCommGetAsyncError)
+// to the queue's, so the watchdog, which asks every 100 ms, also sees a
+// failure NCCL notices between operations.
+//
 // Abort (process_group.h) may come from another thread (the watchdog): every
 // NCCL call on the communicator goes through one lock, and once aborted the
 // communication thread's next poll returns the abort's cause. What the
