@@ -2,7 +2,7 @@
 // parallel/process_group.h). Built only with --config=cuda; without it,
 // CreateNcclGroup returns FAILED_PRECONDITION. CI builds and links it; it
 // runs on a lent GPU through scripts/gpu_run.sh (ddp1, fsdp1, fsdpspeed,
-// ddpnccl2, ddpbench), last on an H200 on 2026-11-26.
+// ddpnccl2, ddpbench), on an H200 and an H100 on 2026-11-26.
 //
 // Bootstrap: rank 0 calls ncclGetUniqueId and publishes it in the store
 // under "nccl_id"; the others read it (the store is scoped to the (job,
