@@ -3,9 +3,10 @@
 # the shared libraries Debian provides for them, the example configs and a
 # small token data set into one relocatable tarball for a GPU node:
 #
-#   OUTDIR/muster/bin/       worker, launch, bench_gpu, bench_ddp, bench_fsdp (CPU),
-#                            cuda_link_check, the CUDA tests
-#                            (RPATH $ORIGIN/../lib), bench_gpu_torch.py
+#   OUTDIR/muster/bin/       worker, launch, bench_gpu, bench_flash, bench_ddp,
+#                            bench_fsdp (CPU), cuda_link_check, the CUDA tests
+#                            (RPATH $ORIGIN/../lib), bench_gpu_torch.py,
+#                            bench_flash_torch.py
 #   OUTDIR/muster/lib/       their shared libraries (RPATH $ORIGIN), less the
 #                            ones the node must provide itself (see EXCLUDED)
 #   OUTDIR/muster/examples/  examples/*.yaml
@@ -30,6 +31,7 @@ GPU_TARGETS_DEFAULT=(
   //launcher:launch
   //parallel/nccl:nccl_link_check
   //tools:bench_gpu
+  //tools:bench_flash
   //tools:bench_fsdp
   //tools:bench_ddp
   //kernels:cuda_link_check
@@ -215,9 +217,9 @@ $ldd_out"
   done <<< "$ldd_out"
 done
 
-if [ -f tools/bench_gpu_torch.py ]; then
-  cp tools/bench_gpu_torch.py "$stage/bin/"
-fi
+for peer in tools/bench_gpu_torch.py tools/bench_flash_torch.py; do
+  if [ -f "$peer" ]; then cp "$peer" "$stage/bin/"; fi
+done
 cp examples/*.yaml "$stage/examples/"
 
 echo "== demo data: $data_bytes bytes of fortunes text -> $stage/data/tiny"

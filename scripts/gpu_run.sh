@@ -15,6 +15,8 @@
 #              threads sharing GPU 0 over 127.0.0.1
 #   sanitizer  compute-sanitizer --tool memcheck bin/fast_cuda_test $SANITIZER_ARGS
 #   bench      bin/bench_gpu $BENCH_ARGS
+#   flash      bin/bench_flash $FLASH_ARGS: the flash-attention kernels alone
+#              per tiling, against PyTorch's scaled_dot_product_attention
 #   fsdpcpu    bin/bench_fsdp --skip-rss $FSDP_ARGS: FSDP against DDP and the
 #              communication hidden, on the node's CPU cores (no GPU): the
 #              same measurement as on a 2-core machine, without two ranks and
@@ -105,7 +107,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-ALL_STEPS=(selfcheck link kernels model staged sanitizer bench fsdpcpu torch train curve determinism
+ALL_STEPS=(selfcheck link kernels model staged sanitizer bench flash fsdpcpu torch train curve determinism
            resume ddp1 ddp2 ddpnccl2 ddpkill ddpbench fsdp1 fsdp2 hsdp fsdpspeed)
 DEFAULT_STEPS=(link kernels model bench)
 
@@ -310,6 +312,12 @@ step_bench() {
   local -a args
   mapfile -t args < <(words BENCH_ARGS)
   need bin/bench_gpu && bundled bin/bench_gpu "${args[@]}"
+}
+
+step_flash() {
+  local -a args
+  mapfile -t args < <(words FLASH_ARGS)
+  need bin/bench_flash && bundled bin/bench_flash "${args[@]}"
 }
 
 step_fsdpcpu() {

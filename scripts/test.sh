@@ -27,7 +27,8 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   # CI proves they compile and link; scripts/gpu_run.sh runs them on a GPU.
   if bazel build --config=cuda //... //kernels:cuda_link_check \
       //tests/kernels:fast_cuda_test //tests/worker/model:model_cuda_test \
-      //tests/parallel:staged_group_cuda_test //parallel/nccl:nccl_link_check; then
+      //tests/parallel:staged_group_cuda_test //parallel/nccl:nccl_link_check \
+      //tools:bench_flash; then
     passed=$((passed + 1))
   else
     echo "test: --config=cuda build FAILED" >&2

@@ -1,8 +1,10 @@
 // Flash attention forward and backward (flash_attention.h) on mma.sync.
 //
-// A block is 4 warps; each warp owns 16 rows of a 64-row tile. Fragments
-// of m16n8k16 (PTX ISA, "mma.m16n8k16"), with g = lane / 4 and
-// q = lane % 4:
+// A block is 4 warps; each warp owns 32 rows (two 16-row MMA tiles) of
+// the block's 128, so every B fragment read from shared memory feeds two
+// MMAs per n-tile, not one. The other side streams through shared memory
+// in 64-row tiles, double-buffered. Fragments of m16n8k16 (PTX ISA, "mma.m16n8k16"), with g = lane
+// / 4 and q = lane % 4:
 //   A (16 x 16, row-major): a0 (g, 2q..2q+1), a1 (g+8, 2q..), a2 (g, 2q+8..),
 //                           a3 (g+8, 2q+8..)
 //   B (16 x 8):             b0 (k = 2q..2q+1, n = g), b1 (k = 2q+8.., n = g)
@@ -23,7 +25,7 @@
 namespace muster::kernels::fast {
 namespace {
 
-constexpr int kTile = 64;  // rows of a tile (queries or keys)
+constexpr int kTile = 64;  // rows of a streamed tile (keys, or queries for dK/dV)
 constexpr int kHs = kFlashHeadSize;
 constexpr int kLd = kHs + 8;  // padded row, in bf16 elements
 constexpr int kWarps = 4;
@@ -55,6 +57,30 @@ __device__ __forceinline__ Frag LoadA(const bf16* tile, int row0, int kc, int g,
   const bf16* top = tile + (row0 + g) * kLd + 16 * kc + 2 * q;
   const bf16* bottom = top + 8 * kLd;
   return Frag{{Load32(top), Load32(bottom), Load32(top + 8), Load32(bottom + 8)}};
+}
+// The A fragments of a warp's M row tiles (rows row0 + 16m..) of a
+// [row][64 dims] tile, all four k-chunks: the operand a warp keeps in
+// registers for the whole loop.
+template <int M>
+__device__ __forceinline__ void LoadRowFragments(Frag (*a)[kHs / 16], const bf16* tile, int row0,
+                                                 int g, int q) {
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int kc = 0; kc < kHs / 16; ++kc) a[m][kc] = LoadA(tile, row0 + 16 * m, kc, g, q);
+}
+
+// The same fragment with one ldmatrix.x4: matrix i covers rows + 8 (i & 1),
+// dims + 8 (i >> 1), which is the order of a0..a3.
+__device__ __forceinline__ Frag LoadAMatrix(const bf16* tile, int row0, int kc, int lane) {
+  const int matrix = lane / 8, row = lane % 8;
+  const bf16* p = tile + (row0 + 8 * (matrix & 1) + row) * kLd + 16 * kc + 8 * (matrix >> 1);
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  Frag f;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
+               : "r"(address));
+  return f;
 }
 // The B fragments of two neighbouring n-tiles (n0.. and n0 + 8..) for
 // k-chunk k0, with one ldmatrix.x4: b[0], b[1] for the first tile, b[2],
@@ -90,11 +116,12 @@ __device__ __forceinline__ Frag AccToA(const float (*acc)[4], int j) {
                Pack2(acc[2 * j + 1][2], acc[2 * j + 1][3])}};
 }
 
-// Copies rows [row0, row0 + 64) of one head's slice (64 dims at `base`,
+// Copies rows [row0, row0 + kRows) of one head's slice (64 dims at `base`,
 // rows `row_stride` elements apart) into a padded tile; rows >= T are 0.
+template <int kRows>
 __device__ __forceinline__ void LoadTile(bf16* tile, const bf16* base, size_t row_stride, int row0,
                                          int T) {
-  for (int i = threadIdx.x; i < kTile * (kHs / 8); i += kThreads) {
+  for (int i = threadIdx.x; i < kRows * (kHs / 8); i += kThreads) {
     const int r = i / (kHs / 8), c = (i % (kHs / 8)) * 8;
     Pack<bf16> v;
     if (row0 + r < T) {
@@ -163,38 +190,98 @@ __device__ __forceinline__ void Zero(float (*acc)[4]) {
     for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 }
 
-// S (16 x 64) = A-rows (4 k-chunks in registers) @ tile^T, for a tile of
-// 64 rows read as B[k = dim][n = row].
-__device__ __forceinline__ void ProductWithRows(float (*s)[4], const Frag* a, const bf16* tile,
-                                                int lane) {
-  Zero<8>(s);
+// S[m] (16 x 8N) = A[m] (16 rows x 64 dims, in registers) @ rows^T over
+// the first 8N rows of `rows`, read as B[k = dim][n = row]. Each ldmatrix
+// feeds 2M MMAs.
+template <int M, int N>
+__device__ __forceinline__ void ProductWithRows(float (*s)[N][4], const Frag (*a)[kHs / 16],
+                                                const bf16* rows, int lane) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) Zero<N>(s[m]);
 #pragma unroll
   for (int kc = 0; kc < kHs / 16; ++kc) {
 #pragma unroll
-    for (int j = 0; j < kTile / 8; j += 2) {
+    for (int j = 0; j < N; j += 2) {
       uint32_t b[4];
-      LoadBContiguousPair(tile, 8 * j, 16 * kc, lane, b);
-      Mma(s[j], a[kc].r, b[0], b[1]);
-      Mma(s[j + 1], a[kc].r, b[2], b[3]);
+      LoadBContiguousPair(rows, 8 * j, 16 * kc, lane, b);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        Mma(s[m][j], a[m][kc].r, b[0], b[1]);
+        Mma(s[m][j + 1], a[m][kc].r, b[2], b[3]);
+      }
     }
   }
 }
 
-// acc (16 x 64 dims) += P (16 x 64, accumulator layout) @ tile (64 rows x
-// 64 dims), tile read as B[k = row][n = dim].
-__device__ __forceinline__ void AccumulateProduct(float (*acc)[4], const float (*p)[4],
-                                                  const bf16* tile, int lane) {
+// ProductWithRows with A read from shared memory: rows a_row0 + 16m.. of
+// a_tile, one k-chunk at a time (saves the registers of a whole A).
+template <int M, int N>
+__device__ __forceinline__ void ProductWithRowsShared(float (*s)[N][4], const bf16* a_tile,
+                                                      int a_row0, const bf16* rows, int lane) {
 #pragma unroll
-  for (int kc = 0; kc < kTile / 16; ++kc) {
-    const Frag a = AccToA(p, kc);
+  for (int m = 0; m < M; ++m) Zero<N>(s[m]);
+#pragma unroll
+  for (int kc = 0; kc < kHs / 16; ++kc) {
+    Frag a[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) a[m] = LoadAMatrix(a_tile, a_row0 + 16 * m, kc, lane);
+#pragma unroll
+    for (int j = 0; j < N; j += 2) {
+      uint32_t b[4];
+      LoadBContiguousPair(rows, 8 * j, 16 * kc, lane, b);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        Mma(s[m][j], a[m].r, b[0], b[1]);
+        Mma(s[m][j + 1], a[m].r, b[2], b[3]);
+      }
+    }
+  }
+}
+
+// acc[m] (16 x 64 dims) += P[m] (16 x 8N, accumulator layout) @ the first
+// 8N rows of `rows` (64 dims each), read as B[k = row][n = dim].
+template <int M, int N>
+__device__ __forceinline__ void AccumulateProduct(float (*acc)[kHs / 8][4], const float (*p)[N][4],
+                                                  const bf16* rows, int lane) {
+#pragma unroll
+  for (int kc = 0; kc < N / 2; ++kc) {
+    Frag a[M];
+#pragma unroll
+    for (int m = 0; m < M; ++m) a[m] = AccToA(p[m], kc);
 #pragma unroll
     for (int j = 0; j < kHs / 8; j += 2) {
       uint32_t b[4];
-      LoadBStridedPair(tile, 8 * j, 16 * kc, lane, b);
-      Mma(acc[j], a.r, b[0], b[1]);
-      Mma(acc[j + 1], a.r, b[2], b[3]);
+      LoadBStridedPair(rows, 8 * j, 16 * kc, lane, b);
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        Mma(acc[m][j], a[m].r, b[0], b[1]);
+        Mma(acc[m][j + 1], a[m].r, b[2], b[3]);
+      }
     }
   }
+}
+
+// Sets each score whose key follows its query, or is past T, to `fill`:
+// for a step that crosses the diagonal. Element (m, j, e) of a warp's
+// accumulators is at row row0 + 16m + g + 8(e >> 1), column col0 + 8j +
+// 2q + (e & 1); rows are queries and columns keys, or the other way round
+// (kKeyRows: the dK/dV kernel's S^T). The caller branches once per step
+// (warp-uniform) and this selects: written as a condition around each
+// score's own arithmetic, the compiler made a branch per score, and the
+// kernels ran 10-45% slower (tools/bench_flash).
+template <int M, int N, bool kKeyRows>
+__device__ __forceinline__ void MaskAfterDiagonal(float (*s)[N][4], int row0, int col0, int T,
+                                                  float fill, int g, int q) {
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + 16 * m + g + 8 * (e >> 1), col = col0 + 8 * j + 2 * q + (e & 1);
+        const int key = kKeyRows ? row : col, query = kKeyRows ? col : row;
+        s[m][j][e] = key <= query && key < T ? s[m][j][e] : fill;
+      }
 }
 
 // Writes a warp's 16 x 64 accumulator (times `scale`) as bf16 rows at
@@ -214,98 +301,120 @@ __device__ __forceinline__ void StoreRows(bf16* base, size_t row_stride, int row
   }
 }
 
-// ---- forward: block = 64 queries of one (b, h) ----
-__global__ void __launch_bounds__(kThreads)
+// ---- forward: block = 64 kM queries of one (b, h); the online softmax
+// steps through each key tile kStep keys at a time ----
+template <int kM, int kStep, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     ForwardKernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2) {
-  __shared__ __align__(16) bf16 q_tile[kTile * kLd];
   // Two buffers: tile kt + 1 is copied in while tile kt is used.
   __shared__ __align__(16) bf16 k_tiles[2][kTile * kLd];
   __shared__ __align__(16) bf16 v_tiles[2][kTile * kLd];
-  const int tiles = (T + kTile - 1) / kTile;
-  const int qt = tiles - 1 - blockIdx.x;  // longest rows first
+  constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
+  const int blocks = (T + kBlockRows - 1) / kBlockRows;
+  const int qb = blocks - 1 - blockIdx.x;  // longest rows first
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const size_t stride = 3 * static_cast<size_t>(C);
   const bf16* seq = qkv + static_cast<size_t>(b) * T * stride + h * kHs;
-  const int q0 = qt * kTile;
+  const int q0 = qb * kBlockRows;
+  const int warp_row0 = q0 + kWarpRows * warp, warp_last = warp_row0 + kWarpRows - 1;
 
-  LoadTile(q_tile, seq, stride, q0, T);
+  // The block's 128 queries pass through the two key buffers (contiguous).
+  bf16* staging = &k_tiles[0][0];
+  LoadTile<kBlockRows>(staging, seq, stride, q0, T);
   __syncthreads();
-  Frag qa[kHs / 16];
-#pragma unroll
-  for (int kc = 0; kc < kHs / 16; ++kc) qa[kc] = LoadA(q_tile, 16 * warp, kc, g, q);
+  Frag qa[kM][kHs / 16];
+  LoadRowFragments<kM>(qa, staging, kWarpRows * warp, g, q);
+  __syncthreads();
 
-  float o[kHs / 8][4];
-  Zero<kHs / 8>(o);
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-  LoadKeyValuesAsync(k_tiles[0], v_tiles[0], seq, stride, C, 0, T);
-  for (int kt = 0; kt <= qt; ++kt) {
-    const int k0 = kt * kTile;
-    NextKeyValueTile(k_tiles, v_tiles, seq, stride, C, kt, qt, T);
-    const bf16* k_tile = k_tiles[kt & 1];
-    const bf16* v_tile = v_tiles[kt & 1];
-    const bool diagonal = kt == qt;
-    float s[kTile / 8][4];
-    ProductWithRows(s, qa, k_tile, lane);
+  float o[kM][kHs / 8][4];
+  float m_run[kM][2], l[kM][2];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float tile_max = -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kTile / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = k0 + 8 * j + 2 * q + e;
-          float& x = s[j][2 * half + e];
-          // Only the diagonal tile has keys after a row (or past T).
-          x = (!diagonal || (key <= row[half] && key < T)) ? x * scale_log2 : -INFINITY;
-          tile_max = fmaxf(tile_max, x);
-        }
-      }
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      // Key 0 is in the first tile of every row, so the max is finite
-      // from the first tile on.
-      const float m_new = fmaxf(m[half], tile_max);
-      const float correction = exp2f(m[half] - m_new);
-      m[half] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int j = 0; j < kTile / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& x = s[j][2 * half + e];
-          x = exp2f(x - m_new);
-          sum += x;
-        }
-      }
-      l[half] = l[half] * correction + sum;
-#pragma unroll
-      for (int j = 0; j < kHs / 8; ++j) {
-        o[j][2 * half] *= correction;
-        o[j][2 * half + 1] *= correction;
-      }
-    }
-    AccumulateProduct(o, s, v_tile, lane);
-    __syncthreads();  // done with this buffer before it is refilled
+  for (int m = 0; m < kM; ++m) {
+    Zero<kHs / 8>(o[m]);
+    m_run[m][0] = m_run[m][1] = -INFINITY;
+    l[m][0] = l[m][1] = 0.0f;
   }
+  // The last key any of the block's rows sees.
+  const int last = min(q0 + kBlockRows - 1, T - 1) / kTile;
+  LoadKeyValuesAsync(k_tiles[0], v_tiles[0], seq, stride, C, 0, T);
+  for (int kt = 0; kt <= last; ++kt) {
+    NextKeyValueTile(k_tiles, v_tiles, seq, stride, C, kt, last, T);
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 1);
-    l[half] += __shfl_xor_sync(0xffffffffu, l[half], 2);
+    for (int step = 0; step < kTile / kStep; ++step) {
+      const int k0 = kt * kTile + step * kStep;  // the step's first key
+      // Steps and warps are aligned, so a warp that sees any key of the
+      // step has k0 <= its first row: every one of its rows sees key k0.
+      if (k0 > warp_last) continue;
+      const bf16* k_rows = k_tiles[kt & 1] + step * kStep * kLd;
+      const bf16* v_rows = v_tiles[kt & 1] + step * kStep * kLd;
+      // Only a step reaching past the warp's first row (or past T) has
+      // keys after a row.
+      const bool masked = k0 + kStep - 1 > warp_row0 || k0 + kStep > T;
+      float s[kM][kStep / 8][4];
+      ProductWithRows<kM, kStep / 8>(s, qa, k_rows, lane);
+#pragma unroll
+      for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int j = 0; j < kStep / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[m][j][e] *= scale_log2;
+      if (masked) MaskAfterDiagonal<kM, kStep / 8, false>(s, warp_row0, k0, T, -INFINITY, g, q);
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          float step_max = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < kStep / 8; ++j) {
+            step_max = fmaxf(step_max, fmaxf(s[m][j][2 * half], s[m][j][2 * half + 1]));
+          }
+          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 1));
+          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 2));
+          // Every row sees key 0 first, so the max is finite from then on.
+          const float m_new = fmaxf(m_run[m][half], step_max);
+          const float correction = exp2f(m_run[m][half] - m_new);
+          m_run[m][half] = m_new;
+          float sum = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kStep / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& x = s[m][j][2 * half + e];
+              x = exp2f(x - m_new);
+              sum += x;
+            }
+          }
+          l[m][half] = l[m][half] * correction + sum;
+#pragma unroll
+          for (int j = 0; j < kHs / 8; ++j) {
+            o[m][j][2 * half] *= correction;
+            o[m][j][2 * half + 1] *= correction;
+          }
+        }
+      }
+      AccumulateProduct<kM, kStep / 8>(o, s, v_rows, lane);
+    }
+    __syncthreads();  // done with this buffer before it is refilled
   }
   bf16* out_seq = out + static_cast<size_t>(b) * T * C + h * kHs;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r = row[half];
-    if (r >= T) continue;
-    const float inv = 1.0f / l[half];
+  for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int j = 0; j < kHs / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(out_seq + static_cast<size_t>(r) * C + 8 * j + 2 * q) =
-          Pack2(o[j][2 * half] * inv, o[j][2 * half + 1] * inv);
+    for (int half = 0; half < 2; ++half) {
+      float sum = l[m][half];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int r = warp_row0 + 16 * m + g + 8 * half;
+      if (r >= T) continue;
+      const float inv = 1.0f / sum;
+#pragma unroll
+      for (int j = 0; j < kHs / 8; ++j) {
+        *reinterpret_cast<uint32_t*>(out_seq + static_cast<size_t>(r) * C + 8 * j + 2 * q) =
+            Pack2(o[m][j][2 * half] * inv, o[m][j][2 * half + 1] * inv);
+      }
+      if (q == 0) lse[static_cast<size_t>(bh) * T + r] = m_run[m][half] + log2f(sum);
     }
-    if (q == 0) lse[static_cast<size_t>(bh) * T + r] = m[half] + log2f(l[half]);
   }
 }
 
@@ -326,41 +435,63 @@ __global__ void DeltaKernel(float* delta, const bf16* dout, const bf16* out, int
   if (lane == 0) delta[row] = total;
 }
 
-// dK and dV: block = 64 keys of one (b, h); loops over the query tiles at
-// and below the diagonal. Works with transposed scores: S^T = K Q^T.
-__global__ void __launch_bounds__(kThreads)
+// The key/value kernel's shared memory (dynamic: more than the 48 KB a
+// static array may have): two buffers each of queries and dout, the
+// block's values (64 * kM rows), and two buffers each of lse and delta.
+constexpr size_t kQueryBuffersBytes = 2 * kTile * kLd * sizeof(bf16);
+constexpr size_t KeyValueSharedBytes(int kM) {
+  return 2 * kQueryBuffersBytes + kWarps * 16 * kM * kLd * sizeof(bf16) +
+         2 * 2 * kTile * sizeof(float);
+}
+
+// dK and dV: block = 64 kM keys of one (b, h); loops over the query tiles
+// at and below the diagonal, kStep queries at a time. The values' A
+// fragments are kept in registers, or read from shared memory at each use
+// (kValuesInRegisters false: fewer registers). Works with transposed
+// scores: S^T = K Q^T.
+template <int kM, int kStep, bool kValuesInRegisters, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     KeyValueKernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                    const float* delta, int T, int C, int NH, float scale, float scale_log2) {
+  constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
+  constexpr size_t kValueTileBytes = kBlockRows * kLd * sizeof(bf16);
+  extern __shared__ __align__(16) unsigned char shared[];
   // Two buffers of each per-query tile: tile qt + 1 is copied in while
   // tile qt is used.
-  __shared__ __align__(16) bf16 q_tiles[2][kTile * kLd];
-  __shared__ __align__(16) bf16 do_tiles[2][kTile * kLd];
-  __shared__ __align__(16) bf16 kv_tile[kTile * kLd];
-  __shared__ float lse_tiles[2][kTile], delta_tiles[2][kTile];
+  auto q_tiles = reinterpret_cast<bf16(*)[kTile * kLd]>(shared);
+  auto do_tiles = reinterpret_cast<bf16(*)[kTile * kLd]>(shared + kQueryBuffersBytes);
+  bf16* v_tile = reinterpret_cast<bf16*>(shared + 2 * kQueryBuffersBytes);
+  auto lse_tiles =
+      reinterpret_cast<float(*)[kTile]>(shared + 2 * kQueryBuffersBytes + kValueTileBytes);
+  float(*delta_tiles)[kTile] = lse_tiles + 2;
   const int tiles = (T + kTile - 1) / kTile;
-  const int kt = blockIdx.x;  // the first key tiles see the most queries
+  const int kb = blockIdx.x;  // the first key blocks see the most queries
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const size_t stride = 3 * static_cast<size_t>(C);
   const bf16* seq = qkv + static_cast<size_t>(b) * T * stride + h * kHs;
   const bf16* dout_seq = dout + static_cast<size_t>(b) * T * C + h * kHs;
-  const int k0 = kt * kTile;
+  const int k0 = kb * kBlockRows;
+  const int warp_key0 = k0 + kWarpRows * warp, warp_last = warp_key0 + kWarpRows - 1;
 
-  Frag ka[kHs / 16], va[kHs / 16];
-  LoadTile(kv_tile, seq + C, stride, k0, T);
+  // The keys pass through the query buffers (contiguous; 128 rows hold
+  // the block's keys) into registers; the values stay in shared memory.
+  bf16* staging = &q_tiles[0][0];
+  LoadTile<kBlockRows>(staging, seq + C, stride, k0, T);
+  LoadTile<kBlockRows>(v_tile, seq + 2 * C, stride, k0, T);
   __syncthreads();
-#pragma unroll
-  for (int kc = 0; kc < kHs / 16; ++kc) ka[kc] = LoadA(kv_tile, 16 * warp, kc, g, q);
+  Frag ka[kM][kHs / 16];
+  LoadRowFragments<kM>(ka, staging, kWarpRows * warp, g, q);
+  Frag va[kValuesInRegisters ? kM : 1][kHs / 16];
+  if constexpr (kValuesInRegisters) LoadRowFragments<kM>(va, v_tile, kWarpRows * warp, g, q);
   __syncthreads();
-  LoadTile(kv_tile, seq + 2 * C, stride, k0, T);
-  __syncthreads();
-#pragma unroll
-  for (int kc = 0; kc < kHs / 16; ++kc) va[kc] = LoadA(kv_tile, 16 * warp, kc, g, q);
 
-  float dk[kHs / 8][4], dv[kHs / 8][4];
-  Zero<kHs / 8>(dk);
-  Zero<kHs / 8>(dv);
-  const int key[2] = {k0 + 16 * warp + g, k0 + 16 * warp + g + 8};
+  float dk[kM][kHs / 8][4], dv[kM][kHs / 8][4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    Zero<kHs / 8>(dk[m]);
+    Zero<kHs / 8>(dv[m]);
+  }
   // Copies in query tile `tile` (rows, dout, lse, delta) to buffer `buffer`.
   auto load_queries = [&](int tile, int buffer) {
     const int first = tile * kTile;
@@ -374,9 +505,10 @@ __global__ void __launch_bounds__(kThreads)
       delta_tiles[buffer][i] = valid ? delta[static_cast<size_t>(bh) * T + first + i] : 0.0f;
     }
   };
-  load_queries(kt, kt & 1);
-  for (int qt = kt; qt < tiles; ++qt) {
-    const int q0 = qt * kTile;
+  // Queries before the block's first key see none of its keys.
+  const int first_tile = k0 / kTile;
+  load_queries(first_tile, first_tile & 1);
+  for (int qt = first_tile; qt < tiles; ++qt) {
     if (qt + 1 < tiles) {
       load_queries(qt + 1, (qt + 1) & 1);
       WaitTiles<1>();
@@ -384,147 +516,247 @@ __global__ void __launch_bounds__(kThreads)
       WaitTiles<0>();
     }
     __syncthreads();  // tile qt has landed for every thread
-    const bf16* q_tile = q_tiles[qt & 1];
-    const bf16* do_tile = do_tiles[qt & 1];
-    const float* lse_tile = lse_tiles[qt & 1];
-    const float* delta_tile = delta_tiles[qt & 1];
-    const bool diagonal = qt == kt;
-    // P^T (16 keys x 64 queries).
-    float p[kTile / 8][4];
-    ProductWithRows(p, ka, q_tile, lane);
 #pragma unroll
-    for (int j = 0; j < kTile / 8; ++j) {
+    for (int step = 0; step < kTile / kStep; ++step) {
+      const int s0 = qt * kTile + step * kStep;  // the first query of this step
+      // Every key of the warp after every query: nothing to add.
+      if (warp_key0 > s0 + kStep - 1) continue;
+      const bf16* q_rows = q_tiles[qt & 1] + step * kStep * kLd;
+      const bf16* do_rows = do_tiles[qt & 1] + step * kStep * kLd;
+      const float* lse_sub = lse_tiles[qt & 1] + step * kStep;
+      const float* delta_sub = delta_tiles[qt & 1] + step * kStep;
+      // Below the diagonal every key precedes every query; a padded query
+      // (>= T) gets 0 from its infinite lse.
+      const bool masked = warp_last > s0 || warp_last >= T;
+      // P^T (16 kM keys x kStep queries).
+      float p[kM][kStep / 8][4];
+      ProductWithRows<kM, kStep / 8>(p, ka, q_rows, lane);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int query_index = 8 * j + 2 * q + (e & 1);
-        const int query = q0 + query_index;
-        // Below the diagonal every key precedes every query; a padded
-        // query (>= T) gets 0 from its infinite lse.
-        const bool visible = !diagonal || (key[e >> 1] <= query && key[e >> 1] < T);
-        p[j][e] = visible ? exp2f(p[j][e] * scale_log2 - lse_tile[query_index]) : 0.0f;
+      for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int j = 0; j < kStep / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            p[m][j][e] = exp2f(p[m][j][e] * scale_log2 - lse_sub[8 * j + 2 * q + (e & 1)]);
+      if (masked) MaskAfterDiagonal<kM, kStep / 8, true>(p, warp_key0, s0, T, 0.0f, g, q);
+      // dV (16 kM keys x 64 dims) += P^T @ dO.
+      AccumulateProduct<kM, kStep / 8>(dv, p, do_rows, lane);
+      // dP^T (16 kM keys x kStep queries) = V @ dO^T; then dS^T = P^T (dP^T -
+      // delta) * scale, in place.
+      float ds[kM][kStep / 8][4];
+      if constexpr (kValuesInRegisters) {
+        ProductWithRows<kM, kStep / 8>(ds, va, do_rows, lane);
+      } else {
+        ProductWithRowsShared<kM, kStep / 8>(ds, v_tile, kWarpRows * warp, do_rows, lane);
       }
-    }
-    // dV (16 keys x 64 dims) += P^T @ dO.
-    AccumulateProduct(dv, p, do_tile, lane);
-    // dP^T (16 keys x 64 queries) = V @ dO^T; then dS^T = P^T (dP^T -
-    // delta) * scale, in place.
-    float ds[kTile / 8][4];
-    ProductWithRows(ds, va, do_tile, lane);
 #pragma unroll
-    for (int j = 0; j < kTile / 8; ++j) {
+      for (int m = 0; m < kM; ++m) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int query_index = 8 * j + 2 * q + (e & 1);
-        ds[j][e] = p[j][e] * (ds[j][e] - delta_tile[query_index]) * scale;
+        for (int j = 0; j < kStep / 8; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int query_index = 8 * j + 2 * q + (e & 1);
+            ds[m][j][e] = p[m][j][e] * (ds[m][j][e] - delta_sub[query_index]) * scale;
+          }
+        }
       }
+      // dK (16 kM keys x 64 dims) += dS^T @ Q.
+      AccumulateProduct<kM, kStep / 8>(dk, ds, q_rows, lane);
     }
-    // dK (16 keys x 64 dims) += dS^T @ Q.
-    AccumulateProduct(dk, ds, q_tile, lane);
     __syncthreads();  // done with this buffer before it is refilled
   }
   bf16* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
-  StoreRows(dseq + C, stride, k0 + 16 * warp, T, dk, 1.0f, g, q);
-  StoreRows(dseq + 2 * C, stride, k0 + 16 * warp, T, dv, 1.0f, g, q);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    StoreRows(dseq + C, stride, warp_key0 + 16 * m, T, dk[m], 1.0f, g, q);
+    StoreRows(dseq + 2 * C, stride, warp_key0 + 16 * m, T, dv[m], 1.0f, g, q);
+  }
 }
 
-// dQ: block = 64 queries of one (b, h); loops over the key tiles at and
-// below the diagonal.
-__global__ void __launch_bounds__(kThreads)
+// dQ: block = 64 kM queries of one (b, h); loops over the key tiles at
+// and below the diagonal, kStep keys at a time.
+template <int kM, int kStep, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
     QueryKernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
                 int T, int C, int NH, float scale, float scale_log2) {
   __shared__ __align__(16) bf16 k_tiles[2][kTile * kLd];
   __shared__ __align__(16) bf16 v_tiles[2][kTile * kLd];
-  const int tiles = (T + kTile - 1) / kTile;
-  const int qt = tiles - 1 - blockIdx.x;
+  constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
+  const int blocks = (T + kBlockRows - 1) / kBlockRows;
+  const int qb = blocks - 1 - blockIdx.x;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const size_t stride = 3 * static_cast<size_t>(C);
   const bf16* seq = qkv + static_cast<size_t>(b) * T * stride + h * kHs;
   const bf16* dout_seq = dout + static_cast<size_t>(b) * T * C + h * kHs;
-  const int q0 = qt * kTile;
+  const int q0 = qb * kBlockRows;
+  const int warp_row0 = q0 + kWarpRows * warp, warp_last = warp_row0 + kWarpRows - 1;
 
-  Frag qa[kHs / 16], da[kHs / 16];
-  // This block's queries and their dout pass through buffer 1 first.
-  LoadTile(k_tiles[1], seq, stride, q0, T);
-  LoadTile(v_tiles[1], dout_seq, C, q0, T);
+  Frag qa[kM][kHs / 16], da[kM][kHs / 16];
+  // This block's queries and their dout pass through the key and value
+  // buffers first (each pair contiguous: 128 rows).
+  LoadTile<kBlockRows>(&k_tiles[0][0], seq, stride, q0, T);
+  LoadTile<kBlockRows>(&v_tiles[0][0], dout_seq, C, q0, T);
   __syncthreads();
-#pragma unroll
-  for (int kc = 0; kc < kHs / 16; ++kc) {
-    qa[kc] = LoadA(k_tiles[1], 16 * warp, kc, g, q);
-    da[kc] = LoadA(v_tiles[1], 16 * warp, kc, g, q);
-  }
+  LoadRowFragments<kM>(qa, &k_tiles[0][0], kWarpRows * warp, g, q);
+  LoadRowFragments<kM>(da, &v_tiles[0][0], kWarpRows * warp, g, q);
   __syncthreads();
-  const int row[2] = {q0 + 16 * warp + g, q0 + 16 * warp + g + 8};
-  float row_lse[2], row_delta[2];
+  float row_lse[kM][2], row_delta[kM][2];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const bool valid = row[half] < T;
-    row_lse[half] = valid ? lse[static_cast<size_t>(bh) * T + row[half]] : INFINITY;
-    row_delta[half] = valid ? delta[static_cast<size_t>(bh) * T + row[half]] : 0.0f;
-  }
-
-  float dq[kHs / 8][4];
-  Zero<kHs / 8>(dq);
-  LoadKeyValuesAsync(k_tiles[0], v_tiles[0], seq, stride, C, 0, T);
-  for (int kt = 0; kt <= qt; ++kt) {
-    const int k0 = kt * kTile;
-    NextKeyValueTile(k_tiles, v_tiles, seq, stride, C, kt, qt, T);
-    const bf16* k_tile = k_tiles[kt & 1];
-    const bf16* v_tile = v_tiles[kt & 1];
-    const bool diagonal = kt == qt;
-    float p[kTile / 8][4], ds[kTile / 8][4];
-    ProductWithRows(p, qa, k_tile, lane);   // S = Q K^T
-    ProductWithRows(ds, da, v_tile, lane);  // dP = dO V^T
+  for (int m = 0; m < kM; ++m) {
 #pragma unroll
-    for (int j = 0; j < kTile / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int half = e >> 1, key = k0 + 8 * j + 2 * q + (e & 1);
-        // Below the diagonal every key precedes every row, and is < T.
-        const bool visible = !diagonal || (key <= row[half] && key < T);
-        const float prob = visible ? exp2f(p[j][e] * scale_log2 - row_lse[half]) : 0.0f;
-        ds[j][e] = prob * (ds[j][e] - row_delta[half]) * scale;
-      }
+    for (int half = 0; half < 2; ++half) {
+      const int row = warp_row0 + 16 * m + g + 8 * half;
+      const bool valid = row < T;
+      row_lse[m][half] = valid ? lse[static_cast<size_t>(bh) * T + row] : INFINITY;
+      row_delta[m][half] = valid ? delta[static_cast<size_t>(bh) * T + row] : 0.0f;
     }
-    AccumulateProduct(dq, ds, k_tile, lane);  // dQ += dS @ K
-    __syncthreads();                          // done with this buffer before it is refilled
+  }
+
+  float dq[kM][kHs / 8][4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) Zero<kHs / 8>(dq[m]);
+  const int last = min(q0 + kBlockRows - 1, T - 1) / kTile;
+  LoadKeyValuesAsync(k_tiles[0], v_tiles[0], seq, stride, C, 0, T);
+  for (int kt = 0; kt <= last; ++kt) {
+    NextKeyValueTile(k_tiles, v_tiles, seq, stride, C, kt, last, T);
+#pragma unroll
+    for (int step = 0; step < kTile / kStep; ++step) {
+      const int s0 = kt * kTile + step * kStep;  // the first key of this step
+      if (s0 > warp_last) continue;              // after every row of the warp
+      const bf16* k_rows = k_tiles[kt & 1] + step * kStep * kLd;
+      const bf16* v_rows = v_tiles[kt & 1] + step * kStep * kLd;
+      // Below the diagonal every key precedes every row, and is < T.
+      const bool masked = s0 + kStep - 1 > warp_row0 || s0 + kStep > T;
+      float p[kM][kStep / 8][4], ds[kM][kStep / 8][4];
+      ProductWithRows<kM, kStep / 8>(p, qa, k_rows, lane);   // S = Q K^T
+      ProductWithRows<kM, kStep / 8>(ds, da, v_rows, lane);  // dP = dO V^T
+#pragma unroll
+      for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int j = 0; j < kStep / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            p[m][j][e] = exp2f(p[m][j][e] * scale_log2 - row_lse[m][e >> 1]);
+      if (masked) MaskAfterDiagonal<kM, kStep / 8, false>(p, warp_row0, s0, T, 0.0f, g, q);
+#pragma unroll
+      for (int m = 0; m < kM; ++m)
+#pragma unroll
+        for (int j = 0; j < kStep / 8; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            ds[m][j][e] = p[m][j][e] * (ds[m][j][e] - row_delta[m][e >> 1]) * scale;
+      AccumulateProduct<kM, kStep / 8>(dq, ds, k_rows, lane);  // dQ += dS @ K
+    }
+    __syncthreads();  // done with this buffer before it is refilled
   }
   bf16* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
-  StoreRows(dseq, stride, q0 + 16 * warp, T, dq, 1.0f, g, q);
+#pragma unroll
+  for (int m = 0; m < kM; ++m) StoreRows(dseq, stride, warp_row0 + 16 * m, T, dq[m], 1.0f, g, q);
+}
+
+}  // namespace
+
+namespace {
+
+template <int kM, int kStep, int kMinBlocks>
+void LaunchForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH,
+                   cudaStream_t stream) {
+  const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHs));
+  const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
+  ForwardKernel<kM, kStep, kMinBlocks>
+      <<<grid, kThreads, 0, stream>>>(out, lse, qkv, T, C, NH, scale_log2);
+}
+
+template <int kM, int kStep, bool kValuesInRegisters, int kMinBlocks>
+void LaunchKeyValue(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                    const float* delta, int B, int T, int C, int NH, cudaStream_t stream) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
+  constexpr size_t kBytes = KeyValueSharedBytes(kM);
+  auto* kernel = KeyValueKernel<kM, kStep, kValuesInRegisters, kMinBlocks>;
+  // Above 48 KB a kernel's dynamic shared memory must be allowed first
+  // (per device; cheap to repeat). A failure shows as the launch's error.
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                       static_cast<int>(kBytes));
+  const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
+  kernel<<<grid, kThreads, kBytes, stream>>>(dqkv, dout, qkv, lse, delta, T, C, NH, scale,
+                                             kLog2e * scale);
+}
+
+template <int kM, int kStep, int kMinBlocks>
+void LaunchQuery(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+                 const float* delta, int B, int T, int C, int NH, cudaStream_t stream) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
+  const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
+  QueryKernel<kM, kStep, kMinBlocks>
+      <<<grid, kThreads, 0, stream>>>(dqkv, dout, qkv, lse, delta, T, C, NH, scale, kLog2e * scale);
+}
+
+using ForwardLaunch = void (*)(bf16*, float*, const bf16*, int, int, int, int, cudaStream_t);
+using BackwardLaunch = void (*)(bf16*, const bf16*, const bf16*, const float*, const float*, int,
+                                int, int, int, cudaStream_t);
+
+// The tilings that are compiled (flash_attention.h); nullptr for any other.
+ForwardLaunch ForwardFor(const FlashKernelTiling& t) {
+  const int r = t.rows, s = t.step, n = t.blocks_per_sm;
+  if (r == 32 && s == 64 && n == 0) return LaunchForward<2, 64, 0>;
+  if (r == 32 && s == 32 && n == 0) return LaunchForward<2, 32, 0>;
+  if (r == 16 && s == 64 && n == 0) return LaunchForward<1, 64, 0>;
+  if (r == 16 && s == 32 && n == 0) return LaunchForward<1, 32, 0>;
+  return nullptr;
+}
+BackwardLaunch KeyValueFor(const FlashKernelTiling& t) {
+  const int r = t.rows, s = t.step, n = t.blocks_per_sm;
+  const bool v = t.values_in_registers;
+  if (r == 16 && s == 32 && v && n == 0) return LaunchKeyValue<1, 32, true, 0>;
+  if (r == 16 && s == 32 && !v && n == 0) return LaunchKeyValue<1, 32, false, 0>;
+  if (r == 16 && s == 64 && v && n == 0) return LaunchKeyValue<1, 64, true, 0>;
+  if (r == 16 && s == 64 && !v && n == 0) return LaunchKeyValue<1, 64, false, 0>;
+  if (r == 16 && s == 16 && !v && n == 4) return LaunchKeyValue<1, 16, false, 4>;
+  if (r == 32 && s == 32 && !v && n == 0) return LaunchKeyValue<2, 32, false, 0>;
+  return nullptr;
+}
+BackwardLaunch QueryFor(const FlashKernelTiling& t) {
+  const int r = t.rows, s = t.step, n = t.blocks_per_sm;
+  if (r == 16 && s == 64 && n == 0) return LaunchQuery<1, 64, 0>;
+  if (r == 16 && s == 32 && n == 0) return LaunchQuery<1, 32, 0>;
+  if (r == 16 && s == 16 && n == 4) return LaunchQuery<1, 16, 4>;
+  if (r == 32 && s == 32 && n == 0) return LaunchQuery<2, 32, 0>;
+  return nullptr;
 }
 
 }  // namespace
 
 int FlashAttentionForward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
-                          void* stream) {
+                          void* stream, const FlashTiling& tiling) {
+  const ForwardLaunch launch = ForwardFor(tiling.forward);
+  if (launch == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   if (B == 0 || T == 0) return 0;
-  const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHs));
-  const dim3 grid(CeilDiv(T, kTile), B * NH);
-  ForwardKernel<<<grid, kThreads, 0, AsStream(stream)>>>(
-      static_cast<bf16*>(out), lse, static_cast<const bf16*>(qkv), T, C, NH, scale_log2);
+  launch(static_cast<bf16*>(out), lse, static_cast<const bf16*>(qkv), B, T, C, NH,
+         AsStream(stream));
   return LaunchStatus();
 }
 
 int FlashAttentionBackward(void* dqkv, float* delta, const void* dout, const void* out,
                            const void* qkv, const float* lse, int B, int T, int C, int NH,
-                           void* stream) {
+                           void* stream, const FlashTiling& tiling) {
+  const BackwardLaunch key_value = KeyValueFor(tiling.key_value);
+  const BackwardLaunch query = QueryFor(tiling.query);
+  if (key_value == nullptr || query == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   if (B == 0 || T == 0) return 0;
-  const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
-  const float scale_log2 = kLog2e * scale;
+  const cudaStream_t s = AsStream(stream);
+  auto* dx = static_cast<bf16*>(dqkv);
+  const auto* d = static_cast<const bf16*>(dout);
+  const auto* x = static_cast<const bf16*>(qkv);
   const size_t rows = static_cast<size_t>(B) * NH * T;
-  DeltaKernel<<<CeilDiv(rows, kWarps), kThreads, 0, AsStream(stream)>>>(
-      delta, static_cast<const bf16*>(dout), static_cast<const bf16*>(out), B, T, C, NH);
+  DeltaKernel<<<CeilDiv(rows, kWarps), kThreads, 0, s>>>(delta, d, static_cast<const bf16*>(out), B,
+                                                         T, C, NH);
   int status = LaunchStatus();
   if (status != 0) return status;
-  const dim3 grid(CeilDiv(T, kTile), B * NH);
-  KeyValueKernel<<<grid, kThreads, 0, AsStream(stream)>>>(
-      static_cast<bf16*>(dqkv), static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv), lse,
-      delta, T, C, NH, scale, scale_log2);
+  key_value(dx, d, x, lse, delta, B, T, C, NH, s);
   status = LaunchStatus();
   if (status != 0) return status;
-  QueryKernel<<<grid, kThreads, 0, AsStream(stream)>>>(
-      static_cast<bf16*>(dqkv), static_cast<const bf16*>(dout), static_cast<const bf16*>(qkv), lse,
-      delta, T, C, NH, scale, scale_log2);
+  query(dx, d, x, lse, delta, B, T, C, NH, s);
   return LaunchStatus();
 }
 

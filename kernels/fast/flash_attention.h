@@ -1,8 +1,10 @@
 // Causal flash attention for bf16 with head size 64 (GPT-2's): the scores
-// never leave the chip. Tiles of 64 queries by 64 keys go through the
-// tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation) with
-// an online softmax; tiles above the diagonal are skipped. The backward
-// recomputes the probabilities from the saved log-sum-exp.
+// never leave the chip. A block of 4 warps owns 128 queries (or 128 keys
+// in the dK/dV kernel) and streams the other side through shared memory
+// in tiles of 64; the products go through the tensor cores (mma.sync
+// m16n8k16, bf16 operands, fp32 accumulation) with an online softmax, and
+// tiles above the diagonal are skipped. The backward recomputes the
+// probabilities from the saved log-sum-exp.
 //
 // Deterministic without atomics: the backward runs as two kernels, one
 // per key tile (dK, dV: sums over queries) and one per query tile (dQ:
@@ -24,15 +26,41 @@ inline bool FlashAttentionSupports(ActType act, int C, int NH) {
   return act == ActType::kBf16 && NH > 0 && C % NH == 0 && C / NH == kFlashHeadSize;
 }
 
+// How one kernel is tiled: the rows (queries for the forward and dQ, keys
+// for dK and dV) each warp owns, 16 or 32 (a block is 4 warps: 64 or 128
+// rows); the step of its inner loop through the other side's tiles of 64
+// rows (16, 32 or 64); values_in_registers (dK/dV only): the values' MMA
+// fragments stay in registers rather than being read from shared memory
+// at each use; blocks_per_sm: 0, or the blocks per SM the compiler must
+// fit (it caps the registers: 4 blocks of 128 threads, 128 registers).
+struct FlashKernelTiling {
+  int rows;
+  int step;
+  bool values_in_registers;
+  int blocks_per_sm;
+};
+// The tiling of each kernel. The defaults were the fastest on an H100
+// (tools/bench_flash times each compiled tiling); fast_cuda_test checks
+// every one. Compiled (rows/step): forward 32/64, 32/32, 16/64, 16/32;
+// dK/dV 16/32 (values in registers or not), 16/64 (either), 16/16 with
+// values in shared memory at 4 blocks/SM, 32/32 in shared memory; dQ
+// 16/64, 16/32, 16/16 at 4 blocks/SM, 32/32. Any other tiling is
+// cudaErrorInvalidValue.
+struct FlashTiling {
+  FlashKernelTiling forward{32, 64, false, 0};
+  FlashKernelTiling key_value{16, 32, true, 0};
+  FlashKernelTiling query{16, 64, false, 0};
+};
+
 // out (B, T, C) bf16; lse (B, NH, T) fp32: each row's log2-sum-exp of the
 // scaled scores, for the backward.
 int FlashAttentionForward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
-                          void* stream);
+                          void* stream, const FlashTiling& tiling = {});
 
 // dqkv (B, T, 3C) bf16, overwritten, from dout (B, T, C). out and lse are
 // the forward's. delta (B, NH, T) fp32: scratch.
 int FlashAttentionBackward(void* dqkv, float* delta, const void* dout, const void* out,
                            const void* qkv, const float* lse, int B, int T, int C, int NH,
-                           void* stream);
+                           void* stream, const FlashTiling& tiling = {});
 
 }  // namespace muster::kernels::fast

@@ -281,62 +281,97 @@ TEST_CASE("attention forward and backward match the CPU back end", "[attention]"
 }
 
 TEST_CASE("flash attention forward and backward match the CPU back end", "[attention]") {
-  // T = 64 is one tile; 200 is four, the last one partial.
-  for (const int T : {64, 200}) {
-    SECTION("T=" + std::to_string(T)) {
-      std::mt19937 rng(Seed());
-      const ActType act = ActType::kBf16;
-      const int B = 2, C = 256, NH = 4;
-      REQUIRE(FlashAttentionSupports(act, C, NH));
-      auto qkv = Random(size_t(B) * T * 3 * C, rng, 2.0f), dout = Random(size_t(B) * T * C, rng);
-      Buffer d_qkv(qkv.size(), act), d_dout(dout.size(), act);
-      d_qkv.Upload(&qkv);
-      d_dout.Upload(&dout);
-      std::vector<float> out(size_t(B) * T * C), att(size_t(B) * NH * T * T),
-          dqkv(qkv.size(), 0.0f), dpreatt(att.size());
-      AttentionForwardCpu(out.data(), att.data(), qkv.data(), B, T, C, NH);
-      AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(), att.data(), B, T,
-                           C, NH);
-      Buffer d_out(out.size(), act), lse(size_t(B) * NH * T, ActType::kF32),
-          delta(size_t(B) * NH * T, ActType::kF32), d_dqkv(qkv.size(), act);
-      CUDA_REQUIRE(FlashAttentionForward(d_out.get(), lse.f(), d_qkv.get(), B, T, C, NH, nullptr));
-      RequireClose(d_out.Download(), AsDoubles(out), 1e-2, "out");
-      // The log2-sum-exp of each row's scaled scores, from the CPU's own
-      // probabilities: lse = s_0 * scale * log2(e) - log2(att[t][0]).
-      std::vector<double> lse_ref(size_t(B) * NH * T);
-      const int hs = C / NH;
-      for (int b = 0; b < B; ++b) {
-        for (int h = 0; h < NH; ++h) {
-          for (int t = 0; t < T; ++t) {
-            double s0 = 0;
-            const float* q = &qkv[(size_t(b) * T + t) * 3 * C + h * hs];
-            const float* k = &qkv[(size_t(b) * T + 0) * 3 * C + C + h * hs];
-            for (int d = 0; d < hs; ++d) s0 += double(q[d]) * k[d];
-            const double p0 = att[((size_t(b) * NH + h) * T + t) * T + 0];
-            lse_ref[(size_t(b) * NH + h) * T + t] =
-                s0 / std::sqrt(double(hs)) / std::log(2.0) - std::log2(p0);
+  // Every compiled tiling of each kernel (flash_attention.h), the default
+  // first. T = 64 is one tile of 64 (half a block of 128); 200 ends in a
+  // partial tile; 520 is five blocks of 128, the last with 8 rows, and
+  // ten key tiles, the last with 8 keys.
+  auto make = [](FlashKernelTiling f, FlashKernelTiling kv, FlashKernelTiling q) {
+    FlashTiling t;
+    t.forward = f;
+    t.key_value = kv;
+    t.query = q;
+    return t;
+  };
+  const std::vector<std::pair<std::string, FlashTiling>> tilings = {
+      {"default", FlashTiling{}},
+      {"f32/32 kv16/32s q16/32", make({32, 32, false, 0}, {16, 32, false, 0}, {16, 32, false, 0})},
+      {"f16/64 kv16/64r q16/16/4", make({16, 64, false, 0}, {16, 64, true, 0}, {16, 16, false, 4})},
+      {"f16/32 kv16/64s q32/32", make({16, 32, false, 0}, {16, 64, false, 0}, {32, 32, false, 0})},
+      {"kv16/16s/4", make({32, 64, false, 0}, {16, 16, false, 4}, {16, 64, false, 0})},
+      {"kv32/32s", make({32, 64, false, 0}, {32, 32, false, 0}, {16, 64, false, 0})}};
+  for (const auto& [tiling_name, tiling] : tilings) {
+    for (const int T : {64, 200, 520}) {
+      SECTION(tiling_name + ", T=" + std::to_string(T)) {
+        std::mt19937 rng(Seed());
+        const ActType act = ActType::kBf16;
+        const int B = 2, C = 256, NH = 4;
+        REQUIRE(FlashAttentionSupports(act, C, NH));
+        auto qkv = Random(size_t(B) * T * 3 * C, rng, 2.0f), dout = Random(size_t(B) * T * C, rng);
+        Buffer d_qkv(qkv.size(), act), d_dout(dout.size(), act);
+        d_qkv.Upload(&qkv);
+        d_dout.Upload(&dout);
+        std::vector<float> out(size_t(B) * T * C), att(size_t(B) * NH * T * T),
+            dqkv(qkv.size(), 0.0f), dpreatt(att.size());
+        AttentionForwardCpu(out.data(), att.data(), qkv.data(), B, T, C, NH);
+        AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(), att.data(), B, T,
+                             C, NH);
+        Buffer d_out(out.size(), act), lse(size_t(B) * NH * T, ActType::kF32),
+            delta(size_t(B) * NH * T, ActType::kF32), d_dqkv(qkv.size(), act);
+        CUDA_REQUIRE(
+            FlashAttentionForward(d_out.get(), lse.f(), d_qkv.get(), B, T, C, NH, nullptr, tiling));
+        RequireClose(d_out.Download(), AsDoubles(out), 1e-2, "out");
+        // The log2-sum-exp of each row's scaled scores, from the CPU's own
+        // probabilities: lse = s_0 * scale * log2(e) - log2(att[t][0]).
+        std::vector<double> lse_ref(size_t(B) * NH * T);
+        const int hs = C / NH;
+        for (int b = 0; b < B; ++b) {
+          for (int h = 0; h < NH; ++h) {
+            for (int t = 0; t < T; ++t) {
+              double s0 = 0;
+              const float* q = &qkv[(size_t(b) * T + t) * 3 * C + h * hs];
+              const float* k = &qkv[(size_t(b) * T + 0) * 3 * C + C + h * hs];
+              for (int d = 0; d < hs; ++d) s0 += double(q[d]) * k[d];
+              const double p0 = att[((size_t(b) * NH + h) * T + t) * T + 0];
+              lse_ref[(size_t(b) * NH + h) * T + t] =
+                  s0 / std::sqrt(double(hs)) / std::log(2.0) - std::log2(p0);
+            }
           }
         }
-      }
-      RequireClose(lse.Download(), lse_ref, 1e-3, "log2-sum-exp");
-      CUDA_REQUIRE(FlashAttentionBackward(d_dqkv.get(), delta.f(), d_dout.get(), d_out.get(),
-                                          d_qkv.get(), lse.f(), B, T, C, NH, nullptr));
-      RequireClose(d_dqkv.Download(), AsDoubles(dqkv), 2e-2, "dqkv");
-      // Each part on its own, so a wrong dK cannot hide behind a right dV.
-      const std::vector<float> got = d_dqkv.Download();
-      for (int part = 0; part < 3; ++part) {
-        std::vector<float> got_part;
-        std::vector<double> want_part;
-        for (size_t r = 0; r < size_t(B) * T; ++r) {
-          for (int c = 0; c < C; ++c) {
-            got_part.push_back(got[r * 3 * C + part * C + c]);
-            want_part.push_back(dqkv[r * 3 * C + part * C + c]);
+        RequireClose(lse.Download(), lse_ref, 1e-3, "log2-sum-exp");
+        CUDA_REQUIRE(FlashAttentionBackward(d_dqkv.get(), delta.f(), d_dout.get(), d_out.get(),
+                                            d_qkv.get(), lse.f(), B, T, C, NH, nullptr, tiling));
+        RequireClose(d_dqkv.Download(), AsDoubles(dqkv), 2e-2, "dqkv");
+        // Each part on its own, so a wrong dK cannot hide behind a right dV.
+        const std::vector<float> got = d_dqkv.Download();
+        for (int part = 0; part < 3; ++part) {
+          std::vector<float> got_part;
+          std::vector<double> want_part;
+          for (size_t r = 0; r < size_t(B) * T; ++r) {
+            for (int c = 0; c < C; ++c) {
+              got_part.push_back(got[r * 3 * C + part * C + c]);
+              want_part.push_back(dqkv[r * 3 * C + part * C + c]);
+            }
           }
+          RequireClose(got_part, want_part, 2e-2, std::string("d") + "qkv"[part]);
         }
-        RequireClose(got_part, want_part, 2e-2, std::string("d") + "qkv"[part]);
       }
     }
   }
+}
+
+TEST_CASE("flash attention refuses a tiling it has not compiled", "[attention]") {
+  const int B = 1, T = 64, C = 128, NH = 2;
+  Buffer qkv(size_t(B) * T * 3 * C, ActType::kBf16), out(size_t(B) * T * C, ActType::kBf16),
+      lse(size_t(B) * NH * T, ActType::kF32), delta(size_t(B) * NH * T, ActType::kF32),
+      dqkv(size_t(B) * T * 3 * C, ActType::kBf16);
+  FlashTiling bad;
+  bad.forward = {64, 64, false, 0};
+  REQUIRE(FlashAttentionForward(out.get(), lse.f(), qkv.get(), B, T, C, NH, nullptr, bad) ==
+          cudaErrorInvalidValue);
+  bad = FlashTiling{};
+  bad.query = {16, 8, false, 0};
+  REQUIRE(FlashAttentionBackward(dqkv.get(), delta.f(), out.get(), out.get(), qkv.get(), lse.f(), B,
+                                 T, C, NH, nullptr, bad) == cudaErrorInvalidValue);
 }
 
 TEST_CASE("layernorm with the fused residual add, forward and backward, match fp64",
