@@ -1,10 +1,12 @@
 // Flash attention forward and backward (flash_attention.h) on mma.sync.
 //
-// A block is 4 warps; each warp owns 32 rows (two 16-row MMA tiles) of
-// the block's 128, so every B fragment read from shared memory feeds two
-// MMAs per n-tile, not one. The other side streams through shared memory
-// in 64-row tiles, double-buffered. Fragments of m16n8k16 (PTX ISA, "mma.m16n8k16"), with g = lane
-// / 4 and q = lane % 4:
+// A block is 4 warps; each warp owns kM 16-row MMA tiles (16 or 32 rows:
+// with 32, each B fragment read from shared memory feeds two MMAs per
+// n-tile, at the price of registers), held in registers. The other side
+// streams through shared memory in 64-row tiles, double-buffered, taken
+// kStep rows at a time. flash_attention.h's FlashTiling picks both per
+// kernel. Fragments of m16n8k16 (PTX ISA, "mma.m16n8k16"), with
+// g = lane / 4 and q = lane % 4:
 //   A (16 x 16, row-major): a0 (g, 2q..2q+1), a1 (g+8, 2q..), a2 (g, 2q+8..),
 //                           a3 (g+8, 2q+8..)
 //   B (16 x 8):             b0 (k = 2q..2q+1, n = g), b1 (k = 2q+8.., n = g)
@@ -319,7 +321,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   const int q0 = qb * kBlockRows;
   const int warp_row0 = q0 + kWarpRows * warp, warp_last = warp_row0 + kWarpRows - 1;
 
-  // The block's 128 queries pass through the two key buffers (contiguous).
+  // The block's queries (at most 128) pass through the two key buffers
+  // (contiguous: 128 rows).
   bf16* staging = &k_tiles[0][0];
   LoadTile<kBlockRows>(staging, seq, stride, q0, T);
   __syncthreads();

@@ -1,13 +1,13 @@
 // Causal flash attention for bf16 with head size 64 (GPT-2's): the scores
-// never leave the chip. A block of 4 warps owns 128 queries (or 128 keys
-// in the dK/dV kernel) and streams the other side through shared memory
-// in tiles of 64; the products go through the tensor cores (mma.sync
-// m16n8k16, bf16 operands, fp32 accumulation) with an online softmax, and
-// tiles above the diagonal are skipped. The backward recomputes the
-// probabilities from the saved log-sum-exp.
+// never leave the chip. A block of 4 warps owns 64 or 128 queries (keys
+// in the dK/dV kernel; FlashTiling below) and streams the other side
+// through shared memory in tiles of 64; the products go through the
+// tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation) with
+// an online softmax, and steps above the diagonal are skipped. The
+// backward recomputes the probabilities from the saved log-sum-exp.
 //
 // Deterministic without atomics: the backward runs as two kernels, one
-// per key tile (dK, dV: sums over queries) and one per query tile (dQ:
+// per key block (dK, dV: sums over queries) and one per query block (dQ:
 // sums over keys), each adding its terms in a fixed order.
 //
 // Layout as attention.h: qkv (B, T, 3C) bf16, out (B, T, C) bf16, with
