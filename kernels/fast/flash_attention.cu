@@ -270,7 +270,7 @@ __device__ __forceinline__ void AccumulateProduct(float (*acc)[kHs / 8][4], cons
 // (kKeyRows: the dK/dV kernel's S^T). The caller branches once per step
 // (warp-uniform) and this selects: written as a condition around each
 // score's own arithmetic, the compiler made a branch per score, and the
-// kernels ran 10-45% slower (tools/bench_flash).
+// kernels ran 11-116% slower (tools/bench_flash; docs/cuda-engine.md).
 template <int M, int N, bool kKeyRows>
 __device__ __forceinline__ void MaskAfterDiagonal(float (*s)[N][4], int row0, int col0, int T,
                                                   float fill, int g, int q) {
