@@ -442,9 +442,11 @@ __global__ void DeltaKernel(float* delta, const bf16* dout, const bf16* out, int
 // static array may have): two buffers each of queries and dout, the
 // block's values (64 * kM rows), and two buffers each of lse and delta.
 constexpr size_t kQueryBuffersBytes = 2 * kTile * kLd * sizeof(bf16);
+__host__ __device__ constexpr size_t ValueTileBytes(int kM) {
+  return kWarps * 16 * kM * kLd * sizeof(bf16);
+}
 constexpr size_t KeyValueSharedBytes(int kM) {
-  return 2 * kQueryBuffersBytes + kWarps * 16 * kM * kLd * sizeof(bf16) +
-         2 * 2 * kTile * sizeof(float);
+  return 2 * kQueryBuffersBytes + ValueTileBytes(kM) + 2 * 2 * kTile * sizeof(float);
 }
 
 // dK and dV: block = 64 kM keys of one (b, h); loops over the query tiles
@@ -457,7 +459,6 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     KeyValueKernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
                    const float* delta, int T, int C, int NH, float scale, float scale_log2) {
   constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
-  constexpr size_t kValueTileBytes = kBlockRows * kLd * sizeof(bf16);
   extern __shared__ __align__(16) unsigned char shared[];
   // Two buffers of each per-query tile: tile qt + 1 is copied in while
   // tile qt is used.
@@ -465,7 +466,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   auto do_tiles = reinterpret_cast<bf16(*)[kTile * kLd]>(shared + kQueryBuffersBytes);
   bf16* v_tile = reinterpret_cast<bf16*>(shared + 2 * kQueryBuffersBytes);
   auto lse_tiles =
-      reinterpret_cast<float(*)[kTile]>(shared + 2 * kQueryBuffersBytes + kValueTileBytes);
+      reinterpret_cast<float(*)[kTile]>(shared + 2 * kQueryBuffersBytes + ValueTileBytes(kM));
   float(*delta_tiles)[kTile] = lse_tiles + 2;
   const int tiles = (T + kTile - 1) / kTile;
   const int kb = blockIdx.x;  // the first key blocks see the most queries
@@ -678,9 +679,12 @@ void LaunchKeyValue(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* 
   constexpr size_t kBytes = KeyValueSharedBytes(kM);
   auto* kernel = KeyValueKernel<kM, kStep, kValuesInRegisters, kMinBlocks>;
   // Above 48 KB a kernel's dynamic shared memory must be allowed first
-  // (per device; cheap to repeat). A failure shows as the launch's error.
-  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                       static_cast<int>(kBytes));
+  // (per device; cheap, but kept off the default tiling's path, which
+  // stays under). A failure shows as the launch's error.
+  if constexpr (kBytes > 48 * 1024) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(kBytes));
+  }
   const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
   kernel<<<grid, kThreads, kBytes, stream>>>(dqkv, dout, qkv, lse, delta, T, C, NH, scale,
                                              kLog2e * scale);
