@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -26,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "kernels/bf16.h"
 #include "kernels/fast/flash_attention.h"
 #include "tools/bench_util.h"
 
@@ -118,12 +118,7 @@ int Main(int argc, char** argv) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto random_bf16 = [&](size_t n) {
     std::vector<uint16_t> bits(n);
-    for (auto& b : bits) {
-      const float x = normal(rng);
-      uint32_t u;
-      std::memcpy(&u, &x, 4);
-      b = static_cast<uint16_t>(u >> 16);
-    }
+    for (auto& b : bits) b = Bf16FromFloat(normal(rng));
     return bits;
   };
   void *qkv, *out, *dout, *dqkv;
