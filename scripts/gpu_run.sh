@@ -9,6 +9,9 @@
 #   selfcheck  ldd and RPATH of every bundled binary; needs no GPU
 #   link       bin/cuda_link_check
 #   kernels    bin/fast_cuda_test $KERNELS_ARGS        (Catch2)
+#   cudnn      bin/fast_cuda_test --warn NoTests '[cudnn]' $CUDNN_ARGS: cuDNN
+#              attention (kernels/fast/cudnn_attention.h) against the CPU, and bit
+#              for bit; fails at once if no libcudnn.so.9 was found
 #   model      bin/model_cuda_test $MODEL_ARGS         (Catch2)
 #   staged     bin/staged_group_cuda_test $STAGED_ARGS (Catch2): Gloo on
 #              device buffers through pinned host memory, 2 and 3 ranks as
@@ -16,7 +19,9 @@
 #   sanitizer  compute-sanitizer --tool memcheck bin/fast_cuda_test $SANITIZER_ARGS
 #   bench      bin/bench_gpu $BENCH_ARGS
 #   flash      bin/bench_flash $FLASH_ARGS: the flash-attention kernels alone
-#              per tiling, against PyTorch's scaled_dot_product_attention
+#              per tiling, and cuDNN's through muster, against PyTorch's
+#              scaled_dot_product_attention (its choice, and its flash,
+#              cuDNN and efficient kernels each alone)
 #   fsdpcpu    bin/bench_fsdp --skip-rss $FSDP_ARGS: FSDP against DDP and the
 #              communication hidden, on the node's CPU cores (no GPU): the
 #              same measurement as on a 2-core machine, without two ranks and
@@ -85,6 +90,7 @@
 #   scripts/compare_metrics.py from this checkout, so they need python3)
 # Environment:
 #   OUT           where logs go (default /tmp/gpu_out)
+#   CUDNN_DIR     the folder of libcudnn.so.9 (default: found, see below)
 #   STEP_TIMEOUT  seconds per step (default 300)
 #   GPU_TARBALL   the bundle (default .gpu/muster-gpu.tar.xz)
 #   MUSTER_HOME   where it is unpacked (default /tmp/muster; replaced)
@@ -102,13 +108,13 @@
 #
 # The bundle's libraries reach only the bundle's binaries, through
 # LD_LIBRARY_PATH set per command (the bundle's lib/, the node's cuBLAS and
-# NCCL folders, then the node's own LD_LIBRARY_PATH): nothing is exported, so
-# the node's Python and PyTorch never see them.
+# NCCL folders, cuDNN's folder, then the node's own LD_LIBRARY_PATH): nothing
+# is exported, so the node's Python and PyTorch never see them.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-ALL_STEPS=(selfcheck link kernels model staged sanitizer bench flash fsdpcpu torch train curve determinism
-           resume ddp1 ddp2 ddpnccl2 ddpkill ddpbench fsdp1 fsdp2 hsdp fsdpspeed)
+ALL_STEPS=(selfcheck link kernels cudnn model staged sanitizer bench flash fsdpcpu torch train curve
+           determinism resume ddp1 ddp2 ddpnccl2 ddpkill ddpbench fsdp1 fsdp2 hsdp fsdpspeed)
 DEFAULT_STEPS=(link kernels model bench)
 
 OUT=${OUT:-/tmp/gpu_out}
@@ -212,6 +218,68 @@ for name in libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
     echo "gpu_run: WARNING: $name not found on this node; GPU binaries will not start" >&2
   fi
 done
+
+# cuDNN 9, which the binaries load with dlopen (libcudnn.so.9, and the
+# engine libraries it loads from its own folder) only when attention runs
+# through cuDNN, so ldd does not name it and the bundle does not carry it.
+# On the lent machine it is in PyTorch's environment (pip's nvidia-cudnn
+# wheel), not in the CUDA toolkit. Looked for, in order: $CUDNN_DIR; the
+# folders above and ldconfig's; the nvidia.cudnn package of the python3 on
+# PATH, then of /opt/torch/.venv's python3 (a namespace package in some
+# wheels, with no __file__: its __path__ is asked, without importing torch);
+# the documented folder; a search under /opt and /usr/local. Its folder goes
+# on the bundled binaries' LD_LIBRARY_PATH, after cuBLAS's and NCCL's.
+CUDNN_PY='
+import importlib.util, os, sys
+def locations(name):
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception:
+        return []
+    return list(spec.submodule_search_locations or []) if spec else []
+found = [os.path.join(d, "lib") for d in locations("nvidia.cudnn")]
+found += [os.path.join(d, sub, "lib") for d in locations("nvidia") for sub in sorted(os.listdir(d))
+          if os.path.isdir(os.path.join(d, sub, "lib"))]
+found += [os.path.join(d, "lib") for d in locations("torch")]
+for lib in found:
+    if os.path.exists(os.path.join(lib, "libcudnn.so.9")):
+        print(os.path.realpath(lib))
+        sys.exit(0)
+sys.exit(1)
+'
+find_cudnn() {
+  local d py
+  if [ -n "${CUDNN_DIR:-}" ]; then
+    [ -e "$CUDNN_DIR/libcudnn.so.9" ] && { echo "$CUDNN_DIR/libcudnn.so.9 (CUDNN_DIR)"; return 0; }
+    echo "gpu_run: WARNING: CUDNN_DIR=$CUDNN_DIR has no libcudnn.so.9; looking elsewhere" >&2
+  fi
+  for d in "${lib_dirs[@]}"; do
+    [ -e "$d/libcudnn.so.9" ] && { echo "$d/libcudnn.so.9 (the library folders above)"; return 0; }
+  done
+  d=$(/sbin/ldconfig -p 2>/dev/null | awk '$1 == "libcudnn.so.9" { print $NF; exit }')
+  [ -n "$d" ] && { echo "$d (ldconfig)"; return 0; }
+  for py in "$(command -v python3 2>/dev/null)" /opt/torch/.venv/bin/python3; do
+    [ -n "$py" ] && [ -x "$py" ] || continue
+    d=$(timeout 30 "$py" -c "$CUDNN_PY" 2>/dev/null) &&
+      { echo "$d/libcudnn.so.9 ($py's nvidia.cudnn)"; return 0; }
+  done
+  for d in /opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn/lib; do
+    [ -e "$d/libcudnn.so.9" ] && { echo "$d/libcudnn.so.9 (PyTorch's environment)"; return 0; }
+  done
+  d=$(timeout 30 find /opt /usr/local -xdev -name libcudnn.so.9 -print -quit 2>/dev/null)
+  [ -n "$d" ] && { echo "$d (found under /opt or /usr/local)"; return 0; }
+  return 1
+}
+CUDNN_LIB=""
+if cudnn_found=$(find_cudnn); then
+  CUDNN_LIB=${cudnn_found%% (*}
+  add_dir "$(dirname "$CUDNN_LIB")"
+  echo "gpu_run: libcudnn.so.9: $cudnn_found; cuDNN folder $(cd "$(dirname "$CUDNN_LIB")" && pwd -P)"
+else
+  echo "gpu_run: WARNING: libcudnn.so.9 not found on this node (set CUDNN_DIR);" \
+    "cuDNN attention (the cudnn step, bench_flash's cudnn rows) will fail" >&2
+fi
+
 BUNDLE_LD_PATH=$(IFS=:; echo "${lib_dirs[*]}")
 # Keep what the node already sets (its driver's folder, say), after ours.
 if [ -n "${LD_LIBRARY_PATH:-}" ]; then
@@ -287,6 +355,15 @@ step_kernels() {
   need bin/fast_cuda_test && bundled bin/fast_cuda_test "${args[@]}"
 }
 
+step_cudnn() {
+  local -a args
+  mapfile -t args < <(words CUDNN_ARGS)
+  need bin/fast_cuda_test || return 127
+  [ -n "$CUDNN_LIB" ] || { echo "gpu_run: no libcudnn.so.9 on this node (set CUDNN_DIR)" >&2; return 1; }
+  echo "cuDNN: $CUDNN_LIB"
+  bundled bin/fast_cuda_test --warn NoTests '[cudnn]' "${args[@]}"
+}
+
 step_model() {
   local -a args
   mapfile -t args < <(words MODEL_ARGS)
@@ -317,7 +394,9 @@ step_bench() {
 step_flash() {
   local -a args
   mapfile -t args < <(words FLASH_ARGS)
-  need bin/bench_flash && bundled bin/bench_flash "${args[@]}"
+  need bin/bench_flash || return 127
+  echo "cuDNN: ${CUDNN_LIB:-not found (no cudnn rows)}"
+  bundled bin/bench_flash "${args[@]}"
 }
 
 step_fsdpcpu() {
@@ -885,7 +964,7 @@ for step in "${steps[@]}"; do
     export -f bundled run_worker words need find_sanitizer "step_$step" \
       make_config precision_for run_config need_compare compare_metrics dry_run_note \
       last_step resume_attempt run_launch nccl_or_dry pid_with_env
-    export BUNDLE_LD_PATH MUSTER_HOME TRAIN_CONFIGS COMPARE_METRICS GPU_RUN_DEVICE \
+    export BUNDLE_LD_PATH CUDNN_LIB MUSTER_HOME TRAIN_CONFIGS COMPARE_METRICS GPU_RUN_DEVICE \
       CURVE_STEPS CURVE_AFTER CURVE_REL DETERMINISM_STEPS RESUME_STEPS RESUME_MODEL \
       FSDPSPEED_STEPS DDPBENCH_ARGS
     # pipefail again: a child bash does not inherit it, and a step's

@@ -4,9 +4,16 @@
 // rounds alternating between them: the median milliseconds of one forward
 // and of one backward (delta, dK/dV and dQ kernels), and TFLOP/s counted as
 // FlashAttention counts them (forward 4·B·NH·T²·hs / 2 for the causal
-// half; backward 2.5× that). Then PyTorch's
-// scaled_dot_product_attention(is_causal=True) on the same shape and GPU
-// (tools/bench_flash_torch.py, `python3` from PATH), and the ratios.
+// half; backward 2.5× that). cuDNN's fused attention through
+// kernels/fast/cudnn_attention.h is one more row of each table ("cudnn"),
+// timed in the same alternating rounds; if cuDNN does not load or builds
+// no plan, its error is printed once and the other rows go on without it.
+// After the tables, cuDNN's version and the engines it picked. Then
+// PyTorch's scaled_dot_product_attention(is_causal=True) on the same shape
+// and GPU (tools/bench_flash_torch.py, `python3` from PATH): PyTorch's
+// default choice and each backend on its own (flash, cuDNN, efficient;
+// one that is unavailable is reported as such), each with its time ratios
+// to muster's default tiling and to cuDNN through muster.
 //
 //   bazel build -c opt --config=cuda //tools:bench_flash
 //   bazel-bin/tools/bench_flash [--batch 8] [--seq 1024] [--heads 12]
@@ -21,11 +28,16 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "kernels/bf16.h"
+#include "kernels/fast/cudnn_attention.h"
 #include "kernels/fast/flash_attention.h"
 #include "tools/bench_util.h"
 
@@ -39,11 +51,12 @@ void Check(cudaError_t error, const char* what) {
 }
 void Check(int status, const char* what) { Check(static_cast<cudaError_t>(status), what); }
 
-// One tiling timed: `ms` per round.
+// One tiling timed, or cuDNN (`cudnn`): `ms` per round.
 struct Variant {
   std::string name;
   FlashTiling tiling;
   std::vector<double> ms;
+  bool cudnn = false;
 };
 
 std::string Describe(const FlashKernelTiling& t, bool with_values) {
@@ -70,16 +83,48 @@ double TimeCalls(int iters, Fn&& fn) {
   return ms / iters;
 }
 
-// "forward_ms=1.23 backward_ms=4.56" from the peer's log: the value of
-// `key`, NaN if absent.
-double PeerValue(const std::string& log, const std::string& key) {
-  const size_t at = log.rfind(key + "=");
-  if (at == std::string::npos) return std::nan("");
-  const size_t begin = at + key.size() + 1;
-  const size_t end = log.find_first_of(" \n", begin);
-  double value;
-  if (!absl::SimpleAtod(log.substr(begin, end - begin), &value)) return std::nan("");
-  return value;
+// One line of the peer's log (tools/bench_flash_torch.py):
+//   sdpa=<backend> kernel=<kernel> forward_ms=<ms> backward_ms=<ms>
+//   sdpa=<backend> unavailable: <why>
+struct PeerRow {
+  std::string backend, kernel, unavailable;
+  double forward_ms = std::nan(""), backward_ms = std::nan("");
+};
+
+// The rows of the peer's log, in its order, and its "torch <version> on
+// <device>" line (`info`). Lines of neither kind (warnings) are skipped.
+std::vector<PeerRow> ParsePeer(const std::string& log, std::string* info) {
+  std::vector<PeerRow> rows;
+  for (const absl::string_view line : absl::StrSplit(log, '\n')) {
+    if (absl::StartsWith(line, "torch ")) {
+      *info = std::string(line);
+      continue;
+    }
+    if (!absl::StartsWith(line, "sdpa=")) continue;
+    PeerRow row;
+    const size_t unavailable = line.find(" unavailable:");
+    if (unavailable != absl::string_view::npos) {
+      row.backend = std::string(line.substr(5, unavailable - 5));
+      row.unavailable = std::string(absl::StripAsciiWhitespace(line.substr(unavailable + 13)));
+      rows.push_back(row);
+      continue;
+    }
+    for (const absl::string_view field : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      const size_t eq = field.find('=');
+      if (eq == absl::string_view::npos) continue;
+      const absl::string_view key = field.substr(0, eq), value = field.substr(eq + 1);
+      if (key == "sdpa") row.backend = std::string(value);
+      if (key == "kernel") row.kernel = std::string(value);
+      if (key == "forward_ms" && !absl::SimpleAtod(value, &row.forward_ms)) {
+        row.forward_ms = std::nan("");
+      }
+      if (key == "backward_ms" && !absl::SimpleAtod(value, &row.backward_ms)) {
+        row.backward_ms = std::nan("");
+      }
+    }
+    rows.push_back(row);
+  }
+  return rows;
 }
 
 int Main(int argc, char** argv) {
@@ -121,21 +166,26 @@ int Main(int argc, char** argv) {
     for (auto& b : bits) b = Bf16FromFloat(normal(rng));
     return bits;
   };
-  void *qkv, *out, *dout, *dqkv;
-  float *lse, *delta;
+  void *qkv, *out, *dout, *dqkv, *cudnn_out;
+  float *lse, *delta, *cudnn_stats, *cudnn_sum;
   Check(cudaMalloc(&qkv, qkv_n * 2), "cudaMalloc");
   Check(cudaMalloc(&dqkv, qkv_n * 2), "cudaMalloc");
   Check(cudaMalloc(&out, out_n * 2), "cudaMalloc");
   Check(cudaMalloc(&dout, out_n * 2), "cudaMalloc");
   Check(cudaMalloc(&lse, rows * 4), "cudaMalloc");
   Check(cudaMalloc(&delta, rows * 4), "cudaMalloc");
+  // cuDNN's own out and statistics (natural-log, not the flash kernels'
+  // log2 form), which its backward reads.
+  Check(cudaMalloc(&cudnn_out, out_n * 2), "cudaMalloc");
+  Check(cudaMalloc(&cudnn_stats, rows * 4), "cudaMalloc");
+  Check(cudaMalloc(&cudnn_sum, rows * 4), "cudaMalloc");
   const auto qkv_host = random_bf16(qkv_n), dout_host = random_bf16(out_n);
   Check(cudaMemcpy(qkv, qkv_host.data(), qkv_n * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
   Check(cudaMemcpy(dout, dout_host.data(), out_n * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
 
   // Forward: each compiled tiling, the default first. Backward: each dK/dV
   // tiling with dQ at the default (the default first), then each other dQ
-  // tiling with dK/dV at the default.
+  // tiling with dK/dV at the default. Then cuDNN in each, if it runs.
   const FlashTiling base;
   std::vector<Variant> forwards, backwards;
   for (const FlashKernelTiling& t : std::vector<FlashKernelTiling>{
@@ -167,21 +217,80 @@ int Main(int argc, char** argv) {
     Check(FlashAttentionBackward(dqkv, delta, dout, out, qkv, lse, B, T, C, NH, nullptr, tiling),
           "backward");
   };
-  for (Variant& v : forwards) forward(v.tiling);  // warm-up
-  for (Variant& v : backwards) backward(v.tiling);
+
+  // cuDNN: loaded, and its plans built, on the first calls. A failure then
+  // or later is printed once and drops its rows; the others go on.
+  CudnnAttention cudnn;
+  std::string cudnn_error;  // why cuDNN has no rows; empty while it runs
+  auto cudnn_status = [&](int status, const char* what) {
+    if (status == 0 || !cudnn_error.empty()) return;
+    cudnn_error = absl::StrCat(what, " returned ", status);
+    if (status != kCudnnError) {
+      absl::StrAppend(&cudnn_error, " (", cudaGetErrorString(static_cast<cudaError_t>(status)),
+                      ")");
+    }
+    absl::StrAppend(&cudnn_error, ": ", cudnn.error().empty() ? "no message" : cudnn.error());
+    std::printf("cudnn: %s; no cudnn rows\n", cudnn_error.c_str());
+    std::fflush(stdout);
+  };
+  auto cudnn_forward = [&] {
+    if (!cudnn_error.empty()) return;
+    cudnn_status(cudnn.Forward(cudnn_out, cudnn_stats, qkv, B, T, C, NH, nullptr),
+                 "CudnnAttention::Forward");
+  };
+  auto cudnn_backward = [&] {
+    if (!cudnn_error.empty()) return;
+    cudnn_status(
+        cudnn.Backward(dqkv, cudnn_sum, dout, cudnn_out, qkv, cudnn_stats, B, T, C, NH, nullptr),
+        "CudnnAttention::Backward");
+  };
+  if (!CudnnAttentionSupports(ActType::kBf16, C, NH)) {
+    cudnn_error = "CudnnAttentionSupports says no to this shape";
+    std::printf("cudnn: %s; no cudnn rows\n", cudnn_error.c_str());
+  }
+  cudnn_forward();
+  cudnn_backward();
+  if (cudnn_error.empty()) {
+    Variant row;
+    row.name = "cudnn (CudnnAttention)";
+    row.cudnn = true;
+    forwards.push_back(row);
+    backwards.push_back(row);
+  }
+  auto run_forward = [&](const Variant& v) {
+    if (v.cudnn) {
+      cudnn_forward();
+    } else {
+      forward(v.tiling);
+    }
+  };
+  auto run_backward = [&](const Variant& v) {
+    if (v.cudnn) {
+      cudnn_backward();
+    } else {
+      backward(v.tiling);
+    }
+  };
+
+  for (Variant& v : forwards) run_forward(v);  // warm-up
+  forward(base);
+  cudnn_forward();
+  for (Variant& v : backwards) run_backward(v);
   Check(cudaDeviceSynchronize(), "warm-up");
   for (int r = 0; r < rounds; ++r) {
     // Alternate the order too, so no variant always follows the same one.
     for (size_t i = 0; i < forwards.size(); ++i) {
       Variant& v = forwards[r % 2 == 0 ? i : forwards.size() - 1 - i];
-      v.ms.push_back(TimeCalls(iters, [&] { forward(v.tiling); }));
+      v.ms.push_back(TimeCalls(iters, [&] { run_forward(v); }));
     }
-    forward(base);  // the backward's out and lse
+    forward(base);    // the backward's out and lse
+    cudnn_forward();  // and cuDNN's
     for (size_t i = 0; i < backwards.size(); ++i) {
       Variant& v = backwards[r % 2 == 0 ? i : backwards.size() - 1 - i];
-      v.ms.push_back(TimeCalls(iters, [&] { backward(v.tiling); }));
+      v.ms.push_back(TimeCalls(iters, [&] { run_backward(v); }));
     }
   }
+  const bool cudnn_timed = cudnn_error.empty();
 
   const double forward_flop = 4.0 * B * NH * double(T) * T * kFlashHeadSize / 2;
   const double backward_flop = 2.5 * forward_flop;
@@ -189,18 +298,35 @@ int Main(int argc, char** argv) {
       "flash attention on %s: B=%d T=%d NH=%d hs=%d bf16 causal; %d "
       "rounds x %d calls\n",
       prop.name, B, T, NH, kFlashHeadSize, rounds, iters);
+  double cudnn_f = std::nan(""), cudnn_b = std::nan("");
   std::printf("%-40s %10s %8s\n", "forward tiling (rows per warp, key step)", "ms", "TFLOP/s");
   for (const Variant& v : forwards) {
+    if (v.cudnn && !cudnn_timed) continue;  // failed mid-run: printed above
     const double ms = tools::Median(v.ms);
+    if (v.cudnn) cudnn_f = ms;
     std::printf("%-40s %10.4f %8.1f\n", v.name.c_str(), ms, forward_flop / ms / 1e9);
   }
   std::printf("%-40s %10s %8s\n", "backward (delta + dK/dV + dQ) tiling", "ms", "TFLOP/s");
   for (const Variant& v : backwards) {
+    if (v.cudnn && !cudnn_timed) continue;
     const double ms = tools::Median(v.ms);
+    if (v.cudnn) cudnn_b = ms;
     std::printf("%-40s %10.4f %8.1f\n", v.name.c_str(), ms, backward_flop / ms / 1e9);
   }
   const double ours_f = tools::Median(forwards[0].ms);
   const double ours_b = tools::Median(backwards[0].ms);
+  if (cudnn_timed) {
+    std::printf("cudnn: cuDNN %ld, workspace %zu bytes, engines:\n", cudnn.version(),
+                cudnn.workspace_bytes());
+    for (const absl::string_view line : absl::StrSplit(cudnn.Describe(), '\n', absl::SkipEmpty())) {
+      std::printf("  %s\n", std::string(line).c_str());
+    }
+    std::printf("muster (default tiling) / cudnn time: forward %.2f, backward %.2f\n",
+                ours_f / cudnn_f, ours_b / cudnn_b);
+  } else {
+    std::printf("cudnn: not timed (%s)\n", cudnn_error.c_str());
+  }
+  std::fflush(stdout);
   if (no_torch) return 0;
 
   const std::string script = tools::BuiltFile("tools/bench_flash_torch.py");
@@ -220,15 +346,50 @@ int Main(int argc, char** argv) {
     std::printf("PyTorch: %s\n", std::string(status.message()).c_str());
     return 0;
   }
-  const double peer_f = PeerValue(text, "forward_ms"), peer_b = PeerValue(text, "backward_ms");
-  const size_t info = text.find("torch ");
+  std::string info;
+  const std::vector<PeerRow> peers = ParsePeer(text, &info);
+  if (peers.empty()) {
+    std::printf("PyTorch: no sdpa= lines in its output (%s)\n", log.c_str());
+    return 0;
+  }
+  // Time ratios: muster's default tiling, and cuDNN through muster, over
+  // each PyTorch row's ("-" where either is missing).
+  auto ratio = [](double ours, double theirs) {
+    return std::isfinite(ours) && std::isfinite(theirs) && theirs > 0
+               ? absl::StrFormat("%.2f", ours / theirs)
+               : std::string("-");
+  };
+  std::printf("PyTorch SDPA: %s\n", info.empty() ? "?" : info.c_str());
+  std::printf("%-40s %10s %8s %10s %8s %8s %8s %8s %8s\n", "PyTorch SDPA backend (kernel run)",
+              "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "mu/it f", "mu/it b", "cd/it f", "cd/it b");
+  const PeerRow* chosen = nullptr;  // PyTorch's default choice
+  for (const PeerRow& row : peers) {
+    std::string name = row.backend;
+    if (!row.kernel.empty() && row.kernel != row.backend) {
+      absl::StrAppend(&name, " (", row.kernel, ")");
+    }
+    if (!row.unavailable.empty()) {
+      std::printf("%-40s unavailable: %s\n", name.c_str(), row.unavailable.c_str());
+      continue;
+    }
+    if (row.backend == "default") chosen = &row;
+    std::printf("%-40s %10.4f %8.1f %10.4f %8.1f %8s %8s %8s %8s\n", name.c_str(), row.forward_ms,
+                forward_flop / row.forward_ms / 1e9, row.backward_ms,
+                backward_flop / row.backward_ms / 1e9, ratio(ours_f, row.forward_ms).c_str(),
+                ratio(ours_b, row.backward_ms).c_str(), ratio(cudnn_f, row.forward_ms).c_str(),
+                ratio(cudnn_b, row.backward_ms).c_str());
+  }
   std::printf(
-      "PyTorch SDPA (%s): forward %.3f ms (%.1f TFLOP/s), backward "
-      "%.3f ms (%.1f TFLOP/s)\n",
-      info == std::string::npos ? "?" : text.substr(info, text.find('\n', info) - info).c_str(),
-      peer_f, forward_flop / peer_f / 1e9, peer_b, backward_flop / peer_b / 1e9);
-  std::printf("muster (default tiling) / PyTorch time: forward %.2f, backward %.2f\n",
-              ours_f / peer_f, ours_b / peer_b);
+      "(mu/it, cd/it: the time of muster's default tiling, of cuDNN through muster, over the "
+      "row's; f forward, b backward)\n");
+  if (chosen != nullptr) {
+    std::printf("muster (default tiling) / PyTorch time: forward %.2f, backward %.2f\n",
+                ours_f / chosen->forward_ms, ours_b / chosen->backward_ms);
+    if (cudnn_timed) {
+      std::printf("cudnn (CudnnAttention) / PyTorch time: forward %.2f, backward %.2f\n",
+                  cudnn_f / chosen->forward_ms, cudnn_b / chosen->backward_ms);
+    }
+  }
   return 0;
 }
 

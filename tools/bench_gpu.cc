@@ -1,15 +1,22 @@
 // Training throughput of the CUDA worker on GPT-2 124M (L=12, C=768,
-// NH=12, V=50257, seq_len=T): for each precision, ms/step (median of the
-// timed steps), tokens/s, MFU and peak GPU memory, one full optimizer step
-// each (forward, backward, clip, AdamW, zero), random tokens, timed after
-// warm-up steps. Then the same model trained by PyTorch on the same GPU
-// (tools/bench_gpu_torch.py: eager bf16, torch.compile bf16, TF32, FP32),
-// and a table of both. Without CUDA (a build without --config=cuda, or no
-// GPU) it prints why and exits 1.
+// NH=12, V=50257, seq_len=T): for each precision and each attention
+// (--attention: muster's own kernels, the default, and/or cuDNN's, which
+// runs in bf16 only), ms/step (median of the timed steps), tokens/s, MFU
+// and peak GPU memory, one full optimizer step each (forward, backward,
+// clip, AdamW, zero), random tokens, timed after warm-up steps. A row is
+// "muster bf16", or "muster bf16 (cudnn attention)" with cuDNN's, which
+// is followed by a line with cuDNN's version. Then the same model trained
+// by PyTorch on the same GPU (tools/bench_gpu_torch.py: eager bf16,
+// torch.compile bf16, TF32, FP32), and a table of both. Without CUDA (a
+// build without --config=cuda, or no GPU) it prints why and exits 1.
 //
 //   bazel build -c opt --config=cuda //tools:bench_gpu
 //   bazel-bin/tools/bench_gpu [--precisions fp32,tf32,bf16] [--batch 8]
-//       [--seq 1024] [--batches 8,16,32] [--no-torch]
+//       [--seq 1024] [--batches 8,16,32] [--attention muster,cudnn]
+//       [--no-torch]
+//
+// cuDNN's attention needs libcudnn.so.9 where the dynamic loader finds it
+// (LD_LIBRARY_PATH or the system's paths); it is loaded only when asked for.
 //
 // The PyTorch peer runs as `python3` from PATH with LD_LIBRARY_PATH
 // removed from its environment, bounded by --torch-timeout seconds.
@@ -60,6 +67,7 @@ constexpr double kGB = 1e9;  // peak memory is printed in GB (10^9 bytes)
 
 struct GpuResult {
   int batch = 0;
+  std::string attention;   // GptModel::DescribeAttention after the steps
   double ms_per_step = 0;  // median over the timed steps
   double min_ms = 0, max_ms = 0;
   double tokens_per_s = 0;
@@ -80,8 +88,8 @@ ModelConfig Gpt2(int T) {
   return config;
 }
 
-absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, int B, int T,
-                                int warmup, int steps, double peak) {
+absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, Attention attention,
+                                int B, int T, int warmup, int steps, double peak) {
   GpuResult result;
   result.batch = B;
   size_t peak_bytes = 0;
@@ -93,7 +101,8 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
     result.before_gb = *before / kGB;
   }
 
-  auto created = GptModel::Create(config, B, Device::kCuda, precision);
+  auto created =
+      GptModel::Create(config, B, Device::kCuda, precision, ParamStorage::kOwned, attention);
   if (!created.ok()) return created.status();
   std::unique_ptr<GptModel> model = *std::move(created);
   model->InitWeights(1337);
@@ -157,6 +166,7 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
   result.mfu = peak > 0 ? FlopsPerToken(config, T) * result.tokens_per_s / peak : 0;
   result.peak_gb = peak_bytes / kGB;
   result.parameters = model->num_parameters();
+  result.attention = model->DescribeAttention();
   return result;
 }
 
@@ -175,6 +185,21 @@ void PrintRow(const std::string& name, int T, const GpuResult& r) {
 
 void PrintError(const std::string& name, int B, int T, const absl::Status& status) {
   std::printf("%-16s B=%-3d T=%-4d FAILED: %s\n", name.c_str(), B, T, status.ToString().c_str());
+  std::fflush(stdout);
+}
+
+// A row's system: "muster bf16" with muster's attention, "muster bf16
+// (cudnn attention)" with cuDNN's.
+std::string SystemName(absl::string_view precision, Attention attention) {
+  return attention == Attention::kMuster
+             ? absl::StrCat("muster ", precision)
+             : absl::StrCat("muster ", precision, " (", AttentionName(attention), " attention)");
+}
+
+// After a row with cuDNN's attention: which cuDNN ran it.
+void PrintAttention(Attention attention, const GpuResult& r) {
+  if (attention == Attention::kMuster) return;
+  std::printf("  attention: %s\n", r.attention.c_str());
   std::fflush(stdout);
 }
 
@@ -397,6 +422,7 @@ std::vector<int> ParseInts(const std::string& list, bool* ok) {
 
 int Main(int argc, char** argv) {
   std::string precisions = "fp32,tf32,bf16", batches, torch_modes, python = "python3";
+  std::string attention_list = "muster";
   int B = 8, T = 1024, warmup = 3, steps = 20, torch_timeout = 600;
   bool no_torch = false;
   CLI::App app("bench_gpu: GPT-2 124M training throughput of the CUDA worker (and PyTorch's)");
@@ -408,6 +434,10 @@ int Main(int argc, char** argv) {
   app.add_option("--steps", steps, "Timed steps (the median is reported)")->capture_default_str();
   app.add_option("--batches", batches,
                  "Also sweep these batch sizes in bf16, e.g. 8,16,32 (one row each)");
+  app.add_option("--attention", attention_list,
+                 "Comma-separated: muster (muster's own kernels), cudnn (cuDNN's fused "
+                 "attention, bf16 only); one row each")
+      ->capture_default_str();
   app.add_flag("--no-torch", no_torch, "No PyTorch comparison");
   app.add_option("--torch-modes", torch_modes,
                  "PyTorch modes (default: the script's, BENCH_GPU_TORCH_MODES or "
@@ -425,6 +455,20 @@ int Main(int argc, char** argv) {
   std::vector<int> sweep = ParseInts(batches, &batches_ok);
   if (!batches_ok) {
     std::fprintf(stderr, "bench_gpu: --batches wants positive integers, e.g. 8,16,32\n");
+    return 2;
+  }
+  std::vector<Attention> attentions;
+  for (absl::string_view item : absl::StrSplit(attention_list, ',', absl::SkipWhitespace())) {
+    item = absl::StripAsciiWhitespace(item);
+    if (item != "muster" && item != "cudnn") {
+      std::fprintf(stderr, "bench_gpu: --attention wants muster and/or cudnn, got '%s'\n",
+                   std::string(item).c_str());
+      return 2;
+    }
+    attentions.push_back(item == "cudnn" ? Attention::kCudnn : Attention::kMuster);
+  }
+  if (attentions.empty()) {
+    std::fprintf(stderr, "bench_gpu: --attention wants muster and/or cudnn\n");
     return 2;
   }
 
@@ -453,50 +497,71 @@ int Main(int argc, char** argv) {
     double ms = std::nan(""), tokens_per_s = std::nan(""), peak_gb = std::nan(""), mfu = 0;
   };
   std::vector<Row> table;
-  double base_ms = 0;  // muster bf16 at --batch
+  // The ratio's base: muster bf16 at --batch, with muster's attention when
+  // --attention has it, else with the first one it has.
+  double base_ms = 0;
+  std::string base_system = SystemName("bf16", attentions.front());
+  for (Attention attention : attentions) {
+    if (attention == Attention::kMuster) base_system = SystemName("bf16", attention);
+  }
 
   for (absl::string_view item : absl::StrSplit(precisions, ',', absl::SkipWhitespace())) {
     std::string name(absl::StripAsciiWhitespace(item));
-    std::string system = absl::StrCat("muster ", name);
     absl::StatusOr<Precision> precision = ResolvePrecision(name, Device::kCuda);
-    if (!precision.ok()) {
-      PrintError(system, B, T, precision.status());
-      table.push_back({system});
-      continue;
+    for (Attention attention : attentions) {
+      std::string system = SystemName(name, attention);
+      if (!precision.ok()) {
+        PrintError(system, B, T, precision.status());
+        table.push_back({system});
+        continue;
+      }
+      system = SystemName(PrecisionName(*precision), attention);
+      if (attention == Attention::kCudnn && *precision != Precision::kBf16) {
+        std::printf("%-16s skipped: cuDNN's attention runs in bf16 only\n", system.c_str());
+        std::fflush(stdout);
+        continue;
+      }
+      absl::StatusOr<GpuResult> result =
+          Bench(config, *precision, attention, B, T, warmup, steps, peak_for(*precision));
+      if (!result.ok()) {
+        PrintError(system, B, T, result.status());
+        table.push_back({system});
+        continue;
+      }
+      PrintRow(system, T, *result);
+      PrintAttention(attention, *result);
+      table.push_back(
+          {system, result->ms_per_step, result->tokens_per_s, result->peak_gb, result->mfu});
+      if (system == base_system && base_ms == 0) base_ms = result->ms_per_step;
     }
-    system = absl::StrCat("muster ", PrecisionName(*precision));
-    absl::StatusOr<GpuResult> result =
-        Bench(config, *precision, B, T, warmup, steps, peak_for(*precision));
-    if (!result.ok()) {
-      PrintError(system, B, T, result.status());
-      table.push_back({system});
-      continue;
-    }
-    PrintRow(system, T, *result);
-    table.push_back(
-        {system, result->ms_per_step, result->tokens_per_s, result->peak_gb, result->mfu});
-    if (*precision == Precision::kBf16 && base_ms == 0) base_ms = result->ms_per_step;
   }
 
   if (!sweep.empty()) {
     std::printf("\nbf16 batch sweep (T=%d):\n", T);
-    double best_tokens = 0;
-    int best_batch = 0;
-    for (int batch : sweep) {
-      absl::StatusOr<GpuResult> result =
-          Bench(config, Precision::kBf16, batch, T, warmup, steps, peak_for(Precision::kBf16));
-      if (!result.ok()) {
-        PrintError("muster bf16", batch, T, result.status());
-        continue;
+    for (Attention attention : attentions) {
+      const std::string system = SystemName("bf16", attention);
+      double best_tokens = 0;
+      int best_batch = 0;
+      for (int batch : sweep) {
+        absl::StatusOr<GpuResult> result = Bench(config, Precision::kBf16, attention, batch, T,
+                                                 warmup, steps, peak_for(Precision::kBf16));
+        if (!result.ok()) {
+          PrintError(system, batch, T, result.status());
+          continue;
+        }
+        PrintRow(system, T, *result);
+        if (result->tokens_per_s > best_tokens) {
+          best_tokens = result->tokens_per_s;
+          best_batch = batch;
+        }
       }
-      PrintRow("muster bf16", T, *result);
-      if (result->tokens_per_s > best_tokens) {
-        best_tokens = result->tokens_per_s;
-        best_batch = batch;
+      if (best_batch > 0) {
+        const std::string which = attention == Attention::kMuster
+                                      ? ""
+                                      : absl::StrCat(" (", AttentionName(attention), " attention)");
+        std::printf("bf16%s tok/s peaks at B=%d: %.0f tok/s\n", which.c_str(), best_batch,
+                    best_tokens);
       }
-    }
-    if (best_batch > 0) {
-      std::printf("bf16 tok/s peaks at B=%d: %.0f tok/s\n", best_batch, best_tokens);
     }
   }
 
@@ -541,11 +606,12 @@ int Main(int argc, char** argv) {
   std::printf("\n%s, B=%d T=%d%s%s\n", device->name.c_str(), B, T, torch_info.empty() ? "" : "; ",
               torch_info.c_str());
   std::printf(
-      "ratio = system ms/step / muster bf16 ms/step (above 1: muster bf16 is faster); "
+      "ratio = system ms/step / %s ms/step (above 1: %s is faster); "
       "peak GB: muster's is the whole GPU in use (cudaMemGetInfo, with the CUDA "
-      "context), PyTorch's torch.cuda.max_memory_allocated\n");
+      "context), PyTorch's torch.cuda.max_memory_allocated\n",
+      base_system.c_str(), base_system.c_str());
   std::printf("| %-22s | %9s | %9s | %7s | %6s | %13s |\n", "system", "ms/step", "tok/s", "peak GB",
-              "MFU", "vs muster bf16");
+              "MFU", absl::StrCat("vs ", base_system).c_str());
   std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(24, '-').c_str(), std::string(11, '-').c_str(),
               std::string(11, '-').c_str(), std::string(9, '-').c_str(),
               std::string(8, '-').c_str(), std::string(15, '-').c_str());

@@ -317,13 +317,17 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
 void PrintBanner(Trainer& trainer, const std::string& parallelism, FILE* out) {
   const TrainConfig& config = trainer.config();
   const ModelConfig& m = config.model;
+  const bool cuda = trainer.model()->device() == Device::kCuda;
+  // On CUDA, which attention kernels: "muster flash", "cudnn", ...
+  const std::string attention =
+      cuda ? absl::StrCat(" with ", trainer.model()->DescribeAttention(), " attention") : "";
   std::fprintf(out,
                "worker: GPT-2 L=%d C=%d NH=%d T=%d V=%d (%.2fM parameters), B=%d x %d "
-               "micro-steps, %d steps on %s in %s\n",
+               "micro-steps, %d steps on %s in %s%s\n",
                m.layers, m.dim, m.heads, m.seq_len, m.vocab,
                trainer.model()->num_parameters() / 1e6, config.data.micro_batch, MicroSteps(config),
-               config.train.steps, trainer.model()->device() == Device::kCuda ? "cuda" : "cpu",
-               PrecisionName(trainer.model()->precision()));
+               config.train.steps, cuda ? "cuda" : "cpu",
+               PrecisionName(trainer.model()->precision()), attention.c_str());
   if (!parallelism.empty()) std::fprintf(out, "worker: %s\n", parallelism.c_str());
   std::fprintf(out, "worker: MFU peak %s\n", trainer.peak_flops_description().c_str());
   std::fflush(out);
@@ -356,8 +360,22 @@ int Train(const std::string& config_path, Env* env) {
       std::remove(path.c_str());
     };
   }
+  // cuDNN is loaded by the first step's attention: its version is known
+  // only after that step.
+  Trainer* started = nullptr;
+  if (config->attention == "cudnn" &&
+      (options.strategy == nullptr || options.strategy->rank() == 0)) {
+    options.on_step = [previous = std::move(options.on_step), &started,
+                       reported = false](const StepMetrics& metrics) mutable {
+      if (previous) previous(metrics);
+      if (started == nullptr || std::exchange(reported, true)) return;
+      std::fprintf(stdout, "worker: attention %s\n", started->model()->DescribeAttention().c_str());
+      std::fflush(stdout);
+    };
+  }
   auto trainer = Trainer::Create(*config, options);
   if (!trainer.ok()) return Fail(trainer.status());
+  started = trainer->get();
   if (options.strategy == nullptr || options.strategy->rank() == 0) {
     if (parallelism->description.empty() && options.strategy != nullptr) {
       parallelism->description = absl::StrCat(options.strategy->dims().world(), " rank(s), ",

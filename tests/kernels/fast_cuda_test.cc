@@ -3,6 +3,10 @@
 // each run so an unwritten element fails, for every precision: fp32
 // (exact), tf32 (tensor-core GEMMs) and bf16 (bf16 storage). Error is
 // |out - ref| / |ref| over the whole tensor. Also: bitwise repeatability.
+// The cuDNN attention path (cudnn_attention.h, tagged [cudnn]) against the
+// same CPU reference as flash attention, and run to run bit for bit; it
+// loads libcudnn.so.9 at run time, which scripts/gpu_run.sh puts on the
+// library path (docs/gpu.md), and prints the cuDNN version and engines.
 //
 // Needs a GPU: tagged manual, run on the lent machine (docs/gpu.md).
 #include <cuda_runtime.h>
@@ -10,6 +14,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -21,6 +26,7 @@
 #include "kernels/fast/adamw.h"
 #include "kernels/fast/attention.h"
 #include "kernels/fast/classifier.h"
+#include "kernels/fast/cudnn_attention.h"
 #include "kernels/fast/encoder.h"
 #include "kernels/fast/flash_attention.h"
 #include "kernels/fast/gemm.h"
@@ -280,6 +286,73 @@ TEST_CASE("attention forward and backward match the CPU back end", "[attention]"
   }
 }
 
+// Causal attention's CPU reference on random bf16-rounded inputs: qkv
+// (B, T, 3C) and dout (B, T, C) uploaded to d_qkv / d_dout; out, the
+// probabilities att (B, NH, T, T) and dqkv from the CPU back end.
+struct AttentionCase {
+  int B, T, C, NH;
+  std::vector<float> qkv, dout, out, att, dqkv;
+  Buffer d_qkv, d_dout;
+
+  AttentionCase(int B_, int T_, int C_, int NH_, std::mt19937& rng)
+      : B(B_),
+        T(T_),
+        C(C_),
+        NH(NH_),
+        qkv(Random(size_t(B_) * T_ * 3 * C_, rng, 2.0f)),
+        dout(Random(size_t(B_) * T_ * C_, rng)),
+        out(size_t(B_) * T_ * C_),
+        att(size_t(B_) * NH_ * T_ * T_),
+        dqkv(qkv.size(), 0.0f),
+        d_qkv(qkv.size(), ActType::kBf16),
+        d_dout(dout.size(), ActType::kBf16) {
+    d_qkv.Upload(&qkv);
+    d_dout.Upload(&dout);
+    std::vector<float> dpreatt(att.size());
+    AttentionForwardCpu(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(), att.data(), B, T, C,
+                         NH);
+  }
+
+  // Each row's natural-log sum-exp of its scaled scores, from the CPU's
+  // own probabilities: att[t][0] = exp(s_0 * scale - lse), so lse = s_0 *
+  // scale - ln(att[t][0]), scale = 1 / sqrt(hs). (B, NH, T).
+  std::vector<double> LogSumExp() const {
+    const int hs = C / NH;
+    std::vector<double> lse(size_t(B) * NH * T);
+    for (int b = 0; b < B; ++b) {
+      for (int h = 0; h < NH; ++h) {
+        for (int t = 0; t < T; ++t) {
+          double s0 = 0;
+          const float* q = &qkv[(size_t(b) * T + t) * 3 * C + h * hs];
+          const float* k = &qkv[(size_t(b) * T + 0) * 3 * C + C + h * hs];
+          for (int d = 0; d < hs; ++d) s0 += double(q[d]) * k[d];
+          const double p0 = att[((size_t(b) * NH + h) * T + t) * T + 0];
+          lse[(size_t(b) * NH + h) * T + t] = s0 / std::sqrt(double(hs)) - std::log(p0);
+        }
+      }
+    }
+    return lse;
+  }
+
+  // dqkv as a whole, then dq, dk and dv each on its own, so a wrong dK
+  // cannot hide behind a right dV.
+  void RequireGradientClose(const std::vector<float>& got, double tolerance) const {
+    RequireClose(got, AsDoubles(dqkv), tolerance, "dqkv");
+    for (int part = 0; part < 3; ++part) {
+      std::vector<float> got_part;
+      std::vector<double> want_part;
+      for (size_t r = 0; r < size_t(B) * T; ++r) {
+        for (int c = 0; c < C; ++c) {
+          got_part.push_back(got[r * 3 * C + part * C + c]);
+          want_part.push_back(dqkv[r * 3 * C + part * C + c]);
+        }
+      }
+      RequireClose(got_part, want_part, tolerance, std::string("d") + "qkv"[part]);
+    }
+  }
+};
+
 TEST_CASE("flash attention forward and backward match the CPU back end", "[attention]") {
   // Every compiled tiling of each kernel (flash_attention.h), the default
   // first. T = 64 is one tile of 64 (half a block of 128); 200 ends in a
@@ -306,54 +379,20 @@ TEST_CASE("flash attention forward and backward match the CPU back end", "[atten
         const ActType act = ActType::kBf16;
         const int B = 2, C = 256, NH = 4;
         REQUIRE(FlashAttentionSupports(act, C, NH));
-        auto qkv = Random(size_t(B) * T * 3 * C, rng, 2.0f), dout = Random(size_t(B) * T * C, rng);
-        Buffer d_qkv(qkv.size(), act), d_dout(dout.size(), act);
-        d_qkv.Upload(&qkv);
-        d_dout.Upload(&dout);
-        std::vector<float> out(size_t(B) * T * C), att(size_t(B) * NH * T * T),
-            dqkv(qkv.size(), 0.0f), dpreatt(att.size());
-        AttentionForwardCpu(out.data(), att.data(), qkv.data(), B, T, C, NH);
-        AttentionBackwardCpu(dqkv.data(), dpreatt.data(), dout.data(), qkv.data(), att.data(), B, T,
-                             C, NH);
-        Buffer d_out(out.size(), act), lse(size_t(B) * NH * T, ActType::kF32),
-            delta(size_t(B) * NH * T, ActType::kF32), d_dqkv(qkv.size(), act);
-        CUDA_REQUIRE(
-            FlashAttentionForward(d_out.get(), lse.f(), d_qkv.get(), B, T, C, NH, nullptr, tiling));
-        RequireClose(d_out.Download(), AsDoubles(out), 1e-2, "out");
-        // The log2-sum-exp of each row's scaled scores, from the CPU's own
-        // probabilities: lse = s_0 * scale * log2(e) - log2(att[t][0]).
-        std::vector<double> lse_ref(size_t(B) * NH * T);
-        const int hs = C / NH;
-        for (int b = 0; b < B; ++b) {
-          for (int h = 0; h < NH; ++h) {
-            for (int t = 0; t < T; ++t) {
-              double s0 = 0;
-              const float* q = &qkv[(size_t(b) * T + t) * 3 * C + h * hs];
-              const float* k = &qkv[(size_t(b) * T + 0) * 3 * C + C + h * hs];
-              for (int d = 0; d < hs; ++d) s0 += double(q[d]) * k[d];
-              const double p0 = att[((size_t(b) * NH + h) * T + t) * T + 0];
-              lse_ref[(size_t(b) * NH + h) * T + t] =
-                  s0 / std::sqrt(double(hs)) / std::log(2.0) - std::log2(p0);
-            }
-          }
-        }
+        const AttentionCase ref(B, T, C, NH, rng);
+        Buffer d_out(ref.out.size(), act), lse(size_t(B) * NH * T, ActType::kF32),
+            delta(size_t(B) * NH * T, ActType::kF32), d_dqkv(ref.qkv.size(), act);
+        CUDA_REQUIRE(FlashAttentionForward(d_out.get(), lse.f(), ref.d_qkv.get(), B, T, C, NH,
+                                           nullptr, tiling));
+        RequireClose(d_out.Download(), AsDoubles(ref.out), 1e-2, "out");
+        // Flash attention keeps the log2 form: lse / ln 2.
+        std::vector<double> lse_ref = ref.LogSumExp();
+        for (double& x : lse_ref) x /= std::log(2.0);
         RequireClose(lse.Download(), lse_ref, 1e-3, "log2-sum-exp");
-        CUDA_REQUIRE(FlashAttentionBackward(d_dqkv.get(), delta.f(), d_dout.get(), d_out.get(),
-                                            d_qkv.get(), lse.f(), B, T, C, NH, nullptr, tiling));
-        RequireClose(d_dqkv.Download(), AsDoubles(dqkv), 2e-2, "dqkv");
-        // Each part on its own, so a wrong dK cannot hide behind a right dV.
-        const std::vector<float> got = d_dqkv.Download();
-        for (int part = 0; part < 3; ++part) {
-          std::vector<float> got_part;
-          std::vector<double> want_part;
-          for (size_t r = 0; r < size_t(B) * T; ++r) {
-            for (int c = 0; c < C; ++c) {
-              got_part.push_back(got[r * 3 * C + part * C + c]);
-              want_part.push_back(dqkv[r * 3 * C + part * C + c]);
-            }
-          }
-          RequireClose(got_part, want_part, 2e-2, std::string("d") + "qkv"[part]);
-        }
+        CUDA_REQUIRE(FlashAttentionBackward(d_dqkv.get(), delta.f(), ref.d_dout.get(), d_out.get(),
+                                            ref.d_qkv.get(), lse.f(), B, T, C, NH, nullptr,
+                                            tiling));
+        ref.RequireGradientClose(d_dqkv.Download(), 2e-2);
       }
     }
   }
@@ -372,6 +411,119 @@ TEST_CASE("flash attention refuses a tiling it has not compiled", "[attention]")
   bad.query = {16, 8, false, 0};
   REQUIRE(FlashAttentionBackward(dqkv.get(), delta.f(), out.get(), out.get(), qkv.get(), lse.f(), B,
                                  T, C, NH, nullptr, bad) == cudaErrorInvalidValue);
+}
+
+// A CudnnAttention call that must return 0; the failure message carries
+// what cuDNN said (error()), or the CUDA error's name.
+#define CUDNN_REQUIRE(attention, call)                                                            \
+  do {                                                                                            \
+    const int code_ = static_cast<int>(call);                                                     \
+    INFO(#call << " returned " << code_ << ": "                                                   \
+               << (code_ == kCudnnError                                                           \
+                       ? "kCudnnError: " + (attention).error()                                    \
+                       : std::string(cudaGetErrorString(static_cast<cudaError_t>(code_))) + " " + \
+                             (attention).error()));                                               \
+    REQUIRE(code_ == 0);                                                                          \
+  } while (0)
+
+// The GPU log's record of which cuDNN ran: its version (once per process)
+// and the engines `attention` picked.
+void PrintCudnn(const CudnnAttention& attention, const std::string& what) {
+  static bool version_printed = false;
+  if (!version_printed) {
+    std::printf("cudnn attention: cuDNN version %ld\n", attention.version());
+    version_printed = true;
+  }
+  std::printf("cudnn attention, %s: workspace %zu bytes\n%s\n", what.c_str(),
+              attention.workspace_bytes(), attention.Describe().c_str());
+  std::fflush(stdout);
+}
+
+TEST_CASE("cudnn attention forward and backward match the CPU back end", "[attention][cudnn]") {
+  // The flash test's shapes (T = 64, 200 with a partial tile, 520) at head
+  // size 64, and again at head size 128, which only cuDNN runs.
+  for (const int NH : {4, 2}) {
+    for (const int T : {64, 200, 520}) {
+      const int B = 2, C = 256, hs = C / NH;
+      SECTION("hs=" + std::to_string(hs) + ", T=" + std::to_string(T)) {
+        const ActType act = ActType::kBf16;
+        if (hs == 64) REQUIRE(CudnnAttentionSupports(act, C, NH));
+        if (!CudnnAttentionSupports(act, C, NH)) {
+          WARN("CudnnAttentionSupports says no to head size " << hs << ": not checked");
+          return;
+        }
+        std::mt19937 rng(Seed());
+        const AttentionCase ref(B, T, C, NH, rng);
+        Buffer d_out(ref.out.size(), act), stats(size_t(B) * NH * T, ActType::kF32),
+            softmax_sum(size_t(B) * NH * T, ActType::kF32), d_dqkv(ref.qkv.size(), act);
+        CudnnAttention attention;
+        CUDNN_REQUIRE(attention, attention.Forward(d_out.get(), stats.f(), ref.d_qkv.get(), B, T, C,
+                                                   NH, nullptr));
+        RequireClose(d_out.Download(), AsDoubles(ref.out), 1e-2, "out");
+        RequireClose(stats.Download(), ref.LogSumExp(), 1e-3, "stats (natural-log sum-exp)");
+        CUDNN_REQUIRE(attention, attention.Backward(d_dqkv.get(), softmax_sum.f(), ref.d_dout.get(),
+                                                    d_out.get(), ref.d_qkv.get(), stats.f(), B, T,
+                                                    C, NH, nullptr));
+        ref.RequireGradientClose(d_dqkv.Download(), 2e-2);
+        PrintCudnn(attention, "hs=" + std::to_string(hs) + " T=" + std::to_string(T));
+      }
+    }
+  }
+}
+
+TEST_CASE("cudnn attention is bitwise repeatable", "[attention][cudnn]") {
+  // GPT-2 124M's heads at T=512: forward and backward twice with one
+  // CudnnAttention (its plans kept, as in training), then once with a
+  // fresh one (plans built again, as after a restart), each into fresh
+  // poisoned outputs.
+  const ActType act = ActType::kBf16;
+  const int B = 4, T = 512, C = 768, NH = 12;
+  REQUIRE(CudnnAttentionSupports(act, C, NH));
+  std::mt19937 rng(Seed());
+  auto qkv = Random(size_t(B) * T * 3 * C, rng, 2.0f), dout = Random(size_t(B) * T * C, rng);
+  Buffer d_qkv(qkv.size(), act), d_dout(dout.size(), act);
+  d_qkv.Upload(&qkv);
+  d_dout.Upload(&dout);
+  const char* const names[] = {"out", "stats", "dqkv"};
+  auto run = [&](CudnnAttention& attention) {
+    Buffer out(size_t(B) * T * C, act), stats(size_t(B) * NH * T, ActType::kF32),
+        softmax_sum(size_t(B) * NH * T, ActType::kF32), dqkv(qkv.size(), act);
+    CUDNN_REQUIRE(attention,
+                  attention.Forward(out.get(), stats.f(), d_qkv.get(), B, T, C, NH, nullptr));
+    CUDNN_REQUIRE(attention,
+                  attention.Backward(dqkv.get(), softmax_sum.f(), d_dout.get(), out.get(),
+                                     d_qkv.get(), stats.f(), B, T, C, NH, nullptr));
+    // Written everywhere: a poisoned (NaN) element left would repeat too.
+    const Buffer* const buffers[] = {&out, &stats, &dqkv};
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<float> values = buffers[i]->Download();
+      size_t bad = 0;
+      for (const float x : values) bad += !std::isfinite(x);
+      INFO(names[i] << ": " << bad << " of " << values.size() << " not finite");
+      CHECK(bad == 0);
+    }
+    return std::vector<std::vector<uint8_t>>{out.Bytes(), stats.Bytes(), dqkv.Bytes()};
+  };
+  CudnnAttention attention;
+  const auto first = run(attention);
+  const auto second = run(attention);
+  CudnnAttention fresh;
+  const auto third = run(fresh);
+  PrintCudnn(attention, "B=4 T=512 C=768 NH=12");
+  const std::vector<std::vector<uint8_t>>* const others[] = {&second, &third};
+  const char* const labels[] = {"the second run", "a fresh CudnnAttention"};
+  for (int o = 0; o < 2; ++o) {
+    for (size_t i = 0; i < first.size(); ++i) {
+      const std::vector<uint8_t>& a = first[i];
+      const std::vector<uint8_t>& b = (*others[o])[i];
+      REQUIRE(a.size() == b.size());
+      size_t differ = 0;
+      for (size_t j = 0; j < a.size(); ++j) differ += a[j] != b[j];
+      INFO(names[i] << ", " << labels[o] << " against the first: " << differ << " of " << a.size()
+                    << " bytes differ");
+      CHECK(std::memcmp(a.data(), b.data(), a.size()) == 0);
+    }
+  }
 }
 
 TEST_CASE("layernorm with the fused residual add, forward and backward, match fp64",

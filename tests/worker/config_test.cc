@@ -55,6 +55,7 @@ TEST_CASE("a minimal file gets every default") {
   CHECK(config->train.seed == 1337);
   CHECK(config->device == "auto");
   CHECK(config->precision == "auto");
+  CHECK(config->attention == "auto");
   CHECK(config->parallel.strategy == "ddp");
   CHECK(config->parallel.zero == 3);
   CHECK(config->parallel.reshard_after_forward);
@@ -172,6 +173,17 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       // The line is precision's whichever comes first.
       {train + "precision: tf32\ndevice: cpu\n",
        "t.yaml:3: precision: tf32 needs device cuda; the CPU computes in fp32 only"},
+      {train + "attention: flash\n",
+       "t.yaml:3: attention: expected auto, muster or cudnn, got 'flash'"},
+      {train + "device: cpu\nattention: cudnn\n",
+       "t.yaml:4: attention: cudnn needs device cuda; the CPU runs muster's own attention"},
+      {train + "attention: cudnn\nprecision: fp32\n",
+       "t.yaml:3: attention: cudnn needs precision bf16 (or auto, bf16 on CUDA), not fp32"},
+      {train + "precision: tf32\nattention: cudnn\n",
+       "t.yaml:4: attention: cudnn needs precision bf16 (or auto, bf16 on CUDA), not tf32"},
+      {train + "attention: cudnn\nmodel:\n  dim: 1024\n  heads: 4\n",
+       "t.yaml:3: attention: cudnn needs a head size (model.dim / model.heads) that is a multiple "
+       "of 8 and at most 128; 1024 / 4 is 256"},
       {train + "parallel:\n  strategy: hsdp\n",
        "t.yaml:4: parallel.strategy: unknown strategy 'hsdp'; known strategies: ddp, fsdp"},
       {train + "parallel:\n  dp_shard: 2\n",
@@ -305,6 +317,70 @@ TEST_CASE("precision reads every value; tf32 and bf16 need more than an explicit
     std::string text = std::string(kMinimal) + "device: cpu\nprecision: " + value + "\n";
     CHECK(ParseConfig(text, "t.yaml", "").ok());
   }
+}
+
+TEST_CASE("attention: auto by default, muster, or cudnn with cuda, bf16 and a head size it takes") {
+  absl::StatusOr<TrainConfig> defaults = ParseConfig(kMinimal, "t.yaml", "");
+  REQUIRE(defaults.ok());
+  CHECK(defaults->attention == "auto");
+  for (const char* value : {"auto", "muster", "cudnn"}) {
+    INFO(value);
+    // device auto (the default) may turn out to be cuda, and precision auto
+    // is then bf16: the trainer decides (ResolveAttention), as for precision.
+    const std::string text = std::string(kMinimal) + "attention: " + value + "\n";
+    for (const std::string& more :
+         {std::string(), std::string("device: cuda\n"), std::string("precision: bf16\n"),
+          std::string("device: cuda\nprecision: auto\n")}) {
+      INFO(more);
+      absl::StatusOr<TrainConfig> parsed = ParseConfig(text + more, "t.yaml", "");
+      INFO(parsed.status().ToString());
+      REQUIRE(parsed.ok());
+      CHECK(parsed->attention == value);
+    }
+  }
+  // muster's kernels run anywhere, in any precision, at any head size.
+  for (const char* value : {"auto", "muster"}) {
+    INFO(value);
+    const std::string text = std::string(kMinimal) + "attention: " + value +
+                             "\ndevice: cpu\nprecision: fp32\nmodel:\n  dim: 1024\n  heads: 4\n";
+    CHECK(ParseConfig(text, "t.yaml", "").ok());
+  }
+  // cuDNN's head sizes: multiples of 8 up to 128 (CudnnAttentionSupports,
+  // kernels/fast/cudnn_attention.h).
+  struct Shape {
+    int dim, heads;
+    bool ok;
+  };
+  for (const Shape& shape :
+       {Shape{768, 12, true}, Shape{512, 4, true}, Shape{64, 8, true}, Shape{1024, 4, false},
+        Shape{240, 12, false}, Shape{60, 10, false}, Shape{1040, 8, false}}) {
+    INFO(shape.dim << " / " << shape.heads);
+    const std::string text = std::string(kMinimal) +
+                             "attention: cudnn\nmodel:\n  dim: " + std::to_string(shape.dim) +
+                             "\n  heads: " + std::to_string(shape.heads) + "\n";
+    if (shape.ok) {
+      absl::StatusOr<TrainConfig> parsed = ParseConfig(text, "t.yaml", "");
+      INFO(parsed.status().ToString());
+      CHECK(parsed.ok());
+    } else {
+      const std::string error = ErrorOf(text);
+      CHECK_THAT(error, Catch::StartsWith("t.yaml:3: attention: cudnn needs a head size"));
+      CHECK_THAT(error, Catch::Contains(absl::StrCat(shape.dim, " / ", shape.heads, " is ",
+                                                     shape.dim / shape.heads)));
+    }
+  }
+  // Every refusal names the field, at its line.
+  for (const std::string& more :
+       {std::string("device: cpu\n"), std::string("precision: fp32\n"),
+        std::string("precision: tf32\n"), std::string("model:\n  dim: 768\n  heads: 3\n")}) {
+    INFO(more);
+    CHECK_THAT(ErrorOf(more + kMinimal + "attention: cudnn\n"),
+               Catch::Matches("t\\.yaml:[0-9]+: attention: cudnn needs .*"));
+  }
+  CHECK(ErrorOf(std::string(kMinimal) + "attention: CUDNN\n") ==
+        "t.yaml:3: attention: expected auto, muster or cudnn, got 'CUDNN'");
+  CHECK(ErrorOf(std::string(kMinimal) + "attention: [cudnn]\n") ==
+        "t.yaml:3: attention: expected a string, got a list");
 }
 
 TEST_CASE("parallel.backend: auto, nccl, gloo; nccl is refused with an explicit cpu") {
@@ -470,6 +546,7 @@ TEST_CASE("ConfigToYaml parses back to an equal config") {
   TrainConfig on_cuda = odd;
   on_cuda.device = "cuda";
   on_cuda.precision = "bf16";
+  on_cuda.attention = "cudnn";
   on_cuda.parallel.backend = "gloo";
   configs.push_back(on_cuda);
   TrainConfig hsdp = odd;
@@ -522,6 +599,7 @@ TEST_CASE("ConfigToYaml prints every field") {
                           "metrics_file:",
                           "device:",
                           "precision:",
+                          "attention: \"auto\"\n",
                           "parallel:",
                           "strategy:",
                           "backend:",
@@ -658,6 +736,7 @@ TEST_CASE("ConfigFields lists every member of every config struct") {
       {"train", MemberCount<TrainLoopConfig>()},
       {"device", 1},
       {"precision", 1},
+      {"attention", 1},
       {"parallel", MemberCount<ParallelConfig>()},
       {"checkpoint", MemberCount<CheckpointConfig>()},
   };

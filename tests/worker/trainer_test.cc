@@ -278,6 +278,15 @@ TEST_CASE("sampling is reproducible and byte-level only") {
   CHECK(GenerateText(other->model(), sample).status().code() == absl::StatusCode::kInvalidArgument);
 }
 
+// "cpu", and "auto" where it resolves to the CPU (no GPU here).
+std::vector<std::string> DevicesThatAreTheCpu() {
+  std::vector<std::string> devices = {"cpu"};
+  if (auto resolved = ResolveDevice("auto"); resolved.ok() && *resolved == Device::kCpu) {
+    devices.push_back("auto");
+  }
+  return devices;
+}
+
 TEST_CASE("a precision the device cannot do is INVALID_ARGUMENT naming precision") {
   std::string dir = FreshDir("precision");
   WritePatternShards(dir);
@@ -285,10 +294,7 @@ TEST_CASE("a precision the device cannot do is INVALID_ARGUMENT naming precision
   // ParseConfig refuses cpu with tf32 or bf16 already; a config built in
   // code (or device auto on a machine without a GPU) meets the trainer's
   // check.
-  std::vector<std::string> devices = {"cpu"};
-  if (auto resolved = ResolveDevice("auto"); resolved.ok() && *resolved == Device::kCpu) {
-    devices.push_back("auto");
-  }
+  const std::vector<std::string> devices = DevicesThatAreTheCpu();
   for (const std::string& device : devices) {
     for (const char* precision : {"tf32", "bf16"}) {
       INFO("device " << device << ", precision " << precision);
@@ -306,6 +312,35 @@ TEST_CASE("a precision the device cannot do is INVALID_ARGUMENT naming precision
   config.device = "cpu";
   config.precision = "auto";
   CHECK(MakeTrainer(config)->model()->precision() == Precision::kFp32);
+}
+
+TEST_CASE("an attention the device or precision cannot run is INVALID_ARGUMENT naming attention") {
+  std::string dir = FreshDir("attention");
+  WritePatternShards(dir);
+  TrainConfig config = TinyConfig(dir);  // device: cpu
+  // ParseConfig refuses cudnn with an explicit cpu already; a config built
+  // in code (or device auto on a machine without a GPU) meets the
+  // trainer's check.
+  const std::vector<std::string> devices = DevicesThatAreTheCpu();
+  for (const std::string& device : devices) {
+    INFO("device " << device);
+    config.device = device;
+    config.precision = "auto";
+    config.attention = "cudnn";
+    auto trainer = Trainer::Create(config, QuietOptions());
+    REQUIRE_FALSE(trainer.ok());
+    CHECK(trainer.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(trainer.status().message()),
+               Catch::StartsWith("attention: cudnn needs device cuda"));
+  }
+
+  // auto and muster are muster's own attention, on any device.
+  config.device = "cpu";
+  for (const char* attention : {"auto", "muster"}) {
+    INFO(attention);
+    config.attention = attention;
+    CHECK(MakeTrainer(config)->model()->attention() == Attention::kMuster);
+  }
 }
 
 TEST_CASE("the CPU peak for MFU says its clock, vector unit and GEMM kernels") {

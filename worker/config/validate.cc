@@ -46,6 +46,35 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                 absl::StrCat(config.precision, " needs device cuda; the CPU computes in fp32 only"),
                 {"device"});
   }
+  // attention: cudnn is cuDNN's fused attention (kernels/fast/cudnn_attention.h),
+  // which the CUDA model alone runs, on bf16 activations. As with precision,
+  // only an explicit cpu is known here; device auto on a machine without a
+  // GPU, or a config built in code, meets ResolveAttention
+  // (worker/model/model.h) when the trainer resolves the device.
+  if (config.attention == "cudnn") {
+    if (config.device == "cpu") {
+      return fail("attention", "cudnn needs device cuda; the CPU runs muster's own attention",
+                  {"device"});
+    }
+    // auto is bf16 on CUDA, the only device cudnn runs on.
+    if (config.precision == "fp32" || config.precision == "tf32") {
+      return fail("attention",
+                  absl::StrCat("cudnn needs precision bf16 (or auto, bf16 on CUDA), not ",
+                               config.precision),
+                  {"precision"});
+    }
+    // The rule of CudnnAttentionSupports (kernels/fast/cudnn_attention.h),
+    // restated: kernels/fast is built only under --config=cuda, and this
+    // check runs in every build. Keep the two in step.
+    const int head_size = m.dim / m.heads;
+    if (head_size % 8 != 0 || head_size > 128) {
+      return fail("attention",
+                  absl::StrCat("cudnn needs a head size (model.dim / model.heads) that is a "
+                               "multiple of 8 and at most 128; ",
+                               m.dim, " / ", m.heads, " is ", head_size),
+                  {"model.dim", "model.heads"});
+    }
+  }
   if (config.device == "cpu" && config.parallel.backend == "nccl") {
     return fail("parallel.backend",
                 "nccl needs device cuda; on the CPU gradients are reduced over gloo", {"device"});

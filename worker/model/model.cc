@@ -1,4 +1,4 @@
-// Device and precision selection, and the host copies every GptModel
+// Device, precision and attention selection, and the host copies every GptModel
 // shares (the layout they copy: model_layout.cc).
 #include "worker/model/model.h"
 
@@ -43,6 +43,35 @@ const char* PrecisionName(Precision precision) {
       return "tf32";
     case Precision::kBf16:
       return "bf16";
+  }
+  return "?";
+}
+
+absl::StatusOr<Attention> ResolveAttention(const std::string& name, Device device,
+                                           Precision precision) {
+  if (name == "auto" || name == "muster") return Attention::kMuster;
+  if (name == "cudnn") {
+    if (device != Device::kCuda) {
+      return absl::InvalidArgumentError(
+          "attention: cudnn needs device cuda; the CPU runs muster's own attention");
+    }
+    if (precision != Precision::kBf16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("attention: cudnn needs precision bf16 (or auto, bf16 on CUDA), not ",
+                       PrecisionName(precision)));
+    }
+    return Attention::kCudnn;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("attention: unknown attention '", name, "' (expected auto, muster or cudnn)"));
+}
+
+const char* AttentionName(Attention attention) {
+  switch (attention) {
+    case Attention::kMuster:
+      return "muster";
+    case Attention::kCudnn:
+      return "cudnn";
   }
   return "?";
 }

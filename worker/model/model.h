@@ -45,6 +45,23 @@ enum class Precision { kFp32, kTf32, kBf16 };
 absl::StatusOr<Precision> ResolvePrecision(const std::string& name, Device device);
 const char* PrecisionName(Precision precision);
 
+// Which attention the model runs (train.yaml `attention`):
+//   kMuster  muster's own kernels: on CUDA kernels/fast/flash_attention.h
+//            where the shape allows (bf16, head size 64), else the GEMM
+//            attention (kernels/fast/attention.h); the CPU's attention.
+//   kCudnn   cuDNN's fused attention (kernels/fast/cudnn_attention.h):
+//            CUDA only, precision kBf16, head size (dim/heads) a multiple
+//            of 8 up to 128. libcudnn.so.9 is loaded at the first step.
+enum class Attention { kMuster, kCudnn };
+
+// Resolves "auto" | "muster" | "cudnn" for the resolved device and
+// precision: auto is kMuster. cudnn off CUDA or in a precision other than
+// bf16 is INVALID_ARGUMENT naming the `attention` field (the head size is
+// checked when the CUDA model is made).
+absl::StatusOr<Attention> ResolveAttention(const std::string& name, Device device,
+                                           Precision precision);
+const char* AttentionName(Attention attention);
+
 class Ops;  // worker/model/ops.h: the device back end (memory, copies, kernels)
 
 // Resolves "cpu" | "cuda" | "auto". "cuda" without a usable GPU (or in a
@@ -105,10 +122,13 @@ class GptModel {
   // config.seq_len tokens. On the CPU the precision must be kFp32
   // (INVALID_ARGUMENT otherwise). On CUDA the model is the fused engine of
   // worker/model/model_cuda.cc; memory it cannot get is RESOURCE_EXHAUSTED
-  // naming the bytes asked for and the bytes free.
+  // naming the bytes asked for and the bytes free. `attention` kCudnn needs
+  // CUDA, kBf16 and a head size cuDNN takes (INVALID_ARGUMENT naming the
+  // `attention` field otherwise).
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(
       const ModelConfig& config, int max_batch, Device device,
-      Precision precision = Precision::kFp32, ParamStorage storage = ParamStorage::kOwned);
+      Precision precision = Precision::kFp32, ParamStorage storage = ParamStorage::kOwned,
+      Attention attention = Attention::kMuster);
   // A part of the model (CPU only: UNIMPLEMENTED on CUDA;
   // INVALID_ARGUMENT for an empty or out-of-range block range or fewer
   // than 1 slot). With kOwned storage, parameters and gradients are
@@ -125,6 +145,11 @@ class GptModel {
   const ModelConfig& config() const { return config_; }
   Device device() const { return device_; }
   Precision precision() const { return precision_; }
+  Attention attention() const { return attention_; }
+  // The attention it runs, for logs: AttentionName's word, and on CUDA
+  // which kernels ("muster flash", "muster GEMM"; "cudnn", and once cuDNN
+  // has run, e.g. "cudnn 9.19.0").
+  virtual std::string DescribeAttention() const { return AttentionName(attention_); }
   // The back end that owns this model's device memory; AdamW and
   // ClipGradNorm run their kernels through it.
   Ops& ops() const { return *ops_; }
@@ -263,8 +288,13 @@ class GptModel {
   absl::Status LoadLlmc(const std::string& path);
 
  protected:
-  GptModel(const ModelConfig& config, Device device, Precision precision = Precision::kFp32)
-      : config_(config), device_(device), precision_(precision), part_{0, config.layers, 1} {}
+  GptModel(const ModelConfig& config, Device device, Precision precision = Precision::kFp32,
+           Attention attention = Attention::kMuster)
+      : config_(config),
+        device_(device),
+        precision_(precision),
+        attention_(attention),
+        part_{0, config.layers, 1} {}
 
   // Tensor `index` of stage `stage`, in the parameter or gradient buffer.
   float* Param(int stage, int index) {
@@ -284,6 +314,7 @@ class GptModel {
   ModelConfig config_;
   Device device_;
   Precision precision_;
+  Attention attention_;
   ModelPart part_;
   std::vector<Stage> stages_;
   StageHooks hooks_;

@@ -15,10 +15,17 @@
 // kBf16, bf16 copy (Stage::bf16) before the stage runs, and keeps that
 // copy current itself.
 //
+// Attention (model.h, Attention): kMuster runs kernels/fast's own flash
+// attention where the shape allows (bf16, head size 64), else the GEMM
+// attention; kCudnn runs cuDNN's fused attention (a fast::CudnnAttention
+// the model owns), which keeps the same per-row statistics as flash
+// attention and so the same activations.
+//
 // Every kernel of a step runs in order on the default stream; Forward
 // waits for the losses, Backward only enqueues. The step's bits do not
-// depend on scheduling: no kernel uses atomics, and cuBLASLt gets the same
-// algorithm for the same shape (kernels/fast/gemm.h).
+// depend on scheduling: no kernel uses atomics, cuBLASLt gets the same
+// algorithm for the same shape (kernels/fast/gemm.h), and cuDNN's
+// attention picks only deterministic engines (cudnn_attention.h).
 //
 // B batch, T time, C channels, NH heads, V vocab, Vp padded vocab, L
 // layers; BT = B*T rows. Activations of a layer are packed for the actual
@@ -32,6 +39,7 @@
 #include "kernels/fast/adamw.h"
 #include "kernels/fast/attention.h"
 #include "kernels/fast/classifier.h"
+#include "kernels/fast/cudnn_attention.h"
 #include "kernels/fast/encoder.h"
 #include "kernels/fast/flash_attention.h"
 #include "kernels/fast/gemm.h"
@@ -55,7 +63,8 @@ struct Layer {
   void* qkv;        // (B, T, 3C)
   void* atty;       // (B, T, C) attention output, heads side by side
   void* att;        // (B, NH, T, T) probabilities; with flash attention,
-                    // (B, NH, T) fp32 log2-sum-exp of the scores
+                    // (B, NH, T) fp32 log2-sum-exp of the scores; with
+                    // cuDNN's, (B, NH, T) fp32 natural-log sum-exp
   void* residual2;  // (B, T, C) residual + attention projection
   void* ln2;        // (B, T, C)
   float* ln2_mean;  // (B, T)
@@ -79,6 +88,9 @@ fast::GemmMath MathOf(Precision precision) {
 
 std::string GemmError(int code) {
   if (code == fast::kNoGemmAlgorithm) return "cuBLASLt has no algorithm for this GEMM";
+  // Above kCublasErrorBase too: before the cuBLAS codes. The model's Check
+  // says cuDNN's own message instead where it has one.
+  if (code == fast::kCudnnError) return "cuDNN failed";
   if (code >= kernels::kCublasErrorBase) {
     return absl::StrCat("cuBLAS status ", code - kernels::kCublasErrorBase);
   }
@@ -88,17 +100,20 @@ std::string GemmError(int code) {
 class CudaModel final : public GptModel {
  public:
   CudaModel(const ModelConfig& config, int max_batch, Precision precision, ParamStorage storage,
-            std::unique_ptr<Ops> ops, std::unique_ptr<fast::Gemm> gemm)
-      : GptModel(config, Device::kCuda, precision),
+            Attention attention, std::unique_ptr<Ops> ops, std::unique_ptr<fast::Gemm> gemm)
+      : GptModel(config, Device::kCuda, precision, attention),
         max_batch_(max_batch),
         storage_(storage),
         gemm_(std::move(gemm)),
         act_(gemm_->act()),
         act_bytes_(fast::ActBytes(act_)) {
     ops_ = std::move(ops);
+    // cuDNN itself is loaded by its first Forward, not here.
+    if (attention == Attention::kCudnn) cudnn_ = std::make_unique<fast::CudnnAttention>();
   }
 
   ~CudaModel() override {
+    cudnn_.reset();
     gemm_.reset();
     for (void* block : allocations_) ops_->Free(block);
   }
@@ -135,6 +150,13 @@ class CudaModel final : public GptModel {
   void ParamsChanged() override { bf16_stale_ = true; }
   uint16_t* ParamsBf16(int stage) override { return stages_[stage].bf16; }
 
+  std::string DescribeAttention() const override {
+    if (cudnn_ == nullptr) return flash_ ? "muster flash" : "muster GEMM";
+    const long version = cudnn_->version();  // 91900 for 9.19.0; 0 until loaded
+    if (version <= 0) return "cudnn";
+    return absl::StrCat("cudnn ", version / 10000, ".", version % 10000 / 100, ".", version % 100);
+  }
+
  private:
   // Tensor `index` of `stage` as the GEMMs read it: the bf16 copy, or the
   // fp32 master itself.
@@ -152,7 +174,11 @@ class CudaModel final : public GptModel {
   // DeviceStatus() reports it through ops_.
   void Check(const char* what, int code) {
     if (code != 0 && status_.ok()) {
-      status_ = absl::InternalError(absl::StrCat("CUDA ", what, " failed: ", GemmError(code)));
+      std::string why = GemmError(code);
+      if (code == fast::kCudnnError && cudnn_ != nullptr && !cudnn_->error().empty()) {
+        why = absl::StrCat("cuDNN: ", cudnn_->error());  // e.g. "cannot load cuDNN 9 (...)"
+      }
+      status_ = absl::InternalError(absl::StrCat("CUDA ", what, " failed: ", why));
     }
   }
 
@@ -191,10 +217,12 @@ class CudaModel final : public GptModel {
 
   // Scratch shared by the layers.
   void* projected_ = nullptr;  // (B, T, C) attention / MLP projection before the residual add
-  // (B, NH, T, T) fp32 scores, then their gradient; with flash attention,
-  // (B, NH, T) fp32 for the backward's row sums.
+  // (B, NH, T, T) fp32 scores, then their gradient; with flash or cuDNN
+  // attention, (B, NH, T) fp32 for the backward's row sums.
   float* scores_ = nullptr;
-  bool flash_ = false;         // flash attention (bf16, head size 64) or GEMMs
+  bool flash_ = false;  // muster's flash attention (bf16, head size 64) or GEMMs
+  // kCudnn: cuDNN's attention, which then runs instead of either.
+  std::unique_ptr<fast::CudnnAttention> cudnn_;
   void* dresidual_ = nullptr;  // (B, T, C)
   void* dnarrow_ = nullptr;    // (B, T, C) dlnf, dln2, datty, dln1 in turn
   void* dwide_ = nullptr;      // (B, T, 4C) dfch, then dqkv (3C)
@@ -225,10 +253,12 @@ absl::Status CudaModel::Allocate() {
   }
 
   const size_t act = act_bytes_;
-  flash_ = fast::FlashAttentionSupports(act_, config_.dim, config_.heads);
-  // Per head and row: the whole (T, T) map, or one float with flash.
-  const size_t attention_map = flash_ ? B * NH * T * sizeof(float) : B * NH * T * T * act;
-  const size_t attention_scratch = flash_ ? B * NH * T : B * NH * T * T;
+  flash_ = cudnn_ == nullptr && fast::FlashAttentionSupports(act_, config_.dim, config_.heads);
+  // Per head and row: the whole (T, T) map, or one float with flash (or
+  // cuDNN's) attention.
+  const bool per_row = flash_ || cudnn_ != nullptr;
+  const size_t attention_map = per_row ? B * NH * T * sizeof(float) : B * NH * T * T * act;
+  const size_t attention_scratch = per_row ? B * NH * T : B * NH * T * T;
   layout::MemoryPlanner plan;
   plan.Request(&encoded_, BT * C * act);
   layers_.resize(config_.layers);
@@ -278,7 +308,10 @@ void CudaModel::BlockForward(int layer, const void* residual_in) {
   // a.ln1 was made by the LayerNorm fused with the previous residual add.
   Check("qkv matmul", gemm_->Forward(a.qkv, nullptr, a.ln1, Weight(stage, layout::kQkvw),
                                      Weight(stage, layout::kQkvb), BT, C, 3 * C));
-  if (flash_) {
+  if (cudnn_ != nullptr) {
+    Check("cudnn attention",
+          cudnn_->Forward(a.atty, static_cast<float*>(a.att), a.qkv, B, T, C, NH, nullptr));
+  } else if (flash_) {
     Check("flash attention", fast::FlashAttentionForward(a.atty, static_cast<float*>(a.att), a.qkv,
                                                          B, T, C, NH, nullptr));
   } else {
@@ -414,7 +447,11 @@ void CudaModel::BlockBackward(int layer, const void* residual_in) {
         gemm_->BackwardInput(dnarrow_, dresidual_, Weight(stage, layout::kAttprojw), nullptr, BT, C,
                              C, 1.0f));
   // dqkv into dwide_ (its first BT * 3C); consumes a.att.
-  if (flash_) {
+  if (cudnn_ != nullptr) {
+    Check("cudnn attention backward",
+          cudnn_->Backward(dwide_, scores_, dnarrow_, a.atty, a.qkv,
+                           static_cast<const float*>(a.att), B, T, C, NH, nullptr));
+  } else if (flash_) {
     Check("flash attention backward",
           fast::FlashAttentionBackward(dwide_, scores_, dnarrow_, a.atty, a.qkv,
                                        static_cast<const float*>(a.att), B, T, C, NH, nullptr));
@@ -497,13 +534,22 @@ std::vector<float> CudaModel::Logits(int b, int t) const {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& config, int max_batch,
-                                                          Precision precision,
-                                                          ParamStorage storage) {
+                                                          Precision precision, ParamStorage storage,
+                                                          Attention attention) {
   const int head_size = config.dim / config.heads;
   if (!fast::RowWidthOk(config.dim) || !fast::RowWidthOk(head_size)) {
     return absl::InvalidArgumentError(absl::StrCat("model: on CUDA, model.dim (", config.dim,
                                                    ") and the head size dim/heads (", head_size,
                                                    ") must be multiples of ", fast::kRowMultiple));
+  }
+  // GptModel::Create has checked the precision (bf16): the shape is cuDNN's
+  // rule, which the config's validation restates.
+  if (attention == Attention::kCudnn &&
+      !fast::CudnnAttentionSupports(fast::ActType::kBf16, config.dim, config.heads)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attention: cudnn needs a head size (model.dim / model.heads) that is a multiple of 8 and "
+        "at most 128; ",
+        config.dim, " / ", config.heads, " is ", head_size));
   }
   absl::StatusOr<std::unique_ptr<Ops>> ops = MakeCudaOps();
   if (!ops.ok()) return ops.status();
@@ -512,8 +558,8 @@ absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& con
     return absl::FailedPreconditionError(
         absl::StrCat("device cuda: cuBLASLt set-up failed: ", GemmError(code)));
   }
-  auto model = std::make_unique<CudaModel>(config, max_batch, precision, storage, std::move(*ops),
-                                           std::move(gemm));
+  auto model = std::make_unique<CudaModel>(config, max_batch, precision, storage, attention,
+                                           std::move(*ops), std::move(gemm));
   if (absl::Status allocated = model->Allocate(); !allocated.ok()) return allocated;
   return std::unique_ptr<GptModel>(std::move(model));
 }

@@ -12,7 +12,7 @@
 namespace muster::worker {
 
 absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& config, int max_batch,
-                                                          Precision precision,
-                                                          ParamStorage storage);
+                                                          Precision precision, ParamStorage storage,
+                                                          Attention attention);
 
 }  // namespace muster::worker

@@ -432,7 +432,7 @@ void GptModelImpl::Backward(int slot, float loss_scale, const float* grad_out, f
 
 // The arguments Create and CreatePart share.
 absl::Status CheckModelArgs(const ModelConfig& config, int max_batch, Device device,
-                            Precision precision) {
+                            Precision precision, Attention attention = Attention::kMuster) {
   if (config.layers < 1 || config.dim < 1 || config.heads < 1 || config.dim % config.heads != 0 ||
       config.vocab < 1 || config.seq_len < 1) {
     return absl::InvalidArgumentError(
@@ -445,6 +445,12 @@ absl::Status CheckModelArgs(const ModelConfig& config, int max_batch, Device dev
                                                    " needs device cuda; the CPU computes in "
                                                    "fp32 only"));
   }
+  // The same words as ResolveAttention's; the head size is the CUDA
+  // engine's to check (CreateCudaModel), against cuDNN's own rule.
+  if (attention == Attention::kCudnn) {
+    absl::StatusOr<Attention> resolved = ResolveAttention("cudnn", device, precision);
+    if (!resolved.ok()) return resolved.status();
+  }
   return absl::OkStatus();
 }
 
@@ -452,11 +458,15 @@ absl::Status CheckModelArgs(const ModelConfig& config, int max_batch, Device dev
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const ModelConfig& config, int max_batch,
                                                            Device device, Precision precision,
-                                                           ParamStorage storage) {
-  if (absl::Status checked = CheckModelArgs(config, max_batch, device, precision); !checked.ok()) {
+                                                           ParamStorage storage,
+                                                           Attention attention) {
+  if (absl::Status checked = CheckModelArgs(config, max_batch, device, precision, attention);
+      !checked.ok()) {
     return checked;
   }
-  if (device == Device::kCuda) return CreateCudaModel(config, max_batch, precision, storage);
+  if (device == Device::kCuda) {
+    return CreateCudaModel(config, max_batch, precision, storage, attention);
+  }
   absl::StatusOr<std::unique_ptr<Ops>> ops = MakeOps(device);
   if (!ops.ok()) return ops.status();
   auto model = std::make_unique<GptModelImpl>(config, max_batch, device, std::move(*ops), storage,

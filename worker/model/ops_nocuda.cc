@@ -23,7 +23,7 @@ absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(Precision) {
 }
 
 absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig&, int, Precision,
-                                                          ParamStorage) {
+                                                          ParamStorage, Attention) {
   return absl::FailedPreconditionError(kNoCuda);
 }
 

@@ -13,7 +13,8 @@ namespace muster::worker {
 absl::StatusOr<BuiltModel> BuildWholeModel(const BuildSpec& spec,
                                            const std::function<absl::Status(GptModel*)>& agree) {
   BuiltModel built;
-  auto model = GptModel::Create(spec.model, spec.micro_batch, spec.device, spec.precision);
+  auto model = GptModel::Create(spec.model, spec.micro_batch, spec.device, spec.precision,
+                                ParamStorage::kOwned, spec.attention);
   if (!model.ok()) return model.status();
   built.model = *std::move(model);
   built.model->InitWeights(spec.seed);

@@ -67,6 +67,7 @@ struct BuildSpec {
   int micro_steps = 1;  // micro-batches per optimizer step (a pipeline's schedule)
   Device device = Device::kCpu;
   Precision precision = Precision::kFp32;
+  Attention attention = Attention::kMuster;
   OptimConfig optim;
   uint64_t seed = 0;  // GptModel::InitWeights
 };

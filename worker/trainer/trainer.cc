@@ -57,6 +57,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   // bf16 on a machine without a GPU is only found out here.
   auto precision = ResolvePrecision(config.precision, *device);
   if (!precision.ok()) return precision.status();
+  // After both: cudnn needs cuda and bf16, which auto may or may not be.
+  auto attention = ResolveAttention(config.attention, *device, *precision);
+  if (!attention.ok()) return attention.status();
   // The strategy builds the model's storage and the optimizer over this
   // rank's parameters, with weights agreed over ranks.
   BuildSpec spec;
@@ -65,6 +68,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   spec.micro_steps = MicroSteps(config);
   spec.device = *device;
   spec.precision = *precision;
+  spec.attention = *attention;
   spec.optim = config.optim;
   spec.seed = config.train.seed;
   auto built = trainer->strategy_->Build(spec);

@@ -69,12 +69,13 @@ struct TrainerOptions {
 class Trainer {
  public:
   // Opens the streams (data errors are INVALID_ARGUMENT / NOT_FOUND from
-  // worker/data/data.h), resolves the device and then the precision (one the
+  // worker/data/data.h), resolves the device, then the precision (one the
   // device cannot do, bf16 on the CPU, is INVALID_ARGUMENT naming
-  // `precision`), builds the model with InitWeights(train.seed) and the
-  // optimizer, resumes from a checkpoint per checkpoint.resume
-  // (worker/trainer/checkpoint_manager.h; its errors), and opens the metrics file
-  // (appending after a resume).
+  // `precision`) and the attention (cudnn off CUDA or outside bf16 is
+  // INVALID_ARGUMENT naming `attention`), builds the model with
+  // InitWeights(train.seed) and the optimizer, resumes from a checkpoint
+  // per checkpoint.resume (worker/trainer/checkpoint_manager.h; its
+  // errors), and opens the metrics file (appending after a resume).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainConfig& config,
                                                          TrainerOptions options = {});
   ~Trainer();

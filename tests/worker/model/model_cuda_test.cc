@@ -48,9 +48,9 @@ Batch RandomBatch(const ModelConfig& config, int B, int T, unsigned seed) {
   return batch;
 }
 
-std::unique_ptr<GptModel> Make(const ModelConfig& config, int B, Device device,
-                               Precision precision) {
-  auto model = GptModel::Create(config, B, device, precision);
+std::unique_ptr<GptModel> Make(const ModelConfig& config, int B, Device device, Precision precision,
+                               Attention attention = Attention::kMuster) {
+  auto model = GptModel::Create(config, B, device, precision, ParamStorage::kOwned, attention);
   INFO(model.status().ToString());
   REQUIRE(model.ok());
   (*model)->InitWeights(4242);
@@ -66,6 +66,20 @@ double RelError(const std::vector<float>& got, const std::vector<float>& want) {
     norm += double(want[i]) * want[i];
   }
   return std::sqrt(diff / norm);
+}
+
+// Every stage's gradient of `gpu` within relative error `bound` of `cpu`'s.
+void CheckGradsClose(const GptModel& cpu, const GptModel& gpu, double bound) {
+  const std::vector<float> want = cpu.CopyGradsToHost(), got = gpu.CopyGradsToHost();
+  size_t offset = 0;
+  for (const Stage& stage : cpu.stages()) {
+    std::vector<float> w(want.begin() + offset, want.begin() + offset + stage.size);
+    std::vector<float> g(got.begin() + offset, got.begin() + offset + stage.size);
+    const double error = RelError(g, w);
+    INFO("stage " << stage.name << ": gradient relative error " << error);
+    CHECK(error < bound);
+    offset += stage.size;
+  }
 }
 
 struct Bounds {
@@ -93,16 +107,7 @@ TEST_CASE("loss and every stage's gradient match the CPU model", "[cuda]") {
       REQUIRE(gpu->DeviceStatus().ok());
       INFO("cpu loss " << cpu_loss << ", cuda loss " << loss);
       CHECK(std::fabs(loss - cpu_loss) / cpu_loss < bounds.loss);
-      const std::vector<float> want = cpu->CopyGradsToHost(), got = gpu->CopyGradsToHost();
-      size_t offset = 0;
-      for (const Stage& stage : cpu->stages()) {
-        std::vector<float> w(want.begin() + offset, want.begin() + offset + stage.size);
-        std::vector<float> g(got.begin() + offset, got.begin() + offset + stage.size);
-        const double error = RelError(g, w);
-        INFO("stage " << stage.name << ": gradient relative error " << error);
-        CHECK(error < bounds.grads);
-        offset += stage.size;
-      }
+      CheckGradsClose(*cpu, *gpu, bounds.grads);
     }
   }
 }
@@ -121,16 +126,7 @@ TEST_CASE("with head size 64 (flash attention), bf16 matches the CPU model", "[c
   REQUIRE(gpu->DeviceStatus().ok());
   INFO("cpu loss " << cpu_loss << ", cuda loss " << loss);
   CHECK(std::fabs(loss - cpu_loss) / cpu_loss < 1e-2);
-  const std::vector<float> want = cpu->CopyGradsToHost(), got = gpu->CopyGradsToHost();
-  size_t offset = 0;
-  for (const Stage& stage : cpu->stages()) {
-    std::vector<float> w(want.begin() + offset, want.begin() + offset + stage.size);
-    std::vector<float> g(got.begin() + offset, got.begin() + offset + stage.size);
-    const double error = RelError(g, w);
-    INFO("stage " << stage.name << ": gradient relative error " << error);
-    CHECK(error < 5e-2);
-    offset += stage.size;
-  }
+  CheckGradsClose(*cpu, *gpu, 5e-2);
 }
 
 TEST_CASE("logits without targets match the CPU model", "[cuda]") {
@@ -190,19 +186,55 @@ TEST_CASE("training follows the CPU model's trajectory", "[cuda]") {
   }
 }
 
+// Two models trained for 8 steps from the same weights give the same
+// losses and parameters, bit for bit.
+void CheckTrainingRepeats(const ModelConfig& config, Precision precision, Attention attention) {
+  auto first = Make(config, 4, Device::kCuda, precision, attention);
+  auto second = Make(config, 4, Device::kCuda, precision, attention);
+  const std::vector<float> a = Train(first.get(), config, 8);
+  const std::vector<float> b = Train(second.get(), config, 8);
+  for (size_t i = 0; i < a.size(); ++i) {
+    INFO("step " << i);
+    CHECK(a[i] == b[i]);
+  }
+  CHECK(first->CopyParamsToHost() == second->CopyParamsToHost());
+}
+
+// cuDNN's attention (attention: cudnn) in the whole model: head sizes 32
+// (the small config) and 64, at a T that is no multiple of 64; then two
+// runs of training bitwise equal. Loads libcudnn.so.9 (scripts/gpu_run.sh
+// puts it on the library path).
+TEST_CASE("with cuDNN's attention, bf16 matches the CPU model and repeats bitwise",
+          "[cuda][cudnn]") {
+  for (const int dim : {64, 128}) {
+    SECTION("head size " + std::to_string(dim / 2)) {
+      ModelConfig config = SmallConfig();
+      config.dim = dim;
+      config.seq_len = 160;
+      const Batch batch = RandomBatch(config, 3, 150, 13);
+      auto cpu = Make(config, 3, Device::kCpu, Precision::kFp32);
+      auto gpu = Make(config, 3, Device::kCuda, Precision::kBf16, Attention::kCudnn);
+      const float cpu_loss = cpu->Forward(batch.inputs.data(), batch.targets.data(), 3, 150);
+      const float loss = gpu->Forward(batch.inputs.data(), batch.targets.data(), 3, 150);
+      cpu->Backward(1.0f);
+      gpu->Backward(1.0f);
+      INFO(gpu->DeviceStatus().ToString());
+      REQUIRE(gpu->DeviceStatus().ok());
+      std::printf("model with cuDNN attention: %s\n", gpu->DescribeAttention().c_str());
+      INFO("cpu loss " << cpu_loss << ", cuda loss " << loss);
+      CHECK(std::fabs(loss - cpu_loss) / cpu_loss < 1e-2);
+      CheckGradsClose(*cpu, *gpu, 5e-2);
+    }
+  }
+  SECTION("training twice") {
+    CheckTrainingRepeats(SmallConfig(), Precision::kBf16, Attention::kCudnn);
+  }
+}
+
 TEST_CASE("a training run is bitwise repeatable", "[cuda]") {
-  const ModelConfig config = SmallConfig();
   for (const Bounds& bounds : kBounds) {
     SECTION(PrecisionName(bounds.precision)) {
-      auto first = Make(config, 4, Device::kCuda, bounds.precision);
-      auto second = Make(config, 4, Device::kCuda, bounds.precision);
-      const std::vector<float> a = Train(first.get(), config, 8);
-      const std::vector<float> b = Train(second.get(), config, 8);
-      for (size_t i = 0; i < a.size(); ++i) {
-        INFO("step " << i);
-        CHECK(a[i] == b[i]);
-      }
-      CHECK(first->CopyParamsToHost() == second->CopyParamsToHost());
+      CheckTrainingRepeats(SmallConfig(), bounds.precision, Attention::kMuster);
     }
   }
 }

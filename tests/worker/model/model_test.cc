@@ -515,6 +515,63 @@ TEST_CASE("devices and the FLOPs estimate") {
   CHECK(FlopsPerToken(config, 128) == Approx(6.0 * model->num_parameters() + 6.0 * 4 * 256 * 128));
 }
 
+TEST_CASE("attention: auto and muster are muster's kernels; cudnn needs cuda and bf16") {
+  for (const char* name : {"auto", "muster"}) {
+    INFO(name);
+    for (Device device : {Device::kCpu, Device::kCuda}) {
+      for (Precision precision : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
+        CHECK(ResolveAttention(name, device, precision).value() == Attention::kMuster);
+      }
+    }
+  }
+  CHECK(ResolveAttention("cudnn", Device::kCuda, Precision::kBf16).value() == Attention::kCudnn);
+  CHECK(std::string(AttentionName(Attention::kMuster)) == "muster");
+  CHECK(std::string(AttentionName(Attention::kCudnn)) == "cudnn");
+
+  struct Case {
+    std::string name;
+    Device device;
+    Precision precision;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"cudnn", Device::kCpu, Precision::kFp32,
+       "attention: cudnn needs device cuda; the CPU runs muster's own attention"},
+      {"cudnn", Device::kCuda, Precision::kFp32,
+       "attention: cudnn needs precision bf16 (or auto, bf16 on CUDA), not fp32"},
+      {"cudnn", Device::kCuda, Precision::kTf32,
+       "attention: cudnn needs precision bf16 (or auto, bf16 on CUDA), not tf32"},
+      {"flash", Device::kCuda, Precision::kBf16,
+       "attention: unknown attention 'flash' (expected auto, muster or cudnn)"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name << " " << PrecisionName(c.precision));
+    absl::StatusOr<Attention> resolved = ResolveAttention(c.name, c.device, c.precision);
+    REQUIRE_FALSE(resolved.ok());
+    CHECK(resolved.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(resolved.status().message() == c.message);
+  }
+
+  // GptModel::Create checks the same before it looks for a GPU, so these
+  // hold in every build, with or without one.
+  auto on_cpu = GptModel::Create(TinyConfig(), 1, Device::kCpu, Precision::kFp32,
+                                 ParamStorage::kOwned, Attention::kCudnn);
+  CHECK(on_cpu.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(on_cpu.status().message()),
+             Catch::StartsWith("attention: cudnn needs device cuda"));
+  auto in_fp32 = GptModel::Create(TinyConfig(), 1, Device::kCuda, Precision::kFp32,
+                                  ParamStorage::kOwned, Attention::kCudnn);
+  CHECK(in_fp32.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(in_fp32.status().message()),
+             Catch::StartsWith("attention: cudnn needs precision bf16"));
+
+  // The default is muster's, and the CPU model says so.
+  auto model = GptModel::Create(TinyConfig(), 1, Device::kCpu);
+  REQUIRE(model.ok());
+  CHECK((*model)->attention() == Attention::kMuster);
+  CHECK((*model)->DescribeAttention() == "muster");
+}
+
 }  // namespace
 }  // namespace muster::worker
 

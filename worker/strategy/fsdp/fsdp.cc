@@ -151,7 +151,7 @@ absl::StatusOr<BuiltModel> Fsdp::Build(const BuildSpec& spec) {
                      " of ", shard_->size()));
   }
   auto made = GptModel::Create(spec.model, spec.micro_batch, spec.device, spec.precision,
-                               ParamStorage::kExternal);
+                               ParamStorage::kExternal, spec.attention);
   if (!made.ok()) return made.status();
   BuiltModel built;
   built.model = *std::move(made);
