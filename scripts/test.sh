@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, then `bazel test //...`, then,
 # when nvcc is on this machine, builds the CUDA path (--config=cuda) so CI
-# proves it compiles and links. Exits non-zero on any failure.
+# proves it compiles and links, and runs its one test that needs no GPU.
+# Exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +33,15 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
     passed=$((passed + 1))
   else
     echo "test: --config=cuda build FAILED" >&2
+    failed=$((failed + 1))
+    status=1
+  fi
+  # The one CUDA-config test that needs no GPU: cuDNN checks the attention
+  # graphs' descriptors (tests/kernels/cudnn_descriptors_test.cc).
+  if bazel test --config=cuda --test_output=errors //tests/kernels:cudnn_descriptors_test; then
+    passed=$((passed + 1))
+  else
+    echo "test: //tests/kernels:cudnn_descriptors_test FAILED" >&2
     failed=$((failed + 1))
     status=1
   fi

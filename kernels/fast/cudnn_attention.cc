@@ -216,7 +216,10 @@ class GraphBuilder {
   // The operation graph of every op added, finalized; null on failure.
   // It refers to the ops' and tensors' descriptors, so whoever keeps it
   // takes those too (TakeDescriptors).
+  // With a null handle (CudnnAttentionCheckDescriptors, no GPU) it stops
+  // short of the graph and returns null without an error.
   cudnnBackendDescriptor_t Graph() {
+    if (handle_ == nullptr) return nullptr;
     cudnnBackendDescriptor_t graph = Create(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "graph");
     Set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, ops_.size(),
         ops_.data(), "graph ops");
@@ -717,6 +720,18 @@ int CudnnAttention::Backward(void* dqkv, float* softmax_sum, const void* dout, c
                 const_cast<float*>(stats), &m.scale, &m.fill, const_cast<void*>(dout), dqkv,
                 At(dqkv, C), At(dqkv, 2 * C), softmax_sum, &m.one},
                stream);
+}
+
+std::string CudnnAttentionCheckDescriptors(int B, int T, int C, int NH) {
+  if (!Api().error.empty()) return Api().error;
+  const Shape shape{B, T, C, NH, C / NH};
+  for (const bool backward : {false, true}) {
+    std::string error;
+    GraphBuilder builder(nullptr, &error);
+    backward ? BackwardGraph(builder, shape) : ForwardGraph(builder, shape);
+    if (!error.empty()) return std::string(backward ? "backward: " : "forward: ") + error;
+  }
+  return "";
 }
 
 const std::string& CudnnAttention::error() const { return impl_->error; }

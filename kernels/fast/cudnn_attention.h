@@ -83,4 +83,11 @@ class CudnnAttention {
   std::unique_ptr<Impl> impl_;
 };
 
+// For tests without a GPU: builds every tensor and operation descriptor of
+// both graphs for this shape, which cuDNN checks (types, dims, strides,
+// attributes) without a device, stopping short of the operation graph,
+// which needs a cuDNN handle and so a GPU. Returns "" when all of them
+// finalize, else what failed (cuDNN not loadable included).
+std::string CudnnAttentionCheckDescriptors(int B, int T, int C, int NH);
+
 }  // namespace muster::kernels::fast
