@@ -3,7 +3,7 @@
 # the shared libraries Debian provides for them, the example configs and a
 # small token data set into one relocatable tarball for a GPU node:
 #
-#   OUTDIR/muster/bin/       worker, launch, bench_gpu, bench_flash, bench_ddp,
+#   OUTDIR/muster/bin/       worker, launch, bench_gpu, bench_flash, bench_gemm, bench_ddp,
 #                            bench_fsdp (CPU), cuda_link_check, the CUDA tests
 #                            (RPATH $ORIGIN/../lib), bench_gpu_torch.py,
 #                            bench_flash_torch.py
@@ -32,6 +32,7 @@ GPU_TARGETS_DEFAULT=(
   //parallel/nccl:nccl_link_check
   //tools:bench_gpu
   //tools:bench_flash
+  //tools:bench_gemm
   //tools:bench_fsdp
   //tools:bench_ddp
   //kernels:cuda_link_check

@@ -22,6 +22,8 @@
 #              per tiling, and cuDNN's through muster, against PyTorch's
 #              scaled_dot_product_attention (its choice, and its flash,
 #              cuDNN and efficient kernels each alone)
+#   gemm       bin/bench_gemm $GEMM_ARGS: GPT-2 124M's GEMMs, the engine's
+#              cuBLASLt algorithm against the others the heuristic offers
 #   fsdpcpu    bin/bench_fsdp --skip-rss $FSDP_ARGS: FSDP against DDP and the
 #              communication hidden, on the node's CPU cores (no GPU): the
 #              same measurement as on a 2-core machine, without two ranks and
@@ -113,7 +115,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-ALL_STEPS=(selfcheck link kernels cudnn model staged sanitizer bench flash fsdpcpu torch train curve
+ALL_STEPS=(selfcheck link kernels cudnn model staged sanitizer bench flash gemm fsdpcpu torch train curve
            determinism resume ddp1 ddp2 ddpnccl2 ddpkill ddpbench fsdp1 fsdp2 hsdp fsdpspeed)
 DEFAULT_STEPS=(link kernels model bench)
 
@@ -397,6 +399,13 @@ step_flash() {
   need bin/bench_flash || return 127
   echo "cuDNN: ${CUDNN_LIB:-not found (no cudnn rows)}"
   bundled bin/bench_flash "${args[@]}"
+}
+
+step_gemm() {
+  local -a args
+  mapfile -t args < <(words GEMM_ARGS)
+  need bin/bench_gemm || return 127
+  bundled bin/bench_gemm "${args[@]}"
 }
 
 step_fsdpcpu() {

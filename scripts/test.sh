@@ -29,7 +29,7 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   if bazel build --config=cuda //... //kernels:cuda_link_check \
       //tests/kernels:fast_cuda_test //tests/worker/model:model_cuda_test \
       //tests/parallel:staged_group_cuda_test //parallel/nccl:nccl_link_check \
-      //tools:bench_flash; then
+      //tools:bench_flash //tools:bench_gemm; then
     passed=$((passed + 1))
   else
     echo "test: --config=cuda build FAILED" >&2

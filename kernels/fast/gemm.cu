@@ -1,5 +1,9 @@
 // cuBLASLt calls with cached plans, and the two-pass deterministic column
 // sums of the bias gradient.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "kernels/fast/common.cuh"
 #include "kernels/fast/gemm.h"
 #include "kernels/gelu.h"
@@ -141,6 +145,34 @@ int SetEpiloguePointers(cublasLtMatmulDesc_t desc, const LtCall& c) {
   return status;
 }
 
+// The heuristic's first `max` algorithms for a matmul whose operands are
+// aligned to `alignment` bytes, in its order (at least one, or
+// kNoGemmAlgorithm).
+int Heuristic(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, uint32_t alignment, int max,
+              std::vector<cublasLtMatmulHeuristicResult_t>* out) {
+  cublasLtMatmulPreference_t preference = nullptr;
+  int status = LtStatus(cublasLtMatmulPreferenceCreate(&preference));
+  if (status != 0) return status;
+  const uint64_t workspace = kWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                       &workspace, sizeof(workspace));
+  for (auto attribute :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof(alignment));
+  }
+  out->resize(max);
+  int returned = 0;
+  status = LtStatus(cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, preference, max,
+                                                   out->data(), &returned));
+  cublasLtMatmulPreferenceDestroy(preference);
+  if (status != 0) return status;
+  if (returned == 0) return kNoGemmAlgorithm;
+  out->resize(returned);
+  return 0;
+}
+
 }  // namespace
 
 int Gemm::PlanFor(const LtCall& c, Plan** out) {
@@ -205,34 +237,19 @@ int Gemm::PlanFor(const LtCall& c, Plan** out) {
   status = SetEpiloguePointers(plan->desc, c);
   if (status != 0) return status;
 
-  cublasLtMatmulPreference_t preference = nullptr;
-  status = LtStatus(cublasLtMatmulPreferenceCreate(&preference));
-  if (status != 0) return status;
-  const uint64_t workspace = kWorkspaceBytes;
   // Our operands start on 16-byte boundaries (fast.h), not the 256 the
   // heuristic assumes by default: ask only for algorithms that allow that.
-  const uint32_t alignment = 16;
-  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                       &workspace, sizeof(workspace));
-  for (auto attribute :
-       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
-    cublasLtMatmulPreferenceSetAttribute(preference, attribute, &alignment, sizeof(alignment));
-  }
-  cublasLtMatmulHeuristicResult_t heuristic;
-  int returned = 0;
-  status = LtStatus(cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->a, plan->b, plan->d,
-                                                   plan->d, preference, 1, &heuristic, &returned));
-  cublasLtMatmulPreferenceDestroy(preference);
+  std::vector<cublasLtMatmulHeuristicResult_t> heuristic;
+  status = Heuristic(handle_, plan->desc, plan->a, plan->b, plan->d, 16, 1, &heuristic);
   if (status != 0) return status;
-  if (returned == 0) return kNoGemmAlgorithm;
-  plan->algo = heuristic.algo;
+  plan->algo = heuristic[0].algo;
   *out = plan.get();
   plans_.emplace(key, std::move(plan));
   return 0;
 }
 
 int Gemm::Run(const LtCall& c) {
+  if (record_ != nullptr) record_->push_back(c);
   if (c.m == 0 || c.n == 0) return 0;
   Plan* plan = nullptr;
   int status = PlanFor(c, &plan);
@@ -371,6 +388,58 @@ int AddColumnSums(float* out, const float* partials, int rows, int n, int stride
   AddColumnSumsKernel<<<CeilDiv(n, 256), 256, 0, AsStream(stream)>>>(out, partials, rows, n,
                                                                      stride);
   return LaunchStatus();
+}
+
+int Gemm::TimeAlgorithms(const LtCall& c, int max, bool assume_256, int rounds, int iters,
+                         std::vector<AlgorithmTime>* out) {
+  out->clear();
+  if (c.m == 0 || c.n == 0 || max < 1 || rounds < 1 || iters < 1) return cudaErrorInvalidValue;
+  Plan* plan = nullptr;
+  int status = PlanFor(c, &plan);
+  if (status == 0) status = SetEpiloguePointers(plan->desc, c);
+  if (status != 0) return status;
+  std::vector<cublasLtMatmulHeuristicResult_t> heuristic;
+  status = Heuristic(handle_, plan->desc, plan->a, plan->b, plan->d, assume_256 ? 256 : 16, max,
+                     &heuristic);
+  if (status != 0) return status;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  status = static_cast<int>(cudaEventCreate(&start));
+  if (status == 0) status = static_cast<int>(cudaEventCreate(&stop));
+  const cudaStream_t stream = AsStream(stream_);
+  for (size_t i = 0; status == 0 && i < heuristic.size(); ++i) {
+    AlgorithmTime time;
+    time.index = static_cast<int>(i);
+    time.same_as_run = std::memcmp(&heuristic[i].algo, &plan->algo, sizeof(plan->algo)) == 0;
+    time.waves = heuristic[i].wavesCount;
+    auto call = [&] {
+      return LtStatus(cublasLtMatmul(handle_, plan->desc, &c.alpha, c.a, plan->a, c.b, plan->b,
+                                     &c.beta, c.d, plan->d, c.d, plan->d, &heuristic[i].algo,
+                                     workspace_, kWorkspaceBytes, stream));
+    };
+    // One untimed call: an algorithm that cannot run this call says so here.
+    if (call() != 0 || cudaStreamSynchronize(stream) != cudaSuccess) {
+      cudaGetLastError();
+      out->push_back(time);
+      continue;
+    }
+    std::vector<float> per_call;
+    for (int r = 0; r < rounds && status == 0; ++r) {
+      cudaEventRecord(start, stream);
+      for (int it = 0; it < iters && status == 0; ++it) status = call();
+      cudaEventRecord(stop, stream);
+      if (status == 0) status = static_cast<int>(cudaEventSynchronize(stop));
+      float ms = 0;
+      if (status == 0) status = static_cast<int>(cudaEventElapsedTime(&ms, start, stop));
+      per_call.push_back(ms / iters);
+    }
+    if (status != 0) break;
+    std::sort(per_call.begin(), per_call.end());
+    time.ms = per_call[per_call.size() / 2];
+    out->push_back(time);
+  }
+  if (start != nullptr) cudaEventDestroy(start);
+  if (stop != nullptr) cudaEventDestroy(stop);
+  return status;
 }
 
 }  // namespace muster::kernels::fast

@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "kernels/fast/fast.h"
 
@@ -79,6 +80,24 @@ class Gemm {
   int BackwardBias(float* dbias, const void* dout, int BT, int OC, float* scratch);
   static size_t BiasGradScratchFloats(int BT, int OC);
 
+  // ---- for tools/bench_gemm: what else cuBLASLt offers for a call ----
+  // Every call Run gets from now on is appended to *calls (nullptr stops).
+  void RecordCalls(std::vector<LtCall>* calls) { record_ = calls; }
+  struct AlgorithmTime {
+    int index = 0;             // in the heuristic's order of this query
+    bool same_as_run = false;  // the algorithm Run uses for this call
+    float ms = -1;             // per call, median of the rounds; < 0: it failed to run
+    float waves = 0;           // the heuristic's wavesCount
+  };
+  // Runs `call` with each of the first `max` algorithms cuBLASLt's
+  // heuristic offers, asked with the operands' alignment as Run asks (16
+  // bytes) or, with assume_256, at cuBLASLt's default of 256 bytes (the
+  // call's pointers must then be 256-byte aligned), `rounds` times `iters`
+  // calls each on this Gemm's stream, and times them with CUDA events.
+  // The call's outputs are overwritten (accumulated into with beta 1).
+  int TimeAlgorithms(const LtCall& call, int max, bool assume_256, int rounds, int iters,
+                     std::vector<AlgorithmTime>* out);
+
  private:
   struct Plan;  // descriptors and algorithm of one shape
   using Key = std::tuple<bool, bool, int, int, int, int, int, int, long long, long long, long long,
@@ -91,6 +110,7 @@ class Gemm {
   cublasLtHandle_t handle_ = nullptr;
   void* workspace_ = nullptr;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  std::vector<LtCall>* record_ = nullptr;
 };
 
 // out[c] += sum over r in [0, rows), in order, of partials[r * stride + c],
