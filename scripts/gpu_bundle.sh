@@ -6,7 +6,7 @@
 #   OUTDIR/muster/bin/       worker, launch, bench_gpu, bench_flash, bench_gemm, bench_ddp,
 #                            bench_fsdp (CPU), cuda_link_check, the CUDA tests
 #                            (RPATH $ORIGIN/../lib), bench_gpu_torch.py,
-#                            bench_flash_torch.py
+#                            bench_flash_torch.py, bench_gemm_torch.py
 #   OUTDIR/muster/lib/       their shared libraries (RPATH $ORIGIN), less the
 #                            ones the node must provide itself (see EXCLUDED)
 #   OUTDIR/muster/examples/  examples/*.yaml
@@ -218,7 +218,7 @@ $ldd_out"
   done <<< "$ldd_out"
 done
 
-for peer in tools/bench_gpu_torch.py tools/bench_flash_torch.py; do
+for peer in tools/bench_gpu_torch.py tools/bench_flash_torch.py tools/bench_gemm_torch.py; do
   if [ -f "$peer" ]; then cp "$peer" "$stage/bin/"; fi
 done
 cp examples/*.yaml "$stage/examples/"

@@ -18,28 +18,38 @@
 // Per call it prints the engine's algorithm (ms, TFLOP/s), the fastest
 // of each query, and the saving per step (calls per step × the
 // difference); then the sums: the step's GEMM time as the engine runs it,
-// and with the fastest algorithm of each call. No PyTorch peer: this
-// compares cuBLASLt's algorithms with each other (bench_gpu compares the
-// whole step with PyTorch's).
+// and with the fastest algorithm of each call. The peer, in the same run:
+// PyTorch's torch.matmul of each call's m, n, k and layouts in bf16
+// (tools/bench_gemm_torch.py, `python3` from PATH with LD_LIBRARY_PATH
+// removed), a pure GEMM without the engine's epilogues or fp32
+// accumulation, and the engine's time over it.
 //
 //   bazel build -c opt --config=cuda //tools:bench_gemm
 //   bazel-bin/tools/bench_gemm [--batch 8] [--seq 1024] [--algos 16]
-//       [--rounds 5] [--iters 10]
+//       [--rounds 5] [--iters 10] [--no-torch]
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "kernels/bf16.h"
 #include "kernels/fast/gemm.h"
+#include "tools/bench_util.h"
 
 namespace muster::kernels::fast {
 namespace {
@@ -126,6 +136,8 @@ int Main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "Rounds per algorithm (the median is kept)")
       ->capture_default_str();
   app.add_option("--iters", iters, "Calls per round")->capture_default_str();
+  bool no_torch = false;
+  app.add_flag("--no-torch", no_torch, "No PyTorch comparison");
   CLI11_PARSE(app, argc, argv);
   if (B < 1 || T < 1 || algos < 1 || rounds < 1 || iters < 1) {
     std::fprintf(stderr, "bench_gemm: every option must be at least 1\n");
@@ -194,55 +206,122 @@ int Main(int argc, char** argv) {
          [&] { return gemm->BackwardWeight(dweight.f(), dout.get(), in.get(), BT, C, Vp, 1.0f); });
   Check(static_cast<int>(cudaDeviceSynchronize()), "the recorded calls");
 
-  std::printf(
-      "bench_gemm: %s, GPT-2 124M at B=%d T=%d, bf16; %d algorithms asked per query, "
-      "median of %d rounds of %d calls\n",
-      prop.name, B, T, algos, rounds, iters);
-  std::printf(
-      "engine = the algorithm the engine runs (heuristic's first at 16-byte alignment); "
-      "best16 / best256 = the fastest of the heuristic's list at 16 / 256-byte alignment "
-      "(index in that list); saving = per step, engine - fastest\n\n");
-  std::printf("| %-28s | %4s | %-22s | %-15s | %7s | %7s | %13s | %13s | %9s |\n", "gemm", "/step",
-              "m x n x k", "epilogue", "engine", "TFLOP/s", "best16 (i)", "best256 (i)",
-              "saving ms");
-  std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(30, '-').c_str(),
-              std::string(6, '-').c_str(), std::string(24, '-').c_str(),
-              std::string(17, '-').c_str(), std::string(9, '-').c_str(),
-              std::string(9, '-').c_str(), std::string(15, '-').c_str(),
-              std::string(15, '-').c_str(), std::string(11, '-').c_str());
-  double engine_total = 0, best_total = 0;
+  // Every recorded call with each algorithm.
+  struct Row {
+    const StepGemm* gemm;
+    LtCall call;
+    double engine_ms = -1, best_ms = -1;
+    std::vector<Gemm::AlgorithmTime> at16, at256;
+    double torch_ms = std::nan("");
+  };
+  std::vector<Row> rows;
   for (const StepGemm& g : step) {
     for (const LtCall& call : g.calls) {
-      std::vector<Gemm::AlgorithmTime> at16, at256;
-      Check(gemm->TimeAlgorithms(call, algos, false, rounds, iters, &at16), g.name.c_str());
-      Check(gemm->TimeAlgorithms(call, algos, true, rounds, iters, &at256), g.name.c_str());
-      const Gemm::AlgorithmTime* engine = nullptr;
-      for (const Gemm::AlgorithmTime& t : at16) {
-        if (t.same_as_run) engine = &t;
+      Row row;
+      row.gemm = &g;
+      row.call = call;
+      Check(gemm->TimeAlgorithms(call, algos, false, rounds, iters, &row.at16), g.name.c_str());
+      Check(gemm->TimeAlgorithms(call, algos, true, rounds, iters, &row.at256), g.name.c_str());
+      for (const Gemm::AlgorithmTime& t : row.at16) {
+        if (t.same_as_run) row.engine_ms = t.ms;
       }
-      const Gemm::AlgorithmTime* best16 = Fastest(at16);
-      const Gemm::AlgorithmTime* best256 = Fastest(at256);
-      const double flop = 2.0 * call.m * call.n * call.k * call.batch;
-      const double engine_ms = engine != nullptr ? engine->ms : -1;
-      double best_ms = engine_ms;
-      for (const Gemm::AlgorithmTime* b : {best16, best256}) {
-        if (b != nullptr && (best_ms < 0 || b->ms < best_ms)) best_ms = b->ms;
+      row.best_ms = row.engine_ms;
+      for (const std::vector<Gemm::AlgorithmTime>* times : {&row.at16, &row.at256}) {
+        const Gemm::AlgorithmTime* b = Fastest(*times);
+        if (b != nullptr && (row.best_ms < 0 || b->ms < row.best_ms)) row.best_ms = b->ms;
       }
-      auto cell = [](const Gemm::AlgorithmTime* t) {
-        return t == nullptr ? std::string("-") : absl::StrFormat("%.4f (%d)", t->ms, t->index);
-      };
-      const std::string shape = absl::StrCat(call.m, " x ", call.n, " x ", call.k);
-      std::printf("| %-28s | %4d | %-22s | %-15s | %7s | %7s | %13s | %13s | %9s |\n",
-                  g.name.c_str(), g.per_step, shape.c_str(), EpilogueName(call.epilogue).c_str(),
-                  engine_ms > 0 ? absl::StrFormat("%.4f", engine_ms).c_str() : "?",
-                  engine_ms > 0 ? absl::StrFormat("%.0f", flop / engine_ms / 1e9).c_str() : "?",
-                  cell(best16).c_str(), cell(best256).c_str(),
-                  engine_ms > 0
-                      ? absl::StrFormat("%.3f", g.per_step * (engine_ms - best_ms)).c_str()
-                      : "?");
-      if (engine_ms > 0) {
-        engine_total += g.per_step * engine_ms;
-        best_total += g.per_step * best_ms;
+      rows.push_back(std::move(row));
+    }
+  }
+
+  // PyTorch's matmul of the same shapes and layouts (a pure bf16 GEMM).
+  std::string torch_info = "no PyTorch comparison";
+  if (!no_torch) {
+    const std::string script = tools::BuiltFile("tools/bench_gemm_torch.py");
+    if (script.empty()) {
+      torch_info = "PyTorch: tools/bench_gemm_torch.py not found";
+    } else {
+      std::vector<std::string> argv = {"env",
+                                       "-u",
+                                       "LD_LIBRARY_PATH",
+                                       "python3",
+                                       script,
+                                       "--rounds",
+                                       std::to_string(rounds),
+                                       "--iters",
+                                       std::to_string(iters)};
+      for (const Row& row : rows) {
+        argv.push_back("--gemm");
+        argv.push_back(absl::StrCat(row.call.m, ",", row.call.n, ",", row.call.k, ",",
+                                    row.call.trans_a ? 1 : 0, ",", row.call.trans_b ? 1 : 0));
+      }
+      const std::string log = tools::MakeTempDir("bench_gemm") + "/torch.log";
+      const absl::Status status = tools::RunLogged(argv, log, absl::Seconds(300));
+      if (!status.ok()) {
+        torch_info = absl::StrCat("PyTorch: ", status.message());
+      } else {
+        for (const absl::string_view line : absl::StrSplit(tools::Slurp(log), '\n')) {
+          if (absl::StartsWith(line, "torch ")) torch_info = std::string(line);
+          const std::vector<absl::string_view> fields = absl::StrSplit(line, ' ');
+          int index = -1;
+          double ms = 0;
+          if (fields.size() == 2 && absl::StartsWith(fields[0], "gemm=") &&
+              absl::StartsWith(fields[1], "ms=") && absl::SimpleAtoi(fields[0].substr(5), &index) &&
+              absl::SimpleAtod(fields[1].substr(3), &ms) && index >= 0 &&
+              index < static_cast<int>(rows.size())) {
+            rows[index].torch_ms = ms;
+          }
+        }
+      }
+    }
+  }
+
+  std::printf(
+      "bench_gemm: %s, GPT-2 124M at B=%d T=%d, bf16; %d algorithms asked per query, "
+      "median of %d rounds of %d calls; %s\n",
+      prop.name, B, T, algos, rounds, iters, torch_info.c_str());
+  std::printf(
+      "engine = the algorithm the engine runs (the heuristic's first at 16-byte alignment); "
+      "best16 / best256 = the fastest of the heuristic's list at 16 / 256-byte alignment (its "
+      "index in that list); saving = per step, engine - fastest; torch = torch.matmul of the "
+      "same m, n, k and layouts in bf16, without the engine's epilogue or fp32 accumulation\n\n");
+  std::printf("| %-28s | %4s | %-22s | %-13s | %7s | %7s | %13s | %13s | %9s | %7s | %12s |\n",
+              "gemm", "/step", "m x n x k", "epilogue", "engine", "TFLOP/s", "best16 (i)",
+              "best256 (i)", "saving ms", "torch", "engine/torch");
+  std::printf("|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n", std::string(30, '-').c_str(),
+              std::string(6, '-').c_str(), std::string(24, '-').c_str(),
+              std::string(15, '-').c_str(), std::string(9, '-').c_str(),
+              std::string(9, '-').c_str(), std::string(15, '-').c_str(),
+              std::string(15, '-').c_str(), std::string(11, '-').c_str(),
+              std::string(9, '-').c_str(), std::string(14, '-').c_str());
+  double engine_total = 0, best_total = 0, torch_total = 0, torch_engine_total = 0;
+  auto cell = [](const Gemm::AlgorithmTime* t) {
+    return t == nullptr ? std::string("-") : absl::StrFormat("%.4f (%d)", t->ms, t->index);
+  };
+  auto number = [](bool ok, const char* format, double value) {
+    return ok ? absl::StrFormat(format, value) : std::string("?");
+  };
+  for (const Row& row : rows) {
+    const LtCall& call = row.call;
+    const int per_step = row.gemm->per_step;
+    const double flop = 2.0 * call.m * call.n * call.k * call.batch;
+    const bool known = row.engine_ms > 0;
+    const bool has_torch = std::isfinite(row.torch_ms) && row.torch_ms > 0;
+    std::printf("| %-28s | %4d | %-22s | %-13s | %7s | %7s | %13s | %13s | %9s | %7s | %12s |\n",
+                row.gemm->name.c_str(), per_step,
+                absl::StrCat(call.m, " x ", call.n, " x ", call.k).c_str(),
+                EpilogueName(call.epilogue).c_str(), number(known, "%.4f", row.engine_ms).c_str(),
+                number(known, "%.0f", flop / row.engine_ms / 1e9).c_str(),
+                cell(Fastest(row.at16)).c_str(), cell(Fastest(row.at256)).c_str(),
+                number(known, "%.3f", per_step * (row.engine_ms - row.best_ms)).c_str(),
+                number(has_torch, "%.4f", row.torch_ms).c_str(),
+                number(known && has_torch, "%.2f", row.engine_ms / row.torch_ms).c_str());
+    if (known) {
+      engine_total += per_step * row.engine_ms;
+      best_total += per_step * row.best_ms;
+      if (has_torch) {
+        torch_total += per_step * row.torch_ms;
+        torch_engine_total += per_step * row.engine_ms;
       }
     }
   }
@@ -250,6 +329,12 @@ int Main(int argc, char** argv) {
       "\nGEMMs per step: %.2f ms with the engine's algorithms, %.2f ms with the fastest of each "
       "(saving %.2f ms)\n",
       engine_total, best_total, engine_total - best_total);
+  if (torch_total > 0) {
+    std::printf(
+        "where PyTorch ran the same shapes: engine %.2f ms, torch.matmul %.2f ms a step "
+        "(engine / torch %.2f)\n",
+        torch_engine_total, torch_total, torch_engine_total / torch_total);
+  }
   std::printf(
       "(\"?\": the engine's algorithm was not among the heuristic's first %d; raise "
       "--algos)\n",
