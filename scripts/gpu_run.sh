@@ -520,7 +520,8 @@ precision_for() {
 
 # run_config NAME PRECISION STEPS LOG_EVERY [SETTING...]: writes
 # examples/NAME.yaml (examples/tiny.yaml on $GPU_RUN_DEVICE, no evaluation,
-# no checkpoints, metrics to out/NAME/metrics.jsonl, the SETTINGs last) after
+# no checkpoints, metrics to out/NAME/metrics.jsonl, `attention: $ATTENTION`
+# when that is set and the run is bf16 on the GPU, the SETTINGs last) after
 # emptying out/NAME; prints what it changed.
 run_config() {
   local name=$1 precision=$2 nsteps=$3 log_every=$4
@@ -529,7 +530,13 @@ run_config() {
     "device=$GPU_RUN_DEVICE" "precision=$precision"
     "train.steps=$nsteps" "train.log_every=$log_every" "train.eval_every=0"
     "train.metrics_file=../out/$name/metrics.jsonl"
-    'checkpoint.dir=""' "checkpoint.every=0" "$@")
+    'checkpoint.dir=""' "checkpoint.every=0")
+  # ATTENTION (auto, muster or cudnn): the worker's attention on the GPU,
+  # in bf16 (cuDNN's runs in bf16 only; fp32 and tf32 runs keep muster's).
+  if [ -n "${ATTENTION:-}" ] && [ "$GPU_RUN_DEVICE" != cpu ] && [ "$precision" = bf16 ]; then
+    settings+=("attention=$ATTENTION")
+  fi
+  settings+=("$@")
   rm -rf "out/$name" || return 1
   make_config examples/tiny.yaml "examples/$name.yaml" "${settings[@]}" || return 1
   echo "--- examples/$name.yaml: examples/tiny.yaml with ${settings[*]} (later ones win)"
