@@ -5,8 +5,8 @@
 // |out - ref| / |ref| over the whole tensor. Also: bitwise repeatability.
 // The cuDNN attention path (cudnn_attention.h, tagged [cudnn]) against the
 // same CPU reference as flash attention, and run to run bit for bit; it
-// loads libcudnn.so.9 at run time, which scripts/gpu_run.sh puts on the
-// library path (docs/gpu.md), and prints the cuDNN version and engines.
+// loads libcudnn.so.9 at run time, which scripts/gpu_run.sh finds and puts
+// on the library path, and prints the cuDNN version and engines.
 //
 // Needs a GPU: tagged manual, run on the lent machine (docs/gpu.md).
 #include <cuda_runtime.h>
