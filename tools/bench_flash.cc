@@ -8,6 +8,8 @@
 // kernels/fast/cudnn_attention.h is one more row of each table ("cudnn"),
 // timed in the same alternating rounds; if cuDNN does not load or builds
 // no plan, its error is printed once and the other rows go on without it.
+// The tf32 kernels (fp32 activations, TF32 products: precision tf32) are
+// rows too ("tf32 ..."), on fp32 copies of the same inputs.
 // After the tables, cuDNN's version and the engines it picked. Then
 // PyTorch's scaled_dot_product_attention(is_causal=True) on the same shape
 // and GPU (tools/bench_flash_torch.py, `python3` from PATH): PyTorch's
@@ -51,12 +53,14 @@ void Check(cudaError_t error, const char* what) {
 }
 void Check(int status, const char* what) { Check(static_cast<cudaError_t>(status), what); }
 
-// One tiling timed, or cuDNN (`cudnn`): `ms` per round.
+// One tiling timed, or cuDNN (`cudnn`): `ms` per round. tf32 variants
+// run on fp32 copies of the inputs.
 struct Variant {
   std::string name;
   FlashTiling tiling;
   std::vector<double> ms;
   bool cudnn = false;
+  FlashMath math = FlashMath::kBf16;
 };
 
 std::string Describe(const FlashKernelTiling& t, bool with_values) {
@@ -168,6 +172,13 @@ int Main(int argc, char** argv) {
   };
   void *qkv, *out, *dout, *dqkv, *cudnn_out;
   float *lse, *delta, *cudnn_stats, *cudnn_sum;
+  // The tf32 kernels' fp32 inputs (the same values), outputs and lse.
+  float *qkv32, *out32, *dout32, *dqkv32, *lse32;
+  Check(cudaMalloc(&qkv32, qkv_n * 4), "cudaMalloc");
+  Check(cudaMalloc(&dqkv32, qkv_n * 4), "cudaMalloc");
+  Check(cudaMalloc(&out32, out_n * 4), "cudaMalloc");
+  Check(cudaMalloc(&dout32, out_n * 4), "cudaMalloc");
+  Check(cudaMalloc(&lse32, rows * 4), "cudaMalloc");
   Check(cudaMalloc(&qkv, qkv_n * 2), "cudaMalloc");
   Check(cudaMalloc(&dqkv, qkv_n * 2), "cudaMalloc");
   Check(cudaMalloc(&out, out_n * 2), "cudaMalloc");
@@ -182,6 +193,14 @@ int Main(int argc, char** argv) {
   const auto qkv_host = random_bf16(qkv_n), dout_host = random_bf16(out_n);
   Check(cudaMemcpy(qkv, qkv_host.data(), qkv_n * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
   Check(cudaMemcpy(dout, dout_host.data(), out_n * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+  auto widen = [](const std::vector<uint16_t>& bits) {
+    std::vector<float> values(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) values[i] = FloatFromBf16(bits[i]);
+    return values;
+  };
+  Check(cudaMemcpy(qkv32, widen(qkv_host).data(), qkv_n * 4, cudaMemcpyHostToDevice), "cudaMemcpy");
+  Check(cudaMemcpy(dout32, widen(dout_host).data(), out_n * 4, cudaMemcpyHostToDevice),
+        "cudaMemcpy");
 
   // Forward: each compiled tiling, the default first. Backward: each dK/dV
   // tiling with dQ at the default (the default first), then each other dQ
@@ -210,11 +229,44 @@ int Main(int argc, char** argv) {
     tiling.query = t;
     backwards.push_back({"dQ " + Describe(t, false), tiling, {}});
   }
-  auto forward = [&](const FlashTiling& tiling) {
-    Check(FlashAttentionForward(out, lse, qkv, B, T, C, NH, nullptr, tiling), "forward");
+  // tf32 (fp32 activations, TF32 products): each compiled tiling, the
+  // default first, in the same rounds; timed against no peer.
+  const FlashTiling base32 = FlashDefaultTiling(FlashMath::kTf32);
+  for (const FlashKernelTiling& t :
+       std::vector<FlashKernelTiling>{{16, 64, false, 0}, {16, 32, false, 0}}) {
+    FlashTiling tiling = base32;
+    tiling.forward = t;
+    forwards.push_back({"tf32 " + Describe(t, false), tiling, {}, false, FlashMath::kTf32});
+  }
+  for (const FlashKernelTiling& t :
+       std::vector<FlashKernelTiling>{{16, 32, false, 0}, {16, 16, false, 0}}) {
+    FlashTiling tiling = base32;
+    tiling.key_value = t;
+    backwards.push_back({"tf32 dK/dV " + Describe(t, true), tiling, {}, false, FlashMath::kTf32});
+  }
+  {
+    FlashTiling tiling = base32;
+    tiling.query = {16, 16, false, 0};
+    backwards.push_back(
+        {"tf32 dQ " + Describe(tiling.query, false), tiling, {}, false, FlashMath::kTf32});
+  }
+  auto forward = [&](const FlashTiling& tiling, FlashMath math = FlashMath::kBf16) {
+    if (math == FlashMath::kTf32) {
+      Check(FlashAttentionForward(math, out32, lse32, qkv32, B, T, C, NH, nullptr, tiling),
+            "tf32 forward");
+      return;
+    }
+    Check(FlashAttentionForward(math, out, lse, qkv, B, T, C, NH, nullptr, tiling), "forward");
   };
-  auto backward = [&](const FlashTiling& tiling) {
-    Check(FlashAttentionBackward(dqkv, delta, dout, out, qkv, lse, B, T, C, NH, nullptr, tiling),
+  auto backward = [&](const FlashTiling& tiling, FlashMath math = FlashMath::kBf16) {
+    if (math == FlashMath::kTf32) {
+      Check(FlashAttentionBackward(math, dqkv32, delta, dout32, out32, qkv32, lse32, B, T, C, NH,
+                                   nullptr, tiling),
+            "tf32 backward");
+      return;
+    }
+    Check(FlashAttentionBackward(math, dqkv, delta, dout, out, qkv, lse, B, T, C, NH, nullptr,
+                                 tiling),
           "backward");
   };
 
@@ -261,19 +313,20 @@ int Main(int argc, char** argv) {
     if (v.cudnn) {
       cudnn_forward();
     } else {
-      forward(v.tiling);
+      forward(v.tiling, v.math);
     }
   };
   auto run_backward = [&](const Variant& v) {
     if (v.cudnn) {
       cudnn_backward();
     } else {
-      backward(v.tiling);
+      backward(v.tiling, v.math);
     }
   };
 
   for (Variant& v : forwards) run_forward(v);  // warm-up
   forward(base);
+  forward(base32, FlashMath::kTf32);
   cudnn_forward();
   for (Variant& v : backwards) run_backward(v);
   Check(cudaDeviceSynchronize(), "warm-up");
@@ -283,8 +336,9 @@ int Main(int argc, char** argv) {
       Variant& v = forwards[r % 2 == 0 ? i : forwards.size() - 1 - i];
       v.ms.push_back(TimeCalls(iters, [&] { run_forward(v); }));
     }
-    forward(base);    // the backward's out and lse
-    cudnn_forward();  // and cuDNN's
+    forward(base);                      // the backward's out and lse
+    forward(base32, FlashMath::kTf32);  // tf32's
+    cudnn_forward();                    // and cuDNN's
     for (size_t i = 0; i < backwards.size(); ++i) {
       Variant& v = backwards[r % 2 == 0 ? i : backwards.size() - 1 - i];
       v.ms.push_back(TimeCalls(iters, [&] { run_backward(v); }));

@@ -5,19 +5,24 @@
 // n-tile, at the price of registers), held in registers. The other side
 // streams through shared memory in 64-row tiles, double-buffered, taken
 // kStep rows at a time. flash_attention.h's FlashTiling picks both per
-// kernel. Fragments of m16n8k16 (PTX ISA, "mma.m16n8k16"), with
-// g = lane / 4 and q = lane % 4:
+// kernel.
+//
+// The kernels are templates over their operands (Bf16Mma, Tf32Mma below):
+// the loops, the online softmax, the masking and the pipelining are one
+// code for both; the MMA instruction, the tiles' element type and padding,
+// and the reading of fragments differ. bf16 fragments of m16n8k16 (PTX
+// ISA, "mma.m16n8k16"), with g = lane / 4 and q = lane % 4:
 //   A (16 x 16, row-major): a0 (g, 2q..2q+1), a1 (g+8, 2q..), a2 (g, 2q+8..),
 //                           a3 (g+8, 2q+8..)
 //   B (16 x 8):             b0 (k = 2q..2q+1, n = g), b1 (k = 2q+8.., n = g)
 //   C (16 x 8, fp32):       c0 c1 (g, 2q..2q+1), c2 c3 (g+8, 2q..2q+1)
 // An accumulator tile pair (n-tiles 2j, 2j+1) is exactly the A fragment of
 // the next product's k-chunk j, so probabilities go from one product to
-// the next in registers.
+// the next in registers (for TF32, one n-tile is one k-chunk: Tf32Mma).
 //
 // Tiles are staged in shared memory as [row][64 dims] with rows padded to
-// 72 elements (144 bytes), so the 8 rows an ldmatrix phase reads fall in
-// different banks.
+// 72 bf16 (144 bytes), so the 8 rows an ldmatrix phase reads fall in
+// different banks, or to 68 floats (Tf32Mma).
 #include <cmath>
 #include <cstdint>
 
@@ -29,7 +34,6 @@ namespace {
 
 constexpr int kTile = 64;  // rows of a streamed tile (keys, or queries for dK/dV)
 constexpr int kHs = kFlashHeadSize;
-constexpr int kLd = kHs + 8;  // padded row, in bf16 elements
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr float kLog2e = 1.4426950408889634f;
@@ -38,115 +42,203 @@ struct Frag {
   uint32_t r[4];
 };
 
-__device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+// What the kernels below take from their operand type: the element T
+// stored in memory and in shared-memory tiles, the MMA (its k, kK), a
+// tile row's padded length kLd, and how fragments are read from tiles
+// and from accumulators. Bf16Mma: bf16 storage, m16n8k16, ldmatrix.
+// Tf32Mma: fp32 storage, m16n8k8 on TF32 operands.
+struct Bf16Mma {
+  using T = bf16;
+  static constexpr int kK = 16;
+  static constexpr int kLd = kHs + 8;  // 144 bytes: an ldmatrix phase's 8 rows in 8 bank groups
 
-__device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-__device__ __forceinline__ uint32_t Load32(const bf16* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
+  static __device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 
-// A fragment (rows row0.., k-chunk kc) of a row-major [row][dim] tile.
-__device__ __forceinline__ Frag LoadA(const bf16* tile, int row0, int kc, int g, int q) {
-  const bf16* top = tile + (row0 + g) * kLd + 16 * kc + 2 * q;
-  const bf16* bottom = top + 8 * kLd;
-  return Frag{{Load32(top), Load32(bottom), Load32(top + 8), Load32(bottom + 8)}};
-}
+  static __device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+  static __device__ __forceinline__ uint32_t Load32(const bf16* p) {
+    return *reinterpret_cast<const uint32_t*>(p);
+  }
+  // Two neighbouring outputs, as one store: *reinterpret_cast<Pair*>(p) =
+  // MakePair(lo, hi).
+  using Pair = uint32_t;
+  static __device__ __forceinline__ Pair MakePair(float lo, float hi) { return Pack2(lo, hi); }
+
+  // A fragment (rows row0.., k-chunk kc) of a row-major [row][dim] tile.
+  static __device__ __forceinline__ Frag LoadA(const bf16* tile, int row0, int kc, int g, int q) {
+    const bf16* top = tile + (row0 + g) * kLd + 16 * kc + 2 * q;
+    const bf16* bottom = top + 8 * kLd;
+    return Frag{{Load32(top), Load32(bottom), Load32(top + 8), Load32(bottom + 8)}};
+  }
+  // The same fragment with one ldmatrix.x4: matrix i covers rows + 8 (i &
+  // 1), dims + 8 (i >> 1), which is the order of a0..a3.
+  static __device__ __forceinline__ Frag LoadAShared(const bf16* tile, int row0, int kc, int lane) {
+    const int matrix = lane / 8, row = lane % 8;
+    const bf16* p = tile + (row0 + 8 * (matrix & 1) + row) * kLd + 16 * kc + 8 * (matrix >> 1);
+    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    Frag f;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
+                 : "r"(address));
+    return f;
+  }
+  // The B fragments of two neighbouring n-tiles (n0.. and n0 + 8..) for
+  // k-chunk k0, with one ldmatrix.x4: b[0], b[1] for the first tile, b[2],
+  // b[3] for the second. Lane l gives the address of row l % 8 of 8x8
+  // matrix l / 8; matrix i covers k + 8 (i & 1), n + 8 (i >> 1).
+  //   Contiguous: B[k][n] = tile[n][k] (k along a row's dims). The 8x8
+  //   matrices' rows are n; without .trans a lane gets (row g, columns 2q,
+  //   2q + 1): (n = g, k = 2q..), B's layout.
+  //   Strided: B[k][n] = tile[k][n] (k along rows). The rows are k; .trans
+  //   gives a lane (rows 2q, 2q + 1, column g): (k = 2q.., n = g).
+  static __device__ __forceinline__ void LoadBContiguousPair(const bf16* tile, int n0, int k0,
+                                                             int lane, uint32_t* b) {
+    const int matrix = lane / 8, row = lane % 8;
+    const bf16* p = tile + (n0 + 8 * (matrix >> 1) + row) * kLd + k0 + 8 * (matrix & 1);
+    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(address));
+  }
+  static __device__ __forceinline__ void LoadBStridedPair(const bf16* tile, int n0, int k0,
+                                                          int lane, uint32_t* b) {
+    const int matrix = lane / 8, row = lane % 8;
+    const bf16* p = tile + (k0 + 8 * (matrix & 1) + row) * kLd + n0 + 8 * (matrix >> 1);
+    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                 : "r"(address));
+  }
+  // The A fragment of k-chunk j from accumulator n-tiles 2j and 2j+1.
+  static __device__ __forceinline__ Frag AccToA(const float (*acc)[4], int j) {
+    return Frag{{Pack2(acc[2 * j][0], acc[2 * j][1]), Pack2(acc[2 * j][2], acc[2 * j][3]),
+                 Pack2(acc[2 * j + 1][0], acc[2 * j + 1][1]),
+                 Pack2(acc[2 * j + 1][2], acc[2 * j + 1][3])}};
+  }
+};
+
+// TF32: fp32 in memory and in the tiles, each operand rounded to TF32 as
+// it enters a fragment. Fragments of m16n8k8 (PTX ISA, "mma.m16n8k8"):
+//   A (16 x 8, row-major): a0 (g, q), a1 (g+8, q), a2 (g, q+4), a3 (g+8, q+4)
+//   B (8 x 8):             b0 (k = q, n = g), b1 (k = q+4, n = g)
+//   C (16 x 8, fp32):      as m16n8k16's
+// There is no ldmatrix for 32-bit elements, so fragments are read one
+// element at a time; rows padded to 68 floats put the 32 lanes' reads of
+// either pattern below in 32 different banks.
+struct Tf32Mma {
+  using T = float;
+  static constexpr int kK = 8;
+  static constexpr int kLd = kHs + 4;
+
+  static __device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0,
+                                             uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  // Rounds to the nearest TF32 (ties away from zero) by adding half of
+  // TF32's last place; the MMA ignores the 13 bits below it. One integer
+  // add, where cvt.rna.tf32.f32 would be a conversion per element.
+  static __device__ __forceinline__ uint32_t Round(float x) { return __float_as_uint(x) + 0x1000u; }
+  using Pair = float2;
+  static __device__ __forceinline__ Pair MakePair(float lo, float hi) {
+    return make_float2(lo, hi);
+  }
+
+  static __device__ __forceinline__ Frag LoadA(const float* tile, int row0, int kc, int g, int q) {
+    const float* top = tile + (row0 + g) * kLd + 8 * kc + q;
+    const float* bottom = top + 8 * kLd;
+    return Frag{{Round(top[0]), Round(bottom[0]), Round(top[4]), Round(bottom[4])}};
+  }
+  static __device__ __forceinline__ Frag LoadAShared(const float* tile, int row0, int kc,
+                                                     int lane) {
+    return LoadA(tile, row0, kc, lane / 4, lane % 4);
+  }
+  // Contiguous: B[k][n] = tile[n][k]; b[2], b[3] are the n-tile at n0 + 8.
+  static __device__ __forceinline__ void LoadBContiguousPair(const float* tile, int n0, int k0,
+                                                             int lane, uint32_t* b) {
+    const float* p = tile + (n0 + lane / 4) * kLd + k0 + lane % 4;
+    b[0] = Round(p[0]);
+    b[1] = Round(p[4]);
+    b[2] = Round(p[8 * kLd]);
+    b[3] = Round(p[8 * kLd + 4]);
+  }
+  // Strided: B[k][n] = tile[k][n], with the k-chunk's rows in AccToA's
+  // order: k = q is row k0 + 2q, k = q + 4 is row k0 + 2q + 1.
+  static __device__ __forceinline__ void LoadBStridedPair(const float* tile, int n0, int k0,
+                                                          int lane, uint32_t* b) {
+    const float* p = tile + (k0 + 2 * (lane % 4)) * kLd + n0 + lane / 4;
+    b[0] = Round(p[0]);
+    b[1] = Round(p[kLd]);
+    b[2] = Round(p[8]);
+    b[3] = Round(p[kLd + 8]);
+  }
+  // The A fragment of k-chunk j (columns 8j..8j+7) from accumulator n-tile
+  // j. A lane holds columns 2q and 2q + 1 of rows g and g + 8, where A
+  // wants columns q and q + 4; a sum over k may take its terms in any
+  // order, so k = q here stands for column 2q and k = q + 4 for column
+  // 2q + 1, and LoadBStridedPair reads B's rows in that same order.
+  static __device__ __forceinline__ Frag AccToA(const float (*acc)[4], int j) {
+    return Frag{{Round(acc[j][0]), Round(acc[j][2]), Round(acc[j][1]), Round(acc[j][3])}};
+  }
+};
+
 // The A fragments of a warp's M row tiles (rows row0 + 16m..) of a
-// [row][64 dims] tile, all four k-chunks: the operand a warp keeps in
+// [row][64 dims] tile, all k-chunks: the operand a warp keeps in
 // registers for the whole loop.
-template <int M>
-__device__ __forceinline__ void LoadRowFragments(Frag (*a)[kHs / 16], const bf16* tile, int row0,
-                                                 int g, int q) {
+template <class Op, int M>
+__device__ __forceinline__ void LoadRowFragments(Frag (*a)[kHs / Op::kK],
+                                                 const typename Op::T* tile, int row0, int g,
+                                                 int q) {
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int kc = 0; kc < kHs / 16; ++kc) a[m][kc] = LoadA(tile, row0 + 16 * m, kc, g, q);
-}
-
-// The same fragment with one ldmatrix.x4: matrix i covers rows + 8 (i & 1),
-// dims + 8 (i >> 1), which is the order of a0..a3.
-__device__ __forceinline__ Frag LoadAMatrix(const bf16* tile, int row0, int kc, int lane) {
-  const int matrix = lane / 8, row = lane % 8;
-  const bf16* p = tile + (row0 + 8 * (matrix & 1) + row) * kLd + 16 * kc + 8 * (matrix >> 1);
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  Frag f;
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
-               : "r"(address));
-  return f;
-}
-// The B fragments of two neighbouring n-tiles (n0.. and n0 + 8..) for
-// k-chunk k0, with one ldmatrix.x4: b[0], b[1] for the first tile, b[2],
-// b[3] for the second. Lane l gives the address of row l % 8 of 8x8
-// matrix l / 8; matrix i covers k + 8 (i & 1), n + 8 (i >> 1).
-//   Contiguous: B[k][n] = tile[n][k] (k along a row's dims). The 8x8
-//   matrices' rows are n; without .trans a lane gets (row g, columns 2q,
-//   2q + 1): (n = g, k = 2q..), B's layout.
-//   Strided: B[k][n] = tile[k][n] (k along rows). The rows are k; .trans
-//   gives a lane (rows 2q, 2q + 1, column g): (k = 2q.., n = g).
-__device__ __forceinline__ void LoadBContiguousPair(const bf16* tile, int n0, int k0, int lane,
-                                                    uint32_t* b) {
-  const int matrix = lane / 8, row = lane % 8;
-  const bf16* p = tile + (n0 + 8 * (matrix >> 1) + row) * kLd + k0 + 8 * (matrix & 1);
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-               : "r"(address));
-}
-__device__ __forceinline__ void LoadBStridedPair(const bf16* tile, int n0, int k0, int lane,
-                                                 uint32_t* b) {
-  const int matrix = lane / 8, row = lane % 8;
-  const bf16* p = tile + (k0 + 8 * (matrix & 1) + row) * kLd + n0 + 8 * (matrix >> 1);
-  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-               : "r"(address));
-}
-// The A fragment of k-chunk j from accumulator n-tiles 2j and 2j+1.
-__device__ __forceinline__ Frag AccToA(const float (*acc)[4], int j) {
-  return Frag{{Pack2(acc[2 * j][0], acc[2 * j][1]), Pack2(acc[2 * j][2], acc[2 * j][3]),
-               Pack2(acc[2 * j + 1][0], acc[2 * j + 1][1]),
-               Pack2(acc[2 * j + 1][2], acc[2 * j + 1][3])}};
+    for (int kc = 0; kc < kHs / Op::kK; ++kc) a[m][kc] = Op::LoadA(tile, row0 + 16 * m, kc, g, q);
 }
 
 // Copies rows [row0, row0 + kRows) of one head's slice (64 dims at `base`,
 // rows `row_stride` elements apart) into a padded tile; rows >= T are 0.
-template <int kRows>
-__device__ __forceinline__ void LoadTile(bf16* tile, const bf16* base, size_t row_stride, int row0,
+template <class Op, int kRows, typename E = typename Op::T>
+__device__ __forceinline__ void LoadTile(E* tile, const E* base, size_t row_stride, int row0,
                                          int T) {
-  for (int i = threadIdx.x; i < kRows * (kHs / 8); i += kThreads) {
-    const int r = i / (kHs / 8), c = (i % (kHs / 8)) * 8;
-    Pack<bf16> v;
+  constexpr int kPack = Pack<E>::kSize;
+  for (int i = threadIdx.x; i < kRows * (kHs / kPack); i += kThreads) {
+    const int r = i / (kHs / kPack), c = (i % (kHs / kPack)) * kPack;
+    Pack<E> v;
     if (row0 + r < T) {
       v = LoadPack(base + (row0 + r) * row_stride + c);
     } else {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v.v[e] = __float2bfloat16_rn(0.0f);
+      for (int e = 0; e < kPack; ++e) v.v[e] = FromFloat<E>(0.0f);
     }
-    StorePack(tile + r * kLd + c, v);
+    StorePack(tile + r * Op::kLd + c, v);
   }
 }
 
 // LoadTile with cp.async: the copies land in shared memory in the
 // background; rows >= T are zero-filled (a source size of 0). The caller
 // commits the group and waits for it (WaitTiles) before reading.
-__device__ __forceinline__ void LoadTileAsync(bf16* tile, const bf16* base, size_t row_stride,
-                                              int row0, int T) {
-  for (int i = threadIdx.x; i < kTile * (kHs / 8); i += kThreads) {
-    const int r = i / (kHs / 8), c = (i % (kHs / 8)) * 8;
+template <class Op, typename E = typename Op::T>
+__device__ __forceinline__ void LoadTileAsync(E* tile, const E* base, size_t row_stride, int row0,
+                                              int T) {
+  constexpr int kPack = Pack<E>::kSize;
+  for (int i = threadIdx.x; i < kTile * (kHs / kPack); i += kThreads) {
+    const int r = i / (kHs / kPack), c = (i % (kHs / kPack)) * kPack;
     const bool valid = row0 + r < T;
-    const bf16* source = valid ? base + (row0 + r) * row_stride + c : base;
+    const E* source = valid ? base + (row0 + r) * row_stride + c : base;
     const uint32_t destination =
-        static_cast<uint32_t>(__cvta_generic_to_shared(tile + r * kLd + c));
+        static_cast<uint32_t>(__cvta_generic_to_shared(tile + r * Op::kLd + c));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(source),
                  "r"(valid ? 16 : 0));
   }
@@ -161,22 +253,24 @@ __device__ __forceinline__ void WaitTiles() {
 // Starts copying the keys and values of rows [row0, row0 + 64) of a
 // sequence's qkv (`seq` at this head's q) into k_tile and v_tile, as one
 // group.
-__device__ __forceinline__ void LoadKeyValuesAsync(bf16* k_tile, bf16* v_tile, const bf16* seq,
+template <class Op, typename E = typename Op::T>
+__device__ __forceinline__ void LoadKeyValuesAsync(E* k_tile, E* v_tile, const E* seq,
                                                    size_t stride, int C, int row0, int T) {
-  LoadTileAsync(k_tile, seq + C, stride, row0, T);
-  LoadTileAsync(v_tile, seq + 2 * C, stride, row0, T);
+  LoadTileAsync<Op>(k_tile, seq + C, stride, row0, T);
+  LoadTileAsync<Op>(v_tile, seq + 2 * C, stride, row0, T);
   CommitTiles();
 }
 
 // Iteration kt of a loop over key tiles 0..last, each ending with a
 // barrier: starts copying tile kt + 1 into the other buffer (last read in
 // iteration kt - 1), then waits until tile kt has landed for every thread.
-__device__ __forceinline__ void NextKeyValueTile(bf16 (*k_tiles)[kTile * kLd],
-                                                 bf16 (*v_tiles)[kTile * kLd], const bf16* seq,
+template <class Op, typename E = typename Op::T>
+__device__ __forceinline__ void NextKeyValueTile(E (*k_tiles)[kTile * Op::kLd],
+                                                 E (*v_tiles)[kTile * Op::kLd], const E* seq,
                                                  size_t stride, int C, int kt, int last, int T) {
   if (kt < last) {
-    LoadKeyValuesAsync(k_tiles[(kt + 1) & 1], v_tiles[(kt + 1) & 1], seq, stride, C,
-                       (kt + 1) * kTile, T);
+    LoadKeyValuesAsync<Op>(k_tiles[(kt + 1) & 1], v_tiles[(kt + 1) & 1], seq, stride, C,
+                           (kt + 1) * kTile, T);
     WaitTiles<1>();
   } else {
     WaitTiles<0>();
@@ -193,23 +287,23 @@ __device__ __forceinline__ void Zero(float (*acc)[4]) {
 }
 
 // S[m] (16 x 8N) = A[m] (16 rows x 64 dims, in registers) @ rows^T over
-// the first 8N rows of `rows`, read as B[k = dim][n = row]. Each ldmatrix
+// the first 8N rows of `rows`, read as B[k = dim][n = row]. Each B read
 // feeds 2M MMAs.
-template <int M, int N>
-__device__ __forceinline__ void ProductWithRows(float (*s)[N][4], const Frag (*a)[kHs / 16],
-                                                const bf16* rows, int lane) {
+template <class Op, int M, int N>
+__device__ __forceinline__ void ProductWithRows(float (*s)[N][4], const Frag (*a)[kHs / Op::kK],
+                                                const typename Op::T* rows, int lane) {
 #pragma unroll
   for (int m = 0; m < M; ++m) Zero<N>(s[m]);
 #pragma unroll
-  for (int kc = 0; kc < kHs / 16; ++kc) {
+  for (int kc = 0; kc < kHs / Op::kK; ++kc) {
 #pragma unroll
     for (int j = 0; j < N; j += 2) {
       uint32_t b[4];
-      LoadBContiguousPair(rows, 8 * j, 16 * kc, lane, b);
+      Op::LoadBContiguousPair(rows, 8 * j, Op::kK * kc, lane, b);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        Mma(s[m][j], a[m][kc].r, b[0], b[1]);
-        Mma(s[m][j + 1], a[m][kc].r, b[2], b[3]);
+        Op::Mma(s[m][j], a[m][kc].r, b[0], b[1]);
+        Op::Mma(s[m][j + 1], a[m][kc].r, b[2], b[3]);
       }
     }
   }
@@ -217,24 +311,25 @@ __device__ __forceinline__ void ProductWithRows(float (*s)[N][4], const Frag (*a
 
 // ProductWithRows with A read from shared memory: rows a_row0 + 16m.. of
 // a_tile, one k-chunk at a time (saves the registers of a whole A).
-template <int M, int N>
-__device__ __forceinline__ void ProductWithRowsShared(float (*s)[N][4], const bf16* a_tile,
-                                                      int a_row0, const bf16* rows, int lane) {
+template <class Op, int M, int N>
+__device__ __forceinline__ void ProductWithRowsShared(float (*s)[N][4],
+                                                      const typename Op::T* a_tile, int a_row0,
+                                                      const typename Op::T* rows, int lane) {
 #pragma unroll
   for (int m = 0; m < M; ++m) Zero<N>(s[m]);
 #pragma unroll
-  for (int kc = 0; kc < kHs / 16; ++kc) {
+  for (int kc = 0; kc < kHs / Op::kK; ++kc) {
     Frag a[M];
 #pragma unroll
-    for (int m = 0; m < M; ++m) a[m] = LoadAMatrix(a_tile, a_row0 + 16 * m, kc, lane);
+    for (int m = 0; m < M; ++m) a[m] = Op::LoadAShared(a_tile, a_row0 + 16 * m, kc, lane);
 #pragma unroll
     for (int j = 0; j < N; j += 2) {
       uint32_t b[4];
-      LoadBContiguousPair(rows, 8 * j, 16 * kc, lane, b);
+      Op::LoadBContiguousPair(rows, 8 * j, Op::kK * kc, lane, b);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        Mma(s[m][j], a[m].r, b[0], b[1]);
-        Mma(s[m][j + 1], a[m].r, b[2], b[3]);
+        Op::Mma(s[m][j], a[m].r, b[0], b[1]);
+        Op::Mma(s[m][j + 1], a[m].r, b[2], b[3]);
       }
     }
   }
@@ -242,22 +337,22 @@ __device__ __forceinline__ void ProductWithRowsShared(float (*s)[N][4], const bf
 
 // acc[m] (16 x 64 dims) += P[m] (16 x 8N, accumulator layout) @ the first
 // 8N rows of `rows` (64 dims each), read as B[k = row][n = dim].
-template <int M, int N>
+template <class Op, int M, int N>
 __device__ __forceinline__ void AccumulateProduct(float (*acc)[kHs / 8][4], const float (*p)[N][4],
-                                                  const bf16* rows, int lane) {
+                                                  const typename Op::T* rows, int lane) {
 #pragma unroll
-  for (int kc = 0; kc < N / 2; ++kc) {
+  for (int kc = 0; kc < 8 * N / Op::kK; ++kc) {
     Frag a[M];
 #pragma unroll
-    for (int m = 0; m < M; ++m) a[m] = AccToA(p[m], kc);
+    for (int m = 0; m < M; ++m) a[m] = Op::AccToA(p[m], kc);
 #pragma unroll
     for (int j = 0; j < kHs / 8; j += 2) {
       uint32_t b[4];
-      LoadBStridedPair(rows, 8 * j, 16 * kc, lane, b);
+      Op::LoadBStridedPair(rows, 8 * j, Op::kK * kc, lane, b);
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        Mma(acc[m][j], a[m].r, b[0], b[1]);
-        Mma(acc[m][j + 1], a[m].r, b[2], b[3]);
+        Op::Mma(acc[m][j], a[m].r, b[0], b[1]);
+        Op::Mma(acc[m][j + 1], a[m].r, b[2], b[3]);
       }
     }
   }
@@ -286,48 +381,72 @@ __device__ __forceinline__ void MaskAfterDiagonal(float (*s)[N][4], int row0, in
       }
 }
 
-// Writes a warp's 16 x 64 accumulator (times `scale`) as bf16 rows at
-// `base` + row * row_stride, for rows < T.
-__device__ __forceinline__ void StoreRows(bf16* base, size_t row_stride, int row0, int T,
+// Writes a warp's 16 x 64 accumulator (times `scale`) as rows at `base` +
+// row * row_stride, for rows < T.
+template <class Op>
+__device__ __forceinline__ void StoreRows(typename Op::T* base, size_t row_stride, int row0, int T,
                                           const float (*acc)[4], float scale, int g, int q) {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + g + 8 * half;
     if (row >= T) continue;
-    bf16* out = base + row * row_stride;
+    typename Op::T* out = base + row * row_stride;
 #pragma unroll
     for (int j = 0; j < kHs / 8; ++j) {
-      *reinterpret_cast<uint32_t*>(out + 8 * j + 2 * q) =
-          Pack2(acc[j][2 * half] * scale, acc[j][2 * half + 1] * scale);
+      *reinterpret_cast<typename Op::Pair*>(out + 8 * j + 2 * q) =
+          Op::MakePair(acc[j][2 * half] * scale, acc[j][2 * half + 1] * scale);
     }
+  }
+}
+
+// The forward's and the dQ kernel's shared memory: two buffers each of
+// keys and values. bf16's fit the 48 KB a static array may have; fp32's
+// (70 KB) are dynamic shared memory (TileBuffersBytes), allowed at launch.
+template <class Op>
+__host__ __device__ constexpr size_t TileBuffersBytes() {
+  return 4 * kTile * Op::kLd * sizeof(typename Op::T);
+}
+template <class Op, typename E = typename Op::T>
+__device__ __forceinline__ void KeyValueBuffers(E (**k_tiles)[kTile * Op::kLd],
+                                                E (**v_tiles)[kTile * Op::kLd]) {
+  if constexpr (TileBuffersBytes<Op>() <= 48 * 1024) {
+    __shared__ __align__(16) E k_static[2][kTile * Op::kLd];
+    __shared__ __align__(16) E v_static[2][kTile * Op::kLd];
+    *k_tiles = k_static;
+    *v_tiles = v_static;
+  } else {
+    extern __shared__ __align__(16) unsigned char shared[];
+    *k_tiles = reinterpret_cast<E(*)[kTile * Op::kLd]>(shared);
+    *v_tiles = *k_tiles + 2;
   }
 }
 
 // ---- forward: block = 64 kM queries of one (b, h); the online softmax
 // steps through each key tile kStep keys at a time ----
-template <int kM, int kStep, int kMinBlocks>
+template <class Op, int kM, int kStep, int kMinBlocks, typename E = typename Op::T>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    ForwardKernel(bf16* out, float* lse, const bf16* qkv, int T, int C, int NH, float scale_log2) {
+    ForwardKernel(E* out, float* lse, const E* qkv, int T, int C, int NH, float scale_log2) {
   // Two buffers: tile kt + 1 is copied in while tile kt is used.
-  __shared__ __align__(16) bf16 k_tiles[2][kTile * kLd];
-  __shared__ __align__(16) bf16 v_tiles[2][kTile * kLd];
+  E(*k_tiles)[kTile * Op::kLd];
+  E(*v_tiles)[kTile * Op::kLd];
+  KeyValueBuffers<Op>(&k_tiles, &v_tiles);
   constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
   const int blocks = (T + kBlockRows - 1) / kBlockRows;
   const int qb = blocks - 1 - blockIdx.x;  // longest rows first
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const size_t stride = 3 * static_cast<size_t>(C);
-  const bf16* seq = qkv + static_cast<size_t>(b) * T * stride + h * kHs;
+  const E* seq = qkv + static_cast<size_t>(b) * T * stride + h * kHs;
   const int q0 = qb * kBlockRows;
   const int warp_row0 = q0 + kWarpRows * warp, warp_last = warp_row0 + kWarpRows - 1;
 
   // The block's queries (at most 128) pass through the two key buffers
   // (contiguous: 128 rows).
-  bf16* staging = &k_tiles[0][0];
-  LoadTile<kBlockRows>(staging, seq, stride, q0, T);
+  E* staging = &k_tiles[0][0];
+  LoadTile<Op, kBlockRows>(staging, seq, stride, q0, T);
   __syncthreads();
-  Frag qa[kM][kHs / 16];
-  LoadRowFragments<kM>(qa, staging, kWarpRows * warp, g, q);
+  Frag qa[kM][kHs / Op::kK];
+  LoadRowFragments<Op, kM>(qa, staging, kWarpRows * warp, g, q);
   __syncthreads();
 
   float o[kM][kHs / 8][4];
@@ -340,22 +459,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   }
   // The last key any of the block's rows sees.
   const int last = min(q0 + kBlockRows - 1, T - 1) / kTile;
-  LoadKeyValuesAsync(k_tiles[0], v_tiles[0], seq, stride, C, 0, T);
+  LoadKeyValuesAsync<Op>(k_tiles[0], v_tiles[0], seq, stride, C, 0, T);
   for (int kt = 0; kt <= last; ++kt) {
-    NextKeyValueTile(k_tiles, v_tiles, seq, stride, C, kt, last, T);
+    NextKeyValueTile<Op>(k_tiles, v_tiles, seq, stride, C, kt, last, T);
 #pragma unroll
     for (int step = 0; step < kTile / kStep; ++step) {
       const int k0 = kt * kTile + step * kStep;  // the step's first key
       // Steps and warps are aligned, so a warp that sees any key of the
       // step has k0 <= its first row: every one of its rows sees key k0.
       if (k0 > warp_last) continue;
-      const bf16* k_rows = k_tiles[kt & 1] + step * kStep * kLd;
-      const bf16* v_rows = v_tiles[kt & 1] + step * kStep * kLd;
+      const E* k_rows = k_tiles[kt & 1] + step * kStep * Op::kLd;
+      const E* v_rows = v_tiles[kt & 1] + step * kStep * Op::kLd;
       // Only a step reaching past the warp's first row (or past T) has
       // keys after a row.
       const bool masked = k0 + kStep - 1 > warp_row0 || k0 + kStep > T;
       float s[kM][kStep / 8][4];
-      ProductWithRows<kM, kStep / 8>(s, qa, k_rows, lane);
+      ProductWithRows<Op, kM, kStep / 8>(s, qa, k_rows, lane);
 #pragma unroll
       for (int m = 0; m < kM; ++m)
 #pragma unroll
@@ -396,11 +515,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
           }
         }
       }
-      AccumulateProduct<kM, kStep / 8>(o, s, v_rows, lane);
+      AccumulateProduct<Op, kM, kStep / 8>(o, s, v_rows, lane);
     }
     __syncthreads();  // done with this buffer before it is refilled
   }
-  bf16* out_seq = out + static_cast<size_t>(b) * T * C + h * kHs;
+  E* out_seq = out + static_cast<size_t>(b) * T * C + h * kHs;
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
 #pragma unroll
@@ -413,8 +532,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       const float inv = 1.0f / sum;
 #pragma unroll
       for (int j = 0; j < kHs / 8; ++j) {
-        *reinterpret_cast<uint32_t*>(out_seq + static_cast<size_t>(r) * C + 8 * j + 2 * q) =
-            Pack2(o[m][j][2 * half] * inv, o[m][j][2 * half + 1] * inv);
+        *reinterpret_cast<typename Op::Pair*>(out_seq + static_cast<size_t>(r) * C + 8 * j +
+                                              2 * q) =
+            Op::MakePair(o[m][j][2 * half] * inv, o[m][j][2 * half + 1] * inv);
       }
       if (q == 0) lse[static_cast<size_t>(bh) * T + r] = m_run[m][half] + log2f(sum);
     }
@@ -424,7 +544,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 // ---- backward ----
 // delta[row] = sum_d dout[row, d] * out[row, d], per (b, h, t): one warp
 // per row, 2 dims per lane.
-__global__ void DeltaKernel(float* delta, const bf16* dout, const bf16* out, int B, int T, int C,
+template <typename E>
+__global__ void DeltaKernel(float* delta, const E* dout, const E* out, int B, int T, int C,
                             int NH) {
   const size_t row = blockIdx.x * static_cast<size_t>(kWarps) + threadIdx.x / 32;
   if (row >= static_cast<size_t>(B) * NH * T) return;
@@ -432,8 +553,8 @@ __global__ void DeltaKernel(float* delta, const bf16* dout, const bf16* out, int
   const int t = static_cast<int>(row % T), h = static_cast<int>(row / T % NH);
   const int b = static_cast<int>(row / T / NH);
   const size_t offset = (static_cast<size_t>(b) * T + t) * C + h * kHs + 2 * lane;
-  const float sum = __bfloat162float(dout[offset]) * __bfloat162float(out[offset]) +
-                    __bfloat162float(dout[offset + 1]) * __bfloat162float(out[offset + 1]);
+  const float sum = ToFloat(dout[offset]) * ToFloat(out[offset]) +
+                    ToFloat(dout[offset + 1]) * ToFloat(out[offset + 1]);
   const float total = WarpSum(sum);
   if (lane == 0) delta[row] = total;
 }
@@ -441,12 +562,17 @@ __global__ void DeltaKernel(float* delta, const bf16* dout, const bf16* out, int
 // The key/value kernel's shared memory (dynamic: more than the 48 KB a
 // static array may have): two buffers each of queries and dout, the
 // block's values (64 * kM rows), and two buffers each of lse and delta.
-constexpr size_t kQueryBuffersBytes = 2 * kTile * kLd * sizeof(bf16);
-__host__ __device__ constexpr size_t ValueTileBytes(int kM) {
-  return kWarps * 16 * kM * kLd * sizeof(bf16);
+template <class Op>
+__host__ __device__ constexpr size_t QueryBuffersBytes() {
+  return 2 * kTile * Op::kLd * sizeof(typename Op::T);
 }
-constexpr size_t KeyValueSharedBytes(int kM) {
-  return 2 * kQueryBuffersBytes + ValueTileBytes(kM) + 2 * 2 * kTile * sizeof(float);
+template <class Op>
+__host__ __device__ constexpr size_t ValueTileBytes(int kM) {
+  return kWarps * 16 * kM * Op::kLd * sizeof(typename Op::T);
+}
+template <class Op>
+__host__ __device__ constexpr size_t KeyValueSharedBytes(int kM) {
+  return 2 * QueryBuffersBytes<Op>() + ValueTileBytes<Op>(kM) + 2 * 2 * kTile * sizeof(float);
 }
 
 // dK and dV: block = 64 kM keys of one (b, h); loops over the query tiles
@@ -454,40 +580,42 @@ constexpr size_t KeyValueSharedBytes(int kM) {
 // fragments are kept in registers, or read from shared memory at each use
 // (kValuesInRegisters false: fewer registers). Works with transposed
 // scores: S^T = K Q^T.
-template <int kM, int kStep, bool kValuesInRegisters, int kMinBlocks>
+template <class Op, int kM, int kStep, bool kValuesInRegisters, int kMinBlocks,
+          typename E = typename Op::T>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    KeyValueKernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
-                   const float* delta, int T, int C, int NH, float scale, float scale_log2) {
+    KeyValueKernel(E* dqkv, const E* dout, const E* qkv, const float* lse, const float* delta,
+                   int T, int C, int NH, float scale, float scale_log2) {
   constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
+  constexpr size_t kQueryBuffersBytes = QueryBuffersBytes<Op>();
   extern __shared__ __align__(16) unsigned char shared[];
   // Two buffers of each per-query tile: tile qt + 1 is copied in while
   // tile qt is used.
-  auto q_tiles = reinterpret_cast<bf16(*)[kTile * kLd]>(shared);
-  auto do_tiles = reinterpret_cast<bf16(*)[kTile * kLd]>(shared + kQueryBuffersBytes);
-  bf16* v_tile = reinterpret_cast<bf16*>(shared + 2 * kQueryBuffersBytes);
+  auto q_tiles = reinterpret_cast<E(*)[kTile * Op::kLd]>(shared);
+  auto do_tiles = reinterpret_cast<E(*)[kTile * Op::kLd]>(shared + kQueryBuffersBytes);
+  E* v_tile = reinterpret_cast<E*>(shared + 2 * kQueryBuffersBytes);
   auto lse_tiles =
-      reinterpret_cast<float(*)[kTile]>(shared + 2 * kQueryBuffersBytes + ValueTileBytes(kM));
+      reinterpret_cast<float(*)[kTile]>(shared + 2 * kQueryBuffersBytes + ValueTileBytes<Op>(kM));
   float(*delta_tiles)[kTile] = lse_tiles + 2;
   const int tiles = (T + kTile - 1) / kTile;
   const int kb = blockIdx.x;  // the first key blocks see the most queries
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const size_t stride = 3 * static_cast<size_t>(C);
-  const bf16* seq = qkv + static_cast<size_t>(b) * T * stride + h * kHs;
-  const bf16* dout_seq = dout + static_cast<size_t>(b) * T * C + h * kHs;
+  const E* seq = qkv + static_cast<size_t>(b) * T * stride + h * kHs;
+  const E* dout_seq = dout + static_cast<size_t>(b) * T * C + h * kHs;
   const int k0 = kb * kBlockRows;
   const int warp_key0 = k0 + kWarpRows * warp, warp_last = warp_key0 + kWarpRows - 1;
 
   // The keys pass through the query buffers (contiguous; 128 rows hold
   // the block's keys) into registers; the values stay in shared memory.
-  bf16* staging = &q_tiles[0][0];
-  LoadTile<kBlockRows>(staging, seq + C, stride, k0, T);
-  LoadTile<kBlockRows>(v_tile, seq + 2 * C, stride, k0, T);
+  E* staging = &q_tiles[0][0];
+  LoadTile<Op, kBlockRows>(staging, seq + C, stride, k0, T);
+  LoadTile<Op, kBlockRows>(v_tile, seq + 2 * C, stride, k0, T);
   __syncthreads();
-  Frag ka[kM][kHs / 16];
-  LoadRowFragments<kM>(ka, staging, kWarpRows * warp, g, q);
-  Frag va[kValuesInRegisters ? kM : 1][kHs / 16];
-  if constexpr (kValuesInRegisters) LoadRowFragments<kM>(va, v_tile, kWarpRows * warp, g, q);
+  Frag ka[kM][kHs / Op::kK];
+  LoadRowFragments<Op, kM>(ka, staging, kWarpRows * warp, g, q);
+  Frag va[kValuesInRegisters ? kM : 1][kHs / Op::kK];
+  if constexpr (kValuesInRegisters) LoadRowFragments<Op, kM>(va, v_tile, kWarpRows * warp, g, q);
   __syncthreads();
 
   float dk[kM][kHs / 8][4], dv[kM][kHs / 8][4];
@@ -499,8 +627,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   // Copies in query tile `tile` (rows, dout, lse, delta) to buffer `buffer`.
   auto load_queries = [&](int tile, int buffer) {
     const int first = tile * kTile;
-    LoadTileAsync(q_tiles[buffer], seq, stride, first, T);
-    LoadTileAsync(do_tiles[buffer], dout_seq, C, first, T);
+    LoadTileAsync<Op>(q_tiles[buffer], seq, stride, first, T);
+    LoadTileAsync<Op>(do_tiles[buffer], dout_seq, C, first, T);
     CommitTiles();
     for (int i = threadIdx.x; i < kTile; i += kThreads) {
       const bool valid = first + i < T;
@@ -525,8 +653,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       const int s0 = qt * kTile + step * kStep;  // the first query of this step
       // Every key of the warp after every query: nothing to add.
       if (warp_key0 > s0 + kStep - 1) continue;
-      const bf16* q_rows = q_tiles[qt & 1] + step * kStep * kLd;
-      const bf16* do_rows = do_tiles[qt & 1] + step * kStep * kLd;
+      const E* q_rows = q_tiles[qt & 1] + step * kStep * Op::kLd;
+      const E* do_rows = do_tiles[qt & 1] + step * kStep * Op::kLd;
       const float* lse_sub = lse_tiles[qt & 1] + step * kStep;
       const float* delta_sub = delta_tiles[qt & 1] + step * kStep;
       // Below the diagonal every key precedes every query; a padded query
@@ -534,7 +662,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       const bool masked = warp_last > s0 || warp_last >= T;
       // P^T (16 kM keys x kStep queries).
       float p[kM][kStep / 8][4];
-      ProductWithRows<kM, kStep / 8>(p, ka, q_rows, lane);
+      ProductWithRows<Op, kM, kStep / 8>(p, ka, q_rows, lane);
 #pragma unroll
       for (int m = 0; m < kM; ++m)
 #pragma unroll
@@ -544,14 +672,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
             p[m][j][e] = exp2f(p[m][j][e] * scale_log2 - lse_sub[8 * j + 2 * q + (e & 1)]);
       if (masked) MaskAfterDiagonal<kM, kStep / 8, true>(p, warp_key0, s0, T, 0.0f, g, q);
       // dV (16 kM keys x 64 dims) += P^T @ dO.
-      AccumulateProduct<kM, kStep / 8>(dv, p, do_rows, lane);
+      AccumulateProduct<Op, kM, kStep / 8>(dv, p, do_rows, lane);
       // dP^T (16 kM keys x kStep queries) = V @ dO^T; then dS^T = P^T (dP^T -
       // delta) * scale, in place.
       float ds[kM][kStep / 8][4];
       if constexpr (kValuesInRegisters) {
-        ProductWithRows<kM, kStep / 8>(ds, va, do_rows, lane);
+        ProductWithRows<Op, kM, kStep / 8>(ds, va, do_rows, lane);
       } else {
-        ProductWithRowsShared<kM, kStep / 8>(ds, v_tile, kWarpRows * warp, do_rows, lane);
+        ProductWithRowsShared<Op, kM, kStep / 8>(ds, v_tile, kWarpRows * warp, do_rows, lane);
       }
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
@@ -565,45 +693,46 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         }
       }
       // dK (16 kM keys x 64 dims) += dS^T @ Q.
-      AccumulateProduct<kM, kStep / 8>(dk, ds, q_rows, lane);
+      AccumulateProduct<Op, kM, kStep / 8>(dk, ds, q_rows, lane);
     }
     __syncthreads();  // done with this buffer before it is refilled
   }
-  bf16* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
+  E* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
-    StoreRows(dseq + C, stride, warp_key0 + 16 * m, T, dk[m], 1.0f, g, q);
-    StoreRows(dseq + 2 * C, stride, warp_key0 + 16 * m, T, dv[m], 1.0f, g, q);
+    StoreRows<Op>(dseq + C, stride, warp_key0 + 16 * m, T, dk[m], 1.0f, g, q);
+    StoreRows<Op>(dseq + 2 * C, stride, warp_key0 + 16 * m, T, dv[m], 1.0f, g, q);
   }
 }
 
 // dQ: block = 64 kM queries of one (b, h); loops over the key tiles at
 // and below the diagonal, kStep keys at a time.
-template <int kM, int kStep, int kMinBlocks>
+template <class Op, int kM, int kStep, int kMinBlocks, typename E = typename Op::T>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
-    QueryKernel(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse, const float* delta,
-                int T, int C, int NH, float scale, float scale_log2) {
-  __shared__ __align__(16) bf16 k_tiles[2][kTile * kLd];
-  __shared__ __align__(16) bf16 v_tiles[2][kTile * kLd];
+    QueryKernel(E* dqkv, const E* dout, const E* qkv, const float* lse, const float* delta, int T,
+                int C, int NH, float scale, float scale_log2) {
+  E(*k_tiles)[kTile * Op::kLd];
+  E(*v_tiles)[kTile * Op::kLd];
+  KeyValueBuffers<Op>(&k_tiles, &v_tiles);
   constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
   const int blocks = (T + kBlockRows - 1) / kBlockRows;
   const int qb = blocks - 1 - blockIdx.x;
   const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
   const size_t stride = 3 * static_cast<size_t>(C);
-  const bf16* seq = qkv + static_cast<size_t>(b) * T * stride + h * kHs;
-  const bf16* dout_seq = dout + static_cast<size_t>(b) * T * C + h * kHs;
+  const E* seq = qkv + static_cast<size_t>(b) * T * stride + h * kHs;
+  const E* dout_seq = dout + static_cast<size_t>(b) * T * C + h * kHs;
   const int q0 = qb * kBlockRows;
   const int warp_row0 = q0 + kWarpRows * warp, warp_last = warp_row0 + kWarpRows - 1;
 
-  Frag qa[kM][kHs / 16], da[kM][kHs / 16];
+  Frag qa[kM][kHs / Op::kK], da[kM][kHs / Op::kK];
   // This block's queries and their dout pass through the key and value
   // buffers first (each pair contiguous: 128 rows).
-  LoadTile<kBlockRows>(&k_tiles[0][0], seq, stride, q0, T);
-  LoadTile<kBlockRows>(&v_tiles[0][0], dout_seq, C, q0, T);
+  LoadTile<Op, kBlockRows>(&k_tiles[0][0], seq, stride, q0, T);
+  LoadTile<Op, kBlockRows>(&v_tiles[0][0], dout_seq, C, q0, T);
   __syncthreads();
-  LoadRowFragments<kM>(qa, &k_tiles[0][0], kWarpRows * warp, g, q);
-  LoadRowFragments<kM>(da, &v_tiles[0][0], kWarpRows * warp, g, q);
+  LoadRowFragments<Op, kM>(qa, &k_tiles[0][0], kWarpRows * warp, g, q);
+  LoadRowFragments<Op, kM>(da, &v_tiles[0][0], kWarpRows * warp, g, q);
   __syncthreads();
   float row_lse[kM][2], row_delta[kM][2];
 #pragma unroll
@@ -621,20 +750,20 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
   for (int m = 0; m < kM; ++m) Zero<kHs / 8>(dq[m]);
   const int last = min(q0 + kBlockRows - 1, T - 1) / kTile;
-  LoadKeyValuesAsync(k_tiles[0], v_tiles[0], seq, stride, C, 0, T);
+  LoadKeyValuesAsync<Op>(k_tiles[0], v_tiles[0], seq, stride, C, 0, T);
   for (int kt = 0; kt <= last; ++kt) {
-    NextKeyValueTile(k_tiles, v_tiles, seq, stride, C, kt, last, T);
+    NextKeyValueTile<Op>(k_tiles, v_tiles, seq, stride, C, kt, last, T);
 #pragma unroll
     for (int step = 0; step < kTile / kStep; ++step) {
       const int s0 = kt * kTile + step * kStep;  // the first key of this step
       if (s0 > warp_last) continue;              // after every row of the warp
-      const bf16* k_rows = k_tiles[kt & 1] + step * kStep * kLd;
-      const bf16* v_rows = v_tiles[kt & 1] + step * kStep * kLd;
+      const E* k_rows = k_tiles[kt & 1] + step * kStep * Op::kLd;
+      const E* v_rows = v_tiles[kt & 1] + step * kStep * Op::kLd;
       // Below the diagonal every key precedes every row, and is < T.
       const bool masked = s0 + kStep - 1 > warp_row0 || s0 + kStep > T;
       float p[kM][kStep / 8][4], ds[kM][kStep / 8][4];
-      ProductWithRows<kM, kStep / 8>(p, qa, k_rows, lane);   // S = Q K^T
-      ProductWithRows<kM, kStep / 8>(ds, da, v_rows, lane);  // dP = dO V^T
+      ProductWithRows<Op, kM, kStep / 8>(p, qa, k_rows, lane);   // S = Q K^T
+      ProductWithRows<Op, kM, kStep / 8>(ds, da, v_rows, lane);  // dP = dO V^T
 #pragma unroll
       for (int m = 0; m < kM; ++m)
 #pragma unroll
@@ -650,121 +779,181 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             ds[m][j][e] = p[m][j][e] * (ds[m][j][e] - row_delta[m][e >> 1]) * scale;
-      AccumulateProduct<kM, kStep / 8>(dq, ds, k_rows, lane);  // dQ += dS @ K
+      AccumulateProduct<Op, kM, kStep / 8>(dq, ds, k_rows, lane);  // dQ += dS @ K
     }
     __syncthreads();  // done with this buffer before it is refilled
   }
-  bf16* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
+  E* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
 #pragma unroll
-  for (int m = 0; m < kM; ++m) StoreRows(dseq, stride, warp_row0 + 16 * m, T, dq[m], 1.0f, g, q);
+  for (int m = 0; m < kM; ++m)
+    StoreRows<Op>(dseq, stride, warp_row0 + 16 * m, T, dq[m], 1.0f, g, q);
 }
 
 }  // namespace
 
 namespace {
 
-template <int kM, int kStep, int kMinBlocks>
-void LaunchForward(bf16* out, float* lse, const bf16* qkv, int B, int T, int C, int NH,
+// Launches one kernel; for more than 48 KB of dynamic shared memory, that
+// amount must be allowed first (per device; cheap, but kept off the bf16
+// defaults' path, which stays under). A failure shows as the launch's
+// error.
+template <typename Kernel, typename... Args>
+void Launch(Kernel* kernel, dim3 grid, size_t shared_bytes, cudaStream_t stream, Args... args) {
+  if (shared_bytes > 48 * 1024) {
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         static_cast<int>(shared_bytes));
+  }
+  kernel<<<grid, kThreads, shared_bytes, stream>>>(args...);
+}
+
+// Dynamic shared memory of the forward and dQ kernels: none where their
+// buffers are static (KeyValueBuffers).
+template <class Op>
+constexpr size_t DynamicTileBytes() {
+  return TileBuffersBytes<Op>() <= 48 * 1024 ? 0 : TileBuffersBytes<Op>();
+}
+
+template <class Op, int kM, int kStep, int kMinBlocks>
+void LaunchForward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
                    cudaStream_t stream) {
+  using E = typename Op::T;
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHs));
   const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
-  ForwardKernel<kM, kStep, kMinBlocks>
-      <<<grid, kThreads, 0, stream>>>(out, lse, qkv, T, C, NH, scale_log2);
+  Launch(ForwardKernel<Op, kM, kStep, kMinBlocks>, grid, DynamicTileBytes<Op>(), stream,
+         static_cast<E*>(out), lse, static_cast<const E*>(qkv), T, C, NH, scale_log2);
 }
 
-template <int kM, int kStep, bool kValuesInRegisters, int kMinBlocks>
-void LaunchKeyValue(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+template <class Op, int kM, int kStep, bool kValuesInRegisters, int kMinBlocks>
+void LaunchKeyValue(void* dqkv, const void* dout, const void* qkv, const float* lse,
                     const float* delta, int B, int T, int C, int NH, cudaStream_t stream) {
+  using E = typename Op::T;
   const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
-  constexpr size_t kBytes = KeyValueSharedBytes(kM);
-  auto* kernel = KeyValueKernel<kM, kStep, kValuesInRegisters, kMinBlocks>;
-  // Above 48 KB a kernel's dynamic shared memory must be allowed first
-  // (per device; cheap, but kept off the default tiling's path, which
-  // stays under). A failure shows as the launch's error.
-  if constexpr (kBytes > 48 * 1024) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(kBytes));
-  }
   const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
-  kernel<<<grid, kThreads, kBytes, stream>>>(dqkv, dout, qkv, lse, delta, T, C, NH, scale,
-                                             kLog2e * scale);
+  Launch(KeyValueKernel<Op, kM, kStep, kValuesInRegisters, kMinBlocks>, grid,
+         KeyValueSharedBytes<Op>(kM), stream, static_cast<E*>(dqkv), static_cast<const E*>(dout),
+         static_cast<const E*>(qkv), lse, delta, T, C, NH, scale, kLog2e * scale);
 }
 
-template <int kM, int kStep, int kMinBlocks>
-void LaunchQuery(bf16* dqkv, const bf16* dout, const bf16* qkv, const float* lse,
+template <class Op, int kM, int kStep, int kMinBlocks>
+void LaunchQuery(void* dqkv, const void* dout, const void* qkv, const float* lse,
                  const float* delta, int B, int T, int C, int NH, cudaStream_t stream) {
+  using E = typename Op::T;
   const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
   const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
-  QueryKernel<kM, kStep, kMinBlocks>
-      <<<grid, kThreads, 0, stream>>>(dqkv, dout, qkv, lse, delta, T, C, NH, scale, kLog2e * scale);
+  Launch(QueryKernel<Op, kM, kStep, kMinBlocks>, grid, DynamicTileBytes<Op>(), stream,
+         static_cast<E*>(dqkv), static_cast<const E*>(dout), static_cast<const E*>(qkv), lse, delta,
+         T, C, NH, scale, kLog2e * scale);
 }
 
-using ForwardLaunch = void (*)(bf16*, float*, const bf16*, int, int, int, int, cudaStream_t);
-using BackwardLaunch = void (*)(bf16*, const bf16*, const bf16*, const float*, const float*, int,
+template <class Op>
+void LaunchDelta(float* delta, const void* dout, const void* out, int B, int T, int C, int NH,
+                 cudaStream_t stream) {
+  using E = typename Op::T;
+  const size_t rows = static_cast<size_t>(B) * NH * T;
+  DeltaKernel<E><<<CeilDiv(rows, kWarps), kThreads, 0, stream>>>(
+      delta, static_cast<const E*>(dout), static_cast<const E*>(out), B, T, C, NH);
+}
+
+using ForwardLaunch = void (*)(void*, float*, const void*, int, int, int, int, cudaStream_t);
+using BackwardLaunch = void (*)(void*, const void*, const void*, const float*, const float*, int,
                                 int, int, int, cudaStream_t);
 
 // The tilings that are compiled (flash_attention.h); nullptr for any other.
-ForwardLaunch ForwardFor(const FlashKernelTiling& t) {
+ForwardLaunch ForwardFor(FlashMath math, const FlashKernelTiling& t) {
   const int r = t.rows, s = t.step, n = t.blocks_per_sm;
-  if (r == 32 && s == 64 && n == 0) return LaunchForward<2, 64, 0>;
-  if (r == 32 && s == 32 && n == 0) return LaunchForward<2, 32, 0>;
-  if (r == 16 && s == 64 && n == 0) return LaunchForward<1, 64, 0>;
-  if (r == 16 && s == 32 && n == 0) return LaunchForward<1, 32, 0>;
+  if (math == FlashMath::kTf32) {
+    if (r == 16 && s == 64 && n == 0) return LaunchForward<Tf32Mma, 1, 64, 0>;
+    if (r == 16 && s == 32 && n == 0) return LaunchForward<Tf32Mma, 1, 32, 0>;
+    return nullptr;
+  }
+  if (r == 32 && s == 64 && n == 0) return LaunchForward<Bf16Mma, 2, 64, 0>;
+  if (r == 32 && s == 32 && n == 0) return LaunchForward<Bf16Mma, 2, 32, 0>;
+  if (r == 16 && s == 64 && n == 0) return LaunchForward<Bf16Mma, 1, 64, 0>;
+  if (r == 16 && s == 32 && n == 0) return LaunchForward<Bf16Mma, 1, 32, 0>;
   return nullptr;
 }
-BackwardLaunch KeyValueFor(const FlashKernelTiling& t) {
+BackwardLaunch KeyValueFor(FlashMath math, const FlashKernelTiling& t) {
   const int r = t.rows, s = t.step, n = t.blocks_per_sm;
   const bool v = t.values_in_registers;
-  if (r == 16 && s == 32 && v && n == 0) return LaunchKeyValue<1, 32, true, 0>;
-  if (r == 16 && s == 32 && !v && n == 0) return LaunchKeyValue<1, 32, false, 0>;
-  if (r == 16 && s == 64 && v && n == 0) return LaunchKeyValue<1, 64, true, 0>;
-  if (r == 16 && s == 64 && !v && n == 0) return LaunchKeyValue<1, 64, false, 0>;
-  if (r == 16 && s == 16 && !v && n == 4) return LaunchKeyValue<1, 16, false, 4>;
-  if (r == 32 && s == 32 && !v && n == 0) return LaunchKeyValue<2, 32, false, 0>;
+  if (math == FlashMath::kTf32) {
+    if (r == 16 && s == 32 && !v && n == 0) return LaunchKeyValue<Tf32Mma, 1, 32, false, 0>;
+    if (r == 16 && s == 16 && !v && n == 0) return LaunchKeyValue<Tf32Mma, 1, 16, false, 0>;
+    return nullptr;
+  }
+  if (r == 16 && s == 32 && v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 32, true, 0>;
+  if (r == 16 && s == 32 && !v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 32, false, 0>;
+  if (r == 16 && s == 64 && v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 64, true, 0>;
+  if (r == 16 && s == 64 && !v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 64, false, 0>;
+  if (r == 16 && s == 16 && !v && n == 4) return LaunchKeyValue<Bf16Mma, 1, 16, false, 4>;
+  if (r == 32 && s == 32 && !v && n == 0) return LaunchKeyValue<Bf16Mma, 2, 32, false, 0>;
   return nullptr;
 }
-BackwardLaunch QueryFor(const FlashKernelTiling& t) {
+BackwardLaunch QueryFor(FlashMath math, const FlashKernelTiling& t) {
   const int r = t.rows, s = t.step, n = t.blocks_per_sm;
-  if (r == 16 && s == 64 && n == 0) return LaunchQuery<1, 64, 0>;
-  if (r == 16 && s == 32 && n == 0) return LaunchQuery<1, 32, 0>;
-  if (r == 16 && s == 16 && n == 4) return LaunchQuery<1, 16, 4>;
-  if (r == 32 && s == 32 && n == 0) return LaunchQuery<2, 32, 0>;
+  if (math == FlashMath::kTf32) {
+    if (r == 16 && s == 32 && n == 0) return LaunchQuery<Tf32Mma, 1, 32, 0>;
+    if (r == 16 && s == 16 && n == 0) return LaunchQuery<Tf32Mma, 1, 16, 0>;
+    return nullptr;
+  }
+  if (r == 16 && s == 64 && n == 0) return LaunchQuery<Bf16Mma, 1, 64, 0>;
+  if (r == 16 && s == 32 && n == 0) return LaunchQuery<Bf16Mma, 1, 32, 0>;
+  if (r == 16 && s == 16 && n == 4) return LaunchQuery<Bf16Mma, 1, 16, 4>;
+  if (r == 32 && s == 32 && n == 0) return LaunchQuery<Bf16Mma, 2, 32, 0>;
   return nullptr;
 }
 
 }  // namespace
 
-int FlashAttentionForward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
-                          void* stream, const FlashTiling& tiling) {
-  const ForwardLaunch launch = ForwardFor(tiling.forward);
+FlashTiling FlashDefaultTiling(FlashMath math) {
+  if (math == FlashMath::kBf16) return FlashTiling{};
+  FlashTiling tiling;
+  tiling.forward = {16, 64, false, 0};
+  tiling.key_value = {16, 32, false, 0};
+  tiling.query = {16, 32, false, 0};
+  return tiling;
+}
+
+int FlashAttentionForward(FlashMath math, void* out, float* lse, const void* qkv, int B, int T,
+                          int C, int NH, void* stream, const FlashTiling& tiling) {
+  const ForwardLaunch launch = ForwardFor(math, tiling.forward);
   if (launch == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   if (B == 0 || T == 0) return 0;
-  launch(static_cast<bf16*>(out), lse, static_cast<const bf16*>(qkv), B, T, C, NH,
-         AsStream(stream));
+  launch(out, lse, qkv, B, T, C, NH, AsStream(stream));
   return LaunchStatus();
 }
 
-int FlashAttentionBackward(void* dqkv, float* delta, const void* dout, const void* out,
-                           const void* qkv, const float* lse, int B, int T, int C, int NH,
-                           void* stream, const FlashTiling& tiling) {
-  const BackwardLaunch key_value = KeyValueFor(tiling.key_value);
-  const BackwardLaunch query = QueryFor(tiling.query);
+int FlashAttentionBackward(FlashMath math, void* dqkv, float* delta, const void* dout,
+                           const void* out, const void* qkv, const float* lse, int B, int T, int C,
+                           int NH, void* stream, const FlashTiling& tiling) {
+  const BackwardLaunch key_value = KeyValueFor(math, tiling.key_value);
+  const BackwardLaunch query = QueryFor(math, tiling.query);
   if (key_value == nullptr || query == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   if (B == 0 || T == 0) return 0;
   const cudaStream_t s = AsStream(stream);
-  auto* dx = static_cast<bf16*>(dqkv);
-  const auto* d = static_cast<const bf16*>(dout);
-  const auto* x = static_cast<const bf16*>(qkv);
-  const size_t rows = static_cast<size_t>(B) * NH * T;
-  DeltaKernel<<<CeilDiv(rows, kWarps), kThreads, 0, s>>>(delta, d, static_cast<const bf16*>(out), B,
-                                                         T, C, NH);
+  if (math == FlashMath::kTf32) {
+    LaunchDelta<Tf32Mma>(delta, dout, out, B, T, C, NH, s);
+  } else {
+    LaunchDelta<Bf16Mma>(delta, dout, out, B, T, C, NH, s);
+  }
   int status = LaunchStatus();
   if (status != 0) return status;
-  key_value(dx, d, x, lse, delta, B, T, C, NH, s);
+  key_value(dqkv, dout, qkv, lse, delta, B, T, C, NH, s);
   status = LaunchStatus();
   if (status != 0) return status;
-  query(dx, d, x, lse, delta, B, T, C, NH, s);
+  query(dqkv, dout, qkv, lse, delta, B, T, C, NH, s);
   return LaunchStatus();
+}
+
+int FlashAttentionForward(FlashMath math, void* out, float* lse, const void* qkv, int B, int T,
+                          int C, int NH, void* stream) {
+  return FlashAttentionForward(math, out, lse, qkv, B, T, C, NH, stream, FlashDefaultTiling(math));
+}
+
+int FlashAttentionBackward(FlashMath math, void* dqkv, float* delta, const void* dout,
+                           const void* out, const void* qkv, const float* lse, int B, int T, int C,
+                           int NH, void* stream) {
+  return FlashAttentionBackward(math, dqkv, delta, dout, out, qkv, lse, B, T, C, NH, stream,
+                                FlashDefaultTiling(math));
 }
 
 }  // namespace muster::kernels::fast

@@ -1,17 +1,22 @@
-// Causal flash attention for bf16 with head size 64 (GPT-2's): the scores
-// never leave the chip. A block of 4 warps owns 64 or 128 queries (keys
-// in the dK/dV kernel; FlashTiling below) and streams the other side
-// through shared memory in tiles of 64; the products go through the
-// tensor cores (mma.sync m16n8k16, bf16 operands, fp32 accumulation) with
-// an online softmax, and steps above the diagonal are skipped. The
-// backward recomputes the probabilities from the saved log-sum-exp.
+// Causal flash attention with head size 64 (GPT-2's): the scores never
+// leave the chip. A block of 4 warps owns 64 or 128 queries (keys in the
+// dK/dV kernel; FlashTiling below) and streams the other side through
+// shared memory in tiles of 64; the products go through the tensor cores
+// (mma.sync, fp32 accumulation) with an online softmax, and steps above
+// the diagonal are skipped. The backward recomputes the probabilities
+// from the saved log-sum-exp.
+//
+// Two operand types (FlashMath): bf16 activations on m16n8k16 (precision
+// bf16), or fp32 activations whose products take TF32 operands on
+// m16n8k8 (precision tf32, where the GEMMs are TF32 too). Exact fp32 has
+// no flash kernel: it uses attention.h's GEMM path.
 //
 // Deterministic without atomics: the backward runs as two kernels, one
 // per key block (dK, dV: sums over queries) and one per query block (dQ:
 // sums over keys), each adding its terms in a fixed order.
 //
-// Layout as attention.h: qkv (B, T, 3C) bf16, out (B, T, C) bf16, with
-// NH heads of hs = C / NH = 64. Other shapes and fp32 storage use
+// Layout as attention.h: qkv (B, T, 3C), out (B, T, C), of the math's
+// storage type, with NH heads of hs = C / NH = 64. Other shapes use
 // attention.h's GEMM path.
 #pragma once
 
@@ -21,9 +26,13 @@ namespace muster::kernels::fast {
 
 constexpr int kFlashHeadSize = 64;
 
-// Whether the flash kernels handle this precision and shape.
-inline bool FlashAttentionSupports(ActType act, int C, int NH) {
-  return act == ActType::kBf16 && NH > 0 && C % NH == 0 && C / NH == kFlashHeadSize;
+// What the kernels multiply on the tensor cores, and how activations are
+// stored: bf16, or fp32 rounded to TF32 in the products.
+enum class FlashMath { kBf16, kTf32 };
+
+// Whether the flash kernels handle this shape (either math).
+inline bool FlashAttentionSupports(int C, int NH) {
+  return NH > 0 && C % NH == 0 && C / NH == kFlashHeadSize;
 }
 
 // How one kernel is tiled: the rows (queries for the forward and dQ, keys
@@ -39,28 +48,40 @@ struct FlashKernelTiling {
   bool values_in_registers;
   int blocks_per_sm;
 };
-// The tiling of each kernel. The defaults were the fastest on an H100
-// (tools/bench_flash times each compiled tiling); fast_cuda_test checks
-// every one. Compiled (rows/step): forward 32/64, 32/32, 16/64, 16/32;
-// dK/dV 16/32 (values in registers or not), 16/64 (either), 16/16 with
-// values in shared memory at 4 blocks/SM, 32/32 in shared memory; dQ
-// 16/64, 16/32, 16/16 at 4 blocks/SM, 32/32. Any other tiling is
-// cudaErrorInvalidValue.
+// The tiling of each kernel. The member defaults are bf16's, the fastest
+// of its compiled tilings on an H100 (tools/bench_flash times each);
+// FlashDefaultTiling gives each math's. fast_cuda_test checks every
+// compiled tiling. Compiled (rows/step), bf16: forward 32/64, 32/32,
+// 16/64, 16/32; dK/dV 16/32 (values in registers or not), 16/64 (either),
+// 16/16 with values in shared memory at 4 blocks/SM, 32/32 in shared
+// memory; dQ 16/64, 16/32, 16/16 at 4 blocks/SM, 32/32. tf32: forward
+// 16/64, 16/32; dK/dV 16/32 and 16/16, values in shared memory; dQ 16/32,
+// 16/16. Any other tiling is cudaErrorInvalidValue.
 struct FlashTiling {
   FlashKernelTiling forward{32, 64, false, 0};
   FlashKernelTiling key_value{16, 32, true, 0};
   FlashKernelTiling query{16, 64, false, 0};
 };
+// tf32's defaults: forward 16/64, dK/dV 16/32 with values in shared
+// memory, dQ 16/32 (fp32 tiles and fragments take twice the registers and
+// shared memory of bf16's, so 16 rows a warp throughout).
+FlashTiling FlashDefaultTiling(FlashMath math);
 
-// out (B, T, C) bf16; lse (B, NH, T) fp32: each row's log2-sum-exp of the
-// scaled scores, for the backward.
-int FlashAttentionForward(void* out, float* lse, const void* qkv, int B, int T, int C, int NH,
-                          void* stream, const FlashTiling& tiling = {});
+// out (B, T, C); lse (B, NH, T) fp32: each row's log2-sum-exp of the
+// scaled scores, for the backward. qkv and out are bf16 for kBf16, fp32
+// for kTf32. With the math's default tiling, or `tiling`.
+int FlashAttentionForward(FlashMath math, void* out, float* lse, const void* qkv, int B, int T,
+                          int C, int NH, void* stream);
+int FlashAttentionForward(FlashMath math, void* out, float* lse, const void* qkv, int B, int T,
+                          int C, int NH, void* stream, const FlashTiling& tiling);
 
-// dqkv (B, T, 3C) bf16, overwritten, from dout (B, T, C). out and lse are
-// the forward's. delta (B, NH, T) fp32: scratch.
-int FlashAttentionBackward(void* dqkv, float* delta, const void* dout, const void* out,
-                           const void* qkv, const float* lse, int B, int T, int C, int NH,
-                           void* stream, const FlashTiling& tiling = {});
+// dqkv (B, T, 3C), overwritten, from dout (B, T, C), in the math's storage
+// type. out and lse are the forward's. delta (B, NH, T) fp32: scratch.
+int FlashAttentionBackward(FlashMath math, void* dqkv, float* delta, const void* dout,
+                           const void* out, const void* qkv, const float* lse, int B, int T, int C,
+                           int NH, void* stream);
+int FlashAttentionBackward(FlashMath math, void* dqkv, float* delta, const void* dout,
+                           const void* out, const void* qkv, const float* lse, int B, int T, int C,
+                           int NH, void* stream, const FlashTiling& tiling);
 
 }  // namespace muster::kernels::fast

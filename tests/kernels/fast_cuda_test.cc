@@ -286,15 +286,16 @@ TEST_CASE("attention forward and backward match the CPU back end", "[attention]"
   }
 }
 
-// Causal attention's CPU reference on random bf16-rounded inputs: qkv
-// (B, T, 3C) and dout (B, T, C) uploaded to d_qkv / d_dout; out, the
-// probabilities att (B, NH, T, T) and dqkv from the CPU back end.
+// Causal attention's CPU reference on random inputs, rounded to bf16 if
+// `act` is: qkv (B, T, 3C) and dout (B, T, C) uploaded to d_qkv / d_dout
+// as `act`; out, the probabilities att (B, NH, T, T) and dqkv from the
+// CPU back end.
 struct AttentionCase {
   int B, T, C, NH;
   std::vector<float> qkv, dout, out, att, dqkv;
   Buffer d_qkv, d_dout;
 
-  AttentionCase(int B_, int T_, int C_, int NH_, std::mt19937& rng)
+  AttentionCase(int B_, int T_, int C_, int NH_, std::mt19937& rng, ActType act = ActType::kBf16)
       : B(B_),
         T(T_),
         C(C_),
@@ -304,8 +305,8 @@ struct AttentionCase {
         out(size_t(B_) * T_ * C_),
         att(size_t(B_) * NH_ * T_ * T_),
         dqkv(qkv.size(), 0.0f),
-        d_qkv(qkv.size(), ActType::kBf16),
-        d_dout(dout.size(), ActType::kBf16) {
+        d_qkv(qkv.size(), act),
+        d_dout(dout.size(), act) {
     d_qkv.Upload(&qkv);
     d_dout.Upload(&dout);
     std::vector<float> dpreatt(att.size());
@@ -353,49 +354,82 @@ struct AttentionCase {
   }
 };
 
-TEST_CASE("flash attention forward and backward match the CPU back end", "[attention]") {
-  // Every compiled tiling of each kernel (flash_attention.h), the default
-  // first. T = 64 is one tile of 64 (half a block of 128); 200 ends in a
-  // partial tile; 520 is five blocks of 128, the last with 8 rows, and
-  // ten key tiles, the last with 8 keys.
-  auto make = [](FlashKernelTiling f, FlashKernelTiling kv, FlashKernelTiling q) {
-    FlashTiling t;
-    t.forward = f;
-    t.key_value = kv;
-    t.query = q;
-    return t;
-  };
-  const std::vector<std::pair<std::string, FlashTiling>> tilings = {
-      {"default", FlashTiling{}},
-      {"f32/32 kv16/32s q16/32", make({32, 32, false, 0}, {16, 32, false, 0}, {16, 32, false, 0})},
-      {"f16/64 kv16/64r q16/16/4", make({16, 64, false, 0}, {16, 64, true, 0}, {16, 16, false, 4})},
-      {"f16/32 kv16/64s q32/32", make({16, 32, false, 0}, {16, 64, false, 0}, {32, 32, false, 0})},
-      {"kv16/16s/4", make({32, 64, false, 0}, {16, 16, false, 4}, {16, 64, false, 0})},
-      {"kv32/32s", make({32, 64, false, 0}, {32, 32, false, 0}, {16, 64, false, 0})}};
+// Flash attention with `math` and `tiling` against the CPU back end at
+// B=2, C=256, NH=4 (head size 64) and the given T: out, each row's
+// log2-sum-exp, then dqkv as a whole and each of dq, dk, dv. Bounds: bf16
+// storage rounds every activation to 8 bits; TF32 keeps fp32 storage and
+// rounds only the products' operands to 11 bits, which an emulation of
+// the kernels' rounding on the CPU puts at relative errors of 3-4e-4
+// (out) and 4-5e-4 (gradients) on these inputs.
+void FlashCase(FlashMath math, const FlashTiling& tiling, int T, std::mt19937& rng) {
+  const bool bf16 = math == FlashMath::kBf16;
+  const ActType act = bf16 ? ActType::kBf16 : ActType::kF32;
+  const double out_bound = bf16 ? 1e-2 : 2e-3, lse_bound = bf16 ? 1e-3 : 5e-4,
+               grad_bound = bf16 ? 2e-2 : 2e-3;
+  const int B = 2, C = 256, NH = 4;
+  REQUIRE(FlashAttentionSupports(C, NH));
+  const AttentionCase ref(B, T, C, NH, rng, act);
+  Buffer d_out(ref.out.size(), act), lse(size_t(B) * NH * T, ActType::kF32),
+      delta(size_t(B) * NH * T, ActType::kF32), d_dqkv(ref.qkv.size(), act);
+  CUDA_REQUIRE(FlashAttentionForward(math, d_out.get(), lse.f(), ref.d_qkv.get(), B, T, C, NH,
+                                     nullptr, tiling));
+  RequireClose(d_out.Download(), AsDoubles(ref.out), out_bound, "out");
+  // Flash attention keeps the log2 form: lse / ln 2.
+  std::vector<double> lse_ref = ref.LogSumExp();
+  for (double& x : lse_ref) x /= std::log(2.0);
+  RequireClose(lse.Download(), lse_ref, lse_bound, "log2-sum-exp");
+  CUDA_REQUIRE(FlashAttentionBackward(math, d_dqkv.get(), delta.f(), ref.d_dout.get(), d_out.get(),
+                                      ref.d_qkv.get(), lse.f(), B, T, C, NH, nullptr, tiling));
+  ref.RequireGradientClose(d_dqkv.Download(), grad_bound);
+}
+
+FlashTiling MakeTiling(FlashKernelTiling forward, FlashKernelTiling key_value,
+                       FlashKernelTiling query) {
+  FlashTiling tiling;
+  tiling.forward = forward;
+  tiling.key_value = key_value;
+  tiling.query = query;
+  return tiling;
+}
+
+// FlashCase for each named tiling at T = 64 (one tile of 64, half a block
+// of 128), 200 (ending in a partial tile) and 520 (five blocks of 128, the
+// last with 8 rows, and ten key tiles, the last with 8 keys), a section
+// each.
+void FlashCases(FlashMath math, const std::vector<std::pair<std::string, FlashTiling>>& tilings) {
   for (const auto& [tiling_name, tiling] : tilings) {
     for (const int T : {64, 200, 520}) {
       SECTION(tiling_name + ", T=" + std::to_string(T)) {
         std::mt19937 rng(Seed());
-        const ActType act = ActType::kBf16;
-        const int B = 2, C = 256, NH = 4;
-        REQUIRE(FlashAttentionSupports(act, C, NH));
-        const AttentionCase ref(B, T, C, NH, rng);
-        Buffer d_out(ref.out.size(), act), lse(size_t(B) * NH * T, ActType::kF32),
-            delta(size_t(B) * NH * T, ActType::kF32), d_dqkv(ref.qkv.size(), act);
-        CUDA_REQUIRE(FlashAttentionForward(d_out.get(), lse.f(), ref.d_qkv.get(), B, T, C, NH,
-                                           nullptr, tiling));
-        RequireClose(d_out.Download(), AsDoubles(ref.out), 1e-2, "out");
-        // Flash attention keeps the log2 form: lse / ln 2.
-        std::vector<double> lse_ref = ref.LogSumExp();
-        for (double& x : lse_ref) x /= std::log(2.0);
-        RequireClose(lse.Download(), lse_ref, 1e-3, "log2-sum-exp");
-        CUDA_REQUIRE(FlashAttentionBackward(d_dqkv.get(), delta.f(), ref.d_dout.get(), d_out.get(),
-                                            ref.d_qkv.get(), lse.f(), B, T, C, NH, nullptr,
-                                            tiling));
-        ref.RequireGradientClose(d_dqkv.Download(), 2e-2);
+        FlashCase(math, tiling, T, rng);
       }
     }
   }
+}
+
+TEST_CASE("flash attention forward and backward match the CPU back end", "[attention]") {
+  // Every compiled bf16 tiling of each kernel (flash_attention.h), the
+  // default first.
+  FlashCases(
+      FlashMath::kBf16,
+      {{"default", FlashTiling{}},
+       {"f32/32 kv16/32s q16/32",
+        MakeTiling({32, 32, false, 0}, {16, 32, false, 0}, {16, 32, false, 0})},
+       {"f16/64 kv16/64r q16/16/4",
+        MakeTiling({16, 64, false, 0}, {16, 64, true, 0}, {16, 16, false, 4})},
+       {"f16/32 kv16/64s q32/32",
+        MakeTiling({16, 32, false, 0}, {16, 64, false, 0}, {32, 32, false, 0})},
+       {"kv16/16s/4", MakeTiling({32, 64, false, 0}, {16, 16, false, 4}, {16, 64, false, 0})},
+       {"kv32/32s", MakeTiling({32, 64, false, 0}, {32, 32, false, 0}, {16, 64, false, 0})}});
+}
+
+TEST_CASE("tf32 flash attention matches the CPU back end", "[attention][tf32]") {
+  // fp32 activations, TF32 operands: every compiled tf32 tiling, the
+  // default first.
+  FlashCases(FlashMath::kTf32,
+             {{"default", FlashDefaultTiling(FlashMath::kTf32)},
+              {"f16/32 kv16/16s q16/16",
+               MakeTiling({16, 32, false, 0}, {16, 16, false, 0}, {16, 16, false, 0})}});
 }
 
 TEST_CASE("flash attention refuses a tiling it has not compiled", "[attention]") {
@@ -405,12 +439,20 @@ TEST_CASE("flash attention refuses a tiling it has not compiled", "[attention]")
       dqkv(size_t(B) * T * 3 * C, ActType::kBf16);
   FlashTiling bad;
   bad.forward = {64, 64, false, 0};
-  REQUIRE(FlashAttentionForward(out.get(), lse.f(), qkv.get(), B, T, C, NH, nullptr, bad) ==
-          cudaErrorInvalidValue);
+  REQUIRE(FlashAttentionForward(FlashMath::kBf16, out.get(), lse.f(), qkv.get(), B, T, C, NH,
+                                nullptr, bad) == cudaErrorInvalidValue);
   bad = FlashTiling{};
   bad.query = {16, 8, false, 0};
-  REQUIRE(FlashAttentionBackward(dqkv.get(), delta.f(), out.get(), out.get(), qkv.get(), lse.f(), B,
-                                 T, C, NH, nullptr, bad) == cudaErrorInvalidValue);
+  REQUIRE(FlashAttentionBackward(FlashMath::kBf16, dqkv.get(), delta.f(), out.get(), out.get(),
+                                 qkv.get(), lse.f(), B, T, C, NH, nullptr,
+                                 bad) == cudaErrorInvalidValue);
+  // bf16's defaults (32 rows a warp, dK/dV values in registers) are not
+  // compiled for tf32.
+  REQUIRE(FlashAttentionForward(FlashMath::kTf32, out.get(), lse.f(), qkv.get(), B, T, C, NH,
+                                nullptr, FlashTiling{}) == cudaErrorInvalidValue);
+  REQUIRE(FlashAttentionBackward(FlashMath::kTf32, dqkv.get(), delta.f(), out.get(), out.get(),
+                                 qkv.get(), lse.f(), B, T, C, NH, nullptr,
+                                 FlashTiling{}) == cudaErrorInvalidValue);
 }
 
 // A CudnnAttention call that must return 0; the failure message carries
@@ -841,15 +883,28 @@ TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
     CUDA_REQUIRE(AttentionBackward(*gemm, dqkv.get(), scores.f(), att.get(), d_dout.get(),
                                    d_qkv.get(), B, T, C, NH));
     results.push_back(dqkv.Bytes());
-    // Flash attention (C / NH = 64).
-    REQUIRE(FlashAttentionSupports(act, C, NH));
+    // Flash attention (C / NH = 64), bf16 and tf32.
+    REQUIRE(FlashAttentionSupports(C, NH));
     Buffer lse(size_t(B) * NH * T, ActType::kF32), delta(size_t(B) * NH * T, ActType::kF32);
-    CUDA_REQUIRE(FlashAttentionForward(out.get(), lse.f(), d_qkv.get(), B, T, C, NH, nullptr));
+    CUDA_REQUIRE(FlashAttentionForward(FlashMath::kBf16, out.get(), lse.f(), d_qkv.get(), B, T, C,
+                                       NH, nullptr));
     results.push_back(out.Bytes());
     results.push_back(lse.Bytes());
-    CUDA_REQUIRE(FlashAttentionBackward(dqkv.get(), delta.f(), d_dout.get(), out.get(), d_qkv.get(),
-                                        lse.f(), B, T, C, NH, nullptr));
+    CUDA_REQUIRE(FlashAttentionBackward(FlashMath::kBf16, dqkv.get(), delta.f(), d_dout.get(),
+                                        out.get(), d_qkv.get(), lse.f(), B, T, C, NH, nullptr));
     results.push_back(dqkv.Bytes());
+    Buffer qkv32(qkv.size(), ActType::kF32), dout32(dout.size(), ActType::kF32),
+        out32(BT * C, ActType::kF32), dqkv32(qkv.size(), ActType::kF32);
+    std::vector<float> qkv_copy = qkv, dout_copy = dout;
+    qkv32.Upload(&qkv_copy);
+    dout32.Upload(&dout_copy);
+    CUDA_REQUIRE(FlashAttentionForward(FlashMath::kTf32, out32.get(), lse.f(), qkv32.get(), B, T, C,
+                                       NH, nullptr));
+    results.push_back(out32.Bytes());
+    results.push_back(lse.Bytes());
+    CUDA_REQUIRE(FlashAttentionBackward(FlashMath::kTf32, dqkv32.get(), delta.f(), dout32.get(),
+                                        out32.get(), qkv32.get(), lse.f(), B, T, C, NH, nullptr));
+    results.push_back(dqkv32.Bytes());
     Buffer dinp(BT * C, act), dw(C, ActType::kF32), db(C, ActType::kF32), mean(BT, ActType::kF32),
         rstd(BT, ActType::kF32), ln(BT * C, act),
         scratch(LayerNormBackwardScratchFloats(BT, C), ActType::kF32);

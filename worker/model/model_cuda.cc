@@ -16,8 +16,8 @@
 // copy current itself.
 //
 // Attention (model.h, Attention): kMuster runs kernels/fast's own flash
-// attention where the shape allows (bf16, head size 64), else the GEMM
-// attention; kCudnn runs cuDNN's fused attention (a fast::CudnnAttention
+// attention where the precision and shape allow (bf16 or tf32, head size
+// 64), else the GEMM attention; kCudnn runs cuDNN's fused attention (a fast::CudnnAttention
 // the model owns), which keeps the same per-row statistics as flash
 // attention and so the same activations.
 //
@@ -220,7 +220,8 @@ class CudaModel final : public GptModel {
   // (B, NH, T, T) fp32 scores, then their gradient; with flash or cuDNN
   // attention, (B, NH, T) fp32 for the backward's row sums.
   float* scores_ = nullptr;
-  bool flash_ = false;  // muster's flash attention (bf16, head size 64) or GEMMs
+  bool flash_ = false;  // muster's flash attention (bf16 or tf32, head size 64) or GEMMs
+  fast::FlashMath flash_math_ = fast::FlashMath::kBf16;
   // kCudnn: cuDNN's attention, which then runs instead of either.
   std::unique_ptr<fast::CudnnAttention> cudnn_;
   void* dresidual_ = nullptr;  // (B, T, C)
@@ -253,7 +254,11 @@ absl::Status CudaModel::Allocate() {
   }
 
   const size_t act = act_bytes_;
-  flash_ = cudnn_ == nullptr && fast::FlashAttentionSupports(act_, config_.dim, config_.heads);
+  // Flash attention multiplies bf16, or TF32 operands of fp32
+  // activations; exact fp32 keeps the GEMM attention.
+  flash_ = cudnn_ == nullptr && precision_ != Precision::kFp32 &&
+           fast::FlashAttentionSupports(config_.dim, config_.heads);
+  flash_math_ = precision_ == Precision::kTf32 ? fast::FlashMath::kTf32 : fast::FlashMath::kBf16;
   // Per head and row: the whole (T, T) map, or one float with flash (or
   // cuDNN's) attention.
   const bool per_row = flash_ || cudnn_ != nullptr;
@@ -312,8 +317,9 @@ void CudaModel::BlockForward(int layer, const void* residual_in) {
     Check("cudnn attention",
           cudnn_->Forward(a.atty, static_cast<float*>(a.att), a.qkv, B, T, C, NH, nullptr));
   } else if (flash_) {
-    Check("flash attention", fast::FlashAttentionForward(a.atty, static_cast<float*>(a.att), a.qkv,
-                                                         B, T, C, NH, nullptr));
+    Check("flash attention",
+          fast::FlashAttentionForward(flash_math_, a.atty, static_cast<float*>(a.att), a.qkv, B, T,
+                                      C, NH, nullptr));
   } else {
     Check("attention", fast::AttentionForward(*gemm_, a.atty, a.att, scores_, a.qkv, B, T, C, NH));
   }
@@ -453,7 +459,7 @@ void CudaModel::BlockBackward(int layer, const void* residual_in) {
                            static_cast<const float*>(a.att), B, T, C, NH, nullptr));
   } else if (flash_) {
     Check("flash attention backward",
-          fast::FlashAttentionBackward(dwide_, scores_, dnarrow_, a.atty, a.qkv,
+          fast::FlashAttentionBackward(flash_math_, dwide_, scores_, dnarrow_, a.atty, a.qkv,
                                        static_cast<const float*>(a.att), B, T, C, NH, nullptr));
   } else {
     Check("attention backward",

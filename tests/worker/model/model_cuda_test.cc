@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -93,18 +94,22 @@ const Bounds kBounds[] = {
     {Precision::kBf16, 1e-2, 5e-2},
 };
 
-TEST_CASE("loss and every stage's gradient match the CPU model", "[cuda]") {
-  const ModelConfig config = SmallConfig();
-  const Batch batch = RandomBatch(config, 4, 40, 7);
-  auto cpu = Make(config, 4, Device::kCpu, Precision::kFp32);
-  const float cpu_loss = cpu->Forward(batch.inputs.data(), batch.targets.data(), 4, 40);
-  cpu->Backward(0.5f);
+// One forward and backward of `batch` (scaled by `loss_scale`) on the CPU
+// in fp32 and on CUDA in each precision, a section each: the loss and
+// every stage's gradient within kBounds; `attention`, what the CUDA model
+// must say it runs in that precision.
+void CheckMatchesCpu(const ModelConfig& config, const Batch& batch, float loss_scale,
+                     const std::function<std::string(Precision)>& attention) {
+  auto cpu = Make(config, batch.B, Device::kCpu, Precision::kFp32);
+  const float cpu_loss = cpu->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T);
+  cpu->Backward(loss_scale);
   for (const Bounds& bounds : kBounds) {
     SECTION(PrecisionName(bounds.precision)) {
-      auto gpu = Make(config, 4, Device::kCuda, bounds.precision);
-      const float loss = gpu->Forward(batch.inputs.data(), batch.targets.data(), 4, 40);
-      gpu->Backward(0.5f);
+      auto gpu = Make(config, batch.B, Device::kCuda, bounds.precision);
+      const float loss = gpu->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T);
+      gpu->Backward(loss_scale);
       REQUIRE(gpu->DeviceStatus().ok());
+      CHECK(gpu->DescribeAttention() == attention(bounds.precision));
       INFO("cpu loss " << cpu_loss << ", cuda loss " << loss);
       CHECK(std::fabs(loss - cpu_loss) / cpu_loss < bounds.loss);
       CheckGradsClose(*cpu, *gpu, bounds.grads);
@@ -112,21 +117,28 @@ TEST_CASE("loss and every stage's gradient match the CPU model", "[cuda]") {
   }
 }
 
-TEST_CASE("with head size 64 (flash attention), bf16 matches the CPU model", "[cuda]") {
+TEST_CASE("loss and every stage's gradient match the CPU model", "[cuda]") {
+  // Head size 32: the GEMM attention in every precision.
+  const ModelConfig config = SmallConfig();
+  CheckMatchesCpu(config, RandomBatch(config, 4, 40, 7), 0.5f,
+                  [](Precision) { return "muster GEMM"; });
+}
+
+// Head size 64: flash attention in bf16 and tf32 (exact fp32 keeps the
+// GEMM attention).
+ModelConfig FlashConfig() {
   ModelConfig config = SmallConfig();
   config.dim = 128;  // 2 heads of 64
   config.seq_len = 160;
-  const Batch batch = RandomBatch(config, 3, 150, 11);  // 3 tiles of 64, the last partial
-  auto cpu = Make(config, 3, Device::kCpu, Precision::kFp32);
-  auto gpu = Make(config, 3, Device::kCuda, Precision::kBf16);
-  const float cpu_loss = cpu->Forward(batch.inputs.data(), batch.targets.data(), 3, 150);
-  const float loss = gpu->Forward(batch.inputs.data(), batch.targets.data(), 3, 150);
-  cpu->Backward(1.0f);
-  gpu->Backward(1.0f);
-  REQUIRE(gpu->DeviceStatus().ok());
-  INFO("cpu loss " << cpu_loss << ", cuda loss " << loss);
-  CHECK(std::fabs(loss - cpu_loss) / cpu_loss < 1e-2);
-  CheckGradsClose(*cpu, *gpu, 5e-2);
+  return config;
+}
+
+TEST_CASE("with head size 64 (flash attention), every precision matches the CPU model", "[cuda]") {
+  const ModelConfig config = FlashConfig();
+  // T = 150: 3 tiles of 64, the last partial.
+  CheckMatchesCpu(config, RandomBatch(config, 3, 150, 11), 1.0f, [](Precision precision) {
+    return precision == Precision::kFp32 ? "muster GEMM" : "muster flash";
+  });
 }
 
 TEST_CASE("logits without targets match the CPU model", "[cuda]") {
@@ -235,6 +247,9 @@ TEST_CASE("a training run is bitwise repeatable", "[cuda]") {
   for (const Bounds& bounds : kBounds) {
     SECTION(PrecisionName(bounds.precision)) {
       CheckTrainingRepeats(SmallConfig(), bounds.precision, Attention::kMuster);
+    }
+    SECTION(std::string(PrecisionName(bounds.precision)) + ", head size 64") {
+      CheckTrainingRepeats(FlashConfig(), bounds.precision, Attention::kMuster);
     }
   }
 }
