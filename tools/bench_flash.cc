@@ -233,13 +233,13 @@ int Main(int argc, char** argv) {
   // default first, in the same rounds; timed against no peer.
   const FlashTiling base32 = FlashDefaultTiling(FlashMath::kTf32);
   for (const FlashKernelTiling& t :
-       std::vector<FlashKernelTiling>{{16, 64, false, 0}, {16, 32, false, 0}}) {
+       std::vector<FlashKernelTiling>{{16, 64, false, 0}, {16, 32, false, 0}, {32, 32, false, 0}}) {
     FlashTiling tiling = base32;
     tiling.forward = t;
     forwards.push_back({"tf32 " + Describe(t, false), tiling, {}, false, FlashMath::kTf32});
   }
   for (const FlashKernelTiling& t :
-       std::vector<FlashKernelTiling>{{16, 32, false, 0}, {16, 16, false, 0}}) {
+       std::vector<FlashKernelTiling>{{16, 32, false, 0}, {16, 16, false, 0}, {32, 16, false, 0}}) {
     FlashTiling tiling = base32;
     tiling.key_value = t;
     backwards.push_back({"tf32 dK/dV " + Describe(t, true), tiling, {}, false, FlashMath::kTf32});

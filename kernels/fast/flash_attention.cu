@@ -864,6 +864,7 @@ ForwardLaunch ForwardFor(FlashMath math, const FlashKernelTiling& t) {
   if (math == FlashMath::kTf32) {
     if (r == 16 && s == 64 && n == 0) return LaunchForward<Tf32Mma, 1, 64, 0>;
     if (r == 16 && s == 32 && n == 0) return LaunchForward<Tf32Mma, 1, 32, 0>;
+    if (r == 32 && s == 32 && n == 0) return LaunchForward<Tf32Mma, 2, 32, 0>;
     return nullptr;
   }
   if (r == 32 && s == 64 && n == 0) return LaunchForward<Bf16Mma, 2, 64, 0>;
@@ -878,6 +879,7 @@ BackwardLaunch KeyValueFor(FlashMath math, const FlashKernelTiling& t) {
   if (math == FlashMath::kTf32) {
     if (r == 16 && s == 32 && !v && n == 0) return LaunchKeyValue<Tf32Mma, 1, 32, false, 0>;
     if (r == 16 && s == 16 && !v && n == 0) return LaunchKeyValue<Tf32Mma, 1, 16, false, 0>;
+    if (r == 32 && s == 16 && !v && n == 0) return LaunchKeyValue<Tf32Mma, 2, 16, false, 0>;
     return nullptr;
   }
   if (r == 16 && s == 32 && v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 32, true, 0>;

@@ -55,8 +55,8 @@ struct FlashKernelTiling {
 // 16/64, 16/32; dK/dV 16/32 (values in registers or not), 16/64 (either),
 // 16/16 with values in shared memory at 4 blocks/SM, 32/32 in shared
 // memory; dQ 16/64, 16/32, 16/16 at 4 blocks/SM, 32/32. tf32: forward
-// 16/64, 16/32; dK/dV 16/32 and 16/16, values in shared memory; dQ 16/32,
-// 16/16. Any other tiling is cudaErrorInvalidValue.
+// 16/64, 16/32, 32/32; dK/dV 16/32, 16/16 and 32/16, values in shared
+// memory; dQ 16/32, 16/16. Any other tiling is cudaErrorInvalidValue.
 struct FlashTiling {
   FlashKernelTiling forward{32, 64, false, 0};
   FlashKernelTiling key_value{16, 32, true, 0};

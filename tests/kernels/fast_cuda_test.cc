@@ -429,7 +429,9 @@ TEST_CASE("tf32 flash attention matches the CPU back end", "[attention][tf32]") 
   FlashCases(FlashMath::kTf32,
              {{"default", FlashDefaultTiling(FlashMath::kTf32)},
               {"f16/32 kv16/16s q16/16",
-               MakeTiling({16, 32, false, 0}, {16, 16, false, 0}, {16, 16, false, 0})}});
+               MakeTiling({16, 32, false, 0}, {16, 16, false, 0}, {16, 16, false, 0})},
+              {"f32/32 kv32/16s",
+               MakeTiling({32, 32, false, 0}, {32, 16, false, 0}, {16, 32, false, 0})}});
 }
 
 TEST_CASE("flash attention refuses a tiling it has not compiled", "[attention]") {
