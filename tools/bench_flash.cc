@@ -15,7 +15,9 @@
 // and GPU (tools/bench_flash_torch.py, `python3` from PATH): PyTorch's
 // default choice and each backend on its own (flash, cuDNN, efficient;
 // one that is unavailable is reported as such), each with its time ratios
-// to muster's default tiling and to cuDNN through muster.
+// to muster's default tiling and to cuDNN through muster; then the same in
+// fp32 with TF32 matmuls allowed (PyTorch's tf32 step), against muster's
+// default tf32 tiling.
 //
 //   bazel build -c opt --config=cuda //tools:bench_flash
 //   bazel-bin/tools/bench_flash [--batch 8] [--seq 1024] [--heads 12]
@@ -27,6 +29,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -129,6 +132,82 @@ std::vector<PeerRow> ParsePeer(const std::string& log, std::string* info) {
     rows.push_back(row);
   }
   return rows;
+}
+
+// What the peer is run at, and the FLOP counts for its TFLOP/s.
+struct PeerShape {
+  int B, T, NH, rounds, iters;
+  double forward_flop, backward_flop;
+};
+
+// Runs tools/bench_flash_torch.py (`script`) in `dtype` and prints its
+// rows, each with the time ratios of `ours` (muster's forward and
+// backward ms) and `cudnn` (cuDNN through muster; NaN: none) to the
+// row's, then `ours_name` / PyTorch's own choice.
+void ComparePeer(const std::string& script, const std::string& dtype, const PeerShape& p,
+                 std::pair<double, double> ours, std::pair<double, double> cudnn,
+                 const std::string& ours_name) {
+  const auto [ours_f, ours_b] = ours;
+  const auto [cudnn_f, cudnn_b] = cudnn;
+  const bool cudnn_timed = std::isfinite(cudnn_f) && std::isfinite(cudnn_b);
+  const double forward_flop = p.forward_flop, backward_flop = p.backward_flop;
+  const std::string dir = tools::MakeTempDir("bench_flash");
+  const std::string log = dir + "/torch_" + dtype + ".log";
+  const absl::Status status = tools::RunLogged(
+      {"env", "-u", "LD_LIBRARY_PATH", "python3", script, "--batch", std::to_string(p.B), "--seq",
+       std::to_string(p.T), "--heads", std::to_string(p.NH), "--rounds", std::to_string(p.rounds),
+       "--iters", std::to_string(p.iters), "--dtype", dtype},
+      log, absl::Seconds(300));
+  const std::string text = tools::Slurp(log);
+  if (!status.ok()) {
+    std::printf("PyTorch: %s\n", std::string(status.message()).c_str());
+    return;
+  }
+  std::string info;
+  const std::vector<PeerRow> peers = ParsePeer(text, &info);
+  if (peers.empty()) {
+    std::printf("PyTorch: no sdpa= lines in its output (%s)\n", log.c_str());
+    return;
+  }
+  // Time ratios: muster's default tiling, and cuDNN through muster, over
+  // each PyTorch row's ("-" where either is missing).
+  auto ratio = [](double ours, double theirs) {
+    return std::isfinite(ours) && std::isfinite(theirs) && theirs > 0
+               ? absl::StrFormat("%.2f", ours / theirs)
+               : std::string("-");
+  };
+  std::printf("PyTorch SDPA: %s\n", info.empty() ? "?" : info.c_str());
+  std::printf("%-40s %10s %8s %10s %8s %8s %8s %8s %8s\n", "PyTorch SDPA backend (kernel run)",
+              "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "mu/it f", "mu/it b", "cd/it f", "cd/it b");
+  const PeerRow* chosen = nullptr;  // PyTorch's default choice
+  for (const PeerRow& row : peers) {
+    std::string name = row.backend;
+    if (!row.kernel.empty() && row.kernel != row.backend) {
+      absl::StrAppend(&name, " (", row.kernel, ")");
+    }
+    if (!row.unavailable.empty()) {
+      std::printf("%-40s unavailable: %s\n", name.c_str(), row.unavailable.c_str());
+      continue;
+    }
+    if (row.backend == "default") chosen = &row;
+    std::printf("%-40s %10.4f %8.1f %10.4f %8.1f %8s %8s %8s %8s\n", name.c_str(), row.forward_ms,
+                forward_flop / row.forward_ms / 1e9, row.backward_ms,
+                backward_flop / row.backward_ms / 1e9, ratio(ours_f, row.forward_ms).c_str(),
+                ratio(ours_b, row.backward_ms).c_str(), ratio(cudnn_f, row.forward_ms).c_str(),
+                ratio(cudnn_b, row.backward_ms).c_str());
+  }
+  std::printf(
+      "(mu/it, cd/it: the time of %s, of cuDNN through muster, over the row's; f forward, b "
+      "backward)\n",
+      ours_name.c_str());
+  if (chosen != nullptr) {
+    std::printf("%s / PyTorch (%s) time: forward %.2f, backward %.2f\n", ours_name.c_str(),
+                dtype.c_str(), ours_f / chosen->forward_ms, ours_b / chosen->backward_ms);
+    if (cudnn_timed) {
+      std::printf("cudnn (CudnnAttention) / PyTorch time: forward %.2f, backward %.2f\n",
+                  cudnn_f / chosen->forward_ms, cudnn_b / chosen->backward_ms);
+    }
+  }
 }
 
 int Main(int argc, char** argv) {
@@ -388,62 +467,25 @@ int Main(int argc, char** argv) {
     std::printf("PyTorch: tools/bench_flash_torch.py not found; no comparison\n");
     return 0;
   }
-  const std::string dir = tools::MakeTempDir("bench_flash");
-  const std::string log = dir + "/torch.log";
-  const absl::Status status = tools::RunLogged(
-      {"env", "-u", "LD_LIBRARY_PATH", "python3", script, "--batch", std::to_string(B), "--seq",
-       std::to_string(T), "--heads", std::to_string(NH), "--rounds", std::to_string(rounds),
-       "--iters", std::to_string(iters)},
-      log, absl::Seconds(300));
-  const std::string text = tools::Slurp(log);
-  if (!status.ok()) {
-    std::printf("PyTorch: %s\n", std::string(status.message()).c_str());
-    return 0;
-  }
-  std::string info;
-  const std::vector<PeerRow> peers = ParsePeer(text, &info);
-  if (peers.empty()) {
-    std::printf("PyTorch: no sdpa= lines in its output (%s)\n", log.c_str());
-    return 0;
-  }
-  // Time ratios: muster's default tiling, and cuDNN through muster, over
-  // each PyTorch row's ("-" where either is missing).
-  auto ratio = [](double ours, double theirs) {
-    return std::isfinite(ours) && std::isfinite(theirs) && theirs > 0
-               ? absl::StrFormat("%.2f", ours / theirs)
-               : std::string("-");
-  };
-  std::printf("PyTorch SDPA: %s\n", info.empty() ? "?" : info.c_str());
-  std::printf("%-40s %10s %8s %10s %8s %8s %8s %8s %8s\n", "PyTorch SDPA backend (kernel run)",
-              "fwd ms", "TFLOP/s", "bwd ms", "TFLOP/s", "mu/it f", "mu/it b", "cd/it f", "cd/it b");
-  const PeerRow* chosen = nullptr;  // PyTorch's default choice
-  for (const PeerRow& row : peers) {
-    std::string name = row.backend;
-    if (!row.kernel.empty() && row.kernel != row.backend) {
-      absl::StrAppend(&name, " (", row.kernel, ")");
-    }
-    if (!row.unavailable.empty()) {
-      std::printf("%-40s unavailable: %s\n", name.c_str(), row.unavailable.c_str());
-      continue;
-    }
-    if (row.backend == "default") chosen = &row;
-    std::printf("%-40s %10.4f %8.1f %10.4f %8.1f %8s %8s %8s %8s\n", name.c_str(), row.forward_ms,
-                forward_flop / row.forward_ms / 1e9, row.backward_ms,
-                backward_flop / row.backward_ms / 1e9, ratio(ours_f, row.forward_ms).c_str(),
-                ratio(ours_b, row.backward_ms).c_str(), ratio(cudnn_f, row.forward_ms).c_str(),
-                ratio(cudnn_b, row.backward_ms).c_str());
-  }
-  std::printf(
-      "(mu/it, cd/it: the time of muster's default tiling, of cuDNN through muster, over the "
-      "row's; f forward, b backward)\n");
-  if (chosen != nullptr) {
-    std::printf("muster (default tiling) / PyTorch time: forward %.2f, backward %.2f\n",
-                ours_f / chosen->forward_ms, ours_b / chosen->backward_ms);
-    if (cudnn_timed) {
-      std::printf("cudnn (CudnnAttention) / PyTorch time: forward %.2f, backward %.2f\n",
-                  cudnn_f / chosen->forward_ms, cudnn_b / chosen->backward_ms);
+  const PeerShape shape{B, T, NH, rounds, iters, forward_flop, backward_flop};
+  ComparePeer(script, "bfloat16", shape, {ours_f, ours_b}, {cudnn_f, cudnn_b},
+              "muster (default tiling)");
+  // tf32: the first tf32 row of each table is its default tiling.
+  double tf32_f = std::nan(""), tf32_b = std::nan("");
+  for (const Variant& v : forwards) {
+    if (v.math == FlashMath::kTf32) {
+      tf32_f = tools::Median(v.ms);
+      break;
     }
   }
+  for (const Variant& v : backwards) {
+    if (v.math == FlashMath::kTf32) {
+      tf32_b = tools::Median(v.ms);
+      break;
+    }
+  }
+  ComparePeer(script, "float32", shape, {tf32_f, tf32_b}, {std::nan(""), std::nan("")},
+              "muster tf32 (default tiling)");
   return 0;
 }
 

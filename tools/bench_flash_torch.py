@@ -1,5 +1,7 @@
 """PyTorch's peer of tools/bench_flash: scaled_dot_product_attention with
-is_causal=True in bf16 at the same shape (B, NH, T, 64), forward alone and
+is_causal=True in bf16 (or --dtype float32, with TF32 matmuls allowed as
+PyTorch's tf32 training step has them: the peer of muster's tf32 kernels)
+at the same shape (B, NH, T, 64), forward alone and
 backward alone (the gradients of q, k and v from a given dout), timed with
 CUDA events, the median over rounds. Timed under PyTorch's own choice among
 its flash, cuDNN and memory-efficient kernels ("default"), then under each
@@ -52,12 +54,17 @@ def main():
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     args = parser.parse_args()
     dev = torch.device("cuda")
+    dtype = getattr(torch, args.dtype)
+    if dtype == torch.float32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
     shape = (args.batch, args.heads, args.seq, 64)
-    q, k, v = (torch.randn(shape, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = (torch.randn(shape, device=dev, dtype=dtype, requires_grad=True)
                for _ in range(3))
-    dout = torch.randn(shape, device=dev, dtype=torch.bfloat16)
+    dout = torch.randn(shape, device=dev, dtype=dtype)
 
     # (name, a function making the context that selects the backend), or
     # the reason it cannot be selected.
@@ -124,7 +131,7 @@ def main():
             run["backward_ms"].append(
                 timed(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)))
 
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}, {args.dtype}")
     timed_runs = {run["name"]: run for run in runs}
     for name in ["default"] + [n for n, _ in BACKENDS]:
         if name in timed_runs:
