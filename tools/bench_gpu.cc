@@ -4,8 +4,11 @@
 // runs in bf16 only), ms/step (median of the timed steps), tokens/s, MFU
 // and peak GPU memory, one full optimizer step each (forward, backward,
 // clip, AdamW, zero), random tokens, timed after warm-up steps. A row is
-// "muster bf16", or "muster bf16 (cudnn attention)" with cuDNN's, which
-// is followed by a line with cuDNN's version. Then the same model trained
+// "muster bf16", or "muster bf16 (cudnn attention)" with cuDNN's, and is
+// followed by a line naming the attention kernels (with cuDNN's version).
+// --cuda-graph on (or both: a row each) replays the worker's passes as
+// CUDA graphs (GptModel::EnableCudaGraphs), rows "... + graph", whose
+// line also counts the passes replayed. Then the same model trained
 // by PyTorch on the same GPU (tools/bench_gpu_torch.py: eager bf16,
 // torch.compile bf16, TF32, FP32), and a table of both. Without CUDA (a
 // build without --config=cuda, or no GPU) it prints why and exits 1.
@@ -13,7 +16,7 @@
 //   bazel build -c opt --config=cuda //tools:bench_gpu
 //   bazel-bin/tools/bench_gpu [--precisions fp32,tf32,bf16] [--batch 8]
 //       [--seq 1024] [--batches 8,16,32] [--attention muster,cudnn]
-//       [--no-torch]
+//       [--cuda-graph off|on|both] [--no-torch]
 //
 // cuDNN's attention needs libcudnn.so.9 where the dynamic loader finds it
 // (LD_LIBRARY_PATH or the system's paths); it is loaded only when asked for.
@@ -68,6 +71,7 @@ constexpr double kGB = 1e9;  // peak memory is printed in GB (10^9 bytes)
 struct GpuResult {
   int batch = 0;
   std::string attention;   // GptModel::DescribeAttention after the steps
+  long graph_replays = 0;  // passes replayed from CUDA graphs (with --cuda-graph)
   double ms_per_step = 0;  // median over the timed steps
   double min_ms = 0, max_ms = 0;
   double tokens_per_s = 0;
@@ -89,7 +93,7 @@ ModelConfig Gpt2(int T) {
 }
 
 absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, Attention attention,
-                                int B, int T, int warmup, int steps, double peak) {
+                                bool graphs, int B, int T, int warmup, int steps, double peak) {
   GpuResult result;
   result.batch = B;
   size_t peak_bytes = 0;
@@ -105,6 +109,9 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
       GptModel::Create(config, B, Device::kCuda, precision, ParamStorage::kOwned, attention);
   if (!created.ok()) return created.status();
   std::unique_ptr<GptModel> model = *std::move(created);
+  if (graphs) {
+    if (absl::Status enabled = model->EnableCudaGraphs(); !enabled.ok()) return enabled;
+  }
   model->InitWeights(1337);
   OptimConfig optim;  // lr 3e-4, betas (0.9, 0.95), eps 1e-8, no decay
   auto made = AdamW::Create(model.get(), optim);
@@ -167,6 +174,7 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
   result.peak_gb = peak_bytes / kGB;
   result.parameters = model->num_parameters();
   result.attention = model->DescribeAttention();
+  result.graph_replays = model->graph_replays();
   return result;
 }
 
@@ -189,17 +197,22 @@ void PrintError(const std::string& name, int B, int T, const absl::Status& statu
 }
 
 // A row's system: "muster bf16" with muster's attention, "muster bf16
-// (cudnn attention)" with cuDNN's.
-std::string SystemName(absl::string_view precision, Attention attention) {
-  return attention == Attention::kMuster
-             ? absl::StrCat("muster ", precision)
-             : absl::StrCat("muster ", precision, " (", AttentionName(attention), " attention)");
+// (cudnn attention)" with cuDNN's; " + graph" with CUDA graphs.
+std::string SystemName(absl::string_view precision, Attention attention, bool graphs = false) {
+  std::string name =
+      attention == Attention::kMuster
+          ? absl::StrCat("muster ", precision)
+          : absl::StrCat("muster ", precision, " (", AttentionName(attention), " attention)");
+  if (graphs) absl::StrAppend(&name, " + graph");
+  return name;
 }
 
-// After a row with cuDNN's attention: which cuDNN ran it.
-void PrintAttention(Attention attention, const GpuResult& r) {
-  if (attention == Attention::kMuster) return;
-  std::printf("  attention: %s\n", r.attention.c_str());
+// After a row: which attention kernels ran it, and with CUDA graphs how
+// many passes were replayed.
+void PrintAttention(Attention attention, const GpuResult& r, bool graphs = false) {
+  std::printf("  attention: %s", r.attention.c_str());
+  if (graphs) std::printf("; %ld passes replayed from CUDA graphs", r.graph_replays);
+  std::printf("\n");
   std::fflush(stdout);
 }
 
@@ -422,7 +435,7 @@ std::vector<int> ParseInts(const std::string& list, bool* ok) {
 
 int Main(int argc, char** argv) {
   std::string precisions = "fp32,tf32,bf16", batches, torch_modes, python = "python3";
-  std::string attention_list = "muster";
+  std::string attention_list = "muster", graph_mode = "off";
   int B = 8, T = 1024, warmup = 3, steps = 20, torch_timeout = 600;
   bool no_torch = false;
   CLI::App app("bench_gpu: GPT-2 124M training throughput of the CUDA worker (and PyTorch's)");
@@ -437,6 +450,11 @@ int Main(int argc, char** argv) {
   app.add_option("--attention", attention_list,
                  "Comma-separated: muster (muster's own kernels), cudnn (cuDNN's fused "
                  "attention, bf16 only); one row each")
+      ->capture_default_str();
+  app.add_option("--cuda-graph", graph_mode,
+                 "off, on or both: the worker's passes replayed as CUDA graphs "
+                 "(GptModel::EnableCudaGraphs; captured in the second warm-up step, so "
+                 "--warmup 2 or more); both: a row each")
       ->capture_default_str();
   app.add_flag("--no-torch", no_torch, "No PyTorch comparison");
   app.add_option("--torch-modes", torch_modes,
@@ -471,6 +489,14 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "bench_gpu: --attention wants muster and/or cudnn\n");
     return 2;
   }
+  std::vector<bool> graph_modes;
+  if (graph_mode == "off" || graph_mode == "both") graph_modes.push_back(false);
+  if (graph_mode == "on" || graph_mode == "both") graph_modes.push_back(true);
+  if (graph_modes.empty()) {
+    std::fprintf(stderr, "bench_gpu: --cuda-graph wants off, on or both, got '%s'\n",
+                 graph_mode.c_str());
+    return 2;
+  }
 
   absl::StatusOr<CudaDeviceInfo> device = GetCudaDeviceInfo(Precision::kFp32);
   if (!device.ok()) {
@@ -500,51 +526,56 @@ int Main(int argc, char** argv) {
   // The ratio's base: muster bf16 at --batch, with muster's attention when
   // --attention has it, else with the first one it has.
   double base_ms = 0;
-  std::string base_system = SystemName("bf16", attentions.front());
+  std::string base_system = SystemName("bf16", attentions.front(), graph_modes.front());
   for (Attention attention : attentions) {
-    if (attention == Attention::kMuster) base_system = SystemName("bf16", attention);
+    if (attention == Attention::kMuster) {
+      base_system = SystemName("bf16", attention, graph_modes.front());
+    }
   }
 
   for (absl::string_view item : absl::StrSplit(precisions, ',', absl::SkipWhitespace())) {
     std::string name(absl::StripAsciiWhitespace(item));
     absl::StatusOr<Precision> precision = ResolvePrecision(name, Device::kCuda);
     for (Attention attention : attentions) {
-      std::string system = SystemName(name, attention);
-      if (!precision.ok()) {
-        PrintError(system, B, T, precision.status());
-        table.push_back({system});
-        continue;
+      for (const bool graphs : graph_modes) {
+        std::string system = SystemName(name, attention, graphs);
+        if (!precision.ok()) {
+          PrintError(system, B, T, precision.status());
+          table.push_back({system});
+          continue;
+        }
+        system = SystemName(PrecisionName(*precision), attention, graphs);
+        if (attention == Attention::kCudnn && *precision != Precision::kBf16) {
+          std::printf("%-16s skipped: cuDNN's attention runs in bf16 only\n", system.c_str());
+          std::fflush(stdout);
+          continue;
+        }
+        absl::StatusOr<GpuResult> result =
+            Bench(config, *precision, attention, graphs, B, T, warmup, steps, peak_for(*precision));
+        if (!result.ok()) {
+          PrintError(system, B, T, result.status());
+          table.push_back({system});
+          continue;
+        }
+        PrintRow(system, T, *result);
+        PrintAttention(attention, *result, graphs);
+        table.push_back(
+            {system, result->ms_per_step, result->tokens_per_s, result->peak_gb, result->mfu});
+        if (system == base_system && base_ms == 0) base_ms = result->ms_per_step;
       }
-      system = SystemName(PrecisionName(*precision), attention);
-      if (attention == Attention::kCudnn && *precision != Precision::kBf16) {
-        std::printf("%-16s skipped: cuDNN's attention runs in bf16 only\n", system.c_str());
-        std::fflush(stdout);
-        continue;
-      }
-      absl::StatusOr<GpuResult> result =
-          Bench(config, *precision, attention, B, T, warmup, steps, peak_for(*precision));
-      if (!result.ok()) {
-        PrintError(system, B, T, result.status());
-        table.push_back({system});
-        continue;
-      }
-      PrintRow(system, T, *result);
-      PrintAttention(attention, *result);
-      table.push_back(
-          {system, result->ms_per_step, result->tokens_per_s, result->peak_gb, result->mfu});
-      if (system == base_system && base_ms == 0) base_ms = result->ms_per_step;
     }
   }
 
   if (!sweep.empty()) {
     std::printf("\nbf16 batch sweep (T=%d):\n", T);
     for (Attention attention : attentions) {
-      const std::string system = SystemName("bf16", attention);
+      const std::string system = SystemName("bf16", attention, graph_modes.back());
       double best_tokens = 0;
       int best_batch = 0;
       for (int batch : sweep) {
-        absl::StatusOr<GpuResult> result = Bench(config, Precision::kBf16, attention, batch, T,
-                                                 warmup, steps, peak_for(Precision::kBf16));
+        absl::StatusOr<GpuResult> result =
+            Bench(config, Precision::kBf16, attention, graph_modes.back(), batch, T, warmup, steps,
+                  peak_for(Precision::kBf16));
         if (!result.ok()) {
           PrintError(system, batch, T, result.status());
           continue;

@@ -796,12 +796,18 @@ namespace {
 // Launches one kernel; for more than 48 KB of dynamic shared memory, that
 // amount must be allowed first (per device; cheap, but kept off the bf16
 // defaults' path, which stays under). A failure shows as the launch's
-// error.
+// error. Not while `stream` is being captured into a CUDA graph: the
+// attribute is no stream work, and the eager run before a capture has set
+// it (the model's graphs, worker/model/model_cuda.cc).
 template <typename Kernel, typename... Args>
 void Launch(Kernel* kernel, dim3 grid, size_t shared_bytes, cudaStream_t stream, Args... args) {
   if (shared_bytes > 48 * 1024) {
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(shared_bytes));
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(stream, &capture);
+    if (capture == cudaStreamCaptureStatusNone) {
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(shared_bytes));
+    }
   }
   kernel<<<grid, kThreads, shared_bytes, stream>>>(args...);
 }

@@ -59,6 +59,8 @@ class Gemm {
 
   ActType act() const { return math_ == GemmMath::kBf16 ? ActType::kBf16 : ActType::kF32; }
   void* stream() const { return stream_; }
+  // Later calls enqueue on `stream` (plans and workspace are kept).
+  void set_stream(void* stream) { stream_ = stream; }
 
   int Run(const LtCall& call);
 

@@ -150,6 +150,18 @@ class GptModel {
   // which kernels ("muster flash", "muster GEMM"; "cudnn", and once cuDNN
   // has run, e.g. "cudnn 9.19.0").
   virtual std::string DescribeAttention() const { return AttentionName(attention_); }
+  // CUDA only: from now on, run each pass's kernels on a stream of the
+  // model's own, and from the second step of a shape on, replay them as a
+  // CUDA graph captured then (one per shape, and per loss scale for the
+  // backward). The bits are the eager run's. Passes run eagerly while a
+  // stage hook is set (a parallel strategy acts between the kernels) or
+  // the storage is kExternal. UNIMPLEMENTED on the CPU; FAILED_PRECONDITION
+  // if the stream cannot be made.
+  virtual absl::Status EnableCudaGraphs() {
+    return absl::UnimplementedError("CUDA graphs need device cuda");
+  }
+  // Passes replayed from a graph so far (0 unless EnableCudaGraphs).
+  virtual long graph_replays() const { return 0; }
   // The back end that owns this model's device memory; AdamW and
   // ClipGradNorm run their kernels through it.
   Ops& ops() const { return *ops_; }

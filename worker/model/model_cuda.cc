@@ -21,8 +21,10 @@
 // the model owns), which keeps the same per-row statistics as flash
 // attention and so the same activations.
 //
-// Every kernel of a step runs in order on the default stream; Forward
-// waits for the losses, Backward only enqueues. The step's bits do not
+// Every kernel of a step runs in order on the default stream (with
+// EnableCudaGraphs, the passes' kernels on the model's own blocking stream,
+// replayed as CUDA graphs: RunPass); Forward waits for the losses, Backward
+// only enqueues. The step's bits do not
 // depend on scheduling: no kernel uses atomics, cuBLASLt gets the same
 // algorithm for the same shape (kernels/fast/gemm.h), and cuDNN's
 // attention picks only deterministic engines (cudnn_attention.h).
@@ -34,6 +36,9 @@
 
 #include <cassert>
 #include <cstring>
+#include <functional>
+#include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/fast/adamw.h"
@@ -113,9 +118,16 @@ class CudaModel final : public GptModel {
   }
 
   ~CudaModel() override {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    for (auto* graphs : {&forward_graphs_, &backward_graphs_}) {
+      for (auto& [key, graph] : *graphs) {
+        if (graph.exec != nullptr) cudaGraphExecDestroy(graph.exec);
+      }
+    }
     cudnn_.reset();
     gemm_.reset();
     for (void* block : allocations_) ops_->Free(block);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
   absl::Status Allocate();
@@ -150,6 +162,19 @@ class CudaModel final : public GptModel {
   void ParamsChanged() override { bf16_stale_ = true; }
   uint16_t* ParamsBf16(int stage) override { return stages_[stage].bf16; }
 
+  absl::Status EnableCudaGraphs() override {
+    if (graphs_) return absl::OkStatus();
+    if (cudaError_t made = cudaStreamCreate(&stream_); made != cudaSuccess) {
+      stream_ = nullptr;
+      return absl::FailedPreconditionError(
+          absl::StrCat("device cuda: a stream for CUDA graphs: ", cudaGetErrorString(made)));
+    }
+    gemm_->set_stream(stream_);
+    graphs_ = true;
+    return absl::OkStatus();
+  }
+  long graph_replays() const override { return graph_replays_; }
+
   std::string DescribeAttention() const override {
     if (cudnn_ == nullptr) return flash_ ? "muster flash" : "muster GEMM";
     const long version = cudnn_->version();  // 91900 for 9.19.0; 0 until loaded
@@ -166,6 +191,36 @@ class CudaModel final : public GptModel {
     return stages_[stage].bf16 + stages_[stage].tensors[index].offset;
   }
 
+  // A pass's kernels, enqueued on stream_: the forward from the encoder to
+  // the classifier, for batch_, time_ and has_targets_; the backward from
+  // the head to block 0 (the encoder's backward is Backward's own).
+  void EnqueueForward();
+  void EnqueueBackward(float loss_scale);
+
+  // One pass, by `enqueue`: eagerly, or with graphs enabled (and no stage
+  // hook set, and kOwned storage) as a CUDA graph: the first run of a key
+  // is eager (it makes every cuBLASLt plan, cuDNN plan and workspace the
+  // capture then finds made), the second is captured and replayed, and
+  // later ones replay. A graph bakes in every pointer and scalar its
+  // kernels got, so the key holds what can change between steps: B, T
+  // and, for the forward, whether targets were given; for the backward,
+  // the loss scale's bits. The pointers are fixed: activations sit at
+  // planned offsets for a given (B, T), and kOwned parameters, their bf16
+  // copy and gradients never move.
+  struct GraphKey {
+    int B, T;
+    uint32_t extra;
+    bool operator<(const GraphKey& o) const {
+      return std::tie(B, T, extra) < std::tie(o.B, o.T, o.extra);
+    }
+  };
+  struct Graph {
+    int eager_runs = 0;
+    cudaGraphExec_t exec = nullptr;
+  };
+  void RunPass(std::map<GraphKey, Graph>* graphs, const GraphKey& key,
+               const std::function<void()>& enqueue);
+
   void BlockForward(int layer, const void* residual_in);
   // dresidual_ holds d loss / d(block output) on entry and d loss /
   // d(block input) on return.
@@ -181,6 +236,15 @@ class CudaModel final : public GptModel {
       status_ = absl::InternalError(absl::StrCat("CUDA ", what, " failed: ", why));
     }
   }
+
+  // The stream every pass's kernels run on: the default stream, or with
+  // EnableCudaGraphs a stream of the model's own, made blocking, so that
+  // the work ops_ does on the default stream (copies, zeroing, AdamW)
+  // stays ordered with it as before.
+  cudaStream_t stream_ = nullptr;
+  bool graphs_ = false;
+  std::map<GraphKey, Graph> forward_graphs_, backward_graphs_;
+  long graph_replays_ = 0;
 
   const int max_batch_;
   const ParamStorage storage_;
@@ -315,11 +379,11 @@ void CudaModel::BlockForward(int layer, const void* residual_in) {
                                      Weight(stage, layout::kQkvb), BT, C, 3 * C));
   if (cudnn_ != nullptr) {
     Check("cudnn attention",
-          cudnn_->Forward(a.atty, static_cast<float*>(a.att), a.qkv, B, T, C, NH, nullptr));
+          cudnn_->Forward(a.atty, static_cast<float*>(a.att), a.qkv, B, T, C, NH, stream_));
   } else if (flash_) {
     Check("flash attention",
           fast::FlashAttentionForward(flash_math_, a.atty, static_cast<float*>(a.att), a.qkv, B, T,
-                                      C, NH, nullptr));
+                                      C, NH, stream_));
   } else {
     Check("attention", fast::AttentionForward(*gemm_, a.atty, a.att, scores_, a.qkv, B, T, C, NH));
   }
@@ -329,7 +393,7 @@ void CudaModel::BlockForward(int layer, const void* residual_in) {
   Check("residual + layernorm 2",
         fast::LayerNormForward(act_, a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, residual_in,
                                projected_, Param(stage, layout::kLn2w), Param(stage, layout::kLn2b),
-                               BT, C, nullptr));
+                               BT, C, stream_));
   Check("fc matmul + gelu", gemm_->Forward(a.fch_gelu, a.fch, a.ln2, Weight(stage, layout::kFcw),
                                            Weight(stage, layout::kFcb), BT, C, 4 * C));
   Check("fc projection",
@@ -339,66 +403,68 @@ void CudaModel::BlockForward(int layer, const void* residual_in) {
   // the next LayerNorm.
 }
 
+void CudaModel::RunPass(std::map<GraphKey, Graph>* graphs, const GraphKey& key,
+                        const std::function<void()>& enqueue) {
+  const bool hooks =
+      hooks_.pre_forward || hooks_.post_forward || hooks_.pre_backward || hooks_.post_backward;
+  if (!graphs_ || hooks || storage_ != ParamStorage::kOwned || !status_.ok()) {
+    enqueue();
+    return;
+  }
+  Graph& graph = (*graphs)[key];
+  if (graph.exec == nullptr && graph.eager_runs == 0) {
+    ++graph.eager_runs;
+    enqueue();
+    return;
+  }
+  if (graph.exec == nullptr) {
+    // Thread-local mode: other threads (a data loader, a checkpoint
+    // writer) may go on calling CUDA while this one captures.
+    Check("graph capture",
+          static_cast<int>(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)));
+    if (!status_.ok()) return;
+    enqueue();
+    cudaGraph_t captured = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &captured);
+    // A launch that failed inside the capture (recorded by Check) fails
+    // the step with its own message; a capture that failed is this one.
+    Check("graph capture", static_cast<int>(ended));
+    if (!status_.ok()) {
+      if (captured != nullptr) cudaGraphDestroy(captured);
+      return;
+    }
+    Check("graph instantiate", static_cast<int>(cudaGraphInstantiate(&graph.exec, captured, 0)));
+    cudaGraphDestroy(captured);
+    if (!status_.ok()) {
+      graph.exec = nullptr;
+      return;
+    }
+  }
+  Check("graph launch", static_cast<int>(cudaGraphLaunch(graph.exec, stream_)));
+  ++graph_replays_;
+}
+
 float CudaModel::Forward(const int* inputs, const int* targets, int B, int T) {
   assert(B >= 1 && B <= max_batch_ && T >= 1 && T <= config_.seq_len);
   batch_ = B;
   time_ = T;
   has_targets_ = targets != nullptr;
-  const int C = config_.dim, V = config_.vocab, Vp = config_.padded_vocab(), L = config_.layers;
   const int BT = B * T;
 #ifndef NDEBUG
+  const int V = config_.vocab;
   for (int i = 0; i < BT; ++i) {
     assert(inputs[i] >= 0 && inputs[i] < V);
     assert(targets == nullptr || (targets[i] >= 0 && targets[i] < V));
   }
 #endif
   if (params_bf16_ != nullptr && bf16_stale_) {
-    Check("bf16 weight copy", fast::CastToBf16(params_bf16_, params_base_, param_floats_, nullptr));
+    Check("bf16 weight copy", fast::CastToBf16(params_bf16_, params_base_, param_floats_, stream_));
     bf16_stale_ = false;
   }
   ops_->ToDevice(inputs_, inputs, BT * sizeof(int));
   if (has_targets_) ops_->ToDevice(targets_, targets, BT * sizeof(int));
-
-  PreForward(0);
-  Check("encoder", fast::EncoderForward(act_, encoded_, inputs_, Param(0, layout::kWte),
-                                        Param(0, layout::kWpe), B, T, C, nullptr));
-  PostForward(0);
-  // Each block's LayerNorm 1 (and the head's final one) is fused with the
-  // residual of the stage before: the next stage's hook comes first.
-  PreForward(1);
-  Check("layernorm 1",
-        fast::LayerNormForward(act_, layers_[0].ln1, layers_[0].ln1_mean, layers_[0].ln1_rstd,
-                               nullptr, encoded_, nullptr, Param(1, layout::kLn1w),
-                               Param(1, layout::kLn1b), BT, C, nullptr));
-  const void* residual = encoded_;
-  const int head = layout::HeadStage(config_);
-  for (int layer = 0; layer < L; ++layer) {
-    BlockForward(layer, residual);
-    Layer& a = layers_[layer];
-    const bool last = layer + 1 == L;
-    Layer* next = last ? nullptr : &layers_[layer + 1];
-    const int next_stage = last ? head : layout::BlockStage(layer + 1);
-    PreForward(next_stage);
-    Check("residual + layernorm",
-          fast::LayerNormForward(
-              act_, last ? lnf_ : next->ln1, last ? lnf_mean_ : next->ln1_mean,
-              last ? lnf_rstd_ : next->ln1_rstd, a.residual3, a.residual2, projected_,
-              Param(next_stage, last ? int{layout::kLnfw} : int{layout::kLn1w}),
-              Param(next_stage, last ? int{layout::kLnfb} : int{layout::kLn1b}), BT, C, nullptr));
-    PostForward(layout::BlockStage(layer));
-    residual = a.residual3;
-  }
-  // The LM head is wte, tied: logits (BT, Vp) = lnf (BT, C) @ wte^T.
-  Check("lm head",
-        gemm_->Forward(logits_, nullptr, lnf_, Weight(0, layout::kWte), nullptr, BT, C, Vp));
-  PostForward(head);
+  RunPass(&forward_graphs_, {B, T, has_targets_ ? 1u : 0u}, [this] { EnqueueForward(); });
   if (!has_targets_) return 0.0f;
-
-  // The mean loss has gradient 1/BT per row; Backward's loss_scale is
-  // applied by the head's GEMMs.
-  Check("classifier",
-        fast::ClassifierForward(act_, losses_, logits_, targets_, 1.0f / static_cast<float>(BT),
-                                true, BT, V, Vp, nullptr));
 
   // The encoder's backward sums each token's rows: group them on the host
   // while the GPU runs the forward pass enqueued above.
@@ -415,6 +481,52 @@ float CudaModel::Forward(const int* inputs, const int* targets, int B, int T) {
   double sum = 0.0;  // in a fixed order, so the mean is deterministic
   for (int row = 0; row < BT; ++row) sum += host_losses_[row];
   return static_cast<float>(sum / static_cast<double>(BT));
+}
+
+void CudaModel::EnqueueForward() {
+  const int B = batch_, T = time_, C = config_.dim, V = config_.vocab, Vp = config_.padded_vocab(),
+            L = config_.layers;
+  const int BT = B * T;
+  PreForward(0);
+  Check("encoder", fast::EncoderForward(act_, encoded_, inputs_, Param(0, layout::kWte),
+                                        Param(0, layout::kWpe), B, T, C, stream_));
+  PostForward(0);
+  // Each block's LayerNorm 1 (and the head's final one) is fused with the
+  // residual of the stage before: the next stage's hook comes first.
+  PreForward(1);
+  Check("layernorm 1",
+        fast::LayerNormForward(act_, layers_[0].ln1, layers_[0].ln1_mean, layers_[0].ln1_rstd,
+                               nullptr, encoded_, nullptr, Param(1, layout::kLn1w),
+                               Param(1, layout::kLn1b), BT, C, stream_));
+  const void* residual = encoded_;
+  const int head = layout::HeadStage(config_);
+  for (int layer = 0; layer < L; ++layer) {
+    BlockForward(layer, residual);
+    Layer& a = layers_[layer];
+    const bool last = layer + 1 == L;
+    Layer* next = last ? nullptr : &layers_[layer + 1];
+    const int next_stage = last ? head : layout::BlockStage(layer + 1);
+    PreForward(next_stage);
+    Check("residual + layernorm",
+          fast::LayerNormForward(
+              act_, last ? lnf_ : next->ln1, last ? lnf_mean_ : next->ln1_mean,
+              last ? lnf_rstd_ : next->ln1_rstd, a.residual3, a.residual2, projected_,
+              Param(next_stage, last ? int{layout::kLnfw} : int{layout::kLn1w}),
+              Param(next_stage, last ? int{layout::kLnfb} : int{layout::kLn1b}), BT, C, stream_));
+    PostForward(layout::BlockStage(layer));
+    residual = a.residual3;
+  }
+  // The LM head is wte, tied: logits (BT, Vp) = lnf (BT, C) @ wte^T.
+  Check("lm head",
+        gemm_->Forward(logits_, nullptr, lnf_, Weight(0, layout::kWte), nullptr, BT, C, Vp));
+  PostForward(head);
+  if (!has_targets_) return;
+
+  // The mean loss has gradient 1/BT per row; Backward's loss_scale is
+  // applied by the head's GEMMs.
+  Check("classifier",
+        fast::ClassifierForward(act_, losses_, logits_, targets_, 1.0f / static_cast<float>(BT),
+                                true, BT, V, Vp, stream_));
 }
 
 void CudaModel::BlockBackward(int layer, const void* residual_in) {
@@ -443,7 +555,7 @@ void CudaModel::BlockBackward(int layer, const void* residual_in) {
         fast::LayerNormBackward(act_, dresidual_, Grad(stage, layout::kLn2w),
                                 Grad(stage, layout::kLn2b), dnarrow_, a.residual2,
                                 Param(stage, layout::kLn2w), a.ln2_mean, a.ln2_rstd, BT, C,
-                                norm_scratch_, nullptr));
+                                norm_scratch_, stream_));
   // residual2 = residual_in + attproj: the same pass-through as above.
   Check("attention projection dW",
         gemm_->BackwardWeight(Grad(stage, layout::kAttprojw), dresidual_, a.atty, BT, C, C, 1.0f));
@@ -456,11 +568,11 @@ void CudaModel::BlockBackward(int layer, const void* residual_in) {
   if (cudnn_ != nullptr) {
     Check("cudnn attention backward",
           cudnn_->Backward(dwide_, scores_, dnarrow_, a.atty, a.qkv,
-                           static_cast<const float*>(a.att), B, T, C, NH, nullptr));
+                           static_cast<const float*>(a.att), B, T, C, NH, stream_));
   } else if (flash_) {
     Check("flash attention backward",
           fast::FlashAttentionBackward(flash_math_, dwide_, scores_, dnarrow_, a.atty, a.qkv,
-                                       static_cast<const float*>(a.att), B, T, C, NH, nullptr));
+                                       static_cast<const float*>(a.att), B, T, C, NH, stream_));
   } else {
     Check("attention backward",
           fast::AttentionBackward(*gemm_, dwide_, scores_, a.att, dnarrow_, a.qkv, B, T, C, NH));
@@ -475,11 +587,31 @@ void CudaModel::BlockBackward(int layer, const void* residual_in) {
         fast::LayerNormBackward(act_, dresidual_, Grad(stage, layout::kLn1w),
                                 Grad(stage, layout::kLn1b), dnarrow_, residual_in,
                                 Param(stage, layout::kLn1w), a.ln1_mean, a.ln1_rstd, BT, C,
-                                norm_scratch_, nullptr));
+                                norm_scratch_, stream_));
 }
 
 void CudaModel::Backward(float loss_scale) {
   assert(has_targets_);
+  const int B = batch_, T = time_, C = config_.dim;
+  uint32_t scale_bits;
+  std::memcpy(&scale_bits, &loss_scale, sizeof(scale_bits));
+  RunPass(&backward_graphs_, {B, T, scale_bits},
+          [this, loss_scale] { EnqueueBackward(loss_scale); });
+
+  PreBackward(0);
+  const int* group_tokens = groups_;
+  const int* group_starts = groups_ + group_count_;
+  const int* positions = group_starts + group_count_ + 1;
+  Check(
+      "encoder backward",
+      fast::EncoderBackward(act_, Grad(0, layout::kWte), Grad(0, layout::kWpe), dresidual_,
+                            group_tokens, group_starts, positions, group_count_, B, T, C, stream_));
+  PostBackward(0);
+}
+
+// Backward's work from the head down to block 0: everything but the
+// encoder's, whose launch depends on the batch's tokens (group_count_).
+void CudaModel::EnqueueBackward(float loss_scale) {
   const int B = batch_, T = time_, C = config_.dim, Vp = config_.padded_vocab();
   const int BT = B * T;
   const int head = layout::HeadStage(config_);
@@ -492,13 +624,19 @@ void CudaModel::Backward(float loss_scale) {
   // so wte's padded rows get none) and the encoder's share last.
   Check("lm head dW",
         gemm_->BackwardWeight(Grad(0, layout::kWte), logits_, lnf_, BT, C, Vp, loss_scale));
-  ops_->Zero(dresidual_, static_cast<size_t>(BT) * C * act_bytes_);
+  const size_t dresidual_bytes = static_cast<size_t>(BT) * C * act_bytes_;
+  if (stream_ == nullptr) {
+    ops_->Zero(dresidual_, dresidual_bytes);
+  } else {
+    Check("zero dresidual",
+          static_cast<int>(cudaMemsetAsync(dresidual_, 0, dresidual_bytes, stream_)));
+  }
   const void* last_residual = layers_.back().residual3;
   Check("layernorm f backward",
         fast::LayerNormBackward(act_, dresidual_, Grad(head, layout::kLnfw),
                                 Grad(head, layout::kLnfb), dnarrow_, last_residual,
                                 Param(head, layout::kLnfw), lnf_mean_, lnf_rstd_, BT, C,
-                                norm_scratch_, nullptr));
+                                norm_scratch_, stream_));
   PostBackward(head);
 
   for (int layer = config_.layers - 1; layer >= 0; --layer) {
@@ -506,17 +644,6 @@ void CudaModel::Backward(float loss_scale) {
     BlockBackward(layer, layer > 0 ? layers_[layer - 1].residual3 : encoded_);
     PostBackward(layout::BlockStage(layer));
   }
-
-  PreBackward(0);
-
-  const int* group_tokens = groups_;
-  const int* group_starts = groups_ + group_count_;
-  const int* positions = group_starts + group_count_ + 1;
-  Check(
-      "encoder backward",
-      fast::EncoderBackward(act_, Grad(0, layout::kWte), Grad(0, layout::kWpe), dresidual_,
-                            group_tokens, group_starts, positions, group_count_, B, T, C, nullptr));
-  PostBackward(0);
 }
 
 std::vector<float> CudaModel::Logits(int b, int t) const {

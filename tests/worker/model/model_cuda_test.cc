@@ -160,8 +160,10 @@ TEST_CASE("logits without targets match the CPU model", "[cuda]") {
   }
 }
 
-// Steps of forward, backward, clip and AdamW; returns the losses.
-std::vector<float> Train(GptModel* model, const ModelConfig& config, int steps) {
+// Steps of forward, backward, clip and AdamW; returns the losses. Batches
+// are B=4, T=40, or with `vary_shape` every third one B=2, T=24.
+std::vector<float> Train(GptModel* model, const ModelConfig& config, int steps,
+                         bool vary_shape = false) {
   OptimConfig optim;
   optim.lr = 1e-3;
   optim.weight_decay = 0.1;
@@ -170,8 +172,9 @@ std::vector<float> Train(GptModel* model, const ModelConfig& config, int steps) 
   AdamW& adamw = **made;
   std::vector<float> losses;
   for (int step = 0; step < steps; ++step) {
-    const Batch batch = RandomBatch(config, 4, 40, 100 + step % 3);
-    losses.push_back(model->Forward(batch.inputs.data(), batch.targets.data(), 4, 40));
+    const bool other = vary_shape && step % 3 == 2;
+    const Batch batch = RandomBatch(config, other ? 2 : 4, other ? 24 : 40, 100 + step % 3);
+    losses.push_back(model->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T));
     model->Backward(1.0f);
     ClipGradNorm(model, 1.0f);
     adamw.Step(1e-3f, step + 1);
@@ -199,17 +202,27 @@ TEST_CASE("training follows the CPU model's trajectory", "[cuda]") {
 }
 
 // Two models trained for 8 steps from the same weights give the same
-// losses and parameters, bit for bit.
-void CheckTrainingRepeats(const ModelConfig& config, Precision precision, Attention attention) {
+// losses and parameters, bit for bit. With `graphs`, the second runs its
+// passes as CUDA graphs (EnableCudaGraphs), and both train 12 steps, every
+// third at another batch shape: each pass then runs once eagerly and is
+// captured and replayed for each shape, 8 + 4 steps, (7 + 3) replays per
+// pass.
+void CheckTrainingRepeats(const ModelConfig& config, Precision precision, Attention attention,
+                          bool graphs = false) {
   auto first = Make(config, 4, Device::kCuda, precision, attention);
   auto second = Make(config, 4, Device::kCuda, precision, attention);
-  const std::vector<float> a = Train(first.get(), config, 8);
-  const std::vector<float> b = Train(second.get(), config, 8);
+  if (graphs) REQUIRE(second->EnableCudaGraphs().ok());
+  const int steps = graphs ? 12 : 8;
+  const std::vector<float> a = Train(first.get(), config, steps, graphs);
+  const std::vector<float> b = Train(second.get(), config, steps, graphs);
+  INFO(second->DeviceStatus().ToString());
+  REQUIRE(second->DeviceStatus().ok());
   for (size_t i = 0; i < a.size(); ++i) {
     INFO("step " << i);
     CHECK(a[i] == b[i]);
   }
   CHECK(first->CopyParamsToHost() == second->CopyParamsToHost());
+  if (graphs) CHECK(second->graph_replays() == 2 * (7 + 3));
 }
 
 // cuDNN's attention (attention: cudnn) in the whole model: head sizes 32
@@ -252,6 +265,22 @@ TEST_CASE("a training run is bitwise repeatable", "[cuda]") {
       CheckTrainingRepeats(FlashConfig(), bounds.precision, Attention::kMuster);
     }
   }
+}
+
+TEST_CASE("with CUDA graphs, training gives the eager run's bits", "[cuda][graph]") {
+  for (const Bounds& bounds : kBounds) {
+    SECTION(PrecisionName(bounds.precision)) {
+      CheckTrainingRepeats(SmallConfig(), bounds.precision, Attention::kMuster, true);
+    }
+    SECTION(std::string(PrecisionName(bounds.precision)) + ", head size 64") {
+      CheckTrainingRepeats(FlashConfig(), bounds.precision, Attention::kMuster, true);
+    }
+  }
+}
+
+TEST_CASE("with CUDA graphs and cuDNN's attention, training gives the eager run's bits",
+          "[cuda][graph][cudnn]") {
+  CheckTrainingRepeats(SmallConfig(), Precision::kBf16, Attention::kCudnn, true);
 }
 
 TEST_CASE("parameters written from the host reach the bf16 weight copy", "[cuda]") {

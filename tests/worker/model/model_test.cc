@@ -570,6 +570,9 @@ TEST_CASE("attention: auto and muster are muster's kernels; cudnn needs cuda and
   REQUIRE(model.ok());
   CHECK((*model)->attention() == Attention::kMuster);
   CHECK((*model)->DescribeAttention() == "muster");
+  // CUDA graphs are the CUDA model's.
+  CHECK((*model)->EnableCudaGraphs().code() == absl::StatusCode::kUnimplemented);
+  CHECK((*model)->graph_replays() == 0);
 }
 
 }  // namespace
@@ -770,7 +773,7 @@ TEST_CASE("CPU transient buffers: a freed one serves the next request of its siz
   ops.FreeTransient(b);
   ops.FreeTransient(c);
   ops.FreeTransient(nullptr);  // a no-op
-  void* empty = alloc(0);  // a zero-byte request still gets a buffer
+  void* empty = alloc(0);      // a zero-byte request still gets a buffer
   CHECK(empty != nullptr);
   ops.FreeTransient(empty);
 }
