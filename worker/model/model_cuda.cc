@@ -245,6 +245,7 @@ class CudaModel final : public GptModel {
   bool graphs_ = false;
   std::map<GraphKey, Graph> forward_graphs_, backward_graphs_;
   long graph_replays_ = 0;
+  size_t graph_workspace_ = 0;  // cuDNN's workspace bytes when the graphs were captured
 
   const int max_batch_;
   const ParamStorage storage_;
@@ -410,6 +411,19 @@ void CudaModel::RunPass(std::map<GraphKey, Graph>* graphs, const GraphKey& key,
   if (!graphs_ || hooks || storage_ != ParamStorage::kOwned || !status_.ok()) {
     enqueue();
     return;
+  }
+  // cuDNN moves its workspace to a larger allocation when a new shape
+  // needs more: the graphs captured before point at the old one, so they
+  // are captured again.
+  const size_t workspace = cudnn_ != nullptr ? cudnn_->workspace_bytes() : 0;
+  if (workspace != graph_workspace_) {
+    for (auto* all : {&forward_graphs_, &backward_graphs_}) {
+      for (auto& [captured_key, captured] : *all) {
+        if (captured.exec != nullptr) cudaGraphExecDestroy(captured.exec);
+        captured.exec = nullptr;
+      }
+    }
+    graph_workspace_ = workspace;
   }
   Graph& graph = (*graphs)[key];
   if (graph.exec == nullptr && graph.eager_runs == 0) {
