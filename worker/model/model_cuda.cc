@@ -22,9 +22,9 @@
 // attention and so the same activations.
 //
 // Every kernel of a step runs in order on the default stream (with
-// EnableCudaGraphs, the passes' kernels on the model's own blocking stream,
-// replayed as CUDA graphs: RunPass); Forward waits for the losses, Backward
-// only enqueues. The step's bits do not
+// EnableCudaGraphs, the passes' kernels on the model's own stream, ordered
+// with the default one by events, and replayed as CUDA graphs: RunPass);
+// Forward waits for the losses, Backward only enqueues. The step's bits do not
 // depend on scheduling: no kernel uses atomics, cuBLASLt gets the same
 // algorithm for the same shape (kernels/fast/gemm.h), and cuDNN's
 // attention picks only deterministic engines (cudnn_attention.h).
@@ -127,6 +127,8 @@ class CudaModel final : public GptModel {
     cudnn_.reset();
     gemm_.reset();
     for (void* block : allocations_) ops_->Free(block);
+    if (joined_ != nullptr) cudaEventDestroy(joined_);
+    if (left_ != nullptr) cudaEventDestroy(left_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -164,10 +166,17 @@ class CudaModel final : public GptModel {
 
   absl::Status EnableCudaGraphs() override {
     if (graphs_) return absl::OkStatus();
-    if (cudaError_t made = cudaStreamCreate(&stream_); made != cudaSuccess) {
+    cudaError_t made = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    if (made == cudaSuccess) made = cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming);
+    if (made == cudaSuccess) made = cudaEventCreateWithFlags(&left_, cudaEventDisableTiming);
+    if (made != cudaSuccess) {
+      if (left_ != nullptr) cudaEventDestroy(left_);
+      if (joined_ != nullptr) cudaEventDestroy(joined_);
+      if (stream_ != nullptr) cudaStreamDestroy(stream_);
       stream_ = nullptr;
-      return absl::FailedPreconditionError(
-          absl::StrCat("device cuda: a stream for CUDA graphs: ", cudaGetErrorString(made)));
+      joined_ = left_ = nullptr;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device cuda: a stream and events for CUDA graphs: ", cudaGetErrorString(made)));
     }
     gemm_->set_stream(stream_);
     graphs_ = true;
@@ -238,10 +247,24 @@ class CudaModel final : public GptModel {
   }
 
   // The stream every pass's kernels run on: the default stream, or with
-  // EnableCudaGraphs a stream of the model's own, made blocking, so that
-  // the work ops_ does on the default stream (copies, zeroing, AdamW)
-  // stays ordered with it as before.
+  // EnableCudaGraphs a non-blocking stream of the model's own. Non-blocking,
+  // because while a blocking stream is being captured the default stream
+  // is unusable, for every thread of the process; so Forward and Backward
+  // order it with the work ops_ does on the default stream (copies,
+  // zeroing, AdamW) themselves: JoinDefaultStream before their first work
+  // on it, LeaveToDefaultStream after their last.
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t joined_ = nullptr, left_ = nullptr;
+  void JoinDefaultStream() {
+    if (stream_ == nullptr) return;
+    Check("join the default stream", static_cast<int>(cudaEventRecord(joined_, nullptr)));
+    Check("join the default stream", static_cast<int>(cudaStreamWaitEvent(stream_, joined_, 0)));
+  }
+  void LeaveToDefaultStream() {
+    if (stream_ == nullptr) return;
+    Check("return to the default stream", static_cast<int>(cudaEventRecord(left_, stream_)));
+    Check("return to the default stream", static_cast<int>(cudaStreamWaitEvent(nullptr, left_, 0)));
+  }
   bool graphs_ = false;
   std::map<GraphKey, Graph> forward_graphs_, backward_graphs_;
   long graph_replays_ = 0;
@@ -471,13 +494,24 @@ float CudaModel::Forward(const int* inputs, const int* targets, int B, int T) {
     assert(targets == nullptr || (targets[i] >= 0 && targets[i] < V));
   }
 #endif
-  if (params_bf16_ != nullptr && bf16_stale_) {
-    Check("bf16 weight copy", fast::CastToBf16(params_bf16_, params_base_, param_floats_, stream_));
-    bf16_stale_ = false;
-  }
+  auto cast_stale_bf16 = [this] {
+    if (params_bf16_ != nullptr && bf16_stale_) {
+      Check("bf16 weight copy",
+            fast::CastToBf16(params_bf16_, params_base_, param_floats_, stream_));
+      bf16_stale_ = false;
+    }
+  };
+  if (stream_ == nullptr) cast_stale_bf16();
   ops_->ToDevice(inputs_, inputs, BT * sizeof(int));
   if (has_targets_) ops_->ToDevice(targets_, targets, BT * sizeof(int));
+  if (stream_ != nullptr) {
+    // After the copies (and whatever wrote the parameters) on the default
+    // stream.
+    JoinDefaultStream();
+    cast_stale_bf16();
+  }
   RunPass(&forward_graphs_, {B, T, has_targets_ ? 1u : 0u}, [this] { EnqueueForward(); });
+  LeaveToDefaultStream();
   if (!has_targets_) return 0.0f;
 
   // The encoder's backward sums each token's rows: group them on the host
@@ -609,6 +643,7 @@ void CudaModel::Backward(float loss_scale) {
   const int B = batch_, T = time_, C = config_.dim;
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &loss_scale, sizeof(scale_bits));
+  JoinDefaultStream();  // after the token groups' copy and the zeroed gradients
   RunPass(&backward_graphs_, {B, T, scale_bits},
           [this, loss_scale] { EnqueueBackward(loss_scale); });
 
@@ -621,6 +656,7 @@ void CudaModel::Backward(float loss_scale) {
       fast::EncoderBackward(act_, Grad(0, layout::kWte), Grad(0, layout::kWpe), dresidual_,
                             group_tokens, group_starts, positions, group_count_, B, T, C, stream_));
   PostBackward(0);
+  LeaveToDefaultStream();
 }
 
 // Backward's work from the head down to block 0: everything but the
