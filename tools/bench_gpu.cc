@@ -1,7 +1,8 @@
 // Training throughput of the CUDA worker on GPT-2 124M (L=12, C=768,
 // NH=12, V=50257, seq_len=T): for each precision and each attention
-// (--attention: muster's own kernels, the default, and/or cuDNN's, which
-// runs in bf16 only), ms/step (median of the timed steps), tokens/s, MFU
+// (--attention: muster's own kernels, the default; gemm, muster's GEMM
+// attention where flash attention would run; and/or cuDNN's, which runs in
+// bf16 only), ms/step (median of the timed steps), tokens/s, MFU
 // and peak GPU memory, one full optimizer step each (forward, backward,
 // clip, AdamW, zero), random tokens, timed after warm-up steps. A row is
 // "muster bf16", or "muster bf16 (cudnn attention)" with cuDNN's, and is
@@ -15,7 +16,7 @@
 //
 //   bazel build -c opt --config=cuda //tools:bench_gpu
 //   bazel-bin/tools/bench_gpu [--precisions fp32,tf32,bf16] [--batch 8]
-//       [--seq 1024] [--batches 8,16,32] [--attention muster,cudnn]
+//       [--seq 1024] [--batches 8,16,32] [--attention muster,gemm,cudnn]
 //       [--cuda-graph off|on|both] [--no-torch]
 //
 // cuDNN's attention needs libcudnn.so.9 where the dynamic loader finds it
@@ -448,8 +449,9 @@ int Main(int argc, char** argv) {
   app.add_option("--batches", batches,
                  "Also sweep these batch sizes in bf16, e.g. 8,16,32 (one row each)");
   app.add_option("--attention", attention_list,
-                 "Comma-separated: muster (muster's own kernels), cudnn (cuDNN's fused "
-                 "attention, bf16 only); one row each")
+                 "Comma-separated: muster (muster's own kernels), gemm (muster's GEMM "
+                 "attention, never flash), cudnn (cuDNN's fused attention, bf16 only); one row "
+                 "each")
       ->capture_default_str();
   app.add_option("--cuda-graph", graph_mode,
                  "off, on or both: the worker's passes replayed as CUDA graphs "
@@ -478,15 +480,17 @@ int Main(int argc, char** argv) {
   std::vector<Attention> attentions;
   for (absl::string_view item : absl::StrSplit(attention_list, ',', absl::SkipWhitespace())) {
     item = absl::StripAsciiWhitespace(item);
-    if (item != "muster" && item != "cudnn") {
-      std::fprintf(stderr, "bench_gpu: --attention wants muster and/or cudnn, got '%s'\n",
+    if (item != "muster" && item != "gemm" && item != "cudnn") {
+      std::fprintf(stderr, "bench_gpu: --attention wants muster, gemm and/or cudnn, got '%s'\n",
                    std::string(item).c_str());
       return 2;
     }
-    attentions.push_back(item == "cudnn" ? Attention::kCudnn : Attention::kMuster);
+    attentions.push_back(item == "cudnn"  ? Attention::kCudnn
+                         : item == "gemm" ? Attention::kGemm
+                                          : Attention::kMuster);
   }
   if (attentions.empty()) {
-    std::fprintf(stderr, "bench_gpu: --attention wants muster and/or cudnn\n");
+    std::fprintf(stderr, "bench_gpu: --attention wants muster, gemm and/or cudnn\n");
     return 2;
   }
   std::vector<bool> graph_modes;

@@ -174,7 +174,9 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "precision: tf32\ndevice: cpu\n",
        "t.yaml:3: precision: tf32 needs device cuda; the CPU computes in fp32 only"},
       {train + "attention: flash\n",
-       "t.yaml:3: attention: expected auto, muster or cudnn, got 'flash'"},
+       "t.yaml:3: attention: expected auto, muster, gemm or cudnn, got 'flash'"},
+      {train + "device: cpu\nattention: gemm\n",
+       "t.yaml:4: attention: gemm needs device cuda; the CPU runs muster's own attention"},
       {train + "device: cpu\nattention: cudnn\n",
        "t.yaml:4: attention: cudnn needs device cuda; the CPU runs muster's own attention"},
       {train + "attention: cudnn\nprecision: fp32\n",
@@ -323,7 +325,7 @@ TEST_CASE("attention: auto by default, muster, or cudnn with cuda, bf16 and a he
   absl::StatusOr<TrainConfig> defaults = ParseConfig(kMinimal, "t.yaml", "");
   REQUIRE(defaults.ok());
   CHECK(defaults->attention == "auto");
-  for (const char* value : {"auto", "muster", "cudnn"}) {
+  for (const char* value : {"auto", "muster", "gemm", "cudnn"}) {
     INFO(value);
     // device auto (the default) may turn out to be cuda, and precision auto
     // is then bf16: the trainer decides (ResolveAttention), as for precision.
@@ -378,7 +380,7 @@ TEST_CASE("attention: auto by default, muster, or cudnn with cuda, bf16 and a he
                Catch::Matches("t\\.yaml:[0-9]+: attention: cudnn needs .*"));
   }
   CHECK(ErrorOf(std::string(kMinimal) + "attention: CUDNN\n") ==
-        "t.yaml:3: attention: expected auto, muster or cudnn, got 'CUDNN'");
+        "t.yaml:3: attention: expected auto, muster, gemm or cudnn, got 'CUDNN'");
   CHECK(ErrorOf(std::string(kMinimal) + "attention: [cudnn]\n") ==
         "t.yaml:3: attention: expected a string, got a list");
 }

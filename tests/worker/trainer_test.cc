@@ -326,12 +326,14 @@ TEST_CASE("an attention the device or precision cannot run is INVALID_ARGUMENT n
     INFO("device " << device);
     config.device = device;
     config.precision = "auto";
-    config.attention = "cudnn";
-    auto trainer = Trainer::Create(config, QuietOptions());
-    REQUIRE_FALSE(trainer.ok());
-    CHECK(trainer.status().code() == absl::StatusCode::kInvalidArgument);
-    CHECK_THAT(std::string(trainer.status().message()),
-               Catch::StartsWith("attention: cudnn needs device cuda"));
+    for (const std::string attention : {"cudnn", "gemm"}) {
+      config.attention = attention;
+      auto trainer = Trainer::Create(config, QuietOptions());
+      REQUIRE_FALSE(trainer.ok());
+      CHECK(trainer.status().code() == absl::StatusCode::kInvalidArgument);
+      CHECK_THAT(std::string(trainer.status().message()),
+                 Catch::StartsWith("attention: " + attention + " needs device cuda"));
+    }
   }
 
   // auto and muster are muster's own attention, on any device.

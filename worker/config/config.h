@@ -121,9 +121,10 @@ struct TrainConfig {
   std::string device = "auto";     // cpu | cuda | auto
   std::string precision = "auto";  // auto | fp32 | tf32 | bf16 (worker/model/model.h)
   // The CUDA model's attention (worker/model/model.h, Attention): auto |
-  // muster (muster's own kernels; auto is muster) | cudnn (cuDNN's fused
-  // attention: device cuda, precision bf16, head size a multiple of 8 up
-  // to 128).
+  // muster (muster's own kernels; auto is muster) | gemm (muster's GEMM
+  // attention in every shape and precision: device cuda) | cudnn (cuDNN's
+  // fused attention: device cuda, precision bf16, head size a multiple of
+  // 8 up to 128).
   std::string attention = "auto";
   ParallelConfig parallel;
   CheckpointConfig checkpoint;

@@ -240,9 +240,10 @@ struct Table<TrainConfig> {
       {"precision", &T::precision, "auto: bf16 on CUDA, fp32 on the CPU",
        OneOf("auto|fp32|tf32|bf16")},
       {"attention", &T::attention,
-       "the CUDA model's attention kernels; auto: muster's own (flash attention where the shape "
-       "allows); cudnn: cuDNN's fused attention (cuda, bf16)",
-       OneOf("auto|muster|cudnn")},
+       "the CUDA model's attention kernels; auto: muster's own (flash attention where the "
+       "precision and shape allow); gemm: muster's GEMM attention everywhere (cuda); cudnn: "
+       "cuDNN's fused attention (cuda, bf16)",
+       OneOf("auto|muster|gemm|cudnn")},
       {"parallel", &T::parallel, "how ranks share the work"},
       {"checkpoint", &T::checkpoint, "saving and resuming"},
   };

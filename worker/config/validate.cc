@@ -51,6 +51,10 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
   // only an explicit cpu is known here; device auto on a machine without a
   // GPU, or a config built in code, meets ResolveAttention
   // (worker/model/model.h) when the trainer resolves the device.
+  if (config.attention == "gemm" && config.device == "cpu") {
+    return fail("attention", "gemm needs device cuda; the CPU runs muster's own attention",
+                {"device"});
+  }
   if (config.attention == "cudnn") {
     if (config.device == "cpu") {
       return fail("attention", "cudnn needs device cuda; the CPU runs muster's own attention",

@@ -50,6 +50,13 @@ const char* PrecisionName(Precision precision) {
 absl::StatusOr<Attention> ResolveAttention(const std::string& name, Device device,
                                            Precision precision) {
   if (name == "auto" || name == "muster") return Attention::kMuster;
+  if (name == "gemm") {
+    if (device != Device::kCuda) {
+      return absl::InvalidArgumentError(
+          "attention: gemm needs device cuda; the CPU runs muster's own attention");
+    }
+    return Attention::kGemm;
+  }
   if (name == "cudnn") {
     if (device != Device::kCuda) {
       return absl::InvalidArgumentError(
@@ -62,8 +69,8 @@ absl::StatusOr<Attention> ResolveAttention(const std::string& name, Device devic
     }
     return Attention::kCudnn;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("attention: unknown attention '", name, "' (expected auto, muster or cudnn)"));
+  return absl::InvalidArgumentError(absl::StrCat("attention: unknown attention '", name,
+                                                 "' (expected auto, muster, gemm or cudnn)"));
 }
 
 const char* AttentionName(Attention attention) {
@@ -72,6 +79,8 @@ const char* AttentionName(Attention attention) {
       return "muster";
     case Attention::kCudnn:
       return "cudnn";
+    case Attention::kGemm:
+      return "gemm";
   }
   return "?";
 }

@@ -47,17 +47,21 @@ const char* PrecisionName(Precision precision);
 
 // Which attention the model runs (train.yaml `attention`):
 //   kMuster  muster's own kernels: on CUDA kernels/fast/flash_attention.h
-//            where the shape allows (bf16, head size 64), else the GEMM
-//            attention (kernels/fast/attention.h); the CPU's attention.
+//            where the precision and shape allow (bf16 or tf32, head
+//            size 64), else the GEMM attention (kernels/fast/attention.h);
+//            the CPU's attention.
+//   kGemm    CUDA only: the GEMM attention in every precision and shape,
+//            (T, T) probabilities kept per layer (to compare against, or
+//            to fall back on).
 //   kCudnn   cuDNN's fused attention (kernels/fast/cudnn_attention.h):
 //            CUDA only, precision kBf16, head size (dim/heads) a multiple
 //            of 8 up to 128. libcudnn.so.9 is loaded at the first step.
-enum class Attention { kMuster, kCudnn };
+enum class Attention { kMuster, kCudnn, kGemm };
 
-// Resolves "auto" | "muster" | "cudnn" for the resolved device and
-// precision: auto is kMuster. cudnn off CUDA or in a precision other than
-// bf16 is INVALID_ARGUMENT naming the `attention` field (the head size is
-// checked when the CUDA model is made).
+// Resolves "auto" | "muster" | "gemm" | "cudnn" for the resolved device
+// and precision: auto is kMuster. gemm or cudnn off CUDA, or cudnn in a
+// precision other than bf16, is INVALID_ARGUMENT naming the `attention`
+// field (the head size is checked when the CUDA model is made).
 absl::StatusOr<Attention> ResolveAttention(const std::string& name, Device device,
                                            Precision precision);
 const char* AttentionName(Attention attention);

@@ -344,7 +344,7 @@ absl::Status CudaModel::Allocate() {
   const size_t act = act_bytes_;
   // Flash attention multiplies bf16, or TF32 operands of fp32
   // activations; exact fp32 keeps the GEMM attention.
-  flash_ = cudnn_ == nullptr && precision_ != Precision::kFp32 &&
+  flash_ = cudnn_ == nullptr && attention_ != Attention::kGemm && precision_ != Precision::kFp32 &&
            fast::FlashAttentionSupports(config_.dim, config_.heads);
   flash_math_ = precision_ == Precision::kTf32 ? fast::FlashMath::kTf32 : fast::FlashMath::kBf16;
   // Per head and row: the whole (T, T) map, or one float with flash (or

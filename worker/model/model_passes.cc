@@ -447,8 +447,9 @@ absl::Status CheckModelArgs(const ModelConfig& config, int max_batch, Device dev
   }
   // The same words as ResolveAttention's; the head size is the CUDA
   // engine's to check (CreateCudaModel), against cuDNN's own rule.
-  if (attention == Attention::kCudnn) {
-    absl::StatusOr<Attention> resolved = ResolveAttention("cudnn", device, precision);
+  if (attention != Attention::kMuster) {
+    absl::StatusOr<Attention> resolved =
+        ResolveAttention(AttentionName(attention), device, precision);
     if (!resolved.ok()) return resolved.status();
   }
   return absl::OkStatus();

@@ -99,13 +99,14 @@ const Bounds kBounds[] = {
 // every stage's gradient within kBounds; `attention`, what the CUDA model
 // must say it runs in that precision.
 void CheckMatchesCpu(const ModelConfig& config, const Batch& batch, float loss_scale,
-                     const std::function<std::string(Precision)>& attention) {
+                     const std::function<std::string(Precision)>& attention,
+                     Attention kernels = Attention::kMuster) {
   auto cpu = Make(config, batch.B, Device::kCpu, Precision::kFp32);
   const float cpu_loss = cpu->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T);
   cpu->Backward(loss_scale);
   for (const Bounds& bounds : kBounds) {
     SECTION(PrecisionName(bounds.precision)) {
-      auto gpu = Make(config, batch.B, Device::kCuda, bounds.precision);
+      auto gpu = Make(config, batch.B, Device::kCuda, bounds.precision, kernels);
       const float loss = gpu->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T);
       gpu->Backward(loss_scale);
       REQUIRE(gpu->DeviceStatus().ok());
@@ -139,6 +140,14 @@ TEST_CASE("with head size 64 (flash attention), every precision matches the CPU 
   CheckMatchesCpu(config, RandomBatch(config, 3, 150, 11), 1.0f, [](Precision precision) {
     return precision == Precision::kFp32 ? "muster GEMM" : "muster flash";
   });
+}
+
+TEST_CASE("with attention: gemm at head size 64, every precision runs the GEMM attention",
+          "[cuda]") {
+  const ModelConfig config = FlashConfig();
+  CheckMatchesCpu(
+      config, RandomBatch(config, 3, 150, 11), 1.0f, [](Precision) { return "muster GEMM"; },
+      Attention::kGemm);
 }
 
 TEST_CASE("logits without targets match the CPU model", "[cuda]") {

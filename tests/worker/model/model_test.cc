@@ -515,7 +515,7 @@ TEST_CASE("devices and the FLOPs estimate") {
   CHECK(FlopsPerToken(config, 128) == Approx(6.0 * model->num_parameters() + 6.0 * 4 * 256 * 128));
 }
 
-TEST_CASE("attention: auto and muster are muster's kernels; cudnn needs cuda and bf16") {
+TEST_CASE("attention: auto and muster are muster's kernels; gemm needs cuda; cudnn cuda and bf16") {
   for (const char* name : {"auto", "muster"}) {
     INFO(name);
     for (Device device : {Device::kCpu, Device::kCuda}) {
@@ -525,8 +525,12 @@ TEST_CASE("attention: auto and muster are muster's kernels; cudnn needs cuda and
     }
   }
   CHECK(ResolveAttention("cudnn", Device::kCuda, Precision::kBf16).value() == Attention::kCudnn);
+  for (Precision precision : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
+    CHECK(ResolveAttention("gemm", Device::kCuda, precision).value() == Attention::kGemm);
+  }
   CHECK(std::string(AttentionName(Attention::kMuster)) == "muster");
   CHECK(std::string(AttentionName(Attention::kCudnn)) == "cudnn");
+  CHECK(std::string(AttentionName(Attention::kGemm)) == "gemm");
 
   struct Case {
     std::string name;
@@ -541,8 +545,10 @@ TEST_CASE("attention: auto and muster are muster's kernels; cudnn needs cuda and
        "attention: cudnn needs precision bf16 (or auto, bf16 on CUDA), not fp32"},
       {"cudnn", Device::kCuda, Precision::kTf32,
        "attention: cudnn needs precision bf16 (or auto, bf16 on CUDA), not tf32"},
+      {"gemm", Device::kCpu, Precision::kFp32,
+       "attention: gemm needs device cuda; the CPU runs muster's own attention"},
       {"flash", Device::kCuda, Precision::kBf16,
-       "attention: unknown attention 'flash' (expected auto, muster or cudnn)"},
+       "attention: unknown attention 'flash' (expected auto, muster, gemm or cudnn)"},
   };
   for (const Case& c : cases) {
     INFO(c.name << " " << PrecisionName(c.precision));
@@ -564,6 +570,11 @@ TEST_CASE("attention: auto and muster are muster's kernels; cudnn needs cuda and
   CHECK(in_fp32.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK_THAT(std::string(in_fp32.status().message()),
              Catch::StartsWith("attention: cudnn needs precision bf16"));
+  auto gemm_on_cpu = GptModel::Create(TinyConfig(), 1, Device::kCpu, Precision::kFp32,
+                                      ParamStorage::kOwned, Attention::kGemm);
+  CHECK(gemm_on_cpu.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(gemm_on_cpu.status().message()),
+             Catch::StartsWith("attention: gemm needs device cuda"));
 
   // The default is muster's, and the CPU model says so.
   auto model = GptModel::Create(TinyConfig(), 1, Device::kCpu);
