@@ -531,7 +531,7 @@ run_config() {
     "train.steps=$nsteps" "train.log_every=$log_every" "train.eval_every=0"
     "train.metrics_file=../out/$name/metrics.jsonl"
     'checkpoint.dir=""' "checkpoint.every=0")
-  # ATTENTION (auto, muster or cudnn): the worker's attention on the GPU,
+  # ATTENTION (auto, muster, gemm or cudnn): the worker's attention on the GPU,
   # in bf16 (cuDNN's runs in bf16 only; fp32 and tf32 runs keep muster's).
   if [ -n "${ATTENTION:-}" ] && [ "$GPU_RUN_DEVICE" != cpu ] && [ "$precision" = bf16 ]; then
     settings+=("attention=$ATTENTION")
