@@ -23,6 +23,7 @@
 // Tiles are staged in shared memory as [row][64 dims] with rows padded to
 // 72 bf16 (144 bytes), so the 8 rows an ldmatrix phase reads fall in
 // different banks, or to 68 floats (Tf32Mma).
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 
@@ -793,23 +794,25 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 
 namespace {
 
-// Launches one kernel; for more than 48 KB of dynamic shared memory, that
-// amount must be allowed first (per device; cheap, but kept off the bf16
-// defaults' path, which stays under). A failure shows as the launch's
-// error. Not while `stream` is being captured into a CUDA graph: the
-// attribute is no stream work, and the eager run before a capture has set
-// it (the model's graphs, worker/model/model_cuda.cc).
-template <typename Kernel, typename... Args>
-void Launch(Kernel* kernel, dim3 grid, size_t shared_bytes, cudaStream_t stream, Args... args) {
+// Launches kKernel; for more than 48 KB of dynamic shared memory, that
+// amount must be allowed first, once per device (it stays set), so a
+// launch captured into a CUDA graph finds it set by the eager one before
+// (the model's graphs, worker/model/model_cuda.cc). A failure shows as the
+// launch's error. Each kernel is always launched with the same amount.
+template <auto kKernel, typename... Args>
+void Launch(dim3 grid, size_t shared_bytes, cudaStream_t stream, Args... args) {
   if (shared_bytes > 48 * 1024) {
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    cudaStreamIsCapturing(stream, &capture);
-    if (capture == cudaStreamCaptureStatusNone) {
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(shared_bytes));
+    static std::atomic<uint64_t> allowed{0};  // a bit per device (past 63: every time)
+    int device = 0;
+    cudaGetDevice(&device);
+    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+    if ((allowed.load(std::memory_order_acquire) & bit) == 0 &&
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(shared_bytes)) == cudaSuccess) {
+      allowed.fetch_or(bit, std::memory_order_acq_rel);
     }
   }
-  kernel<<<grid, kThreads, shared_bytes, stream>>>(args...);
+  kKernel<<<grid, kThreads, shared_bytes, stream>>>(args...);
 }
 
 // Dynamic shared memory of the forward and dQ kernels: none where their
@@ -825,8 +828,9 @@ void LaunchForward(void* out, float* lse, const void* qkv, int B, int T, int C, 
   using E = typename Op::T;
   const float scale_log2 = kLog2e / sqrtf(static_cast<float>(kHs));
   const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
-  Launch(ForwardKernel<Op, kM, kStep, kMinBlocks>, grid, DynamicTileBytes<Op>(), stream,
-         static_cast<E*>(out), lse, static_cast<const E*>(qkv), T, C, NH, scale_log2);
+  Launch<ForwardKernel<Op, kM, kStep, kMinBlocks>>(
+      grid, DynamicTileBytes<Op>(), stream, static_cast<E*>(out), lse, static_cast<const E*>(qkv),
+      T, C, NH, scale_log2);
 }
 
 template <class Op, int kM, int kStep, bool kValuesInRegisters, int kMinBlocks>
@@ -835,9 +839,9 @@ void LaunchKeyValue(void* dqkv, const void* dout, const void* qkv, const float* 
   using E = typename Op::T;
   const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
   const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
-  Launch(KeyValueKernel<Op, kM, kStep, kValuesInRegisters, kMinBlocks>, grid,
-         KeyValueSharedBytes<Op>(kM), stream, static_cast<E*>(dqkv), static_cast<const E*>(dout),
-         static_cast<const E*>(qkv), lse, delta, T, C, NH, scale, kLog2e * scale);
+  Launch<KeyValueKernel<Op, kM, kStep, kValuesInRegisters, kMinBlocks>>(
+      grid, KeyValueSharedBytes<Op>(kM), stream, static_cast<E*>(dqkv), static_cast<const E*>(dout),
+      static_cast<const E*>(qkv), lse, delta, T, C, NH, scale, kLog2e * scale);
 }
 
 template <class Op, int kM, int kStep, int kMinBlocks>
@@ -846,9 +850,9 @@ void LaunchQuery(void* dqkv, const void* dout, const void* qkv, const float* lse
   using E = typename Op::T;
   const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
   const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
-  Launch(QueryKernel<Op, kM, kStep, kMinBlocks>, grid, DynamicTileBytes<Op>(), stream,
-         static_cast<E*>(dqkv), static_cast<const E*>(dout), static_cast<const E*>(qkv), lse, delta,
-         T, C, NH, scale, kLog2e * scale);
+  Launch<QueryKernel<Op, kM, kStep, kMinBlocks>>(
+      grid, DynamicTileBytes<Op>(), stream, static_cast<E*>(dqkv), static_cast<const E*>(dout),
+      static_cast<const E*>(qkv), lse, delta, T, C, NH, scale, kLog2e * scale);
 }
 
 template <class Op>

@@ -224,7 +224,7 @@ class CudaModel final : public GptModel {
     }
   };
   struct Graph {
-    int eager_runs = 0;
+    bool ran_eagerly = false;
     cudaGraphExec_t exec = nullptr;
   };
   void RunPass(std::map<GraphKey, Graph>* graphs, const GraphKey& key,
@@ -449,8 +449,8 @@ void CudaModel::RunPass(std::map<GraphKey, Graph>* graphs, const GraphKey& key,
     graph_workspace_ = workspace;
   }
   Graph& graph = (*graphs)[key];
-  if (graph.exec == nullptr && graph.eager_runs == 0) {
-    ++graph.eager_runs;
+  if (graph.exec == nullptr && !graph.ran_eagerly) {
+    graph.ran_eagerly = true;
     enqueue();
     return;
   }
@@ -494,21 +494,14 @@ float CudaModel::Forward(const int* inputs, const int* targets, int B, int T) {
     assert(targets == nullptr || (targets[i] >= 0 && targets[i] < V));
   }
 #endif
-  auto cast_stale_bf16 = [this] {
-    if (params_bf16_ != nullptr && bf16_stale_) {
-      Check("bf16 weight copy",
-            fast::CastToBf16(params_bf16_, params_base_, param_floats_, stream_));
-      bf16_stale_ = false;
-    }
-  };
-  if (stream_ == nullptr) cast_stale_bf16();
   ops_->ToDevice(inputs_, inputs, BT * sizeof(int));
   if (has_targets_) ops_->ToDevice(targets_, targets, BT * sizeof(int));
-  if (stream_ != nullptr) {
-    // After the copies (and whatever wrote the parameters) on the default
-    // stream.
-    JoinDefaultStream();
-    cast_stale_bf16();
+  // After the copies, and whatever wrote the parameters, on the default
+  // stream.
+  JoinDefaultStream();
+  if (params_bf16_ != nullptr && bf16_stale_) {
+    Check("bf16 weight copy", fast::CastToBf16(params_bf16_, params_base_, param_floats_, stream_));
+    bf16_stale_ = false;
   }
   RunPass(&forward_graphs_, {B, T, has_targets_ ? 1u : 0u}, [this] { EnqueueForward(); });
   LeaveToDefaultStream();
