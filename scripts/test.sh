@@ -36,15 +36,22 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
     failed=$((failed + 1))
     status=1
   fi
-  # The one CUDA-config test that needs no GPU: cuDNN checks the attention
-  # graphs' descriptors (tests/kernels/cudnn_descriptors_test.cc).
-  if bazel test --config=cuda --test_output=errors //tests/kernels:cudnn_descriptors_test; then
-    passed=$((passed + 1))
-  else
-    echo "test: //tests/kernels:cudnn_descriptors_test FAILED" >&2
-    failed=$((failed + 1))
-    status=1
-  fi
+  # The CUDA-config tests that need no GPU: cuDNN checks the attention
+  # graphs' descriptors (tests/kernels/cudnn_descriptors_test.cc), and the
+  # hand-written kernels run on the CPU emulation of kernels/simt:
+  # fast_cuda_test.cc's cases that need no cuBLASLt or cuDNN
+  # (fast_simt_test), and flash attention under other thread schedules
+  # (simt_test.cc).
+  for target in //tests/kernels:cudnn_descriptors_test //tests/kernels:fast_simt_test \
+      //tests/kernels:simt_test; do
+    if bazel test --config=cuda --test_output=errors "$target"; then
+      passed=$((passed + 1))
+    else
+      echo "test: $target FAILED" >&2
+      failed=$((failed + 1))
+      status=1
+    fi
+  done
 else
   echo "test: no nvcc at /usr/local/cuda/bin/nvcc; skipping the CUDA build"
 fi

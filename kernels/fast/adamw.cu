@@ -78,25 +78,25 @@ int AdamWUpdateChunks(float* params, float* m, float* v, const float* grads, uin
   const float correction1 = AdamWBiasCorrection(hyper.beta1, step);
   const float correction2 = AdamWBiasCorrection(hyper.beta2, step);
   if (vector) {
-    AdamWChunksKernel<true><<<num_chunks, kThreads, 0, AsStream(stream)>>>(
-        params, m, v, grads, copy, chunks, hyper, correction1, correction2);
+    LaunchKernel<AdamWChunksKernel<true>>(num_chunks, kThreads, 0, AsStream(stream), params, m, v,
+                                          grads, copy, chunks, hyper, correction1, correction2);
   } else {
-    AdamWChunksKernel<false><<<num_chunks, kThreads, 0, AsStream(stream)>>>(
-        params, m, v, grads, copy, chunks, hyper, correction1, correction2);
+    LaunchKernel<AdamWChunksKernel<false>>(num_chunks, kThreads, 0, AsStream(stream), params, m, v,
+                                           grads, copy, chunks, hyper, correction1, correction2);
   }
   return LaunchStatus();
 }
 
 int CastToBf16(uint16_t* out, const float* in, size_t n, void* stream) {
   if (n == 0) return 0;
-  CastKernel<<<CeilDiv(n, kThreads), kThreads, 0, AsStream(stream)>>>(reinterpret_cast<bf16*>(out),
-                                                                      in, n);
+  LaunchKernel<CastKernel>(CeilDiv(n, kThreads), kThreads, 0, AsStream(stream),
+                           reinterpret_cast<bf16*>(out), in, n);
   return LaunchStatus();
 }
 
 int CastFromBf16(float* out, const uint16_t* in, size_t n, void* stream) {
   if (n == 0) return 0;
-  WidenKernel<<<CeilDiv(n, kThreads), kThreads, 0, AsStream(stream)>>>(out, in, n);
+  LaunchKernel<WidenKernel>(CeilDiv(n, kThreads), kThreads, 0, AsStream(stream), out, in, n);
   return LaunchStatus();
 }
 

@@ -120,9 +120,9 @@ int AttentionForward(Gemm& gemm, void* out, void* att, float* scores, const void
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
   status = Dispatch(gemm.act(), [&](auto tag) {
     using Tp = decltype(tag);
-    SoftmaxForwardKernel<Tp>
-        <<<CeilDiv(rows, kRowsPerBlock), 32 * kRowsPerBlock, 0, AsStream(gemm.stream())>>>(
-            static_cast<Tp*>(att), scores, rows, T, scale);
+    LaunchKernel<SoftmaxForwardKernel<Tp>>(CeilDiv(rows, kRowsPerBlock), 32 * kRowsPerBlock, 0,
+                                           AsStream(gemm.stream()), static_cast<Tp*>(att), scores,
+                                           rows, T, scale);
     return LaunchStatus();
   });
   if (status != 0) return status;
@@ -162,9 +162,9 @@ int AttentionBackward(Gemm& gemm, void* dqkv, float* datt, void* att, const void
   const float scale = 1.0f / sqrtf(static_cast<float>(hs));
   status = Dispatch(gemm.act(), [&](auto tag) {
     using Tp = decltype(tag);
-    SoftmaxBackwardKernel<Tp>
-        <<<CeilDiv(rows, kRowsPerBlock), 32 * kRowsPerBlock, 0, AsStream(gemm.stream())>>>(
-            static_cast<Tp*>(att), datt, rows, T, scale);
+    LaunchKernel<SoftmaxBackwardKernel<Tp>>(CeilDiv(rows, kRowsPerBlock), 32 * kRowsPerBlock, 0,
+                                            AsStream(gemm.stream()), static_cast<Tp*>(att), datt,
+                                            rows, T, scale);
     return LaunchStatus();
   });
   if (status != 0) return status;

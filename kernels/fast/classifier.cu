@@ -84,8 +84,8 @@ int ClassifierForward(ActType act, float* losses, void* logits, const int* targe
   if (BT == 0) return 0;
   return Dispatch(act, [&](auto tag) {
     using T = decltype(tag);
-    ClassifierKernel<T><<<BT, kThreads, 0, AsStream(stream)>>>(losses, static_cast<T*>(logits),
-                                                               targets, dloss, write_grad, V, Vp);
+    LaunchKernel<ClassifierKernel<T>>(BT, kThreads, 0, AsStream(stream), losses,
+                                      static_cast<T*>(logits), targets, dloss, write_grad, V, Vp);
     return LaunchStatus();
   });
 }

@@ -10,6 +10,11 @@
 #include <cstddef>
 
 #include "kernels/fast/fast.h"
+#ifdef MUSTER_SIMT
+// Built for the CPU emulation (kernels/simt/simt.h): the kernels' inline
+// PTX and launches take the #ifdef MUSTER_SIMT branches.
+#include "kernels/simt/simt.h"
+#endif
 
 namespace muster::kernels::fast {
 
@@ -69,10 +74,30 @@ __device__ __forceinline__ float WarpMax(float x) {
 
 inline cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
+// kKernel<<<grid, block, shared_bytes, stream>>>(args...); built with
+// MUSTER_SIMT, the same kernel on the CPU emulation (kernels/simt).
+template <auto kKernel, typename... Args>
+void LaunchKernel(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream, Args... args) {
+#ifdef MUSTER_SIMT
+  simt::Launch(grid, block, shared_bytes, [=] { kKernel(args...); });
+#else
+  // clang-format reads a .cuh as C++, and would split the >>>.
+  // clang-format off
+  kKernel<<<grid, block, shared_bytes, stream>>>(args...);
+  // clang-format on
+#endif
+}
+
 inline unsigned CeilDiv(size_t a, size_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 // The error of the most recent launch, as the launchers' int status.
-inline int LaunchStatus() { return static_cast<int>(cudaGetLastError()); }
+inline int LaunchStatus() {
+#ifdef MUSTER_SIMT
+  return simt::LastError();
+#else
+  return static_cast<int>(cudaGetLastError());
+#endif
+}
 
 // Calls fn.template operator()<T>() with T the storage type of `act`.
 template <typename Fn>

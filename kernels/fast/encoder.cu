@@ -65,8 +65,8 @@ int EncoderForward(ActType act, void* out, const int* tokens, const float* wte, 
   return Dispatch(act, [&](auto tag) {
     using Tp = decltype(tag);
     const size_t threads = elements / Pack<Tp>::kSize;
-    ForwardKernel<Tp><<<CeilDiv(threads, kThreads), kThreads, 0, AsStream(stream)>>>(
-        static_cast<Tp*>(out), tokens, wte, wpe, B * T, T, C);
+    LaunchKernel<ForwardKernel<Tp>>(CeilDiv(threads, kThreads), kThreads, 0, AsStream(stream),
+                                    static_cast<Tp*>(out), tokens, wte, wpe, B * T, T, C);
     return LaunchStatus();
   });
 }
@@ -78,12 +78,13 @@ int EncoderBackward(ActType act, float* dwte, float* dwpe, const void* dout,
   return Dispatch(act, [&](auto tag) {
     using Tp = decltype(tag);
     const unsigned channel_blocks = CeilDiv(C / Pack<Tp>::kSize, kThreads);
-    TokenBackwardKernel<Tp><<<dim3(groups, channel_blocks), kThreads, 0, AsStream(stream)>>>(
-        dwte, static_cast<const Tp*>(dout), group_tokens, group_starts, positions, C);
+    LaunchKernel<TokenBackwardKernel<Tp>>(dim3(groups, channel_blocks), kThreads, 0,
+                                          AsStream(stream), dwte, static_cast<const Tp*>(dout),
+                                          group_tokens, group_starts, positions, C);
     int status = LaunchStatus();
     if (status != 0) return status;
-    PositionBackwardKernel<Tp><<<dim3(T, channel_blocks), kThreads, 0, AsStream(stream)>>>(
-        dwpe, static_cast<const Tp*>(dout), B, T, C);
+    LaunchKernel<PositionBackwardKernel<Tp>>(dim3(T, channel_blocks), kThreads, 0, AsStream(stream),
+                                             dwpe, static_cast<const Tp*>(dout), B, T, C);
     return LaunchStatus();
   });
 }

@@ -55,11 +55,15 @@ struct Bf16Mma {
 
   static __device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0,
                                              uint32_t b1) {
+#ifdef MUSTER_SIMT
+    simt::MmaBf16(c, a, b0, b1);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
   }
 
   static __device__ __forceinline__ uint32_t Pack2(float lo, float hi) {
@@ -85,11 +89,15 @@ struct Bf16Mma {
   static __device__ __forceinline__ Frag LoadAShared(const bf16* tile, int row0, int kc, int lane) {
     const int matrix = lane / 8, row = lane % 8;
     const bf16* p = tile + (row0 + 8 * (matrix & 1) + row) * kLd + 16 * kc + 8 * (matrix >> 1);
-    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
     Frag f;
+#ifdef MUSTER_SIMT
+    simt::LdMatrixX4(p, f.r, false);
+#else
+    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
                  : "r"(address));
+#endif
     return f;
   }
   // The B fragments of two neighbouring n-tiles (n0.. and n0 + 8..) for
@@ -105,19 +113,27 @@ struct Bf16Mma {
                                                              int lane, uint32_t* b) {
     const int matrix = lane / 8, row = lane % 8;
     const bf16* p = tile + (n0 + 8 * (matrix >> 1) + row) * kLd + k0 + 8 * (matrix & 1);
+#ifdef MUSTER_SIMT
+    simt::LdMatrixX4(p, b, false);
+#else
     const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                  : "r"(address));
+#endif
   }
   static __device__ __forceinline__ void LoadBStridedPair(const bf16* tile, int n0, int k0,
                                                           int lane, uint32_t* b) {
     const int matrix = lane / 8, row = lane % 8;
     const bf16* p = tile + (k0 + 8 * (matrix & 1) + row) * kLd + n0 + 8 * (matrix >> 1);
+#ifdef MUSTER_SIMT
+    simt::LdMatrixX4(p, b, true);
+#else
     const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                  : "r"(address));
+#endif
   }
   // The A fragment of k-chunk j from accumulator n-tiles 2j and 2j+1.
   static __device__ __forceinline__ Frag AccToA(const float (*acc)[4], int j) {
@@ -142,11 +158,15 @@ struct Tf32Mma {
 
   static __device__ __forceinline__ void Mma(float* c, const uint32_t* a, uint32_t b0,
                                              uint32_t b1) {
+#ifdef MUSTER_SIMT
+    simt::MmaTf32(c, a, b0, b1);
+#else
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
   }
   // Rounds to the nearest TF32 (ties away from zero) by adding half of
   // TF32's last place; the MMA ignores the 13 bits below it. One integer
@@ -238,17 +258,31 @@ __device__ __forceinline__ void LoadTileAsync(E* tile, const E* base, size_t row
     const int r = i / (kHs / kPack), c = (i % (kHs / kPack)) * kPack;
     const bool valid = row0 + r < T;
     const E* source = valid ? base + (row0 + r) * row_stride + c : base;
+#ifdef MUSTER_SIMT
+    simt::CpAsync16(tile + r * Op::kLd + c, source, valid ? 16 : 0);
+#else
     const uint32_t destination =
         static_cast<uint32_t>(__cvta_generic_to_shared(tile + r * Op::kLd + c));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(destination), "l"(source),
                  "r"(valid ? 16 : 0));
+#endif
   }
 }
-__device__ __forceinline__ void CommitTiles() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void CommitTiles() {
+#ifdef MUSTER_SIMT
+  simt::CpAsyncCommit();
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
 // Waits until at most `pending` committed groups are still in flight.
 template <int pending>
 __device__ __forceinline__ void WaitTiles() {
+#ifdef MUSTER_SIMT
+  simt::CpAsyncWait(pending);
+#else
   asm volatile("cp.async.wait_group %0;\n" ::"n"(pending));
+#endif
 }
 
 // Starts copying the keys and values of rows [row0, row0 + 64) of a
@@ -416,7 +450,11 @@ __device__ __forceinline__ void KeyValueBuffers(E (**k_tiles)[kTile * Op::kLd],
     *k_tiles = k_static;
     *v_tiles = v_static;
   } else {
+#ifdef MUSTER_SIMT
+    unsigned char* shared = simt::DynamicShared();
+#else
     extern __shared__ __align__(16) unsigned char shared[];
+#endif
     *k_tiles = reinterpret_cast<E(*)[kTile * Op::kLd]>(shared);
     *v_tiles = *k_tiles + 2;
   }
@@ -588,7 +626,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                    int T, int C, int NH, float scale, float scale_log2) {
   constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
   constexpr size_t kQueryBuffersBytes = QueryBuffersBytes<Op>();
+#ifdef MUSTER_SIMT
+  unsigned char* shared = simt::DynamicShared();
+#else
   extern __shared__ __align__(16) unsigned char shared[];
+#endif
   // Two buffers of each per-query tile: tile qt + 1 is copied in while
   // tile qt is used.
   auto q_tiles = reinterpret_cast<E(*)[kTile * Op::kLd]>(shared);
@@ -801,6 +843,7 @@ namespace {
 // launch's error. Each kernel is always launched with the same amount.
 template <auto kKernel, typename... Args>
 void Launch(dim3 grid, size_t shared_bytes, cudaStream_t stream, Args... args) {
+#ifndef MUSTER_SIMT
   if (shared_bytes > 48 * 1024) {
     static std::atomic<uint64_t> allowed{0};  // a bit per device (past 63: every time)
     int device = 0;
@@ -812,7 +855,8 @@ void Launch(dim3 grid, size_t shared_bytes, cudaStream_t stream, Args... args) {
       allowed.fetch_or(bit, std::memory_order_acq_rel);
     }
   }
-  kKernel<<<grid, kThreads, shared_bytes, stream>>>(args...);
+#endif
+  LaunchKernel<kKernel>(grid, kThreads, shared_bytes, stream, args...);
 }
 
 // Dynamic shared memory of the forward and dQ kernels: none where their
@@ -860,8 +904,8 @@ void LaunchDelta(float* delta, const void* dout, const void* out, int B, int T, 
                  cudaStream_t stream) {
   using E = typename Op::T;
   const size_t rows = static_cast<size_t>(B) * NH * T;
-  DeltaKernel<E><<<CeilDiv(rows, kWarps), kThreads, 0, stream>>>(
-      delta, static_cast<const E*>(dout), static_cast<const E*>(out), B, T, C, NH);
+  Launch<DeltaKernel<E>>(dim3(CeilDiv(rows, kWarps)), 0, stream, delta, static_cast<const E*>(dout),
+                         static_cast<const E*>(out), B, T, C, NH);
 }
 
 using ForwardLaunch = void (*)(void*, float*, const void*, int, int, int, int, cudaStream_t);

@@ -295,8 +295,8 @@ int Gemm::Forward(void* out, void* pre_gelu, const void* inp, const void* weight
   const size_t n = static_cast<size_t>(BT) * OC;
   return Dispatch(act(), [&](auto tag) {
     using T = decltype(tag);
-    GeluForwardKernel<T><<<CeilDiv(n, 256), 256, 0, AsStream(stream_)>>>(
-        static_cast<T*>(out), static_cast<const T*>(pre_gelu), n);
+    LaunchKernel<GeluForwardKernel<T>>(CeilDiv(n, 256), 256, 0, AsStream(stream_),
+                                       static_cast<T*>(out), static_cast<const T*>(pre_gelu), n);
     return LaunchStatus();
   });
 }
@@ -331,8 +331,8 @@ int Gemm::BackwardInput(void* dinp, const void* dout, const void* weight, const 
   const size_t n = static_cast<size_t>(BT) * C;
   return Dispatch(act(), [&](auto tag) {
     using T = decltype(tag);
-    GeluBackwardKernel<T><<<CeilDiv(n, 256), 256, 0, AsStream(stream_)>>>(
-        static_cast<T*>(dinp), static_cast<const T*>(pre_gelu), n);
+    LaunchKernel<GeluBackwardKernel<T>>(CeilDiv(n, 256), 256, 0, AsStream(stream_),
+                                        static_cast<T*>(dinp), static_cast<const T*>(pre_gelu), n);
     return LaunchStatus();
   });
 }
@@ -368,8 +368,8 @@ int Gemm::BackwardBias(float* dbias, const void* dout, int BT, int OC, float* sc
   int status = Dispatch(act(), [&](auto tag) {
     using T = decltype(tag);
     const dim3 grid(CeilDiv(OC, 32 * Pack<T>::kSize), chunks);
-    BiasPartialsKernel<T>
-        <<<grid, 32 * kBiasWarps, 0, stream>>>(scratch, static_cast<const T*>(dout), BT, OC);
+    LaunchKernel<BiasPartialsKernel<T>>(grid, 32 * kBiasWarps, 0, stream, scratch,
+                                        static_cast<const T*>(dout), BT, OC);
     return LaunchStatus();
   });
   if (status != 0) return status;
@@ -378,15 +378,15 @@ int Gemm::BackwardBias(float* dbias, const void* dout, int BT, int OC, float* sc
 
 int AddColumnSums2(float* out1, float* out2, const float* partials, int rows, int n, void* stream) {
   if (n == 0) return 0;
-  AddColumnSums2Kernel<<<CeilDiv(2 * n, 256), 256, 0, AsStream(stream)>>>(out1, out2, partials,
-                                                                          rows, n);
+  LaunchKernel<AddColumnSums2Kernel>(CeilDiv(2 * n, 256), 256, 0, AsStream(stream), out1, out2,
+                                     partials, rows, n);
   return LaunchStatus();
 }
 
 int AddColumnSums(float* out, const float* partials, int rows, int n, int stride, void* stream) {
   if (n == 0) return 0;
-  AddColumnSumsKernel<<<CeilDiv(n, 256), 256, 0, AsStream(stream)>>>(out, partials, rows, n,
-                                                                     stride);
+  LaunchKernel<AddColumnSumsKernel>(CeilDiv(n, 256), 256, 0, AsStream(stream), out, partials, rows,
+                                    n, stride);
   return LaunchStatus();
 }
 

@@ -74,7 +74,11 @@ __global__ void BackwardKernel(T* dinp, float* partials, const T* dout, const T*
                                const float* weight, const float* mean, const float* rstd, int N,
                                int C) {
   constexpr int P = Pack<T>::kSize;
+#ifdef MUSTER_SIMT
+  float* shared = reinterpret_cast<float*>(simt::DynamicShared());
+#else
   extern __shared__ float shared[];  // (kBackwardWarps, 2C)
+#endif
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* dweight_acc = shared + static_cast<size_t>(warp) * 2 * C;
   float* dbias_acc = dweight_acc + C;
@@ -136,13 +140,14 @@ int LayerNormForward(ActType act, void* out, float* mean, float* rstd, void* res
     const unsigned blocks = CeilDiv(N, kForwardRowsPerBlock);
     const unsigned threads = 32 * kForwardRowsPerBlock;
     if (inp2 != nullptr) {
-      ForwardKernel<T, true><<<blocks, threads, 0, AsStream(stream)>>>(
-          static_cast<T*>(out), mean, rstd, static_cast<T*>(residual), static_cast<const T*>(inp1),
-          static_cast<const T*>(inp2), weight, bias, N, C);
+      LaunchKernel<ForwardKernel<T, true>>(blocks, threads, 0, AsStream(stream),
+                                           static_cast<T*>(out), mean, rstd,
+                                           static_cast<T*>(residual), static_cast<const T*>(inp1),
+                                           static_cast<const T*>(inp2), weight, bias, N, C);
     } else {
-      ForwardKernel<T, false><<<blocks, threads, 0, AsStream(stream)>>>(
-          static_cast<T*>(out), mean, rstd, nullptr, static_cast<const T*>(inp1), nullptr, weight,
-          bias, N, C);
+      LaunchKernel<ForwardKernel<T, false>>(
+          blocks, threads, 0, AsStream(stream), static_cast<T*>(out), mean, rstd, nullptr,
+          static_cast<const T*>(inp1), nullptr, weight, bias, N, C);
     }
     return LaunchStatus();
   });
@@ -160,15 +165,17 @@ int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, con
   const size_t shared_bytes = static_cast<size_t>(kBackwardWarps) * 2 * C * sizeof(float);
   int status = Dispatch(act, [&](auto tag) {
     using T = decltype(tag);
+#ifndef MUSTER_SIMT
     if (shared_bytes > 48 * 1024) {
       const cudaError_t error =
           cudaFuncSetAttribute(BackwardKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(shared_bytes));
       if (error != cudaSuccess) return static_cast<int>(error);
     }
-    BackwardKernel<T><<<blocks, 32 * kBackwardWarps, shared_bytes, AsStream(stream)>>>(
-        static_cast<T*>(dinp), scratch, static_cast<const T*>(dout), static_cast<const T*>(inp),
-        weight, mean, rstd, N, C);
+#endif
+    LaunchKernel<BackwardKernel<T>>(blocks, 32 * kBackwardWarps, shared_bytes, AsStream(stream),
+                                    static_cast<T*>(dinp), scratch, static_cast<const T*>(dout),
+                                    static_cast<const T*>(inp), weight, mean, rstd, N, C);
     return LaunchStatus();
   });
   if (status != 0) return status;

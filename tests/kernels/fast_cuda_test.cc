@@ -9,7 +9,17 @@
 // on the library path, and prints the cuDNN version and engines.
 //
 // Needs a GPU: tagged manual, run on the lent machine (docs/gpu.md).
+//
+// Built with MUSTER_SIMT as fast_simt_test, the same file runs its
+// flash-attention, LayerNorm, classifier, encoder, AdamW and cast cases on
+// the CPU emulation of kernels/simt (a CPU and the CUDA headers, no GPU;
+// scripts/test.sh runs it), and the CUDA runtime calls below act on host
+// memory. The GEMM, GEMM-attention, cuDNN and repeatability cases need
+// cuBLASLt or cuDNN, which run on a GPU only, and are left out there.
 #include <cuda_runtime.h>
+#ifdef MUSTER_SIMT
+#include "kernels/simt/simt.h"
+#endif
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -26,11 +36,14 @@
 #include "kernels/fast/adamw.h"
 #include "kernels/fast/attention.h"
 #include "kernels/fast/classifier.h"
+#ifndef MUSTER_SIMT
 #include "kernels/fast/cudnn_attention.h"
+#endif
 #include "kernels/fast/encoder.h"
 #include "kernels/fast/flash_attention.h"
 #include "kernels/fast/gemm.h"
 #include "kernels/fast/layernorm.h"
+#include "tests/kernels/flash_tilings.h"
 
 namespace muster::kernels::fast {
 namespace {
@@ -156,6 +169,7 @@ double GeluGradRef(double x) {
          0.5 * x * (1 - th * th) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
 }
 
+#ifndef MUSTER_SIMT  // cuBLASLt: a GPU only
 std::unique_ptr<Gemm> MakeGemm(GemmMath math) {
   std::unique_ptr<Gemm> gemm;
   CUDA_REQUIRE(Gemm::Create(math, nullptr, &gemm));
@@ -285,6 +299,7 @@ TEST_CASE("attention forward and backward match the CPU back end", "[attention]"
     }
   }
 }
+#endif  // MUSTER_SIMT
 
 // Causal attention's CPU reference on random inputs, rounded to bf16 if
 // `act` is: qkv (B, T, 3C) and dout (B, T, C) uploaded to d_qkv / d_dout
@@ -383,21 +398,12 @@ void FlashCase(FlashMath math, const FlashTiling& tiling, int T, std::mt19937& r
   ref.RequireGradientClose(d_dqkv.Download(), grad_bound);
 }
 
-FlashTiling MakeTiling(FlashKernelTiling forward, FlashKernelTiling key_value,
-                       FlashKernelTiling query) {
-  FlashTiling tiling;
-  tiling.forward = forward;
-  tiling.key_value = key_value;
-  tiling.query = query;
-  return tiling;
-}
-
 // FlashCase for each named tiling at T = 64 (one tile of 64, half a block
 // of 128), 200 (ending in a partial tile) and 520 (five blocks of 128, the
 // last with 8 rows, and ten key tiles, the last with 8 keys), a section
 // each.
-void FlashCases(FlashMath math, const std::vector<std::pair<std::string, FlashTiling>>& tilings) {
-  for (const auto& [tiling_name, tiling] : tilings) {
+void FlashCases(FlashMath math) {
+  for (const auto& [tiling_name, tiling] : CompiledFlashTilings(math)) {
     for (const int T : {64, 200, 520}) {
       SECTION(tiling_name + ", T=" + std::to_string(T)) {
         std::mt19937 rng(Seed());
@@ -408,30 +414,13 @@ void FlashCases(FlashMath math, const std::vector<std::pair<std::string, FlashTi
 }
 
 TEST_CASE("flash attention forward and backward match the CPU back end", "[attention]") {
-  // Every compiled bf16 tiling of each kernel (flash_attention.h), the
-  // default first.
-  FlashCases(
-      FlashMath::kBf16,
-      {{"default", FlashTiling{}},
-       {"f32/32 kv16/32s q16/32",
-        MakeTiling({32, 32, false, 0}, {16, 32, false, 0}, {16, 32, false, 0})},
-       {"f16/64 kv16/64r q16/16/4",
-        MakeTiling({16, 64, false, 0}, {16, 64, true, 0}, {16, 16, false, 4})},
-       {"f16/32 kv16/64s q32/32",
-        MakeTiling({16, 32, false, 0}, {16, 64, false, 0}, {32, 32, false, 0})},
-       {"kv16/16s/4", MakeTiling({32, 64, false, 0}, {16, 16, false, 4}, {16, 64, false, 0})},
-       {"kv32/32s", MakeTiling({32, 64, false, 0}, {32, 32, false, 0}, {16, 64, false, 0})}});
+  // Every compiled bf16 tiling of each kernel (flash_tilings.h).
+  FlashCases(FlashMath::kBf16);
 }
 
 TEST_CASE("tf32 flash attention matches the CPU back end", "[attention][tf32]") {
-  // fp32 activations, TF32 operands: every compiled tf32 tiling, the
-  // default first.
-  FlashCases(FlashMath::kTf32,
-             {{"default", FlashDefaultTiling(FlashMath::kTf32)},
-              {"f16/32 kv16/16s q16/16",
-               MakeTiling({16, 32, false, 0}, {16, 16, false, 0}, {16, 16, false, 0})},
-              {"f32/32 kv32/16s",
-               MakeTiling({32, 32, false, 0}, {32, 16, false, 0}, {16, 32, false, 0})}});
+  // fp32 activations, TF32 operands: every compiled tf32 tiling.
+  FlashCases(FlashMath::kTf32);
 }
 
 TEST_CASE("flash attention refuses a tiling it has not compiled", "[attention]") {
@@ -457,6 +446,7 @@ TEST_CASE("flash attention refuses a tiling it has not compiled", "[attention]")
                                  FlashTiling{}) == cudaErrorInvalidValue);
 }
 
+#ifndef MUSTER_SIMT  // cuDNN: a GPU only
 // A CudnnAttention call that must return 0; the failure message carries
 // what cuDNN said (error()), or the CUDA error's name.
 #define CUDNN_REQUIRE(attention, call)                                                            \
@@ -569,6 +559,7 @@ TEST_CASE("cudnn attention is bitwise repeatable", "[attention][cudnn]") {
     }
   }
 }
+#endif  // MUSTER_SIMT
 
 TEST_CASE("layernorm with the fused residual add, forward and backward, match fp64",
           "[layernorm]") {
@@ -857,6 +848,7 @@ TEST_CASE("the bf16 casts give kernels/bf16.h's bits, both ways, on any length",
   }
 }
 
+#ifndef MUSTER_SIMT  // cuBLASLt: a GPU only
 TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
   std::mt19937 rng(Seed());
   const ActType act = ActType::kBf16;
@@ -941,6 +933,7 @@ TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
   }
   cudaFree(d_targets);
 }
+#endif  // MUSTER_SIMT
 
 }  // namespace
 }  // namespace muster::kernels::fast

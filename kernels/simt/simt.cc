@@ -1,0 +1,504 @@
+// The fibers behind simt.h. A block's fibers share the calling thread,
+// so nothing here needs a lock: one fiber runs at a time, and it gives
+// the thread back only where it waits (Yield).
+//
+// A fiber starts on its own stack through makecontext and setcontext;
+// after that, switches are _setjmp / _longjmp, which do not save the
+// signal mask: swapcontext makes a system call per switch, and an MMA
+// takes four switches per lane. glibc's fortified longjmp refuses a jump
+// to another stack ("uninitialized stack frame"), hence the #undef.
+#undef _FORTIFY_SOURCE
+#include <setjmp.h>
+#include <ucontext.h>
+
+#include "kernels/simt/simt.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <random>
+#include <vector>
+
+namespace muster::simt {
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr size_t kStackBytes = 256 * 1024;
+constexpr size_t kMaxDynamicShared = 228 * 1024;
+
+struct Copy {
+  void* dst;
+  const void* src;
+  int src_bytes;
+};
+
+enum class Waiting { kNone, kBlock, kWarp };
+
+// A barrier of `parties`: the last to arrive starts a new generation,
+// which lets the others go on.
+struct Barrier {
+  int arrived = 0;
+  uint64_t generation = 0;
+};
+
+struct Fiber {
+  ucontext_t context;  // to start it
+  jmp_buf resume;      // where it yielded
+  bool started = false;
+  std::unique_ptr<char[]> stack;
+  uint3 index;
+  bool done = false;
+  Waiting waiting = Waiting::kNone;
+  const char* warp_op = "";
+  // While waiting: the barrier, and its generation when this fiber
+  // arrived; the scheduler resumes the fiber only once that has moved.
+  const Barrier* barrier = nullptr;
+  uint64_t generation = 0;
+  std::vector<Copy> open_group;
+  std::deque<std::vector<Copy>> committed;
+};
+
+// What the lanes of a warp hand each other in one warp-wide instruction.
+struct WarpSlot {
+  Barrier barrier;
+  uint32_t words[kWarpSize][8];
+  const void* pointers[kWarpSize];
+  double product[16][8];  // an MMA's A B, computed once for the warp
+};
+
+struct Block {
+  dim3 grid, block;
+  uint3 block_index;
+  std::vector<Fiber> fibers;
+  std::vector<WarpSlot> warps;
+  Barrier block_barrier;
+  int live = 0;
+  int current = -1;
+  jmp_buf scheduler;
+  std::vector<unsigned char> dynamic_shared;
+  const std::function<void()>* kernel = nullptr;
+};
+
+Block* g_block = nullptr;  // the block being run
+int g_last_error = 0;
+std::string g_last_message;
+Schedule g_schedule = Schedule::kRoundRobin;
+uint64_t g_seed = 0;
+Counters g_counters;
+
+[[noreturn]] void Fail(const char* what) {
+  std::fprintf(stderr, "simt: %s\n", what);
+  std::abort();
+}
+
+Fiber& Current() {
+  if (g_block == nullptr || g_block->current < 0)
+    Fail("a device function was called outside a kernel");
+  return g_block->fibers[g_block->current];
+}
+
+// Hands the thread back to the scheduler until it resumes this fiber.
+void Yield() {
+  Fiber& fiber = Current();
+  if (_setjmp(fiber.resume) == 0) _longjmp(g_block->scheduler, 1);
+}
+
+// Arrives at `barrier` of `parties` and waits for the rest. Returns true
+// for the last to arrive, which goes on before any other: the others
+// resume only when it next yields.
+bool Wait(Barrier& barrier, int parties, Waiting kind, const char* op) {
+  Fiber& fiber = Current();
+  ++g_counters.barriers;
+  const uint64_t generation = barrier.generation;
+  if (++barrier.arrived >= parties) {
+    barrier.arrived = 0;
+    ++barrier.generation;
+    return true;
+  }
+  fiber.waiting = kind;
+  fiber.warp_op = op;
+  fiber.barrier = &barrier;
+  fiber.generation = generation;
+  while (barrier.generation == generation) Yield();
+  Fiber& resumed = Current();
+  resumed.waiting = Waiting::kNone;
+  resumed.barrier = nullptr;
+  return false;
+}
+
+void ReleaseBlockBarrierIfAllArrived(Block& block) {
+  Barrier& barrier = block.block_barrier;
+  if (barrier.arrived > 0 && barrier.arrived >= block.live) {
+    barrier.arrived = 0;
+    ++barrier.generation;
+  }
+}
+
+int LaneOf(const Fiber& fiber) {
+  const Block& block = *g_block;
+  const int linear =
+      fiber.index.x + block.block.x * (fiber.index.y + block.block.y * fiber.index.z);
+  return linear % kWarpSize;
+}
+
+WarpSlot& WarpOf(const Fiber& fiber) {
+  const Block& block = *g_block;
+  const int linear =
+      fiber.index.x + block.block.x * (fiber.index.y + block.block.y * fiber.index.z);
+  return g_block->warps[linear / kWarpSize];
+}
+
+// One warp-wide instruction: every lane stores its inputs (`store`), all
+// wait for each other, the last to arrive runs `once` for the warp, each
+// lane computes its outputs from the slot (`load`), and all wait again
+// before the slot can be reused.
+template <typename Store, typename Once, typename Load>
+void WarpExchange(const char* op, Store store, Once once, Load load) {
+  Fiber& fiber = Current();
+  WarpSlot& slot = WarpOf(fiber);
+  const int lane = LaneOf(fiber);
+  store(slot, lane);
+  if (Wait(slot.barrier, kWarpSize, Waiting::kWarp, op)) once(slot);
+  load(slot, lane);
+  Wait(slot.barrier, kWarpSize, Waiting::kWarp, op);
+}
+void Nothing(WarpSlot&) {}
+
+void RunFiber() {
+  Block& block = *g_block;
+  (*block.kernel)();
+  Fiber& fiber = Current();
+  // Copies never waited for are dropped: the kernel never looked at them.
+  fiber.done = true;
+  --block.live;
+  ReleaseBlockBarrierIfAllArrived(block);
+  _longjmp(block.scheduler, 1);
+}
+
+float FloatOf(uint32_t bits) {
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+// A bf16 is the top half of the float with the same value.
+float Bf16Low(uint32_t word) { return FloatOf(word << 16); }
+float Bf16High(uint32_t word) { return FloatOf(word & 0xffff0000u); }
+
+float Tf32(uint32_t word) { return FloatOf(word & 0xffffe000u); }
+
+// product (16 x 8) = A (16 x k, row-major) B (k x 8, row-major), in double.
+void Multiply(const float* A, const float* B, int k, double (*product)[8]) {
+  for (int row = 0; row < 16; ++row)
+    for (int col = 0; col < 8; ++col) {
+      double sum = 0;
+      for (int i = 0; i < k; ++i) sum += static_cast<double>(A[row * k + i]) * B[i * 8 + col];
+      product[row][col] = sum;
+    }
+}
+
+// A lane's accumulators c[0..3] += the warp's product, rounded once.
+void AddProduct(const WarpSlot& slot, int lane, float* c) {
+  const int g = lane / 4, q = lane % 4;
+  for (int e = 0; e < 4; ++e) {
+    c[e] = static_cast<float>(c[e] + slot.product[g + 8 * (e >> 1)][2 * q + (e & 1)]);
+  }
+}
+
+std::string DescribeDeadlock(const Block& block) {
+  std::string text = "deadlock in block (" + std::to_string(block.block_index.x) + ", " +
+                     std::to_string(block.block_index.y) + ", " +
+                     std::to_string(block.block_index.z) + "):";
+  int shown = 0;
+  for (const Fiber& fiber : block.fibers) {
+    if (fiber.done || shown == 8) continue;
+    ++shown;
+    text += " thread " + std::to_string(fiber.index.x) +
+            (fiber.waiting == Waiting::kBlock ? " at __syncthreads;"
+                                              : std::string(" at ") + fiber.warp_op + ";");
+  }
+  const int exited = static_cast<int>(block.fibers.size()) - block.live;
+  text += " " + std::to_string(exited) + " threads had exited";
+  return text;
+}
+
+bool Runnable(const Fiber& fiber) {
+  return !fiber.done && (fiber.barrier == nullptr || fiber.barrier->generation != fiber.generation);
+}
+
+// Runs fiber i until it next yields or ends.
+void Resume(Block& block, int i) {
+  block.current = i;
+  if (_setjmp(block.scheduler) == 0) {
+    Fiber& fiber = block.fibers[i];
+    if (!fiber.started) {
+      fiber.started = true;
+      setcontext(&fiber.context);
+    }
+    _longjmp(fiber.resume, 1);
+  }
+  block.current = -1;
+}
+
+// Runs one block to its end; false on a deadlock (g_last_message says).
+bool RunBlock(Block& block, Schedule schedule, std::mt19937_64& shuffle) {
+  const int threads = static_cast<int>(block.fibers.size());
+  for (int i = 0; i < threads; ++i) {
+    Fiber& fiber = block.fibers[i];
+    fiber.done = false;
+    fiber.started = false;
+    fiber.waiting = Waiting::kNone;
+    fiber.barrier = nullptr;
+    fiber.open_group.clear();
+    fiber.committed.clear();
+    getcontext(&fiber.context);
+    fiber.context.uc_stack.ss_sp = fiber.stack.get();
+    fiber.context.uc_stack.ss_size = kStackBytes;
+    fiber.context.uc_link = nullptr;
+    makecontext(&fiber.context, RunFiber, 0);
+  }
+  block.live = threads;
+  block.block_barrier = Barrier{};
+  for (WarpSlot& slot : block.warps) slot.barrier = Barrier{};
+  std::fill(block.dynamic_shared.begin(), block.dynamic_shared.end(), 0xff);
+  std::vector<int> order(threads);
+  for (int i = 0; i < threads; ++i) {
+    order[i] = schedule == Schedule::kHighestFirst ? threads - 1 - i : i;
+  }
+  const bool greedy = schedule == Schedule::kLowestFirst || schedule == Schedule::kHighestFirst;
+  while (block.live > 0) {
+    if (schedule == Schedule::kShuffled) std::shuffle(order.begin(), order.end(), shuffle);
+    bool any = false;
+    for (int i : order) {
+      if (!Runnable(block.fibers[i])) continue;
+      any = true;
+      Resume(block, i);
+      if (greedy) break;  // from the first in order again
+    }
+    if (!any) {
+      g_last_message = DescribeDeadlock(block);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+const uint3& ThreadIdx() { return Current().index; }
+const uint3& BlockIdx() {
+  Current();
+  return g_block->block_index;
+}
+const dim3& BlockDim() {
+  Current();
+  return g_block->block;
+}
+const dim3& GridDim() {
+  Current();
+  return g_block->grid;
+}
+
+void SyncThreads() {
+  Current();
+  Wait(g_block->block_barrier, g_block->live, Waiting::kBlock, "__syncthreads");
+}
+
+void SyncWarp() {
+  Fiber& fiber = Current();
+  Wait(WarpOf(fiber).barrier, kWarpSize, Waiting::kWarp, "__syncwarp");
+}
+
+uint32_t ShflXor32(uint32_t value, int lane_mask) {
+  uint32_t result = 0;
+  WarpExchange(
+      "shfl.xor", [&](WarpSlot& slot, int lane) { slot.words[lane][0] = value; }, Nothing,
+      [&](WarpSlot& slot, int lane) { result = slot.words[(lane ^ lane_mask) % kWarpSize][0]; });
+  return result;
+}
+
+void MmaBf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  ++g_counters.mma;
+  WarpExchange(
+      "mma.m16n8k16.bf16",
+      [&](WarpSlot& slot, int lane) {
+        for (int i = 0; i < 4; ++i) slot.words[lane][i] = a[i];
+        slot.words[lane][4] = b0;
+        slot.words[lane][5] = b1;
+      },
+      [](WarpSlot& slot) {
+        float A[16][16], B[16][8];
+        for (int l = 0; l < kWarpSize; ++l) {
+          const int g = l / 4, q = l % 4;
+          const uint32_t* w = slot.words[l];
+          const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * q, 2 * q, 2 * q + 8, 2 * q + 8};
+          for (int i = 0; i < 4; ++i) {
+            A[rows[i]][cols[i]] = Bf16Low(w[i]);
+            A[rows[i]][cols[i] + 1] = Bf16High(w[i]);
+          }
+          B[2 * q][g] = Bf16Low(w[4]);
+          B[2 * q + 1][g] = Bf16High(w[4]);
+          B[2 * q + 8][g] = Bf16Low(w[5]);
+          B[2 * q + 9][g] = Bf16High(w[5]);
+        }
+        Multiply(&A[0][0], &B[0][0], 16, slot.product);
+      },
+      [&](WarpSlot& slot, int lane) { AddProduct(slot, lane, c); });
+}
+
+void MmaTf32(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  ++g_counters.mma;
+  WarpExchange(
+      "mma.m16n8k8.tf32",
+      [&](WarpSlot& slot, int lane) {
+        for (int i = 0; i < 4; ++i) slot.words[lane][i] = a[i];
+        slot.words[lane][4] = b0;
+        slot.words[lane][5] = b1;
+      },
+      [](WarpSlot& slot) {
+        float A[16][8], B[8][8];
+        for (int l = 0; l < kWarpSize; ++l) {
+          const int g = l / 4, q = l % 4;
+          const uint32_t* w = slot.words[l];
+          A[g][q] = Tf32(w[0]);
+          A[g + 8][q] = Tf32(w[1]);
+          A[g][q + 4] = Tf32(w[2]);
+          A[g + 8][q + 4] = Tf32(w[3]);
+          B[q][g] = Tf32(w[4]);
+          B[q + 4][g] = Tf32(w[5]);
+        }
+        Multiply(&A[0][0], &B[0][0], 8, slot.product);
+      },
+      [&](WarpSlot& slot, int lane) { AddProduct(slot, lane, c); });
+}
+
+void LdMatrixX4(const void* row, uint32_t* r, bool trans) {
+  WarpExchange(
+      trans ? "ldmatrix.x4.trans" : "ldmatrix.x4",
+      [&](WarpSlot& slot, int lane) { slot.pointers[lane] = row; }, Nothing,
+      [&](WarpSlot& slot, int lane) {
+        auto element = [&](int matrix, int i, int j) {  // matrix's (row i, column j)
+          uint16_t value;
+          std::memcpy(&value, static_cast<const uint16_t*>(slot.pointers[8 * matrix + i]) + j, 2);
+          return static_cast<uint32_t>(value);
+        };
+        const int g = lane / 4, q = lane % 4;
+        for (int matrix = 0; matrix < 4; ++matrix) {
+          if (trans) {
+            r[matrix] = element(matrix, 2 * q, g) | element(matrix, 2 * q + 1, g) << 16;
+          } else {
+            r[matrix] = element(matrix, g, 2 * q) | element(matrix, g, 2 * q + 1) << 16;
+          }
+        }
+      });
+}
+
+void CpAsync16(void* dst, const void* src, int src_bytes) {
+  if (src_bytes != 0 && src_bytes != 16) Fail("cp.async with a source size other than 0 or 16");
+  // Until the copy completes, what a reader finds there is NaN.
+  std::memset(dst, 0xff, 16);
+  Current().open_group.push_back(Copy{dst, src, src_bytes});
+}
+
+void CpAsyncCommit() {
+  Fiber& fiber = Current();
+  fiber.committed.push_back(std::move(fiber.open_group));
+  fiber.open_group.clear();
+}
+
+void CpAsyncWait(int pending) {
+  Fiber& fiber = Current();
+  while (static_cast<int>(fiber.committed.size()) > pending) {
+    for (const Copy& copy : fiber.committed.front()) {
+      std::memset(copy.dst, 0, 16);
+      if (copy.src_bytes > 0) std::memcpy(copy.dst, copy.src, copy.src_bytes);
+    }
+    fiber.committed.pop_front();
+  }
+}
+
+unsigned char* DynamicShared() {
+  Current();
+  return g_block->dynamic_shared.data();
+}
+
+int Launch(dim3 grid, dim3 block_dim, size_t dynamic_shared_bytes,
+           const std::function<void()>& kernel) {
+  const int threads = static_cast<int>(block_dim.x * block_dim.y * block_dim.z);
+  if (threads <= 0 || threads > 1024 || threads % kWarpSize != 0 ||
+      dynamic_shared_bytes > kMaxDynamicShared || grid.x == 0 || grid.y == 0 || grid.z == 0) {
+    g_last_error = static_cast<int>(cudaErrorInvalidConfiguration);
+    g_last_message = "launch: bad grid, block or shared memory size";
+    return g_last_error;
+  }
+  if (g_block != nullptr) Fail("a kernel launched from inside a kernel");
+  Block block;
+  block.grid = grid;
+  block.block = block_dim;
+  block.kernel = &kernel;
+  block.fibers.resize(threads);
+  block.warps.resize(threads / kWarpSize);
+  block.dynamic_shared.assign(dynamic_shared_bytes, 0xff);
+  for (int i = 0; i < threads; ++i) {
+    Fiber& fiber = block.fibers[i];
+    fiber.stack.reset(new char[kStackBytes]);
+    fiber.index = uint3{static_cast<unsigned>(i % block_dim.x),
+                        static_cast<unsigned>(i / block_dim.x % block_dim.y),
+                        static_cast<unsigned>(i / (block_dim.x * block_dim.y))};
+  }
+  std::mt19937_64 shuffle(g_seed);
+  const Schedule schedule = g_schedule;
+  g_block = &block;
+  bool ok = true;
+  for (unsigned z = 0; z < grid.z && ok; ++z)
+    for (unsigned y = 0; y < grid.y && ok; ++y)
+      for (unsigned x = 0; x < grid.x && ok; ++x) {
+        block.block_index = uint3{x, y, z};
+        ok = RunBlock(block, schedule, shuffle);
+        ++g_counters.blocks;
+      }
+  g_block = nullptr;
+  if (!ok) {
+    g_last_error = static_cast<int>(cudaErrorLaunchFailure);
+    return g_last_error;
+  }
+  return 0;
+}
+
+int LastError() {
+  const int error = g_last_error;
+  g_last_error = 0;
+  return error;
+}
+
+std::string LastErrorMessage() { return g_last_message; }
+
+void SetSchedule(Schedule schedule, uint64_t seed) {
+  g_schedule = schedule;
+  g_seed = seed;
+}
+
+Counters GetCounters() { return g_counters; }
+
+// The runtime calls: simt.h's macros stand for the real ones here too.
+cudaError_t Malloc(void** pointer, size_t bytes) {
+  *pointer = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  return *pointer == nullptr ? cudaErrorMemoryAllocation : cudaSuccess;
+}
+cudaError_t Free(void* pointer) {
+  std::free(pointer);
+  return cudaSuccess;
+}
+cudaError_t Memcpy(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
+cudaError_t Memset(void* pointer, int value, size_t bytes) {
+  if (bytes > 0) std::memset(pointer, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t Synchronize() { return static_cast<cudaError_t>(LastError()); }
+cudaError_t GetLastError() { return static_cast<cudaError_t>(LastError()); }
+
+}  // namespace muster::simt
