@@ -42,12 +42,18 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   # fast_cuda_test.cc's cases that need no cuBLASLt or cuDNN
   # (fast_simt_test), and flash attention under other thread schedules
   # (simt_test.cc).
-  for target in //tests/kernels:cudnn_descriptors_test //tests/kernels:fast_simt_test \
-      //tests/kernels:simt_test; do
-    if bazel test --config=cuda --test_output=errors "$target"; then
+  # fast_simt_test's cases other than flash attention (which simt_test
+  # covers) run again with one warp running ahead of the others, both ways
+  # (kernels/simt/simt.h, Schedule), to find a missing barrier.
+  for run in "//tests/kernels:cudnn_descriptors_test" "//tests/kernels:fast_simt_test" \
+      "//tests/kernels:simt_test" \
+      "//tests/kernels:fast_simt_test --test_env=MUSTER_SIMT_SCHEDULE=lowest_first --test_arg=~[attention]" \
+      "//tests/kernels:fast_simt_test --test_env=MUSTER_SIMT_SCHEDULE=highest_first --test_arg=~[attention]"; do
+    read -r -a words <<< "$run"
+    if bazel test --config=cuda --test_output=errors "${words[@]}"; then
       passed=$((passed + 1))
     else
-      echo "test: $target FAILED" >&2
+      echo "test: $run FAILED" >&2
       failed=$((failed + 1))
       status=1
     fi

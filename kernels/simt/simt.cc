@@ -84,8 +84,25 @@ struct Block {
 Block* g_block = nullptr;  // the block being run
 int g_last_error = 0;
 std::string g_last_message;
-Schedule g_schedule = Schedule::kRoundRobin;
-uint64_t g_seed = 0;
+// The schedule a process starts with: round robin, or what
+// MUSTER_SIMT_SCHEDULE names, so a whole test binary can run under another
+// (scripts/test.sh runs fast_simt_test under lowest_first and
+// highest_first too). The seed of `shuffled` is 1.
+Schedule ScheduleFromEnvironment() {
+  const char* name = std::getenv("MUSTER_SIMT_SCHEDULE");
+  if (name == nullptr || std::strcmp(name, "round_robin") == 0) return Schedule::kRoundRobin;
+  if (std::strcmp(name, "shuffled") == 0) return Schedule::kShuffled;
+  if (std::strcmp(name, "lowest_first") == 0) return Schedule::kLowestFirst;
+  if (std::strcmp(name, "highest_first") == 0) return Schedule::kHighestFirst;
+  std::fprintf(stderr,
+               "simt: MUSTER_SIMT_SCHEDULE=%s: expected round_robin, shuffled, lowest_first or "
+               "highest_first\n",
+               name);
+  std::exit(2);
+}
+
+Schedule g_schedule = ScheduleFromEnvironment();
+uint64_t g_seed = 1;
 Counters g_counters;
 
 [[noreturn]] void Fail(const char* what) {

@@ -118,7 +118,9 @@ enum class Schedule {
   kLowestFirst,   // always the lowest-numbered fiber that can run: warp 0 runs ahead
   kHighestFirst,  // always the highest: the last warp runs ahead
 };
-void SetSchedule(Schedule schedule, uint64_t seed = 0);
+// The environment variable MUSTER_SIMT_SCHEDULE (round_robin, shuffled,
+// lowest_first, highest_first) sets the schedule a process starts with.
+void SetSchedule(Schedule schedule, uint64_t seed = 1);
 
 // The CUDA runtime calls a test makes, on host memory: device buffers
 // are host allocations (256-byte aligned), copies are memcpy whatever
