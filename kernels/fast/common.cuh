@@ -90,14 +90,9 @@ void LaunchKernel(dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t strea
 
 inline unsigned CeilDiv(size_t a, size_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
-// The error of the most recent launch, as the launchers' int status.
-inline int LaunchStatus() {
-#ifdef MUSTER_SIMT
-  return simt::LastError();
-#else
-  return static_cast<int>(cudaGetLastError());
-#endif
-}
+// The error of the most recent launch, as the launchers' int status
+// (with MUSTER_SIMT, simt.h's cudaGetLastError: the emulated launch's).
+inline int LaunchStatus() { return static_cast<int>(cudaGetLastError()); }
 
 // Calls fn.template operator()<T>() with T the storage type of `act`.
 template <typename Fn>

@@ -34,8 +34,6 @@ struct Copy {
   int src_bytes;
 };
 
-enum class Waiting { kNone, kBlock, kWarp };
-
 // A barrier of `parties`: the last to arrive starts a new generation,
 // which lets the others go on.
 struct Barrier {
@@ -50,11 +48,11 @@ struct Fiber {
   std::unique_ptr<char[]> stack;
   uint3 index;
   bool done = false;
-  Waiting waiting = Waiting::kNone;
-  const char* warp_op = "";
-  // While waiting: the barrier, and its generation when this fiber
-  // arrived; the scheduler resumes the fiber only once that has moved.
+  // While waiting: the barrier, its generation when this fiber arrived
+  // (the scheduler resumes the fiber only once that has moved), and the
+  // instruction waited at.
   const Barrier* barrier = nullptr;
+  const char* op = "";
   uint64_t generation = 0;
   std::vector<Copy> open_group;
   std::deque<std::vector<Copy>> committed;
@@ -125,7 +123,7 @@ void Yield() {
 // Arrives at `barrier` of `parties` and waits for the rest. Returns true
 // for the last to arrive, which goes on before any other: the others
 // resume only when it next yields.
-bool Wait(Barrier& barrier, int parties, Waiting kind, const char* op) {
+bool Wait(Barrier& barrier, int parties, const char* op) {
   Fiber& fiber = Current();
   ++g_counters.barriers;
   const uint64_t generation = barrier.generation;
@@ -134,14 +132,11 @@ bool Wait(Barrier& barrier, int parties, Waiting kind, const char* op) {
     ++barrier.generation;
     return true;
   }
-  fiber.waiting = kind;
-  fiber.warp_op = op;
   fiber.barrier = &barrier;
   fiber.generation = generation;
+  fiber.op = op;
   while (barrier.generation == generation) Yield();
-  Fiber& resumed = Current();
-  resumed.waiting = Waiting::kNone;
-  resumed.barrier = nullptr;
+  Current().barrier = nullptr;
   return false;
 }
 
@@ -153,19 +148,14 @@ void ReleaseBlockBarrierIfAllArrived(Block& block) {
   }
 }
 
-int LaneOf(const Fiber& fiber) {
-  const Block& block = *g_block;
-  const int linear =
-      fiber.index.x + block.block.x * (fiber.index.y + block.block.y * fiber.index.z);
-  return linear % kWarpSize;
+// The fiber's thread number in its block (x fastest), as CUDA numbers
+// lanes and warps.
+int LinearIndex(const Fiber& fiber) {
+  const dim3& block = g_block->block;
+  return fiber.index.x + block.x * (fiber.index.y + block.y * fiber.index.z);
 }
-
-WarpSlot& WarpOf(const Fiber& fiber) {
-  const Block& block = *g_block;
-  const int linear =
-      fiber.index.x + block.block.x * (fiber.index.y + block.block.y * fiber.index.z);
-  return g_block->warps[linear / kWarpSize];
-}
+int LaneOf(const Fiber& fiber) { return LinearIndex(fiber) % kWarpSize; }
+WarpSlot& WarpOf(const Fiber& fiber) { return g_block->warps[LinearIndex(fiber) / kWarpSize]; }
 
 // One warp-wide instruction: every lane stores its inputs (`store`), all
 // wait for each other, the last to arrive runs `once` for the warp, each
@@ -177,9 +167,9 @@ void WarpExchange(const char* op, Store store, Once once, Load load) {
   WarpSlot& slot = WarpOf(fiber);
   const int lane = LaneOf(fiber);
   store(slot, lane);
-  if (Wait(slot.barrier, kWarpSize, Waiting::kWarp, op)) once(slot);
+  if (Wait(slot.barrier, kWarpSize, op)) once(slot);
   load(slot, lane);
-  Wait(slot.barrier, kWarpSize, Waiting::kWarp, op);
+  Wait(slot.barrier, kWarpSize, op);
 }
 void Nothing(WarpSlot&) {}
 
@@ -231,9 +221,7 @@ std::string DescribeDeadlock(const Block& block) {
   for (const Fiber& fiber : block.fibers) {
     if (fiber.done || shown == 8) continue;
     ++shown;
-    text += " thread " + std::to_string(fiber.index.x) +
-            (fiber.waiting == Waiting::kBlock ? " at __syncthreads;"
-                                              : std::string(" at ") + fiber.warp_op + ";");
+    text += " thread " + std::to_string(LinearIndex(fiber)) + " at " + fiber.op + ";";
   }
   const int exited = static_cast<int>(block.fibers.size()) - block.live;
   text += " " + std::to_string(exited) + " threads had exited";
@@ -265,7 +253,6 @@ bool RunBlock(Block& block, Schedule schedule, std::mt19937_64& shuffle) {
     Fiber& fiber = block.fibers[i];
     fiber.done = false;
     fiber.started = false;
-    fiber.waiting = Waiting::kNone;
     fiber.barrier = nullptr;
     fiber.open_group.clear();
     fiber.committed.clear();
@@ -319,12 +306,12 @@ const dim3& GridDim() {
 
 void SyncThreads() {
   Current();
-  Wait(g_block->block_barrier, g_block->live, Waiting::kBlock, "__syncthreads");
+  Wait(g_block->block_barrier, g_block->live, "__syncthreads");
 }
 
 void SyncWarp() {
   Fiber& fiber = Current();
-  Wait(WarpOf(fiber).barrier, kWarpSize, Waiting::kWarp, "__syncwarp");
+  Wait(WarpOf(fiber).barrier, kWarpSize, "__syncwarp");
 }
 
 uint32_t ShflXor32(uint32_t value, int lane_mask) {
@@ -335,59 +322,53 @@ uint32_t ShflXor32(uint32_t value, int lane_mask) {
   return result;
 }
 
-void MmaBf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+// One mma.sync: every lane hands in its A and B fragments; `unpack`
+// rebuilds A (16 x k) and B (k x 8) from all 32 lanes' words for the
+// warp, which multiplies them once; each lane adds its part to c.
+template <int k, typename Unpack>
+void Mma(const char* op, float* c, const uint32_t* a, uint32_t b0, uint32_t b1, Unpack unpack) {
   ++g_counters.mma;
   WarpExchange(
-      "mma.m16n8k16.bf16",
+      op,
       [&](WarpSlot& slot, int lane) {
         for (int i = 0; i < 4; ++i) slot.words[lane][i] = a[i];
         slot.words[lane][4] = b0;
         slot.words[lane][5] = b1;
       },
-      [](WarpSlot& slot) {
-        float A[16][16], B[16][8];
-        for (int l = 0; l < kWarpSize; ++l) {
-          const int g = l / 4, q = l % 4;
-          const uint32_t* w = slot.words[l];
-          const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * q, 2 * q, 2 * q + 8, 2 * q + 8};
-          for (int i = 0; i < 4; ++i) {
-            A[rows[i]][cols[i]] = Bf16Low(w[i]);
-            A[rows[i]][cols[i] + 1] = Bf16High(w[i]);
-          }
-          B[2 * q][g] = Bf16Low(w[4]);
-          B[2 * q + 1][g] = Bf16High(w[4]);
-          B[2 * q + 8][g] = Bf16Low(w[5]);
-          B[2 * q + 9][g] = Bf16High(w[5]);
-        }
-        Multiply(&A[0][0], &B[0][0], 16, slot.product);
+      [&](WarpSlot& slot) {
+        float A[16][k], B[k][8];
+        for (int l = 0; l < kWarpSize; ++l) unpack(slot.words[l], l / 4, l % 4, A, B);
+        Multiply(&A[0][0], &B[0][0], k, slot.product);
       },
       [&](WarpSlot& slot, int lane) { AddProduct(slot, lane, c); });
 }
 
-void MmaTf32(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  ++g_counters.mma;
-  WarpExchange(
-      "mma.m16n8k8.tf32",
-      [&](WarpSlot& slot, int lane) {
-        for (int i = 0; i < 4; ++i) slot.words[lane][i] = a[i];
-        slot.words[lane][4] = b0;
-        slot.words[lane][5] = b1;
-      },
-      [](WarpSlot& slot) {
-        float A[16][8], B[8][8];
-        for (int l = 0; l < kWarpSize; ++l) {
-          const int g = l / 4, q = l % 4;
-          const uint32_t* w = slot.words[l];
-          A[g][q] = Tf32(w[0]);
-          A[g + 8][q] = Tf32(w[1]);
-          A[g][q + 4] = Tf32(w[2]);
-          A[g + 8][q + 4] = Tf32(w[3]);
-          B[q][g] = Tf32(w[4]);
-          B[q + 4][g] = Tf32(w[5]);
+void MmaBf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  Mma<16>(
+      "mma.m16n8k16.bf16", c, a, b0, b1,
+      [](const uint32_t* w, int g, int q, float(*A)[16], float(*B)[8]) {
+        const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * q, 2 * q, 2 * q + 8, 2 * q + 8};
+        for (int i = 0; i < 4; ++i) {
+          A[rows[i]][cols[i]] = Bf16Low(w[i]);
+          A[rows[i]][cols[i] + 1] = Bf16High(w[i]);
         }
-        Multiply(&A[0][0], &B[0][0], 8, slot.product);
-      },
-      [&](WarpSlot& slot, int lane) { AddProduct(slot, lane, c); });
+        B[2 * q][g] = Bf16Low(w[4]);
+        B[2 * q + 1][g] = Bf16High(w[4]);
+        B[2 * q + 8][g] = Bf16Low(w[5]);
+        B[2 * q + 9][g] = Bf16High(w[5]);
+      });
+}
+
+void MmaTf32(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  Mma<8>("mma.m16n8k8.tf32", c, a, b0, b1,
+         [](const uint32_t* w, int g, int q, float(*A)[8], float(*B)[8]) {
+           A[g][q] = Tf32(w[0]);
+           A[g + 8][q] = Tf32(w[1]);
+           A[g][q + 4] = Tf32(w[2]);
+           A[g + 8][q + 4] = Tf32(w[3]);
+           B[q][g] = Tf32(w[4]);
+           B[q + 4][g] = Tf32(w[5]);
+         });
 }
 
 void LdMatrixX4(const void* row, uint32_t* r, bool trans) {
