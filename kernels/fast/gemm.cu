@@ -362,18 +362,22 @@ size_t Gemm::BiasGradScratchFloats(int BT, int OC) {
 }
 
 int Gemm::BackwardBias(float* dbias, const void* dout, int BT, int OC, float* scratch) {
+  return BiasGradient(act(), dbias, dout, BT, OC, scratch, stream_);
+}
+
+int BiasGradient(ActType act, float* dbias, const void* dout, int BT, int OC, float* scratch,
+                 void* stream) {
   if (BT == 0 || OC == 0) return 0;
-  cudaStream_t stream = AsStream(stream_);
   const unsigned chunks = CeilDiv(BT, kBiasRows);
-  int status = Dispatch(act(), [&](auto tag) {
+  int status = Dispatch(act, [&](auto tag) {
     using T = decltype(tag);
     const dim3 grid(CeilDiv(OC, 32 * Pack<T>::kSize), chunks);
-    LaunchKernel<BiasPartialsKernel<T>>(grid, 32 * kBiasWarps, 0, stream, scratch,
+    LaunchKernel<BiasPartialsKernel<T>>(grid, 32 * kBiasWarps, 0, AsStream(stream), scratch,
                                         static_cast<const T*>(dout), BT, OC);
     return LaunchStatus();
   });
   if (status != 0) return status;
-  return AddColumnSums(dbias, scratch, static_cast<int>(chunks), OC, OC, stream_);
+  return AddColumnSums(dbias, scratch, static_cast<int>(chunks), OC, OC, stream);
 }
 
 int AddColumnSums2(float* out1, float* out2, const float* partials, int rows, int n, void* stream) {

@@ -77,8 +77,7 @@ class Gemm {
   // dweight (OC, C) fp32 += alpha * dout (BT, OC)^T @ inp (BT, C).
   int BackwardWeight(float* dweight, const void* dout, const void* inp, int BT, int C, int OC,
                      float alpha);
-  // dbias (OC) fp32 += sum over the BT rows of dout (BT, OC), in a fixed
-  // order. scratch: BiasGradScratchFloats(BT, OC) floats.
+  // BiasGradient (below) on this Gemm's stream.
   int BackwardBias(float* dbias, const void* dout, int BT, int OC, float* scratch);
   static size_t BiasGradScratchFloats(int BT, int OC);
 
@@ -114,6 +113,13 @@ class Gemm {
   std::map<Key, std::unique_ptr<Plan>> plans_;
   std::vector<LtCall>* record_ = nullptr;
 };
+
+// dbias (OC) fp32 += sum over the BT rows of dout (BT, OC, act), in a
+// fixed order. scratch: Gemm::BiasGradScratchFloats(BT, OC) floats. Our
+// own kernels, no cuBLASLt (so the CPU emulation of kernels/simt runs it
+// too).
+int BiasGradient(ActType act, float* dbias, const void* dout, int BT, int OC, float* scratch,
+                 void* stream);
 
 // out[c] += sum over r in [0, rows), in order, of partials[r * stride + c],
 // for c in [0, n): the second pass of the deterministic column sums (bias

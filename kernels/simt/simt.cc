@@ -13,6 +13,10 @@
 
 #include "kernels/simt/simt.h"
 
+#ifdef MUSTER_SIMT_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -28,6 +32,54 @@ constexpr int kWarpSize = 32;
 constexpr size_t kStackBytes = 256 * 1024;
 constexpr size_t kMaxDynamicShared = 228 * 1024;
 
+// The race checker (built with MUSTER_SIMT_TSAN, in binaries linked with
+// -fsanitize=thread; simt.h says what it reports). This file itself is
+// not instrumented: its bookkeeping is one thread's. It tells
+// ThreadSanitizer what the hardware would order and access:
+// - every CUDA thread is a ThreadSanitizer fiber, and switching between
+//   fibers orders nothing;
+// - __syncthreads and __syncwarp order what their parties did before
+//   against what they do after (shfl, ldmatrix and mma.sync order no
+//   memory, as in CUDA);
+// - blocks run one after another, each ordered after the last (so races
+//   between blocks are not reported);
+// - ldmatrix reads its 16-byte rows, and cp.async reads its source and
+//   writes its destination both when issued and when waited for (the
+//   hardware's write lands somewhere in between).
+namespace race {
+#ifdef MUSTER_SIMT_TSAN
+extern "C" void __tsan_read_range(void* address, unsigned long bytes);
+extern "C" void __tsan_write_range(void* address, unsigned long bytes);
+constexpr bool kOn = true;
+void* Current() { return __tsan_get_current_fiber(); }
+void* Create() { return __tsan_create_fiber(0); }
+void Destroy(void* fiber) { __tsan_destroy_fiber(fiber); }
+void Name(void* fiber, const char* name) { __tsan_set_fiber_name(fiber, name); }
+// `ordered`: what the switching context did happens before what the
+// fiber does next.
+void SwitchTo(void* fiber, bool ordered) {
+  __tsan_switch_to_fiber(fiber, ordered ? 0 : __tsan_switch_to_fiber_no_sync);
+}
+void Release(const void* sync) { __tsan_release(const_cast<void*>(sync)); }
+void Acquire(const void* sync) { __tsan_acquire(const_cast<void*>(sync)); }
+void Read(const void* address, size_t bytes) {
+  __tsan_read_range(const_cast<void*>(address), bytes);
+}
+void Write(void* address, size_t bytes) { __tsan_write_range(address, bytes); }
+#else
+constexpr bool kOn = false;
+void* Current() { return nullptr; }
+void* Create() { return nullptr; }
+void Destroy(void*) {}
+void Name(void*, const char*) {}
+void SwitchTo(void*, bool) {}
+void Release(const void*) {}
+void Acquire(const void*) {}
+void Read(const void*, size_t) {}
+void Write(void*, size_t) {}
+#endif
+}  // namespace race
+
 struct Copy {
   void* dst;
   const void* src;
@@ -39,6 +91,11 @@ struct Copy {
 struct Barrier {
   int arrived = 0;
   uint64_t generation = 0;
+  // The race checker's synchronisation objects, one per generation
+  // parity: a fiber leaving generation g acquires what generation g's
+  // arrivals released, never what a fiber that went on already released
+  // at g + 1 (arriving at g + 2 needs every party past g).
+  char sync[2];
 };
 
 struct Fiber {
@@ -46,6 +103,7 @@ struct Fiber {
   jmp_buf resume;      // where it yielded
   bool started = false;
   std::unique_ptr<char[]> stack;
+  void* tsan = nullptr;  // its ThreadSanitizer fiber (race::kOn)
   uint3 index;
   bool done = false;
   // While waiting: the barrier, its generation when this fiber arrived
@@ -75,6 +133,8 @@ struct Block {
   int live = 0;
   int current = -1;
   jmp_buf scheduler;
+  void* scheduler_tsan = nullptr;  // the launching thread's (race::kOn)
+  char done_sync;                  // the block's fibers release it as they end
   std::vector<unsigned char> dynamic_shared;
   const std::function<void()>* kernel = nullptr;
 };
@@ -117,19 +177,27 @@ Fiber& Current() {
 // Hands the thread back to the scheduler until it resumes this fiber.
 void Yield() {
   Fiber& fiber = Current();
-  if (_setjmp(fiber.resume) == 0) _longjmp(g_block->scheduler, 1);
+  if (_setjmp(fiber.resume) == 0) {
+    race::SwitchTo(g_block->scheduler_tsan, false);
+    _longjmp(g_block->scheduler, 1);
+  }
 }
 
 // Arrives at `barrier` of `parties` and waits for the rest. Returns true
 // for the last to arrive, which goes on before any other: the others
-// resume only when it next yields.
-bool Wait(Barrier& barrier, int parties, const char* op) {
+// resume only when it next yields. `orders_memory`: the barrier orders
+// memory for the race checker (__syncthreads and __syncwarp do; the
+// waits inside shfl, ldmatrix and mma.sync do not).
+bool Wait(Barrier& barrier, int parties, const char* op, bool orders_memory) {
   Fiber& fiber = Current();
   ++g_counters.barriers;
   const uint64_t generation = barrier.generation;
+  const char* sync = &barrier.sync[generation & 1];
+  if (orders_memory) race::Release(sync);
   if (++barrier.arrived >= parties) {
     barrier.arrived = 0;
     ++barrier.generation;
+    if (orders_memory) race::Acquire(sync);
     return true;
   }
   fiber.barrier = &barrier;
@@ -137,6 +205,7 @@ bool Wait(Barrier& barrier, int parties, const char* op) {
   fiber.op = op;
   while (barrier.generation == generation) Yield();
   Current().barrier = nullptr;
+  if (orders_memory) race::Acquire(sync);
   return false;
 }
 
@@ -167,9 +236,9 @@ void WarpExchange(const char* op, Store store, Once once, Load load) {
   WarpSlot& slot = WarpOf(fiber);
   const int lane = LaneOf(fiber);
   store(slot, lane);
-  if (Wait(slot.barrier, kWarpSize, op)) once(slot);
+  if (Wait(slot.barrier, kWarpSize, op, false)) once(slot);
   load(slot, lane);
-  Wait(slot.barrier, kWarpSize, op);
+  Wait(slot.barrier, kWarpSize, op, false);
 }
 void Nothing(WarpSlot&) {}
 
@@ -181,6 +250,8 @@ void RunFiber() {
   fiber.done = true;
   --block.live;
   ReleaseBlockBarrierIfAllArrived(block);
+  race::Release(&block.done_sync);
+  race::SwitchTo(block.scheduler_tsan, false);
   _longjmp(block.scheduler, 1);
 }
 
@@ -237,6 +308,9 @@ void Resume(Block& block, int i) {
   block.current = i;
   if (_setjmp(block.scheduler) == 0) {
     Fiber& fiber = block.fibers[i];
+    // A fiber's first run in a block starts after everything the
+    // launching thread did (and, through it, every block before).
+    race::SwitchTo(fiber.tsan, !fiber.started);
     if (!fiber.started) {
       fiber.started = true;
       setcontext(&fiber.context);
@@ -261,6 +335,13 @@ bool RunBlock(Block& block, Schedule schedule, std::mt19937_64& shuffle) {
     fiber.context.uc_stack.ss_size = kStackBytes;
     fiber.context.uc_link = nullptr;
     makecontext(&fiber.context, RunFiber, 0);
+    if (race::kOn) {
+      const std::string name = "CUDA thread " + std::to_string(i) + " of block (" +
+                               std::to_string(block.block_index.x) + ", " +
+                               std::to_string(block.block_index.y) + ", " +
+                               std::to_string(block.block_index.z) + ")";
+      race::Name(fiber.tsan, name.c_str());
+    }
   }
   block.live = threads;
   block.block_barrier = Barrier{};
@@ -285,6 +366,7 @@ bool RunBlock(Block& block, Schedule schedule, std::mt19937_64& shuffle) {
       return false;
     }
   }
+  race::Acquire(&block.done_sync);
   return true;
 }
 
@@ -306,12 +388,12 @@ const dim3& GridDim() {
 
 void SyncThreads() {
   Current();
-  Wait(g_block->block_barrier, g_block->live, "__syncthreads");
+  Wait(g_block->block_barrier, g_block->live, "__syncthreads", true);
 }
 
 void SyncWarp() {
   Fiber& fiber = Current();
-  Wait(WarpOf(fiber).barrier, kWarpSize, "__syncwarp");
+  Wait(WarpOf(fiber).barrier, kWarpSize, "__syncwarp", true);
 }
 
 uint32_t ShflXor32(uint32_t value, int lane_mask) {
@@ -374,7 +456,11 @@ void MmaTf32(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
 void LdMatrixX4(const void* row, uint32_t* r, bool trans) {
   WarpExchange(
       trans ? "ldmatrix.x4.trans" : "ldmatrix.x4",
-      [&](WarpSlot& slot, int lane) { slot.pointers[lane] = row; }, Nothing,
+      [&](WarpSlot& slot, int lane) {
+        race::Read(row, 16);  // the row this lane names
+        slot.pointers[lane] = row;
+      },
+      Nothing,
       [&](WarpSlot& slot, int lane) {
         auto element = [&](int matrix, int i, int j) {  // matrix's (row i, column j)
           uint16_t value;
@@ -394,6 +480,8 @@ void LdMatrixX4(const void* row, uint32_t* r, bool trans) {
 
 void CpAsync16(void* dst, const void* src, int src_bytes) {
   if (src_bytes != 0 && src_bytes != 16) Fail("cp.async with a source size other than 0 or 16");
+  if (src_bytes > 0) race::Read(src, src_bytes);
+  race::Write(dst, 16);
   // Until the copy completes, what a reader finds there is NaN.
   std::memset(dst, 0xff, 16);
   Current().open_group.push_back(Copy{dst, src, src_bytes});
@@ -409,6 +497,7 @@ void CpAsyncWait(int pending) {
   Fiber& fiber = Current();
   while (static_cast<int>(fiber.committed.size()) > pending) {
     for (const Copy& copy : fiber.committed.front()) {
+      race::Write(copy.dst, 16);
       std::memset(copy.dst, 0, 16);
       if (copy.src_bytes > 0) std::memcpy(copy.dst, copy.src, copy.src_bytes);
     }
@@ -441,10 +530,12 @@ int Launch(dim3 grid, dim3 block_dim, size_t dynamic_shared_bytes,
   for (int i = 0; i < threads; ++i) {
     Fiber& fiber = block.fibers[i];
     fiber.stack.reset(new char[kStackBytes]);
+    fiber.tsan = race::Create();
     fiber.index = uint3{static_cast<unsigned>(i % block_dim.x),
                         static_cast<unsigned>(i / block_dim.x % block_dim.y),
                         static_cast<unsigned>(i / (block_dim.x * block_dim.y))};
   }
+  block.scheduler_tsan = race::Current();
   std::mt19937_64 shuffle(g_seed);
   const Schedule schedule = g_schedule;
   g_block = &block;
@@ -457,6 +548,7 @@ int Launch(dim3 grid, dim3 block_dim, size_t dynamic_shared_bytes,
         ++g_counters.blocks;
       }
   g_block = nullptr;
+  for (Fiber& fiber : block.fibers) race::Destroy(fiber.tsan);
   if (!ok) {
     g_last_error = static_cast<int>(cudaErrorLaunchFailure);
     return g_last_error;
@@ -500,3 +592,8 @@ cudaError_t Synchronize() { return static_cast<cudaError_t>(LastError()); }
 cudaError_t GetLastError() { return static_cast<cudaError_t>(LastError()); }
 
 }  // namespace muster::simt
+
+#ifdef MUSTER_SIMT_TSAN
+// ThreadSanitizer calls this for every report it prints.
+extern "C" void __tsan_on_report(void*) { ++muster::simt::g_counters.races; }
+#endif

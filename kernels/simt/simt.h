@@ -26,6 +26,19 @@
 //   of shared memory that another warp writes (or a cp.async poisons)
 //   without a barrier in between then sees the write or not, by schedule.
 //
+// The race checker: simt.cc built with MUSTER_SIMT_TSAN, in a binary
+// whose kernels are compiled and linked with -fsanitize=thread, reports
+// every pair of accesses to one address by two CUDA threads of a block,
+// one of them a write, that no __syncthreads or __syncwarp orders (the
+// hazards of compute-sanitizer's racecheck, in shared and global memory),
+// whether or not the schedule interleaved them. ThreadSanitizer prints
+// each with both stacks and the threads' names ("CUDA thread 37 of block
+// (2, 5, 0)"), and the process exits with status 66. shfl, ldmatrix and
+// mma.sync order no memory, as on the GPU; blocks are ordered one after
+// another, so a race between two blocks is not reported. ldmatrix reads
+// each lane's 16-byte row; cp.async reads its source and writes its
+// destination both when issued and when waited for.
+//
 // A kernel source compiled with MUSTER_SIMT defined (common.cuh includes
 // this header then) calls the functions below where it would use inline
 // PTX, and must be compiled with -fno-strict-aliasing: CUDA code reads
@@ -138,6 +151,7 @@ struct Counters {
   uint64_t blocks = 0;
   uint64_t mma = 0;  // warp-wide MMAs
   uint64_t barriers = 0;
+  uint64_t races = 0;  // data races reported (built with MUSTER_SIMT_TSAN)
 };
 Counters GetCounters();
 
