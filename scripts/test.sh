@@ -45,22 +45,27 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   # fast_simt_test's cases other than flash attention (which simt_test
   # covers) run again with one warp running ahead of the others, both ways
   # (kernels/simt/simt.h, Schedule), to find a missing barrier.
-  # Then the emulation's race checker (ThreadSanitizer; simt.h): its own
-  # test, and fast_cuda_test.cc's cases under it, where any race fails.
-  # ThreadSanitizer needs its fixed address layout; where the kernel
-  # randomises mmap more than it expects, turning randomisation off for the
-  # test process avoids that (setarch -R, used where it is allowed).
-  race_env=""
+  # Then the emulation's checkers (simt.h): the race checker's own test,
+  # and fast_cuda_test.cc's cases under the race checker (ThreadSanitizer:
+  # any race fails) and the memory checker (AddressSanitizer: any access
+  # out of bounds fails). The sanitizers need their fixed address layout;
+  # where the kernel randomises mmap more than they expect, turning
+  # randomisation off for the test process avoids that (setarch -R, used
+  # where it is allowed).
+  checker_env=""
   if setarch "$(uname -m)" -R true 2> /dev/null; then
-    race_env="--run_under=setarch $(uname -m) -R"
+    checker_env="--run_under=setarch $(uname -m) -R"
   fi
   for run in "//tests/kernels:cudnn_descriptors_test" "//tests/kernels:fast_simt_test" \
       "//tests/kernels:simt_test" \
       "//tests/kernels:fast_simt_test --test_env=MUSTER_SIMT_SCHEDULE=lowest_first --test_arg=~[attention]" \
       "//tests/kernels:fast_simt_test --test_env=MUSTER_SIMT_SCHEDULE=highest_first --test_arg=~[attention]" \
-      "//tests/kernels:simt_race_test" "//tests/kernels:fast_simt_race_test"; do
+      "//tests/kernels:simt_race_test" "//tests/kernels:fast_simt_race_test" \
+      "//tests/kernels:fast_simt_memcheck_test"; do
     read -r -a words <<< "$run"
-    if [[ "$run" == *_race_test && -n "$race_env" ]]; then words+=("$race_env"); fi
+    if [[ "$run" == *_race_test || "$run" == *_memcheck_test ]] && [ -n "$checker_env" ]; then
+      words+=("$checker_env")
+    fi
     if bazel test --config=cuda --test_output=errors "${words[@]}"; then
       passed=$((passed + 1))
     else

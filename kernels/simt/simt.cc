@@ -16,6 +16,11 @@
 #ifdef MUSTER_SIMT_TSAN
 #include <sanitizer/tsan_interface.h>
 #endif
+#ifdef MUSTER_SIMT_ASAN
+#include <dlfcn.h>
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
 
 #include <algorithm>
 #include <cstdio>
@@ -80,6 +85,27 @@ void Write(void*, size_t) {}
 #endif
 }  // namespace race
 
+// The memory checker (built with MUSTER_SIMT_ASAN, in binaries whose
+// kernels are compiled and linked with -fsanitize=address; simt.h): told
+// each time execution moves to another fiber's stack, AddressSanitizer
+// keeps the stacks apart instead of taking a fiber's frames for the
+// thread's. Leave before a switch (saving the leaving fiber's fake stack,
+// or nullptr when it ends), Arrive after it (which can also give the
+// bounds of the stack left).
+namespace stacks {
+#ifdef MUSTER_SIMT_ASAN
+void Leave(void** fake_stack, const void* bottom, size_t size) {
+  __sanitizer_start_switch_fiber(fake_stack, bottom, size);
+}
+void Arrive(void* fake_stack, const void** bottom_left, size_t* size_left) {
+  __sanitizer_finish_switch_fiber(fake_stack, bottom_left, size_left);
+}
+#else
+void Leave(void**, const void*, size_t) {}
+void Arrive(void*, const void**, size_t*) {}
+#endif
+}  // namespace stacks
+
 struct Copy {
   void* dst;
   const void* src;
@@ -103,7 +129,8 @@ struct Fiber {
   jmp_buf resume;      // where it yielded
   bool started = false;
   std::unique_ptr<char[]> stack;
-  void* tsan = nullptr;  // its ThreadSanitizer fiber (race::kOn)
+  void* tsan = nullptr;        // its ThreadSanitizer fiber (race::kOn)
+  void* fake_stack = nullptr;  // AddressSanitizer's, while it waits (stacks)
   uint3 index;
   bool done = false;
   // While waiting: the barrier, its generation when this fiber arrived
@@ -134,7 +161,12 @@ struct Block {
   int current = -1;
   jmp_buf scheduler;
   void* scheduler_tsan = nullptr;  // the launching thread's (race::kOn)
-  char done_sync;                  // the block's fibers release it as they end
+  // The launching thread's stack, and its fake stack while a fiber runs
+  // (stacks).
+  const void* scheduler_stack = nullptr;
+  size_t scheduler_stack_bytes = 0;
+  void* scheduler_fake_stack = nullptr;
+  char done_sync;  // the block's fibers release it as they end
   std::vector<unsigned char> dynamic_shared;
   const std::function<void()>* kernel = nullptr;
 };
@@ -163,9 +195,42 @@ Schedule g_schedule = ScheduleFromEnvironment();
 uint64_t g_seed = 1;
 Counters g_counters;
 
+#ifdef MUSTER_SIMT_ASAN
+// AddressSanitizer knows one thread; this names the CUDA thread that made
+// the access it reports.
+void NameCudaThread(const char*) {
+  if (g_block == nullptr || g_block->current < 0) return;
+  const uint3& t = g_block->fibers[g_block->current].index;
+  const uint3& b = g_block->block_index;
+  std::fprintf(stderr, "simt: made by CUDA thread (%u, %u, %u) of block (%u, %u, %u)\n", t.x, t.y,
+               t.z, b.x, b.y, b.z);
+}
+#endif
+
 [[noreturn]] void Fail(const char* what) {
   std::fprintf(stderr, "simt: %s\n", what);
   std::abort();
+}
+
+// Switches to the context saved in `to`. Built for the memory checker,
+// through libc's _longjmp itself: AddressSanitizer's makes a system call
+// (sigaltstack) on every jump to clean up the stack it leaves, which made
+// the emulation ten times slower, and the fibers tell it about their
+// stacks themselves (stacks:: above).
+[[noreturn]] void Jump(jmp_buf to) {
+#ifdef MUSTER_SIMT_ASAN
+  using LongJmp = void (*)(jmp_buf, int);
+  static const LongJmp libc_longjmp = [] {
+    void* libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    void* symbol = libc != nullptr ? dlsym(libc, "_longjmp") : nullptr;
+    if (symbol == nullptr) Fail("cannot find libc's _longjmp");
+    return reinterpret_cast<LongJmp>(symbol);
+  }();
+  libc_longjmp(to, 1);
+  __builtin_unreachable();
+#else
+  _longjmp(to, 1);
+#endif
 }
 
 Fiber& Current() {
@@ -179,8 +244,10 @@ void Yield() {
   Fiber& fiber = Current();
   if (_setjmp(fiber.resume) == 0) {
     race::SwitchTo(g_block->scheduler_tsan, false);
-    _longjmp(g_block->scheduler, 1);
+    stacks::Leave(&fiber.fake_stack, g_block->scheduler_stack, g_block->scheduler_stack_bytes);
+    Jump(g_block->scheduler);
   }
+  stacks::Arrive(fiber.fake_stack, nullptr, nullptr);
 }
 
 // Arrives at `barrier` of `parties` and waits for the rest. Returns true
@@ -244,6 +311,7 @@ void Nothing(WarpSlot&) {}
 
 void RunFiber() {
   Block& block = *g_block;
+  stacks::Arrive(nullptr, &block.scheduler_stack, &block.scheduler_stack_bytes);
   (*block.kernel)();
   Fiber& fiber = Current();
   // Copies never waited for are dropped: the kernel never looked at them.
@@ -252,7 +320,8 @@ void RunFiber() {
   ReleaseBlockBarrierIfAllArrived(block);
   race::Release(&block.done_sync);
   race::SwitchTo(block.scheduler_tsan, false);
-  _longjmp(block.scheduler, 1);
+  stacks::Leave(nullptr, block.scheduler_stack, block.scheduler_stack_bytes);
+  Jump(block.scheduler);
 }
 
 float FloatOf(uint32_t bits) {
@@ -311,12 +380,14 @@ void Resume(Block& block, int i) {
     // A fiber's first run in a block starts after everything the
     // launching thread did (and, through it, every block before).
     race::SwitchTo(fiber.tsan, !fiber.started);
+    stacks::Leave(&block.scheduler_fake_stack, fiber.stack.get(), kStackBytes);
     if (!fiber.started) {
       fiber.started = true;
       setcontext(&fiber.context);
     }
-    _longjmp(fiber.resume, 1);
+    Jump(fiber.resume);
   }
+  stacks::Arrive(block.scheduler_fake_stack, nullptr, nullptr);
   block.current = -1;
 }
 
@@ -520,6 +591,9 @@ int Launch(dim3 grid, dim3 block_dim, size_t dynamic_shared_bytes,
     return g_last_error;
   }
   if (g_block != nullptr) Fail("a kernel launched from inside a kernel");
+#ifdef MUSTER_SIMT_ASAN
+  __asan_set_error_report_callback(NameCudaThread);
+#endif
   Block block;
   block.grid = grid;
   block.block = block_dim;
@@ -573,7 +647,13 @@ Counters GetCounters() { return g_counters; }
 
 // The runtime calls: simt.h's macros stand for the real ones here too.
 cudaError_t Malloc(void** pointer, size_t bytes) {
+#ifdef MUSTER_SIMT_ASAN
+  // Exactly `bytes`, so that the memory checker reports an access past
+  // the end.
+  if (posix_memalign(pointer, 256, bytes > 0 ? bytes : 1) != 0) *pointer = nullptr;
+#else
   *pointer = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+#endif
   return *pointer == nullptr ? cudaErrorMemoryAllocation : cudaSuccess;
 }
 cudaError_t Free(void* pointer) {

@@ -39,6 +39,15 @@
 // each lane's 16-byte row; cp.async reads its source and writes its
 // destination both when issued and when waited for.
 //
+// The memory checker: simt.cc built with MUSTER_SIMT_ASAN, in a binary
+// whose kernels are compiled and linked with -fsanitize=address, reports
+// an access out of bounds of a device buffer (Malloc gives exactly the
+// bytes asked for) or of the dynamic shared memory, as compute-sanitizer's
+// memcheck would, and names the CUDA thread and block that made it. Not
+// the static __shared__ arrays of kernel templates: the compiler gives
+// such arrays (vague linkage) no redzones. The fibers' stacks are
+// announced to AddressSanitizer at every switch.
+//
 // A kernel source compiled with MUSTER_SIMT defined (common.cuh includes
 // this header then) calls the functions below where it would use inline
 // PTX, and must be compiled with -fno-strict-aliasing: CUDA code reads

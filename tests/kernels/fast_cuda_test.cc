@@ -17,18 +17,16 @@
 // memory. The GEMM, GEMM-attention, cuDNN and repeatability cases need
 // cuBLASLt or cuDNN, which run on a GPU only, and are left out there.
 // Built with MUSTER_SIMT_TSAN too, as fast_simt_race_test, the kernels run
-// under the emulation's race checker (simt.h), and any race fails it.
+// under the emulation's race checker (simt.h), and any race fails it; with
+// MUSTER_SIMT_ASAN, as fast_simt_memcheck_test, under its memory checker,
+// and any access out of bounds fails it.
 #include <cuda_runtime.h>
 #ifdef MUSTER_SIMT
 #include "kernels/simt/simt.h"
 #endif
-#ifdef MUSTER_SIMT_TSAN
-// The CPU references' OpenBLAS synchronises its threads by spinning,
-// which ThreadSanitizer cannot see, so it would report races between
-// OpenBLAS's own memset and memcpy calls; the kernels are what is under
-// test. (called_from_lib cannot name OpenBLAS: ThreadSanitizer stops
-// when a library has two executable segments, as Debian's has.)
-extern "C" const char* __tsan_default_suppressions() { return "race:libopenblas.so\n"; }
+#if defined(MUSTER_SIMT_TSAN) || defined(MUSTER_SIMT_ASAN)
+#include <omp.h>
+extern "C" void openblas_set_num_threads(int);
 #endif
 
 #include <catch2/catch.hpp>
@@ -58,6 +56,19 @@ extern "C" const char* __tsan_default_suppressions() { return "race:libopenblas.
 
 namespace muster::kernels::fast {
 namespace {
+
+#if defined(MUSTER_SIMT_TSAN) || defined(MUSTER_SIMT_ASAN)
+// Under the emulation's checkers the CPU references run on one thread:
+// OpenMP's and OpenBLAS's threads wait for each other in ways
+// ThreadSanitizer cannot see, so it would report the references' own
+// writes (which thread takes which task varies from run to run), and the
+// kernels are what is under test. Set before the first parallel region.
+const bool kOneCpuThread = [] {
+  omp_set_num_threads(1);
+  openblas_set_num_threads(1);
+  return true;
+}();
+#endif
 
 #define CUDA_REQUIRE(call)                    \
   do {                                        \
@@ -102,7 +113,12 @@ ActType ActOf(GemmMath math) { return math == GemmMath::kBf16 ? ActType::kBf16 :
 class Buffer {
  public:
   Buffer(size_t n, ActType type) : n_(n), type_(type) {
+#ifdef MUSTER_SIMT_ASAN
+    // Exactly n elements, so the memory checker sees any access past them.
+    REQUIRE(cudaMalloc(&ptr_, n * ActBytes(type)) == cudaSuccess);
+#else
     REQUIRE(cudaMalloc(&ptr_, n * ActBytes(type) + 16) == cudaSuccess);
+#endif
     Poison();
   }
   ~Buffer() { cudaFree(ptr_); }
