@@ -37,20 +37,11 @@ constexpr int kWarpSize = 32;
 constexpr size_t kStackBytes = 256 * 1024;
 constexpr size_t kMaxDynamicShared = 228 * 1024;
 
-// The race checker (built with MUSTER_SIMT_TSAN, in binaries linked with
-// -fsanitize=thread; simt.h says what it reports). This file itself is
-// not instrumented: its bookkeeping is one thread's. It tells
-// ThreadSanitizer what the hardware would order and access:
-// - every CUDA thread is a ThreadSanitizer fiber, and switching between
-//   fibers orders nothing;
-// - __syncthreads and __syncwarp order what their parties did before
-//   against what they do after (shfl, ldmatrix and mma.sync order no
-//   memory, as in CUDA);
-// - blocks run one after another, each ordered after the last (so races
-//   between blocks are not reported);
-// - ldmatrix reads its 16-byte rows, and cp.async reads its source and
-//   writes its destination both when issued and when waited for (the
-//   hardware's write lands somewhere in between).
+// The race checker (built with MUSTER_SIMT_TSAN; simt.h says what it
+// orders and reports). This file itself is not instrumented, as its
+// bookkeeping is one thread's: these calls tell ThreadSanitizer which
+// fiber runs, what the barriers order, and what the emulated memory
+// instructions read and write.
 namespace race {
 #ifdef MUSTER_SIMT_TSAN
 extern "C" void __tsan_read_range(void* address, unsigned long bytes);
@@ -239,14 +230,19 @@ Fiber& Current() {
   return g_block->fibers[g_block->current];
 }
 
+// Switches from the running fiber to the scheduler, telling the checkers;
+// `fake_stack` keeps AddressSanitizer's for the fiber's return (nullptr:
+// the fiber has ended).
+[[noreturn]] void ToScheduler(void** fake_stack) {
+  race::SwitchTo(g_block->scheduler_tsan, false);
+  stacks::Leave(fake_stack, g_block->scheduler_stack, g_block->scheduler_stack_bytes);
+  Jump(g_block->scheduler);
+}
+
 // Hands the thread back to the scheduler until it resumes this fiber.
 void Yield() {
   Fiber& fiber = Current();
-  if (_setjmp(fiber.resume) == 0) {
-    race::SwitchTo(g_block->scheduler_tsan, false);
-    stacks::Leave(&fiber.fake_stack, g_block->scheduler_stack, g_block->scheduler_stack_bytes);
-    Jump(g_block->scheduler);
-  }
+  if (_setjmp(fiber.resume) == 0) ToScheduler(&fiber.fake_stack);
   stacks::Arrive(fiber.fake_stack, nullptr, nullptr);
 }
 
@@ -319,9 +315,7 @@ void RunFiber() {
   --block.live;
   ReleaseBlockBarrierIfAllArrived(block);
   race::Release(&block.done_sync);
-  race::SwitchTo(block.scheduler_tsan, false);
-  stacks::Leave(nullptr, block.scheduler_stack, block.scheduler_stack_bytes);
-  Jump(block.scheduler);
+  ToScheduler(nullptr);
 }
 
 float FloatOf(uint32_t bits) {
