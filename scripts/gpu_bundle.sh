@@ -7,6 +7,10 @@
 #                            bench_fsdp (CPU), cuda_link_check, the CUDA tests
 #                            (RPATH $ORIGIN/../lib), bench_gpu_torch.py,
 #                            bench_flash_torch.py, bench_gemm_torch.py
+#   OUTDIR/muster/bin/baseline/  with BASELINE=<commit> only: bench_gpu and
+#                            bench_flash built from that commit (COMMIT names
+#                            it), for gpu_run.sh's `ab` step: the same benches
+#                            of two builds, alternating on one GPU
 #   OUTDIR/muster/lib/       their shared libraries (RPATH $ORIGIN), less the
 #                            ones the node must provide itself (see EXCLUDED)
 #   OUTDIR/muster/examples/  examples/*.yaml
@@ -21,6 +25,10 @@
 #   GPU_TARGETS  space-separated Bazel labels, overriding GPU_TARGETS_DEFAULT
 #   BAZEL        the bazel command (default "bazel")
 #   DATA_BYTES   bytes of demo text tokenized into data/tiny (default 1000000)
+#   BASELINE     a commit (any name git knows) to build the baseline benches
+#                from, in a git worktree at BASELINE_TREE (default
+#                /tmp/muster-baseline, kept between runs: its Bazel output
+#                base makes the next baseline build incremental)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -158,6 +166,43 @@ for label in "${targets[@]}"; do
   srcs+=("$src")
 done
 
+# The baseline benches (BASELINE): the same targets built from another
+# commit in a worktree of this repository, with its own Bazel output base.
+BASELINE_TARGETS=(//tools:bench_gpu //tools:bench_flash)
+base_bins=()
+if [ -n "${BASELINE:-}" ]; then
+  base_sha=$(git rev-parse --verify --quiet "${BASELINE}^{commit}") ||
+    die "BASELINE=$BASELINE is not a commit of this repository"
+  base_tree=${BASELINE_TREE:-/tmp/muster-baseline}
+  echo "== baseline $base_sha in $base_tree"
+  if [ -e "$base_tree/.git" ]; then
+    git -C "$base_tree" checkout --quiet --detach "$base_sha" ||
+      die "cannot check out $base_sha in $base_tree (not a worktree of this repository?)"
+  else
+    [ ! -e "$base_tree" ] || die "$base_tree exists and is not a git worktree; set BASELINE_TREE"
+    git worktree prune  # a worktree whose folder was deleted (a cleaned /tmp)
+    git worktree add --quiet --detach "$base_tree" "$base_sha" ||
+      die "git worktree add $base_tree failed"
+  fi
+  (cd "$base_tree" && "$BAZEL" build "${build_flags[@]}" "${BASELINE_TARGETS[@]}") ||
+    die "the baseline's bazel build failed"
+  base_bazel_bin=$(cd "$base_tree" && "$BAZEL" info "${build_flags[@]}" bazel-bin 2>/dev/null) ||
+    die "bazel info bazel-bin failed in $base_tree"
+  # Its Bazel server is not needed again until the next baseline build.
+  (cd "$base_tree" && "$BAZEL" shutdown) || true
+  mkdir -p "$stage/bin/baseline"
+  for label in "${BASELINE_TARGETS[@]}"; do
+    src="$base_bazel_bin/tools/${label##*:}"
+    [ -x "$src" ] || die "the baseline built $label, but there is no executable at $src"
+    dst="$stage/bin/baseline/${label##*:}"
+    cp -L "$src" "$dst"
+    chmod u+w,a+rx "$dst"
+    base_bins+=("$dst")
+    srcs+=("$src")
+  done
+  echo "$base_sha" > "$stage/bin/baseline/COMMIT"
+fi
+
 # Every library the binaries load, transitively (ldd resolves the whole tree),
 # by the soname they ask for, resolved the way this machine resolves it. ldd
 # runs on the binaries where Bazel left them: cc_test binaries load the
@@ -188,13 +233,17 @@ done
 
 # Strip first, then set DT_RPATH (not RUNPATH: DT_RPATH of the executable
 # also applies to the libraries its libraries load).
-for f in "${bins[@]}" "$stage"/lib/*; do
+for f in "${bins[@]}" "${base_bins[@]}" "$stage"/lib/*; do
   [ -f "$f" ] || continue
   strip --strip-debug "$f" || die "strip --strip-debug $f failed"
 done
 # shellcheck disable=SC2016  # $ORIGIN is for the dynamic loader, not the shell
 for bin in "${bins[@]}"; do
   patchelf --force-rpath --set-rpath '$ORIGIN/../lib' "$bin" || die "patchelf $bin failed"
+done
+# shellcheck disable=SC2016
+for bin in "${base_bins[@]}"; do
+  patchelf --force-rpath --set-rpath '$ORIGIN/../../lib' "$bin" || die "patchelf $bin failed"
 done
 # shellcheck disable=SC2016
 for lib in "$stage"/lib/*; do
@@ -205,7 +254,7 @@ done
 # Check: with the bundle's RPATH, every non-excluded library resolves from
 # the bundle. cuBLAS and NCCL resolve from this machine's CUDA.
 check_path="$CUDA_LIB"
-for bin in "${bins[@]}"; do
+for bin in "${bins[@]}" "${base_bins[@]}"; do
   ldd_out=$(env -u LD_PRELOAD LD_LIBRARY_PATH="$check_path" ldd "$bin" 2>&1) ||
     die "ldd of the bundled $(basename "$bin") failed: $ldd_out"
   grep -q 'not found' <<< "$ldd_out" && die "bundled $(basename "$bin") does not resolve:
@@ -255,6 +304,9 @@ need_versions() {
   echo "source: $(git describe --always --dirty 2>/dev/null || echo unknown)"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(grep -oP '^PRETTY_NAME="?\K[^"]*' /etc/os-release)"
   echo "bazel: ${build_flags[*]} ${targets[*]}"
+  if [ ${#base_bins[@]} -gt 0 ]; then
+    echo "baseline: $base_sha (bin/baseline: ${BASELINE_TARGETS[*]})"
+  fi
   echo "needs from the node: ${EXCLUDED[*]}"
   echo "newest symbol versions needed: $(need_versions GLIBC) $(need_versions GLIBCXX) $(need_versions CXXABI)"
   echo "bin:"

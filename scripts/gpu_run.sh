@@ -24,6 +24,15 @@
 #              cuDNN and efficient kernels each alone)
 #   gemm       bin/bench_gemm $GEMM_ARGS: GPT-2 124M's GEMMs, the engine's
 #              cuBLASLt algorithm against the others the heuristic offers
+#   ab         the bundle's benches against its baseline's (a bundle built with
+#              BASELINE=<commit>: bin/baseline), on this GPU: each tool of
+#              $AB_TOOLS (default "bench_flash bench_gpu") run $AB_RUNS times
+#              (3) per build, alternating (the baseline first in odd rounds,
+#              the new build first in even ones), then scripts/ab_compare.py:
+#              each timed row's median per build and new / baseline.
+#              $AB_FLASH_ARGS (default --no-torch --rounds 3) and $AB_GPU_ARGS
+#              (default --precisions bf16,tf32 --no-torch) are passed to both
+#              builds
 #   fsdpcpu    bin/bench_fsdp --skip-rss $FSDP_ARGS: FSDP against DDP and the
 #              communication hidden, on the node's CPU cores (no GPU): the
 #              same measurement as on a 2-core machine, without two ranks and
@@ -115,7 +124,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-ALL_STEPS=(selfcheck link kernels cudnn model staged sanitizer bench flash gemm fsdpcpu torch train curve
+ALL_STEPS=(selfcheck link kernels cudnn model staged sanitizer bench flash gemm ab fsdpcpu torch train curve
            determinism resume ddp1 ddp2 ddpnccl2 ddpkill ddpbench fsdp1 fsdp2 hsdp fsdpspeed)
 DEFAULT_STEPS=(link kernels model bench)
 
@@ -128,6 +137,12 @@ TRAIN_CONFIGS=${TRAIN_CONFIGS:-examples/tiny_cuda.yaml}
 # script here.
 REPO=$(pwd -P)
 COMPARE_METRICS="$REPO/scripts/compare_metrics.py"
+AB_COMPARE="$REPO/scripts/ab_compare.py"
+AB_DIR="$OUT/ab"
+AB_TOOLS=${AB_TOOLS:-bench_flash bench_gpu}
+AB_RUNS=${AB_RUNS:-3}
+AB_FLASH_ARGS=${AB_FLASH_ARGS:---no-torch --rounds 3}
+AB_GPU_ARGS=${AB_GPU_ARGS:---precisions bf16,tf32 --no-torch}
 GPU_RUN_DEVICE=${GPU_RUN_DEVICE:-cuda}
 CURVE_STEPS=${CURVE_STEPS:-300}
 CURVE_AFTER=${CURVE_AFTER:-50}
@@ -406,6 +421,41 @@ step_gemm() {
   mapfile -t args < <(words GEMM_ARGS)
   need bin/bench_gemm || return 127
   bundled bin/bench_gemm "${args[@]}"
+}
+
+# The bundle against its baseline (bin/baseline), alternating; see `ab` above.
+step_ab() {
+  local tool side run bin args_var order source
+  local -a args
+  need bin/baseline/COMMIT || return 127
+  [[ "$AB_RUNS" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_run: AB_RUNS must be a positive integer" >&2; return 2; }
+  mkdir -p "$AB_DIR" && rm -f "$AB_DIR"/*.log
+  for tool in $AB_TOOLS; do
+    case $tool in
+      bench_flash) args_var=AB_FLASH_ARGS ;;
+      bench_gpu) args_var=AB_GPU_ARGS ;;
+      *) echo "gpu_run: AB_TOOLS: no '$tool' in bin/baseline (bench_flash, bench_gpu)" >&2; return 2 ;;
+    esac
+    mapfile -t args < <(words "$args_var")
+    need "bin/$tool" && need "bin/baseline/$tool" || return 127
+    for run in $(seq 1 "$AB_RUNS"); do
+      order="baseline new"
+      [ $((run % 2)) -eq 0 ] && order="new baseline"
+      for side in $order; do
+        bin="bin/$tool"
+        [ "$side" = baseline ] && bin="bin/baseline/$tool"
+        echo "--- $tool, $side build, run $run: $bin ${args[*]}"
+        if ! bundled "$bin" "${args[@]}" > "$AB_DIR/$tool.$side.$run.log" 2>&1; then
+          echo "FAIL: $bin exited non-zero; its last lines:"
+          tail -20 "$AB_DIR/$tool.$side.$run.log" | sed 's/^/  | /'
+          return 1
+        fi
+      done
+    done
+  done
+  source=$(sed -n 's/^source: //p' BUNDLE.txt 2>/dev/null)
+  python3 "$AB_COMPARE" --baseline "$(cat bin/baseline/COMMIT)" --new "${source:-?}" \
+    "$AB_DIR"/*.log
 }
 
 step_fsdpcpu() {
@@ -982,7 +1032,7 @@ for step in "${steps[@]}"; do
       last_step resume_attempt run_launch nccl_or_dry pid_with_env
     export BUNDLE_LD_PATH CUDNN_LIB MUSTER_HOME TRAIN_CONFIGS COMPARE_METRICS GPU_RUN_DEVICE \
       CURVE_STEPS CURVE_AFTER CURVE_REL DETERMINISM_STEPS RESUME_STEPS RESUME_MODEL \
-      FSDPSPEED_STEPS DDPBENCH_ARGS
+      FSDPSPEED_STEPS DDPBENCH_ARGS AB_COMPARE AB_DIR AB_TOOLS AB_RUNS AB_FLASH_ARGS AB_GPU_ARGS
     # pipefail again: a child bash does not inherit it, and a step's
     # `run_worker ... | tee` must fail when the worker does.
     timeout -k 10 "$STEP_TIMEOUT" bash -c "set -o pipefail; step_$step"

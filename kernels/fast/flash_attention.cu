@@ -24,6 +24,7 @@
 // 72 bf16 (144 bytes), so the 8 rows an ldmatrix phase reads fall in
 // different banks, or to 68 floats (Tf32Mma).
 #include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 
@@ -38,6 +39,13 @@ constexpr int kHs = kFlashHeadSize;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr float kLog2e = 1.4426950408889634f;
+// The backward applies the softmax scale 1/sqrt(64) = 1/8 to dK and dQ
+// once, at the store, rather than to every dS: exact only for a power of
+// two.
+static_assert(kHs == 64, "the backward's scale must stay a power of two");
+// How far (log2) a step's scores may exceed the forward's running max
+// before it is raised and the output rescaled: terms stay <= 2^8.
+constexpr float kRescaleLog2 = 8.0f;
 
 struct Frag {
   uint32_t r[4];
@@ -313,6 +321,24 @@ __device__ __forceinline__ void NextKeyValueTile(E (*k_tiles)[kTile * Op::kLd],
   __syncthreads();
 }
 
+// 2^x as the one instruction the hardware has for it (MUFU.EX2, through
+// ex2.approx.ftz). exp2f, without nvcc's --use_fast_math, is
+// ex2.approx without .ftz, which ptxas wraps in a test, two multiplies
+// and a predicate for results below 2^-126: three more instructions a
+// score. Flushing those to 0 changes nothing here, as each is next to a
+// sum of at least 1 (a row's largest term is 2^0). The emulation flushes
+// them too.
+__device__ __forceinline__ float Exp2(float x) {
+#ifdef MUSTER_SIMT
+  const float y = exp2f(x);
+  return y < FLT_MIN ? 0.0f : y;
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
 template <int N>
 __device__ __forceinline__ void Zero(float (*acc)[4]) {
 #pragma unroll
@@ -512,46 +538,72 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       // Only a step reaching past the warp's first row (or past T) has
       // keys after a row.
       const bool masked = k0 + kStep - 1 > warp_row0 || k0 + kStep > T;
+      // Raw scores: the scale is applied in the exponent's FMA.
       float s[kM][kStep / 8][4];
       ProductWithRows<Op, kM, kStep / 8>(s, qa, k_rows, lane);
-#pragma unroll
-      for (int m = 0; m < kM; ++m)
-#pragma unroll
-        for (int j = 0; j < kStep / 8; ++j)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[m][j][e] *= scale_log2;
       if (masked) MaskAfterDiagonal<kM, kStep / 8, false>(s, warp_row0, k0, T, -INFINITY, g, q);
+      // Each row's max over the step (a row's 8 columns are spread over
+      // the 4 lanes of a quad).
+      float step_max[kM][2];
+      bool raise = false;
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          float step_max = -INFINITY;
+          float x = -INFINITY;
 #pragma unroll
           for (int j = 0; j < kStep / 8; ++j) {
-            step_max = fmaxf(step_max, fmaxf(s[m][j][2 * half], s[m][j][2 * half + 1]));
+            x = fmaxf(x, fmaxf(s[m][j][2 * half], s[m][j][2 * half + 1]));
           }
-          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 1));
-          step_max = fmaxf(step_max, __shfl_xor_sync(0xffffffffu, step_max, 2));
-          // Every row sees key 0 first, so the max is finite from then on.
-          const float m_new = fmaxf(m_run[m][half], step_max);
-          const float correction = exp2f(m_run[m][half] - m_new);
-          m_run[m][half] = m_new;
+          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+          step_max[m][half] = x;
+          // Every row sees key 0 in its first step, so m_run is finite
+          // after it (and -inf before, which this raises).
+          raise |= (x - m_run[m][half]) * scale_log2 > kRescaleLog2;
+        }
+      }
+      // The running max (a raw score) moves only when a step exceeds it
+      // by more than kRescaleLog2 in the exponent; until then the terms
+      // are relative to a max a little below the true one, at most
+      // 2^kRescaleLog2, and o and l keep their scale. The rescaling of o
+      // (a multiply per accumulator) then runs in a step's few first
+      // tiles only. The decision is the warp's (a vote), so the branch
+      // never diverges; the result is the same for any max that is
+      // used consistently, up to rounding.
+      if (__any_sync(0xffffffffu, raise)) {
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const float m_new = fmaxf(m_run[m][half], step_max[m][half]);
+            const float correction = Exp2((m_run[m][half] - m_new) * scale_log2);
+            m_run[m][half] = m_new;
+            l[m][half] *= correction;
+#pragma unroll
+            for (int j = 0; j < kHs / 8; ++j) {
+              o[m][j][2 * half] *= correction;
+              o[m][j][2 * half + 1] *= correction;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const float m_scaled = m_run[m][half] * scale_log2;
           float sum = 0.0f;
 #pragma unroll
           for (int j = 0; j < kStep / 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               float& x = s[m][j][2 * half + e];
-              x = exp2f(x - m_new);
+              x = Exp2(fmaf(x, scale_log2, -m_scaled));  // one FFMA, one MUFU.EX2
               sum += x;
             }
           }
-          l[m][half] = l[m][half] * correction + sum;
-#pragma unroll
-          for (int j = 0; j < kHs / 8; ++j) {
-            o[m][j][2 * half] *= correction;
-            o[m][j][2 * half + 1] *= correction;
-          }
+          l[m][half] += sum;
         }
       }
       AccumulateProduct<Op, kM, kStep / 8>(o, s, v_rows, lane);
@@ -575,7 +627,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
                                               2 * q) =
             Op::MakePair(o[m][j][2 * half] * inv, o[m][j][2 * half + 1] * inv);
       }
-      if (q == 0) lse[static_cast<size_t>(bh) * T + r] = m_run[m][half] + log2f(sum);
+      if (q == 0) lse[static_cast<size_t>(bh) * T + r] = m_run[m][half] * scale_log2 + log2f(sum);
     }
   }
 }
@@ -712,12 +764,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         for (int j = 0; j < kStep / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            p[m][j][e] = exp2f(p[m][j][e] * scale_log2 - lse_sub[8 * j + 2 * q + (e & 1)]);
+            p[m][j][e] = Exp2(fmaf(p[m][j][e], scale_log2, -lse_sub[8 * j + 2 * q + (e & 1)]));
       if (masked) MaskAfterDiagonal<kM, kStep / 8, true>(p, warp_key0, s0, T, 0.0f, g, q);
       // dV (16 kM keys x 64 dims) += P^T @ dO.
       AccumulateProduct<Op, kM, kStep / 8>(dv, p, do_rows, lane);
-      // dP^T (16 kM keys x kStep queries) = V @ dO^T; then dS^T = P^T (dP^T -
-      // delta) * scale, in place.
+      // dP^T (16 kM keys x kStep queries) = V @ dO^T; then dS^T / scale =
+      // P^T (dP^T - delta), in place. The scale (1/8 for head size 64)
+      // multiplies dK once, when it is stored: a power of two, so the
+      // same bits as scaling every dS, for a multiply a score less.
       float ds[kM][kStep / 8][4];
       if constexpr (kValuesInRegisters) {
         ProductWithRows<Op, kM, kStep / 8>(ds, va, do_rows, lane);
@@ -731,7 +785,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int query_index = 8 * j + 2 * q + (e & 1);
-            ds[m][j][e] = p[m][j][e] * (ds[m][j][e] - delta_sub[query_index]) * scale;
+            ds[m][j][e] = p[m][j][e] * (ds[m][j][e] - delta_sub[query_index]);
           }
         }
       }
@@ -743,7 +797,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   E* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
 #pragma unroll
   for (int m = 0; m < kM; ++m) {
-    StoreRows<Op>(dseq + C, stride, warp_key0 + 16 * m, T, dk[m], 1.0f, g, q);
+    StoreRows<Op>(dseq + C, stride, warp_key0 + 16 * m, T, dk[m], scale, g, q);
     StoreRows<Op>(dseq + 2 * C, stride, warp_key0 + 16 * m, T, dv[m], 1.0f, g, q);
   }
 }
@@ -813,7 +867,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         for (int j = 0; j < kStep / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            p[m][j][e] = exp2f(p[m][j][e] * scale_log2 - row_lse[m][e >> 1]);
+            p[m][j][e] = Exp2(fmaf(p[m][j][e], scale_log2, -row_lse[m][e >> 1]));
       if (masked) MaskAfterDiagonal<kM, kStep / 8, false>(p, warp_row0, s0, T, 0.0f, g, q);
 #pragma unroll
       for (int m = 0; m < kM; ++m)
@@ -821,15 +875,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
         for (int j = 0; j < kStep / 8; ++j)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            ds[m][j][e] = p[m][j][e] * (ds[m][j][e] - row_delta[m][e >> 1]) * scale;
-      AccumulateProduct<Op, kM, kStep / 8>(dq, ds, k_rows, lane);  // dQ += dS @ K
+            ds[m][j][e] = p[m][j][e] * (ds[m][j][e] - row_delta[m][e >> 1]);
+      // dQ += (dS / scale) @ K; the scale is applied when dQ is stored,
+      // as for dK above.
+      AccumulateProduct<Op, kM, kStep / 8>(dq, ds, k_rows, lane);
     }
     __syncthreads();  // done with this buffer before it is refilled
   }
   E* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
 #pragma unroll
   for (int m = 0; m < kM; ++m)
-    StoreRows<Op>(dseq, stride, warp_row0 + 16 * m, T, dq[m], 1.0f, g, q);
+    StoreRows<Op>(dseq, stride, warp_row0 + 16 * m, T, dq[m], scale, g, q);
 }
 
 }  // namespace

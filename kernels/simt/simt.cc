@@ -250,7 +250,7 @@ void Yield() {
 // for the last to arrive, which goes on before any other: the others
 // resume only when it next yields. `orders_memory`: the barrier orders
 // memory for the race checker (__syncthreads and __syncwarp do; the
-// waits inside shfl, ldmatrix and mma.sync do not).
+// waits inside shfl, vote, ldmatrix and mma.sync do not).
 bool Wait(Barrier& barrier, int parties, const char* op, bool orders_memory) {
   Fiber& fiber = Current();
   ++g_counters.barriers;
@@ -467,6 +467,17 @@ uint32_t ShflXor32(uint32_t value, int lane_mask) {
       "shfl.xor", [&](WarpSlot& slot, int lane) { slot.words[lane][0] = value; }, Nothing,
       [&](WarpSlot& slot, int lane) { result = slot.words[(lane ^ lane_mask) % kWarpSize][0]; });
   return result;
+}
+
+bool AnySync(bool predicate) {
+  bool any = false;
+  WarpExchange(
+      "vote.any", [&](WarpSlot& slot, int lane) { slot.words[lane][0] = predicate ? 1 : 0; },
+      Nothing,
+      [&](WarpSlot& slot, int) {
+        for (int lane = 0; lane < kWarpSize; ++lane) any = any || slot.words[lane][0] != 0;
+      });
+  return any;
 }
 
 // One mma.sync: every lane hands in its A and B fragments; `unpack`

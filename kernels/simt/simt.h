@@ -10,7 +10,7 @@
 // How it runs a kernel: each CUDA thread of a block is a fiber on the
 // calling thread, and the block's fibers take turns, each running
 // until it waits at a barrier: __syncthreads, or a warp-wide instruction
-// (mma.sync, ldmatrix, shfl, __syncwarp), which every lane must reach
+// (mma.sync, ldmatrix, shfl, vote, __syncwarp), which every lane must reach
 // before any goes on. Blocks run one after another. A block whose threads
 // all wait and none can go on is a deadlock: the launch fails
 // (cudaErrorLaunchFailure) and LastErrorMessage says who waited where.
@@ -33,8 +33,8 @@
 // hazards of compute-sanitizer's racecheck, in shared and global memory),
 // whether or not the schedule interleaved them. ThreadSanitizer prints
 // each with both stacks and the threads' names ("CUDA thread 37 of block
-// (2, 5, 0)"), and the process exits with status 66. shfl, ldmatrix and
-// mma.sync order no memory, as on the GPU; blocks are ordered one after
+// (2, 5, 0)"), and the process exits with status 66. shfl, vote, ldmatrix
+// and mma.sync order no memory, as on the GPU; blocks are ordered one after
 // another, so a race between two blocks is not reported. ldmatrix reads
 // each lane's 16-byte row; cp.async reads its source and writes its
 // destination both when issued and when waited for.
@@ -53,9 +53,10 @@
 // PTX, and must be compiled with -fno-strict-aliasing: CUDA code reads
 // registers through reinterpret_cast freely, which nvcc allows and g++'s
 // optimizer need not. The header redefines threadIdx, blockIdx, blockDim,
-// gridDim, __syncthreads, __syncwarp, __shfl_xor_sync, __shared__ (as
-// `static`: the block's fibers share one copy, and blocks run one at a
-// time) and the runtime calls a test makes (Malloc and the rest, below).
+// gridDim, __syncthreads, __syncwarp, __shfl_xor_sync, __any_sync,
+// __shared__ (as `static`: the block's fibers share one copy, and blocks
+// run one at a time) and the runtime calls a test makes (Malloc and the
+// rest, below).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -91,6 +92,10 @@ T ShflXor(T value, int lane_mask) {
   std::memcpy(&value, &bits, 4);
   return value;
 }
+
+// __any_sync(0xffffffff, predicate): whether any lane of the warp gives
+// true; every lane gets the same answer.
+bool AnySync(bool predicate);
 
 // mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 with c as both C
 // and D (PTX ISA fragment layouts; g = lane / 4, q = lane % 4):
@@ -192,6 +197,7 @@ inline int max(int a, int b) { return a > b ? a : b; }
 #define __syncthreads() ::muster::simt::SyncThreads()
 #define __syncwarp(...) ::muster::simt::SyncWarp()
 #define __shfl_xor_sync(mask, value, lane_mask) ::muster::simt::ShflXor((value), (lane_mask))
+#define __any_sync(mask, predicate) ::muster::simt::AnySync(predicate)
 #define cudaMalloc(pointer, bytes) \
   ::muster::simt::Malloc(reinterpret_cast<void**>(pointer), (bytes))
 #define cudaFree(pointer) ::muster::simt::Free(pointer)

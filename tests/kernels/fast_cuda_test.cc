@@ -359,13 +359,17 @@ TEST_CASE("attention forward and backward match the CPU back end", "[attention]"
 // Causal attention's CPU reference on random inputs, rounded to bf16 if
 // `act` is: qkv (B, T, 3C) and dout (B, T, C) uploaded to d_qkv / d_dout
 // as `act`; out, the probabilities att (B, NH, T, T) and dqkv from the
-// CPU back end.
+// CPU back end. With `rise`, every query's score of key t grows by rise *
+// t (each head's dim 0: 4 in the queries, rise * t / 4 in the keys), so a
+// row's largest score keeps moving to later keys, and the flash forward's
+// running max is raised in later steps, not only in the first.
 struct AttentionCase {
   int B, T, C, NH;
   std::vector<float> qkv, dout, out, att, dqkv;
   Buffer d_qkv, d_dout;
 
-  AttentionCase(int B_, int T_, int C_, int NH_, std::mt19937& rng, ActType act = ActType::kBf16)
+  AttentionCase(int B_, int T_, int C_, int NH_, std::mt19937& rng, ActType act = ActType::kBf16,
+                float rise = 0.0f)
       : B(B_),
         T(T_),
         C(C_),
@@ -377,6 +381,16 @@ struct AttentionCase {
         dqkv(qkv.size(), 0.0f),
         d_qkv(qkv.size(), act),
         d_dout(dout.size(), act) {
+    if (rise != 0.0f) {
+      const int hs = C / NH;
+      for (size_t row = 0; row < size_t(B) * T; ++row) {
+        const float t = float(row % T);
+        for (int h = 0; h < NH; ++h) {
+          qkv[row * 3 * C + h * hs] = 4.0f;
+          qkv[row * 3 * C + C + h * hs] = rise * t / 4.0f;
+        }
+      }
+    }
     d_qkv.Upload(&qkv);
     d_dout.Upload(&dout);
     std::vector<float> dpreatt(att.size());
@@ -431,14 +445,15 @@ struct AttentionCase {
 // rounds only the products' operands to 11 bits, which an emulation of
 // the kernels' rounding on the CPU puts at relative errors of 3-4e-4
 // (out) and 4-5e-4 (gradients) on these inputs.
-void FlashCase(FlashMath math, const FlashTiling& tiling, int T, std::mt19937& rng) {
+void FlashCase(FlashMath math, const FlashTiling& tiling, int T, std::mt19937& rng,
+               float rise = 0.0f) {
   const bool bf16 = math == FlashMath::kBf16;
   const ActType act = bf16 ? ActType::kBf16 : ActType::kF32;
   const double out_bound = bf16 ? 1e-2 : 2e-3, lse_bound = bf16 ? 1e-3 : 5e-4,
                grad_bound = bf16 ? 2e-2 : 2e-3;
   const int B = 2, C = 256, NH = 4;
   REQUIRE(FlashAttentionSupports(C, NH));
-  const AttentionCase ref(B, T, C, NH, rng, act);
+  const AttentionCase ref(B, T, C, NH, rng, act, rise);
   Buffer d_out(ref.out.size(), act), lse(size_t(B) * NH * T, ActType::kF32),
       delta(size_t(B) * NH * T, ActType::kF32), d_dqkv(ref.qkv.size(), act);
   CUDA_REQUIRE(FlashAttentionForward(math, d_out.get(), lse.f(), ref.d_qkv.get(), B, T, C, NH,
@@ -456,8 +471,11 @@ void FlashCase(FlashMath math, const FlashTiling& tiling, int T, std::mt19937& r
 // FlashCase for each named tiling at T = 64 (one tile of 64, half a block
 // of 128), 200 (ending in a partial tile) and 520 (five blocks of 128, the
 // last with 8 rows, and ten key tiles, the last with 8 keys), a section
-// each. Under the race checker (MUSTER_SIMT_TSAN, six times slower) 64 and
-// 200 only: 200 already reuses each double buffer.
+// each, and at T = 200 with scores rising along the keys (AttentionCase's
+// `rise`: 1 a key, 11.5 in the exponent's log2 units over a step of 64,
+// past the forward's threshold for raising its running max). Under the
+// race checker (MUSTER_SIMT_TSAN, six times slower) 64 and 200 only: 200
+// already reuses each double buffer.
 void FlashCases(FlashMath math) {
 #ifdef MUSTER_SIMT_TSAN
   const std::vector<int> lengths = {64, 200};
@@ -470,6 +488,10 @@ void FlashCases(FlashMath math) {
         std::mt19937 rng(Seed());
         FlashCase(math, tiling, T, rng);
       }
+    }
+    SECTION(tiling_name + ", T=200, rising scores") {
+      std::mt19937 rng(Seed());
+      FlashCase(math, tiling, 200, rng, 1.0f);
     }
   }
 }
