@@ -6,7 +6,8 @@
 #
 # Usage (from the repository root): scripts/gpu_run.sh [STEP...]
 # Steps (default: link kernels model bench):
-#   selfcheck  ldd and RPATH of every bundled binary; needs no GPU
+#   selfcheck  ldd and RPATH of every bundled binary (bin/baseline's too);
+#              needs no GPU
 #   link       bin/cuda_link_check
 #   kernels    bin/fast_cuda_test $KERNELS_ARGS        (Catch2)
 #   cudnn      bin/fast_cuda_test --warn NoTests '[cudnn]' $CUDNN_ARGS: cuDNN
@@ -349,13 +350,16 @@ find_sanitizer() {
 
 step_selfcheck() {
   local status=0 f out
-  for f in "$MUSTER_HOME"/bin/*; do
-    head -c 4 "$f" 2>/dev/null | grep -q 'ELF' || continue
-    echo "--- $(basename "$f"): $(readelf -d "$f" 2>/dev/null |
+  # bin/baseline: a baseline's benches (gpu_bundle.sh BASELINE=...), whose
+  # RPATH is $ORIGIN/../../lib.
+  local from_bundle="$MUSTER_HOME/bin/\(baseline/\.\./\)\?\.\./lib/"
+  for f in "$MUSTER_HOME"/bin/* "$MUSTER_HOME"/bin/baseline/*; do
+    [ -f "$f" ] && head -c 4 "$f" 2>/dev/null | grep -q 'ELF' || continue
+    echo "--- ${f#"$MUSTER_HOME"/bin/}: $(readelf -d "$f" 2>/dev/null |
       sed -n 's/.*(\(RPATH\|RUNPATH\)).*\[\(.*\)\]/\1 \2/p')"
     out=$(bundled ldd "$f" 2>&1)
-    echo "$out" | grep -v "$MUSTER_HOME/bin/../lib/"
-    echo "  ($(echo "$out" | grep -c "$MUSTER_HOME/bin/../lib/") libraries from the bundle)"
+    echo "$out" | grep -v "$from_bundle"
+    echo "  ($(echo "$out" | grep -c "$from_bundle") libraries from the bundle)"
     if echo "$out" | grep -q 'not found'; then
       echo "  FAIL: unresolved libraries or symbol versions above"
       status=1

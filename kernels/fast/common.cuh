@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cfloat>
 #include <cstddef>
 
 #include "kernels/fast/fast.h"
@@ -70,6 +71,27 @@ __device__ __forceinline__ float WarpSum(float x) {
 __device__ __forceinline__ float WarpMax(float x) {
   for (int mask = 16; mask > 0; mask >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, mask));
   return x;
+}
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 2^x as the one instruction the hardware has for it (MUFU.EX2, through
+// ex2.approx.ftz; relative error about 2^-22). exp2f and expf, without
+// nvcc's --use_fast_math, wrap it: exp2f in a range test and two
+// multiplies for results below 2^-126, expf in a few more instructions
+// for its argument's reduction. Results below 2^-126 become 0 here (the
+// emulation flushes them too): callers use it where each term sits
+// beside a sum of at least 1. e^x is Exp2(x * kLog2e), one FFMA away
+// when x comes with an offset: Exp2(fmaf(x, kLog2e, -offset * kLog2e)).
+__device__ __forceinline__ float Exp2(float x) {
+#ifdef MUSTER_SIMT
+  const float y = exp2f(x);
+  return y < FLT_MIN ? 0.0f : y;
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#endif
 }
 
 inline cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }

@@ -24,7 +24,6 @@
 // 72 bf16 (144 bytes), so the 8 rows an ldmatrix phase reads fall in
 // different banks, or to 68 floats (Tf32Mma).
 #include <atomic>
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
 
@@ -38,7 +37,6 @@ constexpr int kTile = 64;  // rows of a streamed tile (keys, or queries for dK/d
 constexpr int kHs = kFlashHeadSize;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr float kLog2e = 1.4426950408889634f;
 // The backward applies the softmax scale 1/sqrt(64) = 1/8 to dK and dQ
 // once, at the store, rather than to every dS: exact only for a power of
 // two.
@@ -319,24 +317,6 @@ __device__ __forceinline__ void NextKeyValueTile(E (*k_tiles)[kTile * Op::kLd],
     WaitTiles<0>();
   }
   __syncthreads();
-}
-
-// 2^x as the one instruction the hardware has for it (MUFU.EX2, through
-// ex2.approx.ftz). exp2f, without nvcc's --use_fast_math, is
-// ex2.approx without .ftz, which ptxas wraps in a test, two multiplies
-// and a predicate for results below 2^-126: three more instructions a
-// score. Flushing those to 0 changes nothing here, as each is next to a
-// sum of at least 1 (a row's largest term is 2^0). The emulation flushes
-// them too.
-__device__ __forceinline__ float Exp2(float x) {
-#ifdef MUSTER_SIMT
-  const float y = exp2f(x);
-  return y < FLT_MIN ? 0.0f : y;
-#else
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-#endif
 }
 
 template <int N>
