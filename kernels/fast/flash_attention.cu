@@ -547,10 +547,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       // by more than kRescaleLog2 in the exponent; until then the terms
       // are relative to a max a little below the true one, at most
       // 2^kRescaleLog2, and o and l keep their scale. The rescaling of o
-      // (a multiply per accumulator) then runs in a step's few first
-      // tiles only. The decision is the warp's (a vote), so the branch
-      // never diverges; the result is the same for any max that is
-      // used consistently, up to rounding.
+      // (a multiply per accumulator) then runs in the first step and in
+      // the few later ones that raise the max. The decision is the
+      // warp's (a vote), so the branch never diverges; the result is the
+      // same for any max that is used consistently, up to rounding.
       if (__any_sync(0xffffffffu, raise)) {
 #pragma unroll
         for (int m = 0; m < kM; ++m) {
