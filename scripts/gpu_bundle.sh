@@ -128,14 +128,15 @@ echo "== $BAZEL build ${build_flags[*]} ${targets[*]} //tools:mkdata"
 bazel_bin=$("$BAZEL" info "${build_flags[@]}" bazel-bin 2>/dev/null) ||
   die "bazel info bazel-bin failed"
 
-# //pkg/sub:name -> bazel-bin/pkg/sub/name (cc_binary and cc_test alike).
+# //pkg/sub:name -> BIN/pkg/sub/name (cc_binary and cc_test alike), BIN
+# the second argument or this tree's bazel-bin.
 binary_of() {
-  local label=$1 pkg name
+  local label=$1 bin=${2:-$bazel_bin} pkg name
   [[ "$label" == //*:* ]] || die "target '$label' is not of the form //package:name"
   pkg=${label#//}
   pkg=${pkg%%:*}
   name=${label##*:}
-  echo "$bazel_bin/$pkg/$name"
+  echo "$bin/$pkg/$name"
 }
 
 is_excluded() {
@@ -192,7 +193,7 @@ if [ -n "${BASELINE:-}" ]; then
   (cd "$base_tree" && "$BAZEL" shutdown) || true
   mkdir -p "$stage/bin/baseline"
   for label in "${BASELINE_TARGETS[@]}"; do
-    src="$base_bazel_bin/tools/${label##*:}"
+    src=$(binary_of "$label" "$base_bazel_bin")
     [ -x "$src" ] || die "the baseline built $label, but there is no executable at $src"
     dst="$stage/bin/baseline/${label##*:}"
     cp -L "$src" "$dst"

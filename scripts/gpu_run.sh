@@ -429,7 +429,7 @@ step_gemm() {
 
 # The bundle against its baseline (bin/baseline), alternating; see `ab` above.
 step_ab() {
-  local tool side run bin args_var order source
+  local tool side run bin args_var order new_source
   local -a args
   need bin/baseline/COMMIT || return 127
   [[ "$AB_RUNS" =~ ^[1-9][0-9]*$ ]] || { echo "gpu_run: AB_RUNS must be a positive integer" >&2; return 2; }
@@ -457,8 +457,8 @@ step_ab() {
       done
     done
   done
-  source=$(sed -n 's/^source: //p' BUNDLE.txt 2>/dev/null)
-  python3 "$AB_COMPARE" --baseline "$(cat bin/baseline/COMMIT)" --new "${source:-?}" \
+  new_source=$(sed -n 's/^source: //p' BUNDLE.txt 2>/dev/null)
+  python3 "$AB_COMPARE" --baseline "$(cat bin/baseline/COMMIT)" --new "${new_source:-?}" \
     "$AB_DIR"/*.log
 }
 
