@@ -2,7 +2,9 @@
 // GPT-2 124M's attention shape (B=8, T=1024, NH=12, head size 64, bf16,
 // causal), for each compiled tiling of each kernel (flash_attention.h),
 // rounds alternating between them: the median milliseconds of one forward
-// and of one backward (delta, dK/dV and dQ kernels), and TFLOP/s counted as
+// and of one backward (delta, dK/dV and dQ kernels; rows "stored dS": the
+// dQ kernel a product of the dS the dK/dV kernel wrote and K, FlashTiling::
+// stored_ds), and TFLOP/s counted as
 // FlashAttention counts them (forward 4·B·NH·T²·hs / 2 for the causal
 // half; backward 2.5× that). cuDNN's fused attention through
 // kernels/fast/cudnn_attention.h is one more row of each table ("cudnn"),
@@ -24,6 +26,7 @@
 //       [--rounds 5] [--iters 20] [--no-torch]
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -263,7 +266,7 @@ int Main(int argc, char** argv) {
   Check(cudaMalloc(&out, out_n * 2), "cudaMalloc");
   Check(cudaMalloc(&dout, out_n * 2), "cudaMalloc");
   Check(cudaMalloc(&lse, rows * 4), "cudaMalloc");
-  Check(cudaMalloc(&delta, rows * 4), "cudaMalloc");
+  (void)rows;  // delta: the backward's scratch, sized below for every variant
   // cuDNN's own out and statistics (natural-log, not the flash kernels'
   // log2 form), which its backward reads.
   Check(cudaMalloc(&cudnn_out, out_n * 2), "cudaMalloc");
@@ -308,6 +311,22 @@ int Main(int argc, char** argv) {
     tiling.query = t;
     backwards.push_back({"dQ " + Describe(t, false), tiling, {}});
   }
+  // dQ from a stored dS, with each of its dK/dV and dQ tilings.
+  for (const auto& [key_value, query] :
+       std::vector<std::pair<FlashKernelTiling, FlashKernelTiling>>{
+           {{16, 32, true, 3}, {16, 64, false, 0}},
+           {{16, 32, true, 3}, {32, 64, false, 0}},
+           {{16, 32, false, 0}, {16, 64, false, 0}},
+           {{16, 32, false, 0}, {32, 64, false, 0}}}) {
+    FlashTiling tiling = base;
+    tiling.stored_ds = true;
+    tiling.key_value = key_value;
+    tiling.query = query;
+    backwards.push_back(
+        {"stored dS, dK/dV " + Describe(key_value, true) + ", dQ " + Describe(query, false),
+         tiling,
+         {}});
+  }
   // tf32 (fp32 activations, TF32 products): each compiled tiling, the
   // default first, in the same rounds; timed against no peer.
   const FlashTiling base32 = FlashDefaultTiling(FlashMath::kTf32);
@@ -329,6 +348,17 @@ int Main(int argc, char** argv) {
     backwards.push_back(
         {"tf32 dQ " + Describe(tiling.query, false), tiling, {}, false, FlashMath::kTf32});
   }
+  size_t scratch_floats = 0;
+  for (const Variant& v : backwards) {
+    const size_t floats = FlashAttentionBackwardScratchFloats(v.math, B, T, NH, v.tiling);
+    if (floats == 0) {
+      std::fprintf(stderr, "bench_flash: %s: not a compiled tiling\n", v.name.c_str());
+      return 1;
+    }
+    scratch_floats = std::max(scratch_floats, floats);
+  }
+  Check(cudaMalloc(&delta, scratch_floats * 4), "cudaMalloc");
+  std::printf("backward scratch: %.1f MB (delta, and a stored dS)\n", scratch_floats * 4 / 1e6);
   auto forward = [&](const FlashTiling& tiling, FlashMath math = FlashMath::kBf16) {
     if (math == FlashMath::kTf32) {
       Check(FlashAttentionForward(math, out32, lse32, qkv32, B, T, C, NH, nullptr, tiling),

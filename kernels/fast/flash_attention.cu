@@ -49,6 +49,26 @@ struct Frag {
   uint32_t r[4];
 };
 
+// ldmatrix.sync.aligned.m8n8.x4 (.trans with kTrans) of the b16 8x8
+// matrices whose rows lane l addresses (p), into r[0..3].
+template <bool kTrans>
+__device__ __forceinline__ void LdMatrixX4(const bf16* p, uint32_t* r) {
+#ifdef MUSTER_SIMT
+  simt::LdMatrixX4(p, r, kTrans);
+#else
+  const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(address));
+  }
+#endif
+}
+
 // What the kernels below take from their operand type: the element T
 // stored in memory and in shared-memory tiles, the MMA (its k, kK), a
 // tile row's padded length kLd, and how fragments are read from tiles
@@ -96,14 +116,19 @@ struct Bf16Mma {
     const int matrix = lane / 8, row = lane % 8;
     const bf16* p = tile + (row0 + 8 * (matrix & 1) + row) * kLd + 16 * kc + 8 * (matrix >> 1);
     Frag f;
-#ifdef MUSTER_SIMT
-    simt::LdMatrixX4(p, f.r, false);
-#else
-    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(f.r[0]), "=r"(f.r[1]), "=r"(f.r[2]), "=r"(f.r[3])
-                 : "r"(address));
-#endif
+    LdMatrixX4<false>(p, f.r);
+    return f;
+  }
+  // The A fragment (rows r0.., k-chunk at k0) of A[r][k] = tile[k][r], a
+  // [k][r] tile read with ldmatrix.x4.trans: matrix i is tile rows k0 +
+  // 8 (i >> 1).., columns r0 + 8 (i & 1).., and .trans gives a lane
+  // (tile rows 2q, 2q + 1, column g): A's (r = g, k = 2q..), as LoadAShared.
+  static __device__ __forceinline__ Frag LoadATransposed(const bf16* tile, int r0, int k0,
+                                                         int lane) {
+    const int matrix = lane / 8, row = lane % 8;
+    const bf16* p = tile + (k0 + 8 * (matrix >> 1) + row) * kLd + r0 + 8 * (matrix & 1);
+    Frag f;
+    LdMatrixX4<true>(p, f.r);
     return f;
   }
   // The B fragments of two neighbouring n-tiles (n0.. and n0 + 8..) for
@@ -119,27 +144,13 @@ struct Bf16Mma {
                                                              int lane, uint32_t* b) {
     const int matrix = lane / 8, row = lane % 8;
     const bf16* p = tile + (n0 + 8 * (matrix >> 1) + row) * kLd + k0 + 8 * (matrix & 1);
-#ifdef MUSTER_SIMT
-    simt::LdMatrixX4(p, b, false);
-#else
-    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                 : "r"(address));
-#endif
+    LdMatrixX4<false>(p, b);
   }
   static __device__ __forceinline__ void LoadBStridedPair(const bf16* tile, int n0, int k0,
                                                           int lane, uint32_t* b) {
     const int matrix = lane / 8, row = lane % 8;
     const bf16* p = tile + (k0 + 8 * (matrix & 1) + row) * kLd + n0 + 8 * (matrix >> 1);
-#ifdef MUSTER_SIMT
-    simt::LdMatrixX4(p, b, true);
-#else
-    const uint32_t address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
-                 : "r"(address));
-#endif
+    LdMatrixX4<true>(p, b);
   }
   // The A fragment of k-chunk j from accumulator n-tiles 2j and 2j+1.
   static __device__ __forceinline__ Frag AccToA(const float (*acc)[4], int j) {
@@ -376,6 +387,23 @@ __device__ __forceinline__ void ProductWithRowsShared(float (*s)[N][4],
   }
 }
 
+// acc[m] (16 x 64 dims) += a[m] (16 x kK, an A fragment) @ rows k0..k0 +
+// kK of `rows` (64 dims each), read as B[k = row][n = dim].
+template <class Op, int M>
+__device__ __forceinline__ void AccumulateChunk(float (*acc)[kHs / 8][4], const Frag* a,
+                                                const typename Op::T* rows, int k0, int lane) {
+#pragma unroll
+  for (int j = 0; j < kHs / 8; j += 2) {
+    uint32_t b[4];
+    Op::LoadBStridedPair(rows, 8 * j, k0, lane, b);
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      Op::Mma(acc[m][j], a[m].r, b[0], b[1]);
+      Op::Mma(acc[m][j + 1], a[m].r, b[2], b[3]);
+    }
+  }
+}
+
 // acc[m] (16 x 64 dims) += P[m] (16 x 8N, accumulator layout) @ the first
 // 8N rows of `rows` (64 dims each), read as B[k = row][n = dim].
 template <class Op, int M, int N>
@@ -386,16 +414,7 @@ __device__ __forceinline__ void AccumulateProduct(float (*acc)[kHs / 8][4], cons
     Frag a[M];
 #pragma unroll
     for (int m = 0; m < M; ++m) a[m] = Op::AccToA(p[m], kc);
-#pragma unroll
-    for (int j = 0; j < kHs / 8; j += 2) {
-      uint32_t b[4];
-      Op::LoadBStridedPair(rows, 8 * j, Op::kK * kc, lane, b);
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        Op::Mma(acc[m][j], a[m].r, b[0], b[1]);
-        Op::Mma(acc[m][j + 1], a[m].r, b[2], b[3]);
-      }
-    }
+    AccumulateChunk<Op, M>(acc, a, rows, Op::kK * kc, lane);
   }
 }
 
@@ -630,6 +649,38 @@ __global__ void DeltaKernel(float* delta, const E* dout, const E* out, int B, in
   if (lane == 0) delta[row] = total;
 }
 
+// The stored dS (FlashTiling::stored_ds): for each (b, h), the tiles of
+// query tile qt and key tile kt <= qt, in the order (0, 0), (1, 0), (1,
+// 1), (2, 0), ...; a tile is 64 keys x 64 queries, [key][query], bf16 as
+// the dK product's operand rounds it. Entries past T are 0, and so are
+// those after the diagonal, including the steps the dK/dV kernel skips
+// (written as zeros), so that any tile can be read whole. (The dQ kernel
+// below reads no keys after its warp's last row; with the compiled
+// tilings those are all in the skipped steps.)
+__host__ __device__ constexpr size_t CausalTiles(int tiles) {
+  return static_cast<size_t>(tiles) * (tiles + 1) / 2;
+}
+__device__ __forceinline__ size_t DsTileOffset(int bh, int tiles, int qt, int kt) {
+  return (static_cast<size_t>(bh) * CausalTiles(tiles) + CausalTiles(qt) + kt) * kTile * kTile;
+}
+
+// Writes a warp's dS^T / scale of one step (16 keys x 8N queries,
+// accumulator layout), or zeros, into a stored tile: `lane_row` is where
+// the lane's first element goes (the tile's row of key g of the warp's
+// 16, column 2q), `query0` the step's first column.
+template <class Op, int N>
+__device__ __forceinline__ void StoreDs(typename Op::T* lane_row, int query0, const float (*acc)[4],
+                                        bool zero) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+      *reinterpret_cast<typename Op::Pair*>(lane_row + 8 * half * kTile + query0 + 8 * j) =
+          zero ? Op::MakePair(0.0f, 0.0f) : Op::MakePair(acc[j][2 * half], acc[j][2 * half + 1]);
+    }
+  }
+}
+
 // The key/value kernel's shared memory (dynamic: more than the 48 KB a
 // static array may have): two buffers each of queries and dout, the
 // block's values (64 * kM rows), and two buffers each of lse and delta.
@@ -650,12 +701,14 @@ __host__ __device__ constexpr size_t KeyValueSharedBytes(int kM) {
 // at and below the diagonal, kStep queries at a time. The values' A
 // fragments are kept in registers, or read from shared memory at each use
 // (kValuesInRegisters false: fewer registers). Works with transposed
-// scores: S^T = K Q^T.
-template <class Op, int kM, int kStep, bool kValuesInRegisters, int kMinBlocks,
+// scores: S^T = K Q^T. kStoreDs: also writes dS to `ds` (StoreDs; one key
+// tile a block, kM = 1).
+template <class Op, int kM, int kStep, bool kValuesInRegisters, int kMinBlocks, bool kStoreDs,
           typename E = typename Op::T>
 __global__ void __launch_bounds__(kThreads, kMinBlocks)
     KeyValueKernel(E* dqkv, const E* dout, const E* qkv, const float* lse, const float* delta,
-                   int T, int C, int NH, float scale, float scale_log2) {
+                   E* ds_store, int T, int C, int NH, float scale, float scale_log2) {
+  static_assert(!kStoreDs || kM == 1, "a stored dS tile is one block's keys");
   constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
   constexpr size_t kQueryBuffersBytes = QueryBuffersBytes<Op>();
 #ifdef MUSTER_SIMT
@@ -723,11 +776,22 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
       WaitTiles<0>();
     }
     __syncthreads();  // tile qt has landed for every thread
+    // kStoreDs: the lane's first element of dS tile (qt, kb).
+    E* ds_row = nullptr;
+    if constexpr (kStoreDs) {
+      ds_row = ds_store + DsTileOffset(bh, tiles, qt, kb) + (kWarpRows * warp + g) * kTile + 2 * q;
+    }
 #pragma unroll
     for (int step = 0; step < kTile / kStep; ++step) {
       const int s0 = qt * kTile + step * kStep;  // the first query of this step
-      // Every key of the warp after every query: nothing to add.
-      if (warp_key0 > s0 + kStep - 1) continue;
+      // Every key of the warp after every query: nothing to add (and dS
+      // is 0 there).
+      if (warp_key0 > s0 + kStep - 1) {
+        if constexpr (kStoreDs) {
+          StoreDs<Op, kStep / 8>(ds_row, step * kStep, nullptr, true);
+        }
+        continue;
+      }
       const E* q_rows = q_tiles[qt & 1] + step * kStep * Op::kLd;
       const E* do_rows = do_tiles[qt & 1] + step * kStep * Op::kLd;
       const float* lse_sub = lse_tiles[qt & 1] + step * kStep;
@@ -768,6 +832,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
             ds[m][j][e] = p[m][j][e] * (ds[m][j][e] - delta_sub[query_index]);
           }
         }
+      }
+      if constexpr (kStoreDs) {
+        StoreDs<Op, kStep / 8>(ds_row, step * kStep, ds[0], false);
       }
       // dK (16 kM keys x 64 dims) += dS^T @ Q.
       AccumulateProduct<Op, kM, kStep / 8>(dk, ds, q_rows, lane);
@@ -868,6 +935,94 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     StoreRows<Op>(dseq, stride, warp_row0 + 16 * m, T, dq[m], scale, g, q);
 }
 
+// dQ from the stored dS (FlashTiling::stored_ds, bf16): block = 64 kM
+// queries of one (b, h), kM query tiles; for each key tile up to the
+// block's last query tile, dQ (16 kM rows a warp x 64 dims) += dS (rows x
+// 64 keys) @ K, 16 keys (a k-chunk) at a time. The dS tiles are [key]
+// [query], so their A fragments are read transposed. Shared memory
+// (dynamic): two buffers each of the key tile and of the block's kM dS
+// tiles.
+template <int kM>
+__host__ __device__ constexpr size_t StoredQuerySharedBytes() {
+  return 2 * (1 + kM) * kTile * Bf16Mma::kLd * sizeof(bf16);
+}
+template <int kM, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks)
+    StoredQueryKernel(bf16* dqkv, const bf16* ds_store, const bf16* qkv, int T, int C, int NH,
+                      float scale) {
+  using Op = Bf16Mma;
+#ifdef MUSTER_SIMT
+  unsigned char* shared = simt::DynamicShared();
+#else
+  extern __shared__ __align__(16) unsigned char shared[];
+#endif
+  auto k_tiles = reinterpret_cast<bf16(*)[kTile * Op::kLd]>(shared);
+  auto ds_tiles = reinterpret_cast<bf16(*)[kM][kTile * Op::kLd]>(k_tiles + 2);
+  constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
+  const int tiles = (T + kTile - 1) / kTile;
+  const int blocks = (T + kBlockRows - 1) / kBlockRows;
+  const int qb = blocks - 1 - blockIdx.x;  // longest rows first
+  const int bh = blockIdx.y, b = bh / NH, h = bh % NH;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const size_t stride = 3 * static_cast<size_t>(C);
+  const bf16* seq = qkv + static_cast<size_t>(b) * T * stride + h * kHs;
+  const int q0 = qb * kBlockRows, first_tile = q0 / kTile;
+  const int warp_row0 = q0 + kWarpRows * warp, warp_last = warp_row0 + kWarpRows - 1;
+  // The warp's query tile, which of the block's it is, and the warp's
+  // columns in it.
+  const int warp_tile = warp_row0 / kTile, warp_slot = warp_tile - first_tile;
+  const int warp_col0 = warp_row0 % kTile;
+
+  // Copies in key tile kt and the block's dS tiles for it (those at or
+  // below the diagonal, of query tiles that exist) to buffer `buffer`.
+  auto load = [&](int kt, int buffer) {
+    LoadTileAsync<Op>(k_tiles[buffer], seq + C, stride, kt * kTile, T);
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
+      const int qt = first_tile + i;
+      if (kt <= qt && qt < tiles) {
+        LoadTileAsync<Op>(ds_tiles[buffer][i], ds_store + DsTileOffset(bh, tiles, qt, kt), kTile, 0,
+                          kTile);
+      }
+    }
+    CommitTiles();
+  };
+  float dq[kM][kHs / 8][4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) Zero<kHs / 8>(dq[m]);
+  const int last = min(q0 + kBlockRows - 1, T - 1) / kTile;
+  load(0, 0);
+  for (int kt = 0; kt <= last; ++kt) {
+    if (kt < last) {
+      load(kt + 1, (kt + 1) & 1);
+      WaitTiles<1>();
+    } else {
+      WaitTiles<0>();
+    }
+    __syncthreads();  // tile kt has landed for every thread
+    if (kt <= warp_tile && warp_row0 < T) {
+      const bf16* ds_tile = ds_tiles[kt & 1][warp_slot];
+      const bf16* k_rows = k_tiles[kt & 1];
+#pragma unroll
+      for (int kc = 0; kc < kTile / Op::kK; ++kc) {
+        // Keys after every row of the warp: dS is 0 there.
+        if (kt * kTile + Op::kK * kc > warp_last) break;
+        Frag a[kM];
+#pragma unroll
+        for (int m = 0; m < kM; ++m) {
+          a[m] = Op::LoadATransposed(ds_tile, warp_col0 + 16 * m, Op::kK * kc, lane);
+        }
+        AccumulateChunk<Op, kM>(dq, a, k_rows, Op::kK * kc, lane);
+      }
+    }
+    __syncthreads();  // done with this buffer before it is refilled
+  }
+  bf16* dseq = dqkv + static_cast<size_t>(b) * T * stride + h * kHs;
+#pragma unroll
+  for (int m = 0; m < kM; ++m)
+    StoreRows<Op>(dseq, stride, warp_row0 + 16 * m, T, dq[m], scale, g, q);
+}
+
 }  // namespace
 
 namespace {
@@ -913,26 +1068,39 @@ void LaunchForward(void* out, float* lse, const void* qkv, int B, int T, int C, 
       T, C, NH, scale_log2);
 }
 
-template <class Op, int kM, int kStep, bool kValuesInRegisters, int kMinBlocks>
+template <class Op, int kM, int kStep, bool kValuesInRegisters, int kMinBlocks, bool kStoreDs>
 void LaunchKeyValue(void* dqkv, const void* dout, const void* qkv, const float* lse,
-                    const float* delta, int B, int T, int C, int NH, cudaStream_t stream) {
+                    const float* delta, void* ds, int B, int T, int C, int NH,
+                    cudaStream_t stream) {
   using E = typename Op::T;
   const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
   const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
-  Launch<KeyValueKernel<Op, kM, kStep, kValuesInRegisters, kMinBlocks>>(
+  Launch<KeyValueKernel<Op, kM, kStep, kValuesInRegisters, kMinBlocks, kStoreDs>>(
       grid, KeyValueSharedBytes<Op>(kM), stream, static_cast<E*>(dqkv), static_cast<const E*>(dout),
-      static_cast<const E*>(qkv), lse, delta, T, C, NH, scale, kLog2e * scale);
+      static_cast<const E*>(qkv), lse, delta, static_cast<E*>(ds), T, C, NH, scale, kLog2e * scale);
 }
 
 template <class Op, int kM, int kStep, int kMinBlocks>
 void LaunchQuery(void* dqkv, const void* dout, const void* qkv, const float* lse,
-                 const float* delta, int B, int T, int C, int NH, cudaStream_t stream) {
+                 const float* delta, void* /*ds*/, int B, int T, int C, int NH,
+                 cudaStream_t stream) {
   using E = typename Op::T;
   const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
   const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
   Launch<QueryKernel<Op, kM, kStep, kMinBlocks>>(
       grid, DynamicTileBytes<Op>(), stream, static_cast<E*>(dqkv), static_cast<const E*>(dout),
       static_cast<const E*>(qkv), lse, delta, T, C, NH, scale, kLog2e * scale);
+}
+
+template <int kM, int kMinBlocks>
+void LaunchStoredQuery(void* dqkv, const void* /*dout*/, const void* qkv, const float* /*lse*/,
+                       const float* /*delta*/, void* ds, int B, int T, int C, int NH,
+                       cudaStream_t stream) {
+  const float scale = 1.0f / sqrtf(static_cast<float>(kHs));
+  const dim3 grid(CeilDiv(T, kWarps * 16 * kM), B * NH);
+  Launch<StoredQueryKernel<kM, kMinBlocks>>(grid, StoredQuerySharedBytes<kM>(), stream,
+                                            static_cast<bf16*>(dqkv), static_cast<const bf16*>(ds),
+                                            static_cast<const bf16*>(qkv), T, C, NH, scale);
 }
 
 template <class Op>
@@ -945,8 +1113,8 @@ void LaunchDelta(float* delta, const void* dout, const void* out, int B, int T, 
 }
 
 using ForwardLaunch = void (*)(void*, float*, const void*, int, int, int, int, cudaStream_t);
-using BackwardLaunch = void (*)(void*, const void*, const void*, const float*, const float*, int,
-                                int, int, int, cudaStream_t);
+using BackwardLaunch = void (*)(void*, const void*, const void*, const float*, const float*, void*,
+                                int, int, int, int, cudaStream_t);
 
 // The tilings that are compiled (flash_attention.h); nullptr for any other.
 ForwardLaunch ForwardFor(FlashMath math, const FlashKernelTiling& t) {
@@ -963,25 +1131,37 @@ ForwardLaunch ForwardFor(FlashMath math, const FlashKernelTiling& t) {
   if (r == 16 && s == 32 && n == 0) return LaunchForward<Bf16Mma, 1, 32, 0>;
   return nullptr;
 }
-BackwardLaunch KeyValueFor(FlashMath math, const FlashKernelTiling& t) {
+BackwardLaunch KeyValueFor(FlashMath math, const FlashKernelTiling& t, bool stored_ds) {
   const int r = t.rows, s = t.step, n = t.blocks_per_sm;
   const bool v = t.values_in_registers;
   if (math == FlashMath::kTf32) {
-    if (r == 16 && s == 32 && !v && n == 0) return LaunchKeyValue<Tf32Mma, 1, 32, false, 0>;
-    if (r == 16 && s == 16 && !v && n == 0) return LaunchKeyValue<Tf32Mma, 1, 16, false, 0>;
-    if (r == 32 && s == 16 && !v && n == 0) return LaunchKeyValue<Tf32Mma, 2, 16, false, 0>;
+    if (stored_ds) return nullptr;
+    if (r == 16 && s == 32 && !v && n == 0) return LaunchKeyValue<Tf32Mma, 1, 32, false, 0, false>;
+    if (r == 16 && s == 16 && !v && n == 0) return LaunchKeyValue<Tf32Mma, 1, 16, false, 0, false>;
+    if (r == 32 && s == 16 && !v && n == 0) return LaunchKeyValue<Tf32Mma, 2, 16, false, 0, false>;
     return nullptr;
   }
-  if (r == 16 && s == 32 && v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 32, true, 0>;
-  if (r == 16 && s == 32 && !v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 32, false, 0>;
-  if (r == 16 && s == 64 && v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 64, true, 0>;
-  if (r == 16 && s == 64 && !v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 64, false, 0>;
-  if (r == 16 && s == 16 && !v && n == 4) return LaunchKeyValue<Bf16Mma, 1, 16, false, 4>;
-  if (r == 32 && s == 32 && !v && n == 0) return LaunchKeyValue<Bf16Mma, 2, 32, false, 0>;
+  if (stored_ds) {
+    if (r == 16 && s == 32 && v && n == 3) return LaunchKeyValue<Bf16Mma, 1, 32, true, 3, true>;
+    if (r == 16 && s == 32 && !v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 32, false, 0, true>;
+    return nullptr;
+  }
+  if (r == 16 && s == 32 && v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 32, true, 0, false>;
+  if (r == 16 && s == 32 && !v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 32, false, 0, false>;
+  if (r == 16 && s == 64 && v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 64, true, 0, false>;
+  if (r == 16 && s == 64 && !v && n == 0) return LaunchKeyValue<Bf16Mma, 1, 64, false, 0, false>;
+  if (r == 16 && s == 16 && !v && n == 4) return LaunchKeyValue<Bf16Mma, 1, 16, false, 4, false>;
+  if (r == 32 && s == 32 && !v && n == 0) return LaunchKeyValue<Bf16Mma, 2, 32, false, 0, false>;
   return nullptr;
 }
-BackwardLaunch QueryFor(FlashMath math, const FlashKernelTiling& t) {
+BackwardLaunch QueryFor(FlashMath math, const FlashKernelTiling& t, bool stored_ds) {
   const int r = t.rows, s = t.step, n = t.blocks_per_sm;
+  if (stored_ds) {
+    if (math != FlashMath::kBf16 || t.values_in_registers || s != 64 || n != 0) return nullptr;
+    if (r == 16) return LaunchStoredQuery<1, 0>;
+    if (r == 32) return LaunchStoredQuery<2, 0>;
+    return nullptr;
+  }
   if (math == FlashMath::kTf32) {
     if (r == 16 && s == 32 && n == 0) return LaunchQuery<Tf32Mma, 1, 32, 0>;
     if (r == 16 && s == 16 && n == 0) return LaunchQuery<Tf32Mma, 1, 16, 0>;
@@ -993,6 +1173,10 @@ BackwardLaunch QueryFor(FlashMath math, const FlashKernelTiling& t) {
   if (r == 32 && s == 32 && n == 0) return LaunchQuery<Bf16Mma, 2, 32, 0>;
   return nullptr;
 }
+
+// The scratch's parts: delta, then (stored_ds) the dS tiles, 16-byte
+// aligned.
+size_t DeltaFloats(int B, int T, int NH) { return (static_cast<size_t>(B) * NH * T + 3) / 4 * 4; }
 
 }  // namespace
 
@@ -1014,14 +1198,35 @@ int FlashAttentionForward(FlashMath math, void* out, float* lse, const void* qkv
   return LaunchStatus();
 }
 
-int FlashAttentionBackward(FlashMath math, void* dqkv, float* delta, const void* dout,
+size_t FlashAttentionBackwardScratchFloats(FlashMath math, int B, int T, int NH,
+                                           const FlashTiling& tiling) {
+  if (KeyValueFor(math, tiling.key_value, tiling.stored_ds) == nullptr ||
+      QueryFor(math, tiling.query, tiling.stored_ds) == nullptr) {
+    return 0;
+  }
+  size_t floats = DeltaFloats(B, T, NH);
+  if (tiling.stored_ds) {
+    const int tiles = CeilDiv(T, kTile);
+    floats += static_cast<size_t>(B) * NH * CausalTiles(tiles) * kTile * kTile * sizeof(bf16) /
+              sizeof(float);
+  }
+  return floats;
+}
+
+size_t FlashAttentionBackwardScratchFloats(FlashMath math, int B, int T, int NH) {
+  return FlashAttentionBackwardScratchFloats(math, B, T, NH, FlashDefaultTiling(math));
+}
+
+int FlashAttentionBackward(FlashMath math, void* dqkv, float* scratch, const void* dout,
                            const void* out, const void* qkv, const float* lse, int B, int T, int C,
                            int NH, void* stream, const FlashTiling& tiling) {
-  const BackwardLaunch key_value = KeyValueFor(math, tiling.key_value);
-  const BackwardLaunch query = QueryFor(math, tiling.query);
+  const BackwardLaunch key_value = KeyValueFor(math, tiling.key_value, tiling.stored_ds);
+  const BackwardLaunch query = QueryFor(math, tiling.query, tiling.stored_ds);
   if (key_value == nullptr || query == nullptr) return static_cast<int>(cudaErrorInvalidValue);
   if (B == 0 || T == 0) return 0;
   const cudaStream_t s = AsStream(stream);
+  float* delta = scratch;
+  void* ds = tiling.stored_ds ? scratch + DeltaFloats(B, T, NH) : nullptr;
   if (math == FlashMath::kTf32) {
     LaunchDelta<Tf32Mma>(delta, dout, out, B, T, C, NH, s);
   } else {
@@ -1029,10 +1234,10 @@ int FlashAttentionBackward(FlashMath math, void* dqkv, float* delta, const void*
   }
   int status = LaunchStatus();
   if (status != 0) return status;
-  key_value(dqkv, dout, qkv, lse, delta, B, T, C, NH, s);
+  key_value(dqkv, dout, qkv, lse, delta, ds, B, T, C, NH, s);
   status = LaunchStatus();
   if (status != 0) return status;
-  query(dqkv, dout, qkv, lse, delta, B, T, C, NH, s);
+  query(dqkv, dout, qkv, lse, delta, ds, B, T, C, NH, s);
   return LaunchStatus();
 }
 
@@ -1041,10 +1246,10 @@ int FlashAttentionForward(FlashMath math, void* out, float* lse, const void* qkv
   return FlashAttentionForward(math, out, lse, qkv, B, T, C, NH, stream, FlashDefaultTiling(math));
 }
 
-int FlashAttentionBackward(FlashMath math, void* dqkv, float* delta, const void* dout,
+int FlashAttentionBackward(FlashMath math, void* dqkv, float* scratch, const void* dout,
                            const void* out, const void* qkv, const float* lse, int B, int T, int C,
                            int NH, void* stream) {
-  return FlashAttentionBackward(math, dqkv, delta, dout, out, qkv, lse, B, T, C, NH, stream,
+  return FlashAttentionBackward(math, dqkv, scratch, dout, out, qkv, lse, B, T, C, NH, stream,
                                 FlashDefaultTiling(math));
 }
 

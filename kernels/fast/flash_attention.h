@@ -13,7 +13,11 @@
 //
 // Deterministic without atomics: the backward runs as two kernels, one
 // per key block (dK, dV: sums over queries) and one per query block (dQ:
-// sums over keys), each adding its terms in a fixed order.
+// sums over keys), each adding its terms in a fixed order. The dQ kernel
+// either recomputes the scores, probabilities and dP of its tiles (three
+// products and an exponential a score), or, with FlashTiling::stored_ds,
+// reads the dS that the dK/dV kernel wrote to scratch (bf16, the causal
+// tiles only) and multiplies it by K (one product).
 //
 // Layout as attention.h: qkv (B, T, 3C), out (B, T, C), of the math's
 // storage type, with NH heads of hs = C / NH = 64. Other shapes use
@@ -57,10 +61,16 @@ struct FlashKernelTiling {
 // memory; dQ 16/64, 16/32, 16/16 at 4 blocks/SM, 32/32. tf32: forward
 // 16/64, 16/32, 32/32; dK/dV 16/32, 16/16 and 32/16, values in shared
 // memory; dQ 16/32, 16/16. Any other tiling is cudaErrorInvalidValue.
+// stored_ds (bf16 only): the dK/dV kernel also writes dS to the
+// backward's scratch, and the dQ kernel is a product of those tiles with
+// K; its step is then a whole tile (64). Compiled with stored_ds: dK/dV
+// 16/32 with the values in registers at 3 blocks/SM (168 registers; 175
+// uncapped, which fits 2), or in shared memory; dQ 16/64 and 32/64.
 struct FlashTiling {
   FlashKernelTiling forward{32, 64, false, 0};
   FlashKernelTiling key_value{16, 32, true, 0};
   FlashKernelTiling query{16, 64, false, 0};
+  bool stored_ds = false;
 };
 // tf32's defaults: forward 16/64, dK/dV 16/32 with values in shared
 // memory, dQ 16/32 (fp32 tiles and fragments take twice the registers and
@@ -75,12 +85,21 @@ int FlashAttentionForward(FlashMath math, void* out, float* lse, const void* qkv
 int FlashAttentionForward(FlashMath math, void* out, float* lse, const void* qkv, int B, int T,
                           int C, int NH, void* stream, const FlashTiling& tiling);
 
+// The backward's scratch, in floats: each row's delta (B, NH, T), and
+// with stored_ds each (b, h)'s dS tiles at and below the diagonal (64 x
+// 64 bf16 each; 107 MB at B=8, T=1024, NH=12). 0 for a tiling that is not
+// compiled.
+size_t FlashAttentionBackwardScratchFloats(FlashMath math, int B, int T, int NH);
+size_t FlashAttentionBackwardScratchFloats(FlashMath math, int B, int T, int NH,
+                                           const FlashTiling& tiling);
+
 // dqkv (B, T, 3C), overwritten, from dout (B, T, C), in the math's storage
-// type. out and lse are the forward's. delta (B, NH, T) fp32: scratch.
-int FlashAttentionBackward(FlashMath math, void* dqkv, float* delta, const void* dout,
+// type. out and lse are the forward's. scratch: the floats
+// FlashAttentionBackwardScratchFloats asks for the same tiling.
+int FlashAttentionBackward(FlashMath math, void* dqkv, float* scratch, const void* dout,
                            const void* out, const void* qkv, const float* lse, int B, int T, int C,
                            int NH, void* stream);
-int FlashAttentionBackward(FlashMath math, void* dqkv, float* delta, const void* dout,
+int FlashAttentionBackward(FlashMath math, void* dqkv, float* scratch, const void* dout,
                            const void* out, const void* qkv, const float* lse, int B, int T, int C,
                            int NH, void* stream, const FlashTiling& tiling);
 

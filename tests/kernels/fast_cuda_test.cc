@@ -29,6 +29,7 @@
 extern "C" void openblas_set_num_threads(int);
 #endif
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
@@ -455,7 +456,8 @@ void FlashCase(FlashMath math, const FlashTiling& tiling, int T, std::mt19937& r
   REQUIRE(FlashAttentionSupports(C, NH));
   const AttentionCase ref(B, T, C, NH, rng, act, rise);
   Buffer d_out(ref.out.size(), act), lse(size_t(B) * NH * T, ActType::kF32),
-      delta(size_t(B) * NH * T, ActType::kF32), d_dqkv(ref.qkv.size(), act);
+      scratch(FlashAttentionBackwardScratchFloats(math, B, T, NH, tiling), ActType::kF32),
+      d_dqkv(ref.qkv.size(), act);
   CUDA_REQUIRE(FlashAttentionForward(math, d_out.get(), lse.f(), ref.d_qkv.get(), B, T, C, NH,
                                      nullptr, tiling));
   RequireClose(d_out.Download(), AsDoubles(ref.out), out_bound, "out");
@@ -463,8 +465,9 @@ void FlashCase(FlashMath math, const FlashTiling& tiling, int T, std::mt19937& r
   std::vector<double> lse_ref = ref.LogSumExp();
   for (double& x : lse_ref) x /= std::log(2.0);
   RequireClose(lse.Download(), lse_ref, lse_bound, "log2-sum-exp");
-  CUDA_REQUIRE(FlashAttentionBackward(math, d_dqkv.get(), delta.f(), ref.d_dout.get(), d_out.get(),
-                                      ref.d_qkv.get(), lse.f(), B, T, C, NH, nullptr, tiling));
+  CUDA_REQUIRE(FlashAttentionBackward(math, d_dqkv.get(), scratch.f(), ref.d_dout.get(),
+                                      d_out.get(), ref.d_qkv.get(), lse.f(), B, T, C, NH, nullptr,
+                                      tiling));
   ref.RequireGradientClose(d_dqkv.Download(), grad_bound);
 }
 
@@ -529,6 +532,26 @@ TEST_CASE("flash attention refuses a tiling it has not compiled", "[attention]")
   REQUIRE(FlashAttentionBackward(FlashMath::kTf32, dqkv.get(), delta.f(), out.get(), out.get(),
                                  qkv.get(), lse.f(), B, T, C, NH, nullptr,
                                  FlashTiling{}) == cudaErrorInvalidValue);
+  // A stored dS: bf16 only, its dQ stepping through whole tiles, and
+  // its own dK/dV tilings.
+  FlashTiling stored;
+  stored.stored_ds = true;
+  stored.query = {16, 32, false, 0};
+  REQUIRE(FlashAttentionBackward(FlashMath::kBf16, dqkv.get(), delta.f(), out.get(), out.get(),
+                                 qkv.get(), lse.f(), B, T, C, NH, nullptr,
+                                 stored) == cudaErrorInvalidValue);
+  stored.query = {16, 64, false, 0};
+  stored.key_value = {16, 64, true, 0};
+  REQUIRE(FlashAttentionBackward(FlashMath::kBf16, dqkv.get(), delta.f(), out.get(), out.get(),
+                                 qkv.get(), lse.f(), B, T, C, NH, nullptr,
+                                 stored) == cudaErrorInvalidValue);
+  REQUIRE(FlashAttentionBackwardScratchFloats(FlashMath::kBf16, B, T, NH, stored) == 0);
+  stored = FlashDefaultTiling(FlashMath::kTf32);
+  stored.stored_ds = true;
+  stored.query = {16, 64, false, 0};
+  REQUIRE(FlashAttentionBackward(FlashMath::kTf32, dqkv.get(), delta.f(), out.get(), out.get(),
+                                 qkv.get(), lse.f(), B, T, C, NH, nullptr,
+                                 stored) == cudaErrorInvalidValue);
 }
 
 #ifndef MUSTER_SIMT  // cuDNN: a GPU only
@@ -964,7 +987,10 @@ TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
     results.push_back(dqkv.Bytes());
     // Flash attention (C / NH = 64), bf16 and tf32.
     REQUIRE(FlashAttentionSupports(C, NH));
-    Buffer lse(size_t(B) * NH * T, ActType::kF32), delta(size_t(B) * NH * T, ActType::kF32);
+    Buffer lse(size_t(B) * NH * T, ActType::kF32),
+        delta(std::max(FlashAttentionBackwardScratchFloats(FlashMath::kBf16, B, T, NH),
+                       FlashAttentionBackwardScratchFloats(FlashMath::kTf32, B, T, NH)),
+              ActType::kF32);
     CUDA_REQUIRE(FlashAttentionForward(FlashMath::kBf16, out.get(), lse.f(), d_qkv.get(), B, T, C,
                                        NH, nullptr));
     results.push_back(out.Bytes());

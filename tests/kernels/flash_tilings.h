@@ -12,16 +12,18 @@
 namespace muster::kernels::fast {
 
 inline FlashTiling MakeTiling(FlashKernelTiling forward, FlashKernelTiling key_value,
-                              FlashKernelTiling query) {
+                              FlashKernelTiling query, bool stored_ds = false) {
   FlashTiling tiling;
   tiling.forward = forward;
   tiling.key_value = key_value;
   tiling.query = query;
+  tiling.stored_ds = stored_ds;
   return tiling;
 }
 
 // Names: f(orward) rows/step, kv rows/step and r(egisters) or s(hared
-// memory) for the values, q rows/step, /N blocks per SM where capped.
+// memory) for the values, q rows/step, /N blocks per SM where capped;
+// "dS" for a stored dS (its dQ kernel a product of dS and K).
 inline std::vector<std::pair<std::string, FlashTiling>> CompiledFlashTilings(FlashMath math) {
   if (math == FlashMath::kTf32) {
     return {{"default", FlashDefaultTiling(FlashMath::kTf32)},
@@ -38,7 +40,11 @@ inline std::vector<std::pair<std::string, FlashTiling>> CompiledFlashTilings(Fla
           {"f16/32 kv16/64s q32/32",
            MakeTiling({16, 32, false, 0}, {16, 64, false, 0}, {32, 32, false, 0})},
           {"kv16/16s/4", MakeTiling({32, 64, false, 0}, {16, 16, false, 4}, {16, 64, false, 0})},
-          {"kv32/32s", MakeTiling({32, 64, false, 0}, {32, 32, false, 0}, {16, 64, false, 0})}};
+          {"kv32/32s", MakeTiling({32, 64, false, 0}, {32, 32, false, 0}, {16, 64, false, 0})},
+          {"dS kv16/32r/3 q16/64",
+           MakeTiling({32, 64, false, 0}, {16, 32, true, 3}, {16, 64, false, 0}, true)},
+          {"dS kv16/32s q32/64",
+           MakeTiling({32, 64, false, 0}, {16, 32, false, 0}, {32, 64, false, 0}, true)}};
 }
 
 }  // namespace muster::kernels::fast

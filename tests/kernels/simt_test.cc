@@ -143,14 +143,15 @@ Outputs FlashCase(FlashMath math, const FlashTiling& tiling, int T, uint32_t see
   }
 
   Act d_out(out.size(), bf16), d_dqkv(qkv.size(), bf16);
-  std::vector<float> lse(size_t(B) * NH * T, NAN), delta(lse.size(), NAN);
+  std::vector<float> lse(size_t(B) * NH * T, NAN),
+      scratch(FlashAttentionBackwardScratchFloats(math, B, T, NH, tiling), NAN);
   REQUIRE(FlashAttentionForward(math, d_out.get(), lse.data(), d_qkv.get(), B, T, C, NH, nullptr,
                                 tiling) == 0);
   INFO(simt::LastErrorMessage());
   Outputs got{d_out.Get(), lse, {}};
   RequireClose(got.out, AsDoubles(out), out_bound, "out");
   RequireClose(got.lse, lse_ref, lse_bound, "log2-sum-exp");
-  REQUIRE(FlashAttentionBackward(math, d_dqkv.get(), delta.data(), d_dout.get(), d_out.get(),
+  REQUIRE(FlashAttentionBackward(math, d_dqkv.get(), scratch.data(), d_dout.get(), d_out.get(),
                                  d_qkv.get(), lse.data(), B, T, C, NH, nullptr, tiling) == 0);
   got.dqkv = d_dqkv.Get();
   RequireClose(got.dqkv, AsDoubles(dqkv), grad_bound, "dqkv");

@@ -351,7 +351,12 @@ absl::Status CudaModel::Allocate() {
   // cuDNN's) attention.
   const bool per_row = flash_ || cudnn_ != nullptr;
   const size_t attention_map = per_row ? B * NH * T * sizeof(float) : B * NH * T * T * act;
-  const size_t attention_scratch = per_row ? B * NH * T : B * NH * T * T;
+  // The backward's scratch: flash attention's (each row's delta, and dS
+  // where its tiling stores it), cuDNN's row sums, or the GEMM path's
+  // (T, T) map.
+  const size_t attention_scratch =
+      flash_ ? fast::FlashAttentionBackwardScratchFloats(flash_math_, B, T, NH)
+             : (per_row ? B * NH * T : B * NH * T * T);
   layout::MemoryPlanner plan;
   plan.Request(&encoded_, BT * C * act);
   layers_.resize(config_.layers);
