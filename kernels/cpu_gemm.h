@@ -13,8 +13,13 @@
 // shape. The split depends only on the matrix shape, never on the thread
 // count, so each output element is computed by the same single-threaded
 // call with any number of threads: GEMM results are bitwise independent of
-// OMP_NUM_THREADS too. (One thread runs a large GEMM as one call, where
-// OpenBLAS computes the same bits that way: GemmAsOneCall.)
+// OMP_NUM_THREADS too, one thread included. (One thread used to run a
+// large GEMM as one call, where that gave the tasks' bits. On the earlier
+// machines it did; on an AMD EPYC, with OpenBLAS 0.3.21's Zen or Haswell
+// kernels, a row's bits depend on how M is split: one call of 1024 rows
+// against two of 512 changed 2.5% of the outputs, all in rows 448 and
+// after. There the tasks timed no slower than one call, 1024 to 4096
+// rows. tests/kernels/thread_count_test.cc checks 1, 2 and 3 threads.)
 #pragma once
 
 #include <cblas.h>
@@ -41,24 +46,6 @@ inline int GemmRowsPerTask(int M) {
   return (rows + 15) / 16 * 16;
 }
 
-// Below this many multiply-adds (M*N*K) OpenBLAS 0.3.21 may leave its
-// blocked path for a kernel chosen by size: the "small matrix" kernels
-// (M*N*K <= 1e6 on SkylakeX) or sgemm_direct (< 28*512*512, row-major NN).
-// On the blocked path, C(i, j) is the same chain of FMAs whatever M is:
-// K is split in blocks that depend on K alone, and each block's products
-// are added in k order by the micro-kernel. So splitting rows there cannot
-// change a bit, and tests/kernels/thread_count_test.cc checks it.
-constexpr double kBlockedPathMinMadds = 8.0 * 1024 * 1024;
-
-// Whether a GEMM runs as one call instead of GemmRowsPerTask(M) tasks:
-// with one thread the tasks buy nothing and each re-packs op(b) (3-18%
-// slower per GEMM at GPT block shapes). Only where the whole and every
-// task take OpenBLAS's blocked path, so the bits stay those of the tasks.
-inline bool GemmAsOneCall(int M, int N, int K, int threads) {
-  const double task_madds = static_cast<double>(GemmRowsPerTask(M)) * N * K;
-  return threads == 1 && task_madds >= kBlockedPathMinMadds;
-}
-
 // Sets OpenBLAS to one thread the first time any CPU kernel runs. The
 // setting is process-wide; the CPU kernels are OpenBLAS's only callers.
 inline void UseSingleThreadedBlas() {
@@ -80,10 +67,6 @@ inline void ParallelSgemm(bool trans_a, bool trans_b, int M, int N, int K, float
                           int ldc) {
   if (M <= 0 || N <= 0) return;
   UseSingleThreadedBlas();
-  if (GemmAsOneCall(M, N, K, omp_get_max_threads())) {
-    Sgemm(trans_a, trans_b, M, N, K, alpha, a, lda, b, ldb, beta, c, ldc);
-    return;
-  }
   const int rows_per_task = GemmRowsPerTask(M);
   const int tasks = (M + rows_per_task - 1) / rows_per_task;
   // Dynamic: on shared cores a thread may lose its core for a while.
