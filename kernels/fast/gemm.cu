@@ -52,22 +52,33 @@ __global__ void BiasPartialsKernel(float* partials, const T* dout, int BT, int O
   }
 }
 
-__global__ void AddColumnSumsKernel(float* out, const float* partials, int rows, int n,
-                                    int stride) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= n) return;
-  float total = 0.0f;
-  for (int r = 0; r < rows; ++r) total += partials[static_cast<size_t>(r) * stride + c];
-  out[c] += total;
-}
+// Pass 2 (AddColumnSums): column c of `partials` (rows, stride) is added
+// into out1[c] for c < split, out2[c - split] after. A block is 32 columns
+// (a lane each, so each row's part is one 128-byte read) by kSumSlices
+// warps: warp s sums rows s, s + kSumSlices, ..., and warp 0 adds the
+// slices in order. The order is fixed, so the bits are the same every
+// run. (A thread per column over every row, the first version, made 3-6
+// blocks at GPT-2's widths, each thread waiting on 128-256 loads in turn.)
+constexpr int kSumSlices = 8;
 
-__global__ void AddColumnSums2Kernel(float* out1, float* out2, const float* partials, int rows,
-                                     int n) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= 2 * n) return;
+__global__ void AddColumnSumsKernel(float* out1, float* out2, int split, const float* partials,
+                                    int rows, int n, int stride) {
+  __shared__ float sums[kSumSlices][32];
+  const int lane = threadIdx.x % 32, slice = threadIdx.x / 32;
+  const int c = blockIdx.x * 32 + lane;
   float total = 0.0f;
-  for (int r = 0; r < rows; ++r) total += partials[static_cast<size_t>(r) * 2 * n + c];
-  (c < n ? out1[c] : out2[c - n]) += total;
+  if (c < n) {
+#pragma unroll 4
+    for (int r = slice; r < rows; r += kSumSlices) {
+      total += partials[static_cast<size_t>(r) * stride + c];
+    }
+  }
+  sums[slice][lane] = total;
+  __syncthreads();
+  if (slice != 0 || c >= n) return;
+  float sum = 0.0f;
+  for (int s = 0; s < kSumSlices; ++s) sum += sums[s][lane];
+  (c < split ? out1[c] : out2[c - split]) += sum;
 }
 
 // The GELU epilogues' stand-ins, for a GPU or type whose cuBLASLt has no
@@ -382,15 +393,15 @@ int BiasGradient(ActType act, float* dbias, const void* dout, int BT, int OC, fl
 
 int AddColumnSums2(float* out1, float* out2, const float* partials, int rows, int n, void* stream) {
   if (n == 0) return 0;
-  LaunchKernel<AddColumnSums2Kernel>(CeilDiv(2 * n, 256), 256, 0, AsStream(stream), out1, out2,
-                                     partials, rows, n);
+  LaunchKernel<AddColumnSumsKernel>(CeilDiv(2 * n, 32), 32 * kSumSlices, 0, AsStream(stream), out1,
+                                    out2, n, partials, rows, 2 * n, 2 * n);
   return LaunchStatus();
 }
 
 int AddColumnSums(float* out, const float* partials, int rows, int n, int stride, void* stream) {
   if (n == 0) return 0;
-  LaunchKernel<AddColumnSumsKernel>(CeilDiv(n, 256), 256, 0, AsStream(stream), out, partials, rows,
-                                    n, stride);
+  LaunchKernel<AddColumnSumsKernel>(CeilDiv(n, 32), 32 * kSumSlices, 0, AsStream(stream), out,
+                                    nullptr, n, partials, rows, n, stride);
   return LaunchStatus();
 }
 

@@ -121,9 +121,10 @@ class Gemm {
 int BiasGradient(ActType act, float* dbias, const void* dout, int BT, int OC, float* scratch,
                  void* stream);
 
-// out[c] += sum over r in [0, rows), in order, of partials[r * stride + c],
-// for c in [0, n): the second pass of the deterministic column sums (bias
-// and LayerNorm parameter gradients).
+// out[c] += sum over r in [0, rows) of partials[r * stride + c], for c in
+// [0, n), in a fixed order (eight interleaved slices of the rows, each
+// summed in order, then the slices in order): the second pass of the
+// deterministic column sums (bias and LayerNorm parameter gradients).
 int AddColumnSums(float* out, const float* partials, int rows, int n, int stride, void* stream);
 // The same over partials (rows, 2n) in one launch: columns [0, n) go to
 // out1, [n, 2n) to out2.

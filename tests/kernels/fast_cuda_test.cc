@@ -671,76 +671,84 @@ TEST_CASE("cudnn attention is bitwise repeatable", "[attention][cudnn]") {
 
 TEST_CASE("layernorm with the fused residual add, forward and backward, match fp64",
           "[layernorm]") {
+  // Lanes with fewer packs of a row than others (C = 192); the backward's
+  // per-warp sums in more than the 48 KB of shared memory a launch gets
+  // unasked (C = 1024 and 1152: 64 and 72 KB); more blocks of partial sums
+  // (N = 300: 10) than AddColumnSums has slices (8).
   for (const Mode& mode : kModes) {
-    SECTION(mode.name) {
-      std::mt19937 rng(Seed());
-      const ActType act = ActOf(mode.math);
-      const int N = 203, C = 192;
-      auto a = Random(N * C, rng, 2.0f), b = Random(N * C, rng), weight = Random(C, rng),
-           bias = Random(C, rng), dout = Random(N * C, rng), dinp0 = Random(N * C, rng),
-           dweight0 = Random(C, rng), dbias0 = Random(C, rng);
-      Buffer d_a(N * C, act), d_b(N * C, act), d_w(C, ActType::kF32), d_bias(C, ActType::kF32);
-      // Uploads round bf16 inputs in place: the references below use the
-      // rounded values.
-      Buffer d_dout(N * C, act), d_dinp(N * C, act), d_dw(C, ActType::kF32), d_db(C, ActType::kF32),
-          scratch(LayerNormBackwardScratchFloats(N, C), ActType::kF32);
-      d_dout.Upload(&dout);
-      d_dinp.Upload(&dinp0);
-      d_a.Upload(&a);
-      d_b.Upload(&b);
-      d_w.Upload(&weight);
-      d_bias.Upload(&bias);
-      Buffer residual(N * C, act), out(N * C, act), mean(N, ActType::kF32), rstd(N, ActType::kF32);
-      CUDA_REQUIRE(LayerNormForward(act, out.get(), mean.f(), rstd.f(), residual.get(), d_a.get(),
-                                    d_b.get(), d_w.f(), d_bias.f(), N, C, nullptr));
-      std::vector<float> x = residual.Download();  // as stored: the LN's input
-      std::vector<double> x_ref(N * C), out_ref(N * C), mean_ref(N), rstd_ref(N);
-      for (size_t i = 0; i < x.size(); ++i) x_ref[i] = double(a[i]) + b[i];
-      RequireClose(x, x_ref, mode.tolerance, "residual");
-      std::vector<double> dinp_ref(dinp0.begin(), dinp0.end()),
-          dw_ref(dweight0.begin(), dweight0.end()), db_ref(dbias0.begin(), dbias0.end());
-      for (int r = 0; r < N; ++r) {
-        const float* row = &x[size_t(r) * C];
-        double m = 0, v = 0;
-        for (int c = 0; c < C; ++c) m += row[c];
-        m /= C;
-        for (int c = 0; c < C; ++c) v += (row[c] - m) * (row[c] - m);
-        const double rs = 1 / std::sqrt(v / C + 1e-5);
-        mean_ref[r] = m;
-        rstd_ref[r] = rs;
-        double dnorm_mean = 0, dnorm_xhat_mean = 0;
-        for (int c = 0; c < C; ++c) {
-          const double xhat = (row[c] - m) * rs, g = dout[size_t(r) * C + c];
-          out_ref[size_t(r) * C + c] = xhat * weight[c] + bias[c];
-          dnorm_mean += g * weight[c] / C;
-          dnorm_xhat_mean += g * weight[c] * xhat / C;
-          dw_ref[c] += g * xhat;
-          db_ref[c] += g;
+    for (const auto& [N, C] : {std::pair{203, 192}, std::pair{70, 1024}, std::pair{300, 1152}}) {
+      SECTION(std::string(mode.name) + ", N=" + std::to_string(N) + ", C=" + std::to_string(C)) {
+        std::mt19937 rng(Seed());
+        const ActType act = ActOf(mode.math);
+        auto a = Random(N * C, rng, 2.0f), b = Random(N * C, rng), weight = Random(C, rng),
+             bias = Random(C, rng), dout = Random(N * C, rng), dinp0 = Random(N * C, rng),
+             dweight0 = Random(C, rng), dbias0 = Random(C, rng);
+        Buffer d_a(N * C, act), d_b(N * C, act), d_w(C, ActType::kF32), d_bias(C, ActType::kF32);
+        // Uploads round bf16 inputs in place: the references below use the
+        // rounded values.
+        Buffer d_dout(N * C, act), d_dinp(N * C, act), d_dw(C, ActType::kF32),
+            d_db(C, ActType::kF32), scratch(LayerNormBackwardScratchFloats(N, C), ActType::kF32);
+        d_dout.Upload(&dout);
+        d_dinp.Upload(&dinp0);
+        d_a.Upload(&a);
+        d_b.Upload(&b);
+        d_w.Upload(&weight);
+        d_bias.Upload(&bias);
+        Buffer residual(N * C, act), out(N * C, act), mean(N, ActType::kF32),
+            rstd(N, ActType::kF32);
+        CUDA_REQUIRE(LayerNormForward(act, out.get(), mean.f(), rstd.f(), residual.get(), d_a.get(),
+                                      d_b.get(), d_w.f(), d_bias.f(), N, C, nullptr));
+        std::vector<float> x = residual.Download();  // as stored: the LN's input
+        std::vector<double> x_ref(N * C), out_ref(N * C), mean_ref(N), rstd_ref(N);
+        for (size_t i = 0; i < x.size(); ++i) x_ref[i] = double(a[i]) + b[i];
+        RequireClose(x, x_ref, mode.tolerance, "residual");
+        std::vector<double> dinp_ref(dinp0.begin(), dinp0.end()),
+            dw_ref(dweight0.begin(), dweight0.end()), db_ref(dbias0.begin(), dbias0.end());
+        for (int r = 0; r < N; ++r) {
+          const float* row = &x[size_t(r) * C];
+          double m = 0, v = 0;
+          for (int c = 0; c < C; ++c) m += row[c];
+          m /= C;
+          for (int c = 0; c < C; ++c) v += (row[c] - m) * (row[c] - m);
+          const double rs = 1 / std::sqrt(v / C + 1e-5);
+          mean_ref[r] = m;
+          rstd_ref[r] = rs;
+          double dnorm_mean = 0, dnorm_xhat_mean = 0;
+          for (int c = 0; c < C; ++c) {
+            const double xhat = (row[c] - m) * rs, g = dout[size_t(r) * C + c];
+            out_ref[size_t(r) * C + c] = xhat * weight[c] + bias[c];
+            dnorm_mean += g * weight[c] / C;
+            dnorm_xhat_mean += g * weight[c] * xhat / C;
+            dw_ref[c] += g * xhat;
+            db_ref[c] += g;
+          }
+          for (int c = 0; c < C; ++c) {
+            const double xhat = (row[c] - m) * rs, g = dout[size_t(r) * C + c];
+            dinp_ref[size_t(r) * C + c] +=
+                (g * weight[c] - dnorm_mean - xhat * dnorm_xhat_mean) * rs;
+          }
         }
-        for (int c = 0; c < C; ++c) {
-          const double xhat = (row[c] - m) * rs, g = dout[size_t(r) * C + c];
-          dinp_ref[size_t(r) * C + c] += (g * weight[c] - dnorm_mean - xhat * dnorm_xhat_mean) * rs;
-        }
+        RequireClose(out.Download(), out_ref, mode.tolerance, "out");
+        RequireClose(mean.Download(), mean_ref, 1e-5, "mean");
+        RequireClose(rstd.Download(), rstd_ref, 1e-5, "rstd");
+
+        // Without the residual: LayerNorm of inp1 alone.
+        out.Poison();
+        Buffer d_x(N * C, act);
+        d_x.Upload(&x);
+        CUDA_REQUIRE(LayerNormForward(act, out.get(), mean.f(), rstd.f(), nullptr, d_x.get(),
+                                      nullptr, d_w.f(), d_bias.f(), N, C, nullptr));
+        RequireClose(out.Download(), out_ref, mode.tolerance, "out without residual");
+
+        d_dw.Upload(&dweight0);
+        d_db.Upload(&dbias0);
+        CUDA_REQUIRE(LayerNormBackward(act, d_dinp.get(), d_dw.f(), d_db.f(), d_dout.get(),
+                                       d_x.get(), d_w.f(), mean.f(), rstd.f(), N, C, scratch.f(),
+                                       nullptr));
+        RequireClose(d_dinp.Download(), dinp_ref, mode.tolerance, "dinp (accumulated)");
+        RequireClose(d_dw.Download(), dw_ref, mode.tolerance, "dweight (accumulated)");
+        RequireClose(d_db.Download(), db_ref, mode.tolerance, "dbias (accumulated)");
       }
-      RequireClose(out.Download(), out_ref, mode.tolerance, "out");
-      RequireClose(mean.Download(), mean_ref, 1e-5, "mean");
-      RequireClose(rstd.Download(), rstd_ref, 1e-5, "rstd");
-
-      // Without the residual: LayerNorm of inp1 alone.
-      out.Poison();
-      Buffer d_x(N * C, act);
-      d_x.Upload(&x);
-      CUDA_REQUIRE(LayerNormForward(act, out.get(), mean.f(), rstd.f(), nullptr, d_x.get(), nullptr,
-                                    d_w.f(), d_bias.f(), N, C, nullptr));
-      RequireClose(out.Download(), out_ref, mode.tolerance, "out without residual");
-
-      d_dw.Upload(&dweight0);
-      d_db.Upload(&dbias0);
-      CUDA_REQUIRE(LayerNormBackward(act, d_dinp.get(), d_dw.f(), d_db.f(), d_dout.get(), d_x.get(),
-                                     d_w.f(), mean.f(), rstd.f(), N, C, scratch.f(), nullptr));
-      RequireClose(d_dinp.Download(), dinp_ref, mode.tolerance, "dinp (accumulated)");
-      RequireClose(d_dw.Download(), dw_ref, mode.tolerance, "dweight (accumulated)");
-      RequireClose(d_db.Download(), db_ref, mode.tolerance, "dbias (accumulated)");
     }
   }
 }
