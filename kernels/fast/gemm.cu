@@ -57,7 +57,7 @@ __global__ void BiasPartialsKernel(float* partials, const T* dout, int BT, int O
 // (a lane each, so each row's part is one 128-byte read) by kSumSlices
 // warps: warp s sums rows s, s + kSumSlices, ..., and warp 0 adds the
 // slices in order. The order is fixed, so the bits are the same every
-// run. (A thread per column over every row, the first version, made 3-6
+// run. (A thread per column over every row, the first version, made 3-12
 // blocks at GPT-2's widths, each thread waiting on 128-256 loads in turn.)
 constexpr int kSumSlices = 8;
 
