@@ -49,6 +49,17 @@ struct Frag {
   uint32_t r[4];
 };
 
+// Declares `name`, the kernel's dynamic shared memory as bytes (on the
+// emulation, simt's). A macro, not a function: it expands to the
+// declaration itself, so the kernels compile as they did when each
+// spelled it out (a function returning the pointer changed four kernels'
+// register allocation).
+#ifdef MUSTER_SIMT
+#define MUSTER_DYNAMIC_SHARED(name) unsigned char* name = simt::DynamicShared()
+#else
+#define MUSTER_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 // ldmatrix.sync.aligned.m8n8.x4 (.trans with kTrans) of the b16 8x8
 // matrices whose rows lane l addresses (p), into r[0..3].
 template <bool kTrans>
@@ -475,11 +486,7 @@ __device__ __forceinline__ void KeyValueBuffers(E (**k_tiles)[kTile * Op::kLd],
     *k_tiles = k_static;
     *v_tiles = v_static;
   } else {
-#ifdef MUSTER_SIMT
-    unsigned char* shared = simt::DynamicShared();
-#else
-    extern __shared__ __align__(16) unsigned char shared[];
-#endif
+    MUSTER_DYNAMIC_SHARED(shared);
     *k_tiles = reinterpret_cast<E(*)[kTile * Op::kLd]>(shared);
     *v_tiles = *k_tiles + 2;
   }
@@ -711,11 +718,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
   static_assert(!kStoreDs || kM == 1, "a stored dS tile is one block's keys");
   constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
   constexpr size_t kQueryBuffersBytes = QueryBuffersBytes<Op>();
-#ifdef MUSTER_SIMT
-  unsigned char* shared = simt::DynamicShared();
-#else
-  extern __shared__ __align__(16) unsigned char shared[];
-#endif
+  MUSTER_DYNAMIC_SHARED(shared);
   // Two buffers of each per-query tile: tile qt + 1 is copied in while
   // tile qt is used.
   auto q_tiles = reinterpret_cast<E(*)[kTile * Op::kLd]>(shared);
@@ -951,11 +954,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks)
     StoredQueryKernel(bf16* dqkv, const bf16* ds_store, const bf16* qkv, int T, int C, int NH,
                       float scale) {
   using Op = Bf16Mma;
-#ifdef MUSTER_SIMT
-  unsigned char* shared = simt::DynamicShared();
-#else
-  extern __shared__ __align__(16) unsigned char shared[];
-#endif
+  MUSTER_DYNAMIC_SHARED(shared);
   auto k_tiles = reinterpret_cast<bf16(*)[kTile * Op::kLd]>(shared);
   auto ds_tiles = reinterpret_cast<bf16(*)[kM][kTile * Op::kLd]>(k_tiles + 2);
   constexpr int kWarpRows = 16 * kM, kBlockRows = kWarps * kWarpRows;
