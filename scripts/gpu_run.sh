@@ -38,6 +38,12 @@
 #              communication hidden, on the node's CPU cores (no GPU): the
 #              same measurement as on a 2-core machine, without two ranks and
 #              their communication threads sharing 2 cores
+#   profile    ncu (Nsight Compute) over one step of bin/bench_gpu
+#              $PROFILE_ARGS (default --precisions bf16; no CUDA graphs),
+#              every kernel's time, then scripts/profile_summary.py: the
+#              $PROFILE_TOP (40) kernels by time, with launches and means
+#              ($OUT/profile.csv keeps ncu's rows; the model's set-up
+#              kernels are in it too, once each)
 #   torch      python3 bin/bench_gpu_torch.py $TORCH_ARGS (the node's own
 #              environment: none of the bundle's libraries)
 #   train      bin/worker on each of $TRAIN_CONFIGS (default
@@ -125,7 +131,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-ALL_STEPS=(selfcheck link kernels cudnn model staged sanitizer bench flash gemm ab fsdpcpu torch train curve
+ALL_STEPS=(selfcheck link kernels cudnn model staged sanitizer bench flash gemm ab profile fsdpcpu torch train curve
            determinism resume ddp1 ddp2 ddpnccl2 ddpkill ddpbench fsdp1 fsdp2 hsdp fsdpspeed)
 DEFAULT_STEPS=(link kernels model bench)
 
@@ -152,6 +158,10 @@ DETERMINISM_STEPS=${DETERMINISM_STEPS:-60}
 RESUME_STEPS=${RESUME_STEPS:-80}
 FSDPSPEED_STEPS=${FSDPSPEED_STEPS:-60}
 DDPBENCH_ARGS=${DDPBENCH_ARGS:-}
+PROFILE_ARGS=${PROFILE_ARGS:---precisions bf16}
+PROFILE_TOP=${PROFILE_TOP:-40}
+PROFILE_CSV="$OUT/profile.csv"
+PROFILE_SUMMARY="$REPO/scripts/profile_summary.py"
 if [ "$GPU_RUN_DEVICE" = cuda ]; then
   RESUME_MODEL=${RESUME_MODEL-model.layers=8 model.dim=256 model.heads=4 model.seq_len=256 data.micro_batch=16}
 else
@@ -338,14 +348,26 @@ need() {
   [ -e "$MUSTER_HOME/$1" ] || { echo "gpu_run: $1 is not in the bundle" >&2; return 127; }
 }
 
-find_sanitizer() {
+# find_cuda_tool NAME PATH...: NAME from PATH, else the first executable
+# of the PATHs (CUDA's tools are not always on PATH).
+find_cuda_tool() {
   local c
-  c=$(command -v compute-sanitizer 2>/dev/null) && { echo "$c"; return 0; }
-  for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda-13*/bin/compute-sanitizer \
-           /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+  c=$(command -v "$1" 2>/dev/null) && { echo "$c"; return 0; }
+  shift
+  for c in "$@"; do
     [ -x "$c" ] && { echo "$c"; return 0; }
   done
   return 1
+}
+
+find_sanitizer() {
+  find_cuda_tool compute-sanitizer /usr/local/cuda/bin/compute-sanitizer \
+    /usr/local/cuda-13*/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer
+}
+
+find_ncu() {
+  find_cuda_tool ncu /usr/local/cuda/bin/ncu /usr/local/cuda-13*/bin/ncu \
+    /opt/nvidia/nsight-compute/*/ncu
 }
 
 step_selfcheck() {
@@ -425,6 +447,21 @@ step_gemm() {
   mapfile -t args < <(words GEMM_ARGS)
   need bin/bench_gemm || return 127
   bundled bin/bench_gemm "${args[@]}"
+}
+
+# Nsight Compute's time of every kernel of one bench_gpu step (no CUDA
+# graphs, so each launch is its own), summed by kernel; see `profile` above.
+step_profile() {
+  local ncu
+  ncu=$(find_ncu) || { echo "gpu_run: ncu (Nsight Compute) not found" >&2; return 127; }
+  need bin/bench_gpu || return 127
+  local -a args
+  mapfile -t args < <(words PROFILE_ARGS)
+  # Clocks and caches as they run (no locking, no flushing between kernels).
+  bundled "$ncu" --clock-control none --cache-control none --metrics gpu__time_duration.sum \
+    --csv --print-kernel-base function --log-file "$PROFILE_CSV" \
+    bin/bench_gpu --no-torch --warmup 0 --steps 1 --cuda-graph off "${args[@]}" || return 1
+  python3 "$PROFILE_SUMMARY" "$PROFILE_CSV" --top "$PROFILE_TOP"
 }
 
 # The bundle against its baseline (bin/baseline), alternating; see `ab` above.
@@ -1031,12 +1068,13 @@ for step in "${steps[@]}"; do
   # The step runs in a child bash so `timeout` can bound it, group and all.
   (
     cd "$MUSTER_HOME" || exit 2
-    export -f bundled run_worker words need find_sanitizer "step_$step" \
+    export -f bundled run_worker words need find_cuda_tool find_sanitizer find_ncu "step_$step" \
       make_config precision_for run_config need_compare compare_metrics dry_run_note \
       last_step resume_attempt run_launch nccl_or_dry pid_with_env
     export BUNDLE_LD_PATH CUDNN_LIB MUSTER_HOME TRAIN_CONFIGS COMPARE_METRICS GPU_RUN_DEVICE \
       CURVE_STEPS CURVE_AFTER CURVE_REL DETERMINISM_STEPS RESUME_STEPS RESUME_MODEL \
-      FSDPSPEED_STEPS DDPBENCH_ARGS AB_COMPARE AB_DIR AB_TOOLS AB_RUNS AB_FLASH_ARGS AB_GPU_ARGS
+      FSDPSPEED_STEPS DDPBENCH_ARGS AB_COMPARE AB_DIR AB_TOOLS AB_RUNS AB_FLASH_ARGS AB_GPU_ARGS \
+      PROFILE_ARGS PROFILE_TOP PROFILE_CSV PROFILE_SUMMARY
     # pipefail again: a child bash does not inherit it, and a step's
     # `run_worker ... | tee` must fail when the worker does.
     timeout -k 10 "$STEP_TIMEOUT" bash -c "set -o pipefail; step_$step"

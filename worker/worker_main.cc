@@ -363,12 +363,13 @@ int Train(const std::string& config_path, Env* env) {
   // cuDNN is loaded by the first step's attention: its version is known
   // only after that step.
   Trainer* started = nullptr;
-  if (config->attention == "cudnn" &&
+  if ((config->attention == "cudnn" || config->attention == "auto") &&
       (options.strategy == nullptr || options.strategy->rank() == 0)) {
     options.on_step = [previous = std::move(options.on_step), &started,
                        reported = false](const StepMetrics& metrics) mutable {
       if (previous) previous(metrics);
       if (started == nullptr || std::exchange(reported, true)) return;
+      if (started->model()->attention() != Attention::kCudnn) return;  // auto chose muster's
       std::fprintf(stdout, "worker: attention %s\n", started->model()->DescribeAttention().c_str());
       std::fflush(stdout);
     };

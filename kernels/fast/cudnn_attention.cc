@@ -736,6 +736,12 @@ std::string CudnnAttentionCheckDescriptors(int B, int T, int C, int NH) {
 
 const std::string& CudnnAttention::error() const { return impl_->error; }
 
+bool CudnnAttentionLoads(std::string* why) {
+  const CudnnApi& api = Api();
+  if (why != nullptr) *why = api.error;
+  return api.error.empty();
+}
+
 long CudnnAttention::version() const { return impl_->handle != nullptr ? Api().version : 0; }
 
 std::string CudnnAttention::Describe() const {

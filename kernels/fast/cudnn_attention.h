@@ -41,6 +41,11 @@ inline bool CudnnAttentionSupports(ActType act, int C, int NH) {
   return hs % 8 == 0 && hs <= 128;
 }
 
+// Whether libcudnn.so.9 loads, has the entry points used and is cuDNN 9
+// or later (loading it, once per process, if it has not been); if not,
+// `why` (when given) says why, as a CudnnAttention's error() would.
+bool CudnnAttentionLoads(std::string* why = nullptr);
+
 // One per model (or test): a cuDNN handle on the current device, the
 // execution plans built so far (one per shape and direction, built on
 // first use and kept), and their GPU workspace. Not thread-safe.

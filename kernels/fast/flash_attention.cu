@@ -1182,9 +1182,10 @@ size_t DeltaFloats(int B, int T, int NH) { return (static_cast<size_t>(B) * NH *
 FlashTiling FlashDefaultTiling(FlashMath math) {
   if (math == FlashMath::kBf16) return FlashTiling{};
   FlashTiling tiling;
-  tiling.forward = {16, 64, false, 0};
-  tiling.key_value = {16, 32, false, 0};
+  tiling.forward = {32, 32, false, 0};
+  tiling.key_value = {32, 16, false, 0};
   tiling.query = {16, 32, false, 0};
+  tiling.stored_ds = false;  // bf16 only
   return tiling;
 }
 

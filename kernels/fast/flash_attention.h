@@ -66,15 +66,22 @@ struct FlashKernelTiling {
 // K; its step is then a whole tile (64). Compiled with stored_ds: dK/dV
 // 16/32 with the values in registers at 3 blocks/SM (168 registers; 175
 // uncapped, which fits 2), or in shared memory; dQ 16/64 and 32/64.
+//
+// bf16's default stores dS (dK/dV 16/32 with the values in registers at 3
+// blocks/SM, dQ 32/64): on an H200 its backward took 0.246 ms at B=8,
+// T=1024, NH=12, where recomputing dQ took 0.259-0.268 ms with each
+// compiled dQ tiling (tools/bench_flash, docs/benchmarks.md).
 struct FlashTiling {
   FlashKernelTiling forward{32, 64, false, 0};
-  FlashKernelTiling key_value{16, 32, true, 0};
-  FlashKernelTiling query{16, 64, false, 0};
-  bool stored_ds = false;
+  FlashKernelTiling key_value{16, 32, true, 3};
+  FlashKernelTiling query{32, 64, false, 0};
+  bool stored_ds = true;
 };
-// tf32's defaults: forward 16/64, dK/dV 16/32 with values in shared
-// memory, dQ 16/32 (fp32 tiles and fragments take twice the registers and
-// shared memory of bf16's, so 16 rows a warp throughout).
+// tf32's defaults: forward 32/32, dK/dV 32/16 with values in shared
+// memory, dQ 16/32, the fastest of its compiled tilings on an H100 and an
+// H200 (forward 0.144 ms against 0.194 at 16/64; fp32 tiles and fragments
+// take twice the registers and shared memory of bf16's, so steps are
+// shorter).
 FlashTiling FlashDefaultTiling(FlashMath math);
 
 // out (B, T, C); lse (B, NH, T) fp32: each row's log2-sum-exp of the

@@ -29,22 +29,24 @@ inline std::vector<std::pair<std::string, FlashTiling>> CompiledFlashTilings(Fla
     return {{"default", FlashDefaultTiling(FlashMath::kTf32)},
             {"f16/32 kv16/16s q16/16",
              MakeTiling({16, 32, false, 0}, {16, 16, false, 0}, {16, 16, false, 0})},
-            {"f32/32 kv32/16s",
-             MakeTiling({32, 32, false, 0}, {32, 16, false, 0}, {16, 32, false, 0})}};
+            {"f16/64 kv16/32s",
+             MakeTiling({16, 64, false, 0}, {16, 32, false, 0}, {16, 32, false, 0})}};
   }
-  return {{"default", FlashTiling{}},
-          {"f32/32 kv16/32s q16/32",
-           MakeTiling({32, 32, false, 0}, {16, 32, false, 0}, {16, 32, false, 0})},
-          {"f16/64 kv16/64r q16/16/4",
-           MakeTiling({16, 64, false, 0}, {16, 64, true, 0}, {16, 16, false, 4})},
-          {"f16/32 kv16/64s q32/32",
-           MakeTiling({16, 32, false, 0}, {16, 64, false, 0}, {32, 32, false, 0})},
-          {"kv16/16s/4", MakeTiling({32, 64, false, 0}, {16, 16, false, 4}, {16, 64, false, 0})},
-          {"kv32/32s", MakeTiling({32, 64, false, 0}, {32, 32, false, 0}, {16, 64, false, 0})},
-          {"dS kv16/32r/3 q16/64",
-           MakeTiling({32, 64, false, 0}, {16, 32, true, 3}, {16, 64, false, 0}, true)},
-          {"dS kv16/32s q32/64",
-           MakeTiling({32, 64, false, 0}, {16, 32, false, 0}, {32, 64, false, 0}, true)}};
+  return {
+      {"default", FlashTiling{}},
+      {"kv16/32r q16/64", MakeTiling({32, 64, false, 0}, {16, 32, true, 0}, {16, 64, false, 0})},
+      {"f32/32 kv16/32s q16/32",
+       MakeTiling({32, 32, false, 0}, {16, 32, false, 0}, {16, 32, false, 0})},
+      {"f16/64 kv16/64r q16/16/4",
+       MakeTiling({16, 64, false, 0}, {16, 64, true, 0}, {16, 16, false, 4})},
+      {"f16/32 kv16/64s q32/32",
+       MakeTiling({16, 32, false, 0}, {16, 64, false, 0}, {32, 32, false, 0})},
+      {"kv16/16s/4", MakeTiling({32, 64, false, 0}, {16, 16, false, 4}, {16, 64, false, 0})},
+      {"kv32/32s", MakeTiling({32, 64, false, 0}, {32, 32, false, 0}, {16, 64, false, 0})},
+      {"dS kv16/32r/3 q16/64",
+       MakeTiling({32, 64, false, 0}, {16, 32, true, 3}, {16, 64, false, 0}, true)},
+      {"dS kv16/32s q32/64",
+       MakeTiling({32, 64, false, 0}, {16, 32, false, 0}, {32, 64, false, 0}, true)}};
 }
 
 }  // namespace muster::kernels::fast

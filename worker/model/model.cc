@@ -49,7 +49,11 @@ const char* PrecisionName(Precision precision) {
 
 absl::StatusOr<Attention> ResolveAttention(const std::string& name, Device device,
                                            Precision precision) {
-  if (name == "auto" || name == "muster") return Attention::kMuster;
+  if (name == "auto") {
+    return device == Device::kCuda && precision == Precision::kBf16 ? Attention::kAuto
+                                                                    : Attention::kMuster;
+  }
+  if (name == "muster") return Attention::kMuster;
   if (name == "gemm") {
     if (device != Device::kCuda) {
       return absl::InvalidArgumentError(
@@ -81,6 +85,8 @@ const char* AttentionName(Attention attention) {
       return "cudnn";
     case Attention::kGemm:
       return "gemm";
+    case Attention::kAuto:
+      return "auto";
   }
   return "?";
 }

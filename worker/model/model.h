@@ -56,12 +56,19 @@ const char* PrecisionName(Precision precision);
 //   kCudnn   cuDNN's fused attention (kernels/fast/cudnn_attention.h):
 //            CUDA only, precision kBf16, head size (dim/heads) a multiple
 //            of 8 up to 128. libcudnn.so.9 is loaded at the first step.
-enum class Attention { kMuster, kCudnn, kGemm };
+//   kAuto    CUDA in bf16 only: kCudnn where cuDNN loads (libcudnn.so.9)
+//            and takes the head size, else kMuster; the CUDA model
+//            decides when it is made, and its attention() is the choice.
+//            cuDNN's is the faster here (docs/benchmarks.md), and as
+//            deterministic as muster's own.
+enum class Attention { kMuster, kCudnn, kGemm, kAuto };
 
 // Resolves "auto" | "muster" | "gemm" | "cudnn" for the resolved device
-// and precision: auto is kMuster. gemm or cudnn off CUDA, or cudnn in a
-// precision other than bf16, is INVALID_ARGUMENT naming the `attention`
-// field (the head size is checked when the CUDA model is made).
+// and precision: auto is kAuto on CUDA in bf16, kMuster otherwise (the
+// CPU, fp32, tf32: cuDNN's engines are bf16 here). gemm or cudnn off
+// CUDA, or cudnn in a precision other than bf16, is INVALID_ARGUMENT
+// naming the `attention` field (the head size is checked when the CUDA
+// model is made).
 absl::StatusOr<Attention> ResolveAttention(const std::string& name, Device device,
                                            Precision precision);
 const char* AttentionName(Attention attention);

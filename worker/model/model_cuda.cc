@@ -718,6 +718,16 @@ absl::StatusOr<std::unique_ptr<GptModel>> CreateCudaModel(const ModelConfig& con
                                                           Precision precision, ParamStorage storage,
                                                           Attention attention) {
   const int head_size = config.dim / config.heads;
+  if (attention == Attention::kAuto) {
+    // cuDNN where it loads and takes this shape (model.h, kAuto); loading
+    // it here, not at the first step, lets the start-up line name it.
+    attention =
+        precision == Precision::kBf16 &&
+                fast::CudnnAttentionSupports(fast::ActType::kBf16, config.dim, config.heads) &&
+                fast::CudnnAttentionLoads()
+            ? Attention::kCudnn
+            : Attention::kMuster;
+  }
   if (!fast::RowWidthOk(config.dim) || !fast::RowWidthOk(head_size)) {
     return absl::InvalidArgumentError(absl::StrCat("model: on CUDA, model.dim (", config.dim,
                                                    ") and the head size dim/heads (", head_size,

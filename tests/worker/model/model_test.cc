@@ -515,15 +515,21 @@ TEST_CASE("devices and the FLOPs estimate") {
   CHECK(FlopsPerToken(config, 128) == Approx(6.0 * model->num_parameters() + 6.0 * 4 * 256 * 128));
 }
 
-TEST_CASE("attention: auto and muster are muster's kernels; gemm needs cuda; cudnn cuda and bf16") {
+TEST_CASE(
+    "attention: muster is muster's kernels, auto cuDNN's or muster's on CUDA in bf16 and muster's "
+    "elsewhere; gemm needs cuda; cudnn cuda and bf16") {
   for (const char* name : {"auto", "muster"}) {
     INFO(name);
     for (Device device : {Device::kCpu, Device::kCuda}) {
       for (Precision precision : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
-        CHECK(ResolveAttention(name, device, precision).value() == Attention::kMuster);
+        const bool choice =
+            std::string(name) == "auto" && device == Device::kCuda && precision == Precision::kBf16;
+        CHECK(ResolveAttention(name, device, precision).value() ==
+              (choice ? Attention::kAuto : Attention::kMuster));
       }
     }
   }
+  CHECK(std::string(AttentionName(Attention::kAuto)) == "auto");
   CHECK(ResolveAttention("cudnn", Device::kCuda, Precision::kBf16).value() == Attention::kCudnn);
   for (Precision precision : {Precision::kFp32, Precision::kTf32, Precision::kBf16}) {
     CHECK(ResolveAttention("gemm", Device::kCuda, precision).value() == Attention::kGemm);
