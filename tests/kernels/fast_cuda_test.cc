@@ -754,46 +754,59 @@ TEST_CASE("layernorm with the fused residual add, forward and backward, match fp
 }
 
 TEST_CASE("fused classifier: loss and logit gradient match fp64", "[classifier]") {
-  for (const Mode& mode : kModes) {
-    SECTION(mode.name) {
-      std::mt19937 rng(Seed());
-      const ActType act = ActOf(mode.math);
-      const int BT = 37, V = 1000, Vp = 1024;
-      const float dloss = 1.0f / BT;
-      auto logits = Random(size_t(BT) * Vp, rng, 4.0f);
-      std::vector<int> targets(BT);
-      for (int& t : targets) t = std::uniform_int_distribution<int>(0, V - 1)(rng);
-      Buffer d_logits(logits.size(), act), losses(BT, ActType::kF32);
-      d_logits.Upload(&logits);
-      int* d_targets = nullptr;
-      REQUIRE(cudaMalloc(&d_targets, BT * sizeof(int)) == cudaSuccess);
-      REQUIRE(cudaMemcpy(d_targets, targets.data(), BT * sizeof(int), cudaMemcpyHostToDevice) ==
-              cudaSuccess);
-      std::vector<double> loss_ref(BT), grad_ref(logits.size());
-      for (int r = 0; r < BT; ++r) {
-        const float* row = &logits[size_t(r) * Vp];
-        double max = row[0], sum = 0;
-        for (int v = 0; v < V; ++v) max = std::max(max, double(row[v]));
-        for (int v = 0; v < V; ++v) sum += std::exp(row[v] - max);
-        const double lse = max + std::log(sum);
-        loss_ref[r] = lse - row[targets[r]];
-        for (int v = 0; v < Vp; ++v) {
-          grad_ref[size_t(r) * Vp + v] =
-              v < V ? (std::exp(row[v] - lse) - (v == targets[r])) * dloss : 0.0;
+  // Widths for both kernels (classifier.cu): 1024 and 70,016 read the row
+  // twice; 5056 keeps it in registers in every precision, GPT-2's 50,304
+  // in bf16 (in fp32 it reads twice).
+  struct Shape {
+    int BT, V, Vp;
+  };
+  for (const Shape shape : {Shape{37, 1000, 1024}, Shape{7, 5000, 5056}, Shape{5, 50257, 50304},
+                            Shape{3, 70001, 70016}}) {
+    const int BT = shape.BT, V = shape.V, Vp = shape.Vp;
+    for (const Mode& mode : kModes) {
+      SECTION(std::string(mode.name) + ", V=" + std::to_string(V)) {
+        std::mt19937 rng(Seed());
+        const ActType act = ActOf(mode.math);
+        const float dloss = 1.0f / BT;
+        auto logits = Random(size_t(BT) * Vp, rng, 4.0f);
+        // Each row's largest logit is its last (V - 1), in the pack that
+        // crosses V where V is not a multiple of a pack: that pack's bound
+        // must not drop it.
+        for (int r = 0; r < BT; ++r) logits[size_t(r) * Vp + V - 1] = 6.0f;
+        std::vector<int> targets(BT);
+        for (int& t : targets) t = std::uniform_int_distribution<int>(0, V - 1)(rng);
+        Buffer d_logits(logits.size(), act), losses(BT, ActType::kF32);
+        d_logits.Upload(&logits);
+        int* d_targets = nullptr;
+        REQUIRE(cudaMalloc(&d_targets, BT * sizeof(int)) == cudaSuccess);
+        REQUIRE(cudaMemcpy(d_targets, targets.data(), BT * sizeof(int), cudaMemcpyHostToDevice) ==
+                cudaSuccess);
+        std::vector<double> loss_ref(BT), grad_ref(logits.size());
+        for (int r = 0; r < BT; ++r) {
+          const float* row = &logits[size_t(r) * Vp];
+          double max = row[0], sum = 0;
+          for (int v = 0; v < V; ++v) max = std::max(max, double(row[v]));
+          for (int v = 0; v < V; ++v) sum += std::exp(row[v] - max);
+          const double lse = max + std::log(sum);
+          loss_ref[r] = lse - row[targets[r]];
+          for (int v = 0; v < Vp; ++v) {
+            grad_ref[size_t(r) * Vp + v] =
+                v < V ? (std::exp(row[v] - lse) - (v == targets[r])) * dloss : 0.0;
+          }
         }
+        // Loss only: the logits stay as they are.
+        const std::vector<uint8_t> before = d_logits.Bytes();
+        CUDA_REQUIRE(ClassifierForward(act, losses.f(), d_logits.get(), d_targets, dloss, false, BT,
+                                       V, Vp, nullptr));
+        RequireClose(losses.Download(), loss_ref, 1e-5, "losses");
+        REQUIRE(d_logits.Bytes() == before);
+        losses.Poison();
+        CUDA_REQUIRE(ClassifierForward(act, losses.f(), d_logits.get(), d_targets, dloss, true, BT,
+                                       V, Vp, nullptr));
+        RequireClose(losses.Download(), loss_ref, 1e-5, "losses (with gradient)");
+        RequireClose(d_logits.Download(), grad_ref, mode.tolerance, "dlogits");
+        cudaFree(d_targets);
       }
-      // Loss only: the logits stay as they are.
-      const std::vector<uint8_t> before = d_logits.Bytes();
-      CUDA_REQUIRE(ClassifierForward(act, losses.f(), d_logits.get(), d_targets, dloss, false, BT,
-                                     V, Vp, nullptr));
-      RequireClose(losses.Download(), loss_ref, 1e-5, "losses");
-      REQUIRE(d_logits.Bytes() == before);
-      losses.Poison();
-      CUDA_REQUIRE(ClassifierForward(act, losses.f(), d_logits.get(), d_targets, dloss, true, BT, V,
-                                     Vp, nullptr));
-      RequireClose(losses.Download(), loss_ref, 1e-5, "losses (with gradient)");
-      RequireClose(d_logits.Download(), grad_ref, mode.tolerance, "dlogits");
-      cudaFree(d_targets);
     }
   }
 }
