@@ -612,8 +612,9 @@ precision_for() {
 # run_config NAME PRECISION STEPS LOG_EVERY [SETTING...]: writes
 # examples/NAME.yaml (examples/tiny.yaml on $GPU_RUN_DEVICE, no evaluation,
 # no checkpoints, metrics to out/NAME/metrics.jsonl, `attention: $ATTENTION`
-# when that is set and the run is bf16 on the GPU, the SETTINGs last) after
-# emptying out/NAME; prints what it changed.
+# when that is set and the run is bf16 on the GPU, `train.cuda_graphs:
+# $CUDA_GRAPHS` when that is set and the run is on the GPU, the SETTINGs
+# last) after emptying out/NAME; prints what it changed.
 run_config() {
   local name=$1 precision=$2 nsteps=$3 log_every=$4
   shift 4
@@ -626,6 +627,10 @@ run_config() {
   # in bf16 (cuDNN's runs in bf16 only; fp32 and tf32 runs keep muster's).
   if [ -n "${ATTENTION:-}" ] && [ "$GPU_RUN_DEVICE" != cpu ] && [ "$precision" = bf16 ]; then
     settings+=("attention=$ATTENTION")
+  fi
+  # CUDA_GRAPHS (true or false): the worker's train.cuda_graphs on the GPU.
+  if [ -n "${CUDA_GRAPHS:-}" ] && [ "$GPU_RUN_DEVICE" != cpu ]; then
+    settings+=("train.cuda_graphs=$CUDA_GRAPHS")
   fi
   settings+=("$@")
   rm -rf "out/$name" || return 1

@@ -52,6 +52,10 @@ struct TrainLoopConfig {
   int eval_every = 0;  // 0: no evaluation
   int eval_batches = 4;
   std::string metrics_file;  // JSONL; empty: none
+  // CUDA only: the model's passes captured once and replayed as CUDA
+  // graphs (GptModel::EnableCudaGraphs); passes that a parallel strategy
+  // acts between, and FSDP's, stay eager.
+  bool cuda_graphs = false;
 };
 
 struct ParallelConfig {
@@ -120,8 +124,9 @@ struct TrainConfig {
   TrainLoopConfig train;
   std::string device = "auto";     // cpu | cuda | auto
   std::string precision = "auto";  // auto | fp32 | tf32 | bf16 (worker/model/model.h)
-  // The CUDA model's attention (worker/model/model.h, Attention): auto |
-  // muster (muster's own kernels; auto is muster) | gemm (muster's GEMM
+  // The CUDA model's attention (worker/model/model.h, Attention): auto
+  // (cuDNN's in bf16 where it loads and takes the head size, else
+  // muster's) | muster (muster's own kernels) | gemm (muster's GEMM
   // attention in every shape and precision: device cuda) | cudnn (cuDNN's
   // fused attention: device cuda, precision bf16, head size a multiple of
   // 8 up to 128).

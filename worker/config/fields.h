@@ -162,6 +162,8 @@ struct Table<TrainLoopConfig> {
       {"eval_every", &T::eval_every, "steps between validation passes; 0: none", NonNegative()},
       {"eval_batches", &T::eval_batches, "micro-batches per validation pass", Positive()},
       {"metrics_file", &T::metrics_file, "JSONL of per-step metrics; empty: none", Path()},
+      {"cuda_graphs", &T::cuda_graphs,
+       "CUDA: replay the model's passes as CUDA graphs once captured (device cuda)"},
   };
 };
 
@@ -240,9 +242,10 @@ struct Table<TrainConfig> {
       {"precision", &T::precision, "auto: bf16 on CUDA, fp32 on the CPU",
        OneOf("auto|fp32|tf32|bf16")},
       {"attention", &T::attention,
-       "the CUDA model's attention kernels; auto: muster's own (flash attention where the "
-       "precision and shape allow); gemm: muster's GEMM attention everywhere (cuda); cudnn: "
-       "cuDNN's fused attention (cuda, bf16)",
+       "the CUDA model's attention kernels; auto: cuDNN's in bf16 where libcudnn.so.9 loads, "
+       "else muster's; muster: muster's own (flash attention where the precision and shape "
+       "allow); gemm: muster's GEMM attention everywhere (cuda); cudnn: cuDNN's fused attention "
+       "(cuda, bf16)",
        OneOf("auto|muster|gemm|cudnn")},
       {"parallel", &T::parallel, "how ranks share the work"},
       {"checkpoint", &T::checkpoint, "saving and resuming"},

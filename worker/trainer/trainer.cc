@@ -75,6 +75,11 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   if (!built.ok()) return built.status();
   trainer->model_ = std::move(built->model);
   trainer->optimizer_ = std::move(built->optimizer);
+  // train.cuda_graphs: each pass captured at its second run, replayed
+  // after (worker/model/model_cuda.cc, RunPass).
+  if (config.train.cuda_graphs && *device == Device::kCuda) {
+    if (absl::Status enabled = trainer->model_->EnableCudaGraphs(); !enabled.ok()) return enabled;
+  }
   trainer->checkpoints_ = std::make_unique<CheckpointManager>(
       config, trainer->strategy_, trainer->options_.log, trainer->options_.env);
   auto resumed = trainer->checkpoints_->Resume(trainer->model_.get(), trainer->optimizer_.get(),
