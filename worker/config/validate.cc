@@ -46,18 +46,18 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                 absl::StrCat(config.precision, " needs device cuda; the CPU computes in fp32 only"),
                 {"device"});
   }
-  // attention: cudnn is cuDNN's fused attention (kernels/fast/cudnn_attention.h),
-  // which the CUDA model alone runs, on bf16 activations. As with precision,
-  // only an explicit cpu is known here; device auto on a machine without a
-  // GPU, or a config built in code, meets ResolveAttention
-  // (worker/model/model.h) when the trainer resolves the device.
-  // cuda_graphs: the CUDA model's (GptModel::EnableCudaGraphs); with device
-  // auto on a machine without a GPU it has nothing to act on, and is
+  // train.cuda_graphs: the CUDA model's (GptModel::EnableCudaGraphs); with
+  // device auto on a machine without a GPU it has nothing to act on, and is
   // ignored.
   if (config.train.cuda_graphs && config.device == "cpu") {
     return fail("train.cuda_graphs", "true needs device cuda; the CPU runs no CUDA graphs",
                 {"device"});
   }
+  // attention: cudnn is cuDNN's fused attention (kernels/fast/cudnn_attention.h),
+  // which the CUDA model alone runs, on bf16 activations. As with precision,
+  // only an explicit cpu is known here; device auto on a machine without a
+  // GPU, or a config built in code, meets ResolveAttention
+  // (worker/model/model.h) when the trainer resolves the device.
   if (config.attention == "gemm" && config.device == "cpu") {
     return fail("attention", "gemm needs device cuda; the CPU runs muster's own attention",
                 {"device"});
