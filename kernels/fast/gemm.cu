@@ -1,6 +1,7 @@
 // cuBLASLt calls with cached plans, and the two-pass deterministic column
 // sums of the bias gradient.
 #include <algorithm>
+#include <cassert>
 #include <cstring>
 #include <vector>
 
@@ -59,26 +60,39 @@ __global__ void BiasPartialsKernel(float* partials, const T* dout, int BT, int O
 // slices in order. The order is fixed, so the bits are the same every
 // run. (A thread per column over every row, the first version, made 3-12
 // blocks at GPT-2's widths, each thread waiting on 128-256 loads in turn.)
+// One launch runs every job of a ColumnSumsBatch: the jobs' blocks follow
+// one another, and a block finds its job in the table it was passed by
+// value. A job's block sums as it would in a launch of its own, so the
+// bits do not depend on what else shares the launch.
 constexpr int kSumSlices = 8;
 
-__global__ void AddColumnSumsKernel(float* out1, float* out2, int split, const float* partials,
-                                    int rows, int n, int stride) {
+struct ColumnSumsLaunch {
+  ColumnSumsJob job[ColumnSumsBatch::kMaxJobs];
+  int first_block[ColumnSumsBatch::kMaxJobs +
+                  1];  // job j's blocks: [first_block[j], first_block[j + 1])
+  int count;
+};
+
+__global__ void AddColumnSumsKernel(const ColumnSumsLaunch launch) {
   __shared__ float sums[kSumSlices][32];
+  int j = 0;
+  while (j + 1 < launch.count && static_cast<int>(blockIdx.x) >= launch.first_block[j + 1]) ++j;
+  const ColumnSumsJob& job = launch.job[j];
   const int lane = threadIdx.x % 32, slice = threadIdx.x / 32;
-  const int c = blockIdx.x * 32 + lane;
+  const int c = (static_cast<int>(blockIdx.x) - launch.first_block[j]) * 32 + lane;
   float total = 0.0f;
-  if (c < n) {
+  if (c < job.n) {
 #pragma unroll 4
-    for (int r = slice; r < rows; r += kSumSlices) {
-      total += partials[static_cast<size_t>(r) * stride + c];
+    for (int r = slice; r < job.rows; r += kSumSlices) {
+      total += job.partials[static_cast<size_t>(r) * job.stride + c];
     }
   }
   sums[slice][lane] = total;
   __syncthreads();
-  if (slice != 0 || c >= n) return;
+  if (slice != 0 || c >= job.n) return;
   float sum = 0.0f;
   for (int s = 0; s < kSumSlices; ++s) sum += sums[s][lane];
-  (c < split ? out1[c] : out2[c - split]) += sum;
+  (c < job.split ? job.out1[c] : job.out2[c - job.split]) += sum;
 }
 
 // The GELU epilogues' stand-ins, for a GPU or type whose cuBLASLt has no
@@ -372,12 +386,13 @@ size_t Gemm::BiasGradScratchFloats(int BT, int OC) {
   return static_cast<size_t>(CeilDiv(BT, kBiasRows)) * OC;
 }
 
-int Gemm::BackwardBias(float* dbias, const void* dout, int BT, int OC, float* scratch) {
-  return BiasGradient(act(), dbias, dout, BT, OC, scratch, stream_);
+int Gemm::BackwardBias(float* dbias, const void* dout, int BT, int OC, float* scratch,
+                       ColumnSumsBatch* defer) {
+  return BiasGradient(act(), dbias, dout, BT, OC, scratch, stream_, defer);
 }
 
 int BiasGradient(ActType act, float* dbias, const void* dout, int BT, int OC, float* scratch,
-                 void* stream) {
+                 void* stream, ColumnSumsBatch* defer) {
   if (BT == 0 || OC == 0) return 0;
   const unsigned chunks = CeilDiv(BT, kBiasRows);
   int status = Dispatch(act, [&](auto tag) {
@@ -388,20 +403,39 @@ int BiasGradient(ActType act, float* dbias, const void* dout, int BT, int OC, fl
     return LaunchStatus();
   });
   if (status != 0) return status;
-  return AddColumnSums(dbias, scratch, static_cast<int>(chunks), OC, OC, stream);
+  const ColumnSumsJob job{dbias, nullptr, OC, scratch, static_cast<int>(chunks), OC, OC};
+  return defer != nullptr ? defer->Add(job, stream) : AddColumnSums(&job, 1, stream);
 }
 
-int AddColumnSums2(float* out1, float* out2, const float* partials, int rows, int n, void* stream) {
-  if (n == 0) return 0;
-  LaunchKernel<AddColumnSumsKernel>(CeilDiv(2 * n, 32), 32 * kSumSlices, 0, AsStream(stream), out1,
-                                    out2, n, partials, rows, 2 * n, 2 * n);
-  return LaunchStatus();
+int ColumnSumsBatch::Add(const ColumnSumsJob& job, void* stream) {
+  if (count_ == kMaxJobs) {
+    const int status = Flush(stream);
+    if (status != 0) return status;
+  }
+  jobs_[count_++] = job;
+  return 0;
 }
 
-int AddColumnSums(float* out, const float* partials, int rows, int n, int stride, void* stream) {
-  if (n == 0) return 0;
-  LaunchKernel<AddColumnSumsKernel>(CeilDiv(n, 32), 32 * kSumSlices, 0, AsStream(stream), out,
-                                    nullptr, n, partials, rows, n, stride);
+int ColumnSumsBatch::Flush(void* stream) {
+  const int status = AddColumnSums(jobs_, count_, stream);
+  count_ = 0;
+  return status;
+}
+
+int AddColumnSums(const ColumnSumsJob* jobs, int count, void* stream) {
+  assert(count <= ColumnSumsBatch::kMaxJobs);
+  ColumnSumsLaunch launch{};
+  int blocks = 0;
+  launch.count = 0;
+  for (int i = 0; i < count; ++i) {
+    if (jobs[i].n <= 0) continue;
+    launch.job[launch.count] = jobs[i];
+    launch.first_block[launch.count++] = blocks;
+    blocks += CeilDiv(jobs[i].n, 32);
+  }
+  if (blocks == 0) return 0;
+  launch.first_block[launch.count] = blocks;
+  LaunchKernel<AddColumnSumsKernel>(blocks, 32 * kSumSlices, 0, AsStream(stream), launch);
   return LaunchStatus();
 }
 

@@ -21,6 +21,8 @@
 
 namespace muster::kernels::fast {
 
+class ColumnSumsBatch;  // below
+
 // How the GEMMs compute: kFp32 exact fp32; kTf32 fp32 storage on the
 // tensor cores in TF32; kBf16 bf16 operands with fp32 accumulation.
 enum class GemmMath { kFp32, kTf32, kBf16 };
@@ -78,7 +80,8 @@ class Gemm {
   int BackwardWeight(float* dweight, const void* dout, const void* inp, int BT, int C, int OC,
                      float alpha);
   // BiasGradient (below) on this Gemm's stream.
-  int BackwardBias(float* dbias, const void* dout, int BT, int OC, float* scratch);
+  int BackwardBias(float* dbias, const void* dout, int BT, int OC, float* scratch,
+                   ColumnSumsBatch* defer = nullptr);
   static size_t BiasGradScratchFloats(int BT, int OC);
 
   // ---- for tools/bench_gemm: what else cuBLASLt offers for a call ----
@@ -117,17 +120,42 @@ class Gemm {
 // dbias (OC) fp32 += sum over the BT rows of dout (BT, OC, act), in a
 // fixed order. scratch: Gemm::BiasGradScratchFloats(BT, OC) floats. Our
 // own kernels, no cuBLASLt (so the CPU emulation of kernels/simt runs it
-// too).
+// too). With `defer`, the second pass (below) is added to that batch
+// instead of launched, and scratch must stay untouched until the batch
+// runs.
 int BiasGradient(ActType act, float* dbias, const void* dout, int BT, int OC, float* scratch,
-                 void* stream);
+                 void* stream, ColumnSumsBatch* defer = nullptr);
 
-// out[c] += sum over r in [0, rows) of partials[r * stride + c], for c in
-// [0, n), in a fixed order (eight interleaved slices of the rows, each
-// summed in order, then the slices in order): the second pass of the
-// deterministic column sums (bias and LayerNorm parameter gradients).
-int AddColumnSums(float* out, const float* partials, int rows, int n, int stride, void* stream);
-// The same over partials (rows, 2n) in one launch: columns [0, n) go to
-// out1, [n, 2n) to out2.
-int AddColumnSums2(float* out1, float* out2, const float* partials, int rows, int n, void* stream);
+// The second pass of the deterministic column sums (bias and LayerNorm
+// parameter gradients): out1[c] += sum over r in [0, rows) of
+// partials[r * stride + c] for c in [0, split), out2[c - split] for c in
+// [split, n). The order is fixed: eight interleaved slices of the rows,
+// each summed in order, then the slices in order.
+struct ColumnSumsJob {
+  float* out1;
+  float* out2;  // nullptr where split == n
+  int split;
+  const float* partials;
+  int rows, n, stride;
+};
+// Runs `count` (at most ColumnSumsBatch::kMaxJobs) jobs in one launch;
+// each job's bits are those it would have alone.
+int AddColumnSums(const ColumnSumsJob* jobs, int count, void* stream);
+
+// Second passes gathered to run in one launch: a block's backward has six
+// (four biases, two LayerNorms), each of which alone is a launch of a few
+// microseconds over 3-12 blocks. Add runs the batch first when it is full.
+// Flush launches what was added, in the order added.
+class ColumnSumsBatch {
+ public:
+  static constexpr int kMaxJobs = 8;
+  int Add(const ColumnSumsJob& job, void* stream);
+  int Flush(void* stream);
+  int size() const { return count_; }
+
+ private:
+  ColumnSumsJob jobs_[kMaxJobs];
+  int count_ = 0;
+};
 
 }  // namespace muster::kernels::fast

@@ -159,7 +159,7 @@ size_t LayerNormBackwardScratchFloats(int N, int C) {
 
 int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, const void* dout,
                       const void* inp, const float* weight, const float* mean, const float* rstd,
-                      int N, int C, float* scratch, void* stream) {
+                      int N, int C, float* scratch, void* stream, ColumnSumsBatch* defer) {
   if (N == 0) return 0;
   const unsigned blocks = CeilDiv(N, kBackwardRows);
   const size_t shared_bytes = static_cast<size_t>(kBackwardWarps) * 2 * C * sizeof(float);
@@ -179,7 +179,9 @@ int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, con
     return LaunchStatus();
   });
   if (status != 0) return status;
-  return AddColumnSums2(dweight, dbias, scratch, static_cast<int>(blocks), C, stream);
+  // partials (blocks, 2C): [dweight | dbias], both sums in one job.
+  const ColumnSumsJob job{dweight, dbias, C, scratch, static_cast<int>(blocks), 2 * C, 2 * C};
+  return defer != nullptr ? defer->Add(job, stream) : AddColumnSums(&job, 1, stream);
 }
 
 }  // namespace muster::kernels::fast

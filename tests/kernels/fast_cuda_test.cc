@@ -35,6 +35,8 @@ extern "C" void openblas_set_num_threads(int);
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -748,6 +750,91 @@ TEST_CASE("layernorm with the fused residual add, forward and backward, match fp
         RequireClose(d_dinp.Download(), dinp_ref, mode.tolerance, "dinp (accumulated)");
         RequireClose(d_dw.Download(), dw_ref, mode.tolerance, "dweight (accumulated)");
         RequireClose(d_db.Download(), db_ref, mode.tolerance, "dbias (accumulated)");
+      }
+    }
+  }
+}
+
+TEST_CASE("column sums deferred to one launch give each sum's bits of its own launch",
+          "[bias][layernorm]") {
+  // Bias and LayerNorm gradients whose second passes join a
+  // ColumnSumsBatch, against the same calls each finishing alone: equal
+  // bit for bit. Nine jobs where a batch holds eight, so Add also runs a
+  // full batch; widths not a multiple of the 32 columns of a block, so a
+  // job's last block is partial and the next job's first block follows it.
+  struct Job {
+    bool layernorm;
+    int N, C;
+  };
+  const Job jobs[] = {{false, 300, 96}, {true, 203, 192},  {false, 1000, 776},
+                      {false, 70, 40},  {true, 300, 1152}, {false, 8, 2304},
+                      {true, 33, 64},   {false, 129, 72},  {true, 70, 1024}};
+  for (const Mode& mode : kModes) {
+    SECTION(mode.name) {
+      std::mt19937 rng(Seed());
+      const ActType act = ActOf(mode.math);
+      // Per job: [0] the sums alone, [1] deferred.
+      struct Run {
+        std::unique_ptr<Buffer> out1[2], out2[2], dinp[2], scratch[2];
+        std::unique_ptr<Buffer> dout, inp, weight, mean, rstd;
+      };
+      std::vector<Run> runs(std::size(jobs));
+      ColumnSumsBatch batch;
+      for (size_t j = 0; j < std::size(jobs); ++j) {
+        const Job& job = jobs[j];
+        Run& run = runs[j];
+        const size_t NC = size_t(job.N) * job.C;
+        auto dout = Random(NC, rng);
+        run.dout = std::make_unique<Buffer>(NC, act);
+        run.dout->Upload(&dout);
+        auto out1 = Random(job.C, rng), out2 = Random(job.C, rng), dinp = Random(NC, rng);
+        if (job.layernorm) {
+          auto inp = Random(NC, rng), weight = Random(job.C, rng), mean = Random(job.N, rng),
+               rstd = Random(job.N, rng);
+          for (float& r : rstd) r = 1.0f + std::fabs(r);
+          run.inp = std::make_unique<Buffer>(NC, act);
+          run.weight = std::make_unique<Buffer>(job.C, ActType::kF32);
+          run.mean = std::make_unique<Buffer>(job.N, ActType::kF32);
+          run.rstd = std::make_unique<Buffer>(job.N, ActType::kF32);
+          run.inp->Upload(&inp);
+          run.weight->Upload(&weight);
+          run.mean->Upload(&mean);
+          run.rstd->Upload(&rstd);
+        }
+        for (int k = 0; k < 2; ++k) {
+          ColumnSumsBatch* defer = k == 1 ? &batch : nullptr;
+          run.out1[k] = std::make_unique<Buffer>(job.C, ActType::kF32);
+          run.out1[k]->Upload(&out1);
+          if (!job.layernorm) {
+            run.scratch[k] =
+                std::make_unique<Buffer>(Gemm::BiasGradScratchFloats(job.N, job.C), ActType::kF32);
+            CUDA_REQUIRE(BiasGradient(act, run.out1[k]->f(), run.dout->get(), job.N, job.C,
+                                      run.scratch[k]->f(), nullptr, defer));
+            continue;
+          }
+          run.out2[k] = std::make_unique<Buffer>(job.C, ActType::kF32);
+          run.out2[k]->Upload(&out2);
+          run.dinp[k] = std::make_unique<Buffer>(NC, act);
+          run.dinp[k]->Upload(&dinp);
+          run.scratch[k] =
+              std::make_unique<Buffer>(LayerNormBackwardScratchFloats(job.N, job.C), ActType::kF32);
+          CUDA_REQUIRE(LayerNormBackward(act, run.dinp[k]->get(), run.out1[k]->f(),
+                                         run.out2[k]->f(), run.dout->get(), run.inp->get(),
+                                         run.weight->f(), run.mean->f(), run.rstd->f(), job.N,
+                                         job.C, run.scratch[k]->f(), nullptr, defer));
+        }
+      }
+      REQUIRE(batch.size() == 1);  // the ninth; the first eight ran when it was added
+      CUDA_REQUIRE(batch.Flush(nullptr));
+      REQUIRE(batch.size() == 0);
+      for (size_t j = 0; j < std::size(jobs); ++j) {
+        INFO("job " << j << ": " << (jobs[j].layernorm ? "layernorm" : "bias") << " N=" << jobs[j].N
+                    << " C=" << jobs[j].C);
+        const Run& run = runs[j];
+        REQUIRE(run.out1[1]->Bytes() == run.out1[0]->Bytes());
+        if (!jobs[j].layernorm) continue;
+        REQUIRE(run.out2[1]->Bytes() == run.out2[0]->Bytes());
+        REQUIRE(run.dinp[1]->Bytes() == run.dinp[0]->Bytes());
       }
     }
   }

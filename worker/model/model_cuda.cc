@@ -315,6 +315,11 @@ class CudaModel final : public GptModel {
   void* dresidual_ = nullptr;  // (B, T, C)
   void* dnarrow_ = nullptr;    // (B, T, C) dlnf, dln2, datty, dln1 in turn
   void* dwide_ = nullptr;      // (B, T, 4C) dfch, then dqkv (3C)
+  // The column sums' partials (kernels/fast/gemm.h): a block's backward
+  // runs the second passes of its four bias and two LayerNorm gradients in
+  // one launch at its end, so each keeps its own region until then. Bias:
+  // fcproj (C), fc (4C), attproj (C), qkv (3C) columns; LayerNorm: ln2,
+  // ln1.
   float* bias_scratch_ = nullptr;
   float* norm_scratch_ = nullptr;
 };
@@ -385,8 +390,8 @@ absl::Status CudaModel::Allocate() {
   plan.Request(&dresidual_, BT * C * act);
   plan.Request(&dnarrow_, BT * C * act);
   plan.Request(&dwide_, BT * 4 * C * act);
-  plan.Request(&bias_scratch_, fast::Gemm::BiasGradScratchFloats(BT, 4 * C));
-  plan.Request(&norm_scratch_, fast::LayerNormBackwardScratchFloats(BT, C));
+  plan.Request(&bias_scratch_, fast::Gemm::BiasGradScratchFloats(BT, 9 * C));
+  plan.Request(&norm_scratch_, 2 * fast::LayerNormBackwardScratchFloats(BT, C));
   plan.Request(&inputs_, BT);
   plan.Request(&targets_, BT);
   plan.Request(&groups_, 3 * BT + 1);
@@ -580,19 +585,29 @@ void CudaModel::BlockBackward(int layer, const void* residual_in) {
   const int BT = B * T;
   const int stage = layout::BlockStage(layer);
   Layer& a = layers_[layer];
+  // The bias and LayerNorm gradients' second passes, run together at the
+  // end; each partial sums' region (bias_scratch_, norm_scratch_) by its
+  // first column, the partials being (chunks, columns) for the rows BT.
+  fast::ColumnSumsBatch sums;
+  auto bias_scratch = [&](int first_column) {
+    return bias_scratch_ + fast::Gemm::BiasGradScratchFloats(BT, first_column);
+  };
+  float* const ln2_scratch = norm_scratch_;
+  float* const ln1_scratch = norm_scratch_ + fast::LayerNormBackwardScratchFloats(BT, C);
   // residual3 = residual2 + fcproj: both get dresidual unchanged, so the
   // projection's gradient is read from dresidual_.
   Check("fc projection dW", gemm_->BackwardWeight(Grad(stage, layout::kFcprojw), dresidual_,
                                                   a.fch_gelu, BT, 4 * C, C, 1.0f));
-  Check("fc projection db",
-        gemm_->BackwardBias(Grad(stage, layout::kFcprojb), dresidual_, BT, C, bias_scratch_));
+  Check("fc projection db", gemm_->BackwardBias(Grad(stage, layout::kFcprojb), dresidual_, BT, C,
+                                                bias_scratch(0), &sums));
   // dfch = (dresidual @ Wfcproj) * GELU'(fch), in the GEMM's epilogue.
   Check("fc projection dx + gelu",
         gemm_->BackwardInput(dwide_, dresidual_, Weight(stage, layout::kFcprojw), a.fch, BT, 4 * C,
                              C, 1.0f));
   Check("fc dW",
         gemm_->BackwardWeight(Grad(stage, layout::kFcw), dwide_, a.ln2, BT, C, 4 * C, 1.0f));
-  Check("fc db", gemm_->BackwardBias(Grad(stage, layout::kFcb), dwide_, BT, 4 * C, bias_scratch_));
+  Check("fc db",
+        gemm_->BackwardBias(Grad(stage, layout::kFcb), dwide_, BT, 4 * C, bias_scratch(C), &sums));
   Check("fc dx", gemm_->BackwardInput(dnarrow_, dwide_, Weight(stage, layout::kFcw), nullptr, BT, C,
                                       4 * C, 1.0f));
   // LayerNorm's backward adds into dresidual_, which becomes d loss /
@@ -601,12 +616,12 @@ void CudaModel::BlockBackward(int layer, const void* residual_in) {
         fast::LayerNormBackward(act_, dresidual_, Grad(stage, layout::kLn2w),
                                 Grad(stage, layout::kLn2b), dnarrow_, a.residual2,
                                 Param(stage, layout::kLn2w), a.ln2_mean, a.ln2_rstd, BT, C,
-                                norm_scratch_, stream_));
+                                ln2_scratch, stream_, &sums));
   // residual2 = residual_in + attproj: the same pass-through as above.
   Check("attention projection dW",
         gemm_->BackwardWeight(Grad(stage, layout::kAttprojw), dresidual_, a.atty, BT, C, C, 1.0f));
-  Check("attention projection db",
-        gemm_->BackwardBias(Grad(stage, layout::kAttprojb), dresidual_, BT, C, bias_scratch_));
+  Check("attention projection db", gemm_->BackwardBias(Grad(stage, layout::kAttprojb), dresidual_,
+                                                       BT, C, bias_scratch(5 * C), &sums));
   Check("attention projection dx",
         gemm_->BackwardInput(dnarrow_, dresidual_, Weight(stage, layout::kAttprojw), nullptr, BT, C,
                              C, 1.0f));
@@ -625,15 +640,16 @@ void CudaModel::BlockBackward(int layer, const void* residual_in) {
   }
   Check("qkv dW",
         gemm_->BackwardWeight(Grad(stage, layout::kQkvw), dwide_, a.ln1, BT, C, 3 * C, 1.0f));
-  Check("qkv db",
-        gemm_->BackwardBias(Grad(stage, layout::kQkvb), dwide_, BT, 3 * C, bias_scratch_));
+  Check("qkv db", gemm_->BackwardBias(Grad(stage, layout::kQkvb), dwide_, BT, 3 * C,
+                                      bias_scratch(6 * C), &sums));
   Check("qkv dx", gemm_->BackwardInput(dnarrow_, dwide_, Weight(stage, layout::kQkvw), nullptr, BT,
                                        C, 3 * C, 1.0f));
   Check("layernorm 1 backward",
         fast::LayerNormBackward(act_, dresidual_, Grad(stage, layout::kLn1w),
                                 Grad(stage, layout::kLn1b), dnarrow_, residual_in,
                                 Param(stage, layout::kLn1w), a.ln1_mean, a.ln1_rstd, BT, C,
-                                norm_scratch_, stream_));
+                                ln1_scratch, stream_, &sums));
+  Check("column sums", sums.Flush(stream_));
 }
 
 void CudaModel::Backward(float loss_scale) {
