@@ -28,6 +28,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -63,8 +64,10 @@ double MedianOf(const Job& job, Field field) {
   return Median(values);
 }
 
+// alone_ms: each FSDP job's collectives alone (median, ms), by name, for
+// the process table's overlap.
 int PrintThroughput(const worker::TrainConfig& config, int nproc, int warmup, int steps, int rounds,
-                    int replays, bool pin) {
+                    int replays, bool pin, std::map<std::string, double>* alone_ms) {
   const worker::ModelConfig& m = config.model;
   std::printf(
       "FSDP against DDP on GPT L=%d C=%d NH=%d T=%d V=%d, B=%d per rank, %d ranks as threads, "
@@ -137,6 +140,7 @@ int PrintThroughput(const worker::TrainConfig& config, int nproc, int warmup, in
     const double alone = MedianOf(job, &ThreadsRun::alone_ms);
     const double exposed = MedianOf(job, &ThreadsRun::exposed_ms);
     const double least = MedianOf(job, &ThreadsRun::exposed_least_ms);
+    (*alone_ms)[job.name] = alone;
     std::printf("  %-12s %8d %8d %9.1f %9.1f %10.2f %10.2f %10.2f %7.0f%% %7.0f%%\n",
                 job.name.c_str(), first.gathers, first.reduces, first.gathered_mb, first.reduced_mb,
                 alone, exposed, least, 100 * (1 - exposed / alone), 100 * (1 - least / alone));
@@ -273,24 +277,29 @@ int PrintRss(const RssPaths& paths, worker::TrainConfig config, const std::vecto
 
 // The median "ms" of the step records after step `warmup` in a worker's
 // metrics file (JSONL, one {"step":N,"loss":...,"ms":...} per step).
-absl::StatusOr<double> MedianStepMs(const std::string& path, int warmup) {
+// The median of `field` ("ms", "comm_wait_ms") over the steps after
+// `warmup` of a metrics file.
+absl::StatusOr<double> MedianStepField(const std::string& path, const std::string& field,
+                                       int warmup) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": no metrics file"));
-  std::vector<double> ms;
+  const std::string key = absl::StrCat("\"", field, "\":");
+  std::vector<double> values;
   std::string line;
   while (std::getline(in, line)) {
     int step = 0;
-    const size_t at = line.find("\"ms\":");
+    const size_t at = line.find(key);
     if (std::sscanf(line.c_str(), "{\"step\":%d", &step) != 1 || at == std::string::npos) continue;
     double value = 0;
-    if (step > warmup && std::sscanf(line.c_str() + at, "\"ms\":%lf", &value) == 1) {
-      ms.push_back(value);
+    if (step > warmup && std::sscanf(line.c_str() + at + key.size(), "%lf", &value) == 1) {
+      values.push_back(value);
     }
   }
-  if (ms.empty()) {
-    return absl::InternalError(absl::StrCat(path, ": no timed step after step ", warmup));
+  if (values.empty()) {
+    return absl::InternalError(
+        absl::StrCat(path, ": no ", field, " in a timed step after step ", warmup));
   }
-  return Median(ms);
+  return Median(values);
 }
 
 // The throughput jobs again as the product runs them: `worker` processes
@@ -299,8 +308,12 @@ absl::StatusOr<double> MedianStepMs(const std::string& path, int warmup) {
 // over rounds, and each FSDP job against DDP (ratio of medians, and median
 // of the rounds' ratios). The threads table above cannot see what is
 // per-process: each rank's allocator, its own Gloo and work-queue threads.
+// Then each job's wait on its collectives per step (the metrics'
+// comm_wait_ms, the mean over ranks), and for FSDP the share of the
+// collectives' time alone (`alone_ms`, from the threads table, where it
+// ran) that the wait leaves hidden.
 int PrintProcesses(const RssPaths& paths, worker::TrainConfig config, int nproc, int rounds,
-                   int warmup, int steps) {
+                   int warmup, int steps, const std::map<std::string, double>& alone_ms) {
   config.data.train = paths.dir + "/proc_train_*.bin";
   config.train.steps = warmup + steps;
   config.train.log_every = 1;
@@ -314,12 +327,13 @@ int PrintProcesses(const RssPaths& paths, worker::TrainConfig config, int nproc,
     const char* name;
     int zero;  // 0: DDP
     const char* gather;
-    std::vector<double> ms;  // per round
+    std::vector<double> ms;    // per round
+    std::vector<double> wait;  // per round: comm_wait_ms
   };
-  std::vector<ProcJob> jobs = {{"DDP", 0, "fp32", {}},
-                               {"FSDP ZeRO-2", 2, "fp32", {}},
-                               {"FSDP ZeRO-3", 3, "fp32", {}},
-                               {"ZeRO-3 bf16g", 3, "bf16", {}}};
+  std::vector<ProcJob> jobs = {{"DDP", 0, "fp32", {}, {}},
+                               {"FSDP ZeRO-2", 2, "fp32", {}, {}},
+                               {"FSDP ZeRO-3", 3, "fp32", {}, {}},
+                               {"ZeRO-3 bf16g", 3, "bf16", {}, {}}};
   const worker::ModelConfig& m = config.model;
   std::printf(
       "\nthe same as %d `worker` processes under `launch --standalone` (GPT L=%d C=%d T=%d, B=%d "
@@ -337,29 +351,44 @@ int PrintProcesses(const RssPaths& paths, worker::TrainConfig config, int nproc,
       config.train.metrics_file = absl::StrCat(paths.dir, "/", name, ".jsonl");
       std::remove(config.train.metrics_file.c_str());
       auto run = RunRssJob(paths, config, name, nproc);
-      absl::StatusOr<double> ms = run.ok() ? MedianStepMs(config.train.metrics_file, warmup)
-                                           : absl::StatusOr<double>(run.status());
-      if (!ms.ok()) {
-        std::printf("\n  %s failed: %s\n", job.name, ms.status().ToString().c_str());
+      absl::StatusOr<double> ms = run.ok()
+                                      ? MedianStepField(config.train.metrics_file, "ms", warmup)
+                                      : absl::StatusOr<double>(run.status());
+      absl::StatusOr<double> wait =
+          ms.ok() ? MedianStepField(config.train.metrics_file, "comm_wait_ms", warmup) : ms;
+      if (!wait.ok()) {
+        std::printf("\n  %s failed: %s\n", job.name, wait.status().ToString().c_str());
         return 1;
       }
       job.ms.push_back(*ms);
+      job.wait.push_back(*wait);
       std::printf("  %s %.1f ms", job.name, *ms);
       std::fflush(stdout);
     }
     std::printf("\n");
   }
-  std::printf("  %-14s %10s %10s %10s\n", "job", "ms/step", "/DDP", "/DDP");
-  std::printf("  %-14s %10s %10s %10s\n", "", "(median)", "medians", "per round");
+  std::printf("  %-14s %10s %10s %10s %10s %10s %8s\n", "job", "ms/step", "/DDP", "/DDP",
+              "comm wait", "alone", "hidden");
+  std::printf("  %-14s %10s %10s %10s %10s %10s %8s\n", "", "(median)", "medians", "per round",
+              "ms (mean)", "ms", "");
   const double ddp = Median(jobs[0].ms);
   for (const ProcJob& job : jobs) {
     std::vector<double> ratios;
     for (int r = 0; r < rounds; ++r) ratios.push_back(jobs[0].ms[r] / job.ms[r]);
-    std::printf("  %-14s %10.1f %10.3f %10.3f\n", job.name, Median(job.ms), ddp / Median(job.ms),
-                Median(ratios));
+    const double wait = Median(job.wait);
+    std::printf("  %-14s %10.1f %10.3f %10.3f %10.2f", job.name, Median(job.ms),
+                ddp / Median(job.ms), Median(ratios), wait);
+    auto alone = alone_ms.find(job.name);
+    if (job.zero != 0 && alone != alone_ms.end() && alone->second > 0) {
+      std::printf(" %10.2f %7.0f%%", alone->second, 100 * (1 - wait / alone->second));
+    }
+    std::printf("\n");
   }
   std::printf(
-      "  /DDP: DDP's step time over the job's (tokens/s against DDP's; above 1 is faster)\n");
+      "  /DDP: DDP's step time over the job's (tokens/s against DDP's; above 1 is faster);\n"
+      "  comm wait: each step's wait on the strategy's collectives, the mean over ranks (the\n"
+      "  worker's comm_wait_ms), median over steps and rounds; alone: the same collectives\n"
+      "  with nothing else running (threads table above); hidden = 1 - comm wait / alone\n");
   std::fflush(stdout);
   return 0;
 }
@@ -404,6 +433,7 @@ int Main(int argc, char** argv) {
 
   const std::string dir = MakeTempDir("bench_fsdp_");
   int status = 0;
+  std::map<std::string, double> alone_ms;  // by job: the threads table's, for the process table
   if (!skip_throughput) {
     worker::TrainConfig config = SmallGpt(micro_batch, bucket_mb);
     config.data.train = dir + "/train_*.bin";
@@ -412,7 +442,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "bench_fsdp: %s\n", data.ToString().c_str());
       return 1;
     }
-    status |= PrintThroughput(config, nproc, warmup, steps, rounds, replays, pin);
+    status |= PrintThroughput(config, nproc, warmup, steps, rounds, replays, pin, &alone_ms);
   }
   if (!skip_rss || !skip_processes) {
     RssPaths paths{BuiltFile("launcher/launch"), BuiltFile("worker/worker"),
@@ -424,7 +454,7 @@ int Main(int argc, char** argv) {
     }
     if (!skip_processes) {
       status |= PrintProcesses(paths, SmallGpt(micro_batch, bucket_mb), nproc, proc_rounds,
-                               proc_warmup, proc_steps);
+                               proc_warmup, proc_steps, alone_ms);
     }
     if (!skip_rss) {
       status |= PrintRss(paths, Gpt2Small(rss_seq_len, rss_micro_batch), rss_ranks, rss_steps);

@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "launcher/process.h"
 #include "worker/data/data.h"
@@ -136,6 +137,26 @@ std::map<int, double> TrainYaml(const TempDir& dir, const std::string& name, int
   INFO(name << ":\n" << ReadFile(dir.File(name + ".log")));
   REQUIRE(code == 0);
   return Losses(dir.File(name + ".jsonl"));
+}
+
+void CheckCommWait(const TempDir& dir, const std::string& name) {
+  int steps = 0;
+  for (absl::string_view line : absl::StrSplit(ReadFile(dir.File(name + ".jsonl")), '\n')) {
+    if (!absl::StrContains(line, "\"loss\"")) continue;
+    ++steps;
+    INFO(line);
+    constexpr absl::string_view kField = "\"comm_wait_ms\":";
+    const size_t at = line.find(kField);
+    REQUIRE(at != absl::string_view::npos);
+    const size_t value = at + kField.size();
+    double ms = -1;
+    CHECK(absl::SimpleAtod(line.substr(value, line.find('}', value) - value), &ms));
+    CHECK(ms >= 0);
+  }
+  CHECK(steps > 0);
+  const std::string console = ReadFile(dir.File(name + ".log"));
+  INFO(console.substr(console.size() > 3000 ? console.size() - 3000 : 0));
+  CHECK(absl::StrContains(console, "% | comm wait "));
 }
 
 void CheckResumed(const TempDir& dir, const std::string& name, const std::map<int, double>& losses,

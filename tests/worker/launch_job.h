@@ -48,6 +48,12 @@ std::string RefusedYaml(const TempDir& dir, const std::string& name, int world,
 std::map<int, double> TrainYaml(const TempDir& dir, const std::string& name, int world,
                                 const std::string& yaml);
 
+// CHECKs that every step of <name>.jsonl has a comm_wait_ms of at least
+// 0 (the mean over ranks of the step's wait on the strategy's
+// collectives) and that the console's step lines show it: a job of more
+// than one rank under DDP or FSDP.
+void CheckCommWait(const TempDir& dir, const std::string& name);
+
 // CHECKs that <name>.log says it resumed and that `losses` are exactly the
 // steps after `saved_step` up to `steps`: the data stream continued.
 void CheckResumed(const TempDir& dir, const std::string& name, const std::map<int, double>& losses,

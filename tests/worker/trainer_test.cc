@@ -235,7 +235,7 @@ TEST_CASE("the metrics file holds one object per logged step and per evaluation"
   // steps 1, 5, eval 5, 10, eval 10
   REQUIRE(lines.size() == 5);
   std::regex step_line(
-      R"(\{"step":\d+,"loss":[-0-9.e+]+,"lr":[-0-9.e+]+,"grad_norm":[-0-9.e+]+,"ms":[-0-9.e+]+,"tokens_per_s":[-0-9.e+]+,"mfu":[-0-9.e+]+\})");
+      R"(\{"step":\d+,"loss":[-0-9.e+]+,"lr":[-0-9.e+]+,"grad_norm":[-0-9.e+]+,"ms":[-0-9.e+]+,"tokens_per_s":[-0-9.e+]+,"mfu":[-0-9.e+]+,"comm_wait_ms":[0-9.e+-]+\})");
   std::regex eval_line(R"(\{"step":\d+,"val_loss":[-0-9.e+]+\})");
   CHECK(std::regex_match(lines[0], step_line));
   CHECK(JsonField(lines[0], "step") == "1");
@@ -248,6 +248,9 @@ TEST_CASE("the metrics file holds one object per logged step and per evaluation"
   CHECK(std::stof(JsonField(lines[3], "tokens_per_s")) > 0);
   CHECK(std::stof(JsonField(lines[3], "mfu")) > 0);
   CHECK(std::stof(JsonField(lines[3], "mfu")) < 1);
+  // One process: its strategy waits on no collective, and the step line
+  // leaves the wait out.
+  CHECK(JsonField(lines[3], "comm_wait_ms") == "0");
 
   std::vector<std::string> human = ReadLines(log_path);
   REQUIRE(human.size() == 5);

@@ -153,6 +153,14 @@ class ParallelStrategy {
   // rank's fingerprint of the parameters it gathers, which every rank
   // must share (a collective); the others do nothing.
   virtual absl::Status AfterRun(GptModel* model) = 0;
+
+  // Seconds the training thread has spent blocked on the strategy's
+  // gradient and parameter collectives since it was made: the part of
+  // their time that compute did not hide, plus any wait for a slower rank
+  // to reach them. The trainer logs each step's share, as the mean over
+  // ranks. Negative where the strategy does not measure it (pipeline,
+  // whose waits are its schedule's bubbles more than communication).
+  virtual double CommWaitSeconds() const { return -1; }
 };
 
 // ForwardBackward (and ForwardOnly, with `backward` false) for a strategy
@@ -189,6 +197,7 @@ class SingleProcess final : public ParallelStrategy {
   std::vector<FlatRange> CheckpointLoad(uint64_t total) const override;
   absl::Status StateLoaded(GptModel* model) override;
   absl::Status AfterRun(GptModel* model) override;
+  double CommWaitSeconds() const override { return 0; }  // no collectives to wait on
 
  private:
   parallel::ParallelDims dims_;

@@ -20,9 +20,13 @@ namespace muster::worker {
 
 std::string FormatStepLine(const StepMetrics& m) {
   std::string mfu = m.mfu > 0 ? absl::StrFormat("%.1f%%", 100.0 * m.mfu) : "n/a";
-  return absl::StrFormat(
+  std::string line = absl::StrFormat(
       "step %d/%d | loss %.4f | lr %.1e | norm %.2f | %.0f ms | %.0f tok/s | MFU %s", m.step,
       m.total_steps, m.loss, m.lr, m.grad_norm, m.ms, m.tokens_per_s, mfu);
+  if (m.world > 1 && m.comm_wait_ms >= 0) {
+    absl::StrAppendFormat(&line, " | comm wait %.0f ms", m.comm_wait_ms);
+  }
+  return line;
 }
 
 std::string FormatEvalLine(const EvalMetrics& m) {
@@ -30,10 +34,12 @@ std::string FormatEvalLine(const EvalMetrics& m) {
 }
 
 std::string StepJson(const StepMetrics& m) {
-  return absl::StrFormat(
+  std::string json = absl::StrFormat(
       "{\"step\":%d,\"loss\":%.9g,\"lr\":%.9g,\"grad_norm\":%.9g,\"ms\":%.9g,"
-      "\"tokens_per_s\":%.9g,\"mfu\":%.9g}",
+      "\"tokens_per_s\":%.9g,\"mfu\":%.9g",
       m.step, m.loss, m.lr, m.grad_norm, m.ms, m.tokens_per_s, m.mfu);
+  if (m.comm_wait_ms >= 0) absl::StrAppendFormat(&json, ",\"comm_wait_ms\":%.9g", m.comm_wait_ms);
+  return json + "}";
 }
 
 std::string EvalJson(const EvalMetrics& m) {

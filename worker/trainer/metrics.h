@@ -25,6 +25,11 @@ struct StepMetrics {
   double ms = 0;            // wall time of the step
   double tokens_per_s = 0;  // every rank's tokens
   double mfu = 0;           // fraction of peak, 0 when the peak is unknown
+  // Mean over ranks of the time blocked on the parallel strategy's
+  // collectives in this step (ParallelStrategy::CommWaitSeconds); < 0
+  // where the strategy does not measure it.
+  double comm_wait_ms = -1;
+  int world = 1;  // ranks: the step line shows the wait only for more than one
 };
 
 // One evaluation, after `step` completed steps.

@@ -104,6 +104,7 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   const int dp = strategy_->dims().dp();
   const int step = state_.step;  // 0-based index of this step
   auto start = Clock::now();
+  const double wait_before = strategy_->CommWaitSeconds();
 
   MicroBatches batches;
   batches.count = A;
@@ -139,10 +140,14 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   state_.step = step + 1;
   // The stop vote rides on the loss's all-reduce: its sum is positive when
   // any rank was asked to stop. The loss is the mean over every loss any
-  // rank computed (a pipeline's stages without the head compute none).
+  // rank computed (a pipeline's stages without the head compute none). So
+  // does this step's wait on the strategy's collectives, in ms.
   const int signal = options_.stop_signal ? options_.stop_signal() : 0;
-  float sums[3] = {static_cast<float>(loss->sum), static_cast<float>(loss->count),
-                   signal != 0 ? 1.0f : 0.0f};
+  const double wait_after = strategy_->CommWaitSeconds();
+  const bool waits_measured = wait_after >= 0;
+  float sums[4] = {static_cast<float>(loss->sum), static_cast<float>(loss->count),
+                   signal != 0 ? 1.0f : 0.0f,
+                   waits_measured ? static_cast<float>((wait_after - wait_before) * 1e3) : 0.0f};
   if (absl::Status reduced =
           strategy_->control().AllReduce(absl::MakeSpan(sums), parallel::ReduceOp::kSum);
       !reduced.ok()) {
@@ -158,6 +163,8 @@ absl::StatusOr<StepMetrics> Trainer::Step() {
   metrics.lr = lr;
   metrics.grad_norm = norm;
   metrics.ms = seconds * 1e3;
+  metrics.world = strategy_->dims().world();
+  metrics.comm_wait_ms = waits_measured ? sums[3] / metrics.world : -1.0;
   double tokens = static_cast<double>(dp) * A * B * T;
   metrics.tokens_per_s = seconds > 0 ? tokens / seconds : 0;
   if (peak_flops_ > 0) {

@@ -90,6 +90,7 @@ TEST_CASE("2 and 3 DDP ranks follow the 1-process loss curve at the same global 
                     << reference[step]);
       CHECK(std::abs(losses[step] - reference[step]) <= 1e-5 * std::abs(reference[step]));
     }
+    CheckCommWait(dir, name);
   }
   // The loss moved: the comparison is not between two flat lines.
   CHECK(reference[kSteps] < reference[1] - 0.5);

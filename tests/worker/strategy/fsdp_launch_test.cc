@@ -159,6 +159,7 @@ TEST_CASE("ZeRO-1/2/3 at 2 and 3 ranks and HSDP 2x2 follow the 1-process loss cu
     std::map<int, double> losses = Train(dir, name, config.world, job);
     CHECK(losses.size() == kSteps);
     CheckFollows(losses, reference, name);
+    CheckCommWait(dir, name);
     CheckMemoryLines(ReadFile(dir.File(name + ".log")), config.world);
     CheckFingerprints(ReadFile(dir.File(name + ".log")), config.world);
   }

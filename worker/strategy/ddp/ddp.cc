@@ -70,6 +70,7 @@ absl::Status Ddp::ReduceGradients(GptModel* model) {
     return absl::FailedPreconditionError("Ddp::ReduceGradients on a model Build did not make");
   }
   absl::Status status = reducer_->Finish();
+  comm_wait_s_ += absl::ToDoubleSeconds(reducer_->last_exposed_wait());
   model->SetStageHooks({});
   return status;
 }

@@ -69,6 +69,7 @@ class Ddp : public ParallelStrategy {
   absl::Status StateLoaded(GptModel* model) override;
   // Nothing: every rank holds the whole model, kept equal by the reduction.
   absl::Status AfterRun(GptModel* model) override { return absl::OkStatus(); }
+  double CommWaitSeconds() const override { return comm_wait_s_; }
 
   // nullptr until Build.
   const parallel::GradientReducer* reducer() const { return reducer_.get(); }
@@ -84,6 +85,7 @@ class Ddp : public ParallelStrategy {
   parallel::ParallelDims dims_;
   GptModel* model_ = nullptr;  // the one Build made
   std::unique_ptr<parallel::GradientReducer> reducer_;
+  double comm_wait_s_ = 0;  // the reducer's exposed waits, summed
 };
 
 // The buckets of parallel.bucket_mb for a model: segments are the stages'

@@ -176,6 +176,7 @@ class Fsdp final : public ParallelStrategy {
 
   const FsdpMemory& memory() const { return memory_; }
   const FsdpWaits& waits() const { return waits_; }
+  double CommWaitSeconds() const override { return waits_.gather_s + waits_.reduce_s; }
   // Floats of the flat parameter layout this rank owns.
   uint64_t owned_floats() const;
   // Whether parameters are all-gathered in bf16 (known after Build).
