@@ -443,8 +443,16 @@ void Fsdp::PreForward(int s) {
 
 void Fsdp::PostForward(int s) {
   const int head = static_cast<int>(stages_.size()) - 1;
-  // The head (and wte with it) is used again at once by backward.
-  if (options_.zero == 3 && options_.reshard_after_forward && s != head) ReleaseParams(s);
+  // The head (and wte with it) is used again at once by backward, and so is
+  // the last block, whose backward comes right after the head's: freeing
+  // it would only gather it again behind the head's backward, which is all
+  // there is to hide that gather (as torchtitan leaves its last block
+  // unsharded after forward). Its memory is held during the head's
+  // forward, below the head's backward's peak (stage 0's parameters and
+  // gradient, and this block on its way).
+  if (options_.zero == 3 && options_.reshard_after_forward && s != head && s != head - 1) {
+    ReleaseParams(s);
+  }
 }
 
 void Fsdp::PreBackward(int s) {
