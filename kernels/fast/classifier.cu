@@ -121,13 +121,6 @@ constexpr int kRowThreads = 1024;
 constexpr int kRowPacks = 8;  // 8 x 16 bytes a thread: 32 registers
 
 template <typename T>
-__device__ __forceinline__ Pack<T> AsPack(const uint4& bits) {
-  Pack<T> pack;
-  memcpy(&pack, &bits, sizeof(pack));
-  return pack;
-}
-
-template <typename T>
 constexpr int RowCapacity() {
   return kRowThreads * kRowPacks * Pack<T>::kSize;
 }

@@ -9,6 +9,7 @@
 
 #include <cfloat>
 #include <cstddef>
+#include <cstring>
 
 #include "kernels/fast/fast.h"
 #ifdef MUSTER_SIMT
@@ -59,6 +60,22 @@ __device__ __forceinline__ Pack<T> LoadPack(const T* address) {
 template <typename T>
 __device__ __forceinline__ void StorePack(T* address, const Pack<T>& pack) {
   *reinterpret_cast<Pack<T>*>(address) = pack;
+}
+
+// A pack held as 4 registers: kernels that keep several packs a thread
+// hold them as uint4 and view them as Pack<T> where they compute (as
+// Pack<bf16> the compiler gave each element a register of its own).
+template <typename T>
+__device__ __forceinline__ Pack<T> AsPack(const uint4& bits) {
+  Pack<T> pack;
+  memcpy(&pack, &bits, sizeof(pack));
+  return pack;
+}
+template <typename T>
+__device__ __forceinline__ uint4 AsBits(const Pack<T>& pack) {
+  uint4 bits;
+  memcpy(&bits, &pack, sizeof(bits));
+  return bits;
 }
 
 // Sum (or max) over the 32 lanes of a warp. The xor butterfly gives every

@@ -1,6 +1,11 @@
-// One warp per row; each lane takes 16-byte packs of the row. The forward
-// reads the row three times (sum, squared deviations, normalise); after
-// the first, the reads hit L1.
+// One warp per row; each lane takes 16-byte packs of the row, lane l the
+// packs l, l + 32, ... Rows of at most kMaxRowPacks packs a lane (GPT-2's
+// 768 channels in bf16; see RowPacks) load each of a lane's packs once, all
+// of them before using any, and keep them in registers for the later
+// passes; wider rows read the row again for each pass (from L1 or L2).
+// Both add in the same order, so they give the same bits.
+#include <type_traits>
+
 #include "kernels/fast/common.cuh"
 #include "kernels/fast/gemm.h"
 #include "kernels/fast/layernorm.h"
@@ -11,46 +16,127 @@ namespace {
 
 constexpr int kForwardRowsPerBlock = 8;
 
-template <typename T, bool kResidual>
+// A lane holds at most this many packs of a row in registers (as uint4,
+// 4 registers each): 1024 channels in bf16, 512 in fp32. For GPT-2's 768
+// that is the bf16 kernels (96 registers a thread in the backward, two of
+// its blocks an SM, as its shared memory allowed before); fp32's 6 packs
+// would take the backward to 144 registers and one block an SM, so fp32
+// rows that wide keep the loop kernels.
+constexpr int kMaxRowPacks = 4;
+
+// The packs a lane holds for rows of C channels: 1, 2 or 4, the least that
+// covers C; 0 where more are needed (the loop kernels).
+template <typename T>
+int RowPacks(int C) {
+  const int needed = CeilDiv(C, 32 * Pack<T>::kSize);
+  for (int packs = 1; packs <= kMaxRowPacks; packs *= 2) {
+    if (needed <= packs) return packs;
+  }
+  return 0;
+}
+
+// Runs f(std::integral_constant<int, packs>) for RowPacks's value.
+template <typename T, typename F>
+int WithRowPacks(int C, F f) {
+  switch (RowPacks<T>(C)) {
+    case 1:
+      return f(std::integral_constant<int, 1>());
+    case 2:
+      return f(std::integral_constant<int, 2>());
+    case 4:
+      return f(std::integral_constant<int, 4>());
+    default:
+      return f(std::integral_constant<int, 0>());
+  }
+}
+
+// Calls f(k, c) for this lane's packs of a row of C channels, in order:
+// the k-th at channel c = (lane + 32 k) P, for each c < C; with kPacks > 0
+// (the row kernels) k < kPacks too, unrolled.
+template <int P, int kPacks, typename F>
+__device__ __forceinline__ void ForEachRowPack(int lane, int C, F f) {
+  if constexpr (kPacks > 0) {
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int c = (lane + 32 * k) * P;
+      if (c < C) f(k, c);
+    }
+  } else {
+    for (int k = 0, c = lane * P; c < C; ++k, c += 32 * P) f(k, c);
+  }
+}
+
+// The row kernels' first step: this lane's packs of each of the first
+// kCount tensors of `from` into held[j][k], every load issued before any
+// is used.
+template <typename T, int kCount, int kPacks>
+__device__ __forceinline__ void LoadRowPacks(uint4 (&held)[kCount][kPacks], const T* const* from,
+                                             size_t base, int lane, int C) {
+  ForEachRowPack<Pack<T>::kSize, kPacks>(lane, C, [&](int k, int c) {
+#pragma unroll
+    for (int j = 0; j < kCount; ++j) {
+      held[j][k] = *reinterpret_cast<const uint4*>(from[j] + base + c);
+    }
+  });
+}
+
+// With kPacks > 0 (RowPacks) each lane loads its packs of the inputs at
+// once, before using any, and keeps the row (the residual sum) in
+// registers for the later passes; with 0 it reads the row again for each
+// pass. The same arithmetic in the same order either way.
+template <typename T, bool kResidual, int kPacks>
 __global__ void ForwardKernel(T* out, float* mean_out, float* rstd_out, T* residual, const T* inp1,
                               const T* inp2, const float* weight, const float* bias, int N, int C) {
   constexpr int P = Pack<T>::kSize;
+  constexpr int kHeld = kPacks > 0 ? kPacks : 1;  // held packs' array size
   const int row = blockIdx.x * kForwardRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
   const size_t base = static_cast<size_t>(row) * C;
   const T* x = kResidual ? residual + base : inp1 + base;
 
+  // [0]: inp1, then the residual; [1]: inp2.
+  constexpr int kInputs = kResidual ? 2 : 1;
+  uint4 held[kInputs][kHeld];
+  const T* const inputs[2] = {inp1, inp2};
+  if (kPacks > 0) LoadRowPacks<T>(held, inputs, base, lane, C);
+  // This lane's k-th pack of the row (after the first pass: the residual).
+  auto row_pack = [&](int k, int c) {
+    return kPacks > 0 ? AsPack<T>(held[0][k]) : LoadPack(x + c);
+  };
+
   float sum = 0.0f;
-  for (int c = lane * P; c < C; c += 32 * P) {
+  ForEachRowPack<P, kPacks>(lane, C, [&](int k, int c) {
     Pack<T> pack;
     if (kResidual) {
-      const Pack<T> a = LoadPack(inp1 + base + c), b = LoadPack(inp2 + base + c);
+      const Pack<T> a = kPacks > 0 ? AsPack<T>(held[0][k]) : LoadPack(inp1 + base + c);
+      const Pack<T> b = kPacks > 0 ? AsPack<T>(held[kInputs - 1][k]) : LoadPack(inp2 + base + c);
       for (int i = 0; i < P; ++i) pack.v[i] = FromFloat<T>(ToFloat(a.v[i]) + ToFloat(b.v[i]));
       StorePack(residual + base + c, pack);
+      if (kPacks > 0) held[0][k] = AsBits(pack);
     } else {
-      pack = LoadPack(x + c);
+      pack = row_pack(k, c);
     }
     for (int i = 0; i < P; ++i) sum += ToFloat(pack.v[i]);
-  }
+  });
   const float mean = WarpSum(sum) / C;
   float squares = 0.0f;
-  for (int c = lane * P; c < C; c += 32 * P) {
-    const Pack<T> pack = LoadPack(x + c);
+  ForEachRowPack<P, kPacks>(lane, C, [&](int k, int c) {
+    const Pack<T> pack = row_pack(k, c);
     for (int i = 0; i < P; ++i) {
       const float d = ToFloat(pack.v[i]) - mean;
       squares += d * d;
     }
-  }
+  });
   const float rstd = rsqrtf(WarpSum(squares) / C + kLayerNormEps);
-  for (int c = lane * P; c < C; c += 32 * P) {
-    const Pack<T> pack = LoadPack(x + c);
+  ForEachRowPack<P, kPacks>(lane, C, [&](int k, int c) {
+    const Pack<T> pack = row_pack(k, c);
     Pack<T> y;
     for (int i = 0; i < P; ++i) {
       y.v[i] = FromFloat<T>((ToFloat(pack.v[i]) - mean) * rstd * weight[c + i] + bias[c + i]);
     }
     StorePack(out + base + c, y);
-  }
+  });
   if (lane == 0) {
     mean_out[row] = mean;
     rstd_out[row] = rstd;
@@ -69,11 +155,16 @@ __global__ void ForwardKernel(T* out, float* mean_out, float* rstd_out, T* resid
 constexpr int kBackwardWarps = 8;
 constexpr int kBackwardRows = 32;
 
-template <typename T>
-__global__ void BackwardKernel(T* dinp, float* partials, const T* dout, const T* inp,
-                               const float* weight, const float* mean, const float* rstd, int N,
-                               int C) {
+// With kPacks > 0 (RowPacks), a warp loads each row's dout, inp and dinp
+// packs at once, before using any, and keeps them in registers for the
+// second pass; with 0 it reads the row again there. The same arithmetic in
+// the same order either way.
+template <typename T, int kPacks>
+__global__ void __launch_bounds__(32 * kBackwardWarps, 2)  // two blocks an SM: 128 registers
+    BackwardKernel(T* dinp, float* partials, const T* dout, const T* inp, const float* weight,
+                   const float* mean, const float* rstd, int N, int C) {
   constexpr int P = Pack<T>::kSize;
+  constexpr int kHeld = kPacks > 0 ? kPacks : 1;  // held packs' array size
 #ifdef MUSTER_SIMT
   float* shared = reinterpret_cast<float*>(simt::DynamicShared());
 #else
@@ -89,9 +180,23 @@ __global__ void BackwardKernel(T* dinp, float* partials, const T* dout, const T*
   for (int row = blockIdx.x * kBackwardRows + warp; row < row_end; row += kBackwardWarps) {
     const size_t base = static_cast<size_t>(row) * C;
     const float row_mean = mean[row], row_rstd = rstd[row];
+    uint4 held[3][kHeld];  // dout, inp, dinp
+    const T* const tensors[3] = {dout, inp, dinp};
+    if (kPacks > 0) LoadRowPacks<T>(held, tensors, base, lane, C);
+    // Pack k of this lane's part of the row: c = (lane + 32 k) P.
+    auto packs_of = [&](int k, int c, Pack<T>* g, Pack<T>* x) {
+      if (kPacks > 0) {
+        *g = AsPack<T>(held[0][k]);
+        *x = AsPack<T>(held[1][k]);
+      } else {
+        *g = LoadPack(dout + base + c);
+        *x = LoadPack(inp + base + c);
+      }
+    };
     float dnorm_sum = 0.0f, dnorm_xhat_sum = 0.0f;
-    for (int c = lane * P; c < C; c += 32 * P) {
-      const Pack<T> g = LoadPack(dout + base + c), x = LoadPack(inp + base + c);
+    ForEachRowPack<P, kPacks>(lane, C, [&](int k, int c) {
+      Pack<T> g, x;
+      packs_of(k, c, &g, &x);
       for (int i = 0; i < P; ++i) {
         const float xhat = (ToFloat(x.v[i]) - row_mean) * row_rstd;
         const float dy = ToFloat(g.v[i]);
@@ -102,12 +207,13 @@ __global__ void BackwardKernel(T* dinp, float* partials, const T* dout, const T*
         dweight_acc[slot] += dy * xhat;
         dbias_acc[slot] += dy;
       }
-    }
+    });
     const float dnorm_mean = WarpSum(dnorm_sum) / C;
     const float dnorm_xhat_mean = WarpSum(dnorm_xhat_sum) / C;
-    for (int c = lane * P; c < C; c += 32 * P) {
-      const Pack<T> g = LoadPack(dout + base + c), x = LoadPack(inp + base + c);
-      Pack<T> d = LoadPack(dinp + base + c);
+    ForEachRowPack<P, kPacks>(lane, C, [&](int k, int c) {
+      Pack<T> g, x;
+      packs_of(k, c, &g, &x);
+      Pack<T> d = kPacks > 0 ? AsPack<T>(held[2][k]) : LoadPack(dinp + base + c);
       for (int i = 0; i < P; ++i) {
         const float xhat = (ToFloat(x.v[i]) - row_mean) * row_rstd;
         const float dnorm = ToFloat(g.v[i]) * weight[c + i];
@@ -115,7 +221,7 @@ __global__ void BackwardKernel(T* dinp, float* partials, const T* dout, const T*
         d.v[i] = FromFloat<T>(ToFloat(d.v[i]) + grad);
       }
       StorePack(dinp + base + c, d);
-    }
+    });
   }
   __syncthreads();
   for (int c = threadIdx.x; c < 2 * C; c += blockDim.x) {
@@ -139,17 +245,20 @@ int LayerNormForward(ActType act, void* out, float* mean, float* rstd, void* res
     using T = decltype(tag);
     const unsigned blocks = CeilDiv(N, kForwardRowsPerBlock);
     const unsigned threads = 32 * kForwardRowsPerBlock;
-    if (inp2 != nullptr) {
-      LaunchKernel<ForwardKernel<T, true>>(blocks, threads, 0, AsStream(stream),
-                                           static_cast<T*>(out), mean, rstd,
-                                           static_cast<T*>(residual), static_cast<const T*>(inp1),
-                                           static_cast<const T*>(inp2), weight, bias, N, C);
-    } else {
-      LaunchKernel<ForwardKernel<T, false>>(
-          blocks, threads, 0, AsStream(stream), static_cast<T*>(out), mean, rstd, nullptr,
-          static_cast<const T*>(inp1), nullptr, weight, bias, N, C);
-    }
-    return LaunchStatus();
+    return WithRowPacks<T>(C, [&](auto packs) {
+      constexpr int kPacks = decltype(packs)::value;
+      if (inp2 != nullptr) {
+        LaunchKernel<ForwardKernel<T, true, kPacks>>(
+            blocks, threads, 0, AsStream(stream), static_cast<T*>(out), mean, rstd,
+            static_cast<T*>(residual), static_cast<const T*>(inp1), static_cast<const T*>(inp2),
+            weight, bias, N, C);
+      } else {
+        LaunchKernel<ForwardKernel<T, false, kPacks>>(
+            blocks, threads, 0, AsStream(stream), static_cast<T*>(out), mean, rstd, nullptr,
+            static_cast<const T*>(inp1), nullptr, weight, bias, N, C);
+      }
+      return LaunchStatus();
+    });
   });
 }
 
@@ -165,18 +274,20 @@ int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, con
   const size_t shared_bytes = static_cast<size_t>(kBackwardWarps) * 2 * C * sizeof(float);
   int status = Dispatch(act, [&](auto tag) {
     using T = decltype(tag);
+    return WithRowPacks<T>(C, [&](auto packs) {
+      constexpr auto kernel = BackwardKernel<T, decltype(packs)::value>;
 #ifndef MUSTER_SIMT
-    if (shared_bytes > 48 * 1024) {
-      const cudaError_t error =
-          cudaFuncSetAttribute(BackwardKernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(shared_bytes));
-      if (error != cudaSuccess) return static_cast<int>(error);
-    }
+      if (shared_bytes > 48 * 1024) {
+        const cudaError_t error = cudaFuncSetAttribute(
+            kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(shared_bytes));
+        if (error != cudaSuccess) return static_cast<int>(error);
+      }
 #endif
-    LaunchKernel<BackwardKernel<T>>(blocks, 32 * kBackwardWarps, shared_bytes, AsStream(stream),
-                                    static_cast<T*>(dinp), scratch, static_cast<const T*>(dout),
-                                    static_cast<const T*>(inp), weight, mean, rstd, N, C);
-    return LaunchStatus();
+      LaunchKernel<kernel>(blocks, 32 * kBackwardWarps, shared_bytes, AsStream(stream),
+                           static_cast<T*>(dinp), scratch, static_cast<const T*>(dout),
+                           static_cast<const T*>(inp), weight, mean, rstd, N, C);
+      return LaunchStatus();
+    });
   });
   if (status != 0) return status;
   // partials (blocks, 2C): [dweight | dbias], both sums in one job.

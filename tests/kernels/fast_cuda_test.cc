@@ -676,9 +676,13 @@ TEST_CASE("layernorm with the fused residual add, forward and backward, match fp
   // Lanes with fewer packs of a row than others (C = 192); the backward's
   // per-warp sums in more than the 48 KB of shared memory a launch gets
   // unasked (C = 1024 and 1152: 64 and 72 KB); more blocks of partial sums
-  // (N = 300: 10) than AddColumnSums has slices (8).
+  // (N = 300: 10) than AddColumnSums has slices (8). Rows held in registers
+  // (at most 4 packs a lane: C = 192 in both types, 768 and 1024 in bf16,
+  // 768 with a lane's last pack past the row) and rows read again in each
+  // pass (C = 1152; 768 and 1024 in fp32).
   for (const Mode& mode : kModes) {
-    for (const auto& [N, C] : {std::pair{203, 192}, std::pair{70, 1024}, std::pair{300, 1152}}) {
+    for (const auto& [N, C] :
+         {std::pair{203, 192}, std::pair{70, 1024}, std::pair{300, 1152}, std::pair{45, 768}}) {
       SECTION(std::string(mode.name) + ", N=" + std::to_string(N) + ", C=" + std::to_string(C)) {
         std::mt19937 rng(Seed());
         const ActType act = ActOf(mode.math);
