@@ -68,9 +68,9 @@ constexpr int kSumSlices = 8;
 
 struct ColumnSumsLaunch {
   ColumnSumsJob job[ColumnSumsBatch::kMaxJobs];
-  int first_block[ColumnSumsBatch::kMaxJobs +
-                  1];  // job j's blocks: [first_block[j], first_block[j + 1])
-  int count;
+  // Job j's blocks: [first_block[j], first_block[j + 1]).
+  int first_block[ColumnSumsBatch::kMaxJobs + 1];
+  int count;  // jobs with columns to sum
 };
 
 __global__ void AddColumnSumsKernel(const ColumnSumsLaunch launch) {
@@ -426,7 +426,6 @@ int AddColumnSums(const ColumnSumsJob* jobs, int count, void* stream) {
   assert(count <= ColumnSumsBatch::kMaxJobs);
   ColumnSumsLaunch launch{};
   int blocks = 0;
-  launch.count = 0;
   for (int i = 0; i < count; ++i) {
     if (jobs[i].n <= 0) continue;
     launch.job[launch.count] = jobs[i];

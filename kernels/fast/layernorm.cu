@@ -18,10 +18,10 @@ constexpr int kForwardRowsPerBlock = 8;
 
 // A lane holds at most this many packs of a row in registers (as uint4,
 // 4 registers each): 1024 channels in bf16, 512 in fp32. For GPT-2's 768
-// that is the bf16 kernels (96 registers a thread in the backward, two of
-// its blocks an SM, as its shared memory allowed before); fp32's 6 packs
-// would take the backward to 144 registers and one block an SM, so fp32
-// rows that wide keep the loop kernels.
+// that is the bf16 kernels (110 registers a thread in the backward, under
+// its launch bound of two blocks an SM); fp32's 6 packs would take the
+// backward to 144 registers and one block an SM, so fp32 rows that wide
+// keep the loop kernels.
 constexpr int kMaxRowPacks = 4;
 
 // The packs a lane holds for rows of C channels: 1, 2 or 4, the least that
@@ -110,6 +110,8 @@ __global__ void ForwardKernel(T* out, float* mean_out, float* rstd_out, T* resid
     Pack<T> pack;
     if (kResidual) {
       const Pack<T> a = kPacks > 0 ? AsPack<T>(held[0][k]) : LoadPack(inp1 + base + c);
+      // (held[kInputs - 1] is held[1] here; written so, it also compiles
+      // where kResidual is false and held has one row.)
       const Pack<T> b = kPacks > 0 ? AsPack<T>(held[kInputs - 1][k]) : LoadPack(inp2 + base + c);
       for (int i = 0; i < P; ++i) pack.v[i] = FromFloat<T>(ToFloat(a.v[i]) + ToFloat(b.v[i]));
       StorePack(residual + base + c, pack);
