@@ -164,9 +164,10 @@ class GptModel {
   // CUDA only: from now on, run each pass's kernels on a stream of the
   // model's own, and from the second step of a shape on, replay them as a
   // CUDA graph captured then (one per shape, and per loss scale for the
-  // backward). The bits are the eager run's. Passes run eagerly while a
-  // stage hook is set (a parallel strategy acts between the kernels) or
-  // the storage is kExternal. UNIMPLEMENTED on the CPU; FAILED_PRECONDITION
+  // backward). The bits are the eager run's. A Forward or Backward called
+  // while a stage hook is set (a parallel strategy acts between the
+  // kernels), or with kExternal storage, runs eagerly on the default
+  // stream, as without graphs. UNIMPLEMENTED on the CPU; FAILED_PRECONDITION
   // if the stream cannot be made.
   virtual absl::Status EnableCudaGraphs() {
     return absl::UnimplementedError("CUDA graphs need device cuda");
@@ -264,7 +265,8 @@ class GptModel {
   // previous stage's residual, so pre_forward(s + 1) may fire before
   // post_forward(s); within a stage pre always comes before post. The
   // head's forward and backward also read stage 0's wte (tied). "Issued"
-  // is "computed" on the CPU and "enqueued on the model's stream" on CUDA.
+  // is "computed" on the CPU and "enqueued on the default stream" on CUDA
+  // (where a call with hooks set runs: EnableCudaGraphs).
   struct StageHooks {
     std::function<void(int stage)> pre_forward;
     std::function<void(int stage)> post_forward;

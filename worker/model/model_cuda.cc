@@ -22,8 +22,9 @@
 // attention and so the same activations.
 //
 // Every kernel of a step runs in order on the default stream (with
-// EnableCudaGraphs, the passes' kernels on the model's own stream, ordered
-// with the default one by events, and replayed as CUDA graphs: RunPass);
+// EnableCudaGraphs, and no stage hook set and kOwned storage: UseStream, the
+// passes' kernels on the model's own stream, ordered with the default one
+// by events, and replayed as CUDA graphs: RunPass);
 // Forward waits for the losses, Backward only enqueues. The step's bits do not
 // depend on scheduling: no kernel uses atomics, cuBLASLt gets the same
 // algorithm for the same shape (kernels/fast/gemm.h), and cuDNN's
@@ -118,7 +119,7 @@ class CudaModel final : public GptModel {
   }
 
   ~CudaModel() override {
-    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (own_stream_ != nullptr) cudaStreamSynchronize(own_stream_);
     for (auto* graphs : {&forward_graphs_, &backward_graphs_}) {
       for (auto& [key, graph] : *graphs) {
         if (graph.exec != nullptr) cudaGraphExecDestroy(graph.exec);
@@ -129,7 +130,7 @@ class CudaModel final : public GptModel {
     for (void* block : allocations_) ops_->Free(block);
     if (joined_ != nullptr) cudaEventDestroy(joined_);
     if (left_ != nullptr) cudaEventDestroy(left_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
   }
 
   absl::Status Allocate();
@@ -166,19 +167,18 @@ class CudaModel final : public GptModel {
 
   absl::Status EnableCudaGraphs() override {
     if (graphs_) return absl::OkStatus();
-    cudaError_t made = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    cudaError_t made = cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking);
     if (made == cudaSuccess) made = cudaEventCreateWithFlags(&joined_, cudaEventDisableTiming);
     if (made == cudaSuccess) made = cudaEventCreateWithFlags(&left_, cudaEventDisableTiming);
     if (made != cudaSuccess) {
       if (left_ != nullptr) cudaEventDestroy(left_);
       if (joined_ != nullptr) cudaEventDestroy(joined_);
-      if (stream_ != nullptr) cudaStreamDestroy(stream_);
-      stream_ = nullptr;
+      if (own_stream_ != nullptr) cudaStreamDestroy(own_stream_);
+      own_stream_ = nullptr;
       joined_ = left_ = nullptr;
       return absl::FailedPreconditionError(absl::StrCat(
           "device cuda: a stream and events for CUDA graphs: ", cudaGetErrorString(made)));
     }
-    gemm_->set_stream(stream_);
     graphs_ = true;
     return absl::OkStatus();
   }
@@ -206,8 +206,8 @@ class CudaModel final : public GptModel {
   void EnqueueForward();
   void EnqueueBackward(float loss_scale);
 
-  // One pass, by `enqueue`: eagerly, or with graphs enabled (and no stage
-  // hook set, and kOwned storage) as a CUDA graph: the first run of a key
+  // One pass, by `enqueue`: eagerly, or on the model's own stream (see
+  // UseStream) as a CUDA graph: the first run of a key
   // is eager (it makes every cuBLASLt plan, cuDNN plan and workspace the
   // capture then finds made), the second is captured and replayed, and
   // later ones replay. A graph bakes in every pointer and scalar its
@@ -253,7 +253,25 @@ class CudaModel final : public GptModel {
   // order it with the work ops_ does on the default stream (copies,
   // zeroing, AdamW) themselves: JoinDefaultStream before their first work
   // on it, LeaveToDefaultStream after their last.
-  cudaStream_t stream_ = nullptr;
+  //
+  // A call with a stage hook set, or with kExternal storage, runs wholly on
+  // the default stream, graphs enabled or not: a strategy's hooks issue
+  // collectives that wait for the default stream's progress (parallel/'s
+  // groups record their ready event there), and FSDP gathers into external
+  // storage that the default stream's order protects. On the model's own
+  // stream, a hook's reduction would read gradients not yet written (DDP
+  // over 2 ranks lost bits from step 3 on an H200) and a ZeRO-3 forward
+  // would read weights not yet gathered (its loss was NaN).
+  cudaStream_t own_stream_ = nullptr;  // made by EnableCudaGraphs
+  cudaStream_t stream_ = nullptr;      // this call's: own_stream_ or the default one
+  // Chooses this Forward's or Backward's stream; RunPass captures graphs
+  // only on the model's own.
+  void UseStream() {
+    const bool hooks =
+        hooks_.pre_forward || hooks_.post_forward || hooks_.pre_backward || hooks_.post_backward;
+    stream_ = graphs_ && !hooks && storage_ == ParamStorage::kOwned ? own_stream_ : nullptr;
+    gemm_->set_stream(stream_);
+  }
   cudaEvent_t joined_ = nullptr, left_ = nullptr;
   void JoinDefaultStream() {
     if (stream_ == nullptr) return;
@@ -439,9 +457,7 @@ void CudaModel::BlockForward(int layer, const void* residual_in) {
 
 void CudaModel::RunPass(std::map<GraphKey, Graph>* graphs, const GraphKey& key,
                         const std::function<void()>& enqueue) {
-  const bool hooks =
-      hooks_.pre_forward || hooks_.post_forward || hooks_.pre_backward || hooks_.post_backward;
-  if (!graphs_ || hooks || storage_ != ParamStorage::kOwned || !status_.ok()) {
+  if (stream_ == nullptr || !status_.ok()) {  // no graphs, or not for this call (UseStream)
     enqueue();
     return;
   }
@@ -508,6 +524,7 @@ float CudaModel::Forward(const int* inputs, const int* targets, int B, int T) {
   if (has_targets_) ops_->ToDevice(targets_, targets, BT * sizeof(int));
   // After the copies, and whatever wrote the parameters, on the default
   // stream.
+  UseStream();
   JoinDefaultStream();
   if (params_bf16_ != nullptr && bf16_stale_) {
     Check("bf16 weight copy", fast::CastToBf16(params_bf16_, params_base_, param_floats_, stream_));
@@ -657,6 +674,7 @@ void CudaModel::Backward(float loss_scale) {
   const int B = batch_, T = time_, C = config_.dim;
   uint32_t scale_bits;
   std::memcpy(&scale_bits, &loss_scale, sizeof(scale_bits));
+  UseStream();
   JoinDefaultStream();  // after the token groups' copy and the zeroed gradients
   RunPass(&backward_graphs_, {B, T, scale_bits},
           [this, loss_scale] { EnqueueBackward(loss_scale); });

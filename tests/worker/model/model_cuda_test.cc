@@ -293,6 +293,64 @@ TEST_CASE("with CUDA graphs and cuDNN's attention, training gives the eager run'
   CheckTrainingRepeats(SmallConfig(), Precision::kBf16, Attention::kCudnn, true);
 }
 
+// Steps as Train's, with DDP's pattern of hooks: none in the forward, and
+// in the backward a post_backward that copies the stage's gradients to the
+// host at once (ops().ToHost, ordered by the default stream only, as
+// parallel/'s groups order their collectives). Returns every copy.
+std::vector<std::vector<float>> TrainSeeingGrads(GptModel* model, const ModelConfig& config,
+                                                 int steps) {
+  OptimConfig optim;
+  optim.lr = 1e-3;
+  auto made = AdamW::Create(model, optim);
+  REQUIRE(made.ok());
+  std::vector<std::vector<float>> seen;
+  GptModel::StageHooks hooks;
+  hooks.post_backward = [model, &seen](int stage) {
+    const Stage& s = model->stages()[stage];
+    std::vector<float> grads(s.size);
+    model->ops().ToHost(grads.data(), s.grads, s.size * sizeof(float));
+    seen.push_back(std::move(grads));
+  };
+  for (int step = 0; step < steps; ++step) {
+    const Batch batch = RandomBatch(config, 4, 40, 200 + step);
+    model->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T);
+    model->SetStageHooks(hooks);
+    model->Backward(1.0f);
+    model->SetStageHooks({});
+    ClipGradNorm(model, 1.0f);
+    (*made)->Step(1e-3f, step + 1);
+    model->ZeroGrad();
+  }
+  REQUIRE(model->DeviceStatus().ok());
+  return seen;
+}
+
+// With graphs enabled, a pass with a hook set runs on the default stream
+// (the forward, hook-free, is still replayed): a hook that reads a stage's
+// gradients sees them final, the eager model's bits. On the graphs' own
+// stream it read them while they were computed (DDP over 2 ranks lost bits).
+TEST_CASE("with CUDA graphs, a stage hook sees its stage's final gradients", "[cuda][graph]") {
+  for (const Bounds& bounds : kBounds) {
+    SECTION(PrecisionName(bounds.precision)) {
+      const ModelConfig config = FlashConfig();
+      auto eager = Make(config, 4, Device::kCuda, bounds.precision);
+      auto graphed = Make(config, 4, Device::kCuda, bounds.precision);
+      REQUIRE(graphed->EnableCudaGraphs().ok());
+      const int steps = 5;
+      const auto want = TrainSeeingGrads(eager.get(), config, steps);
+      const auto got = TrainSeeingGrads(graphed.get(), config, steps);
+      REQUIRE(got.size() == want.size());
+      REQUIRE(want.size() == static_cast<size_t>(steps) * eager->stages().size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        INFO("copy " << i << " (step " << i / eager->stages().size() << ")");
+        CHECK(got[i] == want[i]);
+      }
+      CHECK(graphed->graph_replays() == steps - 1);  // the forwards after the first
+      CHECK(eager->CopyParamsToHost() == graphed->CopyParamsToHost());
+    }
+  }
+}
+
 TEST_CASE("parameters written from the host reach the bf16 weight copy", "[cuda]") {
   // A checkpoint load after some training: the GEMMs must see the loaded
   // weights, not the stale bf16 copy of the trained ones.
