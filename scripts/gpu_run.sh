@@ -628,7 +628,8 @@ run_config() {
   if [ -n "${ATTENTION:-}" ] && [ "$GPU_RUN_DEVICE" != cpu ] && [ "$precision" = bf16 ]; then
     settings+=("attention=$ATTENTION")
   fi
-  # CUDA_GRAPHS (true or false): the worker's train.cuda_graphs on the GPU.
+  # CUDA_GRAPHS (auto, true or false): the worker's train.cuda_graphs on the
+  # GPU (unset: the default, auto, which is on there).
   if [ -n "${CUDA_GRAPHS:-}" ] && [ "$GPU_RUN_DEVICE" != cpu ]; then
     settings+=("train.cuda_graphs=$CUDA_GRAPHS")
   fi

@@ -318,9 +318,13 @@ void PrintBanner(Trainer& trainer, const std::string& parallelism, FILE* out) {
   const TrainConfig& config = trainer.config();
   const ModelConfig& m = config.model;
   const bool cuda = trainer.model()->device() == Device::kCuda;
-  // On CUDA, which attention kernels: "muster flash", "cudnn", ...
-  const std::string attention =
-      cuda ? absl::StrCat(" with ", trainer.model()->DescribeAttention(), " attention") : "";
+  // On CUDA, which attention kernels ("muster flash", "cudnn", ...) and
+  // whether passes are replayed as CUDA graphs (train.cuda_graphs; FSDP's
+  // external storage keeps every pass eager: GptModel::EnableCudaGraphs).
+  const bool graphs = config.train.cuda_graphs != "false" && config.parallel.strategy != "fsdp";
+  const std::string attention = cuda ? absl::StrCat(" with ", trainer.model()->DescribeAttention(),
+                                                    " attention", graphs ? " and CUDA graphs" : "")
+                                     : "";
   std::fprintf(out,
                "worker: GPT-2 L=%d C=%d NH=%d T=%d V=%d (%.2fM parameters), B=%d x %d "
                "micro-steps, %d steps on %s in %s%s\n",

@@ -178,7 +178,7 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "device: cpu\ntrain:\n  cuda_graphs: true\n",
        "t.yaml:5: train.cuda_graphs: true needs device cuda; the CPU runs no CUDA graphs"},
       {train + "train:\n  cuda_graphs: maybe\n",
-       "t.yaml:4: train.cuda_graphs: expected true or false, got 'maybe'"},
+       "t.yaml:4: train.cuda_graphs: expected auto, true or false, got 'maybe'"},
       {train + "device: cpu\nattention: gemm\n",
        "t.yaml:4: attention: gemm needs device cuda; the CPU runs muster's own attention"},
       {train + "device: cpu\nattention: cudnn\n",
@@ -405,6 +405,26 @@ TEST_CASE("parallel.backend: auto, nccl, gloo; nccl is refused with an explicit 
   CHECK_THAT(ErrorOf(text), Catch::Contains("parallel.backend: nccl needs device cuda"));
   text = std::string(kMinimal) + "device: cpu\nparallel:\n  backend: gloo\n";
   CHECK(ParseConfig(text, "t.yaml", "").ok());
+}
+
+TEST_CASE(
+    "train.cuda_graphs: auto by default, true or false; true is refused with an explicit cpu") {
+  CHECK(ParseConfig(kMinimal, "t.yaml", "")->train.cuda_graphs == "auto");
+  for (const char* device : {"auto", "cuda", "cpu"}) {
+    for (const char* value : {"auto", "true", "false"}) {
+      INFO("device " << device << ", cuda_graphs " << value);
+      const std::string text =
+          std::string(kMinimal) + "device: " + device + "\ntrain:\n  cuda_graphs: " + value + "\n";
+      absl::StatusOr<TrainConfig> parsed = ParseConfig(text, "t.yaml", "");
+      // The default, auto, is on for CUDA alone, so a CPU file may keep it.
+      if (std::string(device) == "cpu" && std::string(value) == "true") {
+        CHECK_THAT(ErrorOf(text), Catch::Contains("train.cuda_graphs: true needs device cuda"));
+        continue;
+      }
+      REQUIRE(parsed.ok());
+      CHECK(parsed->train.cuda_graphs == value);
+    }
+  }
 }
 
 TEST_CASE("parallel.gather_dtype: auto, fp32 or bf16 on either device; anything else is named") {

@@ -52,10 +52,11 @@ struct TrainLoopConfig {
   int eval_every = 0;  // 0: no evaluation
   int eval_batches = 4;
   std::string metrics_file;  // JSONL; empty: none
-  // CUDA only: the model's passes captured once and replayed as CUDA
-  // graphs (GptModel::EnableCudaGraphs); passes that a parallel strategy
-  // acts between, and FSDP's, stay eager.
-  bool cuda_graphs = false;
+  // The model's passes captured once and replayed as CUDA graphs
+  // (GptModel::EnableCudaGraphs); passes that a parallel strategy acts
+  // between, and FSDP's, stay eager. auto: on wherever the device is CUDA;
+  // true: the same, and an error with device cpu; false: never.
+  std::string cuda_graphs = "auto";
 };
 
 struct ParallelConfig {

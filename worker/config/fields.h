@@ -163,7 +163,9 @@ struct Table<TrainLoopConfig> {
       {"eval_batches", &T::eval_batches, "micro-batches per validation pass", Positive()},
       {"metrics_file", &T::metrics_file, "JSONL of per-step metrics; empty: none", Path()},
       {"cuda_graphs", &T::cuda_graphs,
-       "CUDA: replay the model's passes as CUDA graphs once captured (device cuda)"},
+       "CUDA: replay the model's passes as CUDA graphs once captured; auto: on where the "
+       "device is cuda; true needs device cuda",
+       OneOf("auto|true|false")},
   };
 };
 

@@ -46,10 +46,10 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                 absl::StrCat(config.precision, " needs device cuda; the CPU computes in fp32 only"),
                 {"device"});
   }
-  // train.cuda_graphs: the CUDA model's (GptModel::EnableCudaGraphs); with
-  // device auto on a machine without a GPU it has nothing to act on, and is
-  // ignored.
-  if (config.train.cuda_graphs && config.device == "cpu") {
+  // train.cuda_graphs: the CUDA model's (GptModel::EnableCudaGraphs). An
+  // explicit true asks for them; with device auto on a machine without a
+  // GPU it has nothing to act on, and is ignored, as auto always is there.
+  if (config.train.cuda_graphs == "true" && config.device == "cpu") {
     return fail("train.cuda_graphs", "true needs device cuda; the CPU runs no CUDA graphs",
                 {"device"});
   }

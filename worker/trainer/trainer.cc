@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   trainer->optimizer_ = std::move(built->optimizer);
   // train.cuda_graphs: each pass captured at its second run, replayed
   // after (worker/model/model_cuda.cc, RunPass).
-  if (config.train.cuda_graphs && *device == Device::kCuda) {
+  if (config.train.cuda_graphs != "false" && *device == Device::kCuda) {
     if (absl::Status enabled = trainer->model_->EnableCudaGraphs(); !enabled.ok()) return enabled;
   }
   trainer->checkpoints_ = std::make_unique<CheckpointManager>(
