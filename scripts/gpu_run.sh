@@ -32,14 +32,17 @@
 #              the new build first in even ones), then scripts/ab_compare.py:
 #              each timed row's median per build and new / baseline.
 #              $AB_FLASH_ARGS (default --no-torch --rounds 3) and $AB_GPU_ARGS
-#              (default --precisions bf16,tf32 --no-torch) are passed to both
+#              (default --precisions bf16,tf32 --attention muster,cudnn
+#              --cuda-graph on --no-torch: every choice named, since the
+#              tool's defaults changed on 2026-11-27) are passed to both
 #              builds
 #   fsdpcpu    bin/bench_fsdp --skip-rss $FSDP_ARGS: FSDP against DDP and the
 #              communication hidden, on the node's CPU cores (no GPU): the
 #              same measurement as on a 2-core machine, without two ranks and
 #              their communication threads sharing 2 cores
 #   profile    ncu (Nsight Compute) over one step of bin/bench_gpu
-#              $PROFILE_ARGS (default --precisions bf16; no CUDA graphs),
+#              $PROFILE_ARGS (default --precisions bf16, so the worker's
+#              default attention; no CUDA graphs),
 #              every kernel's time, then scripts/profile_summary.py: the
 #              $PROFILE_TOP (40) kernels by time, with launches and means
 #              ($OUT/profile.csv keeps ncu's rows; the model's set-up
@@ -149,7 +152,7 @@ AB_DIR="$OUT/ab"
 AB_TOOLS=${AB_TOOLS:-bench_flash bench_gpu}
 AB_RUNS=${AB_RUNS:-3}
 AB_FLASH_ARGS=${AB_FLASH_ARGS:---no-torch --rounds 3}
-AB_GPU_ARGS=${AB_GPU_ARGS:---precisions bf16,tf32 --no-torch}
+AB_GPU_ARGS=${AB_GPU_ARGS:---precisions bf16,tf32 --attention muster,cudnn --cuda-graph on --no-torch}
 GPU_RUN_DEVICE=${GPU_RUN_DEVICE:-cuda}
 CURVE_STEPS=${CURVE_STEPS:-300}
 CURVE_AFTER=${CURVE_AFTER:-50}

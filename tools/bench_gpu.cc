@@ -1,23 +1,26 @@
 // Training throughput of the CUDA worker on GPT-2 124M (L=12, C=768,
 // NH=12, V=50257, seq_len=T): for each precision and each attention
-// (--attention: muster's own kernels, the default; gemm, muster's GEMM
-// attention where flash attention would run; and/or cuDNN's, which runs in
-// bf16 only), ms/step (median of the timed steps), tokens/s, MFU
-// and peak GPU memory, one full optimizer step each (forward, backward,
-// clip, AdamW, zero), random tokens, timed after warm-up steps. A row is
-// "muster bf16", or "muster bf16 (cudnn attention)" with cuDNN's, and is
-// followed by a line naming the attention kernels (with cuDNN's version).
-// --cuda-graph on (or both: a row each) replays the worker's passes as
-// CUDA graphs (GptModel::EnableCudaGraphs), rows "... + graph", whose
-// line also counts the passes replayed. Then the same model trained
+// (--attention: auto, the worker's default and this tool's, which is
+// cuDNN's in bf16 where it loads and muster's otherwise; muster's own
+// kernels; gemm, muster's GEMM attention where flash attention would run;
+// and/or cuDNN's, which runs in bf16 only), ms/step (median of the timed
+// steps), tokens/s, MFU and peak GPU memory, one full optimizer step each
+// (forward, backward, clip, AdamW, zero), random tokens, timed after
+// warm-up steps. A row is "muster bf16" with muster's attention, or e.g.
+// "muster bf16 (auto attention)", and is followed by a line naming the
+// attention kernels that ran (with cuDNN's version). --cuda-graph on (the
+// default, as the worker's train.cuda_graphs; or both: a row each)
+// replays the worker's passes as CUDA graphs
+// (GptModel::EnableCudaGraphs), rows "... + graph", whose line also
+// counts the passes replayed. Then the same model trained
 // by PyTorch on the same GPU (tools/bench_gpu_torch.py: eager bf16,
 // torch.compile bf16, TF32, FP32), and a table of both. Without CUDA (a
 // build without --config=cuda, or no GPU) it prints why and exits 1.
 //
 //   bazel build -c opt --config=cuda //tools:bench_gpu
 //   bazel-bin/tools/bench_gpu [--precisions fp32,tf32,bf16] [--batch 8]
-//       [--seq 1024] [--batches 8,16,32] [--attention muster,gemm,cudnn]
-//       [--cuda-graph off|on|both] [--no-torch]
+//       [--seq 1024] [--batches 8,16,32] [--attention auto,muster,gemm,cudnn]
+//       [--cuda-graph on|off|both] [--no-torch]
 //
 // cuDNN's attention needs libcudnn.so.9 where the dynamic loader finds it
 // (LD_LIBRARY_PATH or the system's paths); it is loaded only when asked for.
@@ -198,7 +201,8 @@ void PrintError(const std::string& name, int B, int T, const absl::Status& statu
 }
 
 // A row's system: "muster bf16" with muster's attention, "muster bf16
-// (cudnn attention)" with cuDNN's; " + graph" with CUDA graphs.
+// (cudnn attention)" with cuDNN's, "muster bf16 (auto attention)" with the
+// worker's default; " + graph" with CUDA graphs.
 std::string SystemName(absl::string_view precision, Attention attention, bool graphs = false) {
   std::string name =
       attention == Attention::kMuster
@@ -436,7 +440,8 @@ std::vector<int> ParseInts(const std::string& list, bool* ok) {
 
 int Main(int argc, char** argv) {
   std::string precisions = "fp32,tf32,bf16", batches, torch_modes, python = "python3";
-  std::string attention_list = "muster", graph_mode = "off";
+  // The worker's defaults: attention auto, train.cuda_graphs on.
+  std::string attention_list = "auto", graph_mode = "on";
   int B = 8, T = 1024, warmup = 3, steps = 20, torch_timeout = 600;
   bool no_torch = false;
   CLI::App app("bench_gpu: GPT-2 124M training throughput of the CUDA worker (and PyTorch's)");
@@ -449,7 +454,8 @@ int Main(int argc, char** argv) {
   app.add_option("--batches", batches,
                  "Also sweep these batch sizes in bf16, e.g. 8,16,32 (one row each)");
   app.add_option("--attention", attention_list,
-                 "Comma-separated: muster (muster's own kernels), gemm (muster's GEMM "
+                 "Comma-separated: auto (the worker's default: cuDNN's in bf16 where it "
+                 "loads, else muster's), muster (muster's own kernels), gemm (muster's GEMM "
                  "attention, never flash), cudnn (cuDNN's fused attention, bf16 only); one row "
                  "each")
       ->capture_default_str();
@@ -480,17 +486,19 @@ int Main(int argc, char** argv) {
   std::vector<Attention> attentions;
   for (absl::string_view item : absl::StrSplit(attention_list, ',', absl::SkipWhitespace())) {
     item = absl::StripAsciiWhitespace(item);
-    if (item != "muster" && item != "gemm" && item != "cudnn") {
-      std::fprintf(stderr, "bench_gpu: --attention wants muster, gemm and/or cudnn, got '%s'\n",
+    if (item != "auto" && item != "muster" && item != "gemm" && item != "cudnn") {
+      std::fprintf(stderr,
+                   "bench_gpu: --attention wants auto, muster, gemm and/or cudnn, got '%s'\n",
                    std::string(item).c_str());
       return 2;
     }
-    attentions.push_back(item == "cudnn"  ? Attention::kCudnn
-                         : item == "gemm" ? Attention::kGemm
-                                          : Attention::kMuster);
+    attentions.push_back(item == "cudnn"    ? Attention::kCudnn
+                         : item == "gemm"   ? Attention::kGemm
+                         : item == "muster" ? Attention::kMuster
+                                            : Attention::kAuto);
   }
   if (attentions.empty()) {
-    std::fprintf(stderr, "bench_gpu: --attention wants muster, gemm and/or cudnn\n");
+    std::fprintf(stderr, "bench_gpu: --attention wants auto, muster, gemm and/or cudnn\n");
     return 2;
   }
   std::vector<bool> graph_modes;
@@ -554,8 +562,13 @@ int Main(int argc, char** argv) {
           std::fflush(stdout);
           continue;
         }
+        // auto as the worker resolves it: kAuto in bf16 (the CUDA model
+        // picks), muster's own in fp32 and tf32.
+        const Attention runs = attention == Attention::kAuto
+                                   ? ResolveAttention("auto", Device::kCuda, *precision).value()
+                                   : attention;
         absl::StatusOr<GpuResult> result =
-            Bench(config, *precision, attention, graphs, B, T, warmup, steps, peak_for(*precision));
+            Bench(config, *precision, runs, graphs, B, T, warmup, steps, peak_for(*precision));
         if (!result.ok()) {
           PrintError(system, B, T, result.status());
           table.push_back({system});
