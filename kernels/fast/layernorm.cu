@@ -3,7 +3,11 @@
 // 768 channels in bf16; see RowPacks) load each of a lane's packs once, all
 // of them before using any, and keep them in registers for the later
 // passes; wider rows read the row again for each pass (from L1 or L2).
-// Both add in the same order, so they give the same bits.
+// Both add in the same order, so they give the same bits. Every channel
+// of a row belongs to one lane, in every row, so the backward's running
+// parameter gradients live in that lane's registers where they fit
+// (kRegisterSums), in shared memory where they do not: again the same sums
+// in the same order.
 #include <type_traits>
 
 #include "kernels/fast/common.cuh"
@@ -17,22 +21,18 @@ namespace {
 constexpr int kForwardRowsPerBlock = 8;
 
 // A lane holds at most this many packs of a row in registers (as uint4,
-// 4 registers each): 1024 channels in bf16, 512 in fp32. For GPT-2's 768
-// that is the bf16 kernels (110 registers a thread in the backward, under
-// its launch bound of two blocks an SM); fp32's 6 packs would take the
-// backward to 144 registers and one block an SM, so fp32 rows that wide
-// keep the loop kernels.
+// 4 registers each): 1024 channels in bf16, 512 in fp32. fp32's 6 packs
+// for GPT-2's 768 would take the backward to 144 registers and one block
+// an SM, so fp32 rows that wide keep the loop kernels.
 constexpr int kMaxRowPacks = 4;
 
-// The packs a lane holds for rows of C channels: 1, 2 or 4, the least that
-// covers C; 0 where more are needed (the loop kernels).
+// The packs a lane holds for rows of C channels: the least of 1, 2, 3 and 4
+// that covers C (GPT-2's 768 in bf16: 3); 0 where more are needed (the
+// loop kernels).
 template <typename T>
 int RowPacks(int C) {
   const int needed = CeilDiv(C, 32 * Pack<T>::kSize);
-  for (int packs = 1; packs <= kMaxRowPacks; packs *= 2) {
-    if (needed <= packs) return packs;
-  }
-  return 0;
+  return needed <= kMaxRowPacks ? needed : 0;
 }
 
 // Runs f(std::integral_constant<int, packs>) for RowPacks's value.
@@ -43,12 +43,21 @@ int WithRowPacks(int C, F f) {
       return f(std::integral_constant<int, 1>());
     case 2:
       return f(std::integral_constant<int, 2>());
+    case 3:
+      return f(std::integral_constant<int, 3>());
     case 4:
       return f(std::integral_constant<int, 4>());
     default:
       return f(std::integral_constant<int, 0>());
   }
 }
+
+// Whether the backward keeps a lane's running dweight and dbias in
+// registers: 2 x 8 floats a pack for bf16, beside the 3 x 4 registers a
+// pack of its held rows. Up to 3 packs (GPT-2's 768 in bf16: 48 + 36)
+// that stays under the launch bound's 128 registers; 4 would not.
+template <int kPacks>
+constexpr bool kRegisterSums = kPacks > 0 && kPacks <= 3;
 
 // Calls f(k, c) for this lane's packs of a row of C channels, in order:
 // the k-th at channel c = (lane + 32 k) P, for each c < C; with kPacks > 0
@@ -147,9 +156,11 @@ __global__ void ForwardKernel(T* out, float* mean_out, float* rstd_out, T* resid
 
 // Backward: block y takes rows [blockIdx.x * kBackwardRows, ...), each of
 // its warps every kBackwardWarps-th row. A warp keeps its own running
-// dweight and dbias in shared memory (its lanes own disjoint channels),
-// then the warps' sums are added in warp order into this block's row of
-// partials (blocks, 2C): [dweight | dbias]. AddColumnSums finishes.
+// dweight and dbias, each lane those of its own channels: in its registers
+// (kRegisterSums), or else in shared memory, read and written per row.
+// Then the warps' sums are added in warp order, through shared memory,
+// into this block's row of partials (blocks, 2C): [dweight | dbias].
+// AddColumnSums finishes.
 // In shared memory element i of channel pack p sits at i * (C / P) + p, so
 // the 32 lanes, which hold 32 neighbouring packs, hit 32 different banks.
 // 8 warps of 4 rows: at GPT-2's 8192 rows that is 256 blocks, enough to
@@ -167,6 +178,8 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 2)  // two blocks an SM: 
                    const float* mean, const float* rstd, int N, int C) {
   constexpr int P = Pack<T>::kSize;
   constexpr int kHeld = kPacks > 0 ? kPacks : 1;  // held packs' array size
+  constexpr bool kInRegisters = kRegisterSums<kPacks>;
+  constexpr int kSummed = kInRegisters ? kPacks : 1;  // register sums' array size
 #ifdef MUSTER_SIMT
   float* shared = reinterpret_cast<float*>(simt::DynamicShared());
 #else
@@ -175,8 +188,18 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 2)  // two blocks an SM: 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* dweight_acc = shared + static_cast<size_t>(warp) * 2 * C;
   float* dbias_acc = dweight_acc + C;
-  for (int c = lane; c < 2 * C; c += 32) dweight_acc[c] = 0.0f;
-  __syncwarp();
+  // This lane's running sums for its pack k, element i (kInRegisters).
+  float dweight_sum[kSummed][P], dbias_sum[kSummed][P];
+  if constexpr (kInRegisters) {
+#pragma unroll
+    for (int k = 0; k < kSummed; ++k) {
+#pragma unroll
+      for (int i = 0; i < P; ++i) dweight_sum[k][i] = dbias_sum[k][i] = 0.0f;
+    }
+  } else {
+    for (int c = lane; c < 2 * C; c += 32) dweight_acc[c] = 0.0f;
+    __syncwarp();
+  }
 
   const int row_end = min((blockIdx.x + 1) * kBackwardRows, N);
   for (int row = blockIdx.x * kBackwardRows + warp; row < row_end; row += kBackwardWarps) {
@@ -205,9 +228,14 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 2)  // two blocks an SM: 
         const float dnorm = dy * weight[c + i];
         dnorm_sum += dnorm;
         dnorm_xhat_sum += dnorm * xhat;
-        const int slot = i * (C / P) + c / P;
-        dweight_acc[slot] += dy * xhat;
-        dbias_acc[slot] += dy;
+        if constexpr (kInRegisters) {
+          dweight_sum[k][i] += dy * xhat;
+          dbias_sum[k][i] += dy;
+        } else {
+          const int slot = i * (C / P) + c / P;
+          dweight_acc[slot] += dy * xhat;
+          dbias_acc[slot] += dy;
+        }
       }
     });
     const float dnorm_mean = WarpSum(dnorm_sum) / C;
@@ -223,6 +251,18 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 2)  // two blocks an SM: 
         d.v[i] = FromFloat<T>(ToFloat(d.v[i]) + grad);
       }
       StorePack(dinp + base + c, d);
+    });
+  }
+  if constexpr (kInRegisters) {
+    // Into the slots the shared-memory sums use: every channel of the row
+    // is one lane's, so every slot of this warp's is written.
+    ForEachRowPack<P, kPacks>(lane, C, [&](int k, int c) {
+#pragma unroll
+      for (int i = 0; i < P; ++i) {
+        const int slot = i * (C / P) + c / P;
+        dweight_acc[slot] = dweight_sum[k][i];
+        dbias_acc[slot] = dbias_sum[k][i];
+      }
     });
   }
   __syncthreads();
