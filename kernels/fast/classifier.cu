@@ -5,21 +5,35 @@
 // elements, and expf's longer sequence, twice an element, made it as busy
 // issuing instructions as moving bytes.
 //
-// Two kernels, chosen by the row's width (ClassifierForward):
+// Three kernels, chosen by the row's width and type (ClassifierForward):
+// - ClassifierKernel<T, true>, staged, copies the row into shared memory
+//   (cp.async) and reads it there for both passes, so each logit is read
+//   from memory once and written once, and no row is held in registers.
+//   It runs where two such blocks fit in an SM's shared memory (rows up
+//   to about 110 KB on an H100 or H200: GPT-2's 50,304 logits in bf16, 98
+//   KB), so that one block's loads are in flight while the other computes
+//   its exponentials (two per logit, at 16 a clock an SM) and its
+//   block-wide reduction. A block that holds its row in registers fills
+//   the register file alone, and its SM idles its memory between those
+//   phases: on an H200 that kernel took 0.588 ms a step, where the bytes
+//   alone need 0.34.
 // - ClassifierRowKernel keeps the row in registers, up to kRowPacks packs
-//   a thread in blocks of 1024 (65,536 bf16 values or 32,768 fp32: GPT-2's
-//   50,304 in bf16), so each logit is read once and written once. The
-//   profile put the two-read kernel at 0.83 ms of an H100 step, three
-//   passes over 0.82 GB of bf16 logits at ≈ 3 TB/s; one read fewer is
-//   ≈ 0.27 ms.
-// - ClassifierKernel reads the row twice (the sums, then the gradient),
-//   for rows wider than that, and for narrow ones (a pack or less a
-//   thread), where 1024 threads would mostly idle.
-// Each gives the same bits every run; the two sum in different orders, so
-// their bits differ from each other's, and the width alone decides which
-// runs.
+//   a thread in blocks of 1024 (65,536 bf16 values or 32,768 fp32), so
+//   each logit is read once and written once: for rows of that size that
+//   the staged kernel cannot take. (The profile put the two-read kernel
+//   at 0.83 ms of an H100 step, three passes over 0.82 GB of bf16 logits
+//   at ≈ 3 TB/s.)
+// - ClassifierKernel<T, false> reads the row twice (the sums, then the
+//   gradient), for rows wider than that, and for narrow ones (a pack or
+//   less a thread), where 1024 threads would mostly idle.
+// Each gives the same bits every run. The staged kernel gives the
+// two-read kernel's bits (the same threads take the same packs, and add
+// in the same order); the row kernel sums in another order, so its bits
+// differ, and the width, the type and the GPU's shared memory alone decide
+// which runs.
 #include <cmath>
 #include <cstring>
+#include <mutex>
 
 #include "kernels/fast/classifier.h"
 #include "kernels/fast/common.cuh"
@@ -175,20 +189,38 @@ __global__ void __launch_bounds__(kRowThreads, 1)
   FixTarget(x, target, target_logit, lse_log2, dloss);
 }
 
-template <typename T>
-__global__ void ClassifierKernel(float* losses, T* logits, const int* targets, float dloss,
-                                 bool write_grad, int V, int Vp) {
+// With kStaged the block first copies the row into shared memory (`Vp`
+// values of T, dynamic), and both passes read it there: the same packs per
+// thread in the same order, so the same bits. Each thread reads back only
+// the packs it copied itself, which its own wait makes visible to it, so
+// the copy needs no barrier.
+template <typename T, bool kStaged>
+__global__ void __launch_bounds__(kThreads, kStaged ? 2 : 1)
+    ClassifierKernel(float* losses, T* logits, const int* targets, float dloss, bool write_grad,
+                     int V, int Vp) {
   constexpr int P = Pack<T>::kSize;
   __shared__ MaxSum warp_results[kThreads / 32];
   __shared__ float target_logit;
   int target;
   T* x = StartRow(logits, Vp, targets, &target, &target_logit);
+  const T* from = x;  // where the passes read the row
+  if constexpr (kStaged) {
+#ifdef MUSTER_SIMT
+    T* const row = reinterpret_cast<T*>(simt::DynamicShared());
+#else
+    extern __shared__ __align__(16) unsigned char staged[];
+    T* const row = reinterpret_cast<T*>(staged);
+#endif
+    for (int c = threadIdx.x * P; c < Vp; c += kThreads * P) CpAsync16(row + c, x + c);
+    CpAsyncCommitAndWaitAll();
+    from = row;
+  }
 
   // Full packs and the one that passes V take separate paths, so a full
   // pack's loops carry no bounds.
   MaxSum mine{-INFINITY, 0.0f};
   for (int c = threadIdx.x * P; c < V; c += kThreads * P) {
-    const Pack<T> pack = LoadPack(x + c);
+    const Pack<T> pack = LoadPack(from + c);
     if (c + P <= V) {
       AddPack(mine, pack, P);
     } else {
@@ -204,11 +236,67 @@ __global__ void ClassifierKernel(float* losses, T* logits, const int* targets, f
   // element is overwritten.
   const float lse_log2 = lse * kLog2e;
   for (int c = threadIdx.x * P; c < Vp; c += kThreads * P) {
-    const Pack<T> pack = LoadPack(x + c);
+    const Pack<T> pack = LoadPack(from + c);
     StorePack(x + c, c + P <= V ? GradPack(pack, P, lse_log2, dloss)
                                 : GradPack(pack, V - c, lse_log2, dloss));
   }
   FixTarget(x, target, target_logit, lse_log2, dloss);
+}
+
+// Shared memory an SM has, and a block may ask for, on the current device;
+// the staged kernel's attributes are set for it the first time (they
+// stay set, so a launch captured into a CUDA graph finds them set by the
+// eager one before). The emulation has an H100's.
+struct SharedMemory {
+  size_t per_sm = 228 * 1024;
+  size_t per_block = 227 * 1024;
+};
+SharedMemory DeviceSharedMemory() {
+#ifdef MUSTER_SIMT
+  return SharedMemory{};
+#else
+  constexpr int kDevices = 64;
+  static std::mutex mutex;
+  static SharedMemory known[kDevices];
+  static bool asked[kDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kDevices) return {0, 0};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!asked[device]) {
+    asked[device] = true;
+    int per_sm = 0, per_block = 0;
+    bool ok = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor,
+                                     device) == cudaSuccess &&
+              cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
+                  cudaSuccess;
+    // Both types' kernels, allowed the most a block may have, and asked
+    // to run with the most shared memory (two blocks an SM need it all).
+    for (const void* kernel : {reinterpret_cast<const void*>(&ClassifierKernel<float, true>),
+                               reinterpret_cast<const void*>(&ClassifierKernel<bf16, true>)}) {
+      ok = ok &&
+           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, per_block) ==
+               cudaSuccess &&
+           cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+    }
+    // A failure here leaves the staged kernel unused; it is not the
+    // caller's error, so it is not left for the next launch's check.
+    if (!ok) {
+      cudaGetLastError();
+      per_sm = per_block = 0;
+    }
+    known[device] = SharedMemory{static_cast<size_t>(per_sm), static_cast<size_t>(per_block)};
+  }
+  return known[device];
+#endif
+}
+
+// Whether two staged blocks of a row of `row_bytes` fit in an SM: the row,
+// the block's static shared memory and the 1 KB the GPU keeps per block.
+bool StagedFits(size_t row_bytes) {
+  constexpr size_t kPerBlockExtra = 2 * 1024;
+  const SharedMemory shared = DeviceSharedMemory();
+  return row_bytes <= shared.per_block && 2 * (row_bytes + kPerBlockExtra) <= shared.per_sm;
 }
 
 }  // namespace
@@ -218,13 +306,19 @@ int ClassifierForward(ActType act, float* losses, void* logits, const int* targe
   if (BT == 0) return 0;
   return Dispatch(act, [&](auto tag) {
     using T = decltype(tag);
-    if (Vp > kThreads * Pack<T>::kSize && Vp <= RowCapacity<T>()) {
+    const size_t row_bytes = static_cast<size_t>(Vp) * sizeof(T);
+    if (Vp > kThreads * Pack<T>::kSize && StagedFits(row_bytes)) {
+      LaunchKernel<ClassifierKernel<T, true>>(BT, kThreads, row_bytes, AsStream(stream), losses,
+                                              static_cast<T*>(logits), targets, dloss, write_grad,
+                                              V, Vp);
+    } else if (Vp > kThreads * Pack<T>::kSize && Vp <= RowCapacity<T>()) {
       LaunchKernel<ClassifierRowKernel<T>>(BT, kRowThreads, 0, AsStream(stream), losses,
                                            static_cast<T*>(logits), targets, dloss, write_grad, V,
                                            Vp);
     } else {
-      LaunchKernel<ClassifierKernel<T>>(BT, kThreads, 0, AsStream(stream), losses,
-                                        static_cast<T*>(logits), targets, dloss, write_grad, V, Vp);
+      LaunchKernel<ClassifierKernel<T, false>>(BT, kThreads, 0, AsStream(stream), losses,
+                                               static_cast<T*>(logits), targets, dloss, write_grad,
+                                               V, Vp);
     }
     return LaunchStatus();
   });

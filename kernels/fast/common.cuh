@@ -9,6 +9,7 @@
 
 #include <cfloat>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/fast/fast.h"
@@ -108,6 +109,30 @@ __device__ __forceinline__ float Exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
+#endif
+}
+
+// cp.async.cg.shared.global of 16 bytes from global `src` to shared `dst`
+// (both 16-byte aligned): the copy lands in the background, and the thread
+// that issued it sees it after its CpAsyncCommitAndWaitAll (other threads
+// after a barrier too). On the emulation, simt's, which leaves the
+// destination NaN until then.
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
+#ifdef MUSTER_SIMT
+  simt::CpAsync16(dst, src, 16);
+#else
+  const uint32_t destination = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(destination), "l"(src));
+#endif
+}
+// Closes the calling thread's group of copies and waits for all of them.
+__device__ __forceinline__ void CpAsyncCommitAndWaitAll() {
+#ifdef MUSTER_SIMT
+  simt::CpAsyncCommit();
+  simt::CpAsyncWait(0);
+#else
+  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
 #endif
 }
 
