@@ -677,14 +677,16 @@ TEST_CASE("layernorm with the fused residual add, forward and backward, match fp
   // per-warp sums in more than the 48 KB of shared memory a launch gets
   // unasked (C = 1024 and 1152: 64 and 72 KB); more blocks of partial sums
   // (N = 300: 10) than AddColumnSums has slices (8). Rows held in registers
-  // (at most 4 packs a lane: C = 192 in both types, 768 and 1024 in bf16;
-  // C = 192 with some lanes' last pack past the row), the backward's
-  // parameter sums in registers (up to 3 packs: 192, and 768 in bf16) or
-  // in shared memory (1024 in bf16), and rows read again in each pass
-  // (C = 1152; 768 and 1024 in fp32).
+  // (at most 4 packs a lane: C = 192 and 320 in both types, 640, 768 and
+  // 1024 in bf16; C = 192 with some lanes' last pack past the row), the
+  // backward's parameter sums in registers (up to 3 packs: 192, 320, 640
+  // and 768 in bf16, 192 and 320 in fp32; a third pack that only some
+  // lanes have: 640 in bf16, 320 in fp32) or in shared memory (1024 in
+  // bf16), and rows read again in each pass (C = 1152; 640, 768 and 1024
+  // in fp32).
   for (const Mode& mode : kModes) {
-    for (const auto& [N, C] :
-         {std::pair{203, 192}, std::pair{70, 1024}, std::pair{300, 1152}, std::pair{45, 768}}) {
+    for (const auto& [N, C] : {std::pair{203, 192}, std::pair{70, 1024}, std::pair{300, 1152},
+                               std::pair{45, 768}, std::pair{50, 320}, std::pair{61, 640}}) {
       SECTION(std::string(mode.name) + ", N=" + std::to_string(N) + ", C=" + std::to_string(C)) {
         std::mt19937 rng(Seed());
         const ActType act = ActOf(mode.math);
