@@ -55,7 +55,8 @@ int WithRowPacks(int C, F f) {
 // Whether the backward keeps a lane's running dweight and dbias in
 // registers: 2 x 8 floats a pack for bf16, beside the 3 x 4 registers a
 // pack of its held rows. Up to 3 packs (GPT-2's 768 in bf16: 48 + 36)
-// that stays under the launch bound's 128 registers; 4 would not.
+// that stays within the launch bound's 128 registers (sm_90a: 128, no
+// spills); 4 would not.
 template <int kPacks>
 constexpr bool kRegisterSums = kPacks > 0 && kPacks <= 3;
 
