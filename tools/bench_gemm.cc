@@ -195,15 +195,20 @@ int Main(int argc, char** argv) {
       return gemm->BackwardInput(out.get(), dout.get(), weight.get(),
                                  through_gelu ? pre_gelu.get() : nullptr, BT, l.in, l.out, 1.0f);
     });
+    // Written over (beta 0), as a step's first Backward since ZeroGrad
+    // writes every weight gradient.
     record(absl::StrCat(l.name, " dW"), L, [&] {
-      return gemm->BackwardWeight(dweight.f(), dout.get(), in.get(), BT, l.in, l.out, 1.0f);
+      return gemm->BackwardWeight(dweight.f(), GradWrite::kOverwrite, dout.get(), in.get(), BT,
+                                  l.in, l.out, 1.0f);
     });
   }
   record("lm head dx", 1, [&] {
     return gemm->BackwardInput(out.get(), dout.get(), weight.get(), nullptr, BT, C, Vp, 1.0f);
   });
-  record("lm head dW", 1,
-         [&] { return gemm->BackwardWeight(dweight.f(), dout.get(), in.get(), BT, C, Vp, 1.0f); });
+  record("lm head dW", 1, [&] {
+    return gemm->BackwardWeight(dweight.f(), GradWrite::kOverwrite, dout.get(), in.get(), BT, C, Vp,
+                                1.0f);
+  });
   Check(static_cast<int>(cudaDeviceSynchronize()), "the recorded calls");
 
   // Every recorded call with each algorithm.

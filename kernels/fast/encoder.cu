@@ -41,7 +41,8 @@ __global__ void TokenBackwardKernel(float* dwte, const T* dout, const int* group
 
 // Block (t, y): position t, channel packs as above; sums over b in order.
 template <typename T>
-__global__ void PositionBackwardKernel(float* dwpe, const T* dout, int B, int T_, int C) {
+__global__ void PositionBackwardKernel(float* dwpe, GradWrite write, const T* dout, int B, int T_,
+                                       int C) {
   constexpr int P = Pack<T>::kSize;
   const int c = (blockIdx.y * kThreads + threadIdx.x) * P;
   if (c >= C) return;
@@ -53,7 +54,7 @@ __global__ void PositionBackwardKernel(float* dwpe, const T* dout, int B, int T_
     for (int i = 0; i < P; ++i) acc[i] += ToFloat(pack.v[i]);
   }
   float* row = dwpe + static_cast<size_t>(t) * C + c;
-  for (int i = 0; i < P; ++i) row[i] += acc[i];
+  for (int i = 0; i < P; ++i) row[i] = write == GradWrite::kOverwrite ? acc[i] : row[i] + acc[i];
 }
 
 }  // namespace
@@ -71,7 +72,7 @@ int EncoderForward(ActType act, void* out, const int* tokens, const float* wte, 
   });
 }
 
-int EncoderBackward(ActType act, float* dwte, float* dwpe, const void* dout,
+int EncoderBackward(ActType act, float* dwte, float* dwpe, GradWrite wpe_write, const void* dout,
                     const int* group_tokens, const int* group_starts, const int* positions,
                     int groups, int B, int T, int C, void* stream) {
   if (B == 0 || T == 0) return 0;
@@ -84,7 +85,8 @@ int EncoderBackward(ActType act, float* dwte, float* dwpe, const void* dout,
     int status = LaunchStatus();
     if (status != 0) return status;
     LaunchKernel<PositionBackwardKernel<Tp>>(dim3(T, channel_blocks), kThreads, 0, AsStream(stream),
-                                             dwpe, static_cast<const Tp*>(dout), B, T, C);
+                                             dwpe, wpe_write, static_cast<const Tp*>(dout), B, T,
+                                             C);
     return LaunchStatus();
   });
 }

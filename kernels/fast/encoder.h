@@ -45,8 +45,11 @@ inline EncoderGroups GroupByToken(const int* tokens, int BT) {
 
 // dwte (Vp, C), dwpe (maxT, C) fp32 += the embeddings' gradients from dout
 // (B, T, C) act. group_tokens, group_starts, positions: EncoderGroups's
-// arrays on the device.
-int EncoderBackward(ActType act, float* dwte, float* dwpe, const void* dout,
+// arrays on the device. With wpe_write kOverwrite, dwpe's rows [0, T) are
+// written over; its rows from T on are not written at all, which the caller
+// accounts for. dwte is always added into: only the rows of the batch's
+// tokens get a gradient here (the tied LM head writes every row first).
+int EncoderBackward(ActType act, float* dwte, float* dwpe, GradWrite wpe_write, const void* dout,
                     const int* group_tokens, const int* group_starts, const int* positions,
                     int groups, int B, int T, int C, void* stream);
 

@@ -32,6 +32,15 @@ enum class ActType { kF32, kBf16 };
 
 inline size_t ActBytes(ActType act) { return act == ActType::kBf16 ? 2 : 4; }
 
+// How a launcher writes the parameter gradient it computes: added into
+// what the buffer holds (kAdd), or written over it (kOverwrite: the first
+// writer of a gradient since the model's ZeroGrad, which marks the
+// buffers zero without clearing them; worker/model/model_cuda.cc). The
+// two give the same bits, as 0 + x is x (but for the sign of a zero, which
+// nothing downstream can see), and kOverwrite neither reads the buffer
+// nor needs it cleared first.
+enum class GradWrite { kAdd, kOverwrite };
+
 // cuBLASLt found no algorithm for a GEMM's shape and types.
 constexpr int kNoGemmAlgorithm = (1 << 16) + 1000;
 

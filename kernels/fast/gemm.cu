@@ -92,7 +92,8 @@ __global__ void AddColumnSumsKernel(const ColumnSumsLaunch launch) {
   if (slice != 0 || c >= job.n) return;
   float sum = 0.0f;
   for (int s = 0; s < kSumSlices; ++s) sum += sums[s][lane];
-  (c < job.split ? job.out1[c] : job.out2[c - job.split]) += sum;
+  float& out = c < job.split ? job.out1[c] : job.out2[c - job.split];
+  out = job.write == GradWrite::kOverwrite ? sum : out + sum;
 }
 
 // The GELU epilogues' stand-ins, for a GPU or type whose cuBLASLt has no
@@ -362,8 +363,8 @@ int Gemm::BackwardInput(void* dinp, const void* dout, const void* weight, const 
   });
 }
 
-int Gemm::BackwardWeight(float* dweight, const void* dout, const void* inp, int BT, int C, int OC,
-                         float alpha) {
+int Gemm::BackwardWeight(float* dweight, GradWrite write, const void* dout, const void* inp, int BT,
+                         int C, int OC, float alpha) {
   // dweight^T (C, OC) += inp^T (C, BT) @ dout (stored (OC, BT), transposed).
   LtCall call;
   call.trans_b = true;
@@ -378,7 +379,9 @@ int Gemm::BackwardWeight(float* dweight, const void* dout, const void* inp, int 
   call.ldd = C;
   call.d_fp32 = true;
   call.alpha = alpha;
-  call.beta = 1.0f;
+  // The plan's key holds beta != 0, but cuBLASLt's heuristic is not told
+  // beta, so both get the same algorithm: the same products, the same bits.
+  call.beta = write == GradWrite::kAdd ? 1.0f : 0.0f;
   return Run(call);
 }
 
@@ -386,13 +389,13 @@ size_t Gemm::BiasGradScratchFloats(int BT, int OC) {
   return static_cast<size_t>(CeilDiv(BT, kBiasRows)) * OC;
 }
 
-int Gemm::BackwardBias(float* dbias, const void* dout, int BT, int OC, float* scratch,
-                       ColumnSumsBatch* defer) {
-  return BiasGradient(act(), dbias, dout, BT, OC, scratch, stream_, defer);
+int Gemm::BackwardBias(float* dbias, GradWrite write, const void* dout, int BT, int OC,
+                       float* scratch, ColumnSumsBatch* defer) {
+  return BiasGradient(act(), dbias, write, dout, BT, OC, scratch, stream_, defer);
 }
 
-int BiasGradient(ActType act, float* dbias, const void* dout, int BT, int OC, float* scratch,
-                 void* stream, ColumnSumsBatch* defer) {
+int BiasGradient(ActType act, float* dbias, GradWrite write, const void* dout, int BT, int OC,
+                 float* scratch, void* stream, ColumnSumsBatch* defer) {
   if (BT == 0 || OC == 0) return 0;
   const unsigned chunks = CeilDiv(BT, kBiasRows);
   int status = Dispatch(act, [&](auto tag) {
@@ -403,7 +406,7 @@ int BiasGradient(ActType act, float* dbias, const void* dout, int BT, int OC, fl
     return LaunchStatus();
   });
   if (status != 0) return status;
-  const ColumnSumsJob job{dbias, nullptr, OC, scratch, static_cast<int>(chunks), OC, OC};
+  const ColumnSumsJob job{dbias, nullptr, OC, scratch, static_cast<int>(chunks), OC, OC, write};
   return defer != nullptr ? defer->Add(job, stream) : AddColumnSums(&job, 1, stream);
 }
 

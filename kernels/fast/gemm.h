@@ -76,11 +76,12 @@ class Gemm {
   // pre_gelu (BT, C), times GELU'(pre_gelu) (the GELU before this layer).
   int BackwardInput(void* dinp, const void* dout, const void* weight, const void* pre_gelu, int BT,
                     int C, int OC, float alpha);
-  // dweight (OC, C) fp32 += alpha * dout (BT, OC)^T @ inp (BT, C).
-  int BackwardWeight(float* dweight, const void* dout, const void* inp, int BT, int C, int OC,
-                     float alpha);
+  // dweight (OC, C) fp32 += alpha * dout (BT, OC)^T @ inp (BT, C), or =
+  // with kOverwrite (beta 0: cuBLASLt does not read dweight).
+  int BackwardWeight(float* dweight, GradWrite write, const void* dout, const void* inp, int BT,
+                     int C, int OC, float alpha);
   // BiasGradient (below) on this Gemm's stream.
-  int BackwardBias(float* dbias, const void* dout, int BT, int OC, float* scratch,
+  int BackwardBias(float* dbias, GradWrite write, const void* dout, int BT, int OC, float* scratch,
                    ColumnSumsBatch* defer = nullptr);
   static size_t BiasGradScratchFloats(int BT, int OC);
 
@@ -98,7 +99,7 @@ class Gemm {
   // bytes) or, with assume_256, at cuBLASLt's default of 256 bytes (the
   // call's pointers must then be 256-byte aligned), `rounds` times `iters`
   // calls each on this Gemm's stream, and times them with CUDA events.
-  // The call's outputs are overwritten (accumulated into with beta 1).
+  // The call's outputs are written over, or added into with its beta.
   int TimeAlgorithms(const LtCall& call, int max, bool assume_256, int rounds, int iters,
                      std::vector<AlgorithmTime>* out);
 
@@ -118,25 +119,27 @@ class Gemm {
 };
 
 // dbias (OC) fp32 += sum over the BT rows of dout (BT, OC, act), in a
-// fixed order. scratch: Gemm::BiasGradScratchFloats(BT, OC) floats. Our
+// fixed order (= with kOverwrite). scratch: Gemm::BiasGradScratchFloats(BT,
+// OC) floats. Our
 // own kernels, no cuBLASLt (so the CPU emulation of kernels/simt runs it
 // too). With `defer`, the second pass (below) is added to that batch
 // instead of launched, and scratch must stay untouched until the batch
 // runs.
-int BiasGradient(ActType act, float* dbias, const void* dout, int BT, int OC, float* scratch,
-                 void* stream, ColumnSumsBatch* defer = nullptr);
+int BiasGradient(ActType act, float* dbias, GradWrite write, const void* dout, int BT, int OC,
+                 float* scratch, void* stream, ColumnSumsBatch* defer = nullptr);
 
 // The second pass of the deterministic column sums (bias and LayerNorm
 // parameter gradients): out1[c] += sum over r in [0, rows) of
 // partials[r * stride + c] for c in [0, split), out2[c - split] for c in
-// [split, n). The order is fixed: eight interleaved slices of the rows,
-// each summed in order, then the slices in order.
+// [split, n) (= with kOverwrite). The order is fixed: eight interleaved
+// slices of the rows, each summed in order, then the slices in order.
 struct ColumnSumsJob {
   float* out1;
   float* out2;  // nullptr where split == n
   int split;
   const float* partials;
   int rows, n, stride;
+  GradWrite write;
 };
 // Runs `count` (at most ColumnSumsBatch::kMaxJobs) jobs in one launch;
 // each job's bits are those it would have alone.

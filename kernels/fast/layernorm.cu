@@ -309,9 +309,10 @@ size_t LayerNormBackwardScratchFloats(int N, int C) {
   return static_cast<size_t>(CeilDiv(N, kBackwardRows)) * 2 * C;
 }
 
-int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, const void* dout,
-                      const void* inp, const float* weight, const float* mean, const float* rstd,
-                      int N, int C, float* scratch, void* stream, ColumnSumsBatch* defer) {
+int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, GradWrite write,
+                      const void* dout, const void* inp, const float* weight, const float* mean,
+                      const float* rstd, int N, int C, float* scratch, void* stream,
+                      ColumnSumsBatch* defer) {
   if (N == 0) return 0;
   const unsigned blocks = CeilDiv(N, kBackwardRows);
   const size_t shared_bytes = static_cast<size_t>(kBackwardWarps) * 2 * C * sizeof(float);
@@ -334,7 +335,8 @@ int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, con
   });
   if (status != 0) return status;
   // partials (blocks, 2C): [dweight | dbias], both sums in one job.
-  const ColumnSumsJob job{dweight, dbias, C, scratch, static_cast<int>(blocks), 2 * C, 2 * C};
+  const ColumnSumsJob job{dweight, dbias, C,    scratch, static_cast<int>(blocks),
+                          2 * C,   2 * C, write};
   return defer != nullptr ? defer->Add(job, stream) : AddColumnSums(&job, 1, stream);
 }
 

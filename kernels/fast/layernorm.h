@@ -20,14 +20,15 @@ int LayerNormForward(ActType act, void* out, float* mean, float* rstd, void* res
                      int N, int C, void* stream);
 
 // dinp (N, C) act += the input gradient from dout (N, C) act; dweight,
-// dbias (C) fp32 += the parameter gradients, summed over rows in a fixed
-// order. inp is the forward's input (the residual). scratch:
+// dbias (C) fp32 += the parameter gradients (= with kOverwrite), summed
+// over rows in a fixed order. inp is the forward's input (the residual). scratch:
 // LayerNormBackwardScratchFloats(N, C) floats. With `defer`, the
 // parameter gradients' second pass joins that batch (kernels/fast/gemm.h)
 // instead of running now, and scratch must stay untouched until it runs.
-int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, const void* dout,
-                      const void* inp, const float* weight, const float* mean, const float* rstd,
-                      int N, int C, float* scratch, void* stream, ColumnSumsBatch* defer = nullptr);
+int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, GradWrite write,
+                      const void* dout, const void* inp, const float* weight, const float* mean,
+                      const float* rstd, int N, int C, float* scratch, void* stream,
+                      ColumnSumsBatch* defer = nullptr);
 size_t LayerNormBackwardScratchFloats(int N, int C);
 
 }  // namespace muster::kernels::fast

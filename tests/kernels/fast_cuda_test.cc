@@ -220,7 +220,8 @@ TEST_CASE("bias gradient: deterministic column sums accumulate into dbias, match
           for (int r = 0; r < BT; ++r) sum += dout[size_t(r) * OC + o];
           dbias[o] = sum;
         }
-        CUDA_REQUIRE(BiasGradient(act, d_dbias.f(), d_dout.get(), BT, OC, scratch.f(), nullptr));
+        CUDA_REQUIRE(BiasGradient(act, d_dbias.f(), GradWrite::kAdd, d_dout.get(), BT, OC,
+                                  scratch.f(), nullptr));
         RequireClose(d_dbias.Download(), dbias, 1e-5, "dbias (accumulated, fp32 sums)");
       }
     }
@@ -316,9 +317,10 @@ TEST_CASE("GEMM backward: input (with GELU gradient), weight and bias match fp64
       Buffer scratch(Gemm::BiasGradScratchFloats(BT, OC), ActType::kF32);
       d_dweight.Upload(&dweight0);
       d_dbias.Upload(&dbias0);
+      CUDA_REQUIRE(gemm->BackwardWeight(d_dweight.f(), GradWrite::kAdd, d_dout.get(), d_inp.get(),
+                                        BT, C, OC, alpha));
       CUDA_REQUIRE(
-          gemm->BackwardWeight(d_dweight.f(), d_dout.get(), d_inp.get(), BT, C, OC, alpha));
-      CUDA_REQUIRE(gemm->BackwardBias(d_dbias.f(), d_dout.get(), BT, OC, scratch.f()));
+          gemm->BackwardBias(d_dbias.f(), GradWrite::kAdd, d_dout.get(), BT, OC, scratch.f()));
       RequireClose(d_dweight.Download(), dweight, mode.tolerance, "dweight (accumulated)");
       RequireClose(d_dbias.Download(), dbias, 1e-5, "dbias (accumulated, fp32 sums)");
     }
@@ -752,9 +754,9 @@ TEST_CASE("layernorm with the fused residual add, forward and backward, match fp
 
         d_dw.Upload(&dweight0);
         d_db.Upload(&dbias0);
-        CUDA_REQUIRE(LayerNormBackward(act, d_dinp.get(), d_dw.f(), d_db.f(), d_dout.get(),
-                                       d_x.get(), d_w.f(), mean.f(), rstd.f(), N, C, scratch.f(),
-                                       nullptr));
+        CUDA_REQUIRE(LayerNormBackward(act, d_dinp.get(), d_dw.f(), d_db.f(), GradWrite::kAdd,
+                                       d_dout.get(), d_x.get(), d_w.f(), mean.f(), rstd.f(), N, C,
+                                       scratch.f(), nullptr));
         RequireClose(d_dinp.Download(), dinp_ref, mode.tolerance, "dinp (accumulated)");
         RequireClose(d_dw.Download(), dw_ref, mode.tolerance, "dweight (accumulated)");
         RequireClose(d_db.Download(), db_ref, mode.tolerance, "dbias (accumulated)");
@@ -816,8 +818,8 @@ TEST_CASE("column sums deferred to one launch give each sum's bits of its own la
           if (!job.layernorm) {
             run.scratch[k] =
                 std::make_unique<Buffer>(Gemm::BiasGradScratchFloats(job.N, job.C), ActType::kF32);
-            CUDA_REQUIRE(BiasGradient(act, run.out1[k]->f(), run.dout->get(), job.N, job.C,
-                                      run.scratch[k]->f(), nullptr, defer));
+            CUDA_REQUIRE(BiasGradient(act, run.out1[k]->f(), GradWrite::kAdd, run.dout->get(),
+                                      job.N, job.C, run.scratch[k]->f(), nullptr, defer));
             continue;
           }
           run.out2[k] = std::make_unique<Buffer>(job.C, ActType::kF32);
@@ -826,10 +828,10 @@ TEST_CASE("column sums deferred to one launch give each sum's bits of its own la
           run.dinp[k]->Upload(&dinp);
           run.scratch[k] =
               std::make_unique<Buffer>(LayerNormBackwardScratchFloats(job.N, job.C), ActType::kF32);
-          CUDA_REQUIRE(LayerNormBackward(act, run.dinp[k]->get(), run.out1[k]->f(),
-                                         run.out2[k]->f(), run.dout->get(), run.inp->get(),
-                                         run.weight->f(), run.mean->f(), run.rstd->f(), job.N,
-                                         job.C, run.scratch[k]->f(), nullptr, defer));
+          CUDA_REQUIRE(LayerNormBackward(
+              act, run.dinp[k]->get(), run.out1[k]->f(), run.out2[k]->f(), GradWrite::kAdd,
+              run.dout->get(), run.inp->get(), run.weight->f(), run.mean->f(), run.rstd->f(), job.N,
+              job.C, run.scratch[k]->f(), nullptr, defer));
         }
       }
       REQUIRE(batch.size() == 1);  // the ninth; the first eight ran when it was added
@@ -844,6 +846,137 @@ TEST_CASE("column sums deferred to one launch give each sum's bits of its own la
         REQUIRE(run.out2[1]->Bytes() == run.out2[0]->Bytes());
         REQUIRE(run.dinp[1]->Bytes() == run.dinp[0]->Bytes());
       }
+    }
+  }
+}
+
+TEST_CASE("a gradient written over gives the bits of one added into zeros",
+          "[bias][layernorm][encoder][gemm]") {
+  // The model's first Backward since ZeroGrad writes its gradients over
+  // stale values (GradWrite::kOverwrite): here over poison (NaN), against
+  // the same sums added into zeros (kAdd). Equal bit for bit, each sum
+  // alone and in one ColumnSumsBatch that mixes both ways; a kernel that
+  // read what it writes over would give NaN.
+  for (const Mode& mode : kModes) {
+    SECTION(mode.name) {
+      std::mt19937 rng(Seed());
+      const ActType act = ActOf(mode.math);
+      const int N = 300, C = 192, OC = 3 * C;
+      auto dout = Random(size_t(N) * OC, rng), ln_dout = Random(size_t(N) * C, rng),
+           inp = Random(size_t(N) * C, rng), weight = Random(C, rng), mean = Random(N, rng),
+           rstd = Random(N, rng), dinp0 = Random(size_t(N) * C, rng);
+      for (float& r : rstd) r = 1.0f + std::fabs(r);
+      Buffer d_dout(dout.size(), act), d_ln_dout(ln_dout.size(), act), d_inp(inp.size(), act),
+          d_weight(C, ActType::kF32), d_mean(N, ActType::kF32), d_rstd(N, ActType::kF32);
+      d_dout.Upload(&dout);
+      d_ln_dout.Upload(&ln_dout);
+      d_inp.Upload(&inp);
+      d_weight.Upload(&weight);
+      d_mean.Upload(&mean);
+      d_rstd.Upload(&rstd);
+      // [deferred][write]: the bias gradient, LayerNorm's dweight, dbias
+      // and dinp, and each call's scratch.
+      std::unique_ptr<Buffer> bias[2][2], dw[2][2], db[2][2], dinp[2][2], scratch[2][2][2];
+      ColumnSumsBatch batch;
+      for (int deferred = 0; deferred < 2; ++deferred) {
+        for (const GradWrite write : {GradWrite::kAdd, GradWrite::kOverwrite}) {
+          const int w = write == GradWrite::kOverwrite;
+          ColumnSumsBatch* defer = deferred ? &batch : nullptr;
+          bias[deferred][w] = std::make_unique<Buffer>(OC, ActType::kF32);
+          dw[deferred][w] = std::make_unique<Buffer>(C, ActType::kF32);
+          db[deferred][w] = std::make_unique<Buffer>(C, ActType::kF32);
+          if (write == GradWrite::kAdd) {  // else left poisoned
+            std::vector<float> zeros(OC, 0.0f), zeros_c(C, 0.0f), zeros_c2(C, 0.0f);
+            bias[deferred][w]->Upload(&zeros);
+            dw[deferred][w]->Upload(&zeros_c);
+            db[deferred][w]->Upload(&zeros_c2);
+          }
+          dinp[deferred][w] = std::make_unique<Buffer>(dinp0.size(), act);
+          dinp[deferred][w]->Upload(&dinp0);
+          scratch[deferred][w][0] =
+              std::make_unique<Buffer>(Gemm::BiasGradScratchFloats(N, OC), ActType::kF32);
+          scratch[deferred][w][1] =
+              std::make_unique<Buffer>(LayerNormBackwardScratchFloats(N, C), ActType::kF32);
+          CUDA_REQUIRE(BiasGradient(act, bias[deferred][w]->f(), write, d_dout.get(), N, OC,
+                                    scratch[deferred][w][0]->f(), nullptr, defer));
+          CUDA_REQUIRE(LayerNormBackward(act, dinp[deferred][w]->get(), dw[deferred][w]->f(),
+                                         db[deferred][w]->f(), write, d_ln_dout.get(), d_inp.get(),
+                                         d_weight.f(), d_mean.f(), d_rstd.f(), N, C,
+                                         scratch[deferred][w][1]->f(), nullptr, defer));
+        }
+      }
+      REQUIRE(batch.size() == 4);
+      CUDA_REQUIRE(batch.Flush(nullptr));
+      const std::vector<uint8_t> want_bias = bias[0][0]->Bytes(), want_dw = dw[0][0]->Bytes(),
+                                 want_db = db[0][0]->Bytes(), want_dinp = dinp[0][0]->Bytes();
+      for (const auto& [deferred, w] : {std::pair{0, 1}, std::pair{1, 0}, std::pair{1, 1}}) {
+        INFO((deferred ? "deferred, " : "alone, ") << (w ? "written over" : "added"));
+        REQUIRE(bias[deferred][w]->Bytes() == want_bias);
+        REQUIRE(dw[deferred][w]->Bytes() == want_dw);
+        REQUIRE(db[deferred][w]->Bytes() == want_db);
+        REQUIRE(dinp[deferred][w]->Bytes() == want_dinp);
+      }
+
+      // The position embedding's gradient: rows [0, T) written over, the
+      // rest of its maxT rows left as they were (still poison).
+      const int B = 3, T = 40, maxT = 48, E = 64, Vp = 128;
+      std::vector<int> tokens(B * T);
+      for (int& t : tokens) t = std::uniform_int_distribution<int>(0, 19)(rng);
+      auto enc_dout = Random(size_t(B) * T * E, rng), dwte0 = Random(size_t(Vp) * E, rng);
+      Buffer d_enc_dout(enc_dout.size(), act);
+      d_enc_dout.Upload(&enc_dout);
+      const EncoderGroups groups = GroupByToken(tokens.data(), B * T);
+      std::vector<int> packed = groups.tokens;
+      packed.insert(packed.end(), groups.starts.begin(), groups.starts.end());
+      packed.insert(packed.end(), groups.positions.begin(), groups.positions.end());
+      int* d_ints = nullptr;
+      REQUIRE(cudaMalloc(&d_ints, packed.size() * sizeof(int)) == cudaSuccess);
+      REQUIRE(cudaMemcpy(d_ints, packed.data(), packed.size() * sizeof(int),
+                         cudaMemcpyHostToDevice) == cudaSuccess);
+      const int G = groups.groups();
+      std::vector<uint8_t> dwte_bytes[2], dwpe_bytes[2];
+      for (const GradWrite write : {GradWrite::kAdd, GradWrite::kOverwrite}) {
+        const int w = write == GradWrite::kOverwrite;
+        Buffer d_dwte(dwte0.size(), ActType::kF32), d_dwpe(size_t(maxT) * E, ActType::kF32);
+        d_dwte.Upload(&dwte0);  // always added into
+        if (write == GradWrite::kAdd) {
+          std::vector<float> zeros(size_t(maxT) * E, 0.0f);
+          d_dwpe.Upload(&zeros);
+        }
+        CUDA_REQUIRE(EncoderBackward(act, d_dwte.f(), d_dwpe.f(), write, d_enc_dout.get(), d_ints,
+                                     d_ints + G, d_ints + 2 * G + 1, G, B, T, E, nullptr));
+        dwte_bytes[w] = d_dwte.Bytes();
+        dwpe_bytes[w] = d_dwpe.Bytes();
+      }
+      cudaFree(d_ints);
+      REQUIRE(dwte_bytes[1] == dwte_bytes[0]);
+      const size_t written = size_t(T) * E * sizeof(float);
+      REQUIRE(std::equal(dwpe_bytes[1].begin(), dwpe_bytes[1].begin() + written,
+                         dwpe_bytes[0].begin()));
+      REQUIRE(std::all_of(dwpe_bytes[1].begin() + written, dwpe_bytes[1].end(),
+                          [](uint8_t byte) { return byte == 0xff; }));
+
+#ifndef MUSTER_SIMT  // cuBLASLt: a GPU only
+      // A weight gradient by cuBLASLt: beta 0 against beta 1 over zeros.
+      auto gemm = MakeGemm(mode.math);
+      const int K = 96;
+      auto x = Random(size_t(N) * K, rng), dy = Random(size_t(N) * C, rng);
+      Buffer d_x(x.size(), act), d_dy(dy.size(), act);
+      d_x.Upload(&x);
+      d_dy.Upload(&dy);
+      std::vector<uint8_t> dweight_bytes[2];
+      for (const GradWrite write : {GradWrite::kAdd, GradWrite::kOverwrite}) {
+        Buffer d_dweight(size_t(C) * K, ActType::kF32);
+        if (write == GradWrite::kAdd) {
+          std::vector<float> zeros(size_t(C) * K, 0.0f);
+          d_dweight.Upload(&zeros);
+        }
+        CUDA_REQUIRE(
+            gemm->BackwardWeight(d_dweight.f(), write, d_dy.get(), d_x.get(), N, K, C, 0.75f));
+        dweight_bytes[write == GradWrite::kOverwrite] = d_dweight.Bytes();
+      }
+      REQUIRE(dweight_bytes[1] == dweight_bytes[0]);
+#endif
     }
   }
 }
@@ -951,8 +1084,8 @@ TEST_CASE("encoder forward and token-grouped backward match fp64", "[encoder]") 
         }
       }
       RequireClose(out.Download(), out_ref, mode.tolerance, "embeddings");
-      CUDA_REQUIRE(EncoderBackward(act, d_dwte.f(), d_dwpe.f(), d_dout.get(), d_ints, d_ints + G,
-                                   d_ints + 2 * G + 1, G, B, T, C, nullptr));
+      CUDA_REQUIRE(EncoderBackward(act, d_dwte.f(), d_dwpe.f(), GradWrite::kAdd, d_dout.get(),
+                                   d_ints, d_ints + G, d_ints + 2 * G + 1, G, B, T, C, nullptr));
       RequireClose(d_dwte.Download(), dwte_ref, 1e-6, "dwte (accumulated)");
       RequireClose(d_dwpe.Download(), dwpe_ref, 1e-6, "dwpe (accumulated)");
       cudaFree(d_ints);
@@ -1138,14 +1271,16 @@ TEST_CASE("every kernel gives the same bits on every run", "[determinism]") {
     CUDA_REQUIRE(cudaMemset(db.get(), 0, C * 4));
     CUDA_REQUIRE(LayerNormForward(act, ln.get(), mean.f(), rstd.f(), nullptr, out.get(), nullptr,
                                   d_w.f(), d_w.f(), BT, C, nullptr));
-    CUDA_REQUIRE(LayerNormBackward(act, dinp.get(), dw.f(), db.f(), d_dout.get(), out.get(),
-                                   d_w.f(), mean.f(), rstd.f(), BT, C, scratch.f(), nullptr));
+    CUDA_REQUIRE(LayerNormBackward(act, dinp.get(), dw.f(), db.f(), GradWrite::kAdd, d_dout.get(),
+                                   out.get(), d_w.f(), mean.f(), rstd.f(), BT, C, scratch.f(),
+                                   nullptr));
     results.push_back(dinp.Bytes());
     results.push_back(dw.Bytes());
     Buffer bias_grad(3 * C, ActType::kF32),
         bias_scratch(Gemm::BiasGradScratchFloats(BT, 3 * C), ActType::kF32);
     CUDA_REQUIRE(cudaMemset(bias_grad.get(), 0, 3 * C * 4));
-    CUDA_REQUIRE(gemm->BackwardBias(bias_grad.f(), dqkv.get(), BT, 3 * C, bias_scratch.f()));
+    CUDA_REQUIRE(gemm->BackwardBias(bias_grad.f(), GradWrite::kAdd, dqkv.get(), BT, 3 * C,
+                                    bias_scratch.f()));
     results.push_back(bias_grad.Bytes());
     Buffer d_logits(logits.size(), act), losses(BT, ActType::kF32);
     std::vector<float> copy = logits;

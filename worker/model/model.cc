@@ -140,6 +140,7 @@ void GptModel::CopyParamsFromHost(const std::vector<float>& host) {
 }
 
 std::vector<float> GptModel::CopyGradsToHost() const {
+  SettleGrads();
   std::vector<float> host(layout::TotalFloats(stages_));
   size_t offset = 0;
   for (const Stage& stage : stages_) {
@@ -165,6 +166,7 @@ void GptModel::CopyParamsRangeFromHost(size_t first, size_t count, const float* 
 }
 
 double GptModel::GradSumOfSquares() {
+  SettleGrads();
   double sum_of_squares = 0.0;  // stages in order: deterministic
   for (const Stage& stage : stages_) {
     if (stage.grads != nullptr) sum_of_squares += ops_->SumOfSquares(stage.grads, stage.size);

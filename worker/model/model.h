@@ -276,8 +276,16 @@ class GptModel {
   // Replaces the hooks (empty ones are skipped).
   void SetStageHooks(StageHooks hooks) { hooks_ = std::move(hooks); }
 
-  // Zeroes every bound gradient buffer.
+  // Zeroes every bound gradient buffer. (The CUDA engine with kOwned
+  // storage only marks them zero: its next Backward writes over them, and
+  // SettleGrads clears them for any other reader first.)
   virtual void ZeroGrad() = 0;
+  // Makes the gradient buffers hold what the model says they hold, for a
+  // reader other than the model's own passes (GradSumOfSquares and
+  // CopyGradsToHost call it): clears gradients ZeroGrad only marked zero.
+  // A strategy or optimizer that reads Stage::grads directly does so after
+  // a Backward, which leaves them settled.
+  virtual void SettleGrads() const {}
 
   // Sum of squares of every bound gradient, in double, in a fixed order.
   virtual double GradSumOfSquares();

@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -291,6 +293,52 @@ TEST_CASE("with CUDA graphs, training gives the eager run's bits", "[cuda][graph
 TEST_CASE("with CUDA graphs and cuDNN's attention, training gives the eager run's bits",
           "[cuda][graph][cudnn]") {
   CheckTrainingRepeats(SmallConfig(), Precision::kBf16, Attention::kCudnn, true);
+}
+
+// After ZeroGrad the engine's Backward writes over the stale gradients
+// (model.h, ZeroGrad): the gradients must equal those of a model whose
+// gradients were cleared first (CopyGradsToHost settles them, so its
+// Backward adds into zeros), step after step: with T changing (wpe's rows
+// past a shorter T must read zero, not an earlier step's gradient), with
+// two micro-steps in a step (the second adds), eager and replayed.
+TEST_CASE("gradients written over after ZeroGrad equal gradients added into zeros",
+          "[cuda][graph]") {
+  const ModelConfig config = SmallConfig();
+  // (T, micro-steps) of each step; T = 24 recurs so that its graphs replay.
+  const std::pair<int, int> steps[] = {{48, 1}, {40, 1}, {24, 2}, {48, 1}, {24, 1},
+                                       {24, 1}, {24, 1}, {40, 2}, {24, 2}};
+  for (const Bounds& bounds : kBounds) {
+    for (const bool graphs : {false, true}) {
+      SECTION(std::string(PrecisionName(bounds.precision)) + (graphs ? ", graphs" : ", eager")) {
+        auto over = Make(config, 4, Device::kCuda, bounds.precision);
+        auto added = Make(config, 4, Device::kCuda, bounds.precision);
+        if (graphs) {
+          REQUIRE(over->EnableCudaGraphs().ok());
+          REQUIRE(added->EnableCudaGraphs().ok());
+        }
+        unsigned seed = 300;
+        for (size_t step = 0; step < std::size(steps); ++step) {
+          const auto [T, micro] = steps[step];
+          over->ZeroGrad();
+          added->ZeroGrad();
+          (void)added->CopyGradsToHost();  // clears them
+          for (int m = 0; m < micro; ++m) {
+            const Batch batch = RandomBatch(config, 4, T, seed++);
+            for (GptModel* model : {over.get(), added.get()}) {
+              model->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T);
+              model->Backward(1.0f / micro);
+            }
+          }
+          const std::vector<float> want = added->CopyGradsToHost(), got = over->CopyGradsToHost();
+          INFO("step " << step << ", T=" << T << ", micro-steps " << micro);
+          REQUIRE(got == want);  // as floats: a zero's sign may differ
+        }
+        REQUIRE(over->DeviceStatus().ok());
+        REQUIRE(added->DeviceStatus().ok());
+        if (graphs) REQUIRE(over->graph_replays() > 0);
+      }
+    }
+  }
 }
 
 // Steps as Train's, with DDP's pattern of hooks: none in the forward, and
