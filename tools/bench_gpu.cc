@@ -12,7 +12,11 @@
 // default, as the worker's train.cuda_graphs; or both: a row each)
 // replays the worker's passes as CUDA graphs
 // (GptModel::EnableCudaGraphs), rows "... + graph", whose line also
-// counts the passes replayed. Then the same model trained
+// counts the passes replayed. --zero-grad clear (or both) clears the
+// gradients at each step's ZeroGrad (GptModel::SettleGrads), as the engine
+// did before its Backward wrote over them (rows "... + cleared grads"; with
+// both, a line after the pair says whether their last losses have the same
+// bits, which they should). Then the same model trained
 // by PyTorch on the same GPU (tools/bench_gpu_torch.py: eager bf16,
 // torch.compile bf16, TF32, FP32), and a table of both. Without CUDA (a
 // build without --config=cuda, or no GPU) it prints why and exits 1.
@@ -20,7 +24,7 @@
 //   bazel build -c opt --config=cuda //tools:bench_gpu
 //   bazel-bin/tools/bench_gpu [--precisions fp32,tf32,bf16] [--batch 8]
 //       [--seq 1024] [--batches 8,16,32] [--attention auto,muster,gemm,cudnn]
-//       [--cuda-graph on|off|both] [--no-torch]
+//       [--cuda-graph on|off|both] [--zero-grad mark|clear|both] [--no-torch]
 //
 // cuDNN's attention needs libcudnn.so.9 where the dynamic loader finds it
 // (LD_LIBRARY_PATH or the system's paths); it is loaded only when asked for.
@@ -35,8 +39,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -77,6 +83,7 @@ struct GpuResult {
   std::string attention;   // GptModel::DescribeAttention after the steps
   long graph_replays = 0;  // passes replayed from CUDA graphs (with --cuda-graph)
   double ms_per_step = 0;  // median over the timed steps
+  uint32_t last_loss_bits = 0;
   double min_ms = 0, max_ms = 0;
   double tokens_per_s = 0;
   double mfu = 0;        // 0 when the GPU's peak is unknown
@@ -97,7 +104,8 @@ ModelConfig Gpt2(int T) {
 }
 
 absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, Attention attention,
-                                bool graphs, int B, int T, int warmup, int steps, double peak) {
+                                bool graphs, bool clear_grads, int B, int T, int warmup, int steps,
+                                double peak) {
   GpuResult result;
   result.batch = B;
   size_t peak_bytes = 0;
@@ -143,6 +151,7 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
     const double norm = std::sqrt(model->GradSumOfSquares());
     adamw.Step(static_cast<float>(optim.lr), s + 1, kernels::ClipScale(norm, 1.0f));
     model->ZeroGrad();
+    if (clear_grads) model->SettleGrads();
     float probe = 0;
     model->ops().ToHost(&probe, model->stages().front().params, sizeof(float));
     if (absl::Status status = model->DeviceStatus(); !status.ok()) return status;
@@ -167,6 +176,7 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
     if (!loss.ok()) return loss.status();
     if (warmup == 0 && s == 0) result.first_loss = *loss;
     result.last_loss = *loss;
+    std::memcpy(&result.last_loss_bits, &*loss, sizeof(float));
   }
   sample_memory();
 
@@ -202,13 +212,16 @@ void PrintError(const std::string& name, int B, int T, const absl::Status& statu
 
 // A row's system: "muster bf16" with muster's attention, "muster bf16
 // (cudnn attention)" with cuDNN's, "muster bf16 (auto attention)" with the
-// worker's default; " + graph" with CUDA graphs.
-std::string SystemName(absl::string_view precision, Attention attention, bool graphs = false) {
+// worker's default; " + graph" with CUDA graphs; " + cleared grads" with
+// --zero-grad clear.
+std::string SystemName(absl::string_view precision, Attention attention, bool graphs = false,
+                       bool clear_grads = false) {
   std::string name =
       attention == Attention::kMuster
           ? absl::StrCat("muster ", precision)
           : absl::StrCat("muster ", precision, " (", AttentionName(attention), " attention)");
   if (graphs) absl::StrAppend(&name, " + graph");
+  if (clear_grads) absl::StrAppend(&name, " + cleared grads");
   return name;
 }
 
@@ -438,10 +451,19 @@ std::vector<int> ParseInts(const std::string& list, bool* ok) {
   return values;
 }
 
+// A two-way option's rows: {false} for `off`, {true} for `on`, both for
+// "both" (off first); none for anything else.
+std::vector<bool> Modes(const std::string& value, const char* off, const char* on) {
+  std::vector<bool> modes;
+  if (value == off || value == "both") modes.push_back(false);
+  if (value == on || value == "both") modes.push_back(true);
+  return modes;
+}
+
 int Main(int argc, char** argv) {
   std::string precisions = "fp32,tf32,bf16", batches, torch_modes, python = "python3";
   // The worker's defaults: attention auto, train.cuda_graphs on.
-  std::string attention_list = "auto", graph_mode = "on";
+  std::string attention_list = "auto", graph_mode = "on", zero_grad = "mark";
   int B = 8, T = 1024, warmup = 3, steps = 20, torch_timeout = 600;
   bool no_torch = false;
   CLI::App app("bench_gpu: GPT-2 124M training throughput of the CUDA worker (and PyTorch's)");
@@ -463,6 +485,11 @@ int Main(int argc, char** argv) {
                  "off, on or both: the worker's passes replayed as CUDA graphs "
                  "(GptModel::EnableCudaGraphs; captured in the second warm-up step, so "
                  "--warmup 2 or more); both: a row each")
+      ->capture_default_str();
+  app.add_option("--zero-grad", zero_grad,
+                 "mark, clear or both: ZeroGrad only marks the gradients zero (the worker's "
+                 "way: the next Backward writes over them), or also clears them (the engine's "
+                 "way before); both: a row each")
       ->capture_default_str();
   app.add_flag("--no-torch", no_torch, "No PyTorch comparison");
   app.add_option("--torch-modes", torch_modes,
@@ -501,12 +528,16 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "bench_gpu: --attention wants auto, muster, gemm and/or cudnn\n");
     return 2;
   }
-  std::vector<bool> graph_modes;
-  if (graph_mode == "off" || graph_mode == "both") graph_modes.push_back(false);
-  if (graph_mode == "on" || graph_mode == "both") graph_modes.push_back(true);
+  const std::vector<bool> graph_modes = Modes(graph_mode, "off", "on");
   if (graph_modes.empty()) {
     std::fprintf(stderr, "bench_gpu: --cuda-graph wants off, on or both, got '%s'\n",
                  graph_mode.c_str());
+    return 2;
+  }
+  const std::vector<bool> clear_modes = Modes(zero_grad, "mark", "clear");
+  if (clear_modes.empty()) {
+    std::fprintf(stderr, "bench_gpu: --zero-grad wants mark, clear or both, got '%s'\n",
+                 zero_grad.c_str());
     return 2;
   }
 
@@ -538,10 +569,11 @@ int Main(int argc, char** argv) {
   // The ratio's base: muster bf16 at --batch, with muster's attention when
   // --attention has it, else with the first one it has.
   double base_ms = 0;
-  std::string base_system = SystemName("bf16", attentions.front(), graph_modes.front());
+  std::string base_system =
+      SystemName("bf16", attentions.front(), graph_modes.front(), clear_modes.front());
   for (Attention attention : attentions) {
     if (attention == Attention::kMuster) {
-      base_system = SystemName("bf16", attention, graph_modes.front());
+      base_system = SystemName("bf16", attention, graph_modes.front(), clear_modes.front());
     }
   }
 
@@ -550,35 +582,44 @@ int Main(int argc, char** argv) {
     absl::StatusOr<Precision> precision = ResolvePrecision(name, Device::kCuda);
     for (Attention attention : attentions) {
       for (const bool graphs : graph_modes) {
-        std::string system = SystemName(name, attention, graphs);
-        if (!precision.ok()) {
-          PrintError(system, B, T, precision.status());
-          table.push_back({system});
-          continue;
+        std::optional<uint32_t> marked_loss_bits;  // of this pair's mark row
+        for (const bool clear_grads : clear_modes) {
+          std::string system = SystemName(name, attention, graphs, clear_grads);
+          if (!precision.ok()) {
+            PrintError(system, B, T, precision.status());
+            table.push_back({system});
+            continue;
+          }
+          system = SystemName(PrecisionName(*precision), attention, graphs, clear_grads);
+          if (attention == Attention::kCudnn && *precision != Precision::kBf16) {
+            std::printf("%-16s skipped: cuDNN's attention runs in bf16 only\n", system.c_str());
+            std::fflush(stdout);
+            continue;
+          }
+          // auto as the worker resolves it: kAuto in bf16 (the CUDA model
+          // picks), muster's own in fp32 and tf32.
+          const Attention runs = attention == Attention::kAuto
+                                     ? ResolveAttention("auto", Device::kCuda, *precision).value()
+                                     : attention;
+          absl::StatusOr<GpuResult> result = Bench(config, *precision, runs, graphs, clear_grads, B,
+                                                   T, warmup, steps, peak_for(*precision));
+          if (!result.ok()) {
+            PrintError(system, B, T, result.status());
+            table.push_back({system});
+            continue;
+          }
+          PrintRow(system, T, *result);
+          PrintAttention(attention, *result, graphs);
+          if (!clear_grads) marked_loss_bits = result->last_loss_bits;
+          if (clear_grads && marked_loss_bits.has_value()) {
+            std::printf("  cleared against marked gradients: last losses %s\n",
+                        *marked_loss_bits == result->last_loss_bits ? "bitwise equal" : "DIFFER");
+            std::fflush(stdout);
+          }
+          table.push_back(
+              {system, result->ms_per_step, result->tokens_per_s, result->peak_gb, result->mfu});
+          if (system == base_system && base_ms == 0) base_ms = result->ms_per_step;
         }
-        system = SystemName(PrecisionName(*precision), attention, graphs);
-        if (attention == Attention::kCudnn && *precision != Precision::kBf16) {
-          std::printf("%-16s skipped: cuDNN's attention runs in bf16 only\n", system.c_str());
-          std::fflush(stdout);
-          continue;
-        }
-        // auto as the worker resolves it: kAuto in bf16 (the CUDA model
-        // picks), muster's own in fp32 and tf32.
-        const Attention runs = attention == Attention::kAuto
-                                   ? ResolveAttention("auto", Device::kCuda, *precision).value()
-                                   : attention;
-        absl::StatusOr<GpuResult> result =
-            Bench(config, *precision, runs, graphs, B, T, warmup, steps, peak_for(*precision));
-        if (!result.ok()) {
-          PrintError(system, B, T, result.status());
-          table.push_back({system});
-          continue;
-        }
-        PrintRow(system, T, *result);
-        PrintAttention(attention, *result, graphs);
-        table.push_back(
-            {system, result->ms_per_step, result->tokens_per_s, result->peak_gb, result->mfu});
-        if (system == base_system && base_ms == 0) base_ms = result->ms_per_step;
       }
     }
   }
@@ -591,8 +632,8 @@ int Main(int argc, char** argv) {
       int best_batch = 0;
       for (int batch : sweep) {
         absl::StatusOr<GpuResult> result =
-            Bench(config, Precision::kBf16, attention, graph_modes.back(), batch, T, warmup, steps,
-                  peak_for(Precision::kBf16));
+            Bench(config, Precision::kBf16, attention, graph_modes.back(), false, batch, T, warmup,
+                  steps, peak_for(Precision::kBf16));
         if (!result.ok()) {
           PrintError(system, batch, T, result.status());
           continue;
