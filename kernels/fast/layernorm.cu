@@ -335,8 +335,8 @@ int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, Gra
   });
   if (status != 0) return status;
   // partials (blocks, 2C): [dweight | dbias], both sums in one job.
-  const ColumnSumsJob job{dweight, dbias, C,    scratch, static_cast<int>(blocks),
-                          2 * C,   2 * C, write};
+  const int rows = static_cast<int>(blocks);
+  const ColumnSumsJob job{dweight, dbias, C, scratch, rows, 2 * C, 2 * C, write};
   return defer != nullptr ? defer->Add(job, stream) : AddColumnSums(&job, 1, stream);
 }
 

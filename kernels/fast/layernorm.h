@@ -21,8 +21,8 @@ int LayerNormForward(ActType act, void* out, float* mean, float* rstd, void* res
 
 // dinp (N, C) act += the input gradient from dout (N, C) act; dweight,
 // dbias (C) fp32 += the parameter gradients (= with kOverwrite), summed
-// over rows in a fixed order. inp is the forward's input (the residual). scratch:
-// LayerNormBackwardScratchFloats(N, C) floats. With `defer`, the
+// over rows in a fixed order. inp is the forward's input (the residual).
+// scratch: LayerNormBackwardScratchFloats(N, C) floats. With `defer`, the
 // parameter gradients' second pass joins that batch (kernels/fast/gemm.h)
 // instead of running now, and scratch must stay untouched until it runs.
 int LayerNormBackward(ActType act, void* dinp, float* dweight, float* dbias, GradWrite write,
