@@ -292,7 +292,8 @@ SharedMemory DeviceSharedMemory() {
 }
 
 // Whether two staged blocks of a row of `row_bytes` fit in an SM: the row,
-// the block's static shared memory and the 1 KB the GPU keeps per block.
+// plus 2 KB a block for its static shared memory (144 bytes) and the 1 KB
+// the GPU keeps per block.
 bool StagedFits(size_t row_bytes) {
   constexpr size_t kPerBlockExtra = 2 * 1024;
   const SharedMemory shared = DeviceSharedMemory();

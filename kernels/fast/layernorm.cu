@@ -178,9 +178,8 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 2)  // two blocks an SM: 
     BackwardKernel(T* dinp, float* partials, const T* dout, const T* inp, const float* weight,
                    const float* mean, const float* rstd, int N, int C) {
   constexpr int P = Pack<T>::kSize;
-  constexpr int kHeld = kPacks > 0 ? kPacks : 1;  // held packs' array size
-  constexpr bool kInRegisters = kRegisterSums<kPacks>;
-  constexpr int kSummed = kInRegisters ? kPacks : 1;  // register sums' array size
+  constexpr int kHeld = kPacks > 0 ? kPacks : 1;               // held packs' array size
+  constexpr int kSummed = kRegisterSums<kPacks> ? kPacks : 1;  // register sums' array size
 #ifdef MUSTER_SIMT
   float* shared = reinterpret_cast<float*>(simt::DynamicShared());
 #else
@@ -189,9 +188,9 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 2)  // two blocks an SM: 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* dweight_acc = shared + static_cast<size_t>(warp) * 2 * C;
   float* dbias_acc = dweight_acc + C;
-  // This lane's running sums for its pack k, element i (kInRegisters).
+  // This lane's running sums for its pack k, element i (kRegisterSums).
   float dweight_sum[kSummed][P], dbias_sum[kSummed][P];
-  if constexpr (kInRegisters) {
+  if constexpr (kRegisterSums<kPacks>) {
 #pragma unroll
     for (int k = 0; k < kSummed; ++k) {
 #pragma unroll
@@ -229,7 +228,7 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 2)  // two blocks an SM: 
         const float dnorm = dy * weight[c + i];
         dnorm_sum += dnorm;
         dnorm_xhat_sum += dnorm * xhat;
-        if constexpr (kInRegisters) {
+        if constexpr (kRegisterSums<kPacks>) {
           dweight_sum[k][i] += dy * xhat;
           dbias_sum[k][i] += dy;
         } else {
@@ -254,7 +253,7 @@ __global__ void __launch_bounds__(32 * kBackwardWarps, 2)  // two blocks an SM: 
       StorePack(dinp + base + c, d);
     });
   }
-  if constexpr (kInRegisters) {
+  if constexpr (kRegisterSums<kPacks>) {
     // Into the slots the shared-memory sums use: every channel of the row
     // is one lane's, so every slot of this warp's is written.
     ForEachRowPack<P, kPacks>(lane, C, [&](int k, int c) {

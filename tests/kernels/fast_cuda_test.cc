@@ -850,6 +850,36 @@ TEST_CASE("column sums deferred to one launch give each sum's bits of its own la
   }
 }
 
+// A batch's tokens on the device: grouped as EncoderBackward reads them
+// (GroupByToken's arrays), then the tokens as EncoderForward reads them.
+class DeviceTokens {
+ public:
+  explicit DeviceTokens(const std::vector<int>& tokens) {
+    const EncoderGroups groups = GroupByToken(tokens.data(), static_cast<int>(tokens.size()));
+    groups_ = groups.groups();
+    std::vector<int> packed = groups.tokens;
+    packed.insert(packed.end(), groups.starts.begin(), groups.starts.end());
+    packed.insert(packed.end(), groups.positions.begin(), groups.positions.end());
+    packed.insert(packed.end(), tokens.begin(), tokens.end());
+    REQUIRE(cudaMalloc(&ints_, packed.size() * sizeof(int)) == cudaSuccess);
+    REQUIRE(cudaMemcpy(ints_, packed.data(), packed.size() * sizeof(int), cudaMemcpyHostToDevice) ==
+            cudaSuccess);
+    tokens_ = ints_ + 2 * groups_ + 1 + tokens.size();
+  }
+  ~DeviceTokens() { cudaFree(ints_); }
+  DeviceTokens(const DeviceTokens&) = delete;
+  int groups() const { return groups_; }
+  const int* group_tokens() const { return ints_; }
+  const int* group_starts() const { return ints_ + groups_; }
+  const int* positions() const { return ints_ + 2 * groups_ + 1; }
+  const int* tokens() const { return tokens_; }
+
+ private:
+  int* ints_ = nullptr;
+  int groups_ = 0;
+  const int* tokens_ = nullptr;
+};
+
 TEST_CASE("a gradient written over gives the bits of one added into zeros",
           "[bias][layernorm][encoder][gemm]") {
   // The model's first Backward since ZeroGrad writes its gradients over
@@ -925,15 +955,7 @@ TEST_CASE("a gradient written over gives the bits of one added into zeros",
       auto enc_dout = Random(size_t(B) * T * E, rng), dwte0 = Random(size_t(Vp) * E, rng);
       Buffer d_enc_dout(enc_dout.size(), act);
       d_enc_dout.Upload(&enc_dout);
-      const EncoderGroups groups = GroupByToken(tokens.data(), B * T);
-      std::vector<int> packed = groups.tokens;
-      packed.insert(packed.end(), groups.starts.begin(), groups.starts.end());
-      packed.insert(packed.end(), groups.positions.begin(), groups.positions.end());
-      int* d_ints = nullptr;
-      REQUIRE(cudaMalloc(&d_ints, packed.size() * sizeof(int)) == cudaSuccess);
-      REQUIRE(cudaMemcpy(d_ints, packed.data(), packed.size() * sizeof(int),
-                         cudaMemcpyHostToDevice) == cudaSuccess);
-      const int G = groups.groups();
+      const DeviceTokens d_tokens(tokens);
       std::vector<uint8_t> dwte_bytes[2], dwpe_bytes[2];
       for (const GradWrite write : {GradWrite::kAdd, GradWrite::kOverwrite}) {
         const int w = write == GradWrite::kOverwrite;
@@ -943,12 +965,12 @@ TEST_CASE("a gradient written over gives the bits of one added into zeros",
           std::vector<float> zeros(size_t(maxT) * E, 0.0f);
           d_dwpe.Upload(&zeros);
         }
-        CUDA_REQUIRE(EncoderBackward(act, d_dwte.f(), d_dwpe.f(), write, d_enc_dout.get(), d_ints,
-                                     d_ints + G, d_ints + 2 * G + 1, G, B, T, E, nullptr));
+        CUDA_REQUIRE(EncoderBackward(act, d_dwte.f(), d_dwpe.f(), write, d_enc_dout.get(),
+                                     d_tokens.group_tokens(), d_tokens.group_starts(),
+                                     d_tokens.positions(), d_tokens.groups(), B, T, E, nullptr));
         dwte_bytes[w] = d_dwte.Bytes();
         dwpe_bytes[w] = d_dwpe.Bytes();
       }
-      cudaFree(d_ints);
       REQUIRE(dwte_bytes[1] == dwte_bytes[0]);
       const size_t written = size_t(T) * E * sizeof(float);
       REQUIRE(std::equal(dwpe_bytes[1].begin(), dwpe_bytes[1].begin() + written,
@@ -1061,19 +1083,9 @@ TEST_CASE("encoder forward and token-grouped backward match fp64", "[encoder]") 
       d_dout.Upload(&dout);
       d_dwte.Upload(&dwte0);
       d_dwpe.Upload(&dwpe0);
-      const EncoderGroups groups = GroupByToken(tokens.data(), B * T);
-      std::vector<int> packed = groups.tokens;
-      packed.insert(packed.end(), groups.starts.begin(), groups.starts.end());
-      packed.insert(packed.end(), groups.positions.begin(), groups.positions.end());
-      packed.insert(packed.end(), tokens.begin(), tokens.end());
-      int* d_ints = nullptr;
-      REQUIRE(cudaMalloc(&d_ints, packed.size() * sizeof(int)) == cudaSuccess);
-      REQUIRE(cudaMemcpy(d_ints, packed.data(), packed.size() * sizeof(int),
-                         cudaMemcpyHostToDevice) == cudaSuccess);
-      const int G = groups.groups();
-      const int* d_tokens = d_ints + 2 * G + 1 + B * T;
-      CUDA_REQUIRE(
-          EncoderForward(act, out.get(), d_tokens, d_wte.f(), d_wpe.f(), B, T, C, nullptr));
+      const DeviceTokens d_tokens(tokens);
+      CUDA_REQUIRE(EncoderForward(act, out.get(), d_tokens.tokens(), d_wte.f(), d_wpe.f(), B, T, C,
+                                  nullptr));
       std::vector<double> out_ref(B * T * C), dwte_ref(dwte0.begin(), dwte0.end()),
           dwpe_ref(dwpe0.begin(), dwpe0.end());
       for (int r = 0; r < B * T; ++r) {
@@ -1085,10 +1097,10 @@ TEST_CASE("encoder forward and token-grouped backward match fp64", "[encoder]") 
       }
       RequireClose(out.Download(), out_ref, mode.tolerance, "embeddings");
       CUDA_REQUIRE(EncoderBackward(act, d_dwte.f(), d_dwpe.f(), GradWrite::kAdd, d_dout.get(),
-                                   d_ints, d_ints + G, d_ints + 2 * G + 1, G, B, T, C, nullptr));
+                                   d_tokens.group_tokens(), d_tokens.group_starts(),
+                                   d_tokens.positions(), d_tokens.groups(), B, T, C, nullptr));
       RequireClose(d_dwte.Download(), dwte_ref, 1e-6, "dwte (accumulated)");
       RequireClose(d_dwpe.Download(), dwpe_ref, 1e-6, "dwpe (accumulated)");
-      cudaFree(d_ints);
     }
   }
 }

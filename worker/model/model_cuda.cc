@@ -286,6 +286,16 @@ class CudaModel final : public GptModel {
     stream_ = graphs_ && !hooks && storage_ == ParamStorage::kOwned ? own_stream_ : nullptr;
     gemm_->set_stream(stream_);
   }
+  // Zeroes `bytes` at `ptr` in this call's order: ops_'s memset on the
+  // default stream, or an asynchronous one (which a graph captures) on the
+  // model's own.
+  void ZeroOnStream(const char* what, void* ptr, size_t bytes) {
+    if (stream_ == nullptr) {
+      ops_->Zero(ptr, bytes);
+      return;
+    }
+    Check(what, static_cast<int>(cudaMemsetAsync(ptr, 0, bytes, stream_)));
+  }
   cudaEvent_t joined_ = nullptr, left_ = nullptr;
   void JoinDefaultStream() {
     if (stream_ == nullptr) return;
@@ -710,14 +720,8 @@ void CudaModel::Backward(float loss_scale) {
   if (write == fast::GradWrite::kOverwrite && T < config_.seq_len) {
     // The encoder writes wpe's rows [0, T) only; the rest would keep an
     // earlier step's gradient.
-    const size_t tail_bytes = static_cast<size_t>(config_.seq_len - T) * C * sizeof(float);
-    float* const tail = dwpe + static_cast<size_t>(T) * C;
-    if (stream_ == nullptr) {
-      ops_->Zero(tail, tail_bytes);
-    } else {
-      Check("zero wpe's unused rows",
-            static_cast<int>(cudaMemsetAsync(tail, 0, tail_bytes, stream_)));
-    }
+    ZeroOnStream("zero wpe's unused rows", dwpe + static_cast<size_t>(T) * C,
+                 static_cast<size_t>(config_.seq_len - T) * C * sizeof(float));
   }
   const int* group_tokens = groups_;
   const int* group_starts = groups_ + group_count_;
@@ -744,13 +748,7 @@ void CudaModel::EnqueueBackward(float loss_scale, fast::GradWrite write) {
   // so wte's padded rows get none) and the encoder's share last.
   Check("lm head dW",
         gemm_->BackwardWeight(Grad(0, layout::kWte), write, logits_, lnf_, BT, C, Vp, loss_scale));
-  const size_t dresidual_bytes = static_cast<size_t>(BT) * C * act_bytes_;
-  if (stream_ == nullptr) {
-    ops_->Zero(dresidual_, dresidual_bytes);
-  } else {
-    Check("zero dresidual",
-          static_cast<int>(cudaMemsetAsync(dresidual_, 0, dresidual_bytes, stream_)));
-  }
+  ZeroOnStream("zero dresidual", dresidual_, static_cast<size_t>(BT) * C * act_bytes_);
   const void* last_residual = layers_.back().residual3;
   Check("layernorm f backward",
         fast::LayerNormBackward(act_, dresidual_, Grad(head, layout::kLnfw),
