@@ -472,11 +472,16 @@ std::vector<int> ParseInts(const std::string& list, bool* ok) {
 }
 
 // A two-way option's rows: {false} for `off`, {true} for `on`, both for
-// "both" (off first); none for anything else.
-std::vector<bool> Modes(const std::string& value, const char* off, const char* on) {
+// "both" (off first); for anything else none, and a message naming `flag`.
+std::vector<bool> Modes(const char* flag, const std::string& value, const char* off,
+                        const char* on) {
   std::vector<bool> modes;
   if (value == off || value == "both") modes.push_back(false);
   if (value == on || value == "both") modes.push_back(true);
+  if (modes.empty()) {
+    std::fprintf(stderr, "bench_gpu: %s wants %s, %s or both, got '%s'\n", flag, off, on,
+                 value.c_str());
+  }
   return modes;
 }
 
@@ -554,24 +559,10 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "bench_gpu: --attention wants auto, muster, gemm and/or cudnn\n");
     return 2;
   }
-  const std::vector<bool> graph_modes = Modes(graph_mode, "off", "on");
-  if (graph_modes.empty()) {
-    std::fprintf(stderr, "bench_gpu: --cuda-graph wants off, on or both, got '%s'\n",
-                 graph_mode.c_str());
-    return 2;
-  }
-  const std::vector<bool> clear_modes = Modes(zero_grad, "mark", "clear");
-  if (clear_modes.empty()) {
-    std::fprintf(stderr, "bench_gpu: --zero-grad wants mark, clear or both, got '%s'\n",
-                 zero_grad.c_str());
-    return 2;
-  }
-  const std::vector<bool> overlap_modes = Modes(update_overlap, "off", "on");
-  if (overlap_modes.empty()) {
-    std::fprintf(stderr, "bench_gpu: --update-overlap wants off, on or both, got '%s'\n",
-                 update_overlap.c_str());
-    return 2;
-  }
+  const std::vector<bool> graph_modes = Modes("--cuda-graph", graph_mode, "off", "on");
+  const std::vector<bool> clear_modes = Modes("--zero-grad", zero_grad, "mark", "clear");
+  const std::vector<bool> overlap_modes = Modes("--update-overlap", update_overlap, "off", "on");
+  if (graph_modes.empty() || clear_modes.empty() || overlap_modes.empty()) return 2;
   // Each graph mode's group of rows: every --zero-grad and --update-overlap
   // mode asked for, the first of each list first.
   auto variants_of = [&](bool graphs) {
