@@ -113,6 +113,10 @@ class Ops {
   virtual void* UpdateMark(int mark) { return nullptr; }
   virtual void TakeOverlappedUpdates() {}
   virtual void SettleUpdates() {}
+  // The updates' stream (a cudaStream_t; nullptr before the first
+  // BeginOverlappedUpdates, and on the CPU), for a test that holds the
+  // updates back to show that their readers wait for them.
+  virtual void* update_stream() const { return nullptr; }
   // out (n raw bf16 bits) = in rounded to nearest even, and back (exact):
   // a sharding strategy's bf16 copies of the parameters it gathers or
   // sends (kernels/bf16.h; the same bits on both back ends).

@@ -216,6 +216,7 @@ class CudaOps final : public Ops {
   }
   void TakeOverlappedUpdates() override { fence_ = false; }
   void SettleUpdates() override { Fence(); }
+  void* update_stream() const override { return update_stream_; }
   void CastToBf16(uint16_t* out, const float* in, size_t n) override {
     Check("bf16 cast", k::fast::CastToBf16(out, in, n, DefaultStream()));
   }

@@ -3,7 +3,10 @@
 // trajectory within each precision's bound; a step is bitwise repeatable;
 // running out of memory is a clear error. Needs a GPU: tagged manual, run
 // on the lent machine (docs/gpu.md).
+#include <cuda_runtime.h>
+
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -11,6 +14,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -174,9 +178,11 @@ TEST_CASE("logits without targets match the CPU model", "[cuda]") {
 
 // Steps of forward, backward, clip and AdamW; returns the losses. Batches
 // are B=4, T=40, or with `vary_shape` every third one B=2, T=48 (longer:
-// cuDNN's attention may need a larger workspace for it).
+// cuDNN's attention may need a larger workspace for it). `before_step`, if
+// given, runs before each AdamW step.
 std::vector<float> Train(GptModel* model, const ModelConfig& config, int steps,
-                         bool vary_shape = false) {
+                         bool vary_shape = false,
+                         const std::function<void()>& before_step = nullptr) {
   OptimConfig optim;
   optim.lr = 1e-3;
   optim.weight_decay = 0.1;
@@ -190,6 +196,7 @@ std::vector<float> Train(GptModel* model, const ModelConfig& config, int steps,
     losses.push_back(model->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T));
     model->Backward(1.0f);
     ClipGradNorm(model, 1.0f);
+    if (before_step) before_step();
     adamw.Step(1e-3f, step + 1);
     model->ZeroGrad();
   }
@@ -358,7 +365,11 @@ TEST_CASE("gradients written over after ZeroGrad equal gradients added into zero
 // on them, eager and with CUDA graphs (whose forward waits on the marks as
 // graph nodes), with the shape changing between steps. Then the host reads
 // the parameters straight after a Step (a checkpoint's copy), which must
-// wait for every update.
+// wait for every update. From the second step on, the update stream is
+// held for 20 ms before each Step's updates (a host function that sleeps,
+// ahead of them on that stream), so a forward or a copy that did not wait
+// for them would read the step before's parameters: the test does not
+// rest on the GPU happening to run the updates first.
 TEST_CASE("with overlapped updates, training gives the bits of updates in order", "[cuda][graph]") {
   const ModelConfig config = SmallConfig();
   for (const Bounds& bounds : kBounds) {
@@ -366,8 +377,19 @@ TEST_CASE("with overlapped updates, training gives the bits of updates in order"
       SECTION(std::string(PrecisionName(bounds.precision)) + (graphs ? ", graphs" : ", eager")) {
         auto [in_order, overlapped] = TwinModels(config, bounds.precision, graphs);
         REQUIRE(overlapped->EnableOverlappedUpdates().ok());
+        int held = 0;
+        auto hold_updates = [&overlapped, &held] {
+          void* stream = overlapped->ops().update_stream();
+          if (stream == nullptr) return;  // made by the first Step
+          REQUIRE(cudaLaunchHostFunc(
+                      static_cast<cudaStream_t>(stream),
+                      [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); },
+                      nullptr) == cudaSuccess);
+          ++held;
+        };
         const std::vector<float> want = Train(in_order.get(), config, 12, true);
-        const std::vector<float> got = Train(overlapped.get(), config, 12, true);
+        const std::vector<float> got = Train(overlapped.get(), config, 12, true, hold_updates);
+        CHECK(held == 11);
         for (size_t i = 0; i < want.size(); ++i) {
           INFO("step " << i);
           CHECK(got[i] == want[i]);
