@@ -122,11 +122,7 @@ class CudaModel final : public GptModel {
 
   ~CudaModel() override {
     if (own_stream_ != nullptr) cudaStreamSynchronize(own_stream_);
-    for (auto* graphs : {&forward_graphs_, &backward_graphs_}) {
-      for (auto& [key, graph] : *graphs) {
-        if (graph.exec != nullptr) cudaGraphExecDestroy(graph.exec);
-      }
-    }
+    DropGraphs();
     cudnn_.reset();
     gemm_.reset();
     for (void* block : allocations_) ops_->Free(block);
