@@ -435,13 +435,15 @@ int Main(int argc, char** argv, Env* env) {
   CLI::App app("worker: train a GPT-2 from a train.yaml (usually started by `launch`)");
   std::string config_path;
   bool print_config = false;
-  app.add_option("config", config_path, "train.yaml to train");
+  // The config as a positional or as --config, in both commands: docs and
+  // habits from other tools use either.
+  app.add_option("config,--config", config_path, "train.yaml to train");
   app.add_flag("--print-config", print_config, "Print the resolved config as yaml and exit");
 
   GenerateArgs gen;
   CLI::App* generate = app.add_subcommand(
       "generate", "Sample text from a checkpoint, or from the config's model trained first");
-  generate->add_option("--config", gen.config, "train.yaml")->required();
+  generate->add_option("config,--config", gen.config, "train.yaml")->required();
   generate->add_option("--prompt", gen.sample.prompt, "Text to continue");
   generate->add_option("--tokens", gen.sample.tokens, "Bytes to sample")->capture_default_str();
   generate->add_option("--temperature", gen.sample.temperature, "0: greedy")->capture_default_str();

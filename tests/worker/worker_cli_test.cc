@@ -185,6 +185,33 @@ TEST_CASE("--print-config prints yaml that loads back to the same config") {
   CHECK(WithoutComments(ConfigToYaml(*printed)) == WithoutComments(run.out));
 }
 
+TEST_CASE("the config may come as a positional argument or as --config, in both commands") {
+  std::string dir = FreshDir("config_flag");
+  std::string config = WriteTinyJob(dir, 5);
+  RunResult positional = RunWorker(dir, {"--print-config", config});
+  RunResult flag = RunWorker(dir, {"--print-config", "--config", config});
+  INFO(positional.err << flag.err);
+  REQUIRE(positional.exit_code == 0);
+  REQUIRE(flag.exit_code == 0);
+  CHECK(flag.out == positional.out);
+
+  const std::vector<std::string> sample = {"--prompt",       "ab", "--tokens", "4",
+                                           "--steps-before", "1"};
+  std::vector<std::string> with_flag = {"generate", "--config", config};
+  std::vector<std::string> bare = {"generate", config};
+  with_flag.insert(with_flag.end(), sample.begin(), sample.end());
+  bare.insert(bare.end(), sample.begin(), sample.end());
+  RunResult generated = RunWorker(dir, with_flag), again = RunWorker(dir, bare);
+  INFO(generated.err << again.err);
+  REQUIRE(generated.exit_code == 0);
+  REQUIRE(again.exit_code == 0);
+  CHECK(again.out == generated.out);
+
+  // Both forms at once is a usage error, not a silent pick.
+  RunResult both = RunWorker(dir, {"--print-config", "--config", config, config});
+  CHECK(both.exit_code == 2);
+}
+
 TEST_CASE("a 5-step run exits 0 and writes its metrics") {
   std::string dir = FreshDir("train");
   std::string config = WriteTinyJob(dir, 5);
