@@ -169,6 +169,7 @@ int Main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string dir, path, out, a, b;
   CLI::App* ls = app.add_subcommand("ls", "List the checkpoints in a directory");
+  ls->alias("list");  // rdzvctl's word for the same thing
   ls->add_option("dir", dir, "checkpoint.dir")->required();
   CLI::App* verify = app.add_subcommand("verify", "Check a checkpoint's manifest and checksums");
   verify->add_option("path", path, "a step_XXXXXXXX directory")->required();

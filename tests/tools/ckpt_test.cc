@@ -78,6 +78,9 @@ TEST_CASE("ckpt ls, verify, consolidate and diff") {
   CHECK(ls.exit_code == 0);
   CHECK(absl::StrContains(ls.out, "step_00000004"));
   CHECK(absl::StrContains(ls.out, "step_00000008"));
+  Result list = RunCkpt(dir, {"list", dir.File("ckpt")});  // the alias
+  CHECK(list.exit_code == 0);
+  CHECK(list.out == ls.out);
   Result missing = RunCkpt(dir, {"ls", dir.File("nowhere")});
   CHECK(missing.exit_code == 1);
   CHECK(absl::StrContains(missing.err, dir.File("nowhere")));
