@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
@@ -60,6 +61,60 @@ int VisibleGpuCount() {
   if (get_count == nullptr || get_count(&count) != 0) count = 0;
   dlclose(runtime);
   return count;
+}
+
+// Whether `host` names this machine: a loopback address, or one that a
+// socket here can bind (the kernel binds only its own addresses). As
+// torchrun's c10d backend decides which agent hosts the store.
+bool IsThisMachine(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || found == nullptr) return false;
+  bool local = false;
+  for (addrinfo* at = found; at != nullptr && !local; at = at->ai_next) {
+    if (at->ai_family != AF_INET && at->ai_family != AF_INET6) continue;
+    int fd = socket(at->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage address{};
+    std::memcpy(&address, at->ai_addr, at->ai_addrlen);
+    if (at->ai_family == AF_INET) {
+      reinterpret_cast<sockaddr_in*>(&address)->sin_port = 0;
+    } else {
+      reinterpret_cast<sockaddr_in6*>(&address)->sin6_port = 0;
+    }
+    local = bind(fd, reinterpret_cast<sockaddr*>(&address), at->ai_addrlen) == 0;
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return local;
+}
+
+// Whether a TCP listener could bind `port` on every interface now (gRPC
+// would log a failed bind at length; this asks the kernel quietly first).
+bool PortFree(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;  // let the server's own bind say
+  int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));  // as gRPC's listener sets it
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  close(fd);
+  return free;
+}
+
+// The port of a host[:port] or [v6][:port] endpoint; `fallback` if none.
+int PortOf(const std::string& endpoint, int fallback) {
+  const size_t close = endpoint.rfind(']');
+  const size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos || (close != std::string::npos && colon < close) ||
+      (close == std::string::npos && endpoint.find(':') != colon)) {
+    return fallback;  // no port, or a bare IPv6 address
+  }
+  int port = fallback;
+  return absl::SimpleAtoi(endpoint.substr(colon + 1), &port) ? port : fallback;
 }
 
 std::string Hostname() {
@@ -146,6 +201,45 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
     setup.server = *std::move(started);
     endpoint = absl::StrCat("127.0.0.1:", setup.server->port());
     if (setup.job_id == "none") setup.job_id = RandomRunId();
+  } else if (options.rdzv_backend == "c10d") {
+    // torchrun's c10d: the agent on the endpoint's machine hosts the
+    // rendezvous, here the muster service, and every agent, that one too,
+    // reaches it as a client. A second agent on that machine finds the
+    // port taken and is a client only. Port 0 (one node) picks a free one.
+    const int port = PortOf(endpoint, rdzv::kDefaultRendezvousPort);
+    const std::string host = HostOf(endpoint);
+    const bool hosts = conf.is_host.value_or(IsThisMachine(host));
+    if (port == 0 && !hosts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rdzv_endpoint ", endpoint,
+                       ": port 0 picks a free port, which only an agent on ", host, " can do"));
+    }
+    if (hosts) {
+      rdzv::ServerOptions server;
+      server.listen_address =
+          absl::StrCat(host.find(':') != std::string::npos ? "[::]" : "0.0.0.0", ":", port);
+      server.token_file = conf.token_file;
+      absl::StatusOr<std::unique_ptr<rdzv::Server>> started =
+          port == 0 || PortFree(port)
+              ? rdzv::Server::Start(server)
+              : absl::UnavailableError(absl::StrCat("port ", port, " is in use"));
+      if (started.ok()) {
+        setup.server = *std::move(started);
+        if (port == 0) {
+          endpoint = absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host,
+                                  ":", setup.server->port());
+        }
+        spdlog::info("c10d: this agent hosts the rendezvous on port {}", setup.server->port());
+      } else if (port == 0) {
+        return started.status();
+      } else {
+        spdlog::info(
+            "c10d: {}; joining the rendezvous there as a client (another agent on "
+            "this machine hosts it)",
+            std::string(started.status().message()));
+      }
+    }
+    if (setup.job_id == "none" && port == 0) setup.job_id = RandomRunId();
   } else if (options.rdzv_backend == "static") {
     endpoint = absl::StrCat(options.master_addr, ":", options.master_port);
     if (options.node_rank <= 0) {
@@ -155,7 +249,8 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
       absl::StatusOr<std::unique_ptr<rdzv::Server>> started = rdzv::Server::Start(server);
       if (!started.ok()) {
         return absl::UnavailableError(absl::StrCat(
-            "static rendezvous on port ", options.master_port, ": ", started.status().message()));
+            "static rendezvous on port ", options.master_port, ": ", started.status().message(),
+            " (another job on this machine? give it --master_port, or use --standalone)"));
       }
       setup.server = *std::move(started);
     }

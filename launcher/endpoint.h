@@ -1,6 +1,6 @@
 // Everything an agent needs before its first join: the rendezvous service
-// (an embedded one for --standalone and for node 0 of --rdzv_backend
-// static), a client with the right credentials, this node's identity, and
+// (an embedded one for --standalone, for node 0 of --rdzv_backend static,
+// and for the agent on the endpoint's machine with c10d), a client with the right credentials, this node's identity, and
 // where logs go.
 #pragma once
 

@@ -1,5 +1,6 @@
 #include "launcher/options.h"
 
+#include <algorithm>
 #include <csignal>
 #include <functional>
 
@@ -125,12 +126,22 @@ absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf) {
       conf->tls_key = value;
     } else if (key == "job_secret_file") {
       conf->job_secret_file = value;
+    } else if (key == "is_host") {
+      const std::string lower = absl::AsciiStrToLower(value);
+      if (lower == "1" || lower == "true") {
+        conf->is_host = true;
+      } else if (lower == "0" || lower == "false") {
+        conf->is_host = false;
+      } else {
+        status = absl::InvalidArgumentError(
+            absl::StrCat("--rdzv_conf is_host=", value, ": expected true, false, 1 or 0"));
+      }
     } else {
       status = absl::InvalidArgumentError(absl::StrCat(
           "--rdzv_conf: unknown key '", key,
           "'; known keys: join_timeout, last_call_timeout, close_timeout, lease_ttl, "
           "heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt, token_file, "
-          "tls_ca, tls_cert, tls_key, job_secret_file"));
+          "tls_ca, tls_cert, tls_key, job_secret_file, is_host"));
     }
     if (!status.ok()) return status;
   }
@@ -190,6 +201,45 @@ absl::StatusOr<int> ResolveNprocPerNode(const std::string& text, int gpu_count, 
   return count;
 }
 
+namespace {
+
+// host[:port] or [v6]:port into master_addr and master_port (the port
+// stays master_port's when the endpoint has none).
+absl::Status MasterFromEndpoint(const std::string& endpoint, LaunchOptions* options) {
+  std::string host = endpoint, port;
+  if (absl::StartsWith(endpoint, "[")) {
+    const size_t close = endpoint.find(']');
+    if (close == std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rdzv_endpoint ", endpoint, ": unterminated [ipv6] host"));
+    }
+    host = endpoint.substr(1, close - 1);
+    if (close + 1 < endpoint.size()) {
+      if (endpoint[close + 1] != ':') {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--rdzv_endpoint ", endpoint, ": junk after ']'"));
+      }
+      port = endpoint.substr(close + 2);
+    }
+  } else if (std::count(endpoint.begin(), endpoint.end(), ':') == 1) {
+    host = endpoint.substr(0, endpoint.find(':'));
+    port = endpoint.substr(endpoint.find(':') + 1);
+  }
+  int number = options->master_port;
+  if (!port.empty() && (!absl::SimpleAtoi(port, &number) || number < 1 || number > 65535)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rdzv_endpoint ", endpoint, ": port is not a number in 1..65535"));
+  }
+  if (host.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--rdzv_endpoint ", endpoint, ": empty host"));
+  }
+  options->master_addr = host;
+  options->master_port = number;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>& argv,
                                                  const std::map<std::string, std::string>& env) {
   LaunchOptions options;
@@ -222,7 +272,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   add_text("node_rank", "-1", "This node's rank (static backend)");
   add_text("master_addr", "127.0.0.1", "Address of node 0 (static backend)");
   add_text("master_port", "29500", "Port on node 0 (static backend)");
-  add_text("rdzv_backend", "grpc", "Rendezvous backend: grpc (ours) or static");
+  add_text("rdzv_backend", "",
+           "Rendezvous backend: grpc (the muster service at --rdzv_endpoint), c10d (that "
+           "service, hosted by the agent on the endpoint's machine) or static (node 0 hosts it "
+           "at --master_addr:--master_port); default grpc with --rdzv_endpoint, else static");
   add_text("rdzv_endpoint", "", "Rendezvous service, host[:port] (port 29400)");
   add_text("rdzv_id", "none", "Job id shared by every node of the job");
   add_text("rdzv_conf", "",
@@ -311,17 +364,38 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   options.log_dir = text["log_dir"];
   options.local_addr = text["local_addr"];
 
-  if (options.rdzv_backend != "grpc" && options.rdzv_backend != "static") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--rdzv_backend ", options.rdzv_backend,
-                     ": unknown backend; expected grpc (the muster rendezvous service) or static"));
+  // As torchrun: without a backend or an endpoint, node 0 hosts the
+  // rendezvous at --master_addr:--master_port (static). An endpoint alone
+  // names the muster service.
+  if (options.rdzv_backend.empty()) {
+    options.rdzv_backend = options.standalone || !options.rdzv_endpoint.empty() ? "grpc" : "static";
   }
-  if (options.rdzv_backend == "grpc" && !options.standalone && options.rdzv_endpoint.empty()) {
+  if (options.rdzv_backend != "grpc" && options.rdzv_backend != "c10d" &&
+      options.rdzv_backend != "static") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rdzv_backend ", options.rdzv_backend,
+        ": unknown backend; expected grpc (the muster rendezvous service), c10d or static"));
+  }
+  if (options.rdzv_backend != "static" && !options.standalone && options.rdzv_endpoint.empty()) {
     return absl::InvalidArgumentError(
-        "--rdzv_endpoint is required with --rdzv_backend grpc (or use --standalone)");
+        absl::StrCat("--rdzv_endpoint is required with --rdzv_backend ", options.rdzv_backend,
+                     " (or use --standalone)"));
+  }
+  if (options.rdzv_backend == "static" && !options.standalone && !options.rdzv_endpoint.empty()) {
+    // torchrun's static backend takes its master from the endpoint when
+    // one is given.
+    if (absl::Status status = MasterFromEndpoint(options.rdzv_endpoint, &options); !status.ok()) {
+      return status;
+    }
   }
   if (options.rdzv_backend == "static" && options.node_rank < 0 && options.max_nodes > 1) {
     return absl::InvalidArgumentError("--node_rank is required with --rdzv_backend static");
+  }
+  if (options.rdzv_backend == "c10d" && !options.standalone && options.max_nodes > 1 &&
+      absl::EndsWith(options.rdzv_endpoint, ":0")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rdzv_endpoint ", options.rdzv_endpoint,
+        ": port 0 (a free port picked here) is for one node; other nodes could not find it"));
   }
 
   for (auto [flag, field] :

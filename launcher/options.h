@@ -7,6 +7,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,9 @@ struct RdzvConf {
   std::string tls_cert;
   std::string tls_key;
   std::string job_secret_file;
+  // c10d backend: whether this agent hosts the rendezvous (torchrun's
+  // `is_host`); unset: it does when the endpoint's host is this machine.
+  std::optional<bool> is_host;
 };
 
 struct LaunchOptions {
@@ -49,8 +53,12 @@ struct LaunchOptions {
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
 
-  std::string rdzv_backend = "grpc";  // grpc | static
-  std::string rdzv_endpoint;          // host[:port], port default 29400
+  // grpc: the muster service at rdzv_endpoint; c10d: the same service,
+  // hosted by the agent on the endpoint's machine (torchrun's c10d);
+  // static: node 0 hosts it at master_addr:master_port. Not given: grpc
+  // with an rdzv_endpoint, static without (torchrun's default).
+  std::string rdzv_backend = "grpc";
+  std::string rdzv_endpoint;  // host[:port], port default 29400
   std::string rdzv_id = "none";
   RdzvConf rdzv_conf;
   bool standalone = false;

@@ -301,6 +301,64 @@ TEST_CASE("static backend: node 0 hosts the rendezvous, node ranks are kept") {
   }
 }
 
+TEST_CASE("no rendezvous flags: one node runs as torchrun's static default does") {
+  TempDir dir;
+  absl::StatusOr<int> port = launcher::PickFreePort();
+  REQUIRE(port.ok());
+  // torchrun --nproc_per_node=2 train.py: node 0 of 1 hosts the rendezvous
+  // at 127.0.0.1:master_port (its default 29500; a free one here, so that
+  // tests running at once do not collide).
+  Child agent = StartLaunch(
+      Concat({"--nproc_per_node=2", absl::StrCat("--master_port=", *port)},
+             ShellWorker("echo $GROUP_RANK $RANK $WORLD_SIZE > " + dir.path() + "/default.$RANK")),
+      dir.File("agent.log"));
+  INFO(ReadFile(dir.File("agent.log")));
+  CHECK(ExitCodeWithin(agent, absl::Seconds(30)) == 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    CHECK(ReadFile(dir.File(absl::StrCat("default.", rank))) == absl::StrCat("0 ", rank, " 2\n"));
+  }
+}
+
+TEST_CASE("c10d backend: the agent on the endpoint's machine hosts the rendezvous") {
+  TempDir dir;
+  absl::StatusOr<int> port = launcher::PickFreePort();
+  REQUIRE(port.ok());
+  // Two agents on this machine, as torchrun's c10d examples run one per
+  // node: whichever binds the port first hosts the service, the other
+  // finds it taken and joins as a client.
+  std::string script = "echo $GROUP_RANK $RANK $WORLD_SIZE > " + dir.path() + "/c10d.$RANK";
+  std::vector<Child> agents;
+  for (int agent = 0; agent < 2; ++agent) {
+    agents.push_back(
+        StartLaunch(Concat({"--rdzv_backend=c10d",
+                            absl::StrCat("--rdzv_endpoint=127.0.0.1:", *port), "--rdzv_id=c10d-job",
+                            "--nnodes=2", "--nproc_per_node=2", "--rdzv_conf=join_timeout=30"},
+                           ShellWorker(script)),
+                    dir.File(absl::StrCat("agent", agent, ".log"))));
+  }
+  int hosts = 0;
+  for (int agent = 0; agent < 2; ++agent) {
+    CHECK(ExitCodeWithin(agents[agent], absl::Seconds(60)) == 0);
+    const std::string log = ReadFile(dir.File(absl::StrCat("agent", agent, ".log")));
+    INFO(log);
+    if (log.find("this agent hosts the rendezvous") != std::string::npos) ++hosts;
+  }
+  CHECK(hosts == 1);
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(ReadFile(dir.File(absl::StrCat("c10d.", rank))) ==
+          absl::StrCat(rank / 2, " ", rank, " 4\n"));
+  }
+
+  // torchrun's single-node form: port 0 picks a free port.
+  Child single = StartLaunch(
+      Concat({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "--nproc-per-node=2"},
+             ShellWorker("echo $RANK > " + dir.path() + "/single.$RANK")),
+      dir.File("single.log"));
+  INFO(ReadFile(dir.File("single.log")));
+  CHECK(ExitCodeWithin(single, absl::Seconds(30)) == 0);
+  CHECK(ReadFile(dir.File("single.1")) == "1\n");
+}
+
 TEST_CASE("--local_ranks_filter limits the console, not the log files") {
   TempDir dir;
   Child agent = StartLaunch(Concat({"--standalone", "--nproc_per_node=2", "--local_ranks_filter=1",

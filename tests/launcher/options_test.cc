@@ -43,6 +43,49 @@ TEST_CASE("both spellings of a flag, and = or space") {
   CHECK(dashed->target_kind == TargetKind::kPythonScript);
 }
 
+TEST_CASE("the rendezvous backend as torchrun picks it") {
+  // Nothing given: static, node 0 hosting at master_addr:master_port.
+  auto bare = Parse({"t.yaml"});
+  REQUIRE(bare.ok());
+  CHECK(bare->rdzv_backend == "static");
+  CHECK(bare->master_addr == "127.0.0.1");
+  CHECK(bare->master_port == 29500);
+  // An endpoint alone: the muster service there.
+  auto endpoint = Parse({"--rdzv_endpoint=rdzv.cluster", "t.yaml"});
+  REQUIRE(endpoint.ok());
+  CHECK(endpoint->rdzv_backend == "grpc");
+  auto standalone = Parse({"--standalone", "t.yaml"});
+  REQUIRE(standalone.ok());
+  CHECK(standalone->rdzv_backend == "grpc");
+  // static with an endpoint: the endpoint is the master.
+  auto master = Parse({"--rdzv_backend=static", "--rdzv_endpoint=node0:1234", "--nnodes=2",
+                       "--node_rank=1", "t.yaml"});
+  REQUIRE(master.ok());
+  CHECK(master->master_addr == "node0");
+  CHECK(master->master_port == 1234);
+  auto v6 = Parse({"--rdzv_backend=static", "--rdzv_endpoint=[::1]:99", "t.yaml"});
+  REQUIRE(v6.ok());
+  CHECK(v6->master_addr == "::1");
+  CHECK(v6->master_port == 99);
+  auto portless =
+      Parse({"--rdzv_backend=static", "--rdzv_endpoint=node0", "--master_port=7", "t.yaml"});
+  REQUIRE(portless.ok());
+  CHECK(portless->master_addr == "node0");
+  CHECK(portless->master_port == 7);
+  // c10d, from the flags or torchrun's PET_ variables; is_host.
+  auto c10d = Parse({"t.yaml"}, {{"PET_RDZV_BACKEND", "c10d"}, {"PET_RDZV_ENDPOINT", "h:5"}});
+  REQUIRE(c10d.ok());
+  CHECK(c10d->rdzv_backend == "c10d");
+  CHECK(c10d->rdzv_endpoint == "h:5");
+  CHECK_FALSE(c10d->rdzv_conf.is_host.has_value());
+  auto guest =
+      Parse({"--rdzv-backend=c10d", "--rdzv-endpoint=h:5", "--rdzv-conf=is_host=0", "t.yaml"});
+  REQUIRE(guest.ok());
+  CHECK(guest->rdzv_conf.is_host == std::optional<bool>(false));
+  auto single = Parse({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "t.yaml"});
+  REQUIRE(single.ok());
+}
+
 TEST_CASE("PET_ variables are defaults that flags override") {
   std::map<std::string, std::string> env = {
       {"PET_NNODES", "2:4"}, {"PET_MAX_RESTARTS", "3"}, {"PET_STANDALONE", "1"}};
@@ -101,7 +144,14 @@ TEST_CASE("bad flags name the flag") {
       {{"--rdzv_backend", "etcd", "--rdzv_endpoint", "h", "t.yaml"}, "--rdzv_backend etcd"},
       {{"--standalone"}, "missing target"},
       {{"--rdzv_endpoint", "h"}, "missing target"},
-      {{"t.yaml"}, "--rdzv_endpoint is required"},
+      {{"--rdzv_backend", "grpc", "t.yaml"},
+       "--rdzv_endpoint is required with --rdzv_backend grpc"},
+      {{"--rdzv_backend", "c10d", "t.yaml"},
+       "--rdzv_endpoint is required with --rdzv_backend c10d"},
+      {{"--rdzv_backend=c10d", "--rdzv_endpoint=h:0", "--nnodes=2", "t.yaml"}, "port 0"},
+      {{"--rdzv_backend=static", "--rdzv_endpoint=h:x", "t.yaml"}, "--rdzv_endpoint h:x"},
+      {{"--nnodes=2", "t.yaml"}, "--node_rank is required with --rdzv_backend static"},
+      {{"--standalone", "--rdzv_conf", "is_host=maybe", "t.yaml"}, "is_host=maybe"},
       {{"--standalone", "--nproc_per_node", "zero", "t.yaml"}, "--nproc_per_node zero"},
       {{"--standalone", "--rdzv_conf", "bogus=1", "t.yaml"}, "unknown key 'bogus'"},
       {{"--standalone", "--rdzv_conf", "join_timeout=soon", "t.yaml"}, "join_timeout"},
