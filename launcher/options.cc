@@ -291,6 +291,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   add_text("local_ranks_filter", "", "Only show these local ranks on the console: 0,2");
   add_bool("no_python", &options.no_python, "Run the target as an executable");
   add_bool("module", &options.run_module, "Run the target as a Python module", "m");
+  add_text("start_method", "spawn",
+           "torchrun's spawn, fork or forkserver: accepted; workers are always fresh processes");
+  add_bool("run_path", &options.run_path,
+           "torchrun's runpy entry point: accepted; the script runs in each worker as without it");
   add_text("local_addr", "", "Address other nodes reach this one at");
   add_text("shutdown_timeout", "30", "Seconds between SIGTERM and SIGKILL to workers");
   add_text("preempt_grace", "30",
@@ -355,6 +359,12 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   if (absl::Status status = ResolveNprocPerNode(options.nproc_per_node, 0, 1).status();
       absl::IsInvalidArgument(status)) {
     return status;
+  }
+  options.start_method = text["start_method"];
+  if (options.start_method != "spawn" && options.start_method != "fork" &&
+      options.start_method != "forkserver") {
+    return absl::InvalidArgumentError(absl::StrCat("--start_method ", options.start_method,
+                                                   ": expected spawn, fork or forkserver"));
   }
   options.master_addr = text["master_addr"];
   options.rdzv_backend = text["rdzv_backend"];

@@ -76,6 +76,12 @@ struct LaunchOptions {
 
   bool no_python = false;
   bool run_module = false;  // -m: the target is a Python module
+  // torchrun's --start_method (spawn, fork or forkserver) and --run_path
+  // choose how its workers run a Python function entry point. Every worker
+  // here is a fresh process running the target, which is what torchrun does
+  // for a script in all of them, so both are checked and recorded only.
+  std::string start_method = "spawn";
+  bool run_path = false;
   std::string local_addr;
   absl::Duration shutdown_timeout = absl::Seconds(30);
   // How long workers get to save their state after a preemption signal

@@ -86,6 +86,16 @@ TEST_CASE("the rendezvous backend as torchrun picks it") {
   REQUIRE(single.ok());
 }
 
+TEST_CASE("torchrun's --start_method and --run_path are accepted") {
+  auto options = Parse({"--standalone", "--start-method=fork", "--run_path", "train.py", "--x"});
+  REQUIRE(options.ok());
+  CHECK(options->start_method == "fork");
+  CHECK(options->run_path);
+  CHECK(options->target == "train.py");
+  CHECK(options->target_kind == TargetKind::kPythonScript);
+  CHECK(options->target_args == std::vector<std::string>{"--x"});
+}
+
 TEST_CASE("PET_ variables are defaults that flags override") {
   std::map<std::string, std::string> env = {
       {"PET_NNODES", "2:4"}, {"PET_MAX_RESTARTS", "3"}, {"PET_STANDALONE", "1"}};
@@ -152,6 +162,7 @@ TEST_CASE("bad flags name the flag") {
       {{"--rdzv_backend=static", "--rdzv_endpoint=h:x", "t.yaml"}, "--rdzv_endpoint h:x"},
       {{"--nnodes=2", "t.yaml"}, "--node_rank is required with --rdzv_backend static"},
       {{"--standalone", "--rdzv_conf", "is_host=maybe", "t.yaml"}, "is_host=maybe"},
+      {{"--standalone", "--start_method", "thread", "t.yaml"}, "--start_method thread"},
       {{"--standalone", "--nproc_per_node", "zero", "t.yaml"}, "--nproc_per_node zero"},
       {{"--standalone", "--rdzv_conf", "bogus=1", "t.yaml"}, "unknown key 'bogus'"},
       {{"--standalone", "--rdzv_conf", "join_timeout=soon", "t.yaml"}, "join_timeout"},
