@@ -37,6 +37,14 @@ std::vector<std::string> WorkerEnvironment(const std::map<std::string, std::stri
   if (env.find("OMP_NUM_THREADS") == env.end() && round.local_world_size > 1) {
     set("OMP_NUM_THREADS", 1);
   }
+  // As torchrun: a PyTorch worker whose NCCL collective fails or times out
+  // tears itself down (1) instead of hanging, so the agent sees it exit and
+  // restarts the round. Left alone when either name of it is set (older
+  // PyTorch reads NCCL_ASYNC_ERROR_HANDLING).
+  if (env.find("TORCH_NCCL_ASYNC_ERROR_HANDLING") == env.end() &&
+      env.find("NCCL_ASYNC_ERROR_HANDLING") == env.end()) {
+    set("TORCH_NCCL_ASYNC_ERROR_HANDLING", 1);
+  }
   set("MUSTER_RDZV_ENDPOINT", access.endpoint);
   set("MUSTER_JOB", round.run_id);
   set("MUSTER_ROUND", round.round);

@@ -48,6 +48,7 @@ TEST_CASE("workers get torchrun's variables and ours") {
                                              {"TORCHELASTIC_USE_AGENT_STORE", "False"},
                                              {"TORCHELASTIC_ERROR_FILE", "/logs/error.json"},
                                              {"OMP_NUM_THREADS", "1"},
+                                             {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
                                              {"MUSTER_RDZV_ENDPOINT", "rdzv:29400"},
                                              {"MUSTER_JOB", "job7"},
                                              {"MUSTER_ROUND", "4"},
@@ -68,6 +69,16 @@ TEST_CASE("OMP_NUM_THREADS is left alone when set, or with one worker") {
   round.local_world_size = 1;
   auto single = AsMap(WorkerEnvironment({}, round, {}, 0, "e"));
   CHECK(single.count("OMP_NUM_THREADS") == 0);
+}
+
+TEST_CASE("TORCH_NCCL_ASYNC_ERROR_HANDLING is left alone when either of its names is set") {
+  RoundAssignment round;
+  auto set =
+      AsMap(WorkerEnvironment({{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}, round, {}, 0, "e"));
+  CHECK(set["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "3");
+  auto old_name = AsMap(WorkerEnvironment({{"NCCL_ASYNC_ERROR_HANDLING", "0"}}, round, {}, 0, "e"));
+  CHECK(old_name.count("TORCH_NCCL_ASYNC_ERROR_HANDLING") == 0);
+  CHECK(old_name["NCCL_ASYNC_ERROR_HANDLING"] == "0");
 }
 
 TEST_CASE("workers are told their preemption grace") {
