@@ -126,6 +126,17 @@ absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf) {
       conf->tls_key = value;
     } else if (key == "job_secret_file") {
       conf->job_secret_file = value;
+    } else if (key == "read_timeout" || key == "use_libuv") {
+      // torchrun's TCPStore settings (c10d): checked, then without effect,
+      // as the muster service is no TCPStore.
+      absl::Duration unused;
+      if (key == "read_timeout") {
+        status = set_duration(&unused);
+      } else if (const std::string lower = absl::AsciiStrToLower(value);
+                 lower != "1" && lower != "0" && lower != "true" && lower != "false") {
+        status = absl::InvalidArgumentError(
+            absl::StrCat("--rdzv_conf use_libuv=", value, ": expected true, false, 1 or 0"));
+      }
     } else if (key == "is_host") {
       const std::string lower = absl::AsciiStrToLower(value);
       if (lower == "1" || lower == "true") {
@@ -141,7 +152,7 @@ absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf) {
           "--rdzv_conf: unknown key '", key,
           "'; known keys: join_timeout, last_call_timeout, close_timeout, lease_ttl, "
           "heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt, token_file, "
-          "tls_ca, tls_cert, tls_key, job_secret_file, is_host"));
+          "tls_ca, tls_cert, tls_key, job_secret_file, is_host, read_timeout, use_libuv"));
     }
     if (!status.ok()) return status;
   }

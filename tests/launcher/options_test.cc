@@ -84,6 +84,10 @@ TEST_CASE("the rendezvous backend as torchrun picks it") {
   CHECK(guest->rdzv_conf.is_host == std::optional<bool>(false));
   auto single = Parse({"--rdzv-backend=c10d", "--rdzv-endpoint=localhost:0", "t.yaml"});
   REQUIRE(single.ok());
+  // torchrun's TCPStore keys are accepted (and have nothing to set here).
+  CHECK(Parse({"--rdzv-backend=c10d", "--rdzv-endpoint=h:5",
+               "--rdzv-conf=read_timeout=120,use_libuv=0,join_timeout=900", "t.yaml"})
+            .ok());
 }
 
 TEST_CASE("torchrun's --start_method and --run_path are accepted") {
@@ -162,6 +166,8 @@ TEST_CASE("bad flags name the flag") {
       {{"--rdzv_backend=static", "--rdzv_endpoint=h:x", "t.yaml"}, "--rdzv_endpoint h:x"},
       {{"--nnodes=2", "t.yaml"}, "--node_rank is required with --rdzv_backend static"},
       {{"--standalone", "--rdzv_conf", "is_host=maybe", "t.yaml"}, "is_host=maybe"},
+      {{"--standalone", "--rdzv_conf", "read_timeout=never", "t.yaml"}, "read_timeout"},
+      {{"--standalone", "--rdzv_conf", "use_libuv=yes", "t.yaml"}, "use_libuv=yes"},
       {{"--standalone", "--start_method", "thread", "t.yaml"}, "--start_method thread"},
       {{"--standalone", "--nproc_per_node", "zero", "t.yaml"}, "--nproc_per_node zero"},
       {{"--standalone", "--rdzv_conf", "bogus=1", "t.yaml"}, "unknown key 'bogus'"},
