@@ -410,7 +410,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
     }
   }
   if (options.rdzv_backend == "static" && options.node_rank < 0 && options.max_nodes > 1) {
-    return absl::InvalidArgumentError("--node_rank is required with --rdzv_backend static");
+    return absl::InvalidArgumentError(
+        "--node_rank is required with --rdzv_backend static, torchrun's default without "
+        "--rdzv_endpoint; or give every node --rdzv_endpoint of a rendezvous service, or use "
+        "--rdzv_backend c10d");
   }
   if (options.rdzv_backend == "c10d" && !options.standalone && options.max_nodes > 1 &&
       absl::EndsWith(options.rdzv_endpoint, ":0")) {
