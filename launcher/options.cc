@@ -291,7 +291,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   add_text("rdzv_id", "none", "Job id shared by every node of the job");
   add_text("rdzv_conf", "",
            "k=v,... : join_timeout, last_call_timeout, close_timeout, "
-           "lease_ttl, keep_alive_interval, token_file, tls_*, job_secret_file");
+           "lease_ttl, keep_alive_interval, token_file, tls_*, job_secret_file, is_host (c10d)");
   add_bool("standalone", &options.standalone, "Run an embedded rendezvous server");
   add_text("max_restarts", "0", "Job-wide failure restarts before giving up");
   add_text("monitor_interval", "0.1", "Seconds between worker health checks");
