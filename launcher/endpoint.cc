@@ -208,6 +208,7 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
     // port taken and is a client only. Port 0 (one node) picks a free one.
     const int port = PortOf(endpoint, rdzv::kDefaultRendezvousPort);
     const std::string host = HostOf(endpoint);
+    const bool v6 = host.find(':') != std::string::npos;
     const bool hosts = conf.is_host.value_or(IsThisMachine(host));
     if (port == 0 && !hosts) {
       return absl::InvalidArgumentError(
@@ -216,8 +217,7 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
     }
     if (hosts) {
       rdzv::ServerOptions server;
-      server.listen_address =
-          absl::StrCat(host.find(':') != std::string::npos ? "[::]" : "0.0.0.0", ":", port);
+      server.listen_address = absl::StrCat(v6 ? "[::]" : "0.0.0.0", ":", port);
       server.token_file = conf.token_file;
       absl::StatusOr<std::unique_ptr<rdzv::Server>> started =
           port == 0 || PortFree(port)
@@ -226,8 +226,7 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
       if (started.ok()) {
         setup.server = *std::move(started);
         if (port == 0) {
-          endpoint = absl::StrCat(host.find(':') != std::string::npos ? "[" + host + "]" : host,
-                                  ":", setup.server->port());
+          endpoint = absl::StrCat(v6 ? "[" + host + "]" : host, ":", setup.server->port());
         }
         spdlog::info("c10d: this agent hosts the rendezvous on port {}", setup.server->port());
       } else if (port == 0) {

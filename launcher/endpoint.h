@@ -1,7 +1,7 @@
 // Everything an agent needs before its first join: the rendezvous service
 // (an embedded one for --standalone, for node 0 of --rdzv_backend static,
-// and for the agent on the endpoint's machine with c10d), a client with the right credentials, this node's identity, and
-// where logs go.
+// and for the agent on the endpoint's machine with c10d), a client with
+// the right credentials, this node's identity, and where logs go.
 #pragma once
 
 #include <map>

@@ -126,26 +126,18 @@ absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf) {
       conf->tls_key = value;
     } else if (key == "job_secret_file") {
       conf->job_secret_file = value;
-    } else if (key == "read_timeout" || key == "use_libuv") {
+    } else if (key == "read_timeout") {
       // torchrun's TCPStore settings (c10d): checked, then without effect,
       // as the muster service is no TCPStore.
       absl::Duration unused;
-      if (key == "read_timeout") {
-        status = set_duration(&unused);
-      } else if (const std::string lower = absl::AsciiStrToLower(value);
-                 lower != "1" && lower != "0" && lower != "true" && lower != "false") {
-        status = absl::InvalidArgumentError(
-            absl::StrCat("--rdzv_conf use_libuv=", value, ": expected true, false, 1 or 0"));
-      }
-    } else if (key == "is_host") {
+      status = set_duration(&unused);
+    } else if (key == "use_libuv" || key == "is_host") {
       const std::string lower = absl::AsciiStrToLower(value);
-      if (lower == "1" || lower == "true") {
-        conf->is_host = true;
-      } else if (lower == "0" || lower == "false") {
-        conf->is_host = false;
-      } else {
+      if (lower != "1" && lower != "0" && lower != "true" && lower != "false") {
         status = absl::InvalidArgumentError(
-            absl::StrCat("--rdzv_conf is_host=", value, ": expected true, false, 1 or 0"));
+            absl::StrCat("--rdzv_conf ", key, "=", value, ": expected true, false, 1 or 0"));
+      } else if (key == "is_host") {
+        conf->is_host = lower == "1" || lower == "true";
       }
     } else {
       status = absl::InvalidArgumentError(absl::StrCat(
