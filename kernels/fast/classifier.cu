@@ -31,6 +31,7 @@
 // in the same order); the row kernel sums in another order, so its bits
 // differ, and the width, the type and the GPU's shared memory alone decide
 // which runs.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -243,13 +244,14 @@ __global__ void __launch_bounds__(kThreads, kStaged ? 2 : 1)
   FixTarget(x, target, target_logit, lse_log2, dloss);
 }
 
-// Shared memory an SM has, and a block may ask for, on the current device;
-// the staged kernel's attributes are set for it the first time (they
-// stay set, so a launch captured into a CUDA graph finds them set by the
-// eager one before). The emulation has an H100's.
+// Shared memory an SM has, and the most dynamic shared memory a staged
+// block may ask for, on the current device; the staged kernels'
+// attributes are set for it the first time (they stay set, so a launch
+// captured into a CUDA graph finds them set by the eager one before). The
+// emulation has an H100's.
 struct SharedMemory {
   size_t per_sm = 228 * 1024;
-  size_t per_block = 227 * 1024;
+  size_t dynamic_per_block = 227 * 1024 - 2 * 1024;
 };
 SharedMemory DeviceSharedMemory() {
 #ifdef MUSTER_SIMT
@@ -269,23 +271,35 @@ SharedMemory DeviceSharedMemory() {
                                      device) == cudaSuccess &&
               cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) ==
                   cudaSuccess;
-    // Both types' kernels, allowed the most a block may have, and asked
-    // to run with the most shared memory (two blocks an SM need it all).
-    for (const void* kernel : {reinterpret_cast<const void*>(&ClassifierKernel<float, true>),
-                               reinterpret_cast<const void*>(&ClassifierKernel<bf16, true>)}) {
+    // A block's static and dynamic shared memory together may not pass
+    // the opt-in limit, so the dynamic limit each kernel may be given is
+    // the opt-in less the larger static size of the two (setting the
+    // opt-in itself is cudaErrorInvalidValue, which left the staged kernel
+    // unused until a GPU's memcheck run showed it).
+    const void* kernels[] = {reinterpret_cast<const void*>(&ClassifierKernel<float, true>),
+                             reinterpret_cast<const void*>(&ClassifierKernel<bf16, true>)};
+    size_t static_bytes = 0;
+    for (const void* kernel : kernels) {
+      cudaFuncAttributes attributes{};
+      ok = ok && cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess;
+      static_bytes = std::max(static_bytes, attributes.sharedSizeBytes);
+    }
+    ok = ok && static_bytes < static_cast<size_t>(per_block);
+    const int dynamic = ok ? per_block - static_cast<int>(static_bytes) : 0;
+    // Both types' kernels, allowed that much, and asked to run with the
+    // most shared memory (two blocks an SM need it all).
+    for (const void* kernel : kernels) {
       ok = ok &&
-           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, per_block) ==
+           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, dynamic) ==
                cudaSuccess &&
            cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                 cudaSharedmemCarveoutMaxShared) == cudaSuccess;
     }
     // A failure here leaves the staged kernel unused; it is not the
     // caller's error, so it is not left for the next launch's check.
-    if (!ok) {
-      cudaGetLastError();
-      per_sm = per_block = 0;
-    }
-    known[device] = SharedMemory{static_cast<size_t>(per_sm), static_cast<size_t>(per_block)};
+    if (!ok) cudaGetLastError();
+    known[device] = ok ? SharedMemory{static_cast<size_t>(per_sm), static_cast<size_t>(dynamic)}
+                       : SharedMemory{0, 0};
   }
   return known[device];
 #endif
@@ -297,7 +311,15 @@ SharedMemory DeviceSharedMemory() {
 bool StagedFits(size_t row_bytes) {
   constexpr size_t kPerBlockExtra = 2 * 1024;
   const SharedMemory shared = DeviceSharedMemory();
-  return row_bytes <= shared.per_block && 2 * (row_bytes + kPerBlockExtra) <= shared.per_sm;
+  return row_bytes <= shared.dynamic_per_block && 2 * (row_bytes + kPerBlockExtra) <= shared.per_sm;
+}
+
+template <typename T>
+ClassifierPath PathFor(int Vp) {
+  const size_t row_bytes = static_cast<size_t>(Vp) * sizeof(T);
+  if (Vp > kThreads * Pack<T>::kSize && StagedFits(row_bytes)) return ClassifierPath::kStaged;
+  if (Vp > kThreads * Pack<T>::kSize && Vp <= RowCapacity<T>()) return ClassifierPath::kRegisters;
+  return ClassifierPath::kTwoReads;
 }
 
 }  // namespace
@@ -307,22 +329,30 @@ int ClassifierForward(ActType act, float* losses, void* logits, const int* targe
   if (BT == 0) return 0;
   return Dispatch(act, [&](auto tag) {
     using T = decltype(tag);
-    const size_t row_bytes = static_cast<size_t>(Vp) * sizeof(T);
-    if (Vp > kThreads * Pack<T>::kSize && StagedFits(row_bytes)) {
-      LaunchKernel<ClassifierKernel<T, true>>(BT, kThreads, row_bytes, AsStream(stream), losses,
-                                              static_cast<T*>(logits), targets, dloss, write_grad,
-                                              V, Vp);
-    } else if (Vp > kThreads * Pack<T>::kSize && Vp <= RowCapacity<T>()) {
-      LaunchKernel<ClassifierRowKernel<T>>(BT, kRowThreads, 0, AsStream(stream), losses,
-                                           static_cast<T*>(logits), targets, dloss, write_grad, V,
-                                           Vp);
-    } else {
-      LaunchKernel<ClassifierKernel<T, false>>(BT, kThreads, 0, AsStream(stream), losses,
-                                               static_cast<T*>(logits), targets, dloss, write_grad,
-                                               V, Vp);
+    switch (PathFor<T>(Vp)) {
+      case ClassifierPath::kStaged:
+        LaunchKernel<ClassifierKernel<T, true>>(BT, kThreads, static_cast<size_t>(Vp) * sizeof(T),
+                                                AsStream(stream), losses, static_cast<T*>(logits),
+                                                targets, dloss, write_grad, V, Vp);
+        break;
+      case ClassifierPath::kRegisters:
+        LaunchKernel<ClassifierRowKernel<T>>(BT, kRowThreads, 0, AsStream(stream), losses,
+                                             static_cast<T*>(logits), targets, dloss, write_grad, V,
+                                             Vp);
+        break;
+      case ClassifierPath::kTwoReads:
+        LaunchKernel<ClassifierKernel<T, false>>(BT, kThreads, 0, AsStream(stream), losses,
+                                                 static_cast<T*>(logits), targets, dloss,
+                                                 write_grad, V, Vp);
+        break;
     }
     return LaunchStatus();
   });
+}
+
+ClassifierPath ClassifierPathFor(ActType act, int Vp) {
+  if (act == ActType::kBf16) return PathFor<bf16>(Vp);
+  return PathFor<float>(Vp);
 }
 
 }  // namespace muster::kernels::fast

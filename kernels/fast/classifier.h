@@ -15,4 +15,11 @@ namespace muster::kernels::fast {
 int ClassifierForward(ActType act, float* losses, void* logits, const int* targets, float dloss,
                       bool write_grad, int BT, int V, int Vp, void* stream);
 
+// The kernel ClassifierForward runs for rows of Vp elements of `act` on
+// the current device: the row read twice from global memory, staged in
+// shared memory (two blocks an SM where that fits), or held in registers.
+// Tests assert it: a kernel that silently fell back gives right answers.
+enum class ClassifierPath { kTwoReads, kStaged, kRegisters };
+ClassifierPath ClassifierPathFor(ActType act, int Vp);
+
 }  // namespace muster::kernels::fast
