@@ -616,10 +616,8 @@ precision_for() {
 # examples/NAME.yaml (examples/tiny.yaml on $GPU_RUN_DEVICE, no evaluation,
 # no checkpoints, metrics to out/NAME/metrics.jsonl, `attention: $ATTENTION`
 # when that is set and the run is bf16 on the GPU, `train.cuda_graphs:
-# $CUDA_GRAPHS` when that is set and the run is on the GPU,
-# `train.overlap_updates: $OVERLAP_UPDATES` likewise unless the SETTINGs
-# choose FSDP or a pipeline (which refuse it), the SETTINGs last) after
-# emptying out/NAME; prints what it changed.
+# $CUDA_GRAPHS` when that is set and the run is on the GPU, the SETTINGs
+# last) after emptying out/NAME; prints what it changed.
 run_config() {
   local name=$1 precision=$2 nsteps=$3 log_every=$4
   shift 4
@@ -637,12 +635,6 @@ run_config() {
   # GPU (unset: the default, auto, which is on there).
   if [ -n "${CUDA_GRAPHS:-}" ] && [ "$GPU_RUN_DEVICE" != cpu ]; then
     settings+=("train.cuda_graphs=$CUDA_GRAPHS")
-  fi
-  # OVERLAP_UPDATES (auto, true or false): the worker's train.overlap_updates
-  # on the GPU, where the run's own settings allow it.
-  if [ -n "${OVERLAP_UPDATES:-}" ] && [ "$GPU_RUN_DEVICE" != cpu ] &&
-    ! printf '%s\n' "$@" | grep -q -e '^parallel\.strategy=fsdp' -e '^parallel\.pp='; then
-    settings+=("train.overlap_updates=$OVERLAP_UPDATES")
   fi
   settings+=("$@")
   rm -rf "out/$name" || return 1

@@ -14,12 +14,9 @@
 // (GptModel::EnableCudaGraphs), rows "... + graph", whose line also
 // counts the passes replayed. --zero-grad clear (or both) clears the
 // gradients at each step's ZeroGrad (GptModel::SettleGrads), as the engine
-// did before its Backward wrote over them (rows "... + cleared grads").
-// --update-overlap on (or both) runs AdamW a stage at a time beside the
-// next step's forward (GptModel::EnableOverlappedUpdates; rows "... +
-// overlapped updates"). Where either option asks for both, a line after
-// each row past the first of its group says whether its last loss has the
-// bits of the group's first, which it should. Then the same model trained
+// did before its Backward wrote over them (rows "... + cleared grads"; with
+// both, a line after the pair says whether their last losses have the same
+// bits, which they should). Then the same model trained
 // by PyTorch on the same GPU (tools/bench_gpu_torch.py: eager bf16,
 // torch.compile bf16, TF32, FP32), and a table of both. Without CUDA (a
 // build without --config=cuda, or no GPU) it prints why and exits 1.
@@ -27,8 +24,7 @@
 //   bazel build -c opt --config=cuda //tools:bench_gpu
 //   bazel-bin/tools/bench_gpu [--precisions fp32,tf32,bf16] [--batch 8]
 //       [--seq 1024] [--batches 8,16,32] [--attention auto,muster,gemm,cudnn]
-//       [--cuda-graph on|off|both] [--zero-grad mark|clear|both]
-//       [--update-overlap off|on|both] [--no-torch]
+//       [--cuda-graph on|off|both] [--zero-grad mark|clear|both] [--no-torch]
 //
 // cuDNN's attention needs libcudnn.so.9 where the dynamic loader finds it
 // (LD_LIBRARY_PATH or the system's paths); it is loaded only when asked for.
@@ -107,16 +103,8 @@ ModelConfig Gpt2(int T) {
   return config;
 }
 
-// How a row's steps run, beyond precision and attention: --cuda-graph,
-// --zero-grad clear, --update-overlap on.
-struct Variant {
-  bool graphs = true;
-  bool clear_grads = false;
-  bool overlap = false;
-};
-
 absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, Attention attention,
-                                const Variant& variant, int B, int T, int warmup, int steps,
+                                bool graphs, bool clear_grads, int B, int T, int warmup, int steps,
                                 double peak) {
   GpuResult result;
   result.batch = B;
@@ -133,11 +121,8 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
       GptModel::Create(config, B, Device::kCuda, precision, ParamStorage::kOwned, attention);
   if (!created.ok()) return created.status();
   std::unique_ptr<GptModel> model = *std::move(created);
-  if (variant.graphs) {
+  if (graphs) {
     if (absl::Status enabled = model->EnableCudaGraphs(); !enabled.ok()) return enabled;
-  }
-  if (variant.overlap) {
-    if (absl::Status enabled = model->EnableOverlappedUpdates(); !enabled.ok()) return enabled;
   }
   model->InitWeights(1337);
   OptimConfig optim;  // lr 3e-4, betas (0.9, 0.95), eps 1e-8, no decay
@@ -158,10 +143,7 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
   // One optimizer step, exactly as bench_train's; returns its loss. The
   // host copy of one parameter at the end waits for the step's last kernels
   // (AdamW, zeroing) on the default stream, so each step's host time is
-  // the whole step. Not with overlapped updates, whose AdamW is meant to
-  // run on into the next step's forward: there the Forward's wait for its
-  // losses comes after the last update (each stage waits for its own), so
-  // in a run of steps each step's host time is again a whole step's.
+  // the whole step.
   auto step = [&](int s) -> absl::StatusOr<float> {
     float loss = model->Forward(inputs.data(), targets.data(), B, T);
     model->Backward(1.0f);
@@ -169,11 +151,9 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
     const double norm = std::sqrt(model->GradSumOfSquares());
     adamw.Step(static_cast<float>(optim.lr), s + 1, kernels::ClipScale(norm, 1.0f));
     model->ZeroGrad();
-    if (variant.clear_grads) model->SettleGrads();
-    if (!variant.overlap) {
-      float probe = 0;
-      model->ops().ToHost(&probe, model->stages().front().params, sizeof(float));
-    }
+    if (clear_grads) model->SettleGrads();
+    float probe = 0;
+    model->ops().ToHost(&probe, model->stages().front().params, sizeof(float));
     if (absl::Status status = model->DeviceStatus(); !status.ok()) return status;
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrFormat("loss is %f at step %d", loss, s));
@@ -233,15 +213,15 @@ void PrintError(const std::string& name, int B, int T, const absl::Status& statu
 // A row's system: "muster bf16" with muster's attention, "muster bf16
 // (cudnn attention)" with cuDNN's, "muster bf16 (auto attention)" with the
 // worker's default; " + graph" with CUDA graphs; " + cleared grads" with
-// --zero-grad clear; " + overlapped updates" with --update-overlap on.
-std::string SystemName(absl::string_view precision, Attention attention, const Variant& variant) {
+// --zero-grad clear.
+std::string SystemName(absl::string_view precision, Attention attention, bool graphs = false,
+                       bool clear_grads = false) {
   std::string name =
       attention == Attention::kMuster
           ? absl::StrCat("muster ", precision)
           : absl::StrCat("muster ", precision, " (", AttentionName(attention), " attention)");
-  if (variant.graphs) absl::StrAppend(&name, " + graph");
-  if (variant.clear_grads) absl::StrAppend(&name, " + cleared grads");
-  if (variant.overlap) absl::StrAppend(&name, " + overlapped updates");
+  if (graphs) absl::StrAppend(&name, " + graph");
+  if (clear_grads) absl::StrAppend(&name, " + cleared grads");
   return name;
 }
 
@@ -488,8 +468,7 @@ std::vector<bool> Modes(const char* flag, const std::string& value, const char* 
 int Main(int argc, char** argv) {
   std::string precisions = "fp32,tf32,bf16", batches, torch_modes, python = "python3";
   // The worker's defaults: attention auto, train.cuda_graphs on.
-  std::string attention_list = "auto", graph_mode = "on", zero_grad = "mark",
-              update_overlap = "off";
+  std::string attention_list = "auto", graph_mode = "on", zero_grad = "mark";
   int B = 8, T = 1024, warmup = 3, steps = 20, torch_timeout = 600;
   bool no_torch = false;
   CLI::App app("bench_gpu: GPT-2 124M training throughput of the CUDA worker (and PyTorch's)");
@@ -516,11 +495,6 @@ int Main(int argc, char** argv) {
                  "mark, clear or both: ZeroGrad only marks the gradients zero (the worker's "
                  "way: the next Backward writes over them), or also clears them (the engine's "
                  "way before); both: a row each")
-      ->capture_default_str();
-  app.add_option("--update-overlap", update_overlap,
-                 "off, on or both: AdamW updates the whole model before the next step (the "
-                 "worker's way), or a stage at a time beside the next step's forward "
-                 "(GptModel::EnableOverlappedUpdates); both: a row each")
       ->capture_default_str();
   app.add_flag("--no-torch", no_torch, "No PyTorch comparison");
   app.add_option("--torch-modes", torch_modes,
@@ -561,17 +535,7 @@ int Main(int argc, char** argv) {
   }
   const std::vector<bool> graph_modes = Modes("--cuda-graph", graph_mode, "off", "on");
   const std::vector<bool> clear_modes = Modes("--zero-grad", zero_grad, "mark", "clear");
-  const std::vector<bool> overlap_modes = Modes("--update-overlap", update_overlap, "off", "on");
-  if (graph_modes.empty() || clear_modes.empty() || overlap_modes.empty()) return 2;
-  // Each graph mode's group of rows: every --zero-grad and --update-overlap
-  // mode asked for, the first of each list first.
-  auto variants_of = [&](bool graphs) {
-    std::vector<Variant> variants;
-    for (const bool clear_grads : clear_modes) {
-      for (const bool overlap : overlap_modes) variants.push_back({graphs, clear_grads, overlap});
-    }
-    return variants;
-  };
+  if (graph_modes.empty() || clear_modes.empty()) return 2;
 
   absl::StatusOr<CudaDeviceInfo> device = GetCudaDeviceInfo(Precision::kFp32);
   if (!device.ok()) {
@@ -601,10 +565,12 @@ int Main(int argc, char** argv) {
   // The ratio's base: muster bf16 at --batch, with muster's attention when
   // --attention has it, else with the first one it has.
   double base_ms = 0;
-  const Variant base_variant = variants_of(graph_modes.front()).front();
-  std::string base_system = SystemName("bf16", attentions.front(), base_variant);
+  std::string base_system =
+      SystemName("bf16", attentions.front(), graph_modes.front(), clear_modes.front());
   for (Attention attention : attentions) {
-    if (attention == Attention::kMuster) base_system = SystemName("bf16", attention, base_variant);
+    if (attention == Attention::kMuster) {
+      base_system = SystemName("bf16", attention, graph_modes.front(), clear_modes.front());
+    }
   }
 
   for (absl::string_view item : absl::StrSplit(precisions, ',', absl::SkipWhitespace())) {
@@ -612,16 +578,15 @@ int Main(int argc, char** argv) {
     absl::StatusOr<Precision> precision = ResolvePrecision(name, Device::kCuda);
     for (Attention attention : attentions) {
       for (const bool graphs : graph_modes) {
-        std::optional<uint32_t> first_loss_bits;  // of this group's first row
-        std::string first_system;
-        for (const Variant& variant : variants_of(graphs)) {
-          std::string system = SystemName(name, attention, variant);
+        std::optional<uint32_t> marked_loss_bits;  // of this pair's mark row
+        for (const bool clear_grads : clear_modes) {
+          std::string system = SystemName(name, attention, graphs, clear_grads);
           if (!precision.ok()) {
             PrintError(system, B, T, precision.status());
             table.push_back({system});
             continue;
           }
-          system = SystemName(PrecisionName(*precision), attention, variant);
+          system = SystemName(PrecisionName(*precision), attention, graphs, clear_grads);
           if (attention == Attention::kCudnn && *precision != Precision::kBf16) {
             std::printf("%-16s skipped: cuDNN's attention runs in bf16 only\n", system.c_str());
             std::fflush(stdout);
@@ -632,8 +597,8 @@ int Main(int argc, char** argv) {
           const Attention runs = attention == Attention::kAuto
                                      ? ResolveAttention("auto", Device::kCuda, *precision).value()
                                      : attention;
-          absl::StatusOr<GpuResult> result =
-              Bench(config, *precision, runs, variant, B, T, warmup, steps, peak_for(*precision));
+          absl::StatusOr<GpuResult> result = Bench(config, *precision, runs, graphs, clear_grads, B,
+                                                   T, warmup, steps, peak_for(*precision));
           if (!result.ok()) {
             PrintError(system, B, T, result.status());
             table.push_back({system});
@@ -641,12 +606,10 @@ int Main(int argc, char** argv) {
           }
           PrintRow(system, T, *result);
           PrintAttention(attention, *result, graphs);
-          if (!first_loss_bits.has_value()) {
-            first_loss_bits = result->last_loss_bits;
-            first_system = system;
-          } else {
-            std::printf("  against %s: last losses %s\n", first_system.c_str(),
-                        *first_loss_bits == result->last_loss_bits ? "bitwise equal" : "DIFFER");
+          if (!clear_grads) marked_loss_bits = result->last_loss_bits;
+          if (clear_grads && marked_loss_bits.has_value()) {
+            std::printf("  cleared against marked gradients: last losses %s\n",
+                        *marked_loss_bits == result->last_loss_bits ? "bitwise equal" : "DIFFER");
             std::fflush(stdout);
           }
           table.push_back(
@@ -660,14 +623,13 @@ int Main(int argc, char** argv) {
   if (!sweep.empty()) {
     std::printf("\nbf16 batch sweep (T=%d):\n", T);
     for (Attention attention : attentions) {
-      const Variant variant{graph_modes.back(), false, false};
-      const std::string system = SystemName("bf16", attention, variant);
+      const std::string system = SystemName("bf16", attention, graph_modes.back());
       double best_tokens = 0;
       int best_batch = 0;
       for (int batch : sweep) {
         absl::StatusOr<GpuResult> result =
-            Bench(config, Precision::kBf16, attention, variant, batch, T, warmup, steps,
-                  peak_for(Precision::kBf16));
+            Bench(config, Precision::kBf16, attention, graph_modes.back(), false, batch, T, warmup,
+                  steps, peak_for(Precision::kBf16));
         if (!result.ok()) {
           PrintError(system, batch, T, result.status());
           continue;

@@ -322,11 +322,9 @@ void PrintBanner(Trainer& trainer, const std::string& parallelism, FILE* out) {
   // whether passes are replayed as CUDA graphs (train.cuda_graphs; FSDP's
   // external storage keeps every pass eager: GptModel::EnableCudaGraphs).
   const bool graphs = config.train.cuda_graphs != "false" && config.parallel.strategy != "fsdp";
-  const std::string attention =
-      cuda ? absl::StrCat(" with ", trainer.model()->DescribeAttention(), " attention",
-                          graphs ? " and CUDA graphs" : "",
-                          trainer.model()->overlapped_updates() ? ", AdamW overlapped" : "")
-           : "";
+  const std::string attention = cuda ? absl::StrCat(" with ", trainer.model()->DescribeAttention(),
+                                                    " attention", graphs ? " and CUDA graphs" : "")
+                                     : "";
   std::fprintf(out,
                "worker: GPT-2 L=%d C=%d NH=%d T=%d V=%d (%.2fM parameters), B=%d x %d "
                "micro-steps, %d steps on %s in %s%s\n",

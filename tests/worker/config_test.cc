@@ -427,33 +427,6 @@ TEST_CASE(
   }
 }
 
-TEST_CASE(
-    "train.overlap_updates: auto by default, true or false; true is refused with cpu, fsdp or a "
-    "pipeline") {
-  CHECK(ParseConfig(kMinimal, "t.yaml", "")->train.overlap_updates == "auto");
-  for (const char* value : {"auto", "true", "false"}) {
-    const std::string text =
-        std::string(kMinimal) + "device: cuda\ntrain:\n  overlap_updates: " + value + "\n";
-    absl::StatusOr<TrainConfig> parsed = ParseConfig(text, "t.yaml", "");
-    REQUIRE(parsed.ok());
-    CHECK(parsed->train.overlap_updates == value);
-  }
-  const std::string on = "train:\n  overlap_updates: true\n";
-  CHECK_THAT(ErrorOf(std::string(kMinimal) + "device: cpu\n" + on),
-             Catch::Contains("train.overlap_updates: true needs device cuda; the CPU updates in "
-                             "place"));
-  CHECK_THAT(ErrorOf(std::string(kMinimal) + "parallel:\n  strategy: fsdp\n" + on),
-             Catch::Contains("train.overlap_updates: true needs parallel.strategy ddp"));
-  CHECK_THAT(ErrorOf(std::string(kMinimal) + "parallel:\n  pp: 2\n" + on),
-             Catch::Contains("train.overlap_updates: true needs parallel.pp 1"));
-  CHECK_THAT(ErrorOf(std::string(kMinimal) + "train:\n  overlap_updates: yes\n"),
-             Catch::Contains("train.overlap_updates: expected auto, true or false, got 'yes'"));
-  // Off, the CPU and the other strategies keep any value but true.
-  CHECK(ParseConfig(std::string(kMinimal) + "device: cpu\ntrain:\n  overlap_updates: false\n",
-                    "t.yaml", "")
-            .ok());
-}
-
 TEST_CASE("parallel.gather_dtype: auto, fp32 or bf16 on either device; anything else is named") {
   const std::string fsdp = std::string(kMinimal) + "parallel:\n  strategy: fsdp\n";
   absl::StatusOr<TrainConfig> parsed = ParseConfig(fsdp, "t.yaml", "");

@@ -57,12 +57,6 @@ struct TrainLoopConfig {
   // between, and FSDP's, stay eager. auto: on wherever the device is CUDA;
   // true: the same, and an error with device cpu; false: never.
   std::string cuda_graphs = "auto";
-  // AdamW a stage at a time beside the next step's forward
-  // (GptModel::EnableOverlappedUpdates). auto: off, until a GPU has timed
-  // it (docs/cuda-engine.md); true: on where the device is CUDA, an error
-  // with device cpu, with parallel.strategy fsdp (which steps its own
-  // shards) or with parallel.pp above 1; false: never.
-  std::string overlap_updates = "auto";
 };
 
 struct ParallelConfig {

@@ -166,10 +166,6 @@ struct Table<TrainLoopConfig> {
        "CUDA: replay the model's passes as CUDA graphs once captured; auto: on where the "
        "device is cuda; true needs device cuda",
        OneOf("auto|true|false")},
-      {"overlap_updates", &T::overlap_updates,
-       "CUDA: AdamW a stage at a time beside the next step's forward; auto: off for now; true "
-       "needs device cuda, parallel.strategy ddp and parallel.pp 1",
-       OneOf("auto|true|false")},
   };
 };
 

@@ -53,24 +53,6 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
     return fail("train.cuda_graphs", "true needs device cuda; the CPU runs no CUDA graphs",
                 {"device"});
   }
-  // train.overlap_updates: the CUDA model's (GptModel::EnableOverlappedUpdates),
-  // for a model that holds its own parameters and runs whole passes.
-  if (config.train.overlap_updates == "true") {
-    if (config.device == "cpu") {
-      return fail("train.overlap_updates", "true needs device cuda; the CPU updates in place",
-                  {"device"});
-    }
-    if (config.parallel.strategy == "fsdp") {
-      return fail("train.overlap_updates",
-                  "true needs parallel.strategy ddp; fsdp updates its own shards",
-                  {"parallel.strategy"});
-    }
-    if (config.parallel.pp > 1) {
-      return fail("train.overlap_updates",
-                  "true needs parallel.pp 1; pipeline stages run no whole forward to overlap",
-                  {"parallel.pp"});
-    }
-  }
   // attention: cudnn is cuDNN's fused attention (kernels/fast/cudnn_attention.h),
   // which the CUDA model alone runs, on bf16 activations. As with precision,
   // only an explicit cpu is known here; device auto on a machine without a

@@ -174,21 +174,6 @@ class GptModel {
   }
   // Passes replayed from a graph so far (0 unless EnableCudaGraphs).
   virtual long graph_replays() const { return 0; }
-  // From now on AdamW::Step updates the model a stage at a time, and on
-  // CUDA those updates run on a stream of their own (Ops,
-  // BeginOverlappedUpdates) while the next Forward starts: each stage's
-  // first kernel waits for that stage's update only, so the update of
-  // later stages overlaps the forward of earlier ones. Every other reader
-  // of the parameters, gradients or moments (through ops(), or the model's
-  // other passes) waits for all of them first. The bits are the same as
-  // without. On the CPU the updates run in place, a stage at a time. On
-  // CUDA, FAILED_PRECONDITION with kExternal storage (a sharding strategy
-  // steps its own groups) or if the stream cannot be made.
-  virtual absl::Status EnableOverlappedUpdates() {
-    overlapped_updates_ = true;
-    return absl::OkStatus();
-  }
-  bool overlapped_updates() const { return overlapped_updates_; }
   // The back end that owns this model's device memory; AdamW and
   // ClipGradNorm run their kernels through it.
   Ops& ops() const { return *ops_; }
@@ -367,7 +352,6 @@ class GptModel {
   std::vector<Stage> stages_;
   StageHooks hooks_;
   std::shared_ptr<Ops> ops_;
-  bool overlapped_updates_ = false;
 };
 
 // Model FLOPs per token for one forward+backward (6N + attention, as in

@@ -24,10 +24,8 @@
 // Every kernel of a step runs in order on the default stream (with
 // EnableCudaGraphs, and no stage hook set and kOwned storage: UseStream, the
 // passes' kernels on the model's own stream, ordered with the default one
-// by events, and replayed as CUDA graphs: RunPass; with
-// EnableOverlappedUpdates, AdamW on ops_'s update stream, each stage's
-// forward waiting for that stage's update: WaitForUpdate). Forward waits
-// for the losses, Backward only enqueues. The step's bits do not
+// by events, and replayed as CUDA graphs: RunPass). Forward waits for
+// the losses, Backward only enqueues. The step's bits do not
 // depend on scheduling: no kernel uses atomics, cuBLASLt gets the same
 // algorithm for the same shape (kernels/fast/gemm.h), and cuDNN's
 // attention picks only deterministic engines (cudnn_attention.h).
@@ -195,27 +193,6 @@ class CudaModel final : public GptModel {
   }
   long graph_replays() const override { return graph_replays_; }
 
-  absl::Status EnableOverlappedUpdates() override {
-    if (overlapped_updates_) return absl::OkStatus();
-    if (storage_ != ParamStorage::kOwned) {
-      return absl::FailedPreconditionError(
-          "overlapped updates need the model's own parameters (kOwned storage); a sharding "
-          "strategy steps its own groups");
-    }
-    std::vector<cudaEvent_t> marks;
-    for (size_t s = 0; s < stages_.size(); ++s) {
-      marks.push_back(static_cast<cudaEvent_t>(ops_->UpdateMark(static_cast<int>(s))));
-      if (marks.back() == nullptr) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("device cuda: events for overlapped updates: ", ops_->status().message()));
-      }
-    }
-    update_marks_ = std::move(marks);
-    DropGraphs();  // a forward captured before has none of the marks' waits
-    overlapped_updates_ = true;
-    return absl::OkStatus();
-  }
-
   std::string DescribeAttention() const override {
     if (cudnn_ == nullptr) return flash_ ? "muster flash" : "muster GEMM";
     const long version = cudnn_->version();  // 91900 for 9.19.0; 0 until loaded
@@ -264,21 +241,6 @@ class CudaModel final : public GptModel {
                const std::function<void()>& enqueue);
   // Destroys the captured graphs; the next run of each key captures again.
   void DropGraphs();
-  bool capturing_ = false;  // RunPass is capturing the pass being enqueued
-
-  // Overlapped updates (EnableOverlappedUpdates): before the first kernel
-  // that reads stage `stage`'s parameters, the forward's stream waits for
-  // the stage's update mark (ops_'s event, recorded by AdamW::Step). A
-  // captured graph holds the wait as a node on that event (external), so
-  // each replay waits for the latest update. A mark not yet recorded, or
-  // already passed, waits for nothing.
-  void WaitForUpdate(int stage) {
-    if (!overlapped_updates_) return;
-    Check("wait for a stage's update",
-          static_cast<int>(cudaStreamWaitEvent(stream_, update_marks_[stage],
-                                               capturing_ ? cudaEventWaitExternal : 0)));
-  }
-  std::vector<cudaEvent_t> update_marks_;  // by stage
 
   void BlockForward(int layer, const void* residual_in);
   // dresidual_ holds d loss / d(block output) on entry and d loss /
@@ -556,9 +518,7 @@ void CudaModel::RunPass(std::map<GraphKey, Graph>* graphs, const GraphKey& key,
     Check("graph capture",
           static_cast<int>(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)));
     if (!status_.ok()) return;
-    capturing_ = true;
     enqueue();
-    capturing_ = false;
     cudaGraph_t captured = nullptr;
     const cudaError_t ended = cudaStreamEndCapture(stream_, &captured);
     // A launch that failed inside the capture (recorded by Check) fails
@@ -592,11 +552,6 @@ float CudaModel::Forward(const int* inputs, const int* targets, int B, int T) {
     assert(targets == nullptr || (targets[i] >= 0 && targets[i] < V));
   }
 #endif
-  // With overlapped updates, the passes wait for each stage's update
-  // themselves (WaitForUpdate), but the weights' bf16 copy reads them all.
-  if (overlapped_updates_ && !(params_bf16_ != nullptr && bf16_stale_)) {
-    ops_->TakeOverlappedUpdates();
-  }
   ops_->ToDevice(inputs_, inputs, BT * sizeof(int));
   if (has_targets_) ops_->ToDevice(targets_, targets, BT * sizeof(int));
   // After the copies, and whatever wrote the parameters, on the default
@@ -632,14 +587,12 @@ void CudaModel::EnqueueForward() {
   const int B = batch_, T = time_, C = config_.dim, V = config_.vocab, Vp = config_.padded_vocab(),
             L = config_.layers;
   const int BT = B * T;
-  WaitForUpdate(0);
   PreForward(0);
   Check("encoder", fast::EncoderForward(act_, encoded_, inputs_, Param(0, layout::kWte),
                                         Param(0, layout::kWpe), B, T, C, stream_));
   PostForward(0);
   // Each block's LayerNorm 1 (and the head's final one) is fused with the
   // residual of the stage before: the next stage's hook comes first.
-  WaitForUpdate(1);
   PreForward(1);
   Check("layernorm 1",
         fast::LayerNormForward(act_, layers_[0].ln1, layers_[0].ln1_mean, layers_[0].ln1_rstd,
@@ -653,7 +606,6 @@ void CudaModel::EnqueueForward() {
     const bool last = layer + 1 == L;
     Layer* next = last ? nullptr : &layers_[layer + 1];
     const int next_stage = last ? head : layout::BlockStage(layer + 1);
-    WaitForUpdate(next_stage);
     PreForward(next_stage);
     Check("residual + layernorm",
           fast::LayerNormForward(
@@ -760,7 +712,6 @@ void CudaModel::Backward(float loss_scale) {
   // later ones (gradient accumulation) add.
   const fast::GradWrite write = grads_unset_ ? fast::GradWrite::kOverwrite : fast::GradWrite::kAdd;
   grads_unset_ = false;
-  ops_->SettleUpdates();  // none after a Forward; AdamW::Step between would leave some
   UseStream();
   JoinDefaultStream();  // after the token groups' copy and whatever last read the gradients
   RunPass(&backward_graphs_, {B, T, scale_bits, write == fast::GradWrite::kOverwrite ? 1u : 0u},

@@ -94,29 +94,6 @@ class Ops {
   virtual void AdamWUpdate(float* params, float* m, float* v, const float* grads,
                            uint16_t* params_bf16, const std::vector<AdamWRun>& runs,
                            const kernels::AdamWHyper& hyper, int step) = 0;
-
-  // ---- AdamW overlapped with the next forward (GptModel::EnableOverlappedUpdates) ----
-  // Between BeginOverlappedUpdates and EndOverlappedUpdates, AdamWUpdate
-  // runs on a stream of its own (CUDA), after all the work issued before
-  // Begin, and MarkUpdated(i) notes that the updates issued so far are done
-  // once UpdateMark(i) has completed (a cudaEvent_t, made on first asking;
-  // nullptr on the CPU). After End, the next call of any op here first
-  // waits for every update (so each call still sees the results of those
-  // before it), unless the caller took that wait on itself with
-  // TakeOverlappedUpdates: the model's Forward, which waits for each
-  // stage's mark before the stage's first kernel. SettleUpdates makes that
-  // wait now. Waits are on the device, not the host. The CPU back end runs
-  // every update in place, and these are no-ops.
-  virtual void BeginOverlappedUpdates() {}
-  virtual void MarkUpdated(int mark) {}
-  virtual void EndOverlappedUpdates() {}
-  virtual void* UpdateMark(int mark) { return nullptr; }
-  virtual void TakeOverlappedUpdates() {}
-  virtual void SettleUpdates() {}
-  // The updates' stream (a cudaStream_t; nullptr before the first
-  // BeginOverlappedUpdates, and on the CPU), for a test that holds the
-  // updates back to show that their readers wait for them.
-  virtual void* update_stream() const { return nullptr; }
   // out (n raw bf16 bits) = in rounded to nearest even, and back (exact):
   // a sharding strategy's bf16 copies of the parameters it gathers or
   // sends (kernels/bf16.h; the same bits on both back ends).

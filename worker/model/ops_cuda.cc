@@ -33,16 +33,9 @@ class CudaOps final : public Ops {
   // has none (transient buffers are then plain cudaMalloc'd ones).
   CudaOps(cublasHandle_t blas, cudaMemPool_t pool) : blas_(blas), pool_(pool) {}
   ~CudaOps() override {
-    if (update_stream_ != nullptr) cudaStreamSynchronize(update_stream_);
     for (AdamWTable& table : adamw_tables_) cudaFree(table.chunks);
     cudaFree(norm_scratch_);
     cublasDestroy(blas_);
-    for (cudaEvent_t mark : marks_) {
-      if (mark != nullptr) cudaEventDestroy(mark);
-    }
-    if (updates_begin_ != nullptr) cudaEventDestroy(updates_begin_);
-    if (updates_done_ != nullptr) cudaEventDestroy(updates_done_);
-    if (update_stream_ != nullptr) cudaStreamDestroy(update_stream_);
     // What the pool keeps (see MakeCudaOps) goes back to the driver, for a
     // later model in this process or another process on the GPU.
     if (pool_ != nullptr && cudaDeviceSynchronize() == cudaSuccess) cudaMemPoolTrimTo(pool_, 0);
@@ -55,20 +48,16 @@ class CudaOps final : public Ops {
     void* ptr = nullptr;
     const cudaError_t error = Malloc(&ptr, bytes == 0 ? 1 : bytes);
     if (error != cudaSuccess) return AllocFailed(bytes, "cudaMalloc", error);
-    Fence();
     Check("cudaMemset", cudaMemset(ptr, 0, bytes));
     return ptr;
   }
-  void Free(void* ptr) override {
-    Fence();
-    cudaFree(ptr);
-  }
+  void Free(void* ptr) override { cudaFree(ptr); }
   absl::StatusOr<void*> AllocTransient(size_t bytes) override {
     void* ptr = nullptr;
-    const cudaError_t error = pool_ == nullptr
-                                  ? Malloc(&ptr, bytes == 0 ? 1 : bytes)
-                                  : cudaMallocAsync(&ptr, bytes == 0 ? 1 : bytes,
-                                                    static_cast<cudaStream_t>(DefaultStream()));
+    const cudaError_t error =
+        pool_ == nullptr
+            ? Malloc(&ptr, bytes == 0 ? 1 : bytes)
+            : cudaMallocAsync(&ptr, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(kStream));
     if (error != cudaSuccess) {
       return AllocFailed(bytes, pool_ == nullptr ? "cudaMalloc" : "cudaMallocAsync", error);
     }
@@ -79,149 +68,91 @@ class CudaOps final : public Ops {
     if (pool_ == nullptr) {
       Check("cudaFree", cudaFree(ptr));
     } else {
-      Check("cudaFreeAsync", cudaFreeAsync(ptr, static_cast<cudaStream_t>(DefaultStream())));
+      Check("cudaFreeAsync", cudaFreeAsync(ptr, static_cast<cudaStream_t>(kStream)));
     }
   }
   void ToDevice(void* dst, const void* src, size_t bytes) override {
-    Fence();
     Check("cudaMemcpy to device", cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   }
   void ToHost(void* dst, const void* src, size_t bytes) const override {
-    Fence();
     Check("cudaMemcpy to host", cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
   }
-  void Zero(void* dst, size_t bytes) override {
-    Fence();
-    Check("cudaMemset", cudaMemset(dst, 0, bytes));
-  }
+  void Zero(void* dst, size_t bytes) override { Check("cudaMemset", cudaMemset(dst, 0, bytes)); }
 
   void EncoderForward(float* out, const int* tokens, const float* wte, const float* wpe, int B,
                       int T, int C) override {
-    Check("encoder forward",
-          k::EncoderForwardCuda(out, tokens, wte, wpe, B, T, C, DefaultStream()));
+    Check("encoder forward", k::EncoderForwardCuda(out, tokens, wte, wpe, B, T, C, kStream));
   }
   void EncoderBackward(float* dwte, float* dwpe, const float* dout, const int* tokens, int B, int T,
                        int C) override {
-    Check("encoder backward",
-          k::EncoderBackwardCuda(dwte, dwpe, dout, tokens, B, T, C, DefaultStream()));
+    Check("encoder backward", k::EncoderBackwardCuda(dwte, dwpe, dout, tokens, B, T, C, kStream));
   }
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                         const float* bias, size_t N, int C) override {
     Check("layernorm forward",
-          k::LayerNormForwardCuda(out, mean, rstd, inp, weight, bias, N, C, DefaultStream()));
+          k::LayerNormForwardCuda(out, mean, rstd, inp, weight, bias, N, C, kStream));
   }
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
                          const float* rstd, size_t N, int C) override {
     Check("layernorm backward", k::LayerNormBackwardCuda(dinp, dweight, dbias, dout, inp, weight,
-                                                         mean, rstd, N, C, DefaultStream()));
+                                                         mean, rstd, N, C, kStream));
   }
   void MatmulForward(float* out, const float* inp, const float* weight, const float* bias,
                      size_t BT, int C, int OC) override {
     Check("matmul forward",
-          k::MatmulForwardCuda(out, inp, weight, bias, BT, C, OC, blas_, DefaultStream()));
+          k::MatmulForwardCuda(out, inp, weight, bias, BT, C, OC, blas_, kStream));
   }
   void MatmulBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                       const float* inp, const float* weight, size_t BT, int C, int OC) override {
     Check("matmul backward", k::MatmulBackwardCuda(dinp, dweight, dbias, dout, inp, weight, BT, C,
-                                                   OC, blas_, DefaultStream()));
+                                                   OC, blas_, kStream));
   }
   void AttentionForward(float* out, float* att, const float* qkv, int B, int T, int C,
                         int NH) override {
-    Check("attention forward",
-          k::AttentionForwardCuda(out, att, qkv, B, T, C, NH, DefaultStream()));
+    Check("attention forward", k::AttentionForwardCuda(out, att, qkv, B, T, C, NH, kStream));
   }
   void AttentionBackward(float* dqkv, float* dpreatt, const float* dout, const float* qkv,
                          const float* att, int B, int T, int C, int NH) override {
     Check("attention backward",
-          k::AttentionBackwardCuda(dqkv, dpreatt, dout, qkv, att, B, T, C, NH, DefaultStream()));
+          k::AttentionBackwardCuda(dqkv, dpreatt, dout, qkv, att, B, T, C, NH, kStream));
   }
   void GeluForward(float* out, const float* inp, size_t n) override {
-    Check("gelu forward", k::GeluForwardCuda(out, inp, n, DefaultStream()));
+    Check("gelu forward", k::GeluForwardCuda(out, inp, n, kStream));
   }
   void GeluBackward(float* dinp, const float* inp, const float* dout, size_t n) override {
-    Check("gelu backward", k::GeluBackwardCuda(dinp, inp, dout, n, DefaultStream()));
+    Check("gelu backward", k::GeluBackwardCuda(dinp, inp, dout, n, kStream));
   }
   void ResidualForward(float* out, const float* inp1, const float* inp2, size_t n) override {
-    Check("residual forward", k::ResidualForwardCuda(out, inp1, inp2, n, DefaultStream()));
+    Check("residual forward", k::ResidualForwardCuda(out, inp1, inp2, n, kStream));
   }
   void CrossEntropyForward(float* losses, float* lse, const float* logits, const int* targets,
                            size_t N, int V, int Vp) override {
     Check("crossentropy forward",
-          k::CrossEntropyForwardCuda(losses, lse, logits, targets, N, V, Vp, DefaultStream()));
+          k::CrossEntropyForwardCuda(losses, lse, logits, targets, N, V, Vp, kStream));
   }
   void CrossEntropyBackward(float* dlogits, const float* logits, const float* lse,
                             const int* targets, float dloss, size_t N, int V, int Vp) override {
-    Check("crossentropy backward", k::CrossEntropyBackwardCuda(dlogits, logits, lse, targets, dloss,
-                                                               N, V, Vp, DefaultStream()));
+    Check("crossentropy backward",
+          k::CrossEntropyBackwardCuda(dlogits, logits, lse, targets, dloss, N, V, Vp, kStream));
   }
   void AdamWUpdate(float* params, float* m, float* v, const float* grads, uint16_t* params_bf16,
                    const std::vector<AdamWRun>& runs, const k::AdamWHyper& hyper,
                    int step) override {
     const AdamWTable* table = FindAdamWTable(runs);
-    if (table == nullptr) {
-      table = UploadAdamWTable(runs);
-      // The table's copy ran on the default stream: the update stream
-      // waits for it, not only for the work before BeginOverlappedUpdates.
-      if (updating_) UpdatesAfterDefaultStream();
-    }
+    if (table == nullptr) table = UploadAdamWTable(runs);
     // No table (its upload failed: status() says why), or nothing to update
     // (an FSDP rank's empty slice of a stage smaller than the shard group).
     if (table == nullptr || table->chunk_count == 0) return;
-    Check("adamw", k::fast::AdamWUpdateChunks(params, m, v, grads, params_bf16, table->chunks,
-                                              table->chunk_count, table->aligned, hyper, step,
-                                              updating_ ? update_stream_ : DefaultStream()));
+    Check("adamw",
+          k::fast::AdamWUpdateChunks(params, m, v, grads, params_bf16, table->chunks,
+                                     table->chunk_count, table->aligned, hyper, step, kStream));
   }
-
-  void BeginOverlappedUpdates() override {
-    if (update_stream_ == nullptr) {
-      // Non-blocking: the legacy default stream's own work (the copies)
-      // must not wait for the updates, nor they for it, but by the events.
-      cudaStream_t stream = nullptr;
-      cudaEvent_t begin = nullptr, done = nullptr;
-      cudaError_t made = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-      if (made == cudaSuccess) made = cudaEventCreateWithFlags(&begin, cudaEventDisableTiming);
-      if (made == cudaSuccess) made = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
-      if (!Check("an update stream and its events", made)) {
-        if (done != nullptr) cudaEventDestroy(done);
-        if (begin != nullptr) cudaEventDestroy(begin);
-        if (stream != nullptr) cudaStreamDestroy(stream);
-        return;  // status() says why; AdamWUpdate stays on the default stream
-      }
-      update_stream_ = stream;
-      updates_begin_ = begin;
-      updates_done_ = done;
-    }
-    Fence();
-    updating_ = true;
-    UpdatesAfterDefaultStream();
-  }
-  void MarkUpdated(int mark) override {
-    if (!updating_) return;
-    Check("an update mark",
-          cudaEventRecord(static_cast<cudaEvent_t>(UpdateMark(mark)), update_stream_));
-  }
-  void EndOverlappedUpdates() override {
-    if (!updating_) return;
-    updating_ = false;
-    Check("the updates' end", cudaEventRecord(updates_done_, update_stream_));
-    fence_ = true;
-  }
-  void* UpdateMark(int mark) override {
-    if (mark >= static_cast<int>(marks_.size())) marks_.resize(mark + 1, nullptr);
-    if (marks_[mark] == nullptr) {
-      Check("an update mark", cudaEventCreateWithFlags(&marks_[mark], cudaEventDisableTiming));
-    }
-    return marks_[mark];
-  }
-  void TakeOverlappedUpdates() override { fence_ = false; }
-  void SettleUpdates() override { Fence(); }
-  void* update_stream() const override { return update_stream_; }
   void CastToBf16(uint16_t* out, const float* in, size_t n) override {
-    Check("bf16 cast", k::fast::CastToBf16(out, in, n, DefaultStream()));
+    Check("bf16 cast", k::fast::CastToBf16(out, in, n, kStream));
   }
   void CastFromBf16(float* out, const uint16_t* in, size_t n) override {
-    Check("bf16 widen", k::fast::CastFromBf16(out, in, n, DefaultStream()));
+    Check("bf16 widen", k::fast::CastFromBf16(out, in, n, kStream));
   }
   double SumOfSquares(const float* x, size_t n) override {
     // One device result double followed by the kernel's scratch, grown to
@@ -237,34 +168,17 @@ class CudaOps final : public Ops {
       }
       norm_scratch_doubles_ = doubles;
     }
-    Check("sum of squares",
-          k::SumOfSquaresCuda(norm_scratch_, norm_scratch_ + 1, x, n, DefaultStream()));
+    Check("sum of squares", k::SumOfSquaresCuda(norm_scratch_, norm_scratch_ + 1, x, n, kStream));
     double sum = 0.0;
     ToHost(&sum, norm_scratch_, sizeof(double));
     return sum;
   }
   void Scale(float* x, size_t n, float scale) override {
-    Check("scale", k::ScaleCuda(x, n, scale, DefaultStream()));
+    Check("scale", k::ScaleCuda(x, n, scale, kStream));
   }
 
  private:
-  // The default stream, which orders all work but the updates between
-  // BeginOverlappedUpdates and EndOverlappedUpdates (update_stream_), once
-  // it waits for any of those still in flight (Fence).
-  void* DefaultStream() const {
-    Fence();
-    return nullptr;
-  }
-  void Fence() const {
-    if (!fence_) return;
-    fence_ = false;
-    Check("wait for the updates", cudaStreamWaitEvent(nullptr, updates_done_, 0));
-  }
-  // The update stream waits for the work issued on the default stream so far.
-  void UpdatesAfterDefaultStream() {
-    Check("order the updates", cudaEventRecord(updates_begin_, nullptr));
-    Check("order the updates", cudaStreamWaitEvent(update_stream_, updates_begin_, 0));
-  }
+  static constexpr void* kStream = nullptr;  // the default stream orders all work
 
   // cudaMalloc, and once more after the pool has handed back what it keeps
   // when the first try finds too little memory: the pool's release
@@ -370,14 +284,6 @@ class CudaOps final : public Ops {
   double* norm_scratch_ = nullptr;
   size_t norm_scratch_doubles_ = 0;
   mutable absl::Status status_;
-  // Overlapped updates: their stream and events (made at the first
-  // BeginOverlappedUpdates), whether AdamWUpdate goes there now, and
-  // whether the default stream has yet to wait for updates_done_.
-  cudaStream_t update_stream_ = nullptr;
-  cudaEvent_t updates_begin_ = nullptr, updates_done_ = nullptr;
-  std::vector<cudaEvent_t> marks_;
-  bool updating_ = false;
-  mutable bool fence_ = false;
 };
 
 }  // namespace

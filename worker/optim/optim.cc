@@ -24,37 +24,13 @@ struct AdamW::Impl {
   std::vector<size_t> stage_flat;                // each stage's start in the flat layout
   std::vector<size_t> moment_base;               // per group
   std::vector<std::vector<Ops::AdamWRun>> runs;  // per group
-  // Per group, each slice's stage and runs (the same runs, split where the
-  // slices meet), for Step with overlapped updates; and whether every stage
-  // is in one slice, so that its mark can follow its slice's update.
-  struct SliceRuns {
-    int stage;
-    std::vector<Ops::AdamWRun> runs;
-  };
-  std::vector<std::vector<SliceRuns>> slice_runs;
-  bool stages_whole = true;
-  size_t floats = 0;  // moments' length
+  size_t floats = 0;                             // moments' length
   float* m = nullptr;
   float* v = nullptr;
 
   ~Impl() {
     model->ops().Free(m);
     model->ops().Free(v);
-  }
-  // AdamW over `runs` of group g's arrays.
-  void Update(size_t g, const std::vector<Ops::AdamWRun>& group_runs, float lr, int step,
-              float grad_scale) const {
-    kernels::AdamWHyper hyper;
-    hyper.learning_rate = lr;
-    hyper.grad_scale = grad_scale;
-    hyper.beta1 = static_cast<float>(config.beta1);
-    hyper.beta2 = static_cast<float>(config.beta2);
-    hyper.eps = static_cast<float>(config.eps);
-    hyper.weight_decay = static_cast<float>(config.weight_decay);
-    const ParamShard::Group& group = shard.groups[g];
-    const size_t base = moment_base[g];
-    model->ops().AdamWUpdate(group.params, m + base, v + base, group.grads, group.bf16, group_runs,
-                             hyper, step);
   }
   // Calls fn(group, at, in_range, n) for the pieces of flat range
   // [first, first + count), which must lie inside the owned slices.
@@ -111,11 +87,9 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(GptModel* model, const Opti
     flat += stage.size;
   }
   size_t last_end = 0;  // flat order across groups
-  std::vector<int> slices_of_stage(stages.size(), 0);
   for (const ParamShard::Group& group : shard.groups) {
     size_t extent = 0;
     std::vector<Ops::AdamWRun> runs;
-    std::vector<Impl::SliceRuns> slice_runs;
     for (const ParamShard::Slice& slice : group.slices) {
       if (slice.stage < 0 || slice.stage >= static_cast<int>(stages.size()) ||
           slice.in_stage > stages[slice.stage].size ||
@@ -128,8 +102,6 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(GptModel* model, const Opti
       if (begin < last_end) {
         return absl::InvalidArgumentError("AdamW: the shard's slices are not in flat order");
       }
-      ++slices_of_stage[slice.stage];
-      const size_t first_run = runs.size();
       if (slice.count > 0) last_end = begin + slice.count;
       extent = std::max(extent, slice.at + slice.count);
       // Runs of neighbouring tensors that share the decay setting, clipped
@@ -146,15 +118,11 @@ absl::StatusOr<std::unique_ptr<AdamW>> AdamW::Create(GptModel* model, const Opti
           runs.push_back({slice.at + (lo - slice.in_stage), hi - lo, tensors[run].decay});
         run = stop;
       }
-      slice_runs.push_back({slice.stage, {runs.begin() + first_run, runs.end()}});
     }
     impl->moment_base.push_back(impl->floats);
     impl->runs.push_back(std::move(runs));
-    impl->slice_runs.push_back(std::move(slice_runs));
     impl->floats += extent;
   }
-  impl->stages_whole = std::all_of(slices_of_stage.begin(), slices_of_stage.end(),
-                                   [](int slices) { return slices == 1; });
   impl->shard = std::move(shard);
   absl::StatusOr<void*> m = model->ops().Alloc(impl->floats * sizeof(float));
   if (!m.ok()) return m.status();
@@ -187,31 +155,23 @@ std::vector<ParamRange> AdamW::owned() const {
 size_t AdamW::moment_floats() const { return impl_->floats; }
 
 void AdamW::Step(float lr, int step, float grad_scale) {
-  if (!impl_->model->overlapped_updates()) {
-    // One call per group: on CUDA one launch for the whole model.
-    for (size_t g = 0; g < impl_->shard.groups.size(); ++g) StepGroup(g, lr, step, grad_scale);
-    return;
-  }
-  // A call per slice, each stage's mark after its slice (or, were a stage
-  // split between slices, every mark at the end): the next Forward starts
-  // a stage once its update is done (GptModel::EnableOverlappedUpdates).
-  Ops& ops = impl_->model->ops();
-  ops.BeginOverlappedUpdates();
-  for (size_t g = 0; g < impl_->shard.groups.size(); ++g) {
-    for (const Impl::SliceRuns& slice : impl_->slice_runs[g]) {
-      impl_->Update(g, slice.runs, lr, step, grad_scale);
-      if (impl_->stages_whole) ops.MarkUpdated(slice.stage);
-    }
-  }
-  if (!impl_->stages_whole) {
-    for (size_t s = 0; s < impl_->stage_flat.size(); ++s) ops.MarkUpdated(static_cast<int>(s));
-  }
-  ops.EndOverlappedUpdates();
+  // One call per group: on CUDA one launch for the whole model.
+  for (size_t g = 0; g < impl_->shard.groups.size(); ++g) StepGroup(g, lr, step, grad_scale);
 }
 
 void AdamW::StepGroup(size_t g, float lr, int step, float grad_scale) {
   assert(g < impl_->shard.groups.size());
-  impl_->Update(g, impl_->runs[g], lr, step, grad_scale);
+  kernels::AdamWHyper hyper;
+  hyper.learning_rate = lr;
+  hyper.grad_scale = grad_scale;
+  hyper.beta1 = static_cast<float>(impl_->config.beta1);
+  hyper.beta2 = static_cast<float>(impl_->config.beta2);
+  hyper.eps = static_cast<float>(impl_->config.eps);
+  hyper.weight_decay = static_cast<float>(impl_->config.weight_decay);
+  const ParamShard::Group& group = impl_->shard.groups[g];
+  const size_t base = impl_->moment_base[g];
+  impl_->model->ops().AdamWUpdate(group.params, impl_->m + base, impl_->v + base, group.grads,
+                                  group.bf16, impl_->runs[g], hyper, step);
 }
 
 size_t AdamW::groups() const { return impl_->shard.groups.size(); }

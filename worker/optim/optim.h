@@ -75,10 +75,7 @@ class AdamW {
   // One update of the owned parameters with learning rate `lr`; `step`
   // counts from 1. Every gradient is multiplied by `grad_scale` as it is
   // read (the clip factor of ClipScale; the gradient buffers are left as
-  // they are). With the model's overlapped updates
-  // (GptModel::EnableOverlappedUpdates) it updates a slice (a stage) at a
-  // time and marks each stage done, for the next Forward; the bits are the
-  // same either way (the update is elementwise).
+  // they are).
   void Step(float lr, int step, float grad_scale = 1.0f);
   // The same update of group `group` of the ParamShard alone (0 <= group <
   // groups()): a sharding strategy steps its groups one at a time to send

@@ -80,13 +80,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   if (config.train.cuda_graphs != "false" && *device == Device::kCuda) {
     if (absl::Status enabled = trainer->model_->EnableCudaGraphs(); !enabled.ok()) return enabled;
   }
-  // train.overlap_updates (validated: ddp, no pipeline); auto is off for
-  // now, and a device auto that found no GPU ignores it.
-  if (config.train.overlap_updates == "true" && *device == Device::kCuda) {
-    if (absl::Status enabled = trainer->model_->EnableOverlappedUpdates(); !enabled.ok()) {
-      return enabled;
-    }
-  }
   trainer->checkpoints_ = std::make_unique<CheckpointManager>(
       config, trainer->strategy_, trainer->options_.log, trainer->options_.env);
   auto resumed = trainer->checkpoints_->Resume(trainer->model_.get(), trainer->optimizer_.get(),

@@ -3,18 +3,13 @@
 // trajectory within each precision's bound; a step is bitwise repeatable;
 // running out of memory is a clear error. Needs a GPU: tagged manual, run
 // on the lent machine (docs/gpu.md).
-#include <cuda_runtime.h>
-
 #include <catch2/catch.hpp>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <iterator>
-#include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -178,11 +173,9 @@ TEST_CASE("logits without targets match the CPU model", "[cuda]") {
 
 // Steps of forward, backward, clip and AdamW; returns the losses. Batches
 // are B=4, T=40, or with `vary_shape` every third one B=2, T=48 (longer:
-// cuDNN's attention may need a larger workspace for it). `before_step`, if
-// given, runs before each AdamW step.
+// cuDNN's attention may need a larger workspace for it).
 std::vector<float> Train(GptModel* model, const ModelConfig& config, int steps,
-                         bool vary_shape = false,
-                         const std::function<void()>& before_step = nullptr) {
+                         bool vary_shape = false) {
   OptimConfig optim;
   optim.lr = 1e-3;
   optim.weight_decay = 0.1;
@@ -196,7 +189,6 @@ std::vector<float> Train(GptModel* model, const ModelConfig& config, int steps,
     losses.push_back(model->Forward(batch.inputs.data(), batch.targets.data(), batch.B, batch.T));
     model->Backward(1.0f);
     ClipGradNorm(model, 1.0f);
-    if (before_step) before_step();
     adamw.Step(1e-3f, step + 1);
     model->ZeroGrad();
   }
@@ -303,20 +295,6 @@ TEST_CASE("with CUDA graphs and cuDNN's attention, training gives the eager run'
   CheckTrainingRepeats(SmallConfig(), Precision::kBf16, Attention::kCudnn, true);
 }
 
-// Two CUDA models from the same weights (B=4), both replaying CUDA graphs
-// or neither: one trained the engine's usual way, the other another way
-// that must give the same bits.
-std::pair<std::unique_ptr<GptModel>, std::unique_ptr<GptModel>> TwinModels(
-    const ModelConfig& config, Precision precision, bool graphs) {
-  std::pair<std::unique_ptr<GptModel>, std::unique_ptr<GptModel>> twins{
-      Make(config, 4, Device::kCuda, precision), Make(config, 4, Device::kCuda, precision)};
-  if (graphs) {
-    REQUIRE(twins.first->EnableCudaGraphs().ok());
-    REQUIRE(twins.second->EnableCudaGraphs().ok());
-  }
-  return twins;
-}
-
 // After ZeroGrad the engine's Backward writes over the stale gradients
 // (model.h, ZeroGrad): the gradients must equal those of a model whose
 // gradients were cleared first (CopyGradsToHost settles them, so its
@@ -332,7 +310,12 @@ TEST_CASE("gradients written over after ZeroGrad equal gradients added into zero
   for (const Bounds& bounds : kBounds) {
     for (const bool graphs : {false, true}) {
       SECTION(std::string(PrecisionName(bounds.precision)) + (graphs ? ", graphs" : ", eager")) {
-        auto [over, added] = TwinModels(config, bounds.precision, graphs);
+        auto over = Make(config, 4, Device::kCuda, bounds.precision);
+        auto added = Make(config, 4, Device::kCuda, bounds.precision);
+        if (graphs) {
+          REQUIRE(over->EnableCudaGraphs().ok());
+          REQUIRE(added->EnableCudaGraphs().ok());
+        }
         unsigned seed = 300;
         for (size_t step = 0; step < std::size(steps); ++step) {
           const auto [T, micro] = steps[step];
@@ -356,61 +339,6 @@ TEST_CASE("gradients written over after ZeroGrad equal gradients added into zero
       }
     }
   }
-}
-
-// AdamW's updates overlapped with the next forward
-// (EnableOverlappedUpdates: a stage at a time on the update stream, each
-// stage's forward waiting for its own) give the bits of the updates in
-// order on the default stream: losses, parameters and the moments' effect
-// on them, eager and with CUDA graphs (whose forward waits on the marks as
-// graph nodes), with the shape changing between steps. Then the host reads
-// the parameters straight after a Step (a checkpoint's copy), which must
-// wait for every update. From the second step on, the update stream is
-// held for 20 ms before each Step's updates (a host function that sleeps,
-// ahead of them on that stream), so a forward or a copy that did not wait
-// for them would read the step before's parameters: the test does not
-// rest on the GPU happening to run the updates first.
-TEST_CASE("with overlapped updates, training gives the bits of updates in order", "[cuda][graph]") {
-  const ModelConfig config = SmallConfig();
-  for (const Bounds& bounds : kBounds) {
-    for (const bool graphs : {false, true}) {
-      SECTION(std::string(PrecisionName(bounds.precision)) + (graphs ? ", graphs" : ", eager")) {
-        auto [in_order, overlapped] = TwinModels(config, bounds.precision, graphs);
-        REQUIRE(overlapped->EnableOverlappedUpdates().ok());
-        int held = 0;
-        auto hold_updates = [&overlapped, &held] {
-          void* stream = overlapped->ops().update_stream();
-          if (stream == nullptr) return;  // made by the first Step
-          REQUIRE(cudaLaunchHostFunc(
-                      static_cast<cudaStream_t>(stream),
-                      [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); },
-                      nullptr) == cudaSuccess);
-          ++held;
-        };
-        const std::vector<float> want = Train(in_order.get(), config, 12, true);
-        const std::vector<float> got = Train(overlapped.get(), config, 12, true, hold_updates);
-        CHECK(held == 11);
-        for (size_t i = 0; i < want.size(); ++i) {
-          INFO("step " << i);
-          CHECK(got[i] == want[i]);
-        }
-        // Train's last call was AdamW::Step then ZeroGrad: the copy must
-        // see the last update.
-        CHECK(overlapped->CopyParamsToHost() == in_order->CopyParamsToHost());
-        REQUIRE(overlapped->DeviceStatus().ok());
-        if (graphs) REQUIRE(overlapped->graph_replays() == in_order->graph_replays());
-      }
-    }
-  }
-}
-
-TEST_CASE("overlapped updates are refused with external storage", "[cuda]") {
-  auto model = GptModel::Create(SmallConfig(), 2, Device::kCuda, Precision::kBf16,
-                                ParamStorage::kExternal, Attention::kMuster);
-  REQUIRE(model.ok());
-  const absl::Status status = (*model)->EnableOverlappedUpdates();
-  CHECK(status.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(absl::StrContains(status.message(), "kOwned"));
 }
 
 // Steps as Train's, with DDP's pattern of hooks: none in the forward, and

@@ -315,34 +315,6 @@ TEST_CASE("AdamW stepped one group at a time gives Step's bits") {
   CHECK((*split)->CopyMomentsToHost(true) == (*whole)->CopyMomentsToHost(true));
 }
 
-TEST_CASE("AdamW with overlapped updates, a stage at a time, gives Step's bits") {
-  // The slices' runs, split where the stages meet, must cover the same
-  // floats with the same decay as the whole group's (on CUDA each stage's
-  // update then runs on the update stream; model_cuda_test checks that).
-  const ModelConfig config = TinyConfig();
-  auto whole_model = MakeModel(config, 2, 5);
-  auto staged_model = MakeModel(config, 2, 5);
-  REQUIRE(staged_model->EnableOverlappedUpdates().ok());
-  REQUIRE(staged_model->overlapped_updates());
-  REQUIRE_FALSE(whole_model->overlapped_updates());
-  OptimConfig optim;
-  optim.weight_decay = 0.1;  // some runs decay, some do not
-  auto whole = AdamW::Create(whole_model.get(), optim);
-  auto staged = AdamW::Create(staged_model.get(), optim);
-  REQUIRE(whole.ok());
-  REQUIRE(staged.ok());
-  for (int step = 1; step <= 3; ++step) {
-    const Batch batch = RandomBatch(config, 2, 5, 40 + step);
-    LossAndGrads(whole_model.get(), batch);
-    LossAndGrads(staged_model.get(), batch);
-    (*whole)->Step(1e-2f, step, 0.5f);
-    (*staged)->Step(1e-2f, step, 0.5f);
-    CHECK(staged_model->CopyParamsToHost() == whole_model->CopyParamsToHost());
-  }
-  CHECK((*staged)->CopyMomentsToHost(false) == (*whole)->CopyMomentsToHost(false));
-  CHECK((*staged)->CopyMomentsToHost(true) == (*whole)->CopyMomentsToHost(true));
-}
-
 TEST_CASE("each stage's gradients are final when its post_backward hook runs") {
   const ModelConfig config = TinyConfig();
   auto model = MakeModel(config, 2, 21);

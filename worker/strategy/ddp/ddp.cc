@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "worker/model/ops.h"
 
 namespace muster::worker {
 namespace {
@@ -106,10 +105,7 @@ absl::Status Ddp::StateLoaded(GptModel* model) {
 
 absl::Status Ddp::SyncParameters(GptModel* model) {
   // The stages' parameters, one broadcast per stage, over the data group:
-  // device memory on CUDA, host memory on the CPU. The collectives order
-  // themselves after the default stream, not through ops(): any update
-  // still in flight (GptModel::EnableOverlappedUpdates) is waited for first.
-  model->ops().SettleUpdates();
+  // device memory on CUDA, host memory on the CPU.
   std::vector<std::shared_ptr<parallel::Work>> works;
   for (Stage& stage : model->stages()) {
     works.push_back(data_->Broadcast(absl::MakeSpan(stage.params, stage.size), 0));
