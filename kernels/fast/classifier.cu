@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, kStaged ? 2 : 1)
 // emulation has an H100's.
 struct SharedMemory {
   size_t per_sm = 228 * 1024;
-  size_t dynamic_per_block = 227 * 1024 - 2 * 1024;
+  size_t dynamic_per_block = 227 * 1024 - 2 * 1024;  // the opt-in less static, rounded up
 };
 SharedMemory DeviceSharedMemory() {
 #ifdef MUSTER_SIMT

@@ -1004,16 +1004,12 @@ TEST_CASE("a gradient written over gives the bits of one added into zeros",
 }
 
 TEST_CASE("fused classifier: loss and logit gradient match fp64", "[classifier]") {
-  // Widths for all three kernels (classifier.cu), on the emulation's
-  // shared memory (an H100's): 1024 and 70,016 read the row twice in every
-  // precision, GPT-2's 50,304 and 60,032 too in fp32; 5056 and 30,016 in
-  // bf16, 5056 in fp32 and GPT-2's 50,304 in bf16 stage the row in shared
-  // memory; 60,032 in bf16 and 30,016 in fp32 are too wide for two staged
-  // blocks an SM and keep the row in registers.
-  // Each shape names the kernel it must run in fp32 and in bf16 where an
-  // SM has an H100's 228 KB of shared memory; on another GPU the choice
-  // is only reported. (On an H100 the staged kernel went unused, its
-  // results right, until memcheck showed its attribute refused.)
+  // Widths for all three kernels (classifier.cu) in each type. Each shape
+  // names the kernel it must run in fp32 and in bf16 where an SM has an
+  // H100's 228 KB of shared memory (the emulation's too); on another GPU
+  // the choice is only reported. (On an H100 the staged kernel went
+  // unused, its results right, until memcheck showed its attribute
+  // refused.)
   using P = ClassifierPath;
   struct Shape {
     int BT, V, Vp;
