@@ -294,6 +294,7 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "checkpoint:\n  resume: \"\"\n",
        "t.yaml:4: checkpoint.resume: expected auto, never or a checkpoint path"},
       {train + "checkpoint:\n  keep_every: -5\n", "t.yaml:4: checkpoint.keep_every: must be >= 0"},
+      {train + "checkpoint:\n  lock_wait: -1\n", "t.yaml:4: checkpoint.lock_wait: must be >= 0"},
       {train + "train:\n  eval_every: 10\n",
        "t.yaml:4: train.eval_every: evaluation needs data.val"},
       {"model:\n  layers: 2\n", "t.yaml:1: data.train: missing"},

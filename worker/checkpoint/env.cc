@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -116,6 +117,32 @@ class PosixRandomAccessFile : public RandomAccessFile {
   const std::string path_;
 };
 
+class PosixFileLock : public FileLock {
+ public:
+  PosixFileLock(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  // Closing the descriptor releases the lock: flock(2) locks belong to the
+  // open file description, not to the process as fcntl(2) locks do, so
+  // two FileLocks of one process exclude each other too.
+  ~PosixFileLock() override { ::close(fd_); }
+
+  absl::Status SetContents(const std::string& text) override {
+    if (::ftruncate(fd_, 0) != 0) return Errno("cannot truncate", path_);
+    for (size_t done = 0; done < text.size();) {
+      ssize_t n = ::pwrite(fd_, text.data() + done, text.size() - done, static_cast<off_t>(done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Errno("write failed", path_);
+      done += static_cast<size_t>(n);
+    }
+    // Durable, and on NFS sent to the server, where other clients read it.
+    if (::fsync(fd_) != 0) return Errno("fsync failed", path_);
+    return absl::OkStatus();
+  }
+
+ private:
+  const int fd_;
+  const std::string path_;
+};
+
 class PosixEnv : public Env {
  public:
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
@@ -208,6 +235,20 @@ class PosixEnv : public Env {
     std::filesystem::remove_all(path, error);
     if (error) return FromErrorCode(error, "cannot delete", path);
     return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return Errno("cannot open", path);
+    while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      ::close(fd);
+      if (error == EWOULDBLOCK) return absl::FailedPreconditionError(path + ": locked");
+      errno = error;
+      return Errno("cannot lock", path);
+    }
+    return std::make_unique<PosixFileLock>(fd, path);
   }
 };
 

@@ -50,6 +50,17 @@ class RandomAccessFile {
   virtual absl::StatusOr<uint64_t> Size() const = 0;
 };
 
+// An exclusive advisory lock on a file, held until the object is
+// destroyed or its process ends (a crash included: the kernel releases
+// it). The file's contents are the holder's to set, so whoever is refused
+// the lock can read who holds it.
+class FileLock {
+ public:
+  virtual ~FileLock() = default;  // releases the lock
+  // Replaces the file's contents with `text`, and fsyncs it.
+  virtual absl::Status SetContents(const std::string& text) = 0;
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -85,6 +96,13 @@ class Env {
   // Removes `path` and, if it is a directory, everything under it; OK if
   // it does not exist.
   virtual absl::Status RemoveAll(const std::string& path) = 0;
+
+  // Takes an exclusive lock on `path`, creating the file if it is missing,
+  // without waiting. FAILED_PRECONDITION when it is held: by another
+  // process, or by another FileLock of this process. The POSIX Env uses
+  // flock(2), which NFS v4 and Lustre (with its flock mount option) carry
+  // to every client of a shared file system.
+  virtual absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path) = 0;
 };
 
 // An Env that forwards every call to `target`: a test overrides the
@@ -115,6 +133,9 @@ class EnvWrapper : public Env {
   }
   absl::Status RemoveFile(const std::string& path) override { return target_->RemoveFile(path); }
   absl::Status RemoveAll(const std::string& path) override { return target_->RemoveAll(path); }
+  absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    return target_->LockFile(path);
+  }
 
  private:
   Env* target_;

@@ -115,6 +115,9 @@ struct CheckpointConfig {
   int keep_last = 3;
   int keep_every = 0;
   std::string resume = "auto";  // auto | never | <path>
+  // Seconds rank 0 waits for dir's LOCK while a run on another host holds
+  // it (worker/checkpoint/dir_lock.h); 0: refuse at once.
+  int lock_wait = 120;
 };
 
 struct TrainConfig {

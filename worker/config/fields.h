@@ -226,6 +226,9 @@ struct Table<CheckpointConfig> {
        NonNegative()},
       {"resume", &C::resume, "auto: the newest checkpoint in dir that verifies",
        Path().OneOf("auto|never").OrElse("a checkpoint path")},
+      {"lock_wait", &C::lock_wait,
+       "seconds to wait for dir's LOCK while a run on another host holds it; 0: refuse at once",
+       NonNegative()},
   };
 };
 

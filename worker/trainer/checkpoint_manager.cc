@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/checkpoint/dir_lock.h"
 #include "worker/checkpoint/files.h"
 #include "worker/checkpoint/layout.h"
 #include "worker/checkpoint/reader.h"
@@ -114,9 +115,46 @@ absl::StatusOr<int64_t> CheckpointManager::Broadcast(int64_t value) {
   return control().Broadcast(value, /*root=*/0);
 }
 
+absl::Status CheckpointManager::LockDir(uint64_t token) {
+  const CheckpointConfig& c = config_.checkpoint;
+  // The Env's errors name the path, not the field: named here.
+  auto named = [](const absl::Status& status) {
+    return absl::Status(status.code(), absl::StrCat("checkpoint.dir: ", status.message()));
+  };
+  if (absl::Status made = env_->CreateDir(c.dir); !made.ok()) return named(made);
+  // The other ranks wait inside a collective meanwhile, which fails after
+  // parallel.timeout_s: rank 0 gives up well before.
+  const absl::Duration collective_bound = absl::Seconds(config_.parallel.timeout_s / 2);
+  const bool bounded = absl::Seconds(c.lock_wait) > collective_bound;
+  auto lock = LockCheckpointDir(
+      env_, c.dir, bounded ? collective_bound : absl::Seconds(c.lock_wait),
+      bounded ? "checkpoint.lock_wait, at most half of parallel.timeout_s" : "checkpoint.lock_wait",
+      token, [this](const std::string& line) { Log(line); });
+  if (absl::IsFailedPrecondition(lock.status())) return lock.status();  // names it
+  if (!lock.ok()) return named(lock.status());
+  dir_lock_ = *std::move(lock);
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointManager::ClaimDir() {
+  const std::string& dir = config_.checkpoint.dir;
+  if (dir.empty()) return absl::OkStatus();
+  const bool root = control().rank() == 0;
+  const uint64_t token = root ? NewLockToken() : 0;
+  absl::Status locked =
+      Agree(root ? LockDir(token) : absl::OkStatus(), "taking checkpoint.dir's LOCK");
+  if (!locked.ok()) return locked;
+  auto agreed = Broadcast(static_cast<int64_t>(token));
+  if (!agreed.ok()) return agreed.status();
+  return Agree(root ? absl::OkStatus()
+                    : SeesLock(env_, dir, static_cast<uint64_t>(*agreed), control().rank()),
+               "checking that every rank sees checkpoint.dir");
+}
+
 absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer,
                                                TrainState* state) {
   const CheckpointConfig& c = config_.checkpoint;
+  if (absl::Status claimed = ClaimDir(); !claimed.ok()) return claimed;
   if (c.resume == "never" || (c.resume == "auto" && c.dir.empty())) return false;
   std::string path = c.resume;
   if (c.resume == "auto") {

@@ -82,7 +82,12 @@ class CheckpointManager {
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
-  // Follows checkpoint.resume: "never"; "auto", the newest checkpoint in
+  // First, whenever checkpoint.dir is set, rank 0 creates it and takes its
+  // LOCK for the manager's lifetime (worker/checkpoint/dir_lock.h): one
+  // run per directory. FAILED_PRECONDITION on every rank, naming the
+  // holder, when another run keeps it; also when a rank does not see the
+  // LOCK rank 0 holds (its checkpoint.dir is another directory).
+  // Then follows checkpoint.resume: "never"; "auto", the newest checkpoint in
   // checkpoint.dir that verifies (none: a fresh start, returns false); or
   // a path, which must load, unless checkpoint.dir holds a newer
   // checkpoint that this run (started from that path) wrote: a restart
@@ -124,6 +129,11 @@ class CheckpointManager {
 
  private:
   absl::Status Commit(bool wait);
+  // Whenever checkpoint.dir is set, on every rank: rank 0 creates it and
+  // takes its lock into dir_lock_ (LockDir), and every other rank checks
+  // that it sees rank 0's token there (SeesLock): one directory for all.
+  absl::Status ClaimDir();
+  absl::Status LockDir(uint64_t token);
   absl::Status WriteManifest(int step, const std::string& tmp);
   // Every rank learns whether all ranks' `local` is OK; returns `local`, or
   // an error naming the failed collective step when another rank failed.
@@ -142,6 +152,9 @@ class CheckpointManager {
   ParallelStrategy* strategy_;
   FILE* log_;
   Env* const env_;  // before writer_, which is given it
+  // Rank 0's hold on checkpoint.dir/LOCK. Declared before writer_ and
+  // retention_, so it is released only after their threads stopped.
+  std::unique_ptr<FileLock> dir_lock_;
   // This run's Manifest::lineage: new, or set by Resume.
   std::string lineage_;
   ShardWriter writer_;

@@ -3,9 +3,11 @@
 // run ends; a worker SIGKILLed in each phase of a save resumes from the
 // previous checkpoint (the save stopped there by fault_worker's file
 // system, tests/worker/checkpoint/fault_worker.cc). Every wait has a deadline;
-// nothing sleeps.
+// nothing sleeps. A second run on a checkpoint.dir in use is refused,
+// and the SIGKILL of the first frees the directory for the next.
 #include <signal.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "launcher/worker_env.h"
 #include "tests/launcher/harness.h"
@@ -239,6 +242,68 @@ TEST_CASE("SIGKILLed in any phase of a save, the worker resumes from the previou
       CHECK_FALSE(fs::exists(dir.File("run_ckpt/.tmp_step_00000008")));
     }
   }
+}
+
+// A copy of dir/from.yaml as dir/to.yaml, its own metrics file and `steps`,
+// the same checkpoint.dir.
+void CopySetup(const TempDir& dir, const std::string& from, const std::string& to, int steps) {
+  std::string yaml = ReadFile(dir.File(from + ".yaml"));
+  yaml = absl::StrReplaceAll(yaml, {{from + ".jsonl", to + ".jsonl"}});
+  const size_t at = yaml.find("steps: ");
+  REQUIRE(at != std::string::npos);
+  yaml.replace(at, yaml.find(',', at) - at, absl::StrCat("steps: ", steps));
+  WriteFile(dir.File(to + ".yaml"), yaml);
+}
+
+// The newest committed step in `ckpt`, 0 if none.
+int NewestCheckpoint(const std::string& ckpt) {
+  int newest = 0;
+  for (const auto& entry : fs::directory_iterator(ckpt)) {
+    const std::string name = entry.path().filename().string();
+    int step = 0;
+    if (absl::StartsWith(name, "step_") && fs::exists(entry.path() / "manifest.json") &&
+        absl::SimpleAtoi(name.substr(5), &step)) {
+      newest = std::max(newest, step);
+    }
+  }
+  return newest;
+}
+
+TEST_CASE("a second run on a checkpoint.dir in use is refused at once; the first's kill frees it") {
+  TempDir dir;
+  WriteSetup(dir, "first", 1000000, 10);
+  launcher::Child first = StartWorker(dir, "first");
+  REQUIRE(WaitUntil([&] { return LastStep(dir.File("first.jsonl")) >= 12; }, absl::Seconds(60)));
+
+  CopySetup(dir, "first", "second", 1000000);
+  launcher::Child second = StartWorker(dir, "second");
+  const int code = ExitCode(second);
+  const std::string refused = ReadFile(dir.File("second.log"));
+  INFO(refused);
+  CHECK(code == 1);
+  CHECK(absl::StrContains(
+      refused, absl::StrCat("worker: checkpoint.dir ", dir.File("first_ckpt"),
+                            " is in use by another run: pid ", first.pid(), " on host ")));
+  CHECK_FALSE(absl::StrContains(refused, "deleted"));
+  CHECK_FALSE(fs::exists(dir.File("second.jsonl")));
+
+  // The first goes on training and saving.
+  const int before = LastStep(dir.File("first.jsonl"));
+  REQUIRE(WaitUntil([&] { return NewestCheckpoint(dir.File("first_ckpt")) >= before + 10; },
+                    absl::Seconds(60)));
+  REQUIRE(kill(first.pid(), SIGKILL) == 0);
+  REQUIRE(ExitCode(first) == 128 + SIGKILL);
+
+  // Its lock went with it: the next run takes it and resumes there.
+  const int newest = NewestCheckpoint(dir.File("first_ckpt"));
+  CopySetup(dir, "first", "third", newest + 3);
+  launcher::Child third = StartWorker(dir, "third");
+  REQUIRE(ExitCode(third) == 0);
+  const std::string resumed = ReadFile(dir.File("third.log"));
+  INFO(resumed);
+  CHECK(absl::StrContains(resumed, absl::StrFormat("checkpoint: resumed from %s/step_%08d",
+                                                   dir.File("first_ckpt"), newest)));
+  CHECK(LastStep(dir.File("third.jsonl")) == newest + 3);
 }
 
 }  // namespace

@@ -21,6 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "tests/worker/checkpoint/tiny_job.h"
 #include "tests/worker/thread_ranks.h"
+#include "worker/checkpoint/dir_lock.h"
+#include "worker/checkpoint/env.h"
 #include "worker/checkpoint/layout.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/reader.h"
@@ -51,12 +53,13 @@ struct RunResult {
 };
 
 // Creates a Trainer (resuming per config) and runs it; `parallel` may be
-// nullptr, `stop_signal` as in TrainerOptions. Never REQUIREs: it may run
-// on a rank thread.
+// nullptr, `stop_signal` and `env` as in TrainerOptions. Never REQUIREs:
+// it may run on a rank thread.
 RunResult RunTrainer(const TrainConfig& config, ParallelStrategy* parallel = nullptr,
-                     std::function<int()> stop_signal = nullptr) {
+                     std::function<int()> stop_signal = nullptr, Env* env = nullptr) {
   RunResult result;
   TrainerOptions options;
+  options.env = env;
   FILE* log = std::tmpfile();
   options.log = log;
   options.strategy = parallel;
@@ -603,6 +606,85 @@ TEST_CASE("bad input gets a clear error and deletes nothing") {
     }
   }
   CHECK(VerifyCheckpoint(Env::Default(), saved).ok());  // still there, still good
+}
+
+// What a node whose checkpoint.dir is a disk of its own sees: every path
+// under `from` is under `to` instead.
+class OtherDiskEnv : public EnvWrapper {
+ public:
+  OtherDiskEnv(std::string from, std::string to)
+      : EnvWrapper(Env::Default()), from_(std::move(from)), to_(std::move(to)) {}
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    return target()->NewWritableFile(Map(path));
+  }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override {
+    return target()->NewRandomAccessFile(Map(path));
+  }
+  absl::Status SyncFile(const std::string& path) override { return target()->SyncFile(Map(path)); }
+  absl::Status SyncDir(const std::string& path) override { return target()->SyncDir(Map(path)); }
+  bool FileExists(const std::string& path) override { return target()->FileExists(Map(path)); }
+  bool IsDirectory(const std::string& path) override { return target()->IsDirectory(Map(path)); }
+  absl::StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    return target()->GetChildren(Map(dir));
+  }
+  absl::Status CreateDir(const std::string& path) override {
+    return target()->CreateDir(Map(path));
+  }
+  absl::Status RenameFile(const std::string& from, const std::string& to) override {
+    return target()->RenameFile(Map(from), Map(to));
+  }
+  absl::Status RemoveFile(const std::string& path) override {
+    return target()->RemoveFile(Map(path));
+  }
+  absl::Status RemoveAll(const std::string& path) override {
+    return target()->RemoveAll(Map(path));
+  }
+  absl::StatusOr<std::unique_ptr<FileLock>> LockFile(const std::string& path) override {
+    return target()->LockFile(Map(path));
+  }
+
+ private:
+  std::string Map(const std::string& path) const {
+    return absl::StartsWith(path, from_) ? to_ + path.substr(from_.size()) : path;
+  }
+  const std::string from_, to_;
+};
+
+TEST_CASE("a rank whose checkpoint.dir is another directory stops every rank before step 1") {
+  const std::string dir = FreshDir("other_disk");
+  WriteShard(dir);
+  const TrainConfig config = TinyConfig(dir);
+  const std::string node_b = FreshDir("other_disk_b") + "/ckpt";
+  std::string found = "cannot read it";
+  SECTION("nothing there") {}
+  SECTION("an earlier run's LOCK there") {
+    LockHolder earlier;
+    earlier.pid = 99;
+    earlier.host = "node-b";
+    earlier.token = 12345;
+    fs::create_directories(node_b);
+    std::ofstream(node_b + "/LOCK") << FormatLockHolder(earlier);
+    found = "finds another run's there, that of pid 99 on host node-b";
+  }
+  OtherDiskEnv other_disk(config.checkpoint.dir, node_b);
+  std::vector<RunResult> results(2);
+  testing::RunRanks(2, [&](int rank, ParallelStrategy* parallel) {
+    results[rank] = RunTrainer(config, parallel, nullptr, rank == 1 ? &other_disk : nullptr);
+  });
+  INFO(results[0].status.ToString() << "\n" << results[1].status.ToString());
+  CHECK(absl::IsFailedPrecondition(results[1].status));
+  CHECK(absl::StrContains(results[1].status.message(),
+                          "checkpoint.dir " + config.checkpoint.dir +
+                              " is not one directory for every rank: rank 0 holds " +
+                              config.checkpoint.dir + "/LOCK, and rank 1 on host "));
+  CHECK(absl::StrContains(results[1].status.message(), found));
+  CHECK(absl::StrContains(results[0].status.message(),
+                          "checking that every rank sees checkpoint.dir failed on another rank"));
+  for (const RunResult& result : results) CHECK(result.losses.empty());
+  CHECK(fs::exists(config.checkpoint.dir + "/LOCK"));
+  CHECK_FALSE(fs::exists(config.checkpoint.dir + "/step_00000004"));
 }
 
 TEST_CASE("a failed background write is reported once, by the next call") {
