@@ -102,11 +102,16 @@ void CheckpointManager::Log(const std::string& line) {
 }
 
 absl::Status CheckpointManager::Agree(absl::Status local, const std::string& what) {
-  auto failed = control().AllReduce(int64_t{local.ok() ? 0 : 1}, parallel::ReduceOp::kMax);
+  // size - rank for a failed rank, so the max names the lowest one: the
+  // rank whose log says why.
+  const int size = control().size(), rank = control().rank();
+  auto failed =
+      control().AllReduce(int64_t{local.ok() ? 0 : size - rank}, parallel::ReduceOp::kMax);
   if (!failed.ok()) return failed.status();
   if (!local.ok()) return local;
   if (*failed > 0) {
-    return absl::AbortedError(absl::StrCat(what, " failed on another rank (see its log)"));
+    return absl::AbortedError(
+        absl::StrCat(what, " failed on rank ", size - *failed, " (see its log)"));
   }
   return absl::OkStatus();
 }

@@ -681,7 +681,7 @@ TEST_CASE("a rank whose checkpoint.dir is another directory stops every rank bef
                               config.checkpoint.dir + "/LOCK, and rank 1 on host "));
   CHECK(absl::StrContains(results[1].status.message(), found));
   CHECK(absl::StrContains(results[0].status.message(),
-                          "checking that every rank sees checkpoint.dir failed on another rank"));
+                          "checking that every rank sees checkpoint.dir failed on rank 1 (see its log)"));
   for (const RunResult& result : results) CHECK(result.losses.empty());
   CHECK(fs::exists(config.checkpoint.dir + "/LOCK"));
   CHECK_FALSE(fs::exists(config.checkpoint.dir + "/step_00000004"));
