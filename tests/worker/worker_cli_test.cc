@@ -143,6 +143,24 @@ TEST_CASE("a bad config exits 2 with a one-line message naming the key") {
   CHECK(missing.exit_code == 2);
 }
 
+TEST_CASE("a batch that cannot fit in memory exits 1 naming the bytes asked for and available") {
+  std::string dir = FreshDir("huge");
+  std::string config = WriteTinyJob(dir, 5);
+  std::string yaml = ReadAll(config);
+  // 10^9 sequences a micro-batch: activations of petabytes, beyond any
+  // address space, so no overcommit setting lets the mapping succeed.
+  const size_t at = yaml.find("micro_batch: 4");
+  REQUIRE(at != std::string::npos);
+  yaml.replace(at, 14, "micro_batch: 1000000000");
+  WriteAll(config, yaml);
+  RunResult run = RunWorker(dir, {config});
+  INFO(run.err);
+  CHECK(run.exit_code == 1);
+  CHECK(Contains(run.err, "worker: out of host memory: asked for "));
+  CHECK(Contains(run.err, " GB) available; lower data.micro_batch or model.seq_len") ==
+        std::ifstream("/proc/meminfo").good());
+}
+
 TEST_CASE("data that is not there exits 2") {
   std::string dir = FreshDir("nodata");
   std::string config = WriteTinyJob(dir, 5);

@@ -3,14 +3,19 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cinttypes>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/attention.h"
 #include "kernels/bf16.h"
@@ -39,9 +44,27 @@ class CpuOps final : public Ops {
     // before the Ops (a shared_ptr they hold) goes.
   }
 
+  // What the kernel says a new allocation could have without swapping
+  // (MemAvailable in /proc/meminfo), in bytes; 0 when it cannot be read.
+  static uint64_t AvailableHostBytes() {
+    std::ifstream meminfo("/proc/meminfo");
+    for (std::string line; std::getline(meminfo, line);) {
+      uint64_t kib = 0;
+      if (std::sscanf(line.c_str(), "MemAvailable: %" SCNu64 " kB", &kib) == 1) return kib << 10;
+    }
+    return 0;
+  }
+
+  // As the CUDA back end says it: the bytes asked for and the bytes free.
   static absl::Status OutOfMemory(size_t bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+    const uint64_t available = AvailableHostBytes();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "out of host memory: asked for ", bytes, " bytes (", absl::StrFormat("%.2f", bytes / 1e9),
+        " GB)",
+        available > 0
+            ? absl::StrFormat(" with %u bytes (%.2f GB) available", available, available / 1e9)
+            : "",
+        "; lower data.micro_batch or model.seq_len, or the model's size"));
   }
 
   Device device() const override { return Device::kCpu; }
