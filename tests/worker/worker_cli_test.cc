@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -147,11 +148,15 @@ TEST_CASE("a batch that cannot fit in memory exits 1 naming the bytes asked for 
   std::string dir = FreshDir("huge");
   std::string config = WriteTinyJob(dir, 5);
   std::string yaml = ReadAll(config);
-  // 10^9 sequences a micro-batch: activations of petabytes, beyond any
-  // address space, so no overcommit setting lets the mapping succeed.
-  const size_t at = yaml.find("micro_batch: 4");
-  REQUIRE(at != std::string::npos);
-  yaml.replace(at, 14, "micro_batch: 1000000000");
+  // 10^9 sequences a micro-batch over a vocab of 65536: logits alone of
+  // petabytes, beyond a 47-bit address space, so no overcommit setting
+  // lets the mapping succeed (and nothing is touched).
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"micro_batch: 4", "micro_batch: 1000000000"}, {"vocab: 256", "vocab: 65536"}}) {
+    const size_t at = yaml.find(from);
+    REQUIRE(at != std::string::npos);
+    yaml.replace(at, from.size(), to);
+  }
   WriteAll(config, yaml);
   RunResult run = RunWorker(dir, {config});
   INFO(run.err);
