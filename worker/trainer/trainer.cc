@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "kernels/grad_norm.h"
 #include "worker/trainer/checkpoint_manager.h"
+#include "worker/trainer/config_agreement.h"
 
 namespace muster::worker {
 
@@ -60,6 +61,21 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   // After both: cudnn needs cuda and bf16, which auto may or may not be.
   auto attention = ResolveAttention(config.attention, *device, *precision);
   if (!attention.ok()) return attention.status();
+  // Every rank's config, and what this node made of it, must be rank 0's
+  // before the first collective that depends on it (config_agreement.h).
+  std::vector<ConfigLine> resolved = {
+      {"device (resolved)", *device == Device::kCuda ? "cuda" : "cpu"},
+      {"precision (resolved)", PrecisionName(*precision)},
+      {"attention (resolved)", AttentionName(*attention)},
+      {"data.train (windows)", absl::StrCat(trainer->train_->samples_per_epoch())}};
+  if (trainer->val_ != nullptr) {
+    resolved.push_back({"data.val (windows)", absl::StrCat(trainer->val_->samples_per_epoch())});
+  }
+  if (absl::Status agreed = AgreeOnConfig(trainer->strategy_->control(),
+                                          ComparedConfig(config, resolved), config.source);
+      !agreed.ok()) {
+    return agreed;
+  }
   // The strategy builds the model's storage and the optimizer over this
   // rank's parameters, with weights agreed over ranks.
   BuildSpec spec;

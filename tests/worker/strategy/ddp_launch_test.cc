@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "tests/launcher/harness.h"
 #include "tests/worker/launch_job.h"
@@ -308,6 +309,48 @@ TEST_CASE("scale-up and scale-down under launch resume from the last checkpoint"
   REQUIRE(!losses.empty());
   CHECK(losses.rbegin()->first == total);
   CHECK(NewestCheckpointOfWorld(checkpoints, 1) == total);
+}
+
+TEST_CASE("two nodes with different train.yaml: both stop before training, naming the fields") {
+  TempDir dir;
+  WriteCorpus(dir.path());
+  auto server = StartServer();
+  // Node b's copy is stale: another micro-batch and learning rate.
+  WriteFile(dir.File("a.yaml"), JobYaml(3, 1, 1000, "a.jsonl"));
+  std::string stale = JobYaml(4, 1, 1000, "b.jsonl");
+  stale = absl::StrReplaceAll(stale, {{"lr: 1.0e-2", "lr: 2.0e-2"}});
+  WriteFile(dir.File("b.yaml"), stale);
+  auto command = [&](const std::string& yaml) {
+    return std::vector<std::string>{"--nnodes=2",
+                                    "--nproc_per_node=1",
+                                    "--rdzv_endpoint",
+                                    server->endpoint(),
+                                    "--rdzv_id=stale_yaml",
+                                    "--max_restarts=0",
+                                    BinaryPath("worker/worker"),
+                                    dir.File(yaml)};
+  };
+  Child a = StartLaunch(command("a.yaml"), dir.File("a.log"));
+  Child b = StartLaunch(command("b.yaml"), dir.File("b.log"));
+  const int code_a = ExitCodeWithin(a, absl::Seconds(60));
+  const int code_b = ExitCodeWithin(b, absl::Seconds(60));
+  const std::string logs = ReadFile(dir.File("a.log")) + ReadFile(dir.File("b.log"));
+  INFO(logs);
+  CHECK(code_a != 0);
+  CHECK(code_b != 0);
+  // Whichever node is rank 0, the other names both fields, each side's value.
+  const bool b_differs = absl::StrContains(
+      logs,
+      "differs from rank 0's: data.micro_batch is 4 here and 3 on rank 0; optim.lr is 0.02 "
+      "here and 0.01 on rank 0. Every rank must train with the same config");
+  const bool a_differs = absl::StrContains(
+      logs,
+      "differs from rank 0's: data.micro_batch is 3 here and 4 on rank 0; optim.lr is 0.01 "
+      "here and 0.02 on rank 0. Every rank must train with the same config");
+  CHECK(a_differs != b_differs);
+  CHECK(absl::StrContains(logs, "the config of rank 1 differs from rank 0's (see its log)"));
+  CHECK_FALSE(std::filesystem::exists(dir.File("a.jsonl")));
+  CHECK_FALSE(std::filesystem::exists(dir.File("b.jsonl")));
 }
 
 }  // namespace
