@@ -23,6 +23,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -36,6 +37,7 @@
 #include "worker/strategy/ddp/ddp.h"
 #include "worker/strategy/fsdp/fsdp.h"
 #include "worker/strategy/pipeline/pipeline.h"
+#include "worker/trainer/config_agreement.h"
 #include "worker/trainer/generate.h"
 #include "worker/trainer/trainer.h"
 
@@ -255,6 +257,19 @@ absl::StatusOr<Parallelism> JoinPeers(const TrainConfig& config) {
                      ": joining the peers: ", communicator.status().message(), hint));
   }
   result.communicator = *std::move(communicator);
+  // The fields that shape the groups made next (pipeline and HSDP
+  // sub-groups) must agree before any is made, or ranks wait on groups the
+  // others never make. The trainer compares the rest (config_agreement.h).
+  std::vector<ConfigLine> layout;
+  for (ConfigLine& line : ComparedConfig(config, {{"device (resolved)", DeviceName(*device)}})) {
+    if (absl::StartsWith(line.first, "parallel.") || absl::StartsWith(line.first, "device")) {
+      layout.push_back(std::move(line));
+    }
+  }
+  parallel::Collectives control(&result.communicator->control_group());
+  if (absl::Status agreed = AgreeOnConfig(control, layout, config.source); !agreed.ok()) {
+    return agreed;
+  }
   std::string backend_name = DataBackendName(*backend);
   if (*backend == parallel::DataBackend::kNccl) {
     absl::StrAppend(&backend_name, " ", parallel::NcclVersionString());

@@ -35,6 +35,8 @@ absl::StatusOr<Precision> ResolvePrecision(const std::string& name, Device devic
                                                  "' (expected auto, fp32, tf32 or bf16)"));
 }
 
+const char* DeviceName(Device device) { return device == Device::kCuda ? "cuda" : "cpu"; }
+
 const char* PrecisionName(Precision precision) {
   switch (precision) {
     case Precision::kFp32:

@@ -30,6 +30,7 @@
 namespace muster::worker {
 
 enum class Device { kCpu, kCuda };
+const char* DeviceName(Device device);  // "cpu" | "cuda", as train.yaml spells them
 
 // How the model computes (train.yaml `precision`):
 //   kFp32  fp32 storage and fp32 math everywhere (the only one on the CPU);

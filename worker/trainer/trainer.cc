@@ -64,7 +64,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   // Every rank's config, and what this node made of it, must be rank 0's
   // before the first collective that depends on it (config_agreement.h).
   std::vector<ConfigLine> resolved = {
-      {"device (resolved)", *device == Device::kCuda ? "cuda" : "cpu"},
+      {"device (resolved)", DeviceName(*device)},
       {"precision (resolved)", PrecisionName(*precision)},
       {"attention (resolved)", AttentionName(*attention)},
       {"data.train (windows)", absl::StrCat(trainer->train_->samples_per_epoch())}};

@@ -312,45 +312,65 @@ TEST_CASE("scale-up and scale-down under launch resume from the last checkpoint"
 }
 
 TEST_CASE("two nodes with different train.yaml: both stop before training, naming the fields") {
-  TempDir dir;
-  WriteCorpus(dir.path());
-  auto server = StartServer();
-  // Node b's copy is stale: another micro-batch and learning rate.
-  WriteFile(dir.File("a.yaml"), JobYaml(3, 1, 1000, "a.jsonl"));
-  std::string stale = JobYaml(4, 1, 1000, "b.jsonl");
-  stale = absl::StrReplaceAll(stale, {{"lr: 1.0e-2", "lr: 2.0e-2"}});
-  WriteFile(dir.File("b.yaml"), stale);
-  auto command = [&](const std::string& yaml) {
-    return std::vector<std::string>{"--nnodes=2",
-                                    "--nproc_per_node=1",
-                                    "--rdzv_endpoint",
-                                    server->endpoint(),
-                                    "--rdzv_id=stale_yaml",
-                                    "--max_restarts=0",
-                                    BinaryPath("worker/worker"),
-                                    dir.File(yaml)};
+  struct Case {
+    std::string name;
+    std::string a_yaml, b_yaml;  // node a's and node b's
+    int nproc;
+    std::string a_differs, b_differs;  // what each says when it is the one that differs
   };
-  Child a = StartLaunch(command("a.yaml"), dir.File("a.log"));
-  Child b = StartLaunch(command("b.yaml"), dir.File("b.log"));
-  const int code_a = ExitCodeWithin(a, absl::Seconds(60));
-  const int code_b = ExitCodeWithin(b, absl::Seconds(60));
-  const std::string logs = ReadFile(dir.File("a.log")) + ReadFile(dir.File("b.log"));
-  INFO(logs);
-  CHECK(code_a != 0);
-  CHECK(code_b != 0);
-  // Whichever node is rank 0, the other names both fields, each side's value.
-  const bool b_differs = absl::StrContains(
-      logs,
-      "differs from rank 0's: data.micro_batch is 4 here and 3 on rank 0; optim.lr is 0.02 "
-      "here and 0.01 on rank 0. Every rank must train with the same config");
-  const bool a_differs = absl::StrContains(
-      logs,
-      "differs from rank 0's: data.micro_batch is 3 here and 4 on rank 0; optim.lr is 0.01 "
-      "here and 0.02 on rank 0. Every rank must train with the same config");
-  CHECK(a_differs != b_differs);
-  CHECK(absl::StrContains(logs, "the config of rank 1 differs from rank 0's (see its log)"));
-  CHECK_FALSE(std::filesystem::exists(dir.File("a.jsonl")));
-  CHECK_FALSE(std::filesystem::exists(dir.File("b.jsonl")));
+  const std::string ddp = JobYaml(3, 1, 1000, "a.jsonl");
+  const std::string fsdp = absl::StrReplaceAll(
+      ddp, {{"{strategy: ddp, bucket_mb: 0.01,", "{strategy: fsdp, dp_replicate: 2,"}});
+  const std::vector<Case> cases = {
+      // Node b's copy is stale: another micro-batch and learning rate.
+      {"lr and batch", ddp,
+       absl::StrReplaceAll(ddp,
+                           {{"micro_batch: 3", "micro_batch: 4"}, {"lr: 1.0e-2", "lr: 2.0e-2"}}),
+       1, "data.micro_batch is 3 here and 4 on rank 0; optim.lr is 0.01 here and 0.02 on rank 0",
+       "data.micro_batch is 4 here and 3 on rank 0; optim.lr is 0.02 here and 0.01 on rank 0"},
+      // HSDP on one node and pure FSDP on the other: the sub-groups node a
+      // would make are never made by node b. Found before any is made.
+      {"group layout", fsdp, absl::StrReplaceAll(fsdp, {{"dp_replicate: 2", "dp_replicate: 1"}}), 2,
+       "parallel.dp_replicate is 2 here and 1 on rank 0",
+       "parallel.dp_replicate is 1 here and 2 on rank 0"},
+  };
+  for (const Case& c : cases) {
+    DYNAMIC_SECTION(c.name) {
+      TempDir dir;
+      WriteCorpus(dir.path());
+      auto server = StartServer();
+      WriteFile(dir.File("a.yaml"), c.a_yaml);
+      WriteFile(dir.File("b.yaml"), absl::StrReplaceAll(c.b_yaml, {{"a.jsonl", "b.jsonl"}}));
+      auto command = [&](const std::string& yaml) {
+        return std::vector<std::string>{"--nnodes=2",
+                                        absl::StrCat("--nproc_per_node=", c.nproc),
+                                        "--rdzv_endpoint",
+                                        server->endpoint(),
+                                        "--rdzv_id=stale_yaml",
+                                        "--max_restarts=0",
+                                        BinaryPath("worker/worker"),
+                                        dir.File(yaml)};
+      };
+      Child a = StartLaunch(command("a.yaml"), dir.File("a.log"));
+      Child b = StartLaunch(command("b.yaml"), dir.File("b.log"));
+      // Well inside parallel.timeout_s (30 s): nobody waits on a group.
+      const int code_a = ExitCodeWithin(a, absl::Seconds(20));
+      const int code_b = ExitCodeWithin(b, absl::Seconds(20));
+      const std::string logs = ReadFile(dir.File("a.log")) + ReadFile(dir.File("b.log"));
+      INFO(logs);
+      CHECK(code_a != 0);
+      CHECK(code_b != 0);
+      // Whichever node is rank 0, the other names the fields, each side's value.
+      const bool a_differs =
+          absl::StrContains(logs, "differs from rank 0's: " + c.a_differs + ". Every rank must");
+      const bool b_differs =
+          absl::StrContains(logs, "differs from rank 0's: " + c.b_differs + ". Every rank must");
+      CHECK(a_differs != b_differs);
+      CHECK(absl::StrContains(logs, "differs from rank 0's (see its log)"));
+      CHECK_FALSE(std::filesystem::exists(dir.File("a.jsonl")));
+      CHECK_FALSE(std::filesystem::exists(dir.File("b.jsonl")));
+    }
+  }
 }
 
 }  // namespace
