@@ -89,7 +89,12 @@ int Main(int argc, char** argv) {
   config.checkpoint.keep_last = 2;
   TrainerOptions options;
   options.log = std::tmpfile();
-  auto trainer = Trainer::Create(config, options);
+  // The trainer only makes the model and optimizer: the saves and loads
+  // timed below are the managers', and each Resume takes the directory's
+  // LOCK, which a trainer of this config would hold.
+  TrainConfig model_only = config;
+  model_only.checkpoint = {};
+  auto trainer = Trainer::Create(model_only, options);
   if (!trainer.ok()) return Fail(trainer.status());
   GptModel& model = *(*trainer)->model();
   AdamW& optimizer = *(*trainer)->optimizer();
