@@ -353,9 +353,11 @@ TEST_CASE("two nodes with different train.yaml: both stop before training, namin
       };
       Child a = StartLaunch(command("a.yaml"), dir.File("a.log"));
       Child b = StartLaunch(command("b.yaml"), dir.File("b.log"));
-      // Well inside parallel.timeout_s (30 s): nobody waits on a group.
-      const int code_a = ExitCodeWithin(a, absl::Seconds(20));
-      const int code_b = ExitCodeWithin(b, absl::Seconds(20));
+      // Both exit within seconds. A missed layout check would hang them on
+      // a group until parallel.timeout_s (30 s) and then fail without
+      // naming a field, which the checks below catch.
+      const int code_a = ExitCodeWithin(a, absl::Seconds(60));
+      const int code_b = ExitCodeWithin(b, absl::Seconds(60));
       const std::string logs = ReadFile(dir.File("a.log")) + ReadFile(dir.File("b.log"));
       INFO(logs);
       CHECK(code_a != 0);
