@@ -71,7 +71,7 @@ std::string ManifestToJson(const Manifest& m) {
   absl::StrAppend(&out, "  \"format_version\": ", m.format_version, ",\n", "  \"step\": ", m.step,
                   ",\n", "  \"optimizer_step\": ", m.optimizer_step, ",\n",
                   "  \"sample_index\": \"", m.sample_index, "\",\n", "  \"data_seed\": \"",
-                  m.data_seed, "\",\n",
+                  m.data_seed, "\",\n", "  \"data_windows\": \"", m.data_windows, "\",\n",
                   absl::StrFormat("  \"config_hash\": \"%016" PRIx64 "\",\n", m.config_hash),
                   "  \"model\": {\"layers\": ", m.model.layers, ", \"heads\": ", m.model.heads,
                   ", \"dim\": ", m.model.dim, ", \"vocab\": ", m.model.vocab,
@@ -179,6 +179,7 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& json, const std::strin
     m.optimizer_step = p.Number<int>(root, "optimizer_step");
     m.sample_index = p.Number<uint64_t>(root, "sample_index");
     m.data_seed = p.Number<uint64_t>(root, "data_seed");
+    if (root["data_windows"]) m.data_windows = p.Number<uint64_t>(root, "data_windows");
     m.config_hash = p.Number<uint64_t>(root, "config_hash", 16);
     YAML::Node model = p.Field(root, "model");
     m.model.layers = p.Number<int>(model, "layers");

@@ -60,7 +60,10 @@ struct Manifest {
   int optimizer_step = 0;     // AdamW's step count (bias correction)
   uint64_t sample_index = 0;  // global index of the next training sample
   uint64_t data_seed = 0;     // train.seed: fixes the data order (the only RNG)
-  uint64_t config_hash = 0;   // ModelConfigHash(model)
+  // data.train's windows per epoch at save time, which the order depends
+  // on too; 0 in manifests written before the field existed.
+  uint64_t data_windows = 0;
+  uint64_t config_hash = 0;  // ModelConfigHash(model)
   ModelConfig model;
   int world_size = 1;            // at save time
   std::string strategy = "ddp";  // at save time

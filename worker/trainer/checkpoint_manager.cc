@@ -238,6 +238,19 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
       state->sample_index = manifest->sample_index;
       lineage_ = forks ? ForkLineage(*manifest) : manifest->lineage;
       Log(ResumedLine(path, *manifest));
+      // Sample i is window pi(i mod W) of a permutation over all W windows
+      // (docs/data.md): with another W the order from here on is the new
+      // data's, not a continuation. Legitimate (new data), but never silent.
+      if (manifest->data_windows != 0 && state->data_windows != 0 &&
+          manifest->data_windows != state->data_windows) {
+        Log(absl::StrCat("warning: ", path, " was saved with data.train of ",
+                         manifest->data_windows, " windows and this run's has ",
+                         state->data_windows,
+                         " (shards added, removed or changed?): the sample order from index ",
+                         manifest->sample_index,
+                         " is the new data's, so some samples of the epoch under way may be "
+                         "seen twice and others not at all"));
+      }
       return absl::OkStatus();
     };
     // On the CPU, loading everything, the state is read straight into the
@@ -366,6 +379,7 @@ absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& op
   pending_step_ = state.step;
   last_started_ = state.step;
   sample_index_ = state.sample_index;
+  data_windows_ = state.data_windows;
   local_done_ = false;
   return absl::OkStatus();
 }
@@ -414,6 +428,7 @@ absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) 
   manifest.step = step;
   manifest.optimizer_step = step;
   manifest.sample_index = sample_index_;
+  manifest.data_windows = data_windows_;
   manifest.data_seed = config_.train.seed;
   manifest.config_hash = ModelConfigHash(config_.model);
   manifest.model = config_.model;

@@ -57,6 +57,10 @@ namespace muster::worker {
 struct TrainState {
   int step = 0;               // optimizer steps completed
   uint64_t sample_index = 0;  // global index of the next training sample
+  // data.train's windows per epoch (TokenStream::samples_per_epoch), set by
+  // the trainer: saved, and compared at resume, where another count means
+  // the sample order is no longer the saved run's (0: not known).
+  uint64_t data_windows = 0;
 };
 
 // The commit vote of step 4: each rank contributes CommitVote(its write),
@@ -164,6 +168,7 @@ class CheckpointManager {
   absl::StatusOr<FileRecord> local_result_;  // this rank's finished write
   bool local_done_ = false;
   uint64_t sample_index_ = 0;         // of the save in flight
+  uint64_t data_windows_ = 0;         // of the save in flight
   std::vector<StateTensor> tensors_;  // the model's flat state
   // Rank 0's retention in flight. The thread writes the two fields below
   // and the trainer thread reads them only after joining it.

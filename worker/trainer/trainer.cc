@@ -98,6 +98,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   }
   trainer->checkpoints_ = std::make_unique<CheckpointManager>(
       config, trainer->strategy_, trainer->options_.log, trainer->options_.env);
+  trainer->state_.data_windows = trainer->train_->samples_per_epoch();
   auto resumed = trainer->checkpoints_->Resume(trainer->model_.get(), trainer->optimizer_.get(),
                                                &trainer->state_);
   if (!resumed.ok()) return resumed.status();

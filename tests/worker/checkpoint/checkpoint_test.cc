@@ -95,6 +95,7 @@ TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refus
   m.optimizer_step = 7;
   m.sample_index = 1ull << 40;
   m.data_seed = 1337;
+  m.data_windows = 499;
   m.config_hash = 0xfedcba9876543210ull;
   m.world_size = 2;
   m.files = {{"rank_00000.bin", 12, 0xdeadbeef}, {"rank_00001.bin", 12, 1}};
@@ -105,11 +106,20 @@ TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refus
   INFO(parsed.status().ToString());
   REQUIRE(parsed.ok());
   CHECK(parsed->sample_index == m.sample_index);
+  CHECK(parsed->data_windows == 499);
   CHECK(parsed->config_hash == m.config_hash);
   CHECK(parsed->files[0].crc32 == 0xdeadbeef);
   CHECK(parsed->tensors[0].slices[1].offset == 0);
   CHECK(parsed->tensors[0].slices[1].start == 3);
   CHECK(ManifestToJson(*parsed) == ManifestToJson(m));
+  // A manifest from before data_windows existed reads as 0 (not known).
+  std::string older = ManifestToJson(m);
+  const size_t line = older.find("  \"data_windows\"");
+  REQUIRE(line != std::string::npos);
+  older.erase(line, older.find('\n', line) + 1 - line);
+  auto parsed_older = ParseManifest(older, "older");
+  REQUIRE(parsed_older.ok());
+  CHECK(parsed_older->data_windows == 0);
 
   Manifest gap = m;
   gap.tensors[0].slices[1].start = 4;
@@ -680,11 +690,41 @@ TEST_CASE("a rank whose checkpoint.dir is another directory stops every rank bef
                               " is not one directory for every rank: rank 0 holds " +
                               config.checkpoint.dir + "/LOCK, and rank 1 on host "));
   CHECK(absl::StrContains(results[1].status.message(), found));
-  CHECK(absl::StrContains(results[0].status.message(),
-                          "checking that every rank sees checkpoint.dir failed on rank 1 (see its log)"));
+  CHECK(absl::StrContains(
+      results[0].status.message(),
+      "checking that every rank sees checkpoint.dir failed on rank 1 (see its log)"));
   for (const RunResult& result : results) CHECK(result.losses.empty());
   CHECK(fs::exists(config.checkpoint.dir + "/LOCK"));
   CHECK_FALSE(fs::exists(config.checkpoint.dir + "/step_00000004"));
+}
+
+TEST_CASE("a resume over data of another size says so; over the same data it does not") {
+  const std::string dir = FreshDir("data_windows");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.train.steps = 4;
+  REQUIRE(RunTrainer(config).status.ok());
+  auto saved = ReadManifest(Env::Default(), config.checkpoint.dir + "/step_00000004");
+  REQUIRE(saved.ok());
+  CHECK(saved->data_windows == 499);  // (8000 - 1) / 16
+
+  config.train.steps = 6;
+  RunResult same = RunTrainer(config);
+  REQUIRE(same.status.ok());
+  CHECK(absl::StrContains(same.log, "resumed from"));
+  CHECK_FALSE(absl::StrContains(same.log, "warning"));
+
+  // A second shard appears while the run is down: the order changes.
+  fs::copy_file(dir + "/train_000.bin", dir + "/train_001.bin");
+  config.train.steps = 8;
+  RunResult grown = RunTrainer(config);
+  REQUIRE(grown.status.ok());
+  INFO(grown.log);
+  CHECK(absl::StrContains(
+      grown.log, "checkpoint: warning: " + config.checkpoint.dir +
+                     "/step_00000006 was saved with data.train of 499 windows and this run's has "
+                     "998 (shards added, removed or changed?): the sample order from index 24 is "
+                     "the new data's"));
 }
 
 TEST_CASE("a failed background write is reported once, by the next call") {
