@@ -266,6 +266,13 @@ absl::Status Trainer::Run() {
   using Clock = std::chrono::steady_clock;
   const int total = config_.train.steps;
   const int first = state_.step;
+  if (first >= total && strategy_->rank() == 0) {
+    // A finished run started again, or train.steps lowered below a
+    // checkpoint's step: say so rather than exit 0 without a word.
+    std::fprintf(options_.log, "nothing to train: resumed at step %d, and train.steps is %d\n",
+                 first, total);
+    std::fflush(options_.log);
+  }
   auto start = Clock::now();
   while (state_.step < total) {
     auto metrics = Step();

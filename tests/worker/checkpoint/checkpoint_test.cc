@@ -698,6 +698,27 @@ TEST_CASE("a rank whose checkpoint.dir is another directory stops every rank bef
   CHECK_FALSE(fs::exists(config.checkpoint.dir + "/step_00000004"));
 }
 
+TEST_CASE("a run resumed at or past train.steps trains nothing and says so") {
+  const std::string dir = FreshDir("finished");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.train.steps = 8;
+  REQUIRE(RunTrainer(config).status.ok());
+  for (int steps : {8, 4}) {
+    config.train.steps = steps;
+    RunResult again = RunTrainer(config);
+    REQUIRE(again.status.ok());
+    CHECK(again.losses.empty());
+    CHECK(absl::StrContains(again.log, absl::StrCat("nothing to train: resumed at step 8, and "
+                                                    "train.steps is ",
+                                                    steps)));
+  }
+  // Nothing saved over the step-8 checkpoint, and nothing newer.
+  auto newest = FindLatestValid(Env::Default(), config.checkpoint.dir, nullptr);
+  REQUIRE(newest.ok());
+  CHECK(newest->step == 8);
+}
+
 TEST_CASE("a resume over data of another size says so; over the same data it does not") {
   const std::string dir = FreshDir("data_windows");
   WriteShard(dir);
