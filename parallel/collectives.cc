@@ -34,6 +34,13 @@ absl::StatusOr<int64_t> Collectives::AllReduce(int64_t value, ReduceOp op) {
   return value;
 }
 
+absl::StatusOr<int> Collectives::LowestRankWith(bool flag) {
+  // size - rank for a flagged rank, so the max names the lowest one.
+  auto max = AllReduce(int64_t{flag ? size() - rank() : 0}, ReduceOp::kMax);
+  if (!max.ok()) return max.status();
+  return *max == 0 ? -1 : size() - static_cast<int>(*max);
+}
+
 absl::StatusOr<float> Collectives::AllReduce(float value, ReduceOp op) {
   if (absl::Status status = AllReduce(absl::MakeSpan(&value, 1), op); !status.ok()) {
     return status;

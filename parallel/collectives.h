@@ -53,6 +53,10 @@ class Collectives {
   absl::StatusOr<int64_t> AllReduce(int64_t value, ReduceOp op);
   absl::StatusOr<float> AllReduce(float value, ReduceOp op);
 
+  // The lowest rank whose `flag` is true, -1 when none's is: the rank
+  // whose log says why, for the others to name when a check fails on one.
+  absl::StatusOr<int> LowestRankWith(bool flag);
+
   // The sum over ranks of a double, kept in double precision (each rank's
   // value travels as two floats, its high and low parts) and added in rank
   // order: the same bits on every rank, and on every group of the same

@@ -93,6 +93,27 @@ TEST_CASE("scalar reductions and broadcasts are exact") {
   }
 }
 
+TEST_CASE("LowestRankWith names the lowest flagged rank on every rank, -1 for none") {
+  const int size = GENERATE(1, 2, 3);
+  rdzv::InMemoryStore store;
+  Groups groups = ConnectGroups(store, size, Bounded());
+  // Flagged ranks as a bit mask; every subset of the world.
+  for (int mask = 0; mask < (1 << size); ++mask) {
+    INFO("size " << size << ", flags " << mask);
+    std::vector<absl::StatusOr<int>> got = OnEveryRank(size, [&](int rank) {
+      return Collectives(groups[rank].get()).LowestRankWith((mask >> rank) & 1);
+    });
+    int expected = -1;
+    for (int rank = size - 1; rank >= 0; --rank) {
+      if ((mask >> rank) & 1) expected = rank;
+    }
+    for (int rank = 0; rank < size; ++rank) {
+      REQUIRE(got[rank].ok());
+      CHECK(*got[rank] == expected);
+    }
+  }
+}
+
 TEST_CASE("the group's errors are the control plane's") {
   std::unique_ptr<ProcessGroup> self = CreateSelfGroup();
   Collectives control(self.get());

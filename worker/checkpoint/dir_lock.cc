@@ -23,12 +23,6 @@ namespace {
 constexpr absl::Duration kFirstPause = absl::Milliseconds(50);
 constexpr absl::Duration kLongestPause = absl::Seconds(1);
 
-std::string HostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "";
-  return name;
-}
-
 // "pid 12 on host h (job j, since t)", with what is known of it.
 std::string Describe(const LockHolder& holder) {
   if (holder.pid == 0 && holder.host.empty()) return "another process (it has not said which)";
@@ -58,6 +52,12 @@ absl::Status InUse(const std::string& dir, const LockHolder& holder, const std::
 }
 
 }  // namespace
+
+std::string HostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) return "";
+  return name;
+}
 
 std::string FormatLockHolder(const LockHolder& holder) {
   return absl::StrCat("pid: ", holder.pid, "\nhost: ", holder.host, "\njob: ", holder.job,

@@ -43,6 +43,9 @@ struct LockHolder {
 std::string FormatLockHolder(const LockHolder& holder);
 LockHolder ParseLockHolder(const std::string& text);
 
+// This host's name (gethostname(2)); empty when it cannot be had.
+std::string HostName();
+
 // This process: its pid, host, the launcher's run id, `now` and `token`.
 LockHolder ThisProcess(absl::Time now, uint64_t token);
 

@@ -116,7 +116,8 @@ struct CheckpointConfig {
   int keep_every = 0;
   std::string resume = "auto";  // auto | never | <path>
   // Seconds rank 0 waits for dir's LOCK while a run on another host holds
-  // it (worker/checkpoint/dir_lock.h); 0: refuse at once.
+  // it (worker/checkpoint/dir_lock.h), at most half of parallel.timeout_s;
+  // 0: refuse at once.
   int lock_wait = 120;
 };
 

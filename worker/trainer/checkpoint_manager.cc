@@ -102,16 +102,11 @@ void CheckpointManager::Log(const std::string& line) {
 }
 
 absl::Status CheckpointManager::Agree(absl::Status local, const std::string& what) {
-  // size - rank for a failed rank, so the max names the lowest one: the
-  // rank whose log says why.
-  const int size = control().size(), rank = control().rank();
-  auto failed =
-      control().AllReduce(int64_t{local.ok() ? 0 : size - rank}, parallel::ReduceOp::kMax);
+  auto failed = control().LowestRankWith(!local.ok());
   if (!failed.ok()) return failed.status();
   if (!local.ok()) return local;
-  if (*failed > 0) {
-    return absl::AbortedError(
-        absl::StrCat(what, " failed on rank ", size - *failed, " (see its log)"));
+  if (*failed >= 0) {
+    return absl::AbortedError(absl::StrCat(what, " failed on rank ", *failed, " (see its log)"));
   }
   return absl::OkStatus();
 }

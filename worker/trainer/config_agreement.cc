@@ -1,23 +1,14 @@
 #include "worker/trainer/config_agreement.h"
 
-#include <unistd.h>
-
 #include <map>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "worker/checkpoint/dir_lock.h"
 
 namespace muster::worker {
-namespace {
-
-std::string HostName() {
-  char name[256] = {};
-  if (::gethostname(name, sizeof(name) - 1) != 0) return "?";
-  return name;
-}
-
-}  // namespace
 
 std::vector<ConfigLine> ComparedConfig(const TrainConfig& config,
                                        const std::vector<ConfigLine>& resolved) {
@@ -54,9 +45,9 @@ std::string ConfigDifferences(const std::vector<ConfigLine>& mine,
                               const std::vector<ConfigLine>& rank0) {
   const std::map<std::string, std::string> theirs(rank0.begin(), rank0.end());
   std::vector<std::string> differences;
-  std::map<std::string, bool> seen;
+  std::set<std::string> seen;
   for (const auto& [name, value] : mine) {
-    seen[name] = true;
+    seen.insert(name);
     auto found = theirs.find(name);
     if (found == theirs.end()) {
       differences.push_back(absl::StrCat(name, " is ", value, " here and missing on rank 0"));
@@ -80,19 +71,18 @@ absl::Status AgreeOnConfig(parallel::Collectives& control, const std::vector<Con
   std::string text = ConfigLinesText(mine);
   if (absl::Status sent = control.Broadcast(&text, /*root=*/0); !sent.ok()) return sent;
   const std::string differences = ConfigDifferences(mine, ParseConfigLines(text));
-  // size - rank for a rank that differs: the max names the lowest one.
-  auto differing =
-      control.AllReduce(int64_t{differences.empty() ? 0 : size - rank}, parallel::ReduceOp::kMax);
+  auto differing = control.LowestRankWith(!differences.empty());
   if (!differing.ok()) return differing.status();
   if (!differences.empty()) {
+    const std::string host = HostName();
     return absl::InvalidArgumentError(absl::StrCat(
-        "the config of rank ", rank, " (host ", HostName(), ", ",
+        "the config of rank ", rank, " (host ", host.empty() ? "?" : host, ", ",
         source.empty() ? "built in code" : source, ") differs from rank 0's: ", differences,
         ". Every rank must train with the same config: give every node rank 0's train.yaml"));
   }
-  if (*differing > 0) {
-    return absl::AbortedError(absl::StrCat("the config of rank ", size - *differing,
-                                           " differs from rank 0's (see its log)"));
+  if (*differing >= 0) {
+    return absl::AbortedError(
+        absl::StrCat("the config of rank ", *differing, " differs from rank 0's (see its log)"));
   }
   return absl::OkStatus();
 }
