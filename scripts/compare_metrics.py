@@ -26,11 +26,12 @@ evaluation records are skipped.
       BASE,BASE2 (comma-joined): their steps pool into one median. Exit 2
       when a file has no timed step after N.
 
---last-wins: a step logged more than once in a file (a run killed after its
-last checkpoint and resumed appends to the same file, so the steps between
-the checkpoint and the kill appear twice) counts with its last record, and a
-line that does not parse (torn by the kill) is skipped with a warning.
-Without it, either is an error (exit 2): a stale file would otherwise pass.
+--last-wins: a step logged more than once in a file counts with its last
+record, and a line that does not parse is skipped with a warning. Without
+it, either is an error (exit 2): a stale file would otherwise pass. A
+resumed worker cuts its file back to its checkpoint's step (docs/worker.md),
+so only files of workers before that cut (2026-11-27), or files joined by
+hand, need it.
 
 Exit status: 0 the files agree, 1 they differ, 2 a usage or input error.
 Python 3 standard library only.

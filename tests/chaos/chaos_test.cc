@@ -239,6 +239,8 @@ TEST_CASE("kills of workers, agents and the server, then a preemption: nothing l
   INFO("seed " << seed);
   CHECK(LossTexts(chaos.Metrics()) == LossTexts(reference.Metrics()));
   CHECK(LossTexts(reference.Metrics()).size() == static_cast<size_t>(steps));
+  // Each step logged once, in order, however often the run was killed.
+  CHECK(LoggedSteps(chaos.Metrics()) == LoggedSteps(reference.Metrics()));
   std::vector<std::string> skipped;
   auto newest = worker::FindLatestValid(worker::Env::Default(), chaos.CheckpointDir(), &skipped);
   REQUIRE(newest.ok());

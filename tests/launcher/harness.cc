@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -133,6 +134,20 @@ std::map<int, std::string> LossTexts(const std::string& metrics_path) {
     losses[step] = std::string(line.substr(l + 7, line.find(',', l) - l - 7));
   }
   return losses;
+}
+
+std::vector<int> LoggedSteps(const std::string& metrics_path) {
+  std::vector<int> steps;
+  for (absl::string_view line : absl::StrSplit(ReadFile(metrics_path), '\n', absl::SkipEmpty())) {
+    size_t s = line.find("\"step\":");
+    int step = 0;
+    if (s == absl::string_view::npos || !absl::StrContains(line, "\"loss\":") ||
+        !absl::SimpleAtoi(line.substr(s + 7, line.find(',', s) - s - 7), &step)) {
+      continue;
+    }
+    steps.push_back(step);
+  }
+  return steps;
 }
 
 std::map<int, double> Losses(const std::string& metrics_path) {

@@ -53,9 +53,12 @@ std::string ProcessName(int pid);
 bool HasEnvironmentEntry(int pid, const std::string& entry);
 
 // step -> the loss as written in a worker's metrics JSONL (eval lines
-// skipped). A step written twice (a resumed run repeats the steps after
-// its checkpoint) keeps its last record.
+// skipped). A step written twice keeps its last record.
 std::map<int, std::string> LossTexts(const std::string& metrics_path);
+// The steps of a metrics JSONL's step lines, in file order (eval lines
+// skipped): a resumed run cuts the file back to its checkpoint's step, so
+// a run killed and resumed logs each step once, as one never killed does.
+std::vector<int> LoggedSteps(const std::string& metrics_path);
 // The same, as numbers.
 std::map<int, double> Losses(const std::string& metrics_path);
 

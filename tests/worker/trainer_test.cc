@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/data/data.h"
 #include "worker/trainer/generate.h"
+#include "worker/trainer/metrics.h"
 
 namespace muster::worker {
 namespace {
@@ -257,6 +259,68 @@ TEST_CASE("the metrics file holds one object per logged step and per evaluation"
   std::regex human_step(
       R"(step 10/10 \| loss \d+\.\d{4} \| lr 1\.0e-02 \| norm \d+\.\d\d \| \d+ ms \| \d+ tok/s \| MFU \d+\.\d%)");
   CHECK(std::regex_match(human[3], human_step));
+}
+
+TEST_CASE("a resumed run's metrics file is cut back to the step it resumed from") {
+  std::string dir = FreshDir("trim");
+  const std::string path = dir + "/metrics.jsonl";
+  auto write = [&](const std::string& text) { std::ofstream(path, std::ios::binary) << text; };
+  auto read = [&] {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string kept =
+      "{\"step\":1,\"loss\":5}\n{\"step\":5,\"loss\":4}\n{\"step\":5,\"val_loss\":4.5}\n"
+      "{\"note\":\"no step\"}\n{\"step\":10,\"loss\":3}\n{\"step\":10,\"val_loss\":3.5}\n";
+
+  SECTION("lines after the step, and a torn last line, are cut; new lines follow") {
+    // Killed after step 20, partway through writing step 21's line.
+    write(kept + "{\"step\":15,\"loss\":2}\n{\"step\":15,\"val_loss\":2.5}\n" +
+          "{\"step\":20,\"loss\":1}\n{\"step\":21,\"lo");
+    MetricsTrim trimmed;
+    auto writer = MetricsWriter::Open(path, 10, &trimmed);
+    REQUIRE(writer.ok());
+    CHECK(trimmed.lines == 4);
+    CHECK(trimmed.first_step == 15);
+    CHECK(trimmed.last_step == 21);
+    REQUIRE((*writer)->Write("{\"step\":15,\"loss\":2}").ok());
+    CHECK(read() == kept + "{\"step\":15,\"loss\":2}\n");
+  }
+  SECTION("a step number is read whole: step 100 is after step 10") {
+    write(kept + "{\"step\":100,\"loss\":1}\n");
+    MetricsTrim trimmed;
+    REQUIRE(MetricsWriter::Open(path, 10, &trimmed).ok());
+    CHECK(trimmed.lines == 1);
+    CHECK(trimmed.first_step == 100);
+    CHECK(read() == kept);
+  }
+  SECTION("only a torn line: it is cut, and named as torn") {
+    write(kept + "{\"st");
+    MetricsTrim trimmed;
+    REQUIRE(MetricsWriter::Open(path, 10, &trimmed).ok());
+    CHECK(trimmed.lines == 1);
+    CHECK(trimmed.first_step == 0);
+    CHECK(read() == kept);
+  }
+  SECTION("nothing after the step: the file is left as it was") {
+    write(kept);
+    MetricsTrim trimmed;
+    REQUIRE(MetricsWriter::Open(path, 10, &trimmed).ok());
+    CHECK(trimmed.lines == 0);
+    CHECK(read() == kept);
+  }
+  SECTION("resumed, but no file yet: one is made") {
+    MetricsTrim trimmed;
+    auto writer = MetricsWriter::Open(dir + "/new/metrics.jsonl", 10, &trimmed);
+    REQUIRE(writer.ok());
+    CHECK(trimmed.lines == 0);
+    CHECK(std::filesystem::exists(dir + "/new/metrics.jsonl"));
+  }
+  SECTION("a run from step 0 starts the file afresh") {
+    write(kept);
+    REQUIRE(MetricsWriter::Open(path).ok());
+    CHECK(read().empty());
+  }
 }
 
 TEST_CASE("sampling is reproducible and byte-level only") {

@@ -8,11 +8,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "kernels/matmul.h"
 #include "worker/model/ops.h"
 
@@ -46,13 +48,69 @@ std::string EvalJson(const EvalMetrics& m) {
   return absl::StrFormat("{\"step\":%d,\"val_loss\":%.9g}", m.step, m.val_loss);
 }
 
+namespace {
+
+// The N of a line's "step":N, if it has one.
+std::optional<int> StepOfLine(absl::string_view line) {
+  constexpr absl::string_view kKey = "\"step\":";
+  size_t at = line.find(kKey);
+  if (at == absl::string_view::npos) return std::nullopt;
+  absl::string_view rest = line.substr(at + kKey.size());
+  size_t end = rest.find_first_not_of("0123456789");
+  int step = 0;
+  if (!absl::SimpleAtoi(rest.substr(0, end), &step)) return std::nullopt;
+  return step;
+}
+
+// Cuts `path` after its last line of a step <= `resumed_step` (see Open).
+// A missing file has nothing to cut.
+absl::Status TrimAfter(const std::string& path, int resumed_step, MetricsTrim* trimmed) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::OkStatus();
+  // Lines are read one at a time: a long run's file need not fit in memory.
+  std::string line;
+  uint64_t offset = 0;
+  std::optional<uint64_t> cut;
+  MetricsTrim trim;
+  while (std::getline(in, line)) {
+    const bool torn = in.eof();  // no newline after it
+    std::optional<int> step = StepOfLine(line);
+    if (!cut.has_value() && (torn || (step.has_value() && *step > resumed_step))) cut = offset;
+    if (cut.has_value()) {
+      ++trim.lines;
+      if (step.has_value()) {
+        if (trim.first_step == 0) trim.first_step = *step;
+        trim.last_step = *step;
+      }
+    }
+    offset += line.size() + (torn ? 0 : 1);
+  }
+  in.close();
+  if (!cut.has_value()) return absl::OkStatus();
+  std::error_code error;
+  std::filesystem::resize_file(path, *cut, error);
+  if (error) {
+    return absl::InvalidArgumentError(absl::StrCat("train.metrics_file: cannot cut ", path,
+                                                   " back to step ", resumed_step, ": ",
+                                                   error.message()));
+  }
+  if (trimmed != nullptr) *trimmed = trim;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::string& path,
-                                                                   bool append) {
+                                                                   std::optional<int> resumed_step,
+                                                                   MetricsTrim* trimmed) {
   // The yaml may name a directory no one made yet (out/tiny/...).
   std::error_code ignored;
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
-  FILE* file = std::fopen(path.c_str(), append ? "a" : "w");
+  if (resumed_step.has_value()) {
+    if (absl::Status cut = TrimAfter(path, *resumed_step, trimmed); !cut.ok()) return cut;
+  }
+  FILE* file = std::fopen(path.c_str(), resumed_step.has_value() ? "a" : "w");
   if (file == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("train.metrics_file: cannot open ", path, " for writing"));

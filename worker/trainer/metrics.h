@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -48,15 +49,32 @@ std::string FormatEvalLine(const EvalMetrics& metrics);
 std::string StepJson(const StepMetrics& metrics);
 std::string EvalJson(const EvalMetrics& metrics);
 
+// What opening a resumed run's metrics file cut from its end.
+struct MetricsTrim {
+  int lines = 0;       // lines dropped, a torn last line included
+  int first_step = 0;  // the first and last step those lines name; 0 when
+  int last_step = 0;   // none names one (a torn line)
+};
+
 // Appends one JSON object per line to a file, flushed after every line so
 // a killed run keeps what it logged. An empty path writes nothing.
 class MetricsWriter {
  public:
-  // Truncates the file, or appends to it with `append` (a resumed run
-  // continues its file). INVALID_ARGUMENT naming the path if it cannot be
-  // opened.
-  static absl::StatusOr<std::unique_ptr<MetricsWriter>> Open(const std::string& path,
-                                                             bool append = false);
+  // Without `resumed_step`, truncates the file: a run from step 0.
+  //
+  // With it (a run that resumed from the checkpoint of that step), keeps
+  // the file's lines up to that step and cuts the rest: the lines of later
+  // steps were logged by a run killed before its next checkpoint, and this
+  // run logs those steps again, so each step would appear twice, the
+  // second time with other timings. A last line without its newline (torn
+  // by a kill) is cut too. The cut starts at the first line naming a later
+  // step; lines that name none before it are kept. `trimmed` (may be null)
+  // says what was cut.
+  //
+  // INVALID_ARGUMENT naming the path if it cannot be opened or cut.
+  static absl::StatusOr<std::unique_ptr<MetricsWriter>> Open(
+      const std::string& path, std::optional<int> resumed_step = std::nullopt,
+      MetricsTrim* trimmed = nullptr);
   ~MetricsWriter();
   absl::Status Write(const std::string& json_line);
 

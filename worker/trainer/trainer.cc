@@ -106,8 +106,23 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   // Rank 0 speaks for the job: the loss it logs is already the mean over
   // ranks, and one metrics file has one writer.
   if (!config.train.metrics_file.empty() && trainer->strategy_->rank() == 0) {
-    auto writer = MetricsWriter::Open(config.train.metrics_file, /*append=*/*resumed);
+    MetricsTrim trimmed;
+    auto writer = MetricsWriter::Open(
+        config.train.metrics_file,
+        *resumed ? std::optional<int>(trainer->state_.step) : std::nullopt, &trimmed);
     if (!writer.ok()) return writer.status();
+    if (trimmed.lines > 0) {
+      std::string steps = trimmed.first_step == 0 ? std::string("a torn line")
+                          : trimmed.first_step == trimmed.last_step
+                              ? absl::StrCat("step ", trimmed.first_step)
+                              : absl::StrCat("steps ", trimmed.first_step, "..", trimmed.last_step);
+      std::fprintf(trainer->options_.log,
+                   "metrics: cut %d line(s) (%s) from %s: logged after step %d, which this run "
+                   "resumes from and logs again\n",
+                   trimmed.lines, steps.c_str(), config.train.metrics_file.c_str(),
+                   trainer->state_.step);
+      std::fflush(trainer->options_.log);
+    }
     trainer->metrics_ = *std::move(writer);
   }
   trainer->peak_flops_ = PeakFlops(*device, *precision, &trainer->peak_description_);

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -125,6 +126,17 @@ TEST_CASE("SIGKILLed mid-run under launch, the worker resumes and ends bitwise i
   CHECK(absl::StrContains(log, "checkpoint: resumed from " + dir.File("killed_ckpt/step_000000")));
   CHECK(LossTexts(dir.File("killed.jsonl")) == LossTexts(dir.File("reference.jsonl")));
   CHECK(LossTexts(dir.File("reference.jsonl")).size() == steps);
+  // The steps from the checkpoint to the kill were logged twice, and the
+  // resumed run cut the first time's lines: each step is in the file once,
+  // in order.
+  CHECK(LoggedSteps(dir.File("killed.jsonl")) == LoggedSteps(dir.File("reference.jsonl")));
+  std::smatch resumed;
+  REQUIRE(std::regex_search(log, resumed, std::regex(R"(resumed from \S+ \(step (\d+),)")));
+  if (std::stoi(resumed[1]) < killed_after) {
+    CHECK(absl::StrContains(log,
+                            absl::StrCat("from ", dir.File("killed.jsonl"), ": logged after step ",
+                                         resumed[1].str(), ", which this run resumes from")));
+  }
   // Weights and both AdamW moments: the final checkpoints' bytes.
   const std::string a = ReadFile(dir.File("reference_ckpt/step_00000060/rank_00000.bin"));
   const std::string b = ReadFile(dir.File("killed_ckpt/step_00000060/rank_00000.bin"));
