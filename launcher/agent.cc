@@ -107,8 +107,13 @@ class Agent {
   // kPreemptedExitCode if they all saved their state, else 128+signal.
   Outcome FinishPreemption(const WorkerGroup& group, int signal_number);
   // A signal came while no worker ran (`waiting_for` names the wait):
-  // leave and return 128+signal.
+  // leave and return kPreemptedExitCode for a preemption signal (nothing
+  // runs here, so nothing is unsaved), else 128+signal.
   int ExitForSignal(const char* waiting_for);
+  // A signal came after this node's workers succeeded, while the job had
+  // not closed: leave and return the job's code if it closed meanwhile, 0
+  // for a preemption signal (see agent.h), else 128+signal.
+  int ExitForSignalWhenDone();
   // Stops renewing and leaves the job, best effort.
   void LeaveRendezvous();
 
@@ -271,9 +276,33 @@ void Agent::LeaveRendezvous() {
 
 int Agent::ExitForSignal(const char* waiting_for) {
   int signal_number = signals_.received();
+  LeaveRendezvous();
+  if (IsPreemptionSignal(signal_number)) {
+    spdlog::warn(
+        "got {} while {}; no worker was running on this node, so nothing is left unsaved: "
+        "leaving job {} and exiting {} so the job can be requeued",
+        SignalName(signal_number), waiting_for, setup_.job_id, kPreemptedExitCode);
+    return kPreemptedExitCode;
+  }
   spdlog::warn("got {} while {}; leaving job {}", SignalName(signal_number), waiting_for,
                setup_.job_id);
+  return 128 + signal_number;
+}
+
+int Agent::ExitForSignalWhenDone() {
+  int signal_number = signals_.received();
   LeaveRendezvous();
+  std::optional<pb::JobState> latest = watcher_->latest();
+  if (latest.has_value() && rdzv::IsTerminalPhase(latest->phase())) return ExitCodeFor(*latest);
+  if (IsPreemptionSignal(signal_number)) {
+    spdlog::warn(
+        "got {} while waiting for job {} to close; this node's workers succeeded, so exiting 0 "
+        "(the other nodes' agents report the rest of the job)",
+        SignalName(signal_number), setup_.job_id);
+    return 0;
+  }
+  spdlog::warn("got {} while waiting for the job to close; leaving job {}",
+               SignalName(signal_number), setup_.job_id);
   return 128 + signal_number;
 }
 
@@ -429,7 +458,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
           absl::Now() + options_.rdzv_conf.close_timeout);
       if (!next.ok()) {
         if (signals_.received() != 0) {
-          exit_code_ = ExitForSignal("waiting for the job to close");
+          exit_code_ = ExitForSignalWhenDone();
           return Outcome::kExit;
         }
         spdlog::warn("this node's workers succeeded, but the job did not close within {}",
@@ -482,6 +511,13 @@ int RunAgent(const LaunchOptions& options, const std::map<std::string, std::stri
   absl::StatusOr<RendezvousSetup> setup = SetUpRendezvous(options, signals.cancellation());
   if (!setup.ok()) {
     if (int signal_number = signals.received(); signal_number != 0) {
+      if (IsPreemptionSignal(signal_number)) {
+        spdlog::warn(
+            "got {} while connecting to the rendezvous service; no worker was running, "
+            "so exiting {} so the job can be requeued",
+            SignalName(signal_number), kPreemptedExitCode);
+        return kPreemptedExitCode;
+      }
       spdlog::warn("got {} while connecting to the rendezvous service", SignalName(signal_number));
       return 128 + signal_number;
     }

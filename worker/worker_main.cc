@@ -5,13 +5,15 @@
 // Exit codes: 0 success; 2 a usage, config or data error (the message is
 // one line on stderr); 75 (launcher::kPreemptedExitCode) preempted: a
 // SIGTERM or SIGUSR1 stopped training after a step, whose checkpoint was
-// committed; 1 any other failure. A failure's message also goes to
+// committed, or came before training began (below, "Preemption"); 1 any
+// other failure. A failure's message also goes to
 // TORCHELASTIC_ERROR_FILE when the launcher set it.
 #include "worker/worker_main.h"
 
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -81,19 +83,74 @@ int Fail(const absl::Status& status) {
   return Fail(ExitCodeFor(status), std::string(status.message()));
 }
 
-// Preemption. The handler only records the signal; the trainer polls it
-// once per step (TrainerOptions::stop_signal), so the step under way
-// finishes and its checkpoint is written by the training thread itself.
+// Preemption. Once training runs, the handler only records the signal; the
+// trainer polls it once per step (TrainerOptions::stop_signal), so the step
+// under way finishes and its checkpoint is written by the training thread
+// itself.
+//
+// Before the first step there is nothing to save, but the worker goes on
+// starting: every rank then trains one step, agrees to stop and saves, so
+// a preemption of some nodes stops the whole job cleanly. A start-up that
+// cannot finish (its peers' agents were preempted before they started
+// theirs, so it waits for peers who never come) must not outlast the
+// launcher's grace, after which it is SIGKILLed and the preemption counts
+// as not clean. So the first signal before training also arms an alarm at
+// half the grace (MUSTER_PREEMPT_GRACE_S; 30 s without it), and if training
+// has not begun when it rings the worker exits kPreemptedExitCode at once:
+// nothing was trained since the last checkpoint, so nothing is lost.
 volatile sig_atomic_t stop_signal = 0;
+volatile sig_atomic_t training = 0;    // set just before the first step
+unsigned int startup_deadline_s = 15;  // half the grace, read once at start
 
-void RecordStopSignal(int signal_number) { stop_signal = signal_number; }
+void RecordStopSignal(int signal_number) {
+  if (stop_signal == 0 && training == 0) alarm(startup_deadline_s);
+  stop_signal = signal_number;
+}
+
+// Async-signal-safe: write(2) and _exit(2) only.
+void ExitIfStillStarting(int) {
+  if (training != 0) return;
+  static constexpr char kMessage[] =
+      "worker: preempted before training began (still starting at half the preemption grace); "
+      "nothing was trained since the last checkpoint, so nothing is lost\n";
+  ssize_t ignored = write(STDERR_FILENO, kMessage, sizeof(kMessage) - 1);
+  (void)ignored;
+  _exit(launcher::kPreemptedExitCode);
+}
 
 void HandlePreemptionSignals() {
+  double grace_s = 30;
+  if (const char* text = std::getenv("MUSTER_PREEMPT_GRACE_S")) {
+    double parsed = 0;
+    if (absl::SimpleAtod(text, &parsed) && parsed > 0) grace_s = parsed;
+  }
+  startup_deadline_s = std::max(1u, static_cast<unsigned int>(grace_s / 2));
   struct sigaction action = {};
   action.sa_handler = RecordStopSignal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // reads, writes and waits carry on
   for (int signal_number : {SIGTERM, SIGUSR1}) sigaction(signal_number, &action, nullptr);
+  action.sa_handler = ExitIfStillStarting;
+  sigaction(SIGALRM, &action, nullptr);
+}
+
+// Training begins: from now on a preemption signal is answered after a step.
+void BeginTraining() {
+  training = 1;
+  alarm(0);
+}
+
+// A start-up that failed while a preemption signal was pending failed
+// because of it, most likely (its peers were stopped before they
+// connected), and nothing was trained: exit kPreemptedExitCode, as a
+// preempted run does. A config or data error still exits 2.
+int FailToStart(const absl::Status& status) {
+  if (stop_signal != 0 && ExitCodeFor(status) == kExitFailure) {
+    std::fprintf(stderr, "worker: preempted before training began (%s)\n",
+                 std::string(status.message()).c_str());
+    return launcher::kPreemptedExitCode;
+  }
+  return Fail(status);
 }
 
 // Run()'s outcome as an exit code: CANCELLED is a preemption, whose state
@@ -357,7 +414,7 @@ int Train(const std::string& config_path, Env* env) {
   auto config = LoadConfig(config_path);
   if (!config.ok()) return Fail(config.status());
   auto parallelism = JoinPeers(*config);
-  if (!parallelism.ok()) return Fail(parallelism.status());
+  if (!parallelism.ok()) return FailToStart(parallelism.status());
   TrainerOptions options;
   options.progress_bar = isatty(STDERR_FILENO) == 1;
   options.env = env;
@@ -394,7 +451,7 @@ int Train(const std::string& config_path, Env* env) {
     };
   }
   auto trainer = Trainer::Create(*config, options);
-  if (!trainer.ok()) return Fail(trainer.status());
+  if (!trainer.ok()) return FailToStart(trainer.status());
   started = trainer->get();
   if (options.strategy == nullptr || options.strategy->rank() == 0) {
     if (parallelism->description.empty() && options.strategy != nullptr) {
@@ -403,6 +460,7 @@ int Train(const std::string& config_path, Env* env) {
     }
     PrintBanner(**trainer, parallelism->description, stdout);
   }
+  BeginTraining();
   return Finish((*trainer)->Run());
 }
 

@@ -55,12 +55,12 @@ bool HasEnvironmentEntry(int pid, const std::string& entry);
 // step -> the loss as written in a worker's metrics JSONL (eval lines
 // skipped). A step written twice keeps its last record.
 std::map<int, std::string> LossTexts(const std::string& metrics_path);
+// The same, as numbers.
+std::map<int, double> Losses(const std::string& metrics_path);
 // The steps of a metrics JSONL's step lines, in file order (eval lines
 // skipped): a resumed run cuts the file back to its checkpoint's step, so
 // a run killed and resumed logs each step once, as one never killed does.
 std::vector<int> LoggedSteps(const std::string& metrics_path);
-// The same, as numbers.
-std::map<int, double> Losses(const std::string& metrics_path);
 
 // A `rendezvous` server child on a free loopback port (REQUIREs it starts).
 std::unique_ptr<tools::ServerProcess> StartServer(const std::vector<std::string>& extra_args = {});

@@ -3,19 +3,26 @@
 // wait, the wait for the job to close after this node's workers succeeded,
 // and the wait for a static node 0 to come up. Each time the agent leaves
 // the rendezvous (the server sees the node go at once, not at lease expiry)
-// and exits 128+signal within about a second.
+// and exits within about a second. No worker runs in those waits, so
+// SIGTERM, a preemption, exits 75 for the job to be requeued (0 once this
+// node's workers succeeded), and SIGINT exits 128+SIGINT.
 #include <signal.h>
 
 #include <catch2/catch.hpp>
 #include <memory>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "launcher/endpoint.h"
+#include "launcher/worker_env.h"
 #include "proto/rendezvous.pb.h"
 #include "rendezvous/client/client.h"
 #include "rendezvous/client/store.h"
 #include "tests/launcher/harness.h"
+#include "worker/data/data.h"
 
 namespace muster::testing {
 namespace {
@@ -98,17 +105,26 @@ bool Logged(const std::string& log, const std::string& line) {
   return WaitUntil([&] { return absl::StrContains(ReadFile(log), line); }, absl::Seconds(30));
 }
 
-// Sends SIGTERM; returns how long the agent took to exit (REQUIREs it did,
-// within 10 s, with 128+SIGTERM).
-absl::Duration TerminateAndTime(Child& agent, const std::string& log) {
+// Sends `signal_number`; returns how long the agent took to exit (REQUIREs
+// it did, within 10 s, with `expected_code`).
+absl::Duration SignalAndTime(Child& agent, const std::string& log, int signal_number,
+                             int expected_code) {
   absl::Time sent = absl::Now();
-  REQUIRE(kill(agent.pid(), SIGTERM) == 0);
+  REQUIRE(kill(agent.pid(), signal_number) == 0);
   auto exit = agent.WaitFor(absl::Seconds(10));
   absl::Duration took = absl::Now() - sent;
   INFO(ReadFile(log));
   REQUIRE(exit.has_value());
-  CHECK(exit->ShellCode() == 128 + SIGTERM);
-  WARN("exited " << absl::FormatDuration(took) << " after SIGTERM");
+  CHECK(exit->ShellCode() == expected_code);
+  WARN("exited " << absl::FormatDuration(took) << " after signal " << signal_number);
+  return took;
+}
+
+// SIGTERM while no worker runs: nothing is unsaved, so the agent exits 75
+// (launcher::kPreemptedExitCode) and says so.
+absl::Duration TerminateAndTime(Child& agent, const std::string& log) {
+  absl::Duration took = SignalAndTime(agent, log, SIGTERM, launcher::kPreemptedExitCode);
+  CHECK_THAT(ReadFile(log), Catch::Contains("no worker was running"));
   return took;
 }
 
@@ -124,6 +140,18 @@ TEST_CASE("SIGTERM while gathering: the agent leaves and exits at once") {
   pb::JobState state = Describe(*client, "gather");
   CHECK(state.nodes_pending() == 0);  // by its Leave: the lease has a minute left
   CHECK(state.waiting_size() == 0);
+}
+
+TEST_CASE("SIGINT while gathering: the agent leaves and exits 128+SIGINT") {
+  TempDir dir;
+  auto server = StartServer();
+  auto client = Connect(server->endpoint());
+  Child agent = StartLaunch(AgentArgs(server->endpoint(), "interrupt"), dir.File("agent.log"));
+  REQUIRE(
+      Holds(*client, "interrupt", [](const pb::JobState& s) { return s.nodes_pending() == 1; }));
+  REQUIRE(Logged(dir.File("agent.log"), "waiting for round 0 of job interrupt to form"));
+  CHECK(SignalAndTime(agent, dir.File("agent.log"), SIGINT, 128 + SIGINT) < kPromptExit);
+  CHECK(Describe(*client, "interrupt").nodes_pending() == 0);
 }
 
 TEST_CASE("SIGTERM while waiting for MASTER_PORT: the agent leaves the round") {
@@ -157,10 +185,75 @@ TEST_CASE("SIGTERM while waiting for the job to close after this node is done") 
     return s.phase() == pb::RUNNING && s.nodes_done() == 1;
   }));
   REQUIRE(Logged(dir.File("agent.log"), "waiting for the job to close"));
-  CHECK(TerminateAndTime(agent, dir.File("agent.log")) < kPromptExit);
+  // This node's part succeeded: 0, not a 75 that would requeue a job that
+  // may yet succeed.
+  CHECK(SignalAndTime(agent, dir.File("agent.log"), SIGTERM, 0) < kPromptExit);
   // A done member's Leave keeps it on the roster: the round may still
   // succeed once the fake node is done.
   CHECK(Describe(*client, "done").phase() == pb::RUNNING);
+}
+
+// Whether `pid` has a handler for `signal_number` (/proc/PID/status SigCgt).
+bool CatchesSignal(int pid, int signal_number) {
+  for (absl::string_view line :
+       absl::StrSplit(ReadFile(absl::StrCat("/proc/", pid, "/status")), '\n')) {
+    uint64_t mask = 0;
+    if (absl::ConsumePrefix(&line, "SigCgt:\t") && absl::SimpleHexAtoi(line, &mask)) {
+      return (mask >> (signal_number - 1)) & 1;
+    }
+  }
+  return false;
+}
+
+TEST_CASE("SIGTERM while a worker waits for peers who never come: it exits 75 at half the grace") {
+  TempDir dir;
+  std::vector<uint16_t> tokens;
+  for (int i = 0; i < 4000; ++i) tokens.push_back("abcdefghijklm"[i % 13]);
+  REQUIRE(worker::WriteTokenShard(dir.File("train_000.bin"), tokens).ok());
+  WriteFile(
+      dir.File("t.yaml"),
+      absl::StrCat("model: {layers: 1, heads: 2, dim: 32, vocab: 256, seq_len: 16}\n",
+                   "data: {train: \"", dir.File("train_*.bin"), "\", micro_batch: 2}\n",
+                   "train: {steps: 1000}\n", "device: cpu\n", "parallel: {timeout_s: 120}\n"));
+  auto server = StartServer();
+  auto client = Connect(server->endpoint());
+  Child agent = StartLaunch(
+      {"--nnodes=2", "--nproc_per_node=1", "--rdzv_endpoint", server->endpoint(), "--rdzv_id=peers",
+       "--rdzv_conf=lease_ttl=60,last_call_timeout=30", "--preempt_grace=4", "--no_python",
+       BinaryPath("worker/worker"), dir.File("t.yaml")},
+      dir.File("agent.log"));
+  REQUIRE(Holds(*client, "peers", [](const pb::JobState& s) { return s.nodes_pending() == 1; }));
+  // The agent is group rank 0 and starts its worker; the fake node, rank 1,
+  // never starts one, as when its agent was preempted before it did. The
+  // worker waits for rank 1 in its start-up, with no step trained.
+  FakeNode rank1(client.get(), "peers", -1);
+  int worker = 0;
+  const bool started = WaitUntil(
+      [&] {
+        // The agent's one child (its name is "exe" once the worker has
+        // re-executed itself to set up OpenBLAS).
+        worker = FindChild(agent.pid(), [](int) { return true; });
+        return worker > 0 && CatchesSignal(worker, SIGTERM);
+      },
+      absl::Seconds(30));
+  INFO(ReadFile(dir.File("agent.log")));
+  REQUIRE(started);
+  absl::Time sent = absl::Now();
+  REQUIRE(kill(agent.pid(), SIGTERM) == 0);
+  auto exit = agent.WaitFor(absl::Seconds(20));
+  absl::Duration took = absl::Now() - sent;
+  const std::string log = ReadFile(dir.File("agent.log"));
+  INFO(log);
+  REQUIRE(exit.has_value());
+  // Not SIGKILLed at the end of the 4 s grace (which made it 128+SIGTERM,
+  // "not clean", and a scheduler would not requeue the job): the worker
+  // left at 2 s, and the preemption is clean.
+  CHECK(exit->ShellCode() == launcher::kPreemptedExitCode);
+  CHECK(took >= absl::Seconds(2));
+  CHECK(took < absl::Seconds(4));
+  CHECK_THAT(log, Catch::Contains("preempted before training began"));
+  CHECK_THAT(log, Catch::Contains("this node's workers saved their state"));
+  CHECK(ProcessGone(worker));
 }
 
 TEST_CASE("SIGTERM while a static node waits for node 0's service") {

@@ -24,6 +24,8 @@
 #include "absl/strings/str_split.h"
 #include "launcher/worker_env.h"
 #include "tests/launcher/harness.h"
+#include "worker/checkpoint/dir_lock.h"
+#include "worker/checkpoint/env.h"
 #include "worker/data/data.h"
 
 namespace muster::testing {
@@ -316,6 +318,60 @@ TEST_CASE("a second run on a checkpoint.dir in use is refused at once; the first
   CHECK(absl::StrContains(resumed, absl::StrFormat("checkpoint: resumed from %s/step_%08d",
                                                    dir.File("first_ckpt"), newest)));
   CHECK(LastStep(dir.File("third.jsonl")) == newest + 3);
+}
+
+TEST_CASE("SIGTERM before the first step: a start that cannot go on exits 75, losing nothing") {
+  TempDir dir;
+  WriteSetup(dir, "first", 20, 10);
+  launcher::Child first = StartWorker(dir, "first");
+  REQUIRE(ExitCode(first) == 0);
+  // A run on another host holds the directory (this test, as it): the next
+  // start waits for its LOCK, with no step trained.
+  auto lock = worker::Env::Default()->LockFile(dir.File("first_ckpt/LOCK"));
+  REQUIRE(lock.ok());
+  worker::LockHolder elsewhere;
+  elsewhere.pid = 4242;
+  elsewhere.host = "elsewhere";
+  elsewhere.token = 7;
+  REQUIRE((*lock)->SetContents(worker::FormatLockHolder(elsewhere)).ok());
+  auto start_waiting = [&](const std::string& name, int lock_wait, const std::string& grace) {
+    CopySetup(dir, "first", name, 40);
+    std::string yaml = ReadFile(dir.File(name + ".yaml"));
+    yaml = absl::StrReplaceAll(
+        yaml, {{"keep_last: 2}", absl::StrCat("keep_last: 2, lock_wait: ", lock_wait, "}")}});
+    WriteFile(dir.File(name + ".yaml"), yaml);
+    launcher::Child worker = StartWorker(dir, name, {"MUSTER_PREEMPT_GRACE_S=" + grace});
+    REQUIRE(WaitUntil(
+        [&] { return absl::StrContains(ReadFile(dir.File(name + ".log")), "waiting up to"); },
+        absl::Seconds(60)));
+    return worker;
+  };
+
+  SECTION("still starting at half the grace: it leaves then, before the launcher's SIGKILL") {
+    launcher::Child worker = start_waiting("stuck", 60, "2");
+    absl::Time sent = absl::Now();
+    REQUIRE(kill(worker.pid(), SIGTERM) == 0);
+    CHECK(ExitCode(worker) == launcher::kPreemptedExitCode);
+    const absl::Duration took = absl::Now() - sent;
+    CHECK(took >= absl::Seconds(1));
+    CHECK(took < absl::Seconds(2));  // the grace: the launcher would SIGKILL it there
+    const std::string log = ReadFile(dir.File("stuck.log"));
+    INFO(log);
+    CHECK(absl::StrContains(log,
+                            "worker: preempted before training began (still starting at "
+                            "half the preemption grace)"));
+  }
+  SECTION("a start that fails while the signal is pending exits 75, not 1") {
+    launcher::Child worker = start_waiting("refused", 1, "30");
+    REQUIRE(kill(worker.pid(), SIGTERM) == 0);
+    CHECK(ExitCode(worker) == launcher::kPreemptedExitCode);
+    const std::string log = ReadFile(dir.File("refused.log"));
+    INFO(log);
+    CHECK(absl::StrContains(log, "worker: preempted before training began (checkpoint.dir " +
+                                     dir.File("first_ckpt") + " is in use by another run"));
+  }
+  // Nothing was trained or saved: the newest checkpoint is the first run's.
+  CHECK(NewestCheckpoint(dir.File("first_ckpt")) == 20);
 }
 
 }  // namespace
