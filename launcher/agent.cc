@@ -102,10 +102,14 @@ class Agent {
   std::optional<rdzv::RoundAssignment> AwaitJoinedRound(uint64_t round, int64_t lease_ttl_ms);
   // A signal came while the workers ran: forward it, give them the grace
   // (preemption) or the shutdown timeout, leave, and pick the exit code.
-  Outcome StopForSignal(WorkerGroup& group, int signal_number);
+  Outcome StopForSignal(WorkerGroup& group, int signal_number, uint64_t round);
   // After `signal_number` was forwarded and the workers are gone: exit
-  // kPreemptedExitCode if they all saved their state, else 128+signal.
-  Outcome FinishPreemption(const WorkerGroup& group, int signal_number);
+  // kPreemptedExitCode if they all saved their state, else 128+signal. If
+  // they all exited 0 (the signal came as they finished), report this
+  // node done in `round` and exit as ExitForSignalWhenDone says.
+  Outcome FinishPreemption(const WorkerGroup& group, int signal_number, uint64_t round);
+  // Tells the service this node's workers succeeded in `round`.
+  void ReportDone(uint64_t round);
   // A signal came while no worker ran (`waiting_for` names the wait):
   // leave and return kPreemptedExitCode for a preemption signal (nothing
   // runs here, so nothing is unsaved), else 128+signal.
@@ -259,6 +263,20 @@ absl::StatusOr<int> Agent::MasterPort(const rdzv::RoundAssignment& assignment) {
   return port;
 }
 
+void Agent::ReportDone(uint64_t round) {
+  pb::ReportDoneRequest done;
+  done.set_job_id(setup_.job_id);
+  done.set_round(round);
+  done.set_member_id(member_id_);
+  // Not signals_.cancellation(), which may have fired: the report must
+  // go through even after a signal.
+  absl::Status reported = setup_.client->ReportDone(done).status();
+  if (!reported.ok() && !absl::IsAborted(reported) && !absl::IsFailedPrecondition(reported)) {
+    spdlog::warn("could not report this node's workers done in job {}: {}", setup_.job_id,
+                 reported.ToString());
+  }
+}
+
 void Agent::LeaveRendezvous() {
   if (keeper_ != nullptr) keeper_->Stop();
   if (member_id_.empty()) return;
@@ -306,20 +324,29 @@ int Agent::ExitForSignalWhenDone() {
   return 128 + signal_number;
 }
 
-Outcome Agent::StopForSignal(WorkerGroup& group, int signal_number) {
+Outcome Agent::StopForSignal(WorkerGroup& group, int signal_number, uint64_t round) {
   const bool preemption = IsPreemptionSignal(signal_number);
   const absl::Duration grace = preemption ? options_.preempt_grace : options_.shutdown_timeout;
   spdlog::warn("got {}; forwarding it to the workers, SIGKILL after {}{}",
                SignalName(signal_number), absl::FormatDuration(grace),
                preemption ? " (--preempt_grace)" : "");
   group.Stop(grace, signal_number);
-  if (preemption) return FinishPreemption(group, signal_number);
+  if (preemption) return FinishPreemption(group, signal_number, round);
   LeaveRendezvous();
   exit_code_ = 128 + signal_number;
   return Outcome::kExit;
 }
 
-Outcome Agent::FinishPreemption(const WorkerGroup& group, int signal_number) {
+Outcome Agent::FinishPreemption(const WorkerGroup& group, int signal_number, uint64_t round) {
+  if (group.all_succeeded()) {
+    // They finished training as the signal came (the worker saves its last
+    // step and exits 0 then): nothing is left to save or to requeue.
+    spdlog::info("round {}: this node's workers succeeded as {} came", round,
+                 SignalName(signal_number));
+    ReportDone(round);
+    exit_code_ = ExitForSignalWhenDone();
+    return Outcome::kExit;
+  }
   // Leave only now: while the workers saved their state the round stayed
   // up, so the other nodes' workers were not torn out of it.
   LeaveRendezvous();
@@ -398,7 +425,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
     // timeout is a backstop for the lease keeper's status.
     poll(fds.data(), fds.size(), std::max(timeout_ms, 1));
     if (int signal_number = signals_.received(); signal_number != 0) {
-      return StopForSignal(group, signal_number);
+      return StopForSignal(group, signal_number, round);
     }
     if (fds[1].revents & POLLIN) wake_.Drain();
 
@@ -412,7 +439,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
         spdlog::warn("rank {} exited {} (preempted); preempting this node's other workers",
                      failure.global_rank, kPreemptedExitCode);
         group.Stop(options_.preempt_grace, SIGTERM);
-        return FinishPreemption(group, SIGTERM);
+        return FinishPreemption(group, SIGTERM, round);
       }
       group.Stop(options_.shutdown_timeout, SIGTERM);
       // A worker's watchdog leaves a round that ended elsewhere as soon as
@@ -445,11 +472,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
       return Outcome::kRejoin;
     }
     if (group.running() == 0 && group.all_succeeded()) {
-      pb::ReportDoneRequest done;
-      done.set_job_id(setup_.job_id);
-      done.set_round(round);
-      done.set_member_id(member_id_);
-      client.ReportDone(done).IgnoreError();  // the watcher tells what happened next
+      ReportDone(round);  // the watcher tells what happened next
       spdlog::info("round {}: this node's workers succeeded; waiting for the job to close", round);
       absl::StatusOr<pb::JobState> next = watcher_->WaitFor(
           [&](const pb::JobState& s) {

@@ -13,7 +13,8 @@
 //     └──────────────────── rejoin ◄──────────────────────────────────┘
 //   signal ─► forward it to the workers, stop them, leave, exit 128+signal
 //   SIGTERM/SIGUSR1 (preemption) ─► forward, wait --preempt_grace; if every
-//       worker exited kPreemptedExitCode (or 0): "preempted", leave, exit 75
+//       worker exited kPreemptedExitCode (or 0): "preempted", leave, exit 75;
+//       if every one exited 0 (they finished): report done, leave, exit 0
 //   a worker exits kPreemptedExitCode on its own ─► the same, as for SIGTERM
 //   job FAILED (restart budget spent) ─► exit with the failed worker's code
 //

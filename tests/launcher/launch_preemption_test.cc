@@ -105,6 +105,32 @@ TEST_CASE("a worker that ignores the preemption signal is SIGKILLed after the gr
   for (int pid : workers) CHECK(ProcessGone(pid));
 }
 
+TEST_CASE("SIGTERM as the workers finish: they exit 0, the job succeeds and launch exits 0") {
+  // The worker saves its last step and exits 0 when the signal comes in
+  // that step: the job is done, nothing is left to requeue.
+  TempDir dir;
+  auto server = StartServer();
+  const std::vector<std::string> args = {"--nnodes=1", "--nproc_per_node=2", "--rdzv_endpoint",
+                                         server->endpoint(), "--rdzv_id=finishing"};
+  std::string script =
+      "trap 'exit 0' TERM; echo $$ > " + dir.path() + "/pid.$RANK; while :; do sleep 0.05; done";
+  Child agent =
+      StartLaunch(Concat(args, {"--no_python", "/bin/sh", "-c", script}), dir.File("agent.log"));
+  Pids(dir, 2);
+  Stopped stopped = SignalAndWait(agent, SIGTERM, dir.File("agent.log"));
+  INFO(stopped.log);
+  CHECK(stopped.code == 0);
+  CHECK_THAT(stopped.log, Catch::Contains("this node's workers succeeded as SIGTERM came"));
+  CHECK_THAT(stopped.log, !Catch::Contains("not clean"));
+  // It reported them done, so the job closed as succeeded: a requeued
+  // launch of it is told so.
+  Child again = StartLaunch(Concat(args, {"--no_python", "/bin/true"}), dir.File("again.log"));
+  auto exit = again.WaitFor(absl::Seconds(30));
+  REQUIRE(exit.has_value());
+  CHECK(exit->ShellCode() == 2);
+  CHECK_THAT(ReadFile(dir.File("again.log")), Catch::Contains("is closed (succeeded at round 0)"));
+}
+
 TEST_CASE("SIGUSR1, when launch is told to handle it, preempts too") {
   TempDir dir;
   Child agent = StartLaunch(
