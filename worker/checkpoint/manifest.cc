@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 
 namespace muster::worker {
 
@@ -77,7 +78,19 @@ std::string ManifestToJson(const Manifest& m) {
                   ", \"dim\": ", m.model.dim, ", \"vocab\": ", m.model.vocab,
                   ", \"seq_len\": ", m.model.seq_len, "},\n", "  \"world_size\": ", m.world_size,
                   ",\n", "  \"strategy\": \"", m.strategy, "\",\n", "  \"lineage\": \"", m.lineage,
-                  "\",\n", "  \"files\": [\n");
+                  "\",\n");
+  if (!m.training.empty()) {
+    // Values are yaml scalars ("\"cosine\"", "3e-04"): escaped as JSON strings.
+    auto quoted = [](const std::string& text) {
+      return absl::StrCat("\"", absl::StrReplaceAll(text, {{"\\", "\\\\"}, {"\"", "\\\""}}), "\"");
+    };
+    std::vector<std::string> settings;
+    for (const auto& [path, value] : m.training) {
+      settings.push_back(absl::StrCat(quoted(path), ": ", quoted(value)));
+    }
+    absl::StrAppend(&out, "  \"training\": {", absl::StrJoin(settings, ", "), "},\n");
+  }
+  absl::StrAppend(&out, "  \"files\": [\n");
   for (size_t i = 0; i < m.files.size(); ++i) {
     const FileRecord& f = m.files[i];
     absl::StrAppend(&out, "    {\"name\": \"", f.name, "\", \"bytes\": \"", f.bytes,
@@ -190,6 +203,12 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& json, const std::strin
     m.world_size = p.Number<int>(root, "world_size");
     m.strategy = p.Field(root, "strategy").as<std::string>();
     if (root["lineage"]) m.lineage = root["lineage"].as<std::string>();
+    if (YAML::Node training = root["training"]) {
+      if (!training.IsMap()) throw std::runtime_error("\"training\" is not an object");
+      for (const auto& setting : training) {
+        m.training.emplace_back(setting.first.as<std::string>(), setting.second.as<std::string>());
+      }
+    }
     for (const YAML::Node& file : p.Field(root, "files")) {
       FileRecord record;
       record.name = p.Field(file, "name").as<std::string>();

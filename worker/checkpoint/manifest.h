@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -72,6 +73,10 @@ struct Manifest {
   // fresh start. Retention only deletes checkpoints of its own lineage.
   // "" in manifests written before the field existed.
   std::string lineage;
+  // The settings of the run that saved it that decide what a step does
+  // (worker/trainer/training_settings.h): (field path, value as train.yaml
+  // writes it). Empty in manifests written before the field existed.
+  std::vector<std::pair<std::string, std::string>> training;
   std::vector<FileRecord> files;
   std::vector<TensorRecord> tensors;
 

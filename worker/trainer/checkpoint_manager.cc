@@ -17,6 +17,7 @@
 #include "worker/checkpoint/layout.h"
 #include "worker/checkpoint/reader.h"
 #include "worker/checkpoint/retention.h"
+#include "worker/trainer/training_settings.h"
 
 namespace muster::worker {
 namespace {
@@ -233,6 +234,11 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
       state->sample_index = manifest->sample_index;
       lineage_ = forks ? ForkLineage(*manifest) : manifest->lineage;
       Log(ResumedLine(path, *manifest));
+      const std::string changes = DescribeSettingChanges(manifest->training, config_, state->step);
+      if (!changes.empty()) {
+        Log(absl::StrCat("this run's settings differ from those that saved step ", manifest->step,
+                         ": ", changes));
+      }
       // Sample i is window pi(i mod W) of a permutation over all W windows
       // (docs/data.md): with another W the order from here on is the new
       // data's, not a continuation. Legitimate (new data), but never silent.
@@ -430,6 +436,7 @@ absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) 
   manifest.world_size = control().size();
   manifest.strategy = config_.parallel.strategy;
   manifest.lineage = lineage_;
+  manifest.training = TrainingSettingsOf(config_);
   for (int rank = 0; rank < manifest.world_size; ++rank) {
     auto record = ReadSidecar(env_, tmp, RankFileName(rank));
     if (!record.ok()) return record.status();

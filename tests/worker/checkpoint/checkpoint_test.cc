@@ -31,6 +31,7 @@
 #include "worker/data/data.h"
 #include "worker/trainer/checkpoint_manager.h"
 #include "worker/trainer/trainer.h"
+#include "worker/trainer/training_settings.h"
 
 namespace muster::worker {
 namespace {
@@ -98,6 +99,7 @@ TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refus
   m.data_windows = 499;
   m.config_hash = 0xfedcba9876543210ull;
   m.world_size = 2;
+  m.training = {{"optim.lr", "3e-04"}, {"optim.schedule", "\"cosine\""}, {"odd", "a\\b"}};
   m.files = {{"rank_00000.bin", 12, 0xdeadbeef}, {"rank_00001.bin", 12, 1}};
   std::vector<StateTensor> tensors = {{"params/a", {2, 3}, 0, 6}};
   m.tensors = SliceTensors(tensors, {{FlatRange{0, 3}}, {FlatRange{3, 3}}});
@@ -107,6 +109,7 @@ TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refus
   REQUIRE(parsed.ok());
   CHECK(parsed->sample_index == m.sample_index);
   CHECK(parsed->data_windows == 499);
+  CHECK(parsed->training == m.training);  // in order, quotes and backslashes intact
   CHECK(parsed->config_hash == m.config_hash);
   CHECK(parsed->files[0].crc32 == 0xdeadbeef);
   CHECK(parsed->tensors[0].slices[1].offset == 0);
@@ -117,9 +120,14 @@ TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refus
   const size_t line = older.find("  \"data_windows\"");
   REQUIRE(line != std::string::npos);
   older.erase(line, older.find('\n', line) + 1 - line);
+  // ... and one from before the settings were recorded, as none.
+  const size_t training = older.find("  \"training\"");
+  REQUIRE(training != std::string::npos);
+  older.erase(training, older.find('\n', training) + 1 - training);
   auto parsed_older = ParseManifest(older, "older");
   REQUIRE(parsed_older.ok());
   CHECK(parsed_older->data_windows == 0);
+  CHECK(parsed_older->training.empty());
 
   Manifest gap = m;
   gap.tensors[0].slices[1].start = 4;
@@ -719,15 +727,24 @@ TEST_CASE("a run resumed at or past train.steps trains nothing and says so") {
   CHECK(newest->step == 8);
 }
 
-TEST_CASE("a resume over data of another size says so; over the same data it does not") {
-  const std::string dir = FreshDir("data_windows");
-  WriteShard(dir);
-  TrainConfig config = TinyConfig(dir);
-  config.train.steps = 4;
-  REQUIRE(RunTrainer(config).status.ok());
-  auto saved = ReadManifest(Env::Default(), config.checkpoint.dir + "/step_00000004");
+// A run of the tiny config for 4 steps in a fresh directory `name`, which
+// `dir` receives; `config` is that run's, and the step-4 manifest returned.
+Manifest SavedAfterFourSteps(const std::string& name, std::string* dir, TrainConfig* config) {
+  *dir = FreshDir(name);
+  WriteShard(*dir);
+  *config = TinyConfig(*dir);
+  config->train.steps = 4;
+  REQUIRE(RunTrainer(*config).status.ok());
+  auto saved = ReadManifest(Env::Default(), config->checkpoint.dir + "/step_00000004");
   REQUIRE(saved.ok());
-  CHECK(saved->data_windows == 499);  // (8000 - 1) / 16
+  return *saved;
+}
+
+TEST_CASE("a resume over data of another size says so; over the same data it does not") {
+  std::string dir;
+  TrainConfig config;
+  const Manifest saved = SavedAfterFourSteps("data_windows", &dir, &config);
+  CHECK(saved.data_windows == 499);  // (8000 - 1) / 16
 
   config.train.steps = 6;
   RunResult same = RunTrainer(config);
@@ -746,6 +763,35 @@ TEST_CASE("a resume over data of another size says so; over the same data it doe
                      "/step_00000006 was saved with data.train of 499 windows and this run's has "
                      "998 (shards added, removed or changed?): the sample order from index 24 is "
                      "the new data's"));
+}
+
+TEST_CASE("a resume with other training settings says what changed; with the same, nothing") {
+  std::string dir;
+  TrainConfig config;
+  const Manifest saved = SavedAfterFourSteps("settings", &dir, &config);
+  CHECK(saved.training == TrainingSettingsOf(config));
+
+  // Only what a resume may change without changing the course: quiet.
+  config.checkpoint.every = 1;
+  config.train.log_every = 1;
+  RunResult same = RunTrainer(config);
+  REQUIRE(same.status.ok());
+  CHECK_FALSE(absl::StrContains(same.log, "settings differ"));
+
+  config.train.steps = 6;
+  config.optim.lr *= 2;
+  RunResult changed = RunTrainer(config);
+  REQUIRE(changed.status.ok());
+  INFO(changed.log);
+  CHECK(absl::StrContains(
+      changed.log, absl::StrCat("checkpoint: this run's settings differ from those that saved step "
+                                "4: ",
+                                DescribeSettingChanges(saved.training, config, 4), "\n")));
+  CHECK(absl::StrContains(changed.log, "train.steps 4 -> 6"));
+  // The next checkpoint records the new settings.
+  auto next = ReadManifest(Env::Default(), config.checkpoint.dir + "/step_00000006");
+  REQUIRE(next.ok());
+  CHECK(next->training == TrainingSettingsOf(config));
 }
 
 TEST_CASE("a failed background write is reported once, by the next call") {
