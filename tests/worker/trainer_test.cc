@@ -261,6 +261,29 @@ TEST_CASE("the metrics file holds one object per logged step and per evaluation"
   CHECK(std::regex_match(human[3], human_step));
 }
 
+TEST_CASE("validation data smaller than one pass says so when the trainer starts") {
+  std::string dir = FreshDir("small_val");
+  WritePatternShards(dir);  // val: 2000 tokens, (2000 - 1) / 16 = 124 windows
+  TrainConfig config = TinyConfig(dir);
+  config.train.eval_every = 5;
+  auto created_log = [&](int eval_batches) {
+    config.train.eval_batches = eval_batches;
+    const std::string log_path = dir + "/log.txt";
+    TrainerOptions options = QuietOptions();
+    options.log = std::fopen(log_path.c_str(), "w");
+    MakeTrainer(config, options).reset();
+    std::fclose(options.log);
+    std::ifstream in(log_path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  // 40 batches of 4 samples: 160 > 124.
+  CHECK(created_log(40) ==
+        "data: warning: data.val holds 124 windows of seq_len + 1 tokens, fewer than the 160 "
+        "samples a validation pass reads (train.eval_batches 40 x data.micro_batch 4 x 1 replica), "
+        "so each pass reads some more than once; train.eval_batches 31 reads each at most once\n");
+  CHECK(created_log(31).empty());  // 124 samples: each window once
+}
+
 TEST_CASE("a resumed run's metrics file is cut back to the step it resumed from") {
   std::string dir = FreshDir("trim");
   const std::string path = dir + "/metrics.jsonl";

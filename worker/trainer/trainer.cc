@@ -2,8 +2,10 @@
 
 #include <string.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +77,26 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
                                           ComparedConfig(config, resolved), config.source);
       !agreed.ok()) {
     return agreed;
+  }
+  // A validation pass reads samples 0, 1, 2, ... of the val stream, eval_batches x B on each
+  // replica; from fewer windows it reads some more than once, so its loss is over fewer
+  // distinct samples than the config says. Allowed (a small held-out set), never silent.
+  if (trainer->val_ != nullptr && trainer->strategy_->rank() == 0) {
+    const int dp = trainer->strategy_->dims().dp();
+    const uint64_t pass = static_cast<uint64_t>(config.train.eval_batches) * B * dp;
+    const uint64_t windows = trainer->val_->samples_per_epoch();
+    if (windows < pass) {
+      const uint64_t fit = std::max<uint64_t>(1, windows / (static_cast<uint64_t>(B) * dp));
+      std::fprintf(trainer->options_.log,
+                   "data: warning: data.val holds %llu windows of seq_len + 1 tokens, fewer than "
+                   "the %llu samples a validation pass reads (train.eval_batches %d x "
+                   "data.micro_batch %d x %d replica%s), so each pass reads some more than once; "
+                   "train.eval_batches %llu reads each at most once\n",
+                   static_cast<unsigned long long>(windows), static_cast<unsigned long long>(pass),
+                   config.train.eval_batches, B, dp, dp == 1 ? "" : "s",
+                   static_cast<unsigned long long>(fit));
+      std::fflush(trainer->options_.log);
+    }
   }
   // The strategy builds the model's storage and the optimizer over this
   // rank's parameters, with weights agreed over ranks.
