@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -455,15 +456,27 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
         }
         return Outcome::kRejoin;
       }
-      const WorkerFailure& first = group.failures().front();
+      // The first failure, unless one that no restart can mend (its error
+      // file says so) came too: that one decides the job's fate.
+      const std::vector<WorkerFailure>& failures = group.failures();
+      auto permanent = std::find_if(failures.begin(), failures.end(),
+                                    [](const WorkerFailure& f) { return !f.restartable; });
+      const WorkerFailure& first = permanent != failures.end() ? *permanent : failures.front();
       std::fprintf(stderr, "workers failed on %s in round %lu:\n%s", setup_.hostname.c_str(),
-                   static_cast<unsigned long>(round), FormatFailureTable(group.failures()).c_str());
+                   static_cast<unsigned long>(round), FormatFailureTable(failures).c_str());
+      if (!first.restartable) {
+        spdlog::error(
+            "rank {}'s error file says no restart can mend its failure (a config or input "
+            "error): failing job {} now rather than restarting it",
+            first.global_rank, setup_.job_id);
+      }
       pb::ReportFailureRequest report;
       report.set_job_id(setup_.job_id);
       report.set_round(round);
       report.set_member_id(member_id_);
       report.set_exit_code(first.exit.ShellCode());
       report.set_message(first.message);
+      report.set_permanent(!first.restartable);
       absl::StatusOr<pb::ReportFailureResponse> reported = client.ReportFailure(report);
       if (!reported.ok() && !absl::IsAborted(reported.status()) &&
           !absl::IsFailedPrecondition(reported.status())) {

@@ -16,7 +16,9 @@
 //       worker exited kPreemptedExitCode (or 0): "preempted", leave, exit 75;
 //       if every one exited 0 (they finished): report done, leave, exit 0
 //   a worker exits kPreemptedExitCode on its own ─► the same, as for SIGTERM
-//   job FAILED (restart budget spent) ─► exit with the failed worker's code
+//   job FAILED (restart budget spent, or a failure no restart can mend: the
+//       worker's error file says "restartable": "false") ─► exit with the
+//       failed worker's code
 //
 // A handled signal ends every wait, not only the one on the workers:
 // gathering, the MASTER_PORT wait, the wait for the job to close,

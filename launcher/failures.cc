@@ -11,23 +11,28 @@
 
 namespace muster::launcher {
 
-std::string ReadErrorFileMessage(const std::string& path) {
+ErrorReport ReadErrorFile(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return "";
+  if (!in) return {};
   std::stringstream text;
   text << in.rdbuf();
-  if (absl::StripAsciiWhitespace(text.str()).empty()) return "";
+  if (absl::StripAsciiWhitespace(text.str()).empty()) return {};
   // JSON is YAML, and yaml-cpp is already a dependency of ours.
   try {
     YAML::Node root = YAML::Load(text.str());
     YAML::Node message = root["message"];
-    if (message.IsScalar()) return message.as<std::string>();
+    if (message.IsScalar()) return {message.as<std::string>(), true};
     if (message.IsMap() && message["message"].IsScalar()) {
-      return message["message"].as<std::string>();
+      ErrorReport report{message["message"].as<std::string>(), true};
+      YAML::Node extra = message["extraInfo"];
+      if (extra.IsMap() && extra["restartable"].IsScalar()) {
+        report.restartable = extra["restartable"].as<std::string>() != "false";
+      }
+      return report;
     }
   } catch (const YAML::Exception&) {
   }
-  return absl::StrCat("(unreadable error file ", path, ")");
+  return {absl::StrCat("(unreadable error file ", path, ")"), true};
 }
 
 std::string FormatFailureTable(const std::vector<WorkerFailure>& failures) {

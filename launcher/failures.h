@@ -20,14 +20,23 @@ struct WorkerFailure {
   pid_t pid = 0;
   ExitInfo exit;
   std::string message;  // from the error file, or "" if it wrote none
+  // False when the error file says a restart cannot mend the failure.
+  bool restartable = true;
 };
 
-// Reads the message from a torch-style error file:
+// What a worker's torch-style error file says:
 //   {"message": {"message": "...", "extraInfo": {...}}} or {"message": "..."}
-// Returns "" if the file is missing or empty, and a note naming the file if
-// it is not JSON of that shape (a worker's bad error file must not hide its
-// failure).
-std::string ReadErrorFileMessage(const std::string& path);
+struct ErrorReport {
+  // "" if the file is missing or empty, and a note naming the file if it
+  // is not JSON of that shape (a worker's bad error file must not hide its
+  // failure).
+  std::string message;
+  // extraInfo's "restartable": "false" (muster's contract, which any
+  // worker may use): the failure is its config's or input's, and the job
+  // fails at once instead of restarting. Anything else, or no file: true.
+  bool restartable = true;
+};
+ErrorReport ReadErrorFile(const std::string& path);
 
 // A fixed-width table: time, host, global rank, exit, pid, message.
 std::string FormatFailureTable(const std::vector<WorkerFailure>& failures);

@@ -147,9 +147,10 @@ void WorkerGroup::CollectExits() {
     std::optional<ExitInfo> exit = worker.child.CheckExit();
     if (!exit.has_value() || exit->Succeeded() || worker.reported) continue;
     worker.reported = true;
+    ErrorReport report = ReadErrorFile(worker.error_file);
     failures_.push_back(WorkerFailure{absl::Now(), host_, worker.global_rank, worker.local_rank,
-                                      worker.child.pid(), *exit,
-                                      ReadErrorFileMessage(worker.error_file)});
+                                      worker.child.pid(), *exit, std::move(report.message),
+                                      report.restartable});
   }
 }
 

@@ -61,26 +61,36 @@ int ExitCodeFor(const absl::Status& status) {
   }
 }
 
-void WriteErrorFile(const std::string& message) {
+// torch's error file (torch.distributed.elastic's ErrorHandler format),
+// which `launch` shows in its failure table. `restartable` false adds
+// "restartable": "false" to extraInfo: the failure is the config's or the
+// input's, which a restart of the job cannot mend, so `launch` fails the
+// job at once instead of spending its restart budget on it.
+void WriteErrorFile(const std::string& message, bool restartable = true) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path == nullptr || *path == '\0') return;
   std::string escaped =
       absl::StrReplaceAll(message, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}, {"\t", "\\t"}});
   if (FILE* file = std::fopen(path, "w")) {
-    std::fprintf(file, "{\"message\": {\"message\": \"%s\", \"extraInfo\": {}}}\n",
-                 escaped.c_str());
+    std::fprintf(file, "{\"message\": {\"message\": \"%s\", \"extraInfo\": {%s}}}\n",
+                 escaped.c_str(), restartable ? "" : "\"restartable\": \"false\"");
     std::fclose(file);
   }
 }
 
-int Fail(int code, const std::string& message) {
+int Fail(int code, const std::string& message, bool restartable = true) {
   std::fprintf(stderr, "worker: %s\n", message.c_str());
-  WriteErrorFile(message);
+  WriteErrorFile(message, restartable);
   return code;
 }
 
+// INVALID_ARGUMENT is a config or an input that is wrong (a bad key, ranks
+// with different configs, a checkpoint of another model, a shard with a
+// bad header): restarting cannot mend it. NOT_FOUND (a file that is not
+// there yet: a shared file system mounted late) and everything else may.
 int Fail(const absl::Status& status) {
-  return Fail(ExitCodeFor(status), std::string(status.message()));
+  return Fail(ExitCodeFor(status), std::string(status.message()),
+              /*restartable=*/!absl::IsInvalidArgument(status));
 }
 
 // Preemption. Once training runs, the handler only records the signal; the

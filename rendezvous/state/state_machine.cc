@@ -262,7 +262,7 @@ absl::StatusOr<pb::JobState> StateMachine::ReportFailure(const pb::ReportFailure
   failure.set_round(request.round());
   failure.set_exit_code(request.exit_code());
   failure.set_message(Truncate(request.message(), kMaxMessageBytes));
-  s.FailRound(**job, pb::MEMBER_FAILED, std::move(failure), now);
+  s.FailRound(**job, pb::MEMBER_FAILED, std::move(failure), now, request.permanent());
   // The reporter is not pending for the next round: everybody re-joins.
   s.EvaluateGathering(**job, now);
   return s.BuildState(**job);

@@ -151,7 +151,10 @@ struct StateMachine::Impl {
   // Ends the RUNNING round for a failure: records it and counts a restart.
   // Once restarts exceed max_restarts the job is FAILED at this round;
   // otherwise gathering of round + 1 starts (EndRound).
-  void FailRound(Job& job, pb::RoundEndReason reason, pb::Failure failure, absl::Time now);
+  // `permanent`: no restart can mend it (ReportFailureRequest.permanent),
+  // so the job fails now, its budget untouched.
+  void FailRound(Job& job, pb::RoundEndReason reason, pb::Failure failure, absl::Time now,
+                 bool permanent = false);
   void FinishJob(Job& job, pb::Phase phase, std::string message, absl::Time now);
   void DropJob(const std::string& job_id);
   // A member's lease lapsed (Tick).

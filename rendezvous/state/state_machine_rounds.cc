@@ -255,7 +255,7 @@ void StateMachine::Impl::EndRound(Job& job, pb::RoundEndReason reason, absl::Tim
 }
 
 void StateMachine::Impl::FailRound(Job& job, pb::RoundEndReason reason, pb::Failure failure,
-                                   absl::Time now) {
+                                   absl::Time now, bool permanent) {
   std::string description =
       absl::StrFormat("member %s in round %d: exit code %d", failure.member_id(), failure.round(),
                       failure.exit_code());
@@ -263,6 +263,16 @@ void StateMachine::Impl::FailRound(Job& job, pb::RoundEndReason reason, pb::Fail
   job.failures.push_back(std::move(failure));
   while (job.failures.size() > kMaxFailuresKept) job.failures.pop_front();
   RechargeRecord(job);
+  if (permanent) {
+    ReleaseRoundMembers(job, now);
+    job.last_end_reason = reason;
+    FinishJob(job, pb::FAILED,
+              absl::StrFormat("failed without a restart (%d of %d used), since no restart can "
+                              "mend this failure: %s",
+                              job.restart_count, job.config.max_restarts(), description),
+              now);
+    return;
+  }
   job.restart_count += 1;
   if (job.restart_count <= job.config.max_restarts()) {
     EndRound(job, reason, now);

@@ -22,12 +22,32 @@ TEST_CASE("torch's error file shapes") {
   std::string flat = WriteTemp(R"({"message": "ValueError: bad"})");
   std::string broken = WriteTemp("{not json");
   std::string empty = WriteTemp("");
-  CHECK(ReadErrorFileMessage(nested) == "RuntimeError: boom");
-  CHECK(ReadErrorFileMessage(flat) == "ValueError: bad");
-  CHECK(ReadErrorFileMessage(broken).find("unreadable error file") != std::string::npos);
-  CHECK(ReadErrorFileMessage(empty).empty());
-  CHECK(ReadErrorFileMessage("/nonexistent/error.json").empty());
-  for (const auto& path : {nested, flat, broken, empty}) std::remove(path.c_str());
+  CHECK(ReadErrorFile(nested).message == "RuntimeError: boom");
+  CHECK(ReadErrorFile(flat).message == "ValueError: bad");
+  CHECK(ReadErrorFile(broken).message.find("unreadable error file") != std::string::npos);
+  CHECK(ReadErrorFile(empty).message.empty());
+  CHECK(ReadErrorFile("/nonexistent/error.json").message.empty());
+  // None of them says a restart cannot help.
+  for (const auto& path : {nested, flat, broken, empty}) {
+    CHECK(ReadErrorFile(path).restartable);
+    std::remove(path.c_str());
+  }
+  CHECK(ReadErrorFile("/nonexistent/error.json").restartable);
+}
+
+TEST_CASE("an error file may say that no restart can mend the failure") {
+  std::string permanent = WriteTemp(
+      R"({"message": {"message": "t.yaml:3: model.layer: unknown key", "extraInfo": {"restartable": "false"}}})");
+  std::string other =
+      WriteTemp(R"({"message": {"message": "boom", "extraInfo": {"restartable": "true"}}})");
+  std::string odd =
+      WriteTemp(R"({"message": {"message": "boom", "extraInfo": {"restartable": ["false"]}}})");
+  ErrorReport report = ReadErrorFile(permanent);
+  CHECK(report.message == "t.yaml:3: model.layer: unknown key");
+  CHECK_FALSE(report.restartable);
+  CHECK(ReadErrorFile(other).restartable);
+  CHECK(ReadErrorFile(odd).restartable);  // only the string "false" says so
+  for (const auto& path : {permanent, other, odd}) std::remove(path.c_str());
 }
 
 TEST_CASE("the failure table names rank, host, exit and message") {

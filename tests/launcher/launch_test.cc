@@ -125,21 +125,38 @@ TEST_CASE("a failed worker restarts the job until the budget is spent") {
     CHECK((rank0 == "0\n1\n" || rank0 == "1\n"));
     CHECK(ReadFile(dir.File("runs.1")) == "0\n1\n");
   }
-  SECTION("the budget spent: the agent exits with the worker's own code and its message") {
-    std::string error_json =
-        R"({"message": {"message": "ValueError: rank one is unhappy", "extraInfo": {}}})";
-    Child agent = StartLaunch(
-        Concat({"--standalone", "--nproc_per_node=2", "--max_restarts=1"},
-               ShellWorker("echo run >> " + dir.path() +
-                           "/runs.$RANK; "
-                           "if [ $RANK = 1 ]; then echo '" +
-                           error_json + "' > $TORCHELASTIC_ERROR_FILE; exit 7; fi; exec sleep 30")),
+  // Rank 1 writes `error_json` to its error file and exits 7; rank 0
+  // waits. Each run appends a line to runs.$RANK.
+  auto start_failing_rank1 = [&](const std::string& error_json, int max_restarts) {
+    return StartLaunch(
+        Concat(
+            {"--standalone", "--nproc_per_node=2", absl::StrCat("--max_restarts=", max_restarts)},
+            ShellWorker("echo run >> " + dir.path() +
+                        "/runs.$RANK; "
+                        "if [ $RANK = 1 ]; then echo '" +
+                        error_json + "' > $TORCHELASTIC_ERROR_FILE; exit 7; fi; exec sleep 30")),
         dir.File("agent.log"));
+  };
+  SECTION("the budget spent: the agent exits with the worker's own code and its message") {
+    Child agent = start_failing_rank1(
+        R"({"message": {"message": "ValueError: rank one is unhappy", "extraInfo": {}}})", 1);
     CHECK(ExitCodeWithin(agent, absl::Seconds(60)) == 7);
     CHECK(ReadFile(dir.File("runs.1")) == "run\nrun\n");
     std::string console = ReadFile(dir.File("agent.log"));
     CHECK(console.find("ValueError: rank one is unhappy") != std::string::npos);
     CHECK(console.find("exit code 7") != std::string::npos);
+  }
+  SECTION("an error file that says no restart can mend it: the job fails at once") {
+    Child agent = start_failing_rank1(
+        R"({"message": {"message": "config: bad key", "extraInfo": {"restartable": "false"}}})", 3);
+    CHECK(ExitCodeWithin(agent, absl::Seconds(60)) == 7);
+    CHECK(ReadFile(dir.File("runs.1")) == "run\n");  // not restarted, 3 restarts left
+    std::string console = ReadFile(dir.File("agent.log"));
+    INFO(console);
+    CHECK(console.find("rank 1's error file says no restart can mend its failure") !=
+          std::string::npos);
+    CHECK(console.find("failed without a restart (0 of 3 used), since no restart can mend this "
+                       "failure") != std::string::npos);
   }
 }
 

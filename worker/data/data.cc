@@ -24,7 +24,9 @@ absl::Status OpenError(const std::string& path, const char* what, int error) {
   std::string message = absl::StrCat(path, ": cannot ", what, ": ", std::strerror(error));
   if (error == ENOENT) return absl::NotFoundError(message);
   if (error == EACCES) return absl::PermissionDeniedError(message);
-  return absl::InvalidArgumentError(message);
+  // EIO, ESTALE (NFS), ENOMEM, ...: the file system's trouble, which may
+  // pass, not a wrong input (INVALID_ARGUMENT fails a job for good).
+  return absl::UnavailableError(message);
 }
 
 int32_t HeaderWord(const unsigned char* header, int index) {

@@ -213,6 +213,33 @@ TEST_CASE("a failure report ends the round and spends the restart budget") {
   REQUIRE_CODE(h.TryJoin("j1", config), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("a failure no restart can mend fails the job at once, its budget left") {
+  Harness h;
+  auto config = Config(2, 2, 1000, /*max_restarts=*/3);
+  std::string a = h.Join("j1", config);
+  std::string b = h.Join("j1", config);
+  // A restartable failure first: round 1 gathers, one restart spent.
+  REQUIRE_OK(h.ReportFailure("j1", 0, a, /*exit_code=*/1));
+  h.Rejoin("j1", config, a);
+  h.Rejoin("j1", config, b);
+  REQUIRE(h.State("j1").phase() == pb::RUNNING);
+
+  auto failed = h.ReportFailure("j1", 1, b, /*exit_code=*/2, /*permanent=*/true);
+  REQUIRE_OK(failed);
+  pb::JobState state = h.State("j1");
+  REQUIRE(state.phase() == pb::FAILED);
+  REQUIRE(state.round() == 1);
+  REQUIRE(state.restart_count() == 1);  // no restart for it
+  REQUIRE(state.failures_size() == 2);
+  REQUIRE(state.failures(1).exit_code() == 2);
+  REQUIRE(state.last_end_reason() == pb::MEMBER_FAILED);
+  REQUIRE_THAT(state.status_message(),
+               Catch::Contains("failed without a restart (1 of 3 used), since no restart can mend "
+                               "this failure: member " +
+                               b + " in round 1: exit code 2"));
+  REQUIRE_CODE(h.TryJoin("j1", config), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_CASE("a restarted round below min fails join_timeout after it began") {
   Harness h;
   auto config = Config(2, 2);

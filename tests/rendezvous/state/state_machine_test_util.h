@@ -103,13 +103,15 @@ class Harness {
   }
 
   absl::StatusOr<pb::JobState> ReportFailure(const std::string& job, uint64_t round,
-                                             const std::string& member, int exit_code = 1) {
+                                             const std::string& member, int exit_code = 1,
+                                             bool permanent = false) {
     pb::ReportFailureRequest request;
     request.set_job_id(job);
     request.set_round(round);
     request.set_member_id(member);
     request.set_exit_code(exit_code);
     request.set_message("worker crashed");
+    request.set_permanent(permanent);
     auto response = machine.ReportFailure(request, now);
     Check();
     return response;

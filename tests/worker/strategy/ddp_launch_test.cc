@@ -311,6 +311,25 @@ TEST_CASE("scale-up and scale-down under launch resume from the last checkpoint"
   CHECK(NewestCheckpointOfWorld(checkpoints, 1) == total);
 }
 
+TEST_CASE("a config error fails the job at once, with restarts left: no restart can mend it") {
+  TempDir dir;
+  WriteCorpus(dir.path());
+  // A key the worker does not know: every rank exits 2, and says in its
+  // error file that a restart cannot help.
+  WriteFile(dir.File("bad.yaml"), absl::StrReplaceAll(JobYaml(3, 1, 10, "bad.jsonl"),
+                                                      {{"micro_batch:", "micro_batches:"}}));
+  Child job = StartLaunch({"--standalone", "--nproc_per_node=2", "--max_restarts=3",
+                           BinaryPath("worker/worker"), dir.File("bad.yaml")},
+                          dir.File("job.log"));
+  const int code = ExitCodeWithin(job, absl::Seconds(60));
+  const std::string log = ReadFile(dir.File("job.log"));
+  INFO(log);
+  CHECK(code == 2);
+  CHECK(absl::StrContains(log, "data.micro_batches: unknown key; did you mean 'micro_batch'?"));
+  CHECK(absl::StrContains(log, "failed without a restart (0 of 3 used)"));
+  CHECK_FALSE(absl::StrContains(log, "in round 1"));  // one attempt, not four
+}
+
 TEST_CASE("two nodes with different train.yaml: both stop before training, naming the fields") {
   struct Case {
     std::string name;
