@@ -118,7 +118,9 @@ class Agent {
   // A signal came after this node's workers succeeded, while the job had
   // not closed: leave and return the job's code if it closed meanwhile, 0
   // for a preemption signal (see agent.h), else 128+signal.
-  int ExitForSignalWhenDone();
+  // `when` says when the signal came ("while waiting for the job to
+  // close").
+  int ExitForSignalWhenDone(const char* when);
   // Stops renewing and leaves the job, best effort.
   void LeaveRendezvous();
 
@@ -308,20 +310,19 @@ int Agent::ExitForSignal(const char* waiting_for) {
   return 128 + signal_number;
 }
 
-int Agent::ExitForSignalWhenDone() {
+int Agent::ExitForSignalWhenDone(const char* when) {
   int signal_number = signals_.received();
   LeaveRendezvous();
   std::optional<pb::JobState> latest = watcher_->latest();
   if (latest.has_value() && rdzv::IsTerminalPhase(latest->phase())) return ExitCodeFor(*latest);
   if (IsPreemptionSignal(signal_number)) {
     spdlog::warn(
-        "got {} while waiting for job {} to close; this node's workers succeeded, so exiting 0 "
-        "(the other nodes' agents report the rest of the job)",
-        SignalName(signal_number), setup_.job_id);
+        "got {} {}; this node's workers succeeded, so exiting 0 (the other nodes' agents report "
+        "the rest of job {})",
+        SignalName(signal_number), when, setup_.job_id);
     return 0;
   }
-  spdlog::warn("got {} while waiting for the job to close; leaving job {}",
-               SignalName(signal_number), setup_.job_id);
+  spdlog::warn("got {} {}; leaving job {}", SignalName(signal_number), when, setup_.job_id);
   return 128 + signal_number;
 }
 
@@ -345,7 +346,7 @@ Outcome Agent::FinishPreemption(const WorkerGroup& group, int signal_number, uin
     spdlog::info("round {}: this node's workers succeeded as {} came", round,
                  SignalName(signal_number));
     ReportDone(round);
-    exit_code_ = ExitForSignalWhenDone();
+    exit_code_ = ExitForSignalWhenDone("as this node's workers finished");
     return Outcome::kExit;
   }
   // Leave only now: while the workers saved their state the round stayed
@@ -494,7 +495,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
           absl::Now() + options_.rdzv_conf.close_timeout);
       if (!next.ok()) {
         if (signals_.received() != 0) {
-          exit_code_ = ExitForSignalWhenDone();
+          exit_code_ = ExitForSignalWhenDone("while waiting for the job to close");
           return Outcome::kExit;
         }
         spdlog::warn("this node's workers succeeded, but the job did not close within {}",

@@ -11,7 +11,6 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -121,32 +120,35 @@ bool HasEnvironmentEntry(int pid, const std::string& entry) {
   return false;
 }
 
-std::map<int, std::string> LossTexts(const std::string& metrics_path) {
-  std::map<int, std::string> losses;
+namespace {
+
+// The step lines of a metrics JSONL, in file order: (step, loss as
+// written). {"step":N,"loss":X,...}; eval lines have "val_loss" instead.
+std::vector<std::pair<int, std::string>> StepLines(const std::string& metrics_path) {
+  std::vector<std::pair<int, std::string>> lines;
   for (absl::string_view line : absl::StrSplit(ReadFile(metrics_path), '\n', absl::SkipEmpty())) {
-    // {"step":N,"loss":X,...}; eval lines have "val_loss" instead.
     size_t s = line.find("\"step\":"), l = line.find("\"loss\":");
     int step = 0;
     if (s == absl::string_view::npos || l == absl::string_view::npos ||
         !absl::SimpleAtoi(line.substr(s + 7, line.find(',', s) - s - 7), &step)) {
       continue;
     }
-    losses[step] = std::string(line.substr(l + 7, line.find(',', l) - l - 7));
+    lines.emplace_back(step, std::string(line.substr(l + 7, line.find(',', l) - l - 7)));
   }
+  return lines;
+}
+
+}  // namespace
+
+std::map<int, std::string> LossTexts(const std::string& metrics_path) {
+  std::map<int, std::string> losses;
+  for (auto& [step, loss] : StepLines(metrics_path)) losses[step] = std::move(loss);
   return losses;
 }
 
 std::vector<int> LoggedSteps(const std::string& metrics_path) {
   std::vector<int> steps;
-  for (absl::string_view line : absl::StrSplit(ReadFile(metrics_path), '\n', absl::SkipEmpty())) {
-    size_t s = line.find("\"step\":");
-    int step = 0;
-    if (s == absl::string_view::npos || !absl::StrContains(line, "\"loss\":") ||
-        !absl::SimpleAtoi(line.substr(s + 7, line.find(',', s) - s - 7), &step)) {
-      continue;
-    }
-    steps.push_back(step);
-  }
+  for (const auto& line : StepLines(metrics_path)) steps.push_back(line.first);
   return steps;
 }
 

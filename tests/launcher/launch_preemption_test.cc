@@ -113,7 +113,7 @@ TEST_CASE("SIGTERM as the workers finish: they exit 0, the job succeeds and laun
   const std::vector<std::string> args = {"--nnodes=1", "--nproc_per_node=2", "--rdzv_endpoint",
                                          server->endpoint(), "--rdzv_id=finishing"};
   std::string script =
-      "trap 'exit 0' TERM; echo $$ > " + dir.path() + "/pid.$RANK; while :; do sleep 0.05; done";
+      "trap 'exit 0' TERM; echo $$ > " + dir.path() + "/pid.$RANK; sleep 60 & wait";
   Child agent =
       StartLaunch(Concat(args, {"--no_python", "/bin/sh", "-c", script}), dir.File("agent.log"));
   Pids(dir, 2);
