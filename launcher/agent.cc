@@ -468,7 +468,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
       if (!first.restartable) {
         spdlog::error(
             "rank {}'s error file says no restart can mend its failure (a config or input "
-            "error): failing job {} now rather than restarting it",
+            "error, a full disk): failing job {} now rather than restarting it",
             first.global_rank, setup_.job_id);
       }
       pb::ReportFailureRequest report;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/checkpoint/env.h"
 #include "worker/data/data.h"
 #include "worker/trainer/generate.h"
 #include "worker/trainer/metrics.h"
@@ -259,6 +260,33 @@ TEST_CASE("the metrics file holds one object per logged step and per evaluation"
   std::regex human_step(
       R"(step 10/10 \| loss \d+\.\d{4} \| lr 1\.0e-02 \| norm \d+\.\d\d \| \d+ ms \| \d+ tok/s \| MFU \d+\.\d%)");
   CHECK(std::regex_match(human[3], human_step));
+}
+
+TEST_CASE(
+    "a metrics file on a full disk stops the run as a full disk, and one not writable names why") {
+  std::string dir = FreshDir("metrics_full");
+  WritePatternShards(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.train.steps = 4;
+  config.train.log_every = 1;
+  // /dev/full: every write fails with ENOSPC, as a full disk's does.
+  config.train.metrics_file = "/dev/full";
+  auto trainer = MakeTrainer(config, QuietOptions());
+  const absl::Status status = trainer->Run();
+  INFO(status.ToString());
+  CHECK(status.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(IsNoSpace(status));  // not restartable (worker_main.cc)
+  CHECK(status.message() ==
+        "train.metrics_file: writing /dev/full failed: No space left on device");
+
+  // A path through a file is the config's mistake: INVALID_ARGUMENT, with the OS's reason.
+  std::ofstream(dir + "/plain") << "x";
+  config.train.metrics_file = dir + "/plain/metrics.jsonl";
+  auto refused = Trainer::Create(config, QuietOptions());
+  INFO(refused.status().ToString());
+  CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(refused.status().message() == "train.metrics_file: cannot open " + dir +
+                                          "/plain/metrics.jsonl for writing: Not a directory");
 }
 
 TEST_CASE("validation data smaller than one pass says so when the trainer starts") {

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,24 +14,23 @@
 #include <system_error>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace muster::worker {
 namespace {
 
+// The payload that marks a full file system (FileSystemError, MarkNoSpace).
+constexpr char kNoSpaceUrl[] = "muster.worker/no-space";
+
 // Big enough that syscalls cost nothing next to the copy, small enough
 // that writeback of one chunk starts while the next is copied in.
 constexpr size_t kChunkBytes = 8 << 20;
 
-absl::Status ErrorFor(int error, const std::string& message) {
-  if (error == ENOENT) return absl::NotFoundError(message);
-  return absl::UnavailableError(message);
-}
-
 // "<path>: <what>: <strerror(errno)>".
 absl::Status Errno(const std::string& what, const std::string& path) {
   const int error = errno;
-  return ErrorFor(error, absl::StrCat(path, ": ", what, ": ", std::strerror(error)));
+  return FileSystemError(error, absl::StrCat(path, ": ", what, ": ", std::strerror(error)));
 }
 
 absl::Status FromErrorCode(const std::error_code& error, const std::string& what,
@@ -39,7 +39,7 @@ absl::Status FromErrorCode(const std::error_code& error, const std::string& what
       error.category() == std::generic_category() || error.category() == std::system_category()
           ? error.value()
           : 0;
-  return ErrorFor(value, absl::StrCat(path, ": ", what, ": ", error.message()));
+  return FileSystemError(value, absl::StrCat(path, ": ", what, ": ", error.message()));
 }
 
 class PosixWritableFile : public WritableFile {
@@ -184,6 +184,12 @@ class PosixEnv : public Env {
     return ::stat(path.c_str(), &info) == 0;
   }
 
+  absl::StatusOr<uint64_t> AvailableBytes(const std::string& path) override {
+    struct statvfs info;
+    if (::statvfs(path.c_str(), &info) != 0) return Errno("cannot statvfs", path);
+    return static_cast<uint64_t>(info.f_bavail) * info.f_frsize;
+  }
+
   bool IsDirectory(const std::string& path) override {
     struct stat info;
     return ::stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
@@ -219,8 +225,8 @@ class PosixEnv : public Env {
   absl::Status RenameFile(const std::string& from, const std::string& to) override {
     if (::rename(from.c_str(), to.c_str()) != 0) {
       const int error = errno;
-      return ErrorFor(error,
-                      absl::StrCat("cannot rename ", from, " to ", to, ": ", std::strerror(error)));
+      return FileSystemError(
+          error, absl::StrCat("cannot rename ", from, " to ", to, ": ", std::strerror(error)));
     }
     return absl::OkStatus();
   }
@@ -253,6 +259,21 @@ class PosixEnv : public Env {
 };
 
 }  // namespace
+
+absl::Status FileSystemError(int error, const std::string& message) {
+  if (error == ENOENT) return absl::NotFoundError(message);
+  if (error == ENOSPC || error == EDQUOT) {
+    return MarkNoSpace(absl::ResourceExhaustedError(message));
+  }
+  return absl::UnavailableError(message);
+}
+
+bool IsNoSpace(const absl::Status& status) { return status.GetPayload(kNoSpaceUrl).has_value(); }
+
+absl::Status MarkNoSpace(absl::Status status) {
+  status.SetPayload(kNoSpaceUrl, absl::Cord("1"));
+  return status;
+}
 
 Env* Env::Default() {
   static Env* const env = new PosixEnv;  // never deleted: used until exit, from any thread

@@ -6,10 +6,11 @@
 //
 // Errors name the path and the OS's reason ("<path>: <what>: <strerror>"):
 // NOT_FOUND when the path, or a directory on the way to it, does not
-// exist (ENOENT); UNAVAILABLE for any other refusal (permissions, space,
-// I/O). Thread-safety: an Env is used from several threads at once (the
-// trainer, the background writer, retention) and must be thread-safe; a
-// file object is used by one thread at a time.
+// exist (ENOENT); RESOURCE_EXHAUSTED, which IsNoSpace() tells apart, when
+// the file system or the user's quota on it is full (ENOSPC, EDQUOT);
+// UNAVAILABLE for any other refusal (permissions, I/O). Thread-safety: an Env is used from several
+// threads at once (the trainer, the background writer, retention) and must be thread-safe; a file
+// object is used by one thread at a time.
 #pragma once
 
 #include <cstddef>
@@ -22,6 +23,18 @@
 #include "absl/status/statusor.h"
 
 namespace muster::worker {
+
+// The status of a failed file-system call that set errno to `error`, with
+// `message` (see above for the codes).
+absl::Status FileSystemError(int error, const std::string& message);
+// Whether `status` is FileSystemError's for a full file system or quota
+// (ENOSPC, EDQUOT), or carries that mark (MarkNoSpace). No restart of the
+// job can mend it until someone frees space, so the worker reports it as
+// not restartable (docs/worker.md).
+bool IsNoSpace(const absl::Status& status);
+// `status` (not OK) with the mark IsNoSpace() reads: for an error that
+// reports another rank's full file system.
+absl::Status MarkNoSpace(absl::Status status);
 
 // A file being written from its start.
 class WritableFile {
@@ -79,6 +92,10 @@ class Env {
   // fsync of a directory: makes a create, rename or delete in it durable.
   virtual absl::Status SyncDir(const std::string& path) = 0;
 
+  // statvfs: the bytes an unprivileged writer may still write to the file
+  // system that holds `path` (f_bavail x f_frsize).
+  virtual absl::StatusOr<uint64_t> AvailableBytes(const std::string& path) = 0;
+
   // Whether `path` exists (any type); false also when it cannot be told.
   virtual bool FileExists(const std::string& path) = 0;
   // Whether `path` is a directory (following symlinks).
@@ -122,6 +139,9 @@ class EnvWrapper : public Env {
   }
   absl::Status SyncFile(const std::string& path) override { return target_->SyncFile(path); }
   absl::Status SyncDir(const std::string& path) override { return target_->SyncDir(path); }
+  absl::StatusOr<uint64_t> AvailableBytes(const std::string& path) override {
+    return target_->AvailableBytes(path);
+  }
   bool FileExists(const std::string& path) override { return target_->FileExists(path); }
   bool IsDirectory(const std::string& path) override { return target_->IsDirectory(path); }
   absl::StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override {

@@ -18,9 +18,8 @@ std::vector<int> StepsToDelete(std::vector<int> steps, int keep_last, int keep_e
   return doomed;
 }
 
-absl::Status ApplyRetention(Env* env, const std::string& dir, int keep_last, int keep_every,
-                            int protect, const std::string& lineage,
-                            std::vector<std::string>* deleted) {
+absl::StatusOr<std::vector<int>> LineageSteps(Env* env, const std::string& dir,
+                                              const std::string& lineage) {
   auto entries = ListCheckpoints(env, dir);
   if (!entries.ok()) return entries.status();
   std::vector<int> steps;
@@ -29,8 +28,16 @@ absl::Status ApplyRetention(Env* env, const std::string& dir, int keep_last, int
     if (manifest.ok() && manifest->lineage != lineage) continue;
     steps.push_back(entry.step);
   }
+  return steps;
+}
+
+absl::Status ApplyRetention(Env* env, const std::string& dir, int keep_last, int keep_every,
+                            int protect, const std::string& lineage,
+                            std::vector<std::string>* deleted) {
+  auto steps = LineageSteps(env, dir, lineage);
+  if (!steps.ok()) return steps.status();
   absl::Status first_error;
-  for (int step : StepsToDelete(steps, keep_last, keep_every)) {
+  for (int step : StepsToDelete(*steps, keep_last, keep_every)) {
     if (step == protect) continue;
     const std::string path = dir + "/" + StepDirName(step);
     absl::Status removed = env->RemoveAll(path);

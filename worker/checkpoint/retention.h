@@ -16,6 +16,11 @@ namespace muster::worker {
 // The steps (from `steps`, any order) that the rule drops.
 std::vector<int> StepsToDelete(std::vector<int> steps, int keep_last, int keep_every);
 
+// The steps of the committed checkpoints in `dir` of `lineage` (one whose
+// manifest cannot be read counts as the lineage's), in no particular order.
+absl::StatusOr<std::vector<int>> LineageSteps(Env* env, const std::string& dir,
+                                              const std::string& lineage);
+
 // Applies the rule to the committed checkpoints in `dir` of `lineage`
 // (Manifest::lineage; one whose manifest cannot be read counts as the
 // lineage's), never touching `protect` (the one just committed). Other

@@ -11,7 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "worker/checkpoint/dir_lock.h"
 #include "worker/checkpoint/files.h"
 #include "worker/checkpoint/layout.h"
@@ -57,10 +59,18 @@ std::string ResumedLine(const std::string& path, const Manifest& manifest) {
 
 }  // namespace
 
+std::string FormatBytes(uint64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes < (uint64_t{1} << 20)) return absl::StrFormat("%.0f KiB", b / (1 << 10));
+  if (bytes < (uint64_t{1} << 30)) return absl::StrFormat("%.1f MiB", b / (1 << 20));
+  return absl::StrFormat("%.2f GiB", b / (1 << 30));
+}
+
 CommitTally CommitVote(LocalWrite write) {
   CommitTally vote;
   vote.durable = write == LocalWrite::kDurable ? 1 : 0;
-  vote.failed = write == LocalWrite::kFailed ? 1 : 0;
+  vote.failed = write == LocalWrite::kFailed || write == LocalWrite::kNoSpace ? 1 : 0;
+  vote.no_space = write == LocalWrite::kNoSpace ? 1 : 0;
   return vote;
 }
 
@@ -103,13 +113,22 @@ void CheckpointManager::Log(const std::string& line) {
 }
 
 absl::Status CheckpointManager::Agree(absl::Status local, const std::string& what) {
-  auto failed = control().LowestRankWith(!local.ok());
-  if (!failed.ok()) return failed.status();
-  if (!local.ok()) return local;
-  if (*failed >= 0) {
-    return absl::AbortedError(absl::StrCat(what, " failed on rank ", *failed, " (see its log)"));
+  // The lowest failed rank (as size - rank, so the max names it), and
+  // whether any failed on a full file system, which every rank reports.
+  const int size = control().size();
+  int64_t votes[2] = {local.ok() ? 0 : size - control().rank(), IsNoSpace(local) ? 1 : 0};
+  if (absl::Status agreed = control().AllReduce(absl::MakeSpan(votes), parallel::ReduceOp::kMax);
+      !agreed.ok()) {
+    return agreed;
   }
-  return absl::OkStatus();
+  if (!local.ok()) return local;
+  if (votes[0] == 0) return absl::OkStatus();
+  const int failed = size - static_cast<int>(votes[0]);
+  if (votes[1] != 0) {
+    return MarkNoSpace(absl::AbortedError(
+        absl::StrCat(what, " failed on rank ", failed, ": a file system is full (see its log)")));
+  }
+  return absl::AbortedError(absl::StrCat(what, " failed on rank ", failed, " (see its log)"));
 }
 
 absl::StatusOr<int64_t> CheckpointManager::Broadcast(int64_t value) {
@@ -154,8 +173,86 @@ absl::Status CheckpointManager::ClaimDir() {
 
 absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer,
                                                TrainState* state) {
-  const CheckpointConfig& c = config_.checkpoint;
   if (absl::Status claimed = ClaimDir(); !claimed.ok()) return claimed;
+  const bool root = control().rank() == 0 && !config_.checkpoint.dir.empty();
+  if (root) RemoveUncommitted();
+  auto resumed = ChooseAndLoad(model, optimizer, state);
+  if (resumed.ok() && root) {
+    const std::string note = SpaceNote(StateFloats(StateTensors(model->stages())) * sizeof(float));
+    if (!note.empty()) Log(note);
+  }
+  return resumed;
+}
+
+void CheckpointManager::RemoveUncommitted() {
+  const std::string& dir = config_.checkpoint.dir;
+  auto names = env_->GetChildren(dir);
+  if (!names.ok()) return;  // the resume that follows lists it again and says why
+  for (const std::string& name : *names) {
+    if (!absl::StartsWith(name, ".tmp_step_") && !absl::StartsWith(name, ".old_step_")) continue;
+    const std::string path = dir + "/" + name;
+    absl::Status removed = env_->RemoveAll(path);
+    Log(removed.ok() ? absl::StrCat("deleted ", path, ": a save that never committed")
+                     : absl::StrCat("warning: cannot delete ", path,
+                                    ", a save that never committed: ", removed.message()));
+  }
+}
+
+std::string CheckpointManager::SpaceNote(uint64_t checkpoint_bytes) {
+  const CheckpointConfig& c = config_.checkpoint;
+  auto free = env_->AvailableBytes(c.dir);
+  if (!free.ok()) return "";
+  // Retention keeps keep_last (at least one, the newest) and the save being
+  // written is one more; those of this run already there count.
+  const int at_once = std::max(c.keep_last, 1) + 1;
+  auto steps = LineageSteps(env_, c.dir, lineage_);
+  const int there = steps.ok() ? std::min(static_cast<int>(steps->size()), at_once - 1) : 0;
+  const uint64_t needed = static_cast<uint64_t>(at_once - there) * checkpoint_bytes;
+  if (*free >= needed) return "";
+  return absl::StrCat("warning: the file system of ", c.dir, " has ", FormatBytes(*free),
+                      " free, and this run needs ", FormatBytes(needed),
+                      " more there: a checkpoint takes ", FormatBytes(checkpoint_bytes),
+                      ", and checkpoint.keep_last ", c.keep_last, " keeps up to ", at_once,
+                      " while a save is written (", there,
+                      " there now). A save that finds the disk full fails the run");
+}
+
+std::string CheckpointManager::NoSpaceAdvice(uint64_t checkpoint_bytes) {
+  const CheckpointConfig& c = config_.checkpoint;
+  std::string advice = "; ";
+  if (auto free = env_->AvailableBytes(c.dir); free.ok()) {
+    absl::StrAppend(&advice, "the file system of ", c.dir, " has ", FormatBytes(*free),
+                    " free with this save's files deleted. ");
+  }
+  absl::StrAppend(&advice, "A checkpoint of this run takes ", FormatBytes(checkpoint_bytes),
+                  " and checkpoint.keep_last ", c.keep_last, " keeps up to ",
+                  std::max(c.keep_last, 1) + 1,
+                  " of them while a save is written: free space there (or lower "
+                  "checkpoint.keep_last) and start the run again, which resumes ",
+                  last_committed_ >= 0 ? absl::StrCat("from step ", last_committed_)
+                                       : std::string("from the start"));
+  return advice;
+}
+
+void CheckpointManager::DiscardSave(const std::string& tmp, bool together) {
+  if (!local_done_) {
+    local_result_ = writer_.Wait();
+    local_done_ = true;
+  }
+  const std::string file = RankFileName(control().rank());
+  (void)env_->RemoveFile(tmp + "/" + file);  // not there: never begun, or rank 0 went first
+  (void)env_->RemoveFile(tmp + "/" + SidecarName(file));
+  // Every rank's file is gone before a failed rank counts the space free.
+  // A barrier that fails (a peer gone) only means that count is low.
+  if (together) (void)control().Barrier();
+  // Anything left (a rank that could not delete its own) goes with the
+  // directory, or at the next start (RemoveUncommitted).
+  if (control().rank() == 0) (void)env_->RemoveAll(tmp);
+}
+
+absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* optimizer,
+                                                      TrainState* state) {
+  const CheckpointConfig& c = config_.checkpoint;
   if (c.resume == "never" || (c.resume == "auto" && c.dir.empty())) return false;
   std::string path = c.resume;
   if (c.resume == "auto") {
@@ -345,7 +442,11 @@ absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& op
     absl::Status made = env_->CreateDir(dir);
     if (made.ok()) made = env_->RemoveAll(tmp);
     if (made.ok()) made = env_->CreateDir(tmp);
-    if (!made.ok()) {
+    if (IsNoSpace(made)) {
+      prepared = MarkNoSpace(absl::ResourceExhaustedError(
+          absl::StrCat("checkpoint.dir: cannot create ", tmp, ": ", made.message(),
+                       NoSpaceAdvice(StateFloats(StateTensors(model.stages())) * sizeof(float)))));
+    } else if (!made.ok()) {
       // UNAVAILABLE whatever the cause: not a config mistake (exit 1, docs/worker.md).
       prepared =
           absl::UnavailableError(absl::StrCat("checkpoint.dir: cannot create ", tmp, ": ",
@@ -391,31 +492,53 @@ absl::Status CheckpointManager::Commit(bool wait) {
     local_result_ = writer_.Wait();
     local_done_ = true;
   }
-  const LocalWrite mine = !local_done_         ? LocalWrite::kWriting
-                          : local_result_.ok() ? LocalWrite::kDurable
-                                               : LocalWrite::kFailed;
+  const LocalWrite mine = !local_done_                        ? LocalWrite::kWriting
+                          : local_result_.ok()                ? LocalWrite::kDurable
+                          : IsNoSpace(local_result_.status()) ? LocalWrite::kNoSpace
+                                                              : LocalWrite::kFailed;
   const CommitTally vote = CommitVote(mine);
-  int64_t tally[2] = {vote.durable, vote.failed};
+  int64_t tally[3] = {vote.durable, vote.failed, vote.no_space};
   if (absl::Status summed = control().AllReduce(absl::MakeSpan(tally), parallel::ReduceOp::kSum);
       !summed.ok()) {
     return summed;
   }
-  const CommitDecision decision = DecideCommit(CommitTally{tally[0], tally[1]}, control().size());
+  const CommitDecision decision =
+      DecideCommit(CommitTally{tally[0], tally[1], tally[2]}, control().size());
   const int step = pending_step_;
   const std::string tmp = config_.checkpoint.dir + "/" + TempStepDirName(step);
+  const uint64_t checkpoint_bytes = StateFloats(tensors_) * sizeof(float);
   if (decision == CommitDecision::kCommit) {
     pending_step_ = -1;
     absl::Status committed = control().rank() == 0 ? WriteManifest(step, tmp) : absl::OkStatus();
+    // Every rank's write is durable here, so rank 0 can delete them all, and
+    // before the advice, which counts the space that frees.
+    if (!committed.ok()) DiscardSave(tmp, /*together=*/false);
+    if (IsNoSpace(committed)) {
+      committed = MarkNoSpace(absl::Status(
+          committed.code(), absl::StrCat(committed.message(), NoSpaceAdvice(checkpoint_bytes))));
+    }
     committed = Agree(committed, "committing " + tmp);
-    if (committed.ok()) last_committed_ = step;
+    if (!committed.ok()) {
+      DiscardSave(tmp, /*together=*/false);
+      return committed;
+    }
+    last_committed_ = step;
     return committed;
   }
   if (decision == CommitDecision::kAbandon) {
     pending_step_ = -1;
+    DiscardSave(tmp, /*together=*/true);  // every rank abandons together
     if (!local_result_.ok()) {
-      return absl::Status(
-          local_result_.status().code(),
-          absl::StrCat("saving checkpoint step ", step, ": ", local_result_.status().message()));
+      const absl::Status& failed = local_result_.status();
+      absl::Status status(failed.code(),
+                          absl::StrCat("saving checkpoint step ", step, ": ", failed.message(),
+                                       IsNoSpace(failed) ? NoSpaceAdvice(checkpoint_bytes) : ""));
+      return IsNoSpace(failed) ? MarkNoSpace(status) : status;
+    }
+    if (tally[2] > 0) {
+      return MarkNoSpace(absl::AbortedError(
+          absl::StrCat("saving checkpoint step ", step,
+                       " failed on another rank: its file system is full (see its log)")));
     }
     return absl::AbortedError(
         absl::StrCat("saving checkpoint step ", step, " failed on another rank (see its log)"));

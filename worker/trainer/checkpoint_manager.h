@@ -30,7 +30,11 @@
 // load the same one even if their views of the disk differ.
 //
 // Errors: a failed background write, commit or load is returned by the
-// next call on every rank (the failing rank with its own message).
+// next call on every rank (the failing rank with its own message). An
+// abandoned save's files are deleted (each rank its own, rank 0 the
+// directory), so a full disk gets its space back; a failure because the
+// file system is full says how much a checkpoint needs and how much is
+// free, and is IsNoSpace() on every rank.
 // Thread-safety: one thread (the trainer's) calls every method.
 #pragma once
 
@@ -63,15 +67,21 @@ struct TrainState {
   uint64_t data_windows = 0;
 };
 
+// A size as the manager's messages give it: "812 KiB", "9.5 MiB", "1.42 GiB".
+std::string FormatBytes(uint64_t bytes);
+
 // The commit vote of step 4: each rank contributes CommitVote(its write),
-// two integers, to one int64 sum over ranks; DecideCommit reads the sums:
+// three integers, to one int64 sum over ranks; DecideCommit reads the sums:
 // any failed rank abandons the save, all durable commits it, else wait.
 // Counted, not averaged, so no mix of votes can hide a failure.
-enum class LocalWrite { kWriting, kDurable, kFailed };
+// kNoSpace is a failure because the file system is full (IsNoSpace), which
+// every rank then reports as such (not restartable: docs/worker.md).
+enum class LocalWrite { kWriting, kDurable, kFailed, kNoSpace };
 enum class CommitDecision { kWait, kCommit, kAbandon };
 struct CommitTally {
-  int64_t durable = 0;  // ranks whose file is durable
-  int64_t failed = 0;   // ranks whose write failed
+  int64_t durable = 0;   // ranks whose file is durable
+  int64_t failed = 0;    // ranks whose write failed, for any reason
+  int64_t no_space = 0;  // of those, the ones whose file system was full
 };
 CommitTally CommitVote(LocalWrite write);
 CommitDecision DecideCommit(const CommitTally& sum, int world_size);
@@ -103,6 +113,10 @@ class CheckpointManager {
   // returns its error. INVALID_ARGUMENT for a checkpoint of another model
   // config or data seed; NOT_FOUND / DATA_LOSS for a missing or corrupt
   // explicit path.
+  // Rank 0 also removes what a save that never committed left in the
+  // directory (.tmp_step_N, .old_step_N: the LOCK says no other run is
+  // writing there), and warns when the file system has less space free
+  // than the checkpoints still to come need (SpaceNote).
   absl::StatusOr<bool> Resume(GptModel* model, AdamW* optimizer, TrainState* state);
 
   // After every optimizer step, on every rank: commits a finished save and
@@ -133,6 +147,23 @@ class CheckpointManager {
 
  private:
   absl::Status Commit(bool wait);
+  // Resume after the directory is claimed: picks the checkpoint and loads it.
+  absl::StatusOr<bool> ChooseAndLoad(GptModel* model, AdamW* optimizer, TrainState* state);
+  // Rank 0, once the directory is claimed: deletes leftovers of saves that
+  // never committed, logging each.
+  void RemoveUncommitted();
+  // Rank 0, after Resume: the warning line when checkpoint.dir's file
+  // system has less free than this run's checkpoints still need there, or
+  // "" (also when the space cannot be told).
+  std::string SpaceNote(uint64_t checkpoint_bytes);
+  // What a save that failed because the file system is full adds to its
+  // error: the space free now, what a checkpoint needs, what to do.
+  std::string NoSpaceAdvice(uint64_t checkpoint_bytes);
+  // An abandoned save at `tmp`: this rank's file and sidecar, once its
+  // write has stopped, and on rank 0 the directory, are deleted.
+  // `together`: every rank calls it at once (a barrier), so that a rank
+  // whose write failed counts the space free with every rank's file gone.
+  void DiscardSave(const std::string& tmp, bool together);
   // Whenever checkpoint.dir is set, on every rank: rank 0 creates it and
   // takes its lock into dir_lock_ (LockDir), and every other rank checks
   // that it sees rank 0's token there (SeesLock): one directory for all.

@@ -3,9 +3,11 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -16,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "kernels/matmul.h"
+#include "worker/checkpoint/env.h"
 #include "worker/model/ops.h"
 
 namespace muster::worker {
@@ -112,8 +115,13 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
   }
   FILE* file = std::fopen(path.c_str(), resumed_step.has_value() ? "a" : "w");
   if (file == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.metrics_file: cannot open ", path, " for writing"));
+    const int error = errno;
+    const std::string message = absl::StrCat("train.metrics_file: cannot open ", path,
+                                             " for writing: ", std::strerror(error));
+    // A full disk is not the config's fault; anything else (a directory
+    // not writable, a path through a file) is the path's.
+    if (error == ENOSPC || error == EDQUOT) return FileSystemError(error, message);
+    return absl::InvalidArgumentError(message);
   }
   return std::unique_ptr<MetricsWriter>(new MetricsWriter(file, path));
 }
@@ -121,8 +129,14 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
 MetricsWriter::~MetricsWriter() { std::fclose(file_); }
 
 absl::Status MetricsWriter::Write(const std::string& json_line) {
+  errno = 0;
   if (std::fprintf(file_, "%s\n", json_line.c_str()) < 0 || std::fflush(file_) != 0) {
-    return absl::InternalError(absl::StrCat("writing metrics to ", path_, " failed"));
+    // The errno of the write that failed: a full disk (RESOURCE_EXHAUSTED,
+    // not restartable, IsNoSpace) or another refusal (UNAVAILABLE). What
+    // reached the file of this line is torn, and a resume cuts it.
+    const int error = errno;
+    return FileSystemError(error, absl::StrCat("train.metrics_file: writing ", path_, " failed: ",
+                                               std::strerror(error != 0 ? error : EIO)));
   }
   return absl::OkStatus();
 }

@@ -71,11 +71,15 @@ class MetricsWriter {
   // step; lines that name none before it are kept. `trimmed` (may be null)
   // says what was cut.
   //
-  // INVALID_ARGUMENT naming the path if it cannot be opened or cut.
+  // INVALID_ARGUMENT naming the path and the OS's reason if it cannot be
+  // opened or cut; RESOURCE_EXHAUSTED (IsNoSpace) if the disk is full.
   static absl::StatusOr<std::unique_ptr<MetricsWriter>> Open(
       const std::string& path, std::optional<int> resumed_step = std::nullopt,
       MetricsTrim* trimmed = nullptr);
   ~MetricsWriter();
+  // Appends the line and flushes it. A failure names the path and the
+  // OS's reason, as worker/checkpoint/env.h's errors do: on a full disk
+  // RESOURCE_EXHAUSTED with IsNoSpace() true.
   absl::Status Write(const std::string& json_line);
 
  private:

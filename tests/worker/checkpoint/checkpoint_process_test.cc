@@ -320,6 +320,85 @@ TEST_CASE("a second run on a checkpoint.dir in use is refused at once; the first
   CHECK(LastStep(dir.File("third.jsonl")) == newest + 3);
 }
 
+// A real full disk: `launch` (`launch_args`, its output to `log`) runs in
+// a mount namespace of its own (unshare -rm: no privilege needed where
+// user namespaces are allowed, as on Debian) in which `ckpt` is a tmpfs of
+// `kib` KiB. What `ckpt` held when launch ended is listed into `listing`,
+// since the tmpfs goes with the namespace.
+launcher::Child StartLaunchOnTmpfs(const std::string& ckpt, uint64_t kib,
+                                   const std::vector<std::string>& launch_args,
+                                   const std::string& log, const std::string& listing) {
+  launcher::SpawnSpec spec;
+  spec.argv = {"/usr/bin/unshare",
+               "-rm",
+               "/bin/sh",
+               "-c",
+               "size=$1 ckpt=$2 log=$3 listing=$4; shift 4\n"
+               "mount -t tmpfs -o size=${size}k tmpfs \"$ckpt\" || exit 97\n"
+               "\"$@\" >>\"$log\" 2>&1; code=$?\n"
+               "ls -a \"$ckpt\" >\"$listing\"\n"
+               "exit $code",
+               "sh",
+               absl::StrCat(kib),
+               ckpt,
+               log,
+               listing,
+               BinaryPath("launcher/launch")};
+  spec.argv.insert(spec.argv.end(), launch_args.begin(), launch_args.end());
+  spec.env = Environment({});
+  auto child = launcher::Child::Spawn(spec);
+  REQUIRE(child.ok());
+  return std::move(*child);
+}
+
+TEST_CASE("a full checkpoint disk fails the job at once under launch, says why, leaves no debris") {
+  TempDir dir;
+  // What one checkpoint of this model takes (2 ranks write half each).
+  WriteSetup(dir, "probe", 1, 1);
+  launcher::Child probe = StartWorker(dir, "probe");
+  REQUIRE(ExitCode(probe) == 0);
+  const uint64_t bytes = fs::file_size(dir.File("probe_ckpt/step_00000001/rank_00000.bin"));
+
+  // Room for two checkpoints and half a third: keep_last 2 holds three
+  // while a save is written, so step 30's save finds the disk full.
+  WriteSetup(dir, "full", 60, 10);
+  fs::create_directories(dir.File("full_ckpt"));
+  launcher::Child launch = StartLaunchOnTmpfs(
+      dir.File("full_ckpt"), bytes * 5 / 2 / 1024,
+      {"--standalone", "--nproc_per_node=2", "--max_restarts=3", "--monitor_interval=0.05",
+       "--no_python", BinaryPath("worker/worker"), dir.File("full.yaml")},
+      dir.File("full.log"), dir.File("listing"));
+  const int code = ExitCode(launch);
+  const std::string log = ReadFile(dir.File("full.log"));
+  INFO(log);
+  REQUIRE(code != 97);  // the tmpfs was mounted
+  CHECK(code == 1);     // the worker's code for a failure that is not the config's
+
+  // Warned when it started...
+  CHECK(absl::StrContains(
+      log, "checkpoint: warning: the file system of " + dir.File("full_ckpt") + " has "));
+  CHECK(absl::StrContains(log, "keep_last 2 keeps up to 3 while a save is written (0 there now)"));
+  // ...failed at step 30's save, saying why and where a rerun resumes...
+  CHECK(absl::StrContains(log, "saving checkpoint step 30"));
+  CHECK(absl::StrContains(log, "No space left on device"));
+  CHECK(absl::StrContains(log, "start the run again, which resumes from step 20"));
+  // ...and failed the job without spending its restarts, which would each
+  // redo 10 steps to fail the same way.
+  CHECK(absl::StrContains(log, "failed without a restart (0 of 3 used)"));
+  CHECK_FALSE(absl::StrContains(log, "round 1"));
+  // The save is written beside the steps after it: its failure surfaces a
+  // step or more later, and before the next save.
+  CHECK(LastStep(dir.File("full.jsonl")) >= 30);
+  CHECK(LastStep(dir.File("full.jsonl")) < 40);
+
+  // The failed save's files are gone: the full disk has its space back.
+  const std::string listing = ReadFile(dir.File("listing"));
+  INFO(listing);
+  CHECK(absl::StrContains(listing, "step_00000010\n"));
+  CHECK(absl::StrContains(listing, "step_00000020\n"));
+  CHECK_FALSE(absl::StrContains(listing, "step_00000030"));
+}
+
 TEST_CASE("SIGTERM before the first step: a start that cannot go on exits 75, losing nothing") {
   TempDir dir;
   WriteSetup(dir, "first", 20, 10);

@@ -325,6 +325,7 @@ CommitDecision Decide(const std::vector<LocalWrite>& writes) {
     const CommitTally vote = CommitVote(write);
     sum.durable += vote.durable;
     sum.failed += vote.failed;
+    sum.no_space += vote.no_space;
   }
   return DecideCommit(sum, static_cast<int>(writes.size()));
 }
@@ -335,16 +336,21 @@ TEST_CASE("the commit vote never averages a failure away") {
   // writing averaged to "all durable".
   CHECK(Decide({W::kFailed, W::kWriting}) == CommitDecision::kAbandon);
   CHECK(Decide({W::kWriting, W::kFailed}) == CommitDecision::kAbandon);
+  // A full disk is a failure, and counted as such besides.
+  CHECK(Decide({W::kDurable, W::kNoSpace}) == CommitDecision::kAbandon);
+  CHECK(CommitVote(W::kNoSpace).failed == 1);
+  CHECK(CommitVote(W::kNoSpace).no_space == 1);
+  CHECK(CommitVote(W::kFailed).no_space == 0);
   // Every combination of every world up to 7 ranks, and a few big worlds.
+  const W kStates[] = {W::kWriting, W::kDurable, W::kFailed, W::kNoSpace};
   for (int world = 1; world <= 7; ++world) {
-    std::vector<int> counts(world, 0);  // each rank's state, as 0, 1, 2
-    for (int combination = 0; combination < std::pow(3, world); ++combination) {
+    for (int combination = 0; combination < std::pow(4, world); ++combination) {
       std::vector<W> writes;
       bool failed = false, all_durable = true;
-      for (int rank = 0, rest = combination; rank < world; ++rank, rest /= 3) {
-        const W write = rest % 3 == 0 ? W::kWriting : rest % 3 == 1 ? W::kDurable : W::kFailed;
+      for (int rank = 0, rest = combination; rank < world; ++rank, rest /= 4) {
+        const W write = kStates[rest % 4];
         writes.push_back(write);
-        failed |= write == W::kFailed;
+        failed |= write == W::kFailed || write == W::kNoSpace;
         all_durable &= write == W::kDurable;
       }
       const CommitDecision expected = failed        ? CommitDecision::kAbandon
@@ -792,6 +798,83 @@ TEST_CASE("a resume with other training settings says what changed; with the sam
   auto next = ReadManifest(Env::Default(), config.checkpoint.dir + "/step_00000006");
   REQUIRE(next.ok());
   CHECK(next->training == TrainingSettingsOf(config));
+}
+
+// The POSIX file system, but with `free` bytes available whatever statvfs says.
+class FreeSpaceEnv : public EnvWrapper {
+ public:
+  explicit FreeSpaceEnv(uint64_t free) : EnvWrapper(Env::Default()), free_(free) {}
+  absl::StatusOr<uint64_t> AvailableBytes(const std::string&) override { return free_; }
+
+ private:
+  const uint64_t free_;
+};
+
+TEST_CASE("a start with too little space free for the checkpoints to come warns") {
+  std::string dir = FreshDir("space");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.checkpoint.keep_last = 2;
+  config.train.steps = 4;
+  // One checkpoint: the flat state (parameters and both moments) in fp32.
+  auto model = GptModel::Create(config.model, 1, Device::kCpu);
+  REQUIRE(model.ok());
+  const uint64_t bytes = StateFloats(StateTensors((*model)->stages())) * sizeof(float);
+  CHECK(FormatBytes(0) == "0 KiB");
+  CHECK(FormatBytes(812 << 10) == "812 KiB");
+  CHECK(FormatBytes(uint64_t{19} << 19) == "9.5 MiB");
+  CHECK(FormatBytes(uint64_t{1525} << 20) == "1.49 GiB");
+
+  // A fresh run will hold keep_last + 1 = 3 at once while a save is written.
+  FreeSpaceEnv short_of_three(3 * bytes - 1);
+  RunResult fresh = RunTrainer(config, nullptr, nullptr, &short_of_three);
+  REQUIRE(fresh.status.ok());
+  CHECK(absl::StrContains(
+      fresh.log,
+      absl::StrCat("checkpoint: warning: the file system of ", config.checkpoint.dir, " has ",
+                   FormatBytes(3 * bytes - 1), " free, and this run needs ", FormatBytes(3 * bytes),
+                   " more there: a checkpoint takes ", FormatBytes(bytes),
+                   ", and checkpoint.keep_last 2 keeps up to 3 while a save is "
+                   "written (0 there now). A save that finds the disk full fails the "
+                   "run")));
+  FreeSpaceEnv room_for_three(3 * bytes);
+  CHECK_FALSE(
+      absl::StrContains(RunTrainer(config, nullptr, nullptr, &room_for_three).log, "warning"));
+
+  // Resumed, its own checkpoint there counts (step 4): two more are needed.
+  config.train.steps = 8;
+  FreeSpaceEnv short_of_two(2 * bytes - 1);
+  RunResult resumed = RunTrainer(config, nullptr, nullptr, &short_of_two);
+  REQUIRE(resumed.status.ok());
+  CHECK(resumed.resumed_at.step == 4);
+  CHECK(absl::StrContains(resumed.log,
+                          absl::StrCat("this run needs ", FormatBytes(2 * bytes), " more there")));
+  CHECK(absl::StrContains(resumed.log, "(1 there now)"));
+}
+
+TEST_CASE("a start deletes what saves that never committed left, and only that") {
+  std::string dir;
+  TrainConfig config;
+  SavedAfterFourSteps("uncommitted", &dir, &config);
+  const std::string& ckpt = config.checkpoint.dir;
+  // A save SIGKILLed at step 9 (a preemption's, at a step no later save
+  // reaches), and a checkpoint moved aside by a commit that crashed.
+  fs::create_directories(ckpt + "/.tmp_step_00000009");
+  std::ofstream(ckpt + "/.tmp_step_00000009/rank_00000.bin") << std::string(1000, 'x');
+  fs::create_directories(ckpt + "/.old_step_00000004");
+  std::ofstream(ckpt + "/notes.txt") << "the user's";
+
+  config.train.steps = 8;
+  RunResult resumed = RunTrainer(config);
+  REQUIRE(resumed.status.ok());
+  CHECK(resumed.resumed_at.step == 4);
+  for (const std::string name : {".tmp_step_00000009", ".old_step_00000004"}) {
+    CHECK_FALSE(fs::exists(ckpt + "/" + name));
+    CHECK(absl::StrContains(resumed.log, absl::StrCat("checkpoint: deleted ", ckpt, "/", name,
+                                                      ": a save that never committed")));
+  }
+  CHECK(fs::exists(ckpt + "/notes.txt"));
+  CHECK(VerifyCheckpoint(Env::Default(), ckpt + "/step_00000008").ok());
 }
 
 TEST_CASE("a failed background write is reported once, by the next call") {

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -15,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "tests/worker/checkpoint/tiny_job.h"
+#include "tests/worker/thread_ranks.h"
 #include "worker/checkpoint/env.h"
 #include "worker/checkpoint/reader.h"
 #include "worker/data/data.h"
@@ -137,7 +140,30 @@ TEST_CASE("the POSIX Env's errors name the path and the reason") {
   CHECK_FALSE(env->FileExists(missing));
   CHECK_FALSE(env->IsDirectory(dir + "/missing"));
 
-  // Anything but a missing path is UNAVAILABLE.
+  // AvailableBytes: statvfs of the file system that holds the path.
+  auto free = env->AvailableBytes(dir);
+  REQUIRE(free.ok());
+  CHECK(*free > 0);
+  check(env->AvailableBytes(dir + "/missing").status(), kNotFound,
+        {dir + "/missing", "cannot statvfs", enoent});
+
+  // A full disk or quota is RESOURCE_EXHAUSTED, marked so that it is told
+  // apart from running out of memory; /dev/full is one for real.
+  auto full = env->NewWritableFile("/dev/full");
+  REQUIRE(full.ok());
+  const absl::Status append = (*full)->Append("x", 1);
+  check(append, absl::StatusCode::kResourceExhausted,
+        {"/dev/full: write failed: No space left on device"});
+  CHECK(IsNoSpace(append));
+  for (int error : {ENOSPC, EDQUOT}) {
+    CHECK(FileSystemError(error, "m").code() == absl::StatusCode::kResourceExhausted);
+    CHECK(IsNoSpace(FileSystemError(error, "m")));
+  }
+  CHECK_FALSE(IsNoSpace(FileSystemError(EIO, "m")));
+  CHECK_FALSE(IsNoSpace(absl::ResourceExhaustedError("out of memory")));
+  CHECK(IsNoSpace(MarkNoSpace(absl::AbortedError("another rank's disk is full"))));
+
+  // Anything but a missing path or a full disk is UNAVAILABLE.
   std::ofstream(dir + "/plain") << "x";
   check(env->CreateDir(dir + "/plain/sub"), kUnavailable,
         {dir + "/plain/sub", "cannot create directory", "Not a directory"});
@@ -200,7 +226,8 @@ class FailingEnv : public EnvWrapper {
     absl::Status Append(const void* data, size_t bytes) override {
       if (absl::Status status = file_->Append(data, bytes / 2); !status.ok()) return status;
       ++env_->faults_;
-      return absl::UnavailableError(absl::StrCat(path_, ": write failed: No space left on device"));
+      return FileSystemError(ENOSPC,
+                             absl::StrCat(path_, ": write failed: ", std::strerror(ENOSPC)));
     }
     absl::Status Sync() override { return file_->Sync(); }
     absl::Status Close() override { return file_->Close(); }
@@ -233,11 +260,13 @@ struct Outcome {
   int steps = 0;        // steps this run took
 };
 
-Outcome Train(const TrainConfig& config, Env* env) {
+// Never REQUIREs: it may run on a rank thread.
+Outcome Train(const TrainConfig& config, Env* env, ParallelStrategy* strategy = nullptr) {
   Outcome outcome;
   TrainerOptions options;
   options.log = std::tmpfile();
   options.env = env;
+  options.strategy = strategy;
   options.on_step = [&outcome](const StepMetrics&) { ++outcome.steps; };
   auto trainer = Trainer::Create(config, options);
   if (trainer.ok()) {
@@ -262,11 +291,26 @@ TEST_CASE("a failed write fails the save naming the file; the previous checkpoin
       Outcome failed = Train(config, &failing);
       INFO(failed.status.ToString());
       CHECK(failing.faults() == 1);
-      CHECK(failed.status.code() == absl::StatusCode::kUnavailable);
+      CHECK(failed.status.code() ==
+            (full ? absl::StatusCode::kResourceExhausted : absl::StatusCode::kUnavailable));
+      // A full disk is marked (no restart mends it: worker_main reports it
+      // so), and says what a checkpoint takes and where a rerun resumes.
+      CHECK(IsNoSpace(failed.status) == full);
+      // The abandoned save's files are gone, so a full disk has its space back.
+      CHECK_FALSE(fs::exists(tmp));
       if (full) {
         CHECK(absl::StrContains(failed.status.message(), "saving checkpoint step 8: " + tmp +
                                                              "/rank_00000.bin: write failed: "
-                                                             "No space left on device"));
+                                                             "No space left on device; the file "
+                                                             "system of " +
+                                                             config.checkpoint.dir + " has "));
+        CHECK(absl::StrContains(failed.status.message(),
+                                " free with this save's files deleted. A checkpoint of this run "
+                                "takes "));
+        CHECK(absl::StrContains(failed.status.message(),
+                                "checkpoint.keep_last 10 keeps up to 11 of them while a save is "
+                                "written: free space there (or lower checkpoint.keep_last) and "
+                                "start the run again, which resumes from step 4"));
       } else {
         CHECK(absl::StrContains(failed.status.message(), "cannot rename " + tmp + " to " +
                                                              config.checkpoint.dir +
@@ -290,6 +334,32 @@ TEST_CASE("a failed write fails the save naming the file; the previous checkpoin
       CHECK(VerifyCheckpoint(Env::Default(), config.checkpoint.dir + "/step_00000012").ok());
     }
   }
+}
+
+TEST_CASE("one rank's full disk fails every rank as a full disk, and the save leaves nothing") {
+  const std::string dir = FreshDir("enospc_rank1");
+  const TrainConfig config = TinyConfig(dir);
+  const std::string tmp = config.checkpoint.dir + "/.tmp_step_00000008";
+  // Rank 1's file system is full during step 8's save; rank 0's is not.
+  FailingEnv failing(Env::Default(), FailingEnv::Fault::kRankFileFull, 8);
+  std::vector<Outcome> outcomes(2);
+  testing::RunRanks(2, [&](int rank, ParallelStrategy* strategy) {
+    outcomes[rank] = Train(config, rank == 1 ? &failing : Env::Default(), strategy);
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank << ": " << outcomes[rank].status.ToString());
+    // Both are not restartable: a restart would fail the same way, so no
+    // agent may report this one as a failure to restart from.
+    CHECK(IsNoSpace(outcomes[rank].status));
+  }
+  CHECK(failing.faults() == 1);
+  CHECK(absl::StrContains(outcomes[1].status.message(),
+                          "saving checkpoint step 8: " + tmp + "/rank_00001.bin: write failed"));
+  CHECK(absl::StrContains(
+      outcomes[0].status.message(),
+      "saving checkpoint step 8 failed on another rank: its file system is full (see its log)"));
+  CHECK_FALSE(fs::exists(tmp));
+  CHECK(VerifyCheckpoint(Env::Default(), config.checkpoint.dir + "/step_00000004").ok());
 }
 
 }  // namespace
