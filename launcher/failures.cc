@@ -40,9 +40,12 @@ std::string FormatFailureTable(const std::vector<WorkerFailure>& failures) {
                                       "exit", "pid", "message");
   for (const WorkerFailure& failure : failures) {
     // First line of the message only: tracebacks belong in the log files.
-    std::string message = failure.message.empty()
-                              ? "(no error file; see the worker's stderr)"
-                              : failure.message.substr(0, failure.message.find('\n'));
+    std::string message = failure.message.substr(0, failure.message.find('\n'));
+    if (message.empty()) {
+      message = failure.stderr_log.empty()
+                    ? "(no error file; see the worker's stderr)"
+                    : absl::StrCat("(no error file; see its stderr in ", failure.stderr_log, ")");
+    }
     table += absl::StrFormat(
         "%-24s %-20s %6d %-22s %8d  %s\n",
         absl::FormatTime("%Y-%m-%d %H:%M:%E3S", failure.time, absl::LocalTimeZone()), failure.host,

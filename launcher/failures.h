@@ -22,6 +22,9 @@ struct WorkerFailure {
   std::string message;  // from the error file, or "" if it wrote none
   // False when the error file says a restart cannot mend the failure.
   bool restartable = true;
+  // The file the worker's stderr went to (--redirects, --tee), or "": where
+  // the table sends the reader when the worker left no error file.
+  std::string stderr_log;
 };
 
 // What a worker's torch-style error file says:

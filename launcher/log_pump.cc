@@ -6,24 +6,29 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "spdlog/spdlog.h"
 
 namespace muster::launcher {
 namespace {
 
-void WriteFully(int fd, const char* data, size_t size) {
+// False, with errno set, when a write fails: a closed console or a full
+// disk must not stop the pump, so the caller decides what follows.
+bool WriteFully(int fd, const char* data, size_t size) {
   while (size > 0) {
     ssize_t wrote = write(fd, data, size);
     if (wrote < 0) {
       if (errno == EINTR) continue;
-      return;  // a closed console or a full disk must not stop the pump
+      return false;
     }
     data += wrote;
     size -= static_cast<size_t>(wrote);
   }
+  return true;
 }
 
 struct Stream {
@@ -39,8 +44,25 @@ struct Stream {
   // Shows whole lines, each with the prefix, in one write() per read. A
   // line ends with '\n' or '\r' (progress bars redraw with '\r'; each
   // redraw keeps its prefix, and the terminal still draws them in place).
+  // The log file failed with `error` (its open, or a write): it is closed
+  // and given up, with one warning; the console takes over where the
+  // stream was kept off it only for the file's sake.
+  void FileFailed(int error) {
+    if (sink.file_fd >= 0) close(sink.file_fd);
+    sink.file_fd = -1;
+    const char* then = "the console still shows its output";
+    if (sink.console_fd < 0 && sink.fallback_console_fd >= 0) {
+      sink.console_fd = sink.fallback_console_fd;
+      then = "its output goes to the console instead";
+    } else if (sink.console_fd < 0) {
+      then = "its output from here on is lost (--local_ranks_filter keeps it off the console)";
+    }
+    spdlog::warn("cannot write the log file {}: {}; {}", sink.file_path, std::strerror(error),
+                 then);
+  }
+
   void Consume(const char* data, size_t size) {
-    if (sink.file_fd >= 0) WriteFully(sink.file_fd, data, size);
+    if (sink.file_fd >= 0 && !WriteFully(sink.file_fd, data, size)) FileFailed(errno);
     if (sink.console_fd < 0) return;
     std::string out;
     const char* end = data + size;
@@ -64,13 +86,13 @@ struct Stream {
       data = ended_by_data ? line_end + 1 : line_end;
     }
     partial_line.append(data, end);
-    if (!out.empty()) WriteFully(sink.console_fd, out.data(), out.size());
+    if (!out.empty()) (void)WriteFully(sink.console_fd, out.data(), out.size());
   }
 
   void Finish() {
     if (sink.console_fd >= 0 && !partial_line.empty()) {
       std::string out = sink.prefix + partial_line + "\n";
-      WriteFully(sink.console_fd, out.data(), out.size());
+      (void)WriteFully(sink.console_fd, out.data(), out.size());
     }
     close(read_fd);
     if (sink.file_fd >= 0) {
@@ -159,9 +181,13 @@ LogPump::~LogPump() {
 }
 
 void LogPump::Add(int read_fd, LogSink sink) {
+  Stream stream{read_fd, std::move(sink), {}};
+  if (stream.sink.file_fd < 0 && !stream.sink.file_path.empty()) {
+    stream.FileFailed(stream.sink.file_error);
+  }
   {
     absl::MutexLock lock(&impl_->mu);
-    impl_->incoming.push_back(Stream{read_fd, std::move(sink), {}});
+    impl_->incoming.push_back(std::move(stream));
     ++impl_->open_streams;
   }
   impl_->Wake();

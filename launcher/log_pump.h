@@ -10,6 +10,12 @@
 // shown in pieces, so the pump holds at most that much per stream and
 // scans each byte once. Files get the bytes as they came.
 //
+// A log file that cannot be opened or written (a full disk) is given up
+// with one warning on the agent's log naming it and the reason; a stream
+// redirected to it alone is shown on the console from then on instead,
+// prefixed as usual. Only a stream kept off the console by the ranks'
+// filter is then lost, and the warning says so.
+//
 // Thread-safety: Add and WaitDrained may be called from any thread.
 #pragma once
 
@@ -29,6 +35,13 @@ struct LogSink {
   int file_fd = -1;     // log file to append to (owned by the pump), or -1
   int console_fd = -1;  // STDOUT_FILENO / STDERR_FILENO (not owned), or -1
   std::string prefix;   // put before each console line
+  // The log file's path, when there is one: file_fd, or -1 with the errno
+  // of its failed open in file_error.
+  std::string file_path;
+  int file_error = 0;
+  // The console a stream kept off it (redirected to its file only) is
+  // shown on if its file fails, so that its output is not lost; -1: none.
+  int fallback_console_fd = -1;
 };
 
 class LogPump {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -114,20 +115,33 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGrou
     int redirects = StreamsFor(spec.redirects, local_rank);
     int tee = StreamsFor(spec.tee, local_rank);
     std::string prefix = absl::StrCat("[", spec.host, " rank", global_rank, "]: ");
+    std::string stderr_log;
     for (auto [bit, fd, console, name] :
          {std::tuple{kStdoutBit, child->TakeStdout(), STDOUT_FILENO, "stdout.log"},
           std::tuple{kStderrBit, child->TakeStderr(), STDERR_FILENO, "stderr.log"}}) {
       LogSink sink;
       bool to_file = (redirects & bit) || (tee & bit);
-      if (to_file) sink.file_fd = OpenLog(absl::StrCat(dir, "/", name));
-      // Redirected without tee: file only, as torchrun does.
-      if (on_console && !((redirects & bit) && !(tee & bit))) {
-        sink.console_fd = console;
+      if (to_file) {
+        sink.file_path = absl::StrCat(dir, "/", name);
+        sink.file_fd = OpenLog(sink.file_path);
+        sink.file_error = errno;
+        if (bit == kStderrBit && sink.file_fd >= 0) stderr_log = sink.file_path;
+      }
+      // Redirected without tee: file only, as torchrun does, unless the
+      // file fails (the pump then shows it here rather than lose it).
+      if (on_console) {
+        const bool file_only = (redirects & bit) && !(tee & bit);
+        if (file_only) {
+          sink.fallback_console_fd = console;
+        } else {
+          sink.console_fd = console;
+        }
         sink.prefix = prefix;
       }
       pump->Add(fd, std::move(sink));
     }
-    group->workers_.push_back(Worker{std::move(*child), local_rank, global_rank, error_file});
+    group->workers_.push_back(
+        Worker{std::move(*child), local_rank, global_rank, error_file, stderr_log});
   }
   return group;
 }
@@ -150,7 +164,7 @@ void WorkerGroup::CollectExits() {
     ErrorReport report = ReadErrorFile(worker.error_file);
     failures_.push_back(WorkerFailure{absl::Now(), host_, worker.global_rank, worker.local_rank,
                                       worker.child.pid(), *exit, std::move(report.message),
-                                      report.restartable});
+                                      report.restartable, worker.stderr_log});
   }
 }
 

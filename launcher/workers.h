@@ -79,6 +79,7 @@ class WorkerGroup {
     int local_rank;
     int global_rank;
     std::string error_file;
+    std::string stderr_log;  // the file its stderr goes to (--redirects, --tee), or ""
     bool reported = false;
   };
   std::vector<Worker> workers_;

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "absl/strings/match.h"
+
 namespace muster::launcher {
 namespace {
 
@@ -60,7 +62,12 @@ TEST_CASE("the failure table names rank, host, exit and message") {
   CHECK(table.find("exit code 2") != std::string::npos);
   CHECK(table.find("Boom") != std::string::npos);
   CHECK(table.find("traceback") == std::string::npos);
-  CHECK(table.find("no error file") != std::string::npos);
+  CHECK(table.find("(no error file; see the worker's stderr)") != std::string::npos);
+
+  // With its stderr in a log file (--redirects, --tee), the table says where.
+  signalled.stderr_log = "/logs/job/attempt_0/3/stderr.log";
+  CHECK(absl::StrContains(FormatFailureTable({signalled}),
+                          "(no error file; see its stderr in /logs/job/attempt_0/3/stderr.log)"));
 }
 
 }  // namespace

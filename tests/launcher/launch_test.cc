@@ -2,14 +2,17 @@
 // real `rendezvous` server, all on 127.0.0.1. Processes are killed for
 // real and /proc is checked for leftovers.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 
 #include <catch2/catch.hpp>
 #include <map>
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -387,6 +390,33 @@ TEST_CASE("--local_ranks_filter limits the console, not the log files") {
   CHECK(console.find("rank1]: line from 1") != std::string::npos);
   CHECK(console.find("line from 0") == std::string::npos);
   CHECK(ReadFile(dir.File("logs") + "/filtered/attempt_0/0/stdout.log") == "line from 0\n");
+}
+
+TEST_CASE("a log file that cannot be written is given up with a warning, not the output") {
+  TempDir dir;
+  // rank 0's stdout.log leads to /dev/full, where every write fails with
+  // ENOSPC as on a full disk; its stderr.log is an ordinary file.
+  const std::string attempt = dir.File("logs") + "/fulllog/attempt_0/0";
+  std::filesystem::create_directories(attempt);
+  REQUIRE(symlink("/dev/full", (attempt + "/stdout.log").c_str()) == 0);
+  Child agent = StartLaunch(Concat({"--standalone", "--nproc_per_node=1", "--redirects=3",
+                                    "--log_dir", dir.File("logs"), "--rdzv_id=fulllog"},
+                                   ShellWorker("echo hello; echo oops >&2; exit 3")),
+                            dir.File("agent.log"));
+  CHECK(ExitCodeWithin(agent, absl::Seconds(30)) == 3);
+  const std::string console = ReadFile(dir.File("agent.log"));
+  INFO(console);
+  // Redirected, stdout would be in its file only: the console shows it
+  // instead of losing it, after one warning.
+  CHECK(absl::StrContains(console, "cannot write the log file " + attempt +
+                                       "/stdout.log: No space left on device; its output goes "
+                                       "to the console instead"));
+  CHECK(absl::StrContains(console, "rank0]: hello"));
+  // stderr went to its file, as asked, and the failure table points there.
+  CHECK_FALSE(absl::StrContains(console, "oops"));
+  CHECK(ReadFile(attempt + "/stderr.log") == "oops\n");
+  CHECK(
+      absl::StrContains(console, "(no error file; see its stderr in " + attempt + "/stderr.log)"));
 }
 
 // A process's peak resident set (VmHWM) in MiB, or -1 once it is gone.

@@ -4,16 +4,21 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 
 namespace muster::launcher {
 namespace {
@@ -104,6 +109,66 @@ int64_t PeakRssKib() {
   }
   FAIL("no VmHWM in /proc/self/status");
   return 0;
+}
+
+// The agent's log while it lives: spdlog's default logger writes to `text`.
+struct CapturedLog {
+  CapturedLog() : previous(spdlog::default_logger()) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+        "captured", std::make_shared<spdlog::sinks::ostream_sink_mt>(text)));
+  }
+  ~CapturedLog() { spdlog::set_default_logger(previous); }
+  std::ostringstream text;
+  std::shared_ptr<spdlog::logger> previous;
+};
+
+TEST_CASE("a log file that fails is given up with one warning, and the console shows the rest") {
+  CapturedLog log;
+  ConsoleFile console;
+  int redirected[2], teed[2], filtered[2], unopened[2];
+  for (int* fds : {redirected, teed, filtered, unopened}) REQUIRE(pipe(fds) == 0);
+  // /dev/full: every write fails with ENOSPC, as on a full disk.
+  auto full = [] { return open("/dev/full", O_WRONLY | O_CLOEXEC); };
+  {
+    LogPump pump;
+    // --redirects: the file only, the console if the file fails.
+    LogSink file_only{full(), -1, "[n rank0]: ", "/logs/0/stdout.log"};
+    file_only.fallback_console_fd = console.fd;
+    pump.Add(redirected[0], file_only);
+    // --tee: the file and the console.
+    pump.Add(teed[0], LogSink{full(), console.fd, "[n rank1]: ", "/logs/1/stdout.log"});
+    // Kept off the console by --local_ranks_filter: nowhere else to go.
+    pump.Add(filtered[0], LogSink{full(), -1, "[n rank2]: ", "/logs/2/stdout.log"});
+    // A file that could not even be opened.
+    LogSink not_opened{-1, -1, "[n rank3]: ", "/logs/3/stdout.log", ENOTDIR};
+    not_opened.fallback_console_fd = console.fd;
+    pump.Add(unopened[0], not_opened);
+    for (int* fds : {redirected, teed, filtered, unopened}) {
+      Write(fds[1], "one\n");
+      Write(fds[1], "two\n");  // after the failure: one warning per file, not per write
+      close(fds[1]);
+    }
+    REQUIRE(pump.WaitDrained(absl::Seconds(10)));
+  }
+  std::vector<std::string> lines = absl::StrSplit(console.Text(), '\n', absl::SkipEmpty());
+  std::multiset<std::string> shown(lines.begin(), lines.end());
+  CHECK(shown == std::multiset<std::string>{"[n rank0]: one", "[n rank0]: two", "[n rank1]: one",
+                                            "[n rank1]: two", "[n rank3]: one", "[n rank3]: two"});
+  const std::string warnings = log.text.str();
+  INFO(warnings);
+  std::vector<std::string> warned = absl::StrSplit(warnings, '\n', absl::SkipEmpty());
+  CHECK(warned.size() == 4);
+  for (const std::string& want :
+       {"cannot write the log file /logs/0/stdout.log: No space left on device; its output goes "
+        "to the console instead",
+        "cannot write the log file /logs/1/stdout.log: No space left on device; the console "
+        "still shows its output",
+        "cannot write the log file /logs/2/stdout.log: No space left on device; its output from "
+        "here on is lost (--local_ranks_filter keeps it off the console)",
+        "cannot write the log file /logs/3/stdout.log: Not a directory; its output goes to the "
+        "console instead"}) {
+    CHECK(absl::StrContains(warnings, want));
+  }
 }
 
 TEST_CASE("a carriage return ends a console line: progress bars keep their prefix") {
