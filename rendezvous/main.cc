@@ -40,11 +40,17 @@ int main(int argc, char** argv) {
   app.add_option("--state-dir", options.state_dir,
                  "directory for durable state (empty: memory only)");
   app.add_option("--token-file", options.token_file,
-                 "file holding the bearer token every call must present");
+                 "file holding the bearer tokens a call may present, one a line");
   app.add_option("--tls-cert", options.tls_cert_file, "PEM server certificate");
   app.add_option("--tls-key", options.tls_key_file, "PEM server private key");
   app.add_option("--tls-client-ca", options.tls_client_ca_file,
                  "PEM CA that client certificates must chain to (mTLS)");
+  double credentials_refresh_s = absl::ToDoubleSeconds(options.credentials_refresh);
+  app.add_option("--credentials-refresh", credentials_refresh_s,
+                 "seconds between looks at the token and TLS files for a change, which takes "
+                 "effect without a restart (TLS: whole seconds, at least 1)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--metrics-port", options.metrics_port, "port for Prometheus /metrics (0: off)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
@@ -127,6 +133,7 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
   options.limits.closed_retention = absl::Seconds(closed_retention_s);
+  options.credentials_refresh = absl::Seconds(credentials_refresh_s);
   if (absl::Status limits = muster::rdzv::ValidateLimits(options.limits); !limits.ok()) {
     std::cerr << "rendezvous: " << limits.message() << " (see --help)\n";
     return kExitUsage;

@@ -99,6 +99,16 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   absl::StatusOr<std::string> token =
       SecretFromFile(options.token, options.token_file, "bearer token", "token file");
   if (!token.ok()) return token.status();
+  if (options.token_refresh <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("token_refresh must be positive");
+  }
+  std::optional<WatchedFile> token_file;
+  if (!options.token_file.empty()) {
+    // Read above; this one reads it again only to remember its version. A
+    // change in between is read at the first look.
+    token_file.emplace(options.token_file, options.token_refresh);
+    (void)token_file->Read("token file");
+  }
   absl::StatusOr<std::string> job_secret =
       SecretFromFile(options.job_secret, options.job_secret_file, "job secret", "job secret file");
   if (!job_secret.ok()) return job_secret.status();
@@ -133,20 +143,34 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   ClientOptions kept = options;
   kept.job_secret = *std::move(job_secret);
   return std::unique_ptr<Client>(
-      new Client(std::move(kept), *std::move(token), std::move(channel)));
+      new Client(std::move(kept), *std::move(token), std::move(token_file), std::move(channel)));
 }
 
-Client::Client(ClientOptions options, std::string token, std::shared_ptr<grpc::Channel> channel)
+Client::Client(ClientOptions options, std::string token, std::optional<WatchedFile> token_file,
+               std::shared_ptr<grpc::Channel> channel)
     : options_(std::move(options)),
       token_(std::move(token)),
+      token_file_(std::move(token_file)),
       channel_(std::move(channel)),
       stub_(pb::Rendezvous::NewStub(channel_)) {}
 
 Client::~Client() = default;
 
-void Client::PrepareContext(grpc::ClientContext* context, absl::Time deadline) const {
-  if (!token_.empty()) {
-    context->AddMetadata("authorization", "Bearer " + token_);
+std::string Client::Token(bool now) const {
+  absl::MutexLock lock(&token_mu_);
+  if (!token_file_.has_value()) return token_;
+  std::optional<absl::StatusOr<std::string>> changed = token_file_->Changed("token file", now);
+  if (changed.has_value() && changed->ok()) {
+    std::string token(absl::StripAsciiWhitespace(**changed));
+    if (!token.empty()) token_ = std::move(token);  // emptied: keep the one before
+  }
+  return token_;
+}
+
+std::string Client::PrepareContext(grpc::ClientContext* context, absl::Time deadline) const {
+  std::string token = Token();
+  if (!token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + token);
   }
   if (!options_.job_secret.empty()) {
     context->AddMetadata("x-muster-job-secret", options_.job_secret);
@@ -154,6 +178,7 @@ void Client::PrepareContext(grpc::ClientContext* context, absl::Time deadline) c
   if (deadline != absl::InfiniteFuture()) {
     context->set_deadline(absl::ToChronoTime(deadline));
   }
+  return token;
 }
 
 template <typename Response, typename Attempt>
@@ -166,7 +191,7 @@ absl::StatusOr<Response> Client::Call(const char* method, bool retry_unavailable
   int exhausted_attempts = 0;
   for (int attempt_number = 0;; ++attempt_number) {
     grpc::ClientContext context;
-    PrepareContext(&context, deadline);
+    const std::string token = PrepareContext(&context, deadline);
     // Queued by gRPC while the channel is down, sent once it is up (see
     // header). Fail-fast calls would be no better: gRPC 1.51 keeps failing
     // them for seconds after a restarted server is back.
@@ -178,6 +203,11 @@ absl::StatusOr<Response> Client::Call(const char* method, bool retry_unavailable
     grpc::Status status = attempt(&context, &response, deadline, timeout);
     if (call.cancellation != nullptr) call.cancellation->Unregister(&context);
     if (status.ok()) return response;
+    // A token rotated since it was read: the file holds another one now.
+    // Refused before the server acted, so any call may go again, at once.
+    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED && TokenRotatedFrom(token)) {
+      continue;
+    }
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
         channel_->GetState(false) != GRPC_CHANNEL_READY) {
       // The call never got a connection: say "unreachable", not "slow".

@@ -44,10 +44,20 @@
 // that it is final and returned to the caller (a quota that frees up soon,
 // such as blocked calls per job, gets a few chances; a cap that holds does
 // not spin forever). Calls that are not safe to repeat return it at once.
+//
+// Token rotation. A token given as token_file is read again when the file
+// changes (WatchedFile: looked at, with stat(2), at most every
+// token_refresh), so an operator rotates it in place without restarting
+// the agents or workers that hold it. A call refused UNAUTHENTICATED reads
+// the file at once, and is sent again, whatever the call, when the token
+// in it is another: the server refuses an unauthenticated request before
+// acting on it, so repeating one is always safe. A file that becomes empty
+// or unreadable keeps the token read before.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/base/thread_annotations.h"
@@ -57,6 +67,7 @@
 #include "absl/time/time.h"
 #include "proto/rendezvous.grpc.pb.h"
 #include "proto/rendezvous.pb.h"
+#include "rendezvous/common/watched_file.h"
 
 namespace grpc {
 class Channel;
@@ -90,9 +101,11 @@ struct ClientOptions {
   std::string endpoint = "127.0.0.1:29400";
 
   // Bearer token: give it directly or as a file (whitespace trimmed), not
-  // both. Empty: no authorization header is sent.
+  // both. Empty: no authorization header is sent. The file is read again
+  // when it changes, looked at at most every token_refresh (see the top).
   std::string token;
   std::string token_file;
+  absl::Duration token_refresh = absl::Seconds(5);
 
   // TLS is used when `use_tls` is set or any tls_* file is given.
   // tls_ca_file verifies the server (empty: system roots); tls_cert_file and
@@ -204,13 +217,22 @@ class Client {
   // ---- for streams and async callers (JobWatcher, the benchmark)
 
   // Adds the auth metadata and `deadline` (InfiniteFuture: none) to a
-  // fresh context.
-  void PrepareContext(grpc::ClientContext* context, absl::Time deadline) const;
+  // fresh context. Returns the bearer token it added ("" for none).
+  std::string PrepareContext(grpc::ClientContext* context, absl::Time deadline) const;
+  // Whether the token file holds another token than `token` now (read at
+  // once): a call or stream refused UNAUTHENTICATED with `token` may go
+  // again. False without a token file.
+  bool TokenRotatedFrom(const std::string& token) const { return Token(/*now=*/true) != token; }
   pb::Rendezvous::Stub* stub() const { return stub_.get(); }
   const ClientOptions& options() const { return options_; }
 
  private:
-  Client(ClientOptions options, std::string token, std::shared_ptr<grpc::Channel> channel);
+  Client(ClientOptions options, std::string token, std::optional<WatchedFile> token_file,
+         std::shared_ptr<grpc::Channel> channel);
+
+  // The bearer token to send: token_file's when it changed (at once with
+  // `now`), else the one read before.
+  std::string Token(bool now = false) const;
 
   // Runs `attempt` (one RPC on a prepared context) with deadline, retries
   // and cancellation as described at the top of this file.
@@ -219,7 +241,10 @@ class Client {
                                 absl::Duration extra_wait, CallOptions call, Attempt attempt);
 
   const ClientOptions options_;
-  const std::string token_;
+  mutable absl::Mutex token_mu_;
+  mutable std::string token_ ABSL_GUARDED_BY(token_mu_);
+  // Set when the token came from a file.
+  mutable std::optional<WatchedFile> token_file_ ABSL_GUARDED_BY(token_mu_);
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Rendezvous::Stub> stub_;
 };

@@ -63,7 +63,7 @@ void JobWatcher::Run() {
     // The stream's deadline bounds how long a stall that keepalive cannot
     // see (the server stopped writing) goes unnoticed; then it resumes.
     const absl::Time stream_deadline = absl::Now() + options.watch_stream_deadline;
-    client_->PrepareContext(&context, stream_deadline);
+    const std::string token = client_->PrepareContext(&context, stream_deadline);
     // While the server is down the stream waits for the channel instead of
     // failing at once (see rpc.h); Stop() cancels it.
     context.set_wait_for_ready(true);
@@ -99,6 +99,12 @@ void JobWatcher::Run() {
     }
     bool job_not_created_yet =
         wait_for_job_ && received_ == 0 && status.error_code() == grpc::StatusCode::NOT_FOUND;
+    // Refused with a token since rotated in its file: again, at once, with the new one.
+    if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED &&
+        client_->TokenRotatedFrom(token)) {
+      ++reconnects_;
+      continue;
+    }
     if (!status.ok() && !IsTransient(status.error_code()) && !job_not_created_yet) {
       error_ = absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                             absl::StrCat("watch of job ", job_id_, ": ", status.error_message()));

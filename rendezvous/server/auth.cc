@@ -1,11 +1,17 @@
 #include "rendezvous/server/auth.h"
 
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+#include <cmath>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_credentials_options.h"
+#include "rendezvous/common/watched_file.h"
+#include "spdlog/spdlog.h"
 
 namespace muster::rdzv {
 namespace {
@@ -34,17 +40,50 @@ absl::Status ExpectPem(const std::string& contents, const std::string& marker,
 
 }  // namespace
 
+// The token file and what was last read from it (see FromFile).
+struct TokenChecker::Source {
+  absl::Mutex mu;
+  WatchedFile file ABSL_GUARDED_BY(mu);
+  std::shared_ptr<const std::vector<std::string>> tokens ABSL_GUARDED_BY(mu);
+
+  explicit Source(WatchedFile watched) : file(std::move(watched)) {}
+
+  // The tokens accepted now, after looking at the file if it is time to.
+  std::shared_ptr<const std::vector<std::string>> Current() {
+    absl::MutexLock lock(&mu);
+    std::optional<absl::StatusOr<std::string>> changed = file.Changed("token file");
+    if (!changed.has_value()) return tokens;
+    absl::StatusOr<std::vector<std::string>> parsed =
+        changed->ok() ? ParseTokenFile(**changed, file.path()) : changed->status();
+    if (!parsed.ok()) {
+      spdlog::error("rendezvous: {} (changed); still accepting the {} token(s) read before",
+                    std::string(parsed.status().message()), tokens->size());
+      return tokens;
+    }
+    spdlog::info("rendezvous: token file '{}' changed: {} token(s) accepted now, {} before",
+                 file.path(), parsed->size(), tokens->size());
+    tokens = std::make_shared<const std::vector<std::string>>(*std::move(parsed));
+    return tokens;
+  }
+};
+
+absl::StatusOr<std::vector<std::string>> ParseTokenFile(const std::string& contents,
+                                                        const std::string& path) {
+  std::vector<std::string> tokens;
+  for (absl::string_view line : absl::StrSplit(contents, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || absl::StartsWith(line, "#")) continue;
+    tokens.emplace_back(line);
+  }
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file '", path, "' holds no token; expected a bearer token a line"));
+  }
+  return tokens;
+}
+
 absl::StatusOr<std::string> ReadFileForServer(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read ", what, " file '", path, "'"));
-  }
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) {
-    return absl::InvalidArgumentError(absl::StrCat("error reading ", what, " file '", path, "'"));
-  }
-  return contents.str();
+  return ReadWholeFile(path, what + " file");
 }
 
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
@@ -59,20 +98,22 @@ bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   return difference == 0;
 }
 
-absl::StatusOr<TokenChecker> TokenChecker::FromFile(const std::string& token_file) {
+absl::StatusOr<TokenChecker> TokenChecker::FromFile(const std::string& token_file,
+                                                    absl::Duration refresh) {
   if (token_file.empty()) return TokenChecker();
-  absl::StatusOr<std::string> contents = ReadFileForServer(token_file, "token");
+  WatchedFile file(token_file, refresh);
+  absl::StatusOr<std::string> contents = file.Read("token file");
   if (!contents.ok()) return contents.status();
-  std::string token(absl::StripAsciiWhitespace(*contents));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token file '", token_file, "' is empty; expected a bearer token"));
-  }
-  return TokenChecker(std::move(token));
+  absl::StatusOr<std::vector<std::string>> tokens = ParseTokenFile(*contents, token_file);
+  if (!tokens.ok()) return tokens.status();
+  auto source = std::make_shared<Source>(std::move(file));
+  absl::MutexLock lock(&source->mu);
+  source->tokens = std::make_shared<const std::vector<std::string>>(*std::move(tokens));
+  return TokenChecker(std::move(source));
 }
 
 absl::Status TokenChecker::Check(const grpc::ServerContextBase& context) const {
-  if (token_.empty()) return absl::OkStatus();
+  if (source_ == nullptr) return absl::OkStatus();
   std::string header;
   if (!FindMetadata(context, "authorization", &header)) {
     return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
@@ -81,7 +122,7 @@ absl::Status TokenChecker::Check(const grpc::ServerContextBase& context) const {
 }
 
 absl::Status TokenChecker::CheckAuthorization(const std::string& header) const {
-  if (token_.empty()) return absl::OkStatus();
+  if (source_ == nullptr) return absl::OkStatus();
   if (header.empty()) {
     return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' header");
   }
@@ -91,9 +132,13 @@ absl::Status TokenChecker::CheckAuthorization(const std::string& header) const {
         "malformed authorization metadata; expected 'Bearer <token>'");
   }
   std::string presented(absl::StripAsciiWhitespace(header.substr(sizeof(kBearerPrefix) - 1)));
-  if (!ConstantTimeEquals(presented, token_)) {
-    return absl::UnauthenticatedError("invalid bearer token");
+  // Every token is compared, whichever matches: the time says nothing
+  // about which one did.
+  bool matched = false;
+  for (const std::string& token : *source_->Current()) {
+    matched |= ConstantTimeEquals(presented, token);
   }
+  if (!matched) return absl::UnauthenticatedError("invalid bearer token");
   return absl::OkStatus();
 }
 
@@ -108,7 +153,7 @@ std::string CallerIdentity(const grpc::ServerContextBase& context) {
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
-    const TlsFiles& files) {
+    const TlsFiles& files, absl::Duration refresh) {
   if (files.cert_file.empty() && files.key_file.empty()) {
     if (!files.client_ca_file.empty()) {
       return absl::InvalidArgumentError("a TLS client CA needs a TLS certificate and key as well");
@@ -127,18 +172,27 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
   pem = ExpectPem(*key, "PRIVATE KEY", "TLS key", files.key_file);
   if (!pem.ok()) return pem;
 
-  grpc::SslServerCredentialsOptions options;
-  options.pem_key_cert_pairs.push_back({*key, *cert});
   if (!files.client_ca_file.empty()) {
     absl::StatusOr<std::string> client_ca =
         ReadFileForServer(files.client_ca_file, "TLS client CA");
     if (!client_ca.ok()) return client_ca.status();
     pem = ExpectPem(*client_ca, "BEGIN CERTIFICATE", "TLS client CA", files.client_ca_file);
     if (!pem.ok()) return pem;
-    options.pem_root_certs = *client_ca;
-    options.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
-  return grpc::SslServerCredentials(options);
+  // gRPC's own watcher, rather than a reload of ours: it re-reads the files
+  // on its thread, checks that the key matches the certificate, and hands
+  // new handshakes the new pair while connections made go on.
+  const unsigned int seconds =
+      static_cast<unsigned int>(std::max(1.0, std::ceil(absl::ToDoubleSeconds(refresh))));
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      files.key_file, files.cert_file, files.client_ca_file, seconds);
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_identity_key_cert_pairs();
+  if (!files.client_ca_file.empty()) {
+    options.watch_root_certs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  }
+  return grpc::experimental::TlsServerCredentials(options);
 }
 
 }  // namespace muster::rdzv

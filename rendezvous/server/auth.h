@@ -1,5 +1,8 @@
-// Who may talk to the rendezvous server: the bearer token every call must
-// present, and the TLS credentials the listener is built with.
+// Who may talk to the rendezvous server: the bearer tokens a call may
+// present, and the TLS credentials the listener is built with. Both are
+// read from files that are checked for a change every `refresh`, so an
+// operator rotates a token or a certificate without restarting the server
+// (docs/rendezvous.md, "Rotating credentials").
 //
 // The token is checked at the top of every handler rather than in a
 // grpc::AuthMetadataProcessor, because gRPC 1.51 aborts when a processor is
@@ -8,9 +11,11 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_context.h"
 
@@ -23,17 +28,31 @@ inline constexpr char kJobSecretMetadata[] = "x-muster-job-secret";
 // cannot be read.
 absl::StatusOr<std::string> ReadFileForServer(const std::string& path, const std::string& what);
 
-// Checks "authorization: Bearer <token>". Immutable after construction, so
-// any thread may call Check concurrently.
+// The tokens a token file holds: one per line, surrounding whitespace
+// trimmed, empty lines and lines starting with '#' skipped. Several lines
+// let a rotation accept the old token and the new one at once.
+// INVALID_ARGUMENT naming the file when it holds none.
+absl::StatusOr<std::vector<std::string>> ParseTokenFile(const std::string& contents,
+                                                        const std::string& path);
+
+// Checks "authorization: Bearer <token>" against the tokens of a file.
+// Copies share the file and what was read from it. Thread-safe: any thread
+// may call Check concurrently.
 class TokenChecker {
  public:
   // No token configured: every call is allowed.
   TokenChecker() = default;
 
-  // Reads the token from `token_file` (surrounding whitespace trimmed).
-  // An empty path means no token. INVALID_ARGUMENT naming the file when it
-  // is unreadable or holds only whitespace.
-  static absl::StatusOr<TokenChecker> FromFile(const std::string& token_file);
+  // Reads the tokens of `token_file` (ParseTokenFile). An empty path means
+  // no token. INVALID_ARGUMENT naming the file when it is unreadable or
+  // holds no token. After that, a check at least `refresh` after the last
+  // look at the file looks again (stat), and reads it when it changed
+  // (another inode, size or modification time): the tokens it holds then
+  // are the ones accepted. A changed file that cannot be read or holds no
+  // token keeps the tokens read before, with an error on the server's log,
+  // so that a bad edit locks no one out.
+  static absl::StatusOr<TokenChecker> FromFile(const std::string& token_file,
+                                               absl::Duration refresh = absl::Seconds(60));
 
   // OK when no token is configured or the call carries the right one.
   // UNAUTHENTICATED when the header is missing, malformed or wrong (gRPC's
@@ -43,11 +62,12 @@ class TokenChecker {
   // the HTTP /metrics endpoint.
   absl::Status CheckAuthorization(const std::string& header) const;
 
-  bool enabled() const { return !token_.empty(); }
+  bool enabled() const { return source_ != nullptr; }
 
  private:
-  explicit TokenChecker(std::string token) : token_(std::move(token)) {}
-  std::string token_;
+  struct Source;
+  explicit TokenChecker(std::shared_ptr<Source> source) : source_(std::move(source)) {}
+  std::shared_ptr<Source> source_;  // null: no token
 };
 
 // The job secret the caller presented (empty if none).
@@ -71,9 +91,13 @@ struct TlsFiles {
 
 // Insecure credentials when cert and key are empty; TLS otherwise, and mTLS
 // (REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY) with a client CA.
-// INVALID_ARGUMENT naming the file that cannot be read, or when only one of
-// cert and key is given.
+// INVALID_ARGUMENT naming the file that cannot be read or is not PEM, or
+// when only one of cert and key is given. The files are then watched by
+// gRPC's FileWatcherCertificateProvider every `refresh` (whole seconds, at
+// least 1): new connections get the certificate and key, and are checked
+// against the client CA, that the files hold then. A pair that does not
+// match, or a file that does not parse, keeps the credentials before.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
-    const TlsFiles& files);
+    const TlsFiles& files, absl::Duration refresh = absl::Seconds(60));
 
 }  // namespace muster::rdzv

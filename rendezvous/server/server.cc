@@ -94,10 +94,15 @@ absl::Status ServerImpl::Init() {
   if (!address_ok.ok()) return address_ok;
   absl::Status quotas_ok = ValidateQuotas(options_);
   if (!quotas_ok.ok()) return quotas_ok;
-  absl::StatusOr<TokenChecker> tokens = TokenChecker::FromFile(options_.token_file);
+  if (options_.credentials_refresh <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("credentials_refresh must be positive");
+  }
+  absl::StatusOr<TokenChecker> tokens =
+      TokenChecker::FromFile(options_.token_file, options_.credentials_refresh);
   if (!tokens.ok()) return tokens.status();
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = BuildServerCredentials(
-      {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file});
+      {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file},
+      options_.credentials_refresh);
   if (!credentials.ok()) return credentials.status();
   if (!options_.state_dir.empty()) {
     absl::StatusOr<StateFile> file = StateFile::Open(options_.state_dir);

@@ -24,15 +24,18 @@ struct ServerOptions {
   // acknowledged mutation is durable there before its reply is sent.
   std::string state_dir;
 
-  // Security. A non-empty token_file holds the bearer token every RPC must
-  // present ("authorization: Bearer <token>"); surrounding whitespace is
-  // ignored. TLS is on when tls_cert_file and tls_key_file are set; mTLS
+  // Security. A non-empty token_file holds the bearer tokens an RPC may
+  // present ("authorization: Bearer <token>"), one a line (ParseTokenFile
+  // in auth.h). TLS is on when tls_cert_file and tls_key_file are set; mTLS
   // when tls_client_ca_file is also set (clients must present a cert it
-  // signed).
+  // signed). Every credentials_refresh the files are checked for a change
+  // and what they hold then is used (new TLS handshakes, the next call's
+  // token): credentials rotate without a restart (docs/rendezvous.md).
   std::string token_file;
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_client_ca_file;
+  absl::Duration credentials_refresh = absl::Seconds(60);
 
   // Prometheus text format on http://<metrics_address>:<metrics_port>/metrics.
   // 0 disables it; a negative port picks a free one (see metrics_port()).

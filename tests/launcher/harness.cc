@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -165,7 +166,10 @@ std::map<int, double> Losses(const std::string& metrics_path) {
 std::unique_ptr<tools::ServerProcess> StartServer(const std::vector<std::string>& extra_args) {
   tools::ServerProcessOptions options;
   options.binary = BinaryPath("rendezvous/rendezvous");
-  options.extra_args = {"--log-level", "warn"};
+  // Quiet unless the test asks for a level (to wait for an info line).
+  if (std::find(extra_args.begin(), extra_args.end(), "--log-level") == extra_args.end()) {
+    options.extra_args = {"--log-level", "warn"};
+  }
   options.extra_args.insert(options.extra_args.end(), extra_args.begin(), extra_args.end());
   absl::StatusOr<std::unique_ptr<tools::ServerProcess>> server =
       tools::ServerProcess::Start(options);

@@ -2,10 +2,13 @@
 // real `rendezvous` server, all on 127.0.0.1. Processes are killed for
 // real and /proc is checked for leftovers.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
 #include <catch2/catch.hpp>
 #include <map>
@@ -390,6 +393,54 @@ TEST_CASE("--local_ranks_filter limits the console, not the log files") {
   CHECK(console.find("rank1]: line from 1") != std::string::npos);
   CHECK(console.find("line from 0") == std::string::npos);
   CHECK(ReadFile(dir.File("logs") + "/filtered/attempt_0/0/stdout.log") == "line from 0\n");
+}
+
+TEST_CASE("a job runs on while the rendezvous token is rotated, with no restart of anything") {
+  TempDir dir;
+  // The server's tokens, and the one the agent (and its workers) present.
+  const std::string server_tokens = dir.File("server_tokens"), token = dir.File("token");
+  // WriteFile renames a new file into place, as tools that rotate secrets do.
+  auto replace = WriteFile;
+  replace(server_tokens, "old-token\n");
+  replace(token, "old-token\n");
+  auto server = StartServer(
+      {"--token-file", server_tokens, "--credentials-refresh", "0.05", "--log-level", "info"});
+  // The worker runs until the test writes to its fifo.
+  REQUIRE(mkfifo(dir.File("go").c_str(), 0600) == 0);
+  Child agent =
+      StartLaunch(Concat({"--nnodes=1", "--nproc_per_node=1", "--rdzv_endpoint", server->endpoint(),
+                          "--rdzv_id=rotated", "--rdzv_conf=token_file=" + token},
+                         ShellWorker("touch " + dir.File("started") + "; read line < " +
+                                     dir.File("go") + "; echo worker saw $line")),
+                  dir.File("agent.log"));
+  REQUIRE(
+      WaitUntil([&] { return access(dir.File("started").c_str(), F_OK) == 0; }, absl::Seconds(30)));
+
+  // The rotation of docs/rendezvous.md: the server accepts both, the
+  // clients' file gets the new token, the server drops the old one. Each
+  // server step is awaited in its log.
+  replace(server_tokens, "old-token\nnew-token\n");
+  const bool both = WaitUntil(
+      [&] { return absl::StrContains(server->output(), "2 token(s) accepted now, 1 before"); },
+      absl::Seconds(10));
+  INFO(server->output() << ReadFile(dir.File("agent.log")));
+  REQUIRE(both);
+  replace(token, "new-token\n");
+  replace(server_tokens, "new-token\n");
+  REQUIRE(WaitUntil(
+      [&] { return absl::StrContains(server->output(), "1 token(s) accepted now, 2 before"); },
+      absl::Seconds(10)));
+
+  // The worker finishes; the agent reports it done with the new token.
+  std::ofstream(dir.File("go")) << "go\n";  // into the fifo, not over it
+  const int code = ExitCodeWithin(agent, absl::Seconds(30));
+  const std::string log = ReadFile(dir.File("agent.log"));
+  INFO(log << server->output());
+  CHECK(code == 0);
+  CHECK(absl::StrContains(log, "worker saw go"));
+  CHECK(absl::StrContains(server->output(), "job rotated: finished SUCCEEDED"));
+  CHECK_FALSE(absl::StrContains(log, "UNAUTHENTICATED"));
+  CHECK_FALSE(absl::StrContains(log, "round 1"));
 }
 
 TEST_CASE("a log file that cannot be written is given up with a warning, not the output") {

@@ -4,6 +4,7 @@
 #include "rendezvous/client/client.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 #include <vector>
@@ -86,6 +87,77 @@ TEST_CASE("Bearer token is sent from the token file", "[client]") {
   auto authorized = Client::Connect(with);
   REQUIRE(authorized.ok());
   CHECK((*authorized)->ListJobs().ok());
+}
+
+TEST_CASE("A rotated token file is read again: a refused call or watch goes again", "[client]") {
+  const std::string dir =
+      absl::StrCat(testing::TempDir(), "/client_rotation_", absl::ToUnixMicros(absl::Now()));
+  std::filesystem::create_directories(dir);
+  const std::string server_file = dir + "/server_token", client_file = dir + "/client_token";
+  auto write = [](const std::string& path, const std::string& text) {
+    std::ofstream(path + ".new") << text;
+    REQUIRE(std::rename((path + ".new").c_str(), path.c_str()) == 0);
+  };
+  write(server_file, "first\n");
+  write(client_file, "first\n");
+  ServerOptions server_options;
+  server_options.token_file = server_file;
+  server_options.credentials_refresh = absl::Milliseconds(1);
+  auto server = StartLocalServer(server_options);
+  ClientOptions options;
+  options.endpoint = absl::StrCat("127.0.0.1:", server->port());
+  options.rpc_timeout = absl::Seconds(5);
+  options.token_file = client_file;
+  // Never time to look on its own in this test: only a refusal reads it.
+  options.token_refresh = absl::Hours(1);
+  auto client = Client::Connect(options);
+  REQUIRE(client.ok());
+  REQUIRE((*client)->ListJobs().ok());
+
+  // The worst rotation, with no overlap: the server takes only the new
+  // token, and the client's file gets it after. Each server change is
+  // awaited with a probe that presents the new token directly.
+  auto rotate = [&](const std::string& token) {
+    write(server_file, token + "\n");
+    ClientOptions probe = options;
+    probe.token_file.clear();
+    probe.token = token;
+    auto prober = Client::Connect(probe);
+    REQUIRE(prober.ok());
+    REQUIRE(testing::Eventually([&] { return (*prober)->ListJobs().ok(); }, absl::Seconds(10)));
+    write(client_file, token + "\n");
+  };
+  rotate("second");
+  // A call safe to repeat, then one that is not (a first Join): both go
+  // again at once with the new token, since the server refused the first
+  // attempt before acting on it.
+  auto listed = (*client)->ListJobs();
+  INFO(listed.status().ToString());
+  CHECK(listed.ok());
+  rotate("third");
+  const pb::JobConfig config = testing::Config(1, 1, 5000);
+  auto joined = (*client)->Join(JoinRequestFor("rotated", config, 0, 1));
+  INFO(joined.status().ToString());
+  REQUIRE(joined.ok());
+  // A watch stream refused with the old token opens again with the new.
+  rotate("fourth");
+  JobWatcher watcher(client->get(), "rotated", nullptr);
+  auto seen =
+      watcher.WaitFor([](const pb::JobState&) { return true; }, absl::Now() + absl::Seconds(10));
+  INFO(seen.status().ToString());
+  CHECK(seen.ok());
+
+  // A token file emptied by mistake keeps the token read before.
+  write(client_file, "\n");
+  CHECK((*client)->ListJobs().ok());
+  // A wrong token is refused: after one more try with what the file holds
+  // now, the call returns UNAUTHENTICATED.
+  write(client_file, "wrong\n");
+  write(server_file, "fifth\n");
+  CHECK(testing::Eventually(
+      [&] { return (*client)->ListJobs().status().code() == absl::StatusCode::kUnauthenticated; },
+      absl::Seconds(10)));
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("A call made while the server is down succeeds once it is back", "[client]") {

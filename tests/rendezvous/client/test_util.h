@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,17 @@ inline std::unique_ptr<Server> StartLocalServer(ServerOptions options = {}) {
   INFO("Server::Start: " << server.status().ToString());
   REQUIRE(server.ok());
   return *std::move(server);
+}
+
+// Polls `condition` every 10 ms until it holds or `timeout` passes: for
+// what no event announces, such as a server's next look at its files.
+inline bool Eventually(const std::function<bool()>& condition, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!condition()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
 }
 
 inline std::unique_ptr<Client> ConnectTo(int port) {

@@ -13,6 +13,14 @@
 
 #include <httplib.h>
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+
+#include "absl/strings/match.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 
 #include "tests/rendezvous/server/service_test_util.h"
 
@@ -133,6 +141,133 @@ TEST_CASE("TLS with a bearer token and job secrets") {
   WatchResult allowed = WatchUntil(*stub, "job-sec", any_state, WithToken(kToken, "job-pass"));
   INFO(allowed.status.error_message());
   CHECK(allowed.matched.has_value());
+}
+
+// The server's log while it lives: spdlog's default logger writes to a
+// stream that any thread may read through Text().
+class CapturedLog {
+ public:
+  CapturedLog() : previous_(spdlog::default_logger()) {
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+        "captured", std::make_shared<spdlog::sinks::ostream_sink_mt>(text_)));
+  }
+  ~CapturedLog() { spdlog::set_default_logger(previous_); }
+  std::string Text() {
+    spdlog::default_logger()->flush();
+    // The sink writes under its own mutex; a copy taken while it writes
+    // may end mid-line, which the callers' searches tolerate.
+    return text_.str();
+  }
+
+ private:
+  std::ostringstream text_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+// Polls `condition` until it holds or `timeout` passes: for a server that
+// looks at its files on its own schedule.
+bool Eventually(const std::function<bool()>& condition, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!condition()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// Replaces `path` the way tools that rotate secrets do: a new file renamed
+// over the old, so no reader sees it half-written.
+void Replace(const std::string& path, const std::string& contents) {
+  WriteFile(path + ".new", contents);
+  REQUIRE(std::rename((path + ".new").c_str(), path.c_str()) == 0);
+}
+
+TEST_CASE("the token file is read again when it changes: rotation without a restart") {
+  CapturedLog log;
+  TempDir dir;
+  const std::string token_file = dir.path() + "/token";
+  WriteFile(token_file, "# the rendezvous token\nold-token\n");
+  ServerOptions options = LocalOptions();
+  options.token_file = token_file;
+  options.credentials_refresh = absl::Milliseconds(1);
+  std::unique_ptr<Server> server = StartOrFail(options);
+  std::unique_ptr<Stub> stub = StubFor(*server);
+  auto code = [&](const std::string& token) { return ListJobsCode(*stub, WithToken(token)); };
+  CHECK(code("old-token") == grpc::StatusCode::OK);
+  CHECK(code("# the rendezvous token") == grpc::StatusCode::UNAUTHENTICATED);  // a comment
+  CHECK(code("new-token") == grpc::StatusCode::UNAUTHENTICATED);
+
+  // 1. The server accepts both while the clients move to the new token.
+  Replace(token_file, "old-token\nnew-token\n");
+  REQUIRE(Eventually([&] { return code("new-token") == grpc::StatusCode::OK; }, absl::Seconds(10)));
+  CHECK(code("old-token") == grpc::StatusCode::OK);
+  // 2. Then the old one goes. Edited in place this time (same inode).
+  WriteFile(token_file, "new-token\n");
+  REQUIRE(Eventually([&] { return code("old-token") == grpc::StatusCode::UNAUTHENTICATED; },
+                     absl::Seconds(10)));
+  CHECK(code("new-token") == grpc::StatusCode::OK);
+  CHECK(absl::StrContains(
+      log.Text(), "token file '" + token_file + "' changed: 1 token(s) accepted now, 2 before"));
+
+  // A bad edit (no token left, or the file gone) locks no one out: the
+  // tokens before stay, and the log says why. The server looks at the file
+  // when a call comes, so each poll makes one.
+  auto logged = [&](const std::string& what) {
+    return Eventually(
+        [&] {
+          (void)code("new-token");
+          return absl::StrContains(log.Text(), what);
+        },
+        absl::Seconds(10));
+  };
+  Replace(token_file, "\n# nothing here\n");
+  REQUIRE(logged("holds no token"));
+  CHECK(code("new-token") == grpc::StatusCode::OK);
+  CHECK(absl::StrContains(log.Text(), "token file '" + token_file +
+                                          "' holds no token; expected a bearer token a line "
+                                          "(changed); still accepting the 1 token(s) read before"));
+  REQUIRE(std::remove(token_file.c_str()) == 0);
+  REQUIRE(logged("cannot read token file"));
+  CHECK(code("new-token") == grpc::StatusCode::OK);
+  // Fixed: read again.
+  WriteFile(token_file, "third-token\n");
+  REQUIRE(
+      Eventually([&] { return code("third-token") == grpc::StatusCode::OK; }, absl::Seconds(10)));
+  CHECK(code("new-token") == grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST_CASE("new connections get the TLS certificate the files hold now") {
+  TempDir dir;
+  for (const char* set : {"a", "b"}) {
+    std::filesystem::create_directories(dir.path() + "/" + set);
+    MakeCertificates(dir.path() + "/" + set);  // two CAs, a server certificate each
+  }
+  const std::string live = dir.path() + "/live";
+  std::filesystem::create_directories(live);
+  for (const char* file : {"server.crt", "server.key"}) {
+    Replace(live + "/" + file, ReadFile(dir.path() + "/a/" + file));
+  }
+  ServerOptions options = LocalOptions();
+  options.tls_cert_file = live + "/server.crt";
+  options.tls_key_file = live + "/server.key";
+  options.credentials_refresh = absl::Seconds(1);  // gRPC's watcher: whole seconds
+  std::unique_ptr<Server> server = StartOrFail(options);
+  // A fresh channel each time: a new handshake sees the certificate now.
+  CallOptions quick;
+  quick.timeout = absl::Milliseconds(500);
+  auto trusting = [&](const char* set) {
+    return ListJobsCode(*StubFor(*server, TlsClient(dir.path() + "/" + set, false)), quick);
+  };
+  CHECK(trusting("a") == grpc::StatusCode::OK);
+  CHECK(trusting("b") != grpc::StatusCode::OK);
+
+  // The certificate is renewed (here by another CA): key first, then the
+  // certificate, each renamed into place. The watcher takes the pair only
+  // once the two match.
+  Replace(live + "/server.key", ReadFile(dir.path() + "/b/server.key"));
+  Replace(live + "/server.crt", ReadFile(dir.path() + "/b/server.crt"));
+  REQUIRE(Eventually([&] { return trusting("b") == grpc::StatusCode::OK; }, absl::Seconds(15)));
+  CHECK(trusting("a") != grpc::StatusCode::OK);
 }
 
 TEST_CASE("mTLS refuses a client without a certificate") {
