@@ -1,10 +1,13 @@
 #include "rendezvous/client/rpc.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -99,14 +102,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   absl::StatusOr<std::string> token =
       SecretFromFile(options.token, options.token_file, "bearer token", "token file");
   if (!token.ok()) return token.status();
-  if (options.token_refresh <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("token_refresh must be positive");
+  if (options.credentials_refresh <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("credentials_refresh must be positive");
   }
   std::optional<WatchedFile> token_file;
   if (!options.token_file.empty()) {
     // Read above; this one reads it again only to remember its version. A
     // change in between is read at the first look.
-    token_file.emplace(options.token_file, options.token_refresh);
+    token_file.emplace(options.token_file, options.credentials_refresh);
     (void)token_file->Read("token file");
   }
   absl::StatusOr<std::string> job_secret =
@@ -134,7 +137,22 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
       if (!pem.ok()) return pem.status();
       *file.out = *std::move(pem);
     }
-    credentials = grpc::SslCredentials(ssl);
+    if (options.tls_ca_file.empty() && options.tls_cert_file.empty()) {
+      credentials = grpc::SslCredentials(ssl);  // the system's roots: no file to watch
+    } else {
+      // Read above only to name a bad file now; gRPC's watcher reads them
+      // again whenever they change (see the top of rpc.h).
+      const unsigned int seconds = static_cast<unsigned int>(
+          std::max(1.0, std::ceil(absl::ToDoubleSeconds(options.credentials_refresh))));
+      auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+          options.tls_key_file, options.tls_cert_file, options.tls_ca_file, seconds);
+      grpc::experimental::TlsChannelCredentialsOptions tls_options;
+      tls_options.set_certificate_provider(provider);
+      // Without a CA file, the system's roots verify the server.
+      if (!options.tls_ca_file.empty()) tls_options.watch_root_certs();
+      if (!options.tls_cert_file.empty()) tls_options.watch_identity_key_cert_pairs();
+      credentials = grpc::experimental::TlsCredentials(tls_options);
+    }
   } else {
     credentials = grpc::InsecureChannelCredentials();
   }

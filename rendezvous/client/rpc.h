@@ -45,14 +45,18 @@
 // such as blocked calls per job, gets a few chances; a cap that holds does
 // not spin forever). Calls that are not safe to repeat return it at once.
 //
-// Token rotation. A token given as token_file is read again when the file
-// changes (WatchedFile: looked at, with stat(2), at most every
-// token_refresh), so an operator rotates it in place without restarting
-// the agents or workers that hold it. A call refused UNAUTHENTICATED reads
-// the file at once, and is sent again, whatever the call, when the token
-// in it is another: the server refuses an unauthenticated request before
-// acting on it, so repeating one is always safe. A file that becomes empty
-// or unreadable keeps the token read before.
+// Credential rotation. A token given as token_file is read again when the
+// file changes (WatchedFile: looked at, with stat(2), at most every
+// credentials_refresh), so an operator rotates it in place without
+// restarting the agents or workers that hold it. A call refused
+// UNAUTHENTICATED reads the file at once, and is sent again, whatever the
+// call, when the token in it is another: the server refuses an
+// unauthenticated request before acting on it, so repeating one is always
+// safe. A file that becomes empty or unreadable keeps the token read
+// before. The TLS files (tls_ca_file, tls_cert_file, tls_key_file) are
+// watched by gRPC's FileWatcherCertificateProvider on the same period: the
+// next handshake (a new connection) uses what they hold then, so a
+// short-lived client certificate is renewed under a running agent.
 #pragma once
 
 #include <cstdint>
@@ -101,11 +105,9 @@ struct ClientOptions {
   std::string endpoint = "127.0.0.1:29400";
 
   // Bearer token: give it directly or as a file (whitespace trimmed), not
-  // both. Empty: no authorization header is sent. The file is read again
-  // when it changes, looked at at most every token_refresh (see the top).
+  // both. Empty: no authorization header is sent.
   std::string token;
   std::string token_file;
-  absl::Duration token_refresh = absl::Seconds(5);
 
   // TLS is used when `use_tls` is set or any tls_* file is given.
   // tls_ca_file verifies the server (empty: system roots); tls_cert_file and
@@ -116,6 +118,11 @@ struct ClientOptions {
   std::string tls_cert_file;
   std::string tls_key_file;
   std::string tls_server_name;
+
+  // How often token_file and the tls_* files are looked at for a change,
+  // which is then used (see the top): the next call's token, the next TLS
+  // handshake's certificates (gRPC's watcher: whole seconds, at least 1).
+  absl::Duration credentials_refresh = absl::Seconds(5);
 
   // Sent as x-muster-job-secret on every call when non-empty: give it
   // directly or as a file (whitespace trimmed), not both.

@@ -109,7 +109,7 @@ TEST_CASE("A rotated token file is read again: a refused call or watch goes agai
   options.rpc_timeout = absl::Seconds(5);
   options.token_file = client_file;
   // Never time to look on its own in this test: only a refusal reads it.
-  options.token_refresh = absl::Hours(1);
+  options.credentials_refresh = absl::Hours(1);
   auto client = Client::Connect(options);
   REQUIRE(client.ok());
   REQUIRE((*client)->ListJobs().ok());

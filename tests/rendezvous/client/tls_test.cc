@@ -1,7 +1,9 @@
 // The client's TLS options against a TLS / mTLS server. Certificates are
 // made at test time with the openssl CLI.
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <utility>
 
 #include <catch2/catch.hpp>
 
@@ -88,6 +90,62 @@ TEST_CASE("Client speaks mTLS with CA, certificate and key files", "[client][tls
   auto refused = Client::Connect(missing_ca);
   CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(std::string(refused.status().message()).find("no-such-ca.crt") != std::string::npos);
+}
+
+TEST_CASE("A client reads its TLS files again when they change", "[client][tls]") {
+  // Two CAs, each with a server and a client certificate.
+  const std::string a = MakeCertificates(), b = MakeCertificates();
+  REQUIRE(a != b);
+  const std::string live = a + "/live";
+  std::filesystem::create_directories(live);
+  // Renamed into place, as tools that renew certificates write them.
+  auto install = [&](const std::string& from) {
+    for (const char* file : {"ca.crt", "client.crt", "client.key"}) {
+      std::filesystem::copy_file(from + "/" + file, live + "/" + file + ".new",
+                                 std::filesystem::copy_options::overwrite_existing);
+      std::filesystem::rename(live + "/" + file + ".new", live + "/" + file);
+    }
+  };
+  install(a);
+  auto serve = [](const std::string& set, int port) {
+    ServerOptions server_options;
+    server_options.listen_address = absl::StrCat("127.0.0.1:", port);
+    server_options.tls_cert_file = set + "/server.crt";
+    server_options.tls_key_file = set + "/server.key";
+    server_options.tls_client_ca_file = set + "/ca.crt";
+    return testing::StartLocalServer(server_options);
+  };
+  auto server = serve(a, 0);
+  const int port = server->port();
+
+  ClientOptions options;
+  options.endpoint = absl::StrCat("127.0.0.1:", port);
+  options.rpc_timeout = absl::Seconds(3);
+  options.tls_ca_file = live + "/ca.crt";
+  options.tls_cert_file = live + "/client.crt";
+  options.tls_key_file = live + "/client.key";
+  options.credentials_refresh = absl::Seconds(1);
+  auto client = Client::Connect(options);
+  REQUIRE(client.ok());
+  REQUIRE((*client)->ListJobs().ok());
+
+  // Everything is renewed under CA b: the client's files, then the server
+  // (restarted on the same port with b's certificate and client CA). The
+  // running client's next handshake uses b's files; one that kept a's, as
+  // a client that read its files once does, is refused.
+  install(b);
+  server.reset();
+  server = serve(b, port);
+  CHECK(testing::Eventually([&] { return (*client)->ListJobs().ok(); }, absl::Seconds(20)));
+  ClientOptions stale = options;
+  for (auto [path, file] :
+       {std::pair{&stale.tls_ca_file, "ca.crt"}, std::pair{&stale.tls_cert_file, "client.crt"},
+        std::pair{&stale.tls_key_file, "client.key"}}) {
+    *path = a + "/" + file;
+  }
+  CallOptions short_call;
+  short_call.timeout = absl::Milliseconds(500);
+  CHECK_FALSE((*Client::Connect(stale))->ListJobs({}, short_call).ok());
 }
 
 }  // namespace
