@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "spdlog/spdlog.h"
 
 namespace muster::launcher {
 namespace {
@@ -92,12 +93,20 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGrou
     std::string dir = absl::StrCat(spec.attempt_dir, "/", global_rank);
     std::error_code error;
     std::filesystem::create_directories(dir, error);
+    // A log directory that cannot be made (a full disk, say) costs the
+    // rank its error file and log files, not the job: it runs without them
+    // (an empty TORCHELASTIC_ERROR_FILE, as torch reads it, is none), and
+    // the pump shows its redirected streams on the console instead.
+    std::string error_file;
     if (error) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("cannot create log directory ", dir, ": ", error.message()));
+      spdlog::warn(
+          "cannot create the log directory {}: {}; rank {} runs without its error file and log "
+          "files",
+          dir, error.message(), global_rank);
+    } else {
+      error_file = dir + "/error.json";
+      unlink(error_file.c_str());  // a stale report must not blame this attempt
     }
-    std::string error_file = dir + "/error.json";
-    unlink(error_file.c_str());  // a stale report must not blame this attempt
 
     SpawnSpec process;
     process.argv = spec.command;

@@ -470,6 +470,27 @@ TEST_CASE("a log file that cannot be written is given up with a warning, not the
       absl::StrContains(console, "(no error file; see its stderr in " + attempt + "/stderr.log)"));
 }
 
+TEST_CASE("a log directory that cannot be made costs the rank its log files, not the job") {
+  TempDir dir;
+  // A file where rank 0's directory would go: mkdir fails, as on a full disk.
+  std::filesystem::create_directories(dir.File("logs") + "/nodir/attempt_0");
+  WriteFile(dir.File("logs") + "/nodir/attempt_0/0", "in the way\n");
+  Child agent = StartLaunch(Concat({"--standalone", "--nproc_per_node=1", "--redirects=1",
+                                    "--log_dir", dir.File("logs"), "--rdzv_id=nodir"},
+                                   ShellWorker("echo hello; exit 3")),
+                            dir.File("agent.log"));
+  CHECK(ExitCodeWithin(agent, absl::Seconds(30)) == 3);  // the worker ran, and failed on its own
+  const std::string console = ReadFile(dir.File("agent.log"));
+  INFO(console);
+  CHECK(
+      absl::StrContains(console, "cannot create the log directory " + dir.File("logs") +
+                                     "/nodir/attempt_0/0: Not a directory; rank 0 runs without its "
+                                     "error file and log files"));
+  CHECK(absl::StrContains(console, "its output goes to the console instead"));
+  CHECK(absl::StrContains(console, "rank0]: hello"));
+  CHECK(absl::StrContains(console, "(no error file; see the worker's stderr)"));
+}
+
 // A process's peak resident set (VmHWM) in MiB, or -1 once it is gone.
 int64_t PeakRssMib(int pid) {
   std::string status = ReadFile(absl::StrCat("/proc/", pid, "/status"));
