@@ -99,19 +99,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     return absl::InvalidArgumentError("resource_exhausted_attempts must be at least 1");
   }
 
-  absl::StatusOr<std::string> token =
-      SecretFromFile(options.token, options.token_file, "bearer token", "token file");
-  if (!token.ok()) return token.status();
   if (options.credentials_refresh <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("credentials_refresh must be positive");
   }
   std::optional<WatchedFile> token_file;
   if (!options.token_file.empty()) {
-    // Read above; this one reads it again only to remember its version. A
-    // change in between is read at the first look.
+    // Only to remember the version, before the read below: a change in
+    // between is then read again at the first look, never missed.
     token_file.emplace(options.token_file, options.credentials_refresh);
     (void)token_file->Read("token file");
   }
+  absl::StatusOr<std::string> token =
+      SecretFromFile(options.token, options.token_file, "bearer token", "token file");
+  if (!token.ok()) return token.status();
   absl::StatusOr<std::string> job_secret =
       SecretFromFile(options.job_secret, options.job_secret_file, "job secret", "job secret file");
   if (!job_secret.ok()) return job_secret.status();
