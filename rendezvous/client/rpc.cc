@@ -1,7 +1,6 @@
 #include "rendezvous/client/rpc.h"
 
 #include <algorithm>
-#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -142,10 +141,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     } else {
       // Read above only to name a bad file now; gRPC's watcher reads them
       // again whenever they change (see the top of rpc.h).
-      const unsigned int seconds = static_cast<unsigned int>(
-          std::max(1.0, std::ceil(absl::ToDoubleSeconds(options.credentials_refresh))));
       auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-          options.tls_key_file, options.tls_cert_file, options.tls_ca_file, seconds);
+          options.tls_key_file, options.tls_cert_file, options.tls_ca_file,
+          WatcherSeconds(options.credentials_refresh));
       grpc::experimental::TlsChannelCredentialsOptions tls_options;
       tls_options.set_certificate_provider(provider);
       // Without a CA file, the system's roots verify the server.

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -24,6 +26,10 @@ WatchedFile::Version WatchedFile::Stat() const {
   return {true, static_cast<uint64_t>(info.st_dev), static_cast<uint64_t>(info.st_ino),
           static_cast<uint64_t>(info.st_size),
           int64_t{info.st_mtim.tv_sec} * 1000000000 + info.st_mtim.tv_nsec};
+}
+
+unsigned int WatcherSeconds(absl::Duration refresh) {
+  return static_cast<unsigned int>(std::max(1.0, std::ceil(absl::ToDoubleSeconds(refresh))));
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what) {

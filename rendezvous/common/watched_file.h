@@ -24,6 +24,10 @@ namespace muster::rdzv {
 // token file '/etc/muster/token'") when it cannot be read.
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what);
 
+// `refresh` as the whole seconds, at least 1, that gRPC's
+// FileWatcherCertificateProvider takes: the TLS files' period.
+unsigned int WatcherSeconds(absl::Duration refresh);
+
 class WatchedFile {
  public:
   WatchedFile(std::string path, absl::Duration refresh);

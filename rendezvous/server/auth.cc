@@ -1,7 +1,6 @@
 #include "rendezvous/server/auth.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -182,10 +181,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
   // gRPC's own watcher, rather than a reload of ours: it re-reads the files
   // on its thread, checks that the key matches the certificate, and hands
   // new handshakes the new pair while connections made go on.
-  const unsigned int seconds =
-      static_cast<unsigned int>(std::max(1.0, std::ceil(absl::ToDoubleSeconds(refresh))));
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      files.key_file, files.cert_file, files.client_ca_file, seconds);
+      files.key_file, files.cert_file, files.client_ca_file, WatcherSeconds(refresh));
   grpc::experimental::TlsServerCredentialsOptions options(provider);
   options.watch_identity_key_cert_pairs();
   if (!files.client_ca_file.empty()) {

@@ -51,6 +51,11 @@ size_t RangeHolding(const std::vector<FlatRange>& ranges, uint64_t flat) {
   return static_cast<size_t>(after - ranges.begin()) - 1;
 }
 
+// The bytes one checkpoint of `model` takes: its flat state in fp32.
+uint64_t CheckpointBytes(const GptModel& model) {
+  return StateFloats(StateTensors(model.stages())) * sizeof(float);
+}
+
 std::string ResumedLine(const std::string& path, const Manifest& manifest) {
   return absl::StrCat("resumed from ", path, " (step ", manifest.step, ", sample index ",
                       manifest.sample_index, ", saved by ", manifest.world_size, " rank",
@@ -178,7 +183,7 @@ absl::StatusOr<bool> CheckpointManager::Resume(GptModel* model, AdamW* optimizer
   if (root) RemoveUncommitted();
   auto resumed = ChooseAndLoad(model, optimizer, state);
   if (resumed.ok() && root) {
-    const std::string note = SpaceNote(StateFloats(StateTensors(model->stages())) * sizeof(float));
+    const std::string note = SpaceNote(CheckpointBytes(*model));
     if (!note.empty()) Log(note);
   }
   return resumed;
@@ -445,7 +450,7 @@ absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& op
     if (IsNoSpace(made)) {
       prepared = MarkNoSpace(absl::ResourceExhaustedError(
           absl::StrCat("checkpoint.dir: cannot create ", tmp, ": ", made.message(),
-                       NoSpaceAdvice(StateFloats(StateTensors(model.stages())) * sizeof(float)))));
+                       NoSpaceAdvice(CheckpointBytes(model)))));
     } else if (!made.ok()) {
       // UNAVAILABLE whatever the cause: not a config mistake (exit 1, docs/worker.md).
       prepared =
@@ -506,7 +511,8 @@ absl::Status CheckpointManager::Commit(bool wait) {
       DecideCommit(CommitTally{tally[0], tally[1], tally[2]}, control().size());
   const int step = pending_step_;
   const std::string tmp = config_.checkpoint.dir + "/" + TempStepDirName(step);
-  const uint64_t checkpoint_bytes = StateFloats(tensors_) * sizeof(float);
+  // For the advice of a save that met a full disk only.
+  auto checkpoint_bytes = [this] { return StateFloats(tensors_) * sizeof(float); };
   if (decision == CommitDecision::kCommit) {
     pending_step_ = -1;
     absl::Status committed = control().rank() == 0 ? WriteManifest(step, tmp) : absl::OkStatus();
@@ -515,7 +521,7 @@ absl::Status CheckpointManager::Commit(bool wait) {
     if (!committed.ok()) DiscardSave(tmp, /*together=*/false);
     if (IsNoSpace(committed)) {
       committed = MarkNoSpace(absl::Status(
-          committed.code(), absl::StrCat(committed.message(), NoSpaceAdvice(checkpoint_bytes))));
+          committed.code(), absl::StrCat(committed.message(), NoSpaceAdvice(checkpoint_bytes()))));
     }
     committed = Agree(committed, "committing " + tmp);
     if (!committed.ok()) {
@@ -532,7 +538,7 @@ absl::Status CheckpointManager::Commit(bool wait) {
       const absl::Status& failed = local_result_.status();
       absl::Status status(failed.code(),
                           absl::StrCat("saving checkpoint step ", step, ": ", failed.message(),
-                                       IsNoSpace(failed) ? NoSpaceAdvice(checkpoint_bytes) : ""));
+                                       IsNoSpace(failed) ? NoSpaceAdvice(checkpoint_bytes()) : ""));
       return IsNoSpace(failed) ? MarkNoSpace(status) : status;
     }
     if (tally[2] > 0) {
