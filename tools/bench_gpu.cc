@@ -16,7 +16,11 @@
 // gradients at each step's ZeroGrad (GptModel::SettleGrads), as the engine
 // did before its Backward wrote over them (rows "... + cleared grads"; with
 // both, a line after the pair says whether their last losses have the same
-// bits, which they should). Then the same model trained
+// bits, which they should). --backward-streams 2,1 (with graphs) runs the
+// backward on that many streams (GptModel::SetBackwardStreams; 2, the
+// worker's, by default), a row each (", N streams") and a line saying
+// whether each row's last loss has the first row's bits, which it should.
+// Then the same model trained
 // by PyTorch on the same GPU (tools/bench_gpu_torch.py: eager bf16,
 // torch.compile bf16, TF32, FP32), and a table of both. Without CUDA (a
 // build without --config=cuda, or no GPU) it prints why and exits 1.
@@ -24,7 +28,8 @@
 //   bazel build -c opt --config=cuda //tools:bench_gpu
 //   bazel-bin/tools/bench_gpu [--precisions fp32,tf32,bf16] [--batch 8]
 //       [--seq 1024] [--batches 8,16,32] [--attention auto,muster,gemm,cudnn]
-//       [--cuda-graph on|off|both] [--zero-grad mark|clear|both] [--no-torch]
+//       [--cuda-graph on|off|both] [--zero-grad mark|clear|both]
+//       [--backward-streams 2,1] [--no-torch]
 //
 // cuDNN's attention needs libcudnn.so.9 where the dynamic loader finds it
 // (LD_LIBRARY_PATH or the system's paths); it is loaded only when asked for.
@@ -104,8 +109,8 @@ ModelConfig Gpt2(int T) {
 }
 
 absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, Attention attention,
-                                bool graphs, bool clear_grads, int B, int T, int warmup, int steps,
-                                double peak) {
+                                bool graphs, bool clear_grads, int streams, int B, int T,
+                                int warmup, int steps, double peak) {
   GpuResult result;
   result.batch = B;
   size_t peak_bytes = 0;
@@ -123,6 +128,7 @@ absl::StatusOr<GpuResult> Bench(const ModelConfig& config, Precision precision, 
   std::unique_ptr<GptModel> model = *std::move(created);
   if (graphs) {
     if (absl::Status enabled = model->EnableCudaGraphs(); !enabled.ok()) return enabled;
+    if (absl::Status set = model->SetBackwardStreams(streams); !set.ok()) return set;
   }
   model->InitWeights(1337);
   OptimConfig optim;  // lr 3e-4, betas (0.9, 0.95), eps 1e-8, no decay
@@ -213,15 +219,16 @@ void PrintError(const std::string& name, int B, int T, const absl::Status& statu
 // A row's system: "muster bf16" with muster's attention, "muster bf16
 // (cudnn attention)" with cuDNN's, "muster bf16 (auto attention)" with the
 // worker's default; " + graph" with CUDA graphs; " + cleared grads" with
-// --zero-grad clear.
+// --zero-grad clear; ", N streams" where --backward-streams lists several.
 std::string SystemName(absl::string_view precision, Attention attention, bool graphs = false,
-                       bool clear_grads = false) {
+                       bool clear_grads = false, int streams = 0) {
   std::string name =
       attention == Attention::kMuster
           ? absl::StrCat("muster ", precision)
           : absl::StrCat("muster ", precision, " (", AttentionName(attention), " attention)");
   if (graphs) absl::StrAppend(&name, " + graph");
   if (clear_grads) absl::StrAppend(&name, " + cleared grads");
+  if (streams > 0) absl::StrAppend(&name, ", ", streams, streams == 1 ? " stream" : " streams");
   return name;
 }
 
@@ -468,7 +475,7 @@ std::vector<bool> Modes(const char* flag, const std::string& value, const char* 
 int Main(int argc, char** argv) {
   std::string precisions = "fp32,tf32,bf16", batches, torch_modes, python = "python3";
   // The worker's defaults: attention auto, train.cuda_graphs on.
-  std::string attention_list = "auto", graph_mode = "on", zero_grad = "mark";
+  std::string attention_list = "auto", graph_mode = "on", zero_grad = "mark", streams_list = "2";
   int B = 8, T = 1024, warmup = 3, steps = 20, torch_timeout = 600;
   bool no_torch = false;
   CLI::App app("bench_gpu: GPT-2 124M training throughput of the CUDA worker (and PyTorch's)");
@@ -495,6 +502,11 @@ int Main(int argc, char** argv) {
                  "mark, clear or both: ZeroGrad only marks the gradients zero (the worker's "
                  "way: the next Backward writes over them), or also clears them (the engine's "
                  "way before); both: a row each")
+      ->capture_default_str();
+  app.add_option("--backward-streams", streams_list,
+                 "Comma-separated, each 1 or 2: the streams of the backward with CUDA graphs "
+                 "(GptModel::SetBackwardStreams; 2 is the worker's); more than one: a row each, "
+                 "in that order, and whether each row's last loss has the first row's bits")
       ->capture_default_str();
   app.add_flag("--no-torch", no_torch, "No PyTorch comparison");
   app.add_option("--torch-modes", torch_modes,
@@ -536,6 +548,13 @@ int Main(int argc, char** argv) {
   const std::vector<bool> graph_modes = Modes("--cuda-graph", graph_mode, "off", "on");
   const std::vector<bool> clear_modes = Modes("--zero-grad", zero_grad, "mark", "clear");
   if (graph_modes.empty() || clear_modes.empty()) return 2;
+  bool streams_ok = true;
+  const std::vector<int> stream_counts = ParseInts(streams_list, &streams_ok);
+  if (!streams_ok || stream_counts.empty() ||
+      std::any_of(stream_counts.begin(), stream_counts.end(), [](int n) { return n > 2; })) {
+    std::fprintf(stderr, "bench_gpu: --backward-streams wants 1 and/or 2, e.g. 2,1\n");
+    return 2;
+  }
 
   absl::StatusOr<CudaDeviceInfo> device = GetCudaDeviceInfo(Precision::kFp32);
   if (!device.ok()) {
@@ -565,11 +584,14 @@ int Main(int argc, char** argv) {
   // The ratio's base: muster bf16 at --batch, with muster's attention when
   // --attention has it, else with the first one it has.
   double base_ms = 0;
-  std::string base_system =
-      SystemName("bf16", attentions.front(), graph_modes.front(), clear_modes.front());
+  const int base_streams =
+      graph_modes.front() && stream_counts.size() > 1 ? stream_counts.front() : 0;
+  std::string base_system = SystemName("bf16", attentions.front(), graph_modes.front(),
+                                       clear_modes.front(), base_streams);
   for (Attention attention : attentions) {
     if (attention == Attention::kMuster) {
-      base_system = SystemName("bf16", attention, graph_modes.front(), clear_modes.front());
+      base_system =
+          SystemName("bf16", attention, graph_modes.front(), clear_modes.front(), base_streams);
     }
   }
 
@@ -580,41 +602,61 @@ int Main(int argc, char** argv) {
       for (const bool graphs : graph_modes) {
         std::optional<uint32_t> marked_loss_bits;  // of this pair's mark row
         for (const bool clear_grads : clear_modes) {
-          std::string system = SystemName(name, attention, graphs, clear_grads);
-          if (!precision.ok()) {
-            PrintError(system, B, T, precision.status());
-            table.push_back({system});
-            continue;
+          std::optional<uint32_t> first_streams_bits;  // of this clear mode's first streams row
+          for (const int streams : stream_counts) {
+            // Without graphs the backward runs on one stream whatever
+            // --backward-streams says: one row.
+            if (!graphs && streams != stream_counts.front()) continue;
+            const int named_streams = graphs && stream_counts.size() > 1 ? streams : 0;
+            std::string system = SystemName(name, attention, graphs, clear_grads, named_streams);
+            if (!precision.ok()) {
+              PrintError(system, B, T, precision.status());
+              table.push_back({system});
+              continue;
+            }
+            system = SystemName(PrecisionName(*precision), attention, graphs, clear_grads,
+                                named_streams);
+            if (attention == Attention::kCudnn && *precision != Precision::kBf16) {
+              std::printf("%-16s skipped: cuDNN's attention runs in bf16 only\n", system.c_str());
+              std::fflush(stdout);
+              continue;
+            }
+            // auto as the worker resolves it: kAuto in bf16 (the CUDA model
+            // picks), muster's own in fp32 and tf32.
+            const Attention runs = attention == Attention::kAuto
+                                       ? ResolveAttention("auto", Device::kCuda, *precision).value()
+                                       : attention;
+            absl::StatusOr<GpuResult> result =
+                Bench(config, *precision, runs, graphs, clear_grads, streams, B, T, warmup, steps,
+                      peak_for(*precision));
+            if (!result.ok()) {
+              PrintError(system, B, T, result.status());
+              table.push_back({system});
+              continue;
+            }
+            PrintRow(system, T, *result);
+            PrintAttention(attention, *result, graphs);
+            if (!clear_grads && !first_streams_bits.has_value()) {
+              marked_loss_bits = result->last_loss_bits;
+            }
+            if (clear_grads && marked_loss_bits.has_value() && !first_streams_bits.has_value()) {
+              std::printf("  cleared against marked gradients: last losses %s\n",
+                          *marked_loss_bits == result->last_loss_bits ? "bitwise equal" : "DIFFER");
+              std::fflush(stdout);
+            }
+            if (first_streams_bits.has_value()) {
+              std::printf(
+                  "  %d backward streams against %d: last losses %s\n", streams,
+                  stream_counts.front(),
+                  *first_streams_bits == result->last_loss_bits ? "bitwise equal" : "DIFFER");
+              std::fflush(stdout);
+            } else {
+              first_streams_bits = result->last_loss_bits;
+            }
+            table.push_back(
+                {system, result->ms_per_step, result->tokens_per_s, result->peak_gb, result->mfu});
+            if (system == base_system && base_ms == 0) base_ms = result->ms_per_step;
           }
-          system = SystemName(PrecisionName(*precision), attention, graphs, clear_grads);
-          if (attention == Attention::kCudnn && *precision != Precision::kBf16) {
-            std::printf("%-16s skipped: cuDNN's attention runs in bf16 only\n", system.c_str());
-            std::fflush(stdout);
-            continue;
-          }
-          // auto as the worker resolves it: kAuto in bf16 (the CUDA model
-          // picks), muster's own in fp32 and tf32.
-          const Attention runs = attention == Attention::kAuto
-                                     ? ResolveAttention("auto", Device::kCuda, *precision).value()
-                                     : attention;
-          absl::StatusOr<GpuResult> result = Bench(config, *precision, runs, graphs, clear_grads, B,
-                                                   T, warmup, steps, peak_for(*precision));
-          if (!result.ok()) {
-            PrintError(system, B, T, result.status());
-            table.push_back({system});
-            continue;
-          }
-          PrintRow(system, T, *result);
-          PrintAttention(attention, *result, graphs);
-          if (!clear_grads) marked_loss_bits = result->last_loss_bits;
-          if (clear_grads && marked_loss_bits.has_value()) {
-            std::printf("  cleared against marked gradients: last losses %s\n",
-                        *marked_loss_bits == result->last_loss_bits ? "bitwise equal" : "DIFFER");
-            std::fflush(stdout);
-          }
-          table.push_back(
-              {system, result->ms_per_step, result->tokens_per_s, result->peak_gb, result->mfu});
-          if (system == base_system && base_ms == 0) base_ms = result->ms_per_step;
         }
       }
     }
@@ -628,8 +670,8 @@ int Main(int argc, char** argv) {
       int best_batch = 0;
       for (int batch : sweep) {
         absl::StatusOr<GpuResult> result =
-            Bench(config, Precision::kBf16, attention, graph_modes.back(), false, batch, T, warmup,
-                  steps, peak_for(Precision::kBf16));
+            Bench(config, Precision::kBf16, attention, graph_modes.back(), false,
+                  stream_counts.front(), batch, T, warmup, steps, peak_for(Precision::kBf16));
         if (!result.ok()) {
           PrintError(system, batch, T, result.status());
           continue;

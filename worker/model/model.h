@@ -175,6 +175,14 @@ class GptModel {
   }
   // Passes replayed from a graph so far (0 unless EnableCudaGraphs).
   virtual long graph_replays() const { return 0; }
+  // CUDA only, for a Backward on the model's own stream (EnableCudaGraphs,
+  // no stage hook, kOwned): how many streams it runs on. 1: one, in order;
+  // 2 (the default): each block's weight and bias gradients on a second
+  // stream beside its input gradients. The bits are the same either way.
+  // INVALID_ARGUMENT but for 1 or 2; UNIMPLEMENTED on the CPU.
+  virtual absl::Status SetBackwardStreams(int streams) {
+    return absl::UnimplementedError("backward streams need device cuda");
+  }
   // The back end that owns this model's device memory; AdamW and
   // ClipGradNorm run their kernels through it.
   Ops& ops() const { return *ops_; }

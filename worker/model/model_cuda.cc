@@ -24,7 +24,8 @@
 // Every kernel of a step runs in order on the default stream (with
 // EnableCudaGraphs, and no stage hook set and kOwned storage: UseStream, the
 // passes' kernels on the model's own stream, ordered with the default one
-// by events, and replayed as CUDA graphs: RunPass). Forward waits for
+// by events, and replayed as CUDA graphs: RunPass; the backward's weight
+// gradients then on a second stream beside it: side_stream_). Forward waits for
 // the losses, Backward only enqueues. The step's bits do not
 // depend on scheduling: no kernel uses atomics, cuBLASLt gets the same
 // algorithm for the same shape (kernels/fast/gemm.h), and cuDNN's
@@ -121,6 +122,7 @@ class CudaModel final : public GptModel {
   ~CudaModel() override {
     if (own_stream_ != nullptr) cudaStreamSynchronize(own_stream_);
     DropGraphs();
+    DropSideStreams();
     cudnn_.reset();
     gemm_.reset();
     for (void* block : allocations_) ops_->Free(block);
@@ -189,9 +191,21 @@ class CudaModel final : public GptModel {
           "device cuda: a stream and events for CUDA graphs: ", cudaGetErrorString(made)));
     }
     graphs_ = true;
-    return absl::OkStatus();
+    return MakeSideStreams();
   }
   long graph_replays() const override { return graph_replays_; }
+
+  absl::Status SetBackwardStreams(int streams) override {
+    if (streams < 1 || streams > 2) {
+      return absl::InvalidArgumentError(absl::StrCat("backward streams: 1 or 2, got ", streams));
+    }
+    if (streams == backward_streams_) return absl::OkStatus();
+    backward_streams_ = streams;
+    // The backward's graphs were captured with the other streams.
+    DropGraphs();
+    backward_graphs_.clear();
+    return graphs_ ? MakeSideStreams() : absl::OkStatus();
+  }
 
   std::string DescribeAttention() const override {
     if (cudnn_ == nullptr) return flash_ ? "muster flash" : "muster GEMM";
@@ -283,6 +297,7 @@ class CudaModel final : public GptModel {
         hooks_.pre_forward || hooks_.post_forward || hooks_.pre_backward || hooks_.post_backward;
     stream_ = graphs_ && !hooks && storage_ == ParamStorage::kOwned ? own_stream_ : nullptr;
     gemm_->set_stream(stream_);
+    overlap_ = stream_ != nullptr && backward_streams_ > 1 && side_gemm_ != nullptr;
   }
   // Zeroes `bytes` at `ptr` in this call's order: ops_'s memset on the
   // default stream, or an asynchronous one (which a graph captures) on the
@@ -305,6 +320,62 @@ class CudaModel final : public GptModel {
     Check("return to the default stream", static_cast<int>(cudaEventRecord(left_, stream_)));
     Check("return to the default stream", static_cast<int>(cudaStreamWaitEvent(nullptr, left_, 0)));
   }
+
+  // The backward's second stream (EnableCudaGraphs, on the model's own
+  // stream only, so never with a stage hook: a strategy sees each stage's
+  // gradients whole at its post_backward hook because the eager backward
+  // runs in order). Each block's weight and bias gradients (its dW GEMMs
+  // and bias partial sums, and the column sums' second pass) run on
+  // side_stream_ beside its input gradients, the chain that the block
+  // below waits for: the dW GEMMs' tails and the small kernels of one
+  // stream fill SMs the other leaves idle. The side stream has a Gemm of
+  // its own (cuBLASLt's workspace serves one call in flight). The marks
+  // order the two by what each kernel reads and writes (BlockBackward);
+  // the bits are those of one stream, as no kernel's result depends on
+  // what runs beside it and both Gemms pick the same algorithm for the
+  // same shape.
+  enum Mark {
+    kBlockIn,       // main: dresidual_ holds the block output's gradient
+    kDwide,         // main: dwide_ holds the fc projection's dx (after GELU')
+    kFcprojGrads,   // side: done reading dresidual_ (fc projection dW, db)
+    kAfterLn2,      // main: dresidual_ holds d residual2
+    kFcGrads,       // side: done reading dwide_ (fc dW, db)
+    kDqkv,          // main: dwide_ holds dqkv
+    kAttprojGrads,  // side: done reading dresidual_ (attention projection dW, db)
+    kAfterLn1,      // main: LayerNorm 1's partial sums written
+    kBlockGrads,    // side: the block's gradients whole, dwide_ free
+    kMarks
+  };
+  int backward_streams_ = 2;
+  bool overlap_ = false;              // this Backward's: on the model's own stream, with 2 streams
+  bool block_grads_pending_ = false;  // kBlockGrads recorded in this pass
+  cudaStream_t side_stream_ = nullptr;
+  std::unique_ptr<fast::Gemm> side_gemm_;
+  cudaEvent_t marks_[kMarks] = {};
+  absl::Status MakeSideStreams();
+  void DropSideStreams();
+  // `mark` recorded on `stream` now; `waiter` waits for it. No-ops unless
+  // overlap_.
+  void Record(Mark mark, cudaStream_t stream) {
+    if (overlap_) {
+      Check("order the backward's streams",
+            static_cast<int>(cudaEventRecord(marks_[mark], stream)));
+    }
+  }
+  void Await(cudaStream_t waiter, Mark mark) {
+    if (overlap_) {
+      Check("order the backward's streams",
+            static_cast<int>(cudaStreamWaitEvent(waiter, marks_[mark], 0)));
+    }
+  }
+  void Signal(Mark mark, cudaStream_t from, cudaStream_t to) {
+    Record(mark, from);
+    Await(to, mark);
+  }
+  // Where this Backward's weight and bias gradients run.
+  fast::Gemm& WeightGemm() { return overlap_ ? *side_gemm_ : *gemm_; }
+  cudaStream_t side() const { return overlap_ ? side_stream_ : stream_; }
+
   bool graphs_ = false;
   std::map<GraphKey, Graph> forward_graphs_, backward_graphs_;
   long graph_replays_ = 0;
@@ -483,6 +554,34 @@ void CudaModel::BlockForward(int layer, const void* residual_in) {
   // the next LayerNorm.
 }
 
+absl::Status CudaModel::MakeSideStreams() {
+  if (backward_streams_ == 1 || side_gemm_ != nullptr) return absl::OkStatus();
+  // Non-blocking, as own_stream_ (EnableCudaGraphs).
+  cudaError_t made = cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking);
+  for (cudaEvent_t& mark : marks_) {
+    if (made == cudaSuccess) made = cudaEventCreateWithFlags(&mark, cudaEventDisableTiming);
+  }
+  int code = static_cast<int>(made);
+  if (code == 0) code = fast::Gemm::Create(MathOf(precision_), side_stream_, &side_gemm_);
+  if (code != 0) {
+    DropSideStreams();
+    return absl::FailedPreconditionError(
+        absl::StrCat("device cuda: the backward's streams: ", GemmError(code)));
+  }
+  return absl::OkStatus();
+}
+
+void CudaModel::DropSideStreams() {
+  if (side_stream_ != nullptr) cudaStreamSynchronize(side_stream_);
+  side_gemm_.reset();
+  for (cudaEvent_t& mark : marks_) {
+    if (mark != nullptr) cudaEventDestroy(mark);
+    mark = nullptr;
+  }
+  if (side_stream_ != nullptr) cudaStreamDestroy(side_stream_);
+  side_stream_ = nullptr;
+}
+
 void CudaModel::DropGraphs() {
   for (auto* all : {&forward_graphs_, &backward_graphs_}) {
     for (auto& [key, graph] : *all) {
@@ -643,39 +742,63 @@ void CudaModel::BlockBackward(int layer, const void* residual_in, fast::GradWrit
   };
   float* const ln2_scratch = norm_scratch_;
   float* const ln1_scratch = norm_scratch_ + fast::LayerNormBackwardScratchFloats(BT, C);
+  // With overlap_, the weight and bias gradients (dW, db: `weights`, on
+  // side()) run beside the input gradients (dx, LayerNorm, attention:
+  // stream_). The side stream reads dresidual_ and dwide_, which the main
+  // stream writes next, so each write waits for the reads before it: the
+  // Await calls. The column sums' second pass runs last on the side
+  // stream, after LayerNorm 1's partials. Without overlap_ every mark is a
+  // no-op and the order is the same on one stream.
+  // Every job is added before the one Flush below: a Flush inside Add (a
+  // full batch) would run on the stream of the job being added.
+  static_assert(fast::ColumnSumsBatch::kMaxJobs >= 6, "a block's six second passes in one batch");
+  fast::Gemm& weights = WeightGemm();
+  Signal(kBlockIn, stream_, side());
   // residual3 = residual2 + fcproj: both get dresidual unchanged, so the
   // projection's gradient is read from dresidual_.
-  Check("fc projection dW", gemm_->BackwardWeight(Grad(stage, layout::kFcprojw), write, dresidual_,
-                                                  a.fch_gelu, BT, 4 * C, C, 1.0f));
-  Check("fc projection db", gemm_->BackwardBias(Grad(stage, layout::kFcprojb), write, dresidual_,
-                                                BT, C, bias_scratch(0), &sums));
+  Check("fc projection dW", weights.BackwardWeight(Grad(stage, layout::kFcprojw), write, dresidual_,
+                                                   a.fch_gelu, BT, 4 * C, C, 1.0f));
+  Check("fc projection db", weights.BackwardBias(Grad(stage, layout::kFcprojb), write, dresidual_,
+                                                 BT, C, bias_scratch(0), &sums));
+  Record(kFcprojGrads, side());
+  // dwide_ is written next: the block above's qkv dW and db read it.
+  if (block_grads_pending_) Await(stream_, kBlockGrads);
   // dfch = (dresidual @ Wfcproj) * GELU'(fch), in the GEMM's epilogue.
   Check("fc projection dx + gelu",
         gemm_->BackwardInput(dwide_, dresidual_, Weight(stage, layout::kFcprojw), a.fch, BT, 4 * C,
                              C, 1.0f));
-  Check("fc dW",
-        gemm_->BackwardWeight(Grad(stage, layout::kFcw), write, dwide_, a.ln2, BT, C, 4 * C, 1.0f));
-  Check("fc db", gemm_->BackwardBias(Grad(stage, layout::kFcb), write, dwide_, BT, 4 * C,
-                                     bias_scratch(C), &sums));
+  Signal(kDwide, stream_, side());
+  Check("fc dW", weights.BackwardWeight(Grad(stage, layout::kFcw), write, dwide_, a.ln2, BT, C,
+                                        4 * C, 1.0f));
+  Check("fc db", weights.BackwardBias(Grad(stage, layout::kFcb), write, dwide_, BT, 4 * C,
+                                      bias_scratch(C), &sums));
+  Record(kFcGrads, side());
   Check("fc dx", gemm_->BackwardInput(dnarrow_, dwide_, Weight(stage, layout::kFcw), nullptr, BT, C,
                                       4 * C, 1.0f));
   // LayerNorm's backward adds into dresidual_, which becomes d loss /
-  // d residual2 (the skip path plus the MLP path).
+  // d residual2 (the skip path plus the MLP path); and its partials go to
+  // ln2_scratch, which the block above's second pass read before
+  // kFcprojGrads on the side stream.
+  Await(stream_, kFcprojGrads);
   Check("layernorm 2 backward",
         fast::LayerNormBackward(act_, dresidual_, Grad(stage, layout::kLn2w),
                                 Grad(stage, layout::kLn2b), write, dnarrow_, a.residual2,
                                 Param(stage, layout::kLn2w), a.ln2_mean, a.ln2_rstd, BT, C,
                                 ln2_scratch, stream_, &sums));
+  Signal(kAfterLn2, stream_, side());
   // residual2 = residual_in + attproj: the same pass-through as above.
-  Check("attention projection dW", gemm_->BackwardWeight(Grad(stage, layout::kAttprojw), write,
-                                                         dresidual_, a.atty, BT, C, C, 1.0f));
+  Check("attention projection dW", weights.BackwardWeight(Grad(stage, layout::kAttprojw), write,
+                                                          dresidual_, a.atty, BT, C, C, 1.0f));
   Check("attention projection db",
-        gemm_->BackwardBias(Grad(stage, layout::kAttprojb), write, dresidual_, BT, C,
-                            bias_scratch(5 * C), &sums));
+        weights.BackwardBias(Grad(stage, layout::kAttprojb), write, dresidual_, BT, C,
+                             bias_scratch(5 * C), &sums));
+  Record(kAttprojGrads, side());
   Check("attention projection dx",
         gemm_->BackwardInput(dnarrow_, dresidual_, Weight(stage, layout::kAttprojw), nullptr, BT, C,
                              C, 1.0f));
-  // dqkv into dwide_ (its first BT * 3C); consumes a.att.
+  // dqkv into dwide_ (its first BT * 3C), after fc dW and db read it;
+  // consumes a.att.
+  Await(stream_, kFcGrads);
   if (cudnn_ != nullptr) {
     Check("cudnn attention backward",
           cudnn_->Backward(dwide_, scores_, dnarrow_, a.atty, a.qkv,
@@ -688,18 +811,25 @@ void CudaModel::BlockBackward(int layer, const void* residual_in, fast::GradWrit
     Check("attention backward",
           fast::AttentionBackward(*gemm_, dwide_, scores_, a.att, dnarrow_, a.qkv, B, T, C, NH));
   }
-  Check("qkv dW", gemm_->BackwardWeight(Grad(stage, layout::kQkvw), write, dwide_, a.ln1, BT, C,
-                                        3 * C, 1.0f));
-  Check("qkv db", gemm_->BackwardBias(Grad(stage, layout::kQkvb), write, dwide_, BT, 3 * C,
-                                      bias_scratch(6 * C), &sums));
+  Signal(kDqkv, stream_, side());
+  Check("qkv dW", weights.BackwardWeight(Grad(stage, layout::kQkvw), write, dwide_, a.ln1, BT, C,
+                                         3 * C, 1.0f));
+  Check("qkv db", weights.BackwardBias(Grad(stage, layout::kQkvb), write, dwide_, BT, 3 * C,
+                                       bias_scratch(6 * C), &sums));
   Check("qkv dx", gemm_->BackwardInput(dnarrow_, dwide_, Weight(stage, layout::kQkvw), nullptr, BT,
                                        C, 3 * C, 1.0f));
+  // LayerNorm 1 adds into dresidual_, after the attention projection's dW
+  // and db read it.
+  Await(stream_, kAttprojGrads);
   Check("layernorm 1 backward",
         fast::LayerNormBackward(act_, dresidual_, Grad(stage, layout::kLn1w),
                                 Grad(stage, layout::kLn1b), write, dnarrow_, residual_in,
                                 Param(stage, layout::kLn1w), a.ln1_mean, a.ln1_rstd, BT, C,
                                 ln1_scratch, stream_, &sums));
-  Check("column sums", sums.Flush(stream_));
+  Signal(kAfterLn1, stream_, side());
+  Check("column sums", sums.Flush(side()));
+  Record(kBlockGrads, side());
+  block_grads_pending_ = overlap_;
 }
 
 void CudaModel::Backward(float loss_scale) {
@@ -743,7 +873,10 @@ void CudaModel::EnqueueBackward(float loss_scale, fast::GradWrite write) {
   const int head = layout::HeadStage(config_);
 
   // logits_ holds d(mean loss)/d logits; loss_scale scales both GEMMs.
+  // (A third stream for the head's dW, the step's largest GEMM, beside
+  // everything after it, measured no faster on an H100: docs/cuda-engine.md.)
   PreBackward(head);
+  block_grads_pending_ = false;
   Check("lm head dx", gemm_->BackwardInput(dnarrow_, logits_, Weight(0, layout::kWte), nullptr, BT,
                                            C, Vp, loss_scale));
   // dwte gets the head's share here (padded columns of dlogits are zero,
@@ -764,6 +897,8 @@ void CudaModel::EnqueueBackward(float loss_scale, fast::GradWrite write) {
     BlockBackward(layer, layer > 0 ? layers_[layer - 1].residual3 : encoded_, write);
     PostBackward(layout::BlockStage(layer));
   }
+  // The side stream joins this one again (a capture must end so).
+  if (block_grads_pending_) Await(stream_, kBlockGrads);
 }
 
 std::vector<float> CudaModel::Logits(int b, int t) const {

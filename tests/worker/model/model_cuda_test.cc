@@ -219,11 +219,16 @@ TEST_CASE("training follows the CPU model's trajectory", "[cuda]") {
 // third at another batch shape: each pass then runs once eagerly and is
 // captured and replayed for each shape, 8 + 4 steps, (7 + 3) replays per
 // pass.
+// With graphs, `streams` is the second model's backward streams
+// (SetBackwardStreams): its bits must be the eager, one-stream model's.
 void CheckTrainingRepeats(const ModelConfig& config, Precision precision, Attention attention,
-                          bool graphs = false) {
+                          bool graphs = false, int streams = 2) {
   auto first = Make(config, 4, Device::kCuda, precision, attention);
   auto second = Make(config, 4, Device::kCuda, precision, attention);
-  if (graphs) REQUIRE(second->EnableCudaGraphs().ok());
+  if (graphs) {
+    REQUIRE(second->EnableCudaGraphs().ok());
+    REQUIRE(second->SetBackwardStreams(streams).ok());
+  }
   const int steps = graphs ? 12 : 8;
   const std::vector<float> a = Train(first.get(), config, steps, graphs);
   const std::vector<float> b = Train(second.get(), config, steps, graphs);
@@ -293,6 +298,27 @@ TEST_CASE("with CUDA graphs, training gives the eager run's bits", "[cuda][graph
 TEST_CASE("with CUDA graphs and cuDNN's attention, training gives the eager run's bits",
           "[cuda][graph][cudnn]") {
   CheckTrainingRepeats(SmallConfig(), Precision::kBf16, Attention::kCudnn, true);
+}
+
+// The default above is 2 backward streams (each block's dW and db beside
+// its dx); 1 is the other way to run it.
+TEST_CASE("with CUDA graphs on 1 or 2 backward streams, training gives the eager run's bits",
+          "[cuda][graph]") {
+  for (const int streams : {1, 2}) {
+    SECTION(std::to_string(streams) + " streams, bf16, head size 64") {
+      CheckTrainingRepeats(FlashConfig(), Precision::kBf16, Attention::kMuster, true, streams);
+    }
+    SECTION(std::to_string(streams) + " streams, fp32") {
+      CheckTrainingRepeats(SmallConfig(), Precision::kFp32, Attention::kMuster, true, streams);
+    }
+  }
+  auto model = Make(SmallConfig(), 2, Device::kCuda, Precision::kBf16);
+  for (const int wrong : {0, 3, -1}) {
+    INFO(wrong);
+    const absl::Status status = model->SetBackwardStreams(wrong);
+    CHECK(status.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(status.message(), "1 or 2"));
+  }
 }
 
 // After ZeroGrad the engine's Backward writes over the stale gradients

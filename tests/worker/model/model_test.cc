@@ -590,6 +590,7 @@ TEST_CASE(
   // CUDA graphs are the CUDA model's.
   CHECK((*model)->EnableCudaGraphs().code() == absl::StatusCode::kUnimplemented);
   CHECK((*model)->graph_replays() == 0);
+  CHECK((*model)->SetBackwardStreams(1).code() == absl::StatusCode::kUnimplemented);
 }
 
 }  // namespace
