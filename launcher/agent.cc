@@ -458,7 +458,8 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
         return Outcome::kRejoin;
       }
       // The first failure, unless one that no restart can mend (its error
-      // file says so) came too: that one decides the job's fate.
+      // file says so, or its exit code: kNotRestartableExitCode) came too:
+      // that one decides the job's fate.
       const std::vector<WorkerFailure>& failures = group.failures();
       auto permanent = std::find_if(failures.begin(), failures.end(),
                                     [](const WorkerFailure& f) { return !f.restartable; });
@@ -467,9 +468,12 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
                    static_cast<unsigned long>(round), FormatFailureTable(failures).c_str());
       if (!first.restartable) {
         spdlog::error(
-            "rank {}'s error file says no restart can mend its failure (a config or input "
-            "error, a full disk): failing job {} now rather than restarting it",
-            first.global_rank, setup_.job_id);
+            "rank {}'s {} says no restart can mend its failure (a config or input error, a "
+            "full disk): failing job {} now rather than restarting it",
+            first.global_rank,
+            first.message.empty() ? absl::StrCat("exit code ", kNotRestartableExitCode)
+                                  : std::string("error file"),
+            setup_.job_id);
       }
       pb::ReportFailureRequest report;
       report.set_job_id(setup_.job_id);

@@ -20,7 +20,8 @@ struct WorkerFailure {
   pid_t pid = 0;
   ExitInfo exit;
   std::string message;  // from the error file, or "" if it wrote none
-  // False when the error file says a restart cannot mend the failure.
+  // False when the error file says a restart cannot mend the failure, or
+  // when there is none and the worker exited kNotRestartableExitCode.
   bool restartable = true;
   // The file the worker's stderr went to (--redirects, --tee), or "": where
   // the table sends the reader when the worker left no error file.

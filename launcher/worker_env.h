@@ -16,6 +16,14 @@ namespace muster::launcher {
 // it itself so a Slurm or Kubernetes wrapper can requeue the job.
 inline constexpr int kPreemptedExitCode = 75;
 
+// The exit code of a worker whose failure no restart can mend (a config or
+// input error, a full disk) and which could not say so in its error file
+// (TORCHELASTIC_ERROR_FILE on a full disk, say): EX_CONFIG. A worker that
+// exits with it and leaves no error file fails the job at once, as its
+// error file's "restartable": "false" would (failures.h). An error file
+// that was written decides instead.
+inline constexpr int kNotRestartableExitCode = 78;
+
 // What the agent knows once a round has formed.
 struct RoundAssignment {
   uint64_t round = 0;

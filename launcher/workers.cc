@@ -171,6 +171,10 @@ void WorkerGroup::CollectExits() {
     if (!exit.has_value() || exit->Succeeded() || worker.reported) continue;
     worker.reported = true;
     ErrorReport report = ReadErrorFile(worker.error_file);
+    // No error file, and the exit code that says what it would have.
+    if (report.message.empty() && exit->signal == 0 && exit->exit_code == kNotRestartableExitCode) {
+      report.restartable = false;
+    }
     failures_.push_back(WorkerFailure{absl::Now(), host_, worker.global_rank, worker.local_rank,
                                       worker.child.pid(), *exit, std::move(report.message),
                                       report.restartable, worker.stderr_log});

@@ -7,15 +7,21 @@
 // SIGTERM or SIGUSR1 stopped training after a step, whose checkpoint was
 // committed, or came before training began (below, "Preemption"); 1 any
 // other failure. A failure's message also goes to
-// TORCHELASTIC_ERROR_FILE when the launcher set it.
+// TORCHELASTIC_ERROR_FILE when the launcher set it; under a launcher, a
+// failure that no restart can mend whose error file cannot be written (a
+// full disk) exits 78 (launcher::kNotRestartableExitCode) instead of 1 or
+// 2.
 #include "worker/worker_main.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -65,23 +71,58 @@ int ExitCodeFor(const absl::Status& status) {
 // which `launch` shows in its failure table. `restartable` false adds
 // "restartable": "false" to extraInfo: the failure is the config's or the
 // input's, which a restart of the job cannot mend, so `launch` fails the
-// job at once instead of spending its restart budget on it.
-void WriteErrorFile(const std::string& message, bool restartable = true) {
+// job at once instead of spending its restart budget on it. Returns why
+// the file launch asked for was not written (a full disk; what was
+// written of it is removed), or nullopt: written, or none asked for (no
+// TORCHELASTIC_ERROR_FILE: not under a launcher; empty, for a restartable
+// failure, whose exit code says all).
+std::optional<std::string> WriteErrorFile(const std::string& message, bool restartable = true) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
-  if (path == nullptr || *path == '\0') return;
+  if (path == nullptr) return std::nullopt;
+  // launch leaves it empty for a rank whose log directory it could not
+  // make (a full disk too), and has said so: only what the file would say
+  // that the exit code does not (not restartable) is worth a word.
+  if (*path == '\0') {
+    if (restartable) return std::nullopt;
+    return std::string("launch gave this rank no error file (it could not make its log directory)");
+  }
   std::string escaped =
       absl::StrReplaceAll(message, {{"\\", "\\\\"}, {"\"", "\\\""}, {"\n", "\\n"}, {"\t", "\\t"}});
-  if (FILE* file = std::fopen(path, "w")) {
-    std::fprintf(file, "{\"message\": {\"message\": \"%s\", \"extraInfo\": {%s}}}\n",
-                 escaped.c_str(), restartable ? "" : "\"restartable\": \"false\"");
-    std::fclose(file);
+  FILE* file = std::fopen(path, "w");
+  if (file == nullptr) {
+    return absl::StrCat("cannot write the error file ", path, ": ", std::strerror(errno));
   }
+  const bool printed =
+      std::fprintf(file, "{\"message\": {\"message\": \"%s\", \"extraInfo\": {%s}}}\n",
+                   escaped.c_str(), restartable ? "" : "\"restartable\": \"false\"") >= 0;
+  const int print_errno = errno;
+  // fclose flushes: on a full disk that is where ENOSPC shows.
+  const bool closed = std::fclose(file) == 0;
+  if (printed && closed) return std::nullopt;
+  const std::string why = absl::StrCat("cannot write the error file ", path, ": ",
+                                       std::strerror(printed ? errno : print_errno));
+  // Half a file would read as an unreadable report, which launch restarts.
+  // Only a regular file: not a device the variable may name (a symbolic
+  // link goes, not what it leads to).
+  struct stat info;
+  if (lstat(path, &info) == 0 && (S_ISREG(info.st_mode) || S_ISLNK(info.st_mode))) unlink(path);
+  return why;
 }
 
+// Reports a failure and returns the exit code. When the failure is not
+// restartable but launch asked for an error file that could not say so,
+// the exit code says it instead: launcher::kNotRestartableExitCode.
 int Fail(int code, const std::string& message, bool restartable = true) {
   std::fprintf(stderr, "worker: %s\n", message.c_str());
-  WriteErrorFile(message, restartable);
-  return code;
+  const std::optional<std::string> unwritten = WriteErrorFile(message, restartable);
+  if (!unwritten.has_value()) return code;
+  if (restartable) {
+    std::fprintf(stderr, "worker: %s\n", unwritten->c_str());
+    return code;
+  }
+  std::fprintf(stderr, "worker: %s; exiting %d, which tells launch that no restart can mend this\n",
+               unwritten->c_str(), launcher::kNotRestartableExitCode);
+  return launcher::kNotRestartableExitCode;
 }
 
 // INVALID_ARGUMENT is a config or an input that is wrong (a bad key, ranks
@@ -197,7 +238,9 @@ void ExitStuck(const absl::Status& cause) {
   std::string message =
       absl::StrCat(cause.message(), " (still running after aborting the communicator: exiting)");
   std::fprintf(stderr, "worker: %s\n", message.c_str());
-  WriteErrorFile(message);
+  if (const std::optional<std::string> unwritten = WriteErrorFile(message)) {
+    std::fprintf(stderr, "worker: %s\n", unwritten->c_str());
+  }
   std::fflush(nullptr);
   _exit(kExitFailure);
 }

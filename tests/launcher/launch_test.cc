@@ -131,16 +131,17 @@ TEST_CASE("a failed worker restarts the job until the budget is spent") {
     CHECK((rank0 == "0\n1\n" || rank0 == "1\n"));
     CHECK(ReadFile(dir.File("runs.1")) == "0\n1\n");
   }
-  // Rank 1 writes `error_json` to its error file and exits 7; rank 0
-  // waits. Each run appends a line to runs.$RANK.
-  auto start_failing_rank1 = [&](const std::string& error_json, int max_restarts) {
+  // Rank 1 writes `error_json` to its error file and exits `code` (7);
+  // rank 0 waits. Each run appends a line to runs.$RANK.
+  auto start_failing_rank1 = [&](const std::string& error_json, int max_restarts, int code = 7) {
     return StartLaunch(
         Concat(
             {"--standalone", "--nproc_per_node=2", absl::StrCat("--max_restarts=", max_restarts)},
-            ShellWorker("echo run >> " + dir.path() +
-                        "/runs.$RANK; "
-                        "if [ $RANK = 1 ]; then echo '" +
-                        error_json + "' > $TORCHELASTIC_ERROR_FILE; exit 7; fi; exec sleep 30")),
+            ShellWorker(absl::StrCat("echo run >> ", dir.path(),
+                                     "/runs.$RANK; "
+                                     "if [ $RANK = 1 ]; then echo '",
+                                     error_json, "' > $TORCHELASTIC_ERROR_FILE; exit ", code,
+                                     "; fi; exec sleep 30"))),
         dir.File("agent.log"));
   };
   SECTION("the budget spent: the agent exits with the worker's own code and its message") {
@@ -151,6 +152,25 @@ TEST_CASE("a failed worker restarts the job until the budget is spent") {
     std::string console = ReadFile(dir.File("agent.log"));
     CHECK(console.find("ValueError: rank one is unhappy") != std::string::npos);
     CHECK(console.find("exit code 7") != std::string::npos);
+  }
+  SECTION("exit code 78 and no error file (a full disk): the job fails at once") {
+    Child agent = StartLaunch(
+        Concat({"--standalone", "--nproc_per_node=2", "--max_restarts=3"},
+               ShellWorker("echo run >> " + dir.path() +
+                           "/runs.$RANK; if [ $RANK = 1 ]; then exit 78; fi; exec sleep 30")),
+        dir.File("agent.log"));
+    CHECK(ExitCodeWithin(agent, absl::Seconds(60)) == 78);
+    CHECK(ReadFile(dir.File("runs.1")) == "run\n");  // not restarted, 3 restarts left
+    std::string console = ReadFile(dir.File("agent.log"));
+    INFO(console);
+    CHECK(absl::StrContains(console, "rank 1's exit code 78 says no restart can mend its failure"));
+    CHECK(absl::StrContains(console, "failed without a restart (0 of 3 used)"));
+  }
+  SECTION("exit code 78 beside an error file that does not say so: the file decides") {
+    Child agent = start_failing_rank1(
+        R"({"message": {"message": "ValueError: rank one is unhappy", "extraInfo": {}}})", 1, 78);
+    CHECK(ExitCodeWithin(agent, absl::Seconds(60)) == 78);
+    CHECK(ReadFile(dir.File("runs.1")) == "run\nrun\n");  // restarted once
   }
   SECTION("an error file that says no restart can mend it: the job fails at once") {
     Child agent = start_failing_rank1(

@@ -144,6 +144,58 @@ TEST_CASE("a bad config exits 2 with a one-line message naming the key") {
   CHECK(missing.exit_code == 2);
 }
 
+// The error file says "restartable": "false" for a bad config, so launch
+// fails the job at once. Where that file cannot be written (a full disk:
+// /dev/full, whose every write fails with ENOSPC), the exit code says it:
+// 78 (launcher::kNotRestartableExitCode), which launch reads the same way
+// (launch_test). A restartable failure keeps its code.
+TEST_CASE("a failure no restart can mend exits 78 when its error file cannot be written") {
+  std::string dir = FreshDir("errfile");
+  WriteAll(dir + "/bad.yaml", "model:\n  layerz: 4\n");
+
+  // Written: the file says it, and the code is the config error's.
+  RunResult written =
+      RunWorker(dir, {dir + "/bad.yaml"}, {"TORCHELASTIC_ERROR_FILE=" + dir + "/error.json"});
+  CHECK(written.exit_code == 2);
+  CHECK(Contains(ReadAll(dir + "/error.json"), "\"restartable\": \"false\""));
+
+  SECTION("a full disk") {
+    const std::string full = dir + "/full.json";
+    REQUIRE(std::filesystem::exists("/dev/full"));
+    std::filesystem::create_symlink("/dev/full", full);
+    RunResult run = RunWorker(dir, {dir + "/bad.yaml"}, {"TORCHELASTIC_ERROR_FILE=" + full});
+    INFO(run.err);
+    CHECK(run.exit_code == 78);
+    CHECK(Contains(run.err, "layerz"));
+    CHECK(Contains(run.err, "worker: cannot write the error file " + full +
+                                ": No space left on device; exiting 78, which tells launch "
+                                "that no restart can mend this\n"));
+    // What was written of it is gone (the link, not the device).
+    CHECK_FALSE(std::filesystem::is_symlink(full));
+    CHECK(std::filesystem::exists("/dev/full"));
+  }
+  SECTION("a directory that is not there") {
+    const std::string nowhere = dir + "/no/such/dir/error.json";
+    RunResult run = RunWorker(dir, {dir + "/bad.yaml"}, {"TORCHELASTIC_ERROR_FILE=" + nowhere});
+    INFO(run.err);
+    CHECK(run.exit_code == 78);
+    CHECK(Contains(run.err, "cannot write the error file " + nowhere +
+                                ": No such file or directory; exiting 78"));
+  }
+  SECTION("a restartable failure keeps its code, with a warning") {
+    // Data not there (NOT_FOUND) may come with a late mount: restartable.
+    std::string config = WriteTinyJob(dir, 5);
+    std::filesystem::remove(dir + "/train_000.bin");
+    const std::string nowhere = dir + "/no/such/dir/error.json";
+    RunResult run = RunWorker(dir, {config}, {"TORCHELASTIC_ERROR_FILE=" + nowhere});
+    INFO(run.err);
+    CHECK(run.exit_code == 2);
+    CHECK(Contains(run.err, "worker: cannot write the error file " + nowhere +
+                                ": No such file or directory\n"));
+    CHECK_FALSE(Contains(run.err, "exiting 78"));
+  }
+}
+
 TEST_CASE("a batch that cannot fit in memory exits 1 naming the bytes asked for and available") {
   std::string dir = FreshDir("huge");
   std::string config = WriteTinyJob(dir, 5);

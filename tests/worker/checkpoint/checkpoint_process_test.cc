@@ -323,18 +323,21 @@ TEST_CASE("a second run on a checkpoint.dir in use is refused at once; the first
 // A real full disk: `launch` (`launch_args`, its output to `log`) runs in
 // a mount namespace of its own (unshare -rm: no privilege needed where
 // user namespaces are allowed, as on Debian) in which `ckpt` is a tmpfs of
-// `kib` KiB. What `ckpt` held when launch ended is listed into `listing`,
-// since the tmpfs goes with the namespace.
+// `kib` KiB, filled to the last byte first with `fill`. What `ckpt` held
+// when launch ended is listed into `listing`, since the tmpfs goes with
+// the namespace.
 launcher::Child StartLaunchOnTmpfs(const std::string& ckpt, uint64_t kib,
                                    const std::vector<std::string>& launch_args,
-                                   const std::string& log, const std::string& listing) {
+                                   const std::string& log, const std::string& listing,
+                                   bool fill = false) {
   launcher::SpawnSpec spec;
   spec.argv = {"/usr/bin/unshare",
                "-rm",
                "/bin/sh",
                "-c",
-               "size=$1 ckpt=$2 log=$3 listing=$4; shift 4\n"
+               "size=$1 ckpt=$2 log=$3 listing=$4 fill=$5; shift 5\n"
                "mount -t tmpfs -o size=${size}k tmpfs \"$ckpt\" || exit 97\n"
+               "if [ \"$fill\" = 1 ]; then cat /dev/zero >\"$ckpt/filler\" 2>/dev/null; fi\n"
                "\"$@\" >>\"$log\" 2>&1; code=$?\n"
                "ls -a \"$ckpt\" >\"$listing\"\n"
                "exit $code",
@@ -343,6 +346,7 @@ launcher::Child StartLaunchOnTmpfs(const std::string& ckpt, uint64_t kib,
                ckpt,
                log,
                listing,
+               fill ? "1" : "0",
                BinaryPath("launcher/launch")};
   spec.argv.insert(spec.argv.end(), launch_args.begin(), launch_args.end());
   spec.env = Environment({});
@@ -397,6 +401,33 @@ TEST_CASE("a full checkpoint disk fails the job at once under launch, says why, 
   CHECK(absl::StrContains(listing, "step_00000010\n"));
   CHECK(absl::StrContains(listing, "step_00000020\n"));
   CHECK_FALSE(absl::StrContains(listing, "step_00000030"));
+}
+
+// The worker says "no restart can mend this" in its error file, under
+// --log_dir. With that on a full disk too the file cannot be written, and
+// the exit code says it instead (78): launch fails the job at once rather
+// than restarting it three times into the same failure.
+TEST_CASE(
+    "with the log directory on a full disk, a failure no restart can mend still fails at once") {
+  TempDir dir;
+  WriteFile(dir.File("bad.yaml"), "model:\n  layerz: 4\n");
+  fs::create_directories(dir.File("logs"));
+  launcher::Child launch = StartLaunchOnTmpfs(
+      dir.File("logs"), 256,
+      {"--standalone", "--nproc_per_node=1", "--max_restarts=3", "--monitor_interval=0.05",
+       "--log_dir", dir.File("logs"), "--rdzv_id=fulllogs", "--no_python",
+       BinaryPath("worker/worker"), dir.File("bad.yaml")},
+      dir.File("bad.log"), dir.File("listing"), /*fill=*/true);
+  const int code = ExitCode(launch);
+  const std::string log = ReadFile(dir.File("bad.log"));
+  INFO(log);
+  REQUIRE(code != 97);  // the tmpfs was mounted
+  CHECK(code == 78);
+  CHECK(absl::StrContains(log, "layerz"));
+  CHECK(absl::StrContains(log, "; exiting 78, which tells launch that no restart can mend this"));
+  CHECK(absl::StrContains(log, "rank 0's exit code 78 says no restart can mend its failure"));
+  CHECK(absl::StrContains(log, "failed without a restart (0 of 3 used)"));
+  CHECK_FALSE(absl::StrContains(log, "round 1"));
 }
 
 TEST_CASE("SIGTERM before the first step: a start that cannot go on exits 75, losing nothing") {
