@@ -127,14 +127,17 @@ int Fail(int code, const std::string& message, bool restartable = true) {
 
 // INVALID_ARGUMENT is a config or an input that is wrong (a bad key, ranks
 // with different configs, a checkpoint of another model, a shard with a
-// bad header): restarting cannot mend it. Nor can it mend a full file
-// system (IsNoSpace: a checkpoint or the metrics file that does not fit),
-// which every restart would meet again, after redoing the steps since the
-// last checkpoint. NOT_FOUND (a file that is not there yet: a shared file
-// system mounted late) and everything else may.
+// bad header, a checkpoint.dir through a file): restarting cannot mend it.
+// Nor can it mend PERMISSION_DENIED (a directory not ours to write, a
+// read-only mount) or a full file system (IsNoSpace: a checkpoint or the
+// metrics file that does not fit), which every restart would meet again,
+// after redoing the steps since the last checkpoint. NOT_FOUND (a file
+// that is not there yet: a shared file system mounted late) and
+// everything else may.
 int Fail(const absl::Status& status) {
   return Fail(ExitCodeFor(status), std::string(status.message()),
-              /*restartable=*/!absl::IsInvalidArgument(status) && !IsNoSpace(status));
+              /*restartable=*/!absl::IsInvalidArgument(status) &&
+                  !absl::IsPermissionDenied(status) && !IsNoSpace(status));
 }
 
 // Preemption. Once training runs, the handler only records the signal; the

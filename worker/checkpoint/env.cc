@@ -261,11 +261,27 @@ class PosixEnv : public Env {
 }  // namespace
 
 absl::Status FileSystemError(int error, const std::string& message) {
-  if (error == ENOENT) return absl::NotFoundError(message);
-  if (error == ENOSPC || error == EDQUOT) {
-    return MarkNoSpace(absl::ResourceExhaustedError(message));
+  switch (error) {
+    case ENOENT:
+      return absl::NotFoundError(message);
+    case ENOSPC:
+    case EDQUOT:
+      return MarkNoSpace(absl::ResourceExhaustedError(message));
+    // The path itself is wrong: a file where a directory must be, or the
+    // other way round, a name too long, a loop of links.
+    case ENOTDIR:
+    case EISDIR:
+    case ENAMETOOLONG:
+    case ELOOP:
+      return absl::InvalidArgumentError(message);
+    // Not ours to write (or read), or a file system mounted read-only.
+    case EACCES:
+    case EPERM:
+    case EROFS:
+      return absl::PermissionDeniedError(message);
+    default:
+      return absl::UnavailableError(message);
   }
-  return absl::UnavailableError(message);
 }
 
 bool IsNoSpace(const absl::Status& status) { return status.GetPayload(kNoSpaceUrl).has_value(); }

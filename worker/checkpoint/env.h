@@ -8,7 +8,12 @@
 // NOT_FOUND when the path, or a directory on the way to it, does not
 // exist (ENOENT); RESOURCE_EXHAUSTED, which IsNoSpace() tells apart, when
 // the file system or the user's quota on it is full (ENOSPC, EDQUOT);
-// UNAVAILABLE for any other refusal (permissions, I/O). Thread-safety: an Env is used from several
+// INVALID_ARGUMENT when the path is wrong (ENOTDIR: a file on the way,
+// EISDIR, ENAMETOOLONG, ELOOP); PERMISSION_DENIED when it is not ours to
+// write or read (EACCES, EPERM, EROFS: a read-only mount); UNAVAILABLE for
+// any other refusal (I/O). Only NOT_FOUND and UNAVAILABLE may mend by
+// themselves (a late mount, a flaky server), so only they are restartable
+// (worker_main.cc). Thread-safety: an Env is used from several
 // threads at once (the trainer, the background writer, retention) and must be thread-safe; a file
 // object is used by one thread at a time.
 #pragma once

@@ -12,8 +12,10 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "worker/checkpoint/dir_lock.h"
 #include "worker/checkpoint/files.h"
 #include "worker/checkpoint/layout.h"
@@ -118,22 +120,38 @@ void CheckpointManager::Log(const std::string& line) {
 }
 
 absl::Status CheckpointManager::Agree(absl::Status local, const std::string& what) {
-  // The lowest failed rank (as size - rank, so the max names it), and
-  // whether any failed on a full file system, which every rank reports.
+  // The lowest failed rank (as size - rank, so the max names it).
   const int size = control().size();
-  int64_t votes[2] = {local.ok() ? 0 : size - control().rank(), IsNoSpace(local) ? 1 : 0};
-  if (absl::Status agreed = control().AllReduce(absl::MakeSpan(votes), parallel::ReduceOp::kMax);
+  int64_t vote = local.ok() ? 0 : size - control().rank();
+  if (absl::Status agreed = control().AllReduce(absl::MakeSpan(&vote, 1), parallel::ReduceOp::kMax);
       !agreed.ok()) {
     return agreed;
   }
-  if (!local.ok()) return local;
-  if (votes[0] == 0) return absl::OkStatus();
-  const int failed = size - static_cast<int>(votes[0]);
-  if (votes[1] != 0) {
-    return MarkNoSpace(absl::AbortedError(
-        absl::StrCat(what, " failed on rank ", failed, ": a file system is full (see its log)")));
+  if (vote == 0) return absl::OkStatus();
+  // That rank's code, full-disk mark and message, for every rank: each
+  // rank's failure then says what went wrong, whichever one launch's table
+  // shows, and is as restartable as the cause (a checkpoint.dir that is a
+  // file fails every rank as a config error, not just rank 0).
+  const int failed = size - static_cast<int>(vote);
+  std::string cause;
+  if (control().rank() == failed) {
+    cause =
+        absl::StrCat(static_cast<int>(local.code()), IsNoSpace(local) ? "+" : " ", local.message());
   }
-  return absl::AbortedError(absl::StrCat(what, " failed on rank ", failed, " (see its log)"));
+  if (absl::Status sent = control().Broadcast(&cause, failed); !sent.ok()) return sent;
+  if (!local.ok()) return local;
+  int code = static_cast<int>(absl::StatusCode::kAborted);
+  const size_t mark = cause.find_first_of(" +");
+  if (mark == std::string::npos || !absl::SimpleAtoi(cause.substr(0, mark), &code) ||
+      absl::StatusCode(code) == absl::StatusCode::kOk) {
+    code = static_cast<int>(absl::StatusCode::kAborted);
+  }
+  absl::Status status(
+      static_cast<absl::StatusCode>(code),
+      absl::StrCat(what, " failed on rank ", failed, ": ",
+                   mark == std::string::npos ? absl::string_view(cause)
+                                             : absl::string_view(cause).substr(mark + 1)));
+  return mark != std::string::npos && cause[mark] == '+' ? MarkNoSpace(std::move(status)) : status;
 }
 
 absl::StatusOr<int64_t> CheckpointManager::Broadcast(int64_t value) {

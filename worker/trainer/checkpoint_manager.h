@@ -171,7 +171,8 @@ class CheckpointManager {
   absl::Status LockDir(uint64_t token);
   absl::Status WriteManifest(int step, const std::string& tmp);
   // Every rank learns whether all ranks' `local` is OK; returns `local`, or
-  // an error naming the failed collective step when another rank failed.
+  // when another rank failed, an error naming `what` and that rank (the
+  // lowest that failed), with its code, full-disk mark and message.
   absl::Status Agree(absl::Status local, const std::string& what);
   // Rank 0's `value`, on every rank.
   absl::StatusOr<int64_t> Broadcast(int64_t value);

@@ -403,6 +403,34 @@ TEST_CASE("a full checkpoint disk fails the job at once under launch, says why, 
   CHECK_FALSE(absl::StrContains(listing, "step_00000030"));
 }
 
+// A checkpoint.dir that cannot be: a file on its way. Rank 0 finds it
+// taking the directory's LOCK; rank 1 learns rank 0's error from the
+// collective both wait in. Both fail as a config error, which no restart
+// mends, so the job fails at once, and whichever failure launch's table
+// shows names the cause (before: rank 1's "failed on rank 0 (see its log)",
+// restarted until the budget was spent).
+TEST_CASE("a checkpoint.dir through a file fails the job at once, naming the cause on every rank") {
+  TempDir dir;
+  WriteSetup(dir, "file", 10, 5);
+  WriteFile(dir.File("file_ckpt"), "a file, not a directory\n");
+  launcher::Child launch = StartLaunch(
+      {"--standalone", "--nproc_per_node=2", "--max_restarts=3", "--monitor_interval=0.05",
+       "--no_python", BinaryPath("worker/worker"), dir.File("file.yaml")},
+      dir.File("file.log"), {"OMP_WAIT_POLICY=passive"});
+  const int code = ExitCode(launch);
+  const std::string log = ReadFile(dir.File("file.log"));
+  INFO(log);
+  CHECK(code == 2);  // a config error
+  const std::string cause =
+      "checkpoint.dir: " + dir.File("file_ckpt") + ": cannot create directory: Not a directory";
+  CHECK(absl::StrContains(log, "rank0]: worker: " + cause));
+  CHECK(absl::StrContains(
+      log, "rank1]: worker: taking checkpoint.dir's LOCK failed on rank 0: " + cause));
+  CHECK(absl::StrContains(log, "failed without a restart (0 of 3 used)"));
+  CHECK_FALSE(absl::StrContains(log, "round 1"));
+  CHECK_FALSE(absl::StrContains(log, "see its log"));
+}
+
 // The worker says "no restart can mend this" in its error file, under
 // --log_dir. With that on a full disk too the file cannot be written, and
 // the exit code says it instead (78): launch fails the job at once rather

@@ -612,7 +612,7 @@ TEST_CASE("bad input gets a clear error and deletes nothing") {
     std::ofstream(dir + "/plain_file") << "x";
     bad.checkpoint.dir = dir + "/plain_file/ckpt";
     RunResult result = RunTrainer(bad);
-    CHECK(result.status.code() == absl::StatusCode::kUnavailable);
+    CHECK(result.status.code() == absl::StatusCode::kInvalidArgument);  // not restartable
     CHECK(absl::StrContains(result.status.message(), "checkpoint.dir"));
     CHECK(absl::StrContains(result.status.message(), dir + "/plain_file/ckpt"));
   }
@@ -625,7 +625,7 @@ TEST_CASE("bad input gets a clear error and deletes nothing") {
       more.train.steps = 8;
       RunResult result = RunTrainer(more);
       fs::permissions(config.checkpoint.dir, fs::perms::owner_all);
-      CHECK(result.status.code() == absl::StatusCode::kUnavailable);
+      CHECK(result.status.code() == absl::StatusCode::kPermissionDenied);  // not restartable
       CHECK(absl::StrContains(result.status.message(), config.checkpoint.dir));
     }
   }
@@ -704,9 +704,12 @@ TEST_CASE("a rank whose checkpoint.dir is another directory stops every rank bef
                               " is not one directory for every rank: rank 0 holds " +
                               config.checkpoint.dir + "/LOCK, and rank 1 on host "));
   CHECK(absl::StrContains(results[1].status.message(), found));
-  CHECK(absl::StrContains(
-      results[0].status.message(),
-      "checking that every rank sees checkpoint.dir failed on rank 1 (see its log)"));
+  // Rank 0's failure is rank 1's, as restartable, and says what it was.
+  CHECK(absl::IsFailedPrecondition(results[0].status));
+  CHECK(absl::StrContains(results[0].status.message(),
+                          "checking that every rank sees checkpoint.dir failed on rank 1: "
+                          "checkpoint.dir " +
+                              config.checkpoint.dir + " is not one directory for every rank"));
   for (const RunResult& result : results) CHECK(result.losses.empty());
   CHECK(fs::exists(config.checkpoint.dir + "/LOCK"));
   CHECK_FALSE(fs::exists(config.checkpoint.dir + "/step_00000004"));

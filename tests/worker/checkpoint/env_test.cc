@@ -163,13 +163,25 @@ TEST_CASE("the POSIX Env's errors name the path and the reason") {
   CHECK_FALSE(IsNoSpace(absl::ResourceExhaustedError("out of memory")));
   CHECK(IsNoSpace(MarkNoSpace(absl::AbortedError("another rank's disk is full"))));
 
-  // Anything but a missing path or a full disk is UNAVAILABLE.
+  // A path that is wrong (a file on the way, a directory where a file
+  // goes) is INVALID_ARGUMENT: no restart mends it.
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
   std::ofstream(dir + "/plain") << "x";
-  check(env->CreateDir(dir + "/plain/sub"), kUnavailable,
+  check(env->CreateDir(dir + "/plain/sub"), kInvalid,
         {dir + "/plain/sub", "cannot create directory", "Not a directory"});
-  check(env->NewWritableFile(dir).status(), kUnavailable, {dir, "Is a directory"});
-  check(env->SyncDir(dir + "/plain"), kUnavailable, {dir + "/plain", "Not a directory"});
-  check(env->GetChildren(dir + "/plain").status(), kUnavailable, {dir + "/plain"});
+  check(env->NewWritableFile(dir).status(), kInvalid, {dir, "Is a directory"});
+  check(env->SyncDir(dir + "/plain"), kInvalid, {dir + "/plain", "Not a directory"});
+  check(env->GetChildren(dir + "/plain").status(), kInvalid, {dir + "/plain"});
+  check(env->NewWritableFile(dir + "/" + std::string(300, 'n')).status(), kInvalid,
+        {"File name too long"});
+  // Not ours to write, or a read-only mount: PERMISSION_DENIED (as root,
+  // errno's meaning alone: root writes where chmod forbids it).
+  for (int error : {EACCES, EPERM, EROFS}) {
+    CHECK(FileSystemError(error, "m").code() == absl::StatusCode::kPermissionDenied);
+  }
+  // Anything else (I/O) is UNAVAILABLE.
+  CHECK(FileSystemError(EIO, "m").code() == kUnavailable);
+  CHECK(FileSystemError(ESTALE, "m").code() == kUnavailable);
 }
 
 TEST_CASE("an EnvWrapper forwards what it does not override") {
