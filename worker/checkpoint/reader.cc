@@ -41,8 +41,12 @@ absl::Status ReadFileChecked(Env* env, const std::string& path, const FileRecord
 absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(Env* env, const std::string& dir) {
   auto names = env->GetChildren(dir);
   if (!names.ok()) {
-    // Whatever the reason, nothing can be resumed from it.
-    return absl::NotFoundError(absl::StrCat("checkpoint directory ", names.status().message()));
+    // A directory that is not there holds nothing to resume (NOT_FOUND).
+    // One that cannot be listed (not ours to read, NFS's ESTALE, EIO) keeps
+    // its own code: taken for an empty one, it would start a resumed job
+    // again at step 0 and write a new lineage beside the old one.
+    return absl::Status(names.status().code(),
+                        absl::StrCat("checkpoint directory ", names.status().message()));
   }
   std::vector<CheckpointEntry> entries;
   for (const std::string& name : *names) {

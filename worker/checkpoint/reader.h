@@ -27,7 +27,8 @@ struct CheckpointEntry {
 
 // Committed-looking checkpoint directories in `dir` (names step_<8 digits>;
 // temporary directories are skipped), oldest first. NOT_FOUND if `dir`
-// does not exist.
+// does not exist; any other failure to list it keeps its code (Env's), so
+// that it is not taken for an empty directory.
 absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(Env* env, const std::string& dir);
 
 // Reads and parses path/manifest.json.

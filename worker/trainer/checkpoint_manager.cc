@@ -279,8 +279,8 @@ absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* op
   if (c.resume == "never" || (c.resume == "auto" && c.dir.empty())) return false;
   std::string path = c.resume;
   if (c.resume == "auto") {
-    // 0: rank 0 failed, 1: nothing to resume, step + 2: that step.
-    int64_t choice = 0;
+    // 1: nothing to resume, step + 2: that step (rank 0's).
+    int64_t choice = 1;
     absl::Status rank0_status;
     if (control().rank() == 0) {
       std::vector<std::string> skipped;
@@ -295,10 +295,13 @@ absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* op
         rank0_status = latest.status();
       }
     }
+    // Rank 0's failure reaches every rank with its code and message.
+    if (absl::Status chosen = Agree(rank0_status, "choosing a checkpoint to resume");
+        !chosen.ok()) {
+      return chosen;
+    }
     auto agreed = Broadcast(choice);
     if (!agreed.ok()) return agreed.status();
-    if (!rank0_status.ok()) return rank0_status;
-    if (*agreed == 0) return absl::AbortedError("rank 0 could not choose a checkpoint to resume");
     if (*agreed == 1) return false;
     path = c.dir + "/" + StepDirName(static_cast<int>(*agreed - 2));
   } else if (!c.dir.empty()) {

@@ -715,6 +715,41 @@ TEST_CASE("a rank whose checkpoint.dir is another directory stops every rank bef
   CHECK_FALSE(fs::exists(config.checkpoint.dir + "/step_00000004"));
 }
 
+// Rank 0 alone lists checkpoint.dir to choose what to resume; where that
+// fails, the other ranks fail with its code and message (Agree), not a
+// restartable "could not choose" of their own: here a directory that is
+// not ours to read, which no restart mends.
+class UnlistableEnv : public EnvWrapper {
+ public:
+  explicit UnlistableEnv(std::string dir) : EnvWrapper(Env::Default()), dir_(std::move(dir)) {}
+  absl::StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    if (dir == dir_) return FileSystemError(EACCES, dir + ": cannot list: Permission denied");
+    return target()->GetChildren(dir);
+  }
+
+ private:
+  const std::string dir_;
+};
+
+TEST_CASE("rank 0's failure to choose a checkpoint fails every rank with its cause") {
+  const std::string dir = FreshDir("unlistable");
+  WriteShard(dir);
+  const TrainConfig config = TinyConfig(dir);
+  UnlistableEnv unlistable(config.checkpoint.dir);
+  std::vector<RunResult> results(2);
+  testing::RunRanks(2, [&](int rank, ParallelStrategy* parallel) {
+    results[rank] = RunTrainer(config, parallel, nullptr, rank == 0 ? &unlistable : nullptr);
+  });
+  INFO(results[0].status.ToString() << "\n" << results[1].status.ToString());
+  for (const RunResult& result : results) {
+    CHECK(absl::IsPermissionDenied(result.status));  // not restartable (worker_main.cc)
+    CHECK(result.losses.empty());
+  }
+  CHECK(absl::StrContains(results[0].status.message(), "cannot list: Permission denied"));
+  CHECK(results[1].status.message() == "choosing a checkpoint to resume failed on rank 0: " +
+                                           std::string(results[0].status.message()));
+}
+
 TEST_CASE("a run resumed at or past train.steps trains nothing and says so") {
   const std::string dir = FreshDir("finished");
   WriteShard(dir);
