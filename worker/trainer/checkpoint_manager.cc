@@ -310,6 +310,7 @@ absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* op
     // found by the lineage forked from the path. 1: load the path,
     // step + 2: this run's checkpoint of that step.
     int64_t choice = 1;
+    absl::Status rank0_status;
     if (control().rank() == 0) {
       auto source = ReadManifest(env_, path);  // an error is reported by the load below
       if (source.ok()) {
@@ -323,8 +324,15 @@ absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* op
           choice = own->step + 2;
           Log(absl::StrCat("checkpoint.resume ", path, " started this run at step ", source->step,
                            "; continuing from the run's own ", own->path));
+        } else if (!absl::IsNotFound(own.status())) {
+          // Unlisted, the run's own progress would be lost to the path's.
+          rank0_status = own.status();
         }
       }
+    }
+    if (absl::Status chosen = Agree(rank0_status, "choosing a checkpoint to resume");
+        !chosen.ok()) {
+      return chosen;
     }
     auto agreed = Broadcast(choice);
     if (!agreed.ok()) return agreed.status();

@@ -734,7 +734,18 @@ class UnlistableEnv : public EnvWrapper {
 TEST_CASE("rank 0's failure to choose a checkpoint fails every rank with its cause") {
   const std::string dir = FreshDir("unlistable");
   WriteShard(dir);
-  const TrainConfig config = TinyConfig(dir);
+  TrainConfig config = TinyConfig(dir);
+  SECTION("resume: auto") {}
+  SECTION("resume: a path, whose run's own newer checkpoints are looked for") {
+    // A checkpoint to start from, outside checkpoint.dir.
+    const std::string source = FreshDir("unlistable_source");
+    WriteShard(source);
+    const TrainConfig first = TinyConfig(source);
+    REQUIRE(RunTrainer(first).status.ok());
+    auto start = FindLatestValid(Env::Default(), first.checkpoint.dir, nullptr);
+    REQUIRE(start.ok());
+    config.checkpoint.resume = start->path;
+  }
   UnlistableEnv unlistable(config.checkpoint.dir);
   std::vector<RunResult> results(2);
   testing::RunRanks(2, [&](int rank, ParallelStrategy* parallel) {
