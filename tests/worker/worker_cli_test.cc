@@ -318,6 +318,28 @@ TEST_CASE("generate trains, then prints the prompt and sampled bytes") {
   CHECK(again.out == run.out);
 }
 
+// The directory of checkpoints given where one of them is meant: the
+// message names the newest, not "no manifest.json (a torn or unfinished
+// checkpoint)".
+TEST_CASE("generate --checkpoint with checkpoint.dir itself names a checkpoint to pass") {
+  std::string dir = FreshDir("generate_dir");
+  std::string config = WriteTinyJob(dir, 5);
+  std::ofstream(config, std::ios::app) << "checkpoint:\n  dir: ck\n  every: 5\n";
+  REQUIRE(RunWorker(dir, {config}).exit_code == 0);
+  RunResult wrong =
+      RunWorker(dir, {"generate", config, "--checkpoint", dir + "/ck", "--tokens", "4"});
+  INFO(wrong.err);
+  CHECK(wrong.exit_code == 2);
+  CHECK(Contains(wrong.err, "worker: " + dir +
+                                "/ck: a directory of checkpoints, not one (no manifest.json); name "
+                                "one of them, e.g. the newest: " +
+                                dir + "/ck/step_00000005\n"));
+  RunResult right = RunWorker(
+      dir, {"generate", config, "--checkpoint", dir + "/ck/step_00000005", "--tokens", "4"});
+  INFO(right.err);
+  CHECK(right.exit_code == 0);
+}
+
 TEST_CASE("a world of more than one without the launcher's rendezvous exits 2") {
   std::string dir = FreshDir("world");
   std::string config = WriteTinyJob(dir, 5);

@@ -65,6 +65,14 @@ absl::StatusOr<Manifest> ReadManifest(Env* env, const std::string& path) {
     return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint directory"));
   }
   if (!env->FileExists(file)) {
+    // A checkpoint.dir given where one of its step_N is meant (generate
+    // --checkpoint, checkpoint.resume): name what it holds.
+    auto held = ListCheckpoints(env, path);
+    if (held.ok() && !held->empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": a directory of checkpoints, not one (no ", kManifestName,
+                       "); name one of them, e.g. the newest: ", held->back().path));
+    }
     return absl::NotFoundError(
         absl::StrCat(path, ": no ", kManifestName, " (a torn or unfinished checkpoint)"));
   }
