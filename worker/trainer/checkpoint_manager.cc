@@ -563,20 +563,27 @@ absl::Status CheckpointManager::Commit(bool wait) {
   if (decision == CommitDecision::kAbandon) {
     pending_step_ = -1;
     DiscardSave(tmp, /*together=*/true);  // every rank abandons together
+    absl::Status local;
     if (!local_result_.ok()) {
       const absl::Status& failed = local_result_.status();
-      absl::Status status(failed.code(),
-                          absl::StrCat("saving checkpoint step ", step, ": ", failed.message(),
-                                       IsNoSpace(failed) ? NoSpaceAdvice(checkpoint_bytes()) : ""));
-      return IsNoSpace(failed) ? MarkNoSpace(status) : status;
+      local = absl::Status(
+          failed.code(), absl::StrCat(failed.message(),
+                                      IsNoSpace(failed) ? NoSpaceAdvice(checkpoint_bytes()) : ""));
+      if (IsNoSpace(failed)) local = MarkNoSpace(std::move(local));
     }
-    if (tally[2] > 0) {
-      return MarkNoSpace(absl::AbortedError(
-          absl::StrCat("saving checkpoint step ", step,
-                       " failed on another rank: its file system is full (see its log)")));
+    // Every rank fails as the lowest failed rank did: its code (a full disk
+    // or a directory not ours to write is not restartable on any rank),
+    // its mark and its message, advice included.
+    const std::string what = absl::StrCat("saving checkpoint step ", step);
+    absl::Status agreed = Agree(local, what);
+    if (!local.ok()) {
+      absl::Status status(local.code(), absl::StrCat(what, ": ", local.message()));
+      return IsNoSpace(local) ? MarkNoSpace(std::move(status)) : status;
     }
-    return absl::AbortedError(
-        absl::StrCat("saving checkpoint step ", step, " failed on another rank (see its log)"));
+    if (agreed.ok()) {  // cannot be: some rank's write failed
+      agreed = absl::AbortedError(absl::StrCat(what, " failed on another rank"));
+    }
+    return agreed;
   }
   return absl::OkStatus();  // some rank is still writing
 }

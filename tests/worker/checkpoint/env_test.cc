@@ -206,11 +206,17 @@ TEST_CASE("an EnvWrapper forwards what it does not override") {
 // its bytes, then ENOSPC. Or its commit's rename fails with EIO.
 class FailingEnv : public EnvWrapper {
  public:
-  enum class Fault { kRankFileFull, kRenameFails };
+  // kRankFileDenied: the rank file cannot be created (EACCES), as on a
+  // node that mounts the shared directory read-only or as another user.
+  enum class Fault { kRankFileFull, kRenameFails, kRankFileDenied };
   FailingEnv(Env* target, Fault fault, int step)
       : EnvWrapper(target), fault_(fault), tmp_dir_(TempStepDirName(step)) {}
 
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    if (fault_ == Fault::kRankFileDenied && InSave(path) && absl::EndsWith(path, ".bin")) {
+      ++faults_;
+      return FileSystemError(EACCES, path + ": cannot create: " + std::strerror(EACCES));
+    }
     auto file = target()->NewWritableFile(path);
     if (!file.ok() || fault_ != Fault::kRankFileFull || !InSave(path) ||
         !absl::EndsWith(path, ".bin")) {
@@ -348,6 +354,30 @@ TEST_CASE("a failed write fails the save naming the file; the previous checkpoin
   }
 }
 
+// A directory one rank may not write: not restartable on that rank, and
+// so on every rank, each naming the cause (CheckpointManager::Agree).
+TEST_CASE("one rank's refused rank file fails every rank as not restartable, naming it") {
+  const std::string dir = FreshDir("eacces_rank1");
+  const TrainConfig config = TinyConfig(dir);
+  const std::string tmp = config.checkpoint.dir + "/.tmp_step_00000008";
+  FailingEnv failing(Env::Default(), FailingEnv::Fault::kRankFileDenied, 8);
+  std::vector<Outcome> outcomes(2);
+  testing::RunRanks(2, [&](int rank, ParallelStrategy* strategy) {
+    outcomes[rank] = Train(config, rank == 1 ? &failing : Env::Default(), strategy);
+  });
+  const std::string cause = tmp + "/rank_00001.bin: cannot create: Permission denied";
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank << ": " << outcomes[rank].status.ToString());
+    CHECK(absl::IsPermissionDenied(outcomes[rank].status));
+    CHECK_FALSE(IsNoSpace(outcomes[rank].status));
+  }
+  CHECK(failing.faults() == 1);
+  CHECK(outcomes[1].status.message() == "saving checkpoint step 8: " + cause);
+  CHECK(outcomes[0].status.message() == "saving checkpoint step 8 failed on rank 1: " + cause);
+  CHECK_FALSE(fs::exists(tmp));
+  CHECK(VerifyCheckpoint(Env::Default(), config.checkpoint.dir + "/step_00000004").ok());
+}
+
 TEST_CASE("one rank's full disk fails every rank as a full disk, and the save leaves nothing") {
   const std::string dir = FreshDir("enospc_rank1");
   const TrainConfig config = TinyConfig(dir);
@@ -367,9 +397,14 @@ TEST_CASE("one rank's full disk fails every rank as a full disk, and the save le
   CHECK(failing.faults() == 1);
   CHECK(absl::StrContains(outcomes[1].status.message(),
                           "saving checkpoint step 8: " + tmp + "/rank_00001.bin: write failed"));
+  // Rank 0 says what rank 1 met, advice included, with its code.
+  CHECK(outcomes[0].status.code() == absl::StatusCode::kResourceExhausted);
   CHECK(absl::StrContains(
       outcomes[0].status.message(),
-      "saving checkpoint step 8 failed on another rank: its file system is full (see its log)"));
+      "saving checkpoint step 8 failed on rank 1: " + tmp + "/rank_00001.bin: write failed"));
+  CHECK(absl::StrContains(outcomes[0].status.message(),
+                          "start the run again, which resumes from "
+                          "step 4"));
   CHECK_FALSE(fs::exists(tmp));
   CHECK(VerifyCheckpoint(Env::Default(), config.checkpoint.dir + "/step_00000004").ok());
 }
