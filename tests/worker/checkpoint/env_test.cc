@@ -354,6 +354,16 @@ TEST_CASE("a failed write fails the save naming the file; the previous checkpoin
   }
 }
 
+// Two thread-ranks train `config`, rank 1 on `env` and rank 0 on the
+// default one.
+std::vector<Outcome> TrainWithRank1On(const TrainConfig& config, Env* env) {
+  std::vector<Outcome> outcomes(2);
+  testing::RunRanks(2, [&](int rank, ParallelStrategy* strategy) {
+    outcomes[rank] = Train(config, rank == 1 ? env : Env::Default(), strategy);
+  });
+  return outcomes;
+}
+
 // A directory one rank may not write: not restartable on that rank, and
 // so on every rank, each naming the cause (CheckpointManager::Agree).
 TEST_CASE("one rank's refused rank file fails every rank as not restartable, naming it") {
@@ -361,10 +371,7 @@ TEST_CASE("one rank's refused rank file fails every rank as not restartable, nam
   const TrainConfig config = TinyConfig(dir);
   const std::string tmp = config.checkpoint.dir + "/.tmp_step_00000008";
   FailingEnv failing(Env::Default(), FailingEnv::Fault::kRankFileDenied, 8);
-  std::vector<Outcome> outcomes(2);
-  testing::RunRanks(2, [&](int rank, ParallelStrategy* strategy) {
-    outcomes[rank] = Train(config, rank == 1 ? &failing : Env::Default(), strategy);
-  });
+  const std::vector<Outcome> outcomes = TrainWithRank1On(config, &failing);
   const std::string cause = tmp + "/rank_00001.bin: cannot create: Permission denied";
   for (int rank = 0; rank < 2; ++rank) {
     INFO("rank " << rank << ": " << outcomes[rank].status.ToString());
@@ -384,10 +391,7 @@ TEST_CASE("one rank's full disk fails every rank as a full disk, and the save le
   const std::string tmp = config.checkpoint.dir + "/.tmp_step_00000008";
   // Rank 1's file system is full during step 8's save; rank 0's is not.
   FailingEnv failing(Env::Default(), FailingEnv::Fault::kRankFileFull, 8);
-  std::vector<Outcome> outcomes(2);
-  testing::RunRanks(2, [&](int rank, ParallelStrategy* strategy) {
-    outcomes[rank] = Train(config, rank == 1 ? &failing : Env::Default(), strategy);
-  });
+  const std::vector<Outcome> outcomes = TrainWithRank1On(config, &failing);
   for (int rank = 0; rank < 2; ++rank) {
     INFO("rank " << rank << ": " << outcomes[rank].status.ToString());
     // Both are not restartable: a restart would fail the same way, so no
