@@ -320,6 +320,13 @@ TEST_CASE("a second run on a checkpoint.dir in use is refused at once; the first
   CHECK(LastStep(dir.File("third.jsonl")) == newest + 3);
 }
 
+// launch's log (--max_restarts=3) of a job that failed at once, as one
+// that no restart can mend must: none of its restarts spent, no round 1.
+void CheckFailedWithoutRestart(const std::string& log) {
+  CHECK(absl::StrContains(log, "failed without a restart (0 of 3 used)"));
+  CHECK_FALSE(absl::StrContains(log, "round 1"));
+}
+
 // A real full disk: `launch` (`launch_args`, its output to `log`) runs in
 // a mount namespace of its own (unshare -rm: no privilege needed where
 // user namespaces are allowed, as on Debian) in which `ckpt` is a tmpfs of
@@ -388,8 +395,7 @@ TEST_CASE("a full checkpoint disk fails the job at once under launch, says why, 
   CHECK(absl::StrContains(log, "start the run again, which resumes from step 20"));
   // ...and failed the job without spending its restarts, which would each
   // redo 10 steps to fail the same way.
-  CHECK(absl::StrContains(log, "failed without a restart (0 of 3 used)"));
-  CHECK_FALSE(absl::StrContains(log, "round 1"));
+  CheckFailedWithoutRestart(log);
   // The save is written beside the steps after it: its failure surfaces a
   // step or more later, and before the next save.
   CHECK(LastStep(dir.File("full.jsonl")) >= 30);
@@ -426,8 +432,7 @@ TEST_CASE("a checkpoint.dir through a file fails the job at once, naming the cau
   CHECK(absl::StrContains(log, "rank0]: worker: " + cause));
   CHECK(absl::StrContains(
       log, "rank1]: worker: taking checkpoint.dir's LOCK failed on rank 0: " + cause));
-  CHECK(absl::StrContains(log, "failed without a restart (0 of 3 used)"));
-  CHECK_FALSE(absl::StrContains(log, "round 1"));
+  CheckFailedWithoutRestart(log);
   CHECK_FALSE(absl::StrContains(log, "see its log"));
 }
 
@@ -454,8 +459,7 @@ TEST_CASE(
   CHECK(absl::StrContains(log, "layerz"));
   CHECK(absl::StrContains(log, "; exiting 78, which tells launch that no restart can mend this"));
   CHECK(absl::StrContains(log, "rank 0's exit code 78 says no restart can mend its failure"));
-  CHECK(absl::StrContains(log, "failed without a restart (0 of 3 used)"));
-  CHECK_FALSE(absl::StrContains(log, "round 1"));
+  CheckFailedWithoutRestart(log);
 }
 
 TEST_CASE("SIGTERM before the first step: a start that cannot go on exits 75, losing nothing") {
