@@ -18,26 +18,39 @@ std::vector<int> StepsToDelete(std::vector<int> steps, int keep_last, int keep_e
   return doomed;
 }
 
-absl::StatusOr<std::vector<int>> LineageSteps(Env* env, const std::string& dir,
-                                              const std::string& lineage) {
+absl::StatusOr<LineageCheckpoints> LineageSteps(Env* env, const std::string& dir,
+                                                const std::string& lineage) {
   auto entries = ListCheckpoints(env, dir);
   if (!entries.ok()) return entries.status();
-  std::vector<int> steps;
+  LineageCheckpoints found;
   for (const CheckpointEntry& entry : *entries) {
     auto manifest = ReadManifest(env, entry.path);
-    if (manifest.ok() && manifest->lineage != lineage) continue;
-    steps.push_back(entry.step);
+    if (manifest.ok()) {
+      if (manifest->lineage == lineage) found.committed.push_back(entry.step);
+    } else if (manifest.status().code() == absl::StatusCode::kNotFound ||
+               manifest.status().code() == absl::StatusCode::kDataLoss) {
+      found.torn.push_back(entry.step);
+    }
   }
-  return steps;
+  return found;
 }
 
 absl::Status ApplyRetention(Env* env, const std::string& dir, int keep_last, int keep_every,
                             int protect, const std::string& lineage,
                             std::vector<std::string>* deleted) {
-  auto steps = LineageSteps(env, dir, lineage);
-  if (!steps.ok()) return steps.status();
+  auto found = LineageSteps(env, dir, lineage);
+  if (!found.ok()) return found.status();
+  std::vector<int> counted;
+  for (int step : found->committed) {
+    if (step <= protect) counted.push_back(step);
+  }
+  std::vector<int> doomed = StepsToDelete(counted, keep_last, keep_every);
+  for (int step : found->torn) {
+    if (step < protect) doomed.push_back(step);
+  }
+  std::sort(doomed.begin(), doomed.end());
   absl::Status first_error;
-  for (int step : StepsToDelete(*steps, keep_last, keep_every)) {
+  for (int step : doomed) {
     if (step == protect) continue;
     const std::string path = dir + "/" + StepDirName(step);
     absl::Status removed = env->RemoveAll(path);

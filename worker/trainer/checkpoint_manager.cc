@@ -228,8 +228,9 @@ std::string CheckpointManager::SpaceNote(uint64_t checkpoint_bytes) {
   // Retention keeps keep_last (at least one, the newest) and the save being
   // written is one more; those of this run already there count.
   const int at_once = std::max(c.keep_last, 1) + 1;
-  auto steps = LineageSteps(env_, c.dir, lineage_);
-  const int there = steps.ok() ? std::min(static_cast<int>(steps->size()), at_once - 1) : 0;
+  auto found = LineageSteps(env_, c.dir, lineage_);
+  const int there =
+      found.ok() ? std::min(static_cast<int>(found->committed.size()), at_once - 1) : 0;
   const uint64_t needed = static_cast<uint64_t>(at_once - there) * checkpoint_bytes;
   if (*free >= needed) return "";
   return absl::StrCat("warning: the file system of ", c.dir, " has ", FormatBytes(*free),

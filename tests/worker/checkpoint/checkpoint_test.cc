@@ -501,6 +501,39 @@ TEST_CASE("retention deletes only this run's checkpoints, never the resume sourc
   CHECK(source_manifest->lineage.size() == 16);
 }
 
+TEST_CASE("retention counts only checkpoints that read: a torn one never pushes one out") {
+  std::string dir = FreshDir("retention_torn");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);  // steps 4, 8 and 12
+  REQUIRE(RunTrainer(config).status.ok());
+  const std::string ckpt = config.checkpoint.dir;
+  // Step 12's manifest is not one, step 16 has none, and neither does an
+  // older step 2: the resume skips 16 and 12 and starts from 8.
+  std::ofstream(ckpt + "/step_00000012/manifest.json", std::ios::trunc) << "{ torn";
+  fs::create_directories(ckpt + "/step_00000016");
+  fs::create_directories(ckpt + "/step_00000002");
+
+  TrainConfig resumed = config;
+  resumed.train.steps = 10;
+  resumed.checkpoint.every = 2;
+  resumed.checkpoint.keep_last = 2;
+  RunResult result = RunTrainer(resumed);  // saves 10
+  INFO(result.log);
+  REQUIRE(result.status.ok());
+  CHECK(result.resumed_at.step == 8);
+  auto listed = ListCheckpoints(Env::Default(), ckpt);
+  REQUIRE(listed.ok());
+  std::vector<int> steps;
+  for (const CheckpointEntry& entry : *listed) steps.push_back(entry.step);
+  // keep_last 2 keeps the two newest that read, 8 and 10; 4 goes, and so
+  // does the torn 2 below them. The torn 12 and 16 above the run's newest
+  // are left for a save of their step to replace.
+  CHECK(steps == std::vector<int>{8, 10, 12, 16});
+  CHECK(VerifyCheckpoint(Env::Default(), ckpt + "/step_00000008").ok());
+  CHECK(VerifyCheckpoint(Env::Default(), ckpt + "/step_00000010").ok());
+  CHECK(absl::StrContains(result.log, "deleted " + ckpt + "/step_00000002 (retention)"));
+}
+
 TEST_CASE("reshard: saved by 2 thread-ranks, resumed by 1 and by 3") {
   std::string dir = FreshDir("reshard");
   WriteShard(dir);
