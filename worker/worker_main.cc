@@ -40,6 +40,7 @@
 #include "parallel/nccl/group.h"
 #include "parallel/nccl/transport.h"
 #include "worker/checkpoint/env.h"
+#include "worker/checkpoint/reader.h"
 #include "worker/config/config.h"
 #include "worker/model/ops.h"
 #include "worker/strategy/ddp/ddp.h"
@@ -48,6 +49,7 @@
 #include "worker/trainer/config_agreement.h"
 #include "worker/trainer/generate.h"
 #include "worker/trainer/trainer.h"
+#include "worker/trainer/training_settings.h"
 
 namespace muster::worker {
 namespace {
@@ -537,12 +539,35 @@ int Generate(const GenerateArgs& args, Env* env) {
   // to stderr so stdout carries only the text, and it writes no metrics
   // file (that belongs to the training run).
   if (args.steps_before >= 0) config->train.steps = args.steps_before;
-  if (!args.checkpoint.empty()) {  // load it; train no steps, save nothing
-    config->checkpoint.resume = args.checkpoint;
-    config->checkpoint.dir.clear();  // exactly this checkpoint, not a newer one of its run
-    config->checkpoint.every = 0;
+  CheckpointConfig& c = config->checkpoint;
+  if (!args.checkpoint.empty()) {  // load it; train no steps
+    c.resume = args.checkpoint;
     config->train.steps = 0;
+  } else if (c.resume == "auto" && !c.dir.empty()) {
+    // The run's checkpoints are read, never written: a run training
+    // beside this one keeps its LOCK, its saves and its retention to
+    // itself. The newest saved at or before the step to sample at, by a
+    // run with the same settings (train.steps decides the schedule: a
+    // checkpoint of a longer run is not a step of this one), saves
+    // training those steps again, since a resume is bit-exact.
+    const int steps = config->train.steps;
+    const TrainingSettings settings = TrainingSettingsOf(*config);
+    std::vector<std::string> skipped;
+    auto latest = FindLatestValid(env, c.dir, &skipped, [&](const Manifest& m) {
+      return m.step <= steps && m.training == settings;
+    });
+    for (const std::string& why : skipped)
+      std::fprintf(stderr, "generate: skipping %s\n", why.c_str());
+    if (latest.ok()) {
+      c.resume = latest->path;
+    } else if (absl::IsNotFound(latest.status())) {
+      c.resume = "never";
+    } else {
+      return Fail(latest.status());
+    }
   }
+  c.dir.clear();  // exactly the checkpoint chosen, and no saves
+  c.every = 0;
   config->train.metrics_file.clear();
   config->train.eval_every = 0;
   TrainerOptions options;

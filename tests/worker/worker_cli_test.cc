@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "launcher/process.h"
+#include "worker/checkpoint/env.h"
 #include "worker/config/config.h"
 #include "worker/data/data.h"
 
@@ -316,6 +317,60 @@ TEST_CASE("generate trains, then prints the prompt and sampled bytes") {
   RunResult again = RunWorker(dir, {"generate", "--config", config, "--prompt", "the quick",
                                     "--tokens", "30", "--steps-before", "3", "--seed", "5"});
   CHECK(again.out == run.out);
+}
+
+// Without --checkpoint, generate reads the run's checkpoint.dir and writes
+// nothing there: no save, no retention, no LOCK (the run may be training
+// beside it). A checkpoint of the same settings at or before the step to
+// sample at is where it starts; one of other settings (train.steps is the
+// schedule's end) is not a step of the model asked for.
+TEST_CASE("generate samples the run's model from its checkpoints and writes nothing there") {
+  std::string dir = FreshDir("generate_run");
+  std::string plain = WriteTinyJob(dir, 6);
+  const std::string yaml = ReadAll(plain);
+  const std::string config = dir + "/with_ck.yaml";
+  WriteAll(config, yaml + "checkpoint:\n  dir: ck\n  every: 3\n  keep_last: 2\n");
+  RunResult trained = RunWorker(dir, {config});
+  INFO(trained.err);
+  REQUIRE(trained.exit_code == 0);
+  auto listing = [&dir] {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir + "/ck")) {
+      names.push_back(entry.path().string());
+    }
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const std::vector<std::string> before = listing();
+  REQUIRE(std::find(before.begin(), before.end(), dir + "/ck/step_00000006") != before.end());
+  // The run's LOCK is held, as by a run training there.
+  auto lock = Env::Default()->LockFile(dir + "/ck/LOCK");
+  REQUIRE(lock.ok());
+
+  const std::vector<std::string> sample = {"--prompt", "the", "--tokens", "12"};
+  auto generate = [&](const std::string& yaml_path, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"generate", yaml_path};
+    args.insert(args.end(), sample.begin(), sample.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    return RunWorker(dir, args);
+  };
+  RunResult from_run = generate(config, {});
+  RunResult from_scratch = generate(plain, {});  // 6 steps trained again
+  INFO(from_run.err << from_scratch.err);
+  REQUIRE(from_run.exit_code == 0);
+  REQUIRE(from_scratch.exit_code == 0);
+  CHECK(Contains(from_run.err, "resumed from " + dir + "/ck/step_00000006"));
+  CHECK(Contains(from_run.err, "nothing to train"));
+  CHECK(from_run.out == from_scratch.out);
+
+  // Four steps are not the run's step 3 (trained towards 6) plus one.
+  RunResult shorter = generate(config, {"--steps-before", "4"});
+  RunResult shorter_scratch = generate(plain, {"--steps-before", "4"});
+  INFO(shorter.err);
+  REQUIRE(shorter.exit_code == 0);
+  CHECK_FALSE(Contains(shorter.err, "resumed from"));
+  CHECK(shorter.out == shorter_scratch.out);
+  CHECK(listing() == before);
 }
 
 // The directory of checkpoints given where one of them is meant: the
