@@ -33,8 +33,10 @@
 //   ReduceGradients; clip from GradSumOfSquares; OptimizerStep; ZeroGrad
 //
 // Implementations: SingleProcess (below), Ddp (worker/strategy/ddp/ddp.h), Fsdp
-// (worker/strategy/fsdp/fsdp.h), Pipeline (worker/strategy/pipeline/pipeline.h). Every method is
-// pure: a strategy states what it does at each point, even "nothing".
+// (worker/strategy/fsdp/fsdp.h), Pipeline (worker/strategy/pipeline/pipeline.h). Every method
+// but CommWaitSeconds is pure: a strategy states what it does at each
+// point, even "nothing". CommWaitSeconds defaults to -1, "not measured"
+// (Pipeline keeps that default).
 //
 // Errors: those of the strategy's process groups (parallel/process_group.h)
 // and of the model and optimizer's construction.
