@@ -373,6 +373,29 @@ TEST_CASE("generate samples the run's model from its checkpoints and writes noth
   CHECK(listing() == before);
 }
 
+// A resumed run shows its first step at once, whatever train.log_every
+// says; the metrics file keeps only the lines a run never stopped writes.
+TEST_CASE("a resumed run logs its first step on the console, not in the metrics file") {
+  std::string dir = FreshDir("resume_log");
+  std::string yaml = ReadAll(WriteTinyJob(dir, 3));
+  yaml.replace(yaml.find("log_every: 1"), 12, "log_every: 5");
+  yaml += "checkpoint:\n  dir: ck\n  every: 3\n";
+  WriteAll(dir + "/three.yaml", yaml);
+  yaml.replace(yaml.find("steps: 3"), 8, "steps: 6");
+  WriteAll(dir + "/six.yaml", yaml);
+  REQUIRE(RunWorker(dir, {dir + "/three.yaml"}).exit_code == 0);
+  RunResult resumed = RunWorker(dir, {dir + "/six.yaml"});
+  INFO(resumed.out << resumed.err);
+  REQUIRE(resumed.exit_code == 0);
+  CHECK(Contains(resumed.out, "step 4/6 | loss "));
+  CHECK(Contains(resumed.out, "step 5/6 | loss "));
+  std::string metrics = ReadAll(dir + "/out/metrics.jsonl");
+  INFO(metrics);
+  CHECK(Contains(metrics, "{\"step\":3,"));
+  CHECK_FALSE(Contains(metrics, "{\"step\":4,"));
+  CHECK(Contains(metrics, "{\"step\":5,"));
+}
+
 // The directory of checkpoints given where one of them is meant: the
 // message names the newest, not "no manifest.json (a torn or unfinished
 // checkpoint)".

@@ -255,12 +255,12 @@ absl::StatusOr<float> Trainer::Evaluate() {
   return sums[1] > 0.0f ? sums[0] / sums[1] : 0.0f;
 }
 
-absl::Status Trainer::Log(const StepMetrics& metrics) {
+absl::Status Trainer::Log(const StepMetrics& metrics, bool to_metrics_file) {
   if (strategy_->rank() != 0) return absl::OkStatus();
   progress_.Clear();
   std::fprintf(options_.log, "%s\n", FormatStepLine(metrics).c_str());
   std::fflush(options_.log);
-  if (metrics_ != nullptr) return metrics_->Write(StepJson(metrics));
+  if (metrics_ != nullptr && to_metrics_file) return metrics_->Write(StepJson(metrics));
   return absl::OkStatus();
 }
 
@@ -319,8 +319,11 @@ absl::Status Trainer::Run() {
                                               metrics->loss, "; lower optim.lr or check the data"));
     }
     if (options_.on_step) options_.on_step(*metrics);
-    if (ShouldLog(metrics->step, total, config_.train.log_every)) {
-      absl::Status logged = Log(*metrics);
+    const bool scheduled = ShouldLog(metrics->step, total, config_.train.log_every);
+    if (scheduled || metrics->step == first + 1) {
+      // A resumed run's first step is shown, so that its log says at once
+      // that it trains and how fast.
+      absl::Status logged = Log(*metrics, scheduled);
       if (!logged.ok()) return logged;
     }
     if (val_ != nullptr && ShouldEvaluate(metrics->step, total, config_.train.eval_every)) {

@@ -106,7 +106,9 @@ class Trainer {
 
  private:
   Trainer(const TrainConfig& config, TrainerOptions options);
-  absl::Status Log(const StepMetrics& metrics);
+  // The step's line on the log and, with `to_metrics_file`, its record in
+  // train.metrics_file.
+  absl::Status Log(const StepMetrics& metrics, bool to_metrics_file = true);
   absl::Status LogEval(const EvalMetrics& metrics);
   // Saves the state after the step under way (ranks agreed to stop) and
   // returns CANCELLED; `since` is when the stop was agreed.
@@ -135,7 +137,9 @@ class Trainer {
 // Whether optimizer step `step` (1-based, completed) is logged / followed
 // by an evaluation: the first and last steps and every `every`-th are
 // logged; evaluations run every eval_every steps and after the last step
-// (never with eval_every 0).
+// (never with eval_every 0). A resumed run also shows its own first step
+// on the log (Trainer::Run), though not in the metrics file, which keeps
+// the lines a run never stopped writes.
 bool ShouldLog(int step, int total_steps, int log_every);
 bool ShouldEvaluate(int step, int total_steps, int eval_every);
 
