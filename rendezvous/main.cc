@@ -71,6 +71,10 @@ int main(int argc, char** argv) {
                  "open Watch streams on one job")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-waiters-per-job", options.max_waiters_per_job,
+                 "blocked Get and Wait calls on one job")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   app.add_option("--max-jobs-per-identity", options.max_jobs_per_identity,
                  "jobs that callers presenting one job secret (or none) may "
                  "have at once")

@@ -4,8 +4,12 @@
 //           [--tls-cert F --tls-key F] [--job-secret-file F] [--timeout S]
 //           list | describe JOB | close JOB [--reason TEXT] | health
 //
-// Exit codes: 0 success; 1 the call failed (one line: status code name and
-// message); 2 bad usage or unusable options.
+// `health` calls the standard grpc.health.v1.Health/Check (the server
+// registers gRPC's default health service; it takes no token).
+//
+// Exit codes: 0 success (health: the server reports SERVING); 1 the call
+// failed (one line: status code name and message) or the server reports
+// another health status; 2 bad usage or unusable options.
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -116,10 +120,16 @@ int Close(Client& client, const std::string& job_id, const std::string& reason) 
 
 int Health(Client& client) {
   const absl::Time start = absl::Now();
-  absl::StatusOr<pb::ListJobsResponse> jobs = client.ListJobs();
-  if (!jobs.ok()) return Fail(jobs.status(), kExitCallFailed);
-  std::printf("ok: %s serving, %d jobs, %.1f ms\n", client.options().endpoint.c_str(),
-              jobs->jobs_size(), absl::ToDoubleMilliseconds(absl::Now() - start));
+  absl::StatusOr<ServingStatus> status = client.CheckHealth();
+  if (!status.ok()) return Fail(status.status(), kExitCallFailed);
+  const double elapsed_ms = absl::ToDoubleMilliseconds(absl::Now() - start);
+  if (*status != ServingStatus::kServing) {
+    std::fprintf(stderr, "rdzvctl: %s reports %s (grpc.health.v1.Health), %.1f ms\n",
+                 client.options().endpoint.c_str(), ServingStatusName(*status).c_str(), elapsed_ms);
+    return kExitCallFailed;
+  }
+  std::printf("ok: %s SERVING (grpc.health.v1.Health), %.1f ms\n",
+              client.options().endpoint.c_str(), elapsed_ms);
   return 0;
 }
 
@@ -146,7 +156,8 @@ int Main(int argc, char** argv) {
   CLI::App* close = app.add_subcommand("close", "close a job");
   close->add_option("JOB", job_id, "job id")->required();
   close->add_option("--reason", reason, "why (shown to the job's agents)");
-  CLI::App* health = app.add_subcommand("health", "check the server answers");
+  CLI::App* health =
+      app.add_subcommand("health", "check the server reports SERVING (grpc.health.v1.Health)");
 
   try {
     app.parse(argc, argv);

@@ -23,10 +23,11 @@ bool IsTransient(absl::StatusCode code) {
 }  // namespace
 
 LeaseKeeper::LeaseKeeper(Client* client, std::string job_id, std::string member_id,
-                         absl::Duration lease_ttl)
+                         absl::Duration lease_ttl, absl::Duration renew_every)
     : client_(client),
       job_id_(std::move(job_id)),
       member_id_(std::move(member_id)),
+      renew_every_(renew_every),
       lease_ttl_(lease_ttl),
       thread_([this] { Run(); }) {}
 
@@ -70,6 +71,11 @@ uint64_t LeaseKeeper::last_version() const {
   return last_version_;
 }
 
+absl::Duration LeaseKeeper::RenewalInterval() const {
+  if (renew_every_ > absl::ZeroDuration() && renew_every_ < lease_ttl_) return renew_every_;
+  return lease_ttl_ / 3;
+}
+
 void LeaseKeeper::Run() {
   pb::KeepAliveRequest request;
   request.set_job_id(job_id_);
@@ -77,7 +83,7 @@ void LeaseKeeper::Run() {
   absl::Time next_renewal;
   {
     absl::MutexLock lock(&mu_);
-    next_renewal = absl::Now() + lease_ttl_ / 3;
+    next_renewal = absl::Now() + RenewalInterval();
   }
   int failures_in_a_row = 0;
   for (;;) {
@@ -105,7 +111,7 @@ void LeaseKeeper::Run() {
       if (response->lease_ttl_ms() > 0) {
         lease_ttl_ = absl::Milliseconds(response->lease_ttl_ms());
       }
-      next_renewal = absl::Now() + lease_ttl_ / 3;
+      next_renewal = absl::Now() + RenewalInterval();
     } else if (IsTransient(response.status().code())) {
       last_transient_error_ = response.status();
       next_renewal = absl::Now() + JitteredBackoff(client_->options().backoff, failures_in_a_row++);

@@ -29,9 +29,12 @@ namespace muster::rdzv {
 
 class LeaseKeeper {
  public:
-  // Starts renewing; the first renewal is due lease_ttl/3 from now (the
-  // caller has just joined or renewed). REQUIRES: lease_ttl > 0.
-  LeaseKeeper(Client* client, std::string job_id, std::string member_id, absl::Duration lease_ttl);
+  // Starts renewing every `renew_every`, or every lease_ttl/3 where that is
+  // zero or not shorter than the lease (which would lapse between
+  // renewals); the first renewal is due one interval from now (the caller
+  // has just joined or renewed). REQUIRES: lease_ttl > 0.
+  LeaseKeeper(Client* client, std::string job_id, std::string member_id, absl::Duration lease_ttl,
+              absl::Duration renew_every = absl::ZeroDuration());
   ~LeaseKeeper();
 
   LeaseKeeper(const LeaseKeeper&) = delete;
@@ -59,10 +62,13 @@ class LeaseKeeper {
 
  private:
   void Run();
+  // Between successful renewals, for the lease as the server last gave it.
+  absl::Duration RenewalInterval() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Client* const client_;
   const std::string job_id_;
   const std::string member_id_;
+  const absl::Duration renew_every_;
   Cancellation cancellation_;  // cancels the renewal in flight on Stop()
 
   mutable absl::Mutex mu_;

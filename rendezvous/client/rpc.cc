@@ -10,6 +10,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "proto/health.grpc.pb.h"
 
 namespace muster::rdzv {
 namespace {
@@ -215,7 +216,7 @@ absl::StatusOr<Response> Client::Call(const char* method, bool retry_unavailable
     if (call.cancellation != nullptr && !call.cancellation->Register(&context)) {
       return absl::CancelledError(absl::StrCat(method, " cancelled"));
     }
-    Response response;
+    Response response{};
     grpc::Status status = attempt(&context, &response, deadline, timeout);
     if (call.cancellation != nullptr) call.cancellation->Unregister(&context);
     if (status.ok()) return response;
@@ -341,5 +342,34 @@ absl::StatusOr<pb::CloseJobResponse> Client::CloseJob(const pb::CloseJobRequest&
 }
 
 #undef MUSTER_RPC
+
+// ---------------------------------------------------------------- health
+
+std::string ServingStatusName(ServingStatus status) {
+  switch (status) {
+    case ServingStatus::kUnknown:
+      return "UNKNOWN";
+    case ServingStatus::kServing:
+      return "SERVING";
+    case ServingStatus::kNotServing:
+      return "NOT_SERVING";
+    case ServingStatus::kServiceUnknown:
+      return "SERVICE_UNKNOWN";
+  }
+  return absl::StrCat("UNRECOGNIZED(", static_cast<int>(status), ")");
+}
+
+absl::StatusOr<ServingStatus> Client::CheckHealth(const std::string& service, CallOptions call) {
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  absl::StatusOr<grpc::health::v1::HealthCheckResponse> response =
+      Call<grpc::health::v1::HealthCheckResponse>(
+          "Health/Check", true, absl::ZeroDuration(), call,
+          [&](grpc::ClientContext* context, grpc::health::v1::HealthCheckResponse* out, absl::Time,
+              absl::Duration) { return stub->Check(context, request, out); });
+  if (!response.ok()) return response.status();
+  return static_cast<ServingStatus>(response->status());
+}
 
 }  // namespace muster::rdzv

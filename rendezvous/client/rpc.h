@@ -174,6 +174,17 @@ class Cancellation {
   grpc::ClientContext* active_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
+// grpc.health.v1.HealthCheckResponse.ServingStatus: what a server reports
+// for itself or one of its services. A value this list lacks is kept as is.
+enum class ServingStatus : int {
+  kUnknown = 0,
+  kServing = 1,
+  kNotServing = 2,
+  kServiceUnknown = 3,
+};
+// "SERVING", "NOT_SERVING", ...; "UNRECOGNIZED(7)" for another value.
+std::string ServingStatusName(ServingStatus status);
+
 // Per-call settings; the defaults use the client's options.
 struct CallOptions {
   absl::Duration timeout = absl::ZeroDuration();  // zero: rpc_timeout
@@ -220,6 +231,15 @@ class Client {
                                                       CallOptions call = {});
   absl::StatusOr<pb::CloseJobResponse> CloseJob(const pb::CloseJobRequest& request,
                                                 CallOptions call = {});
+
+  // ---- health
+  // grpc.health.v1.Health/Check for `service` ("": the server as a whole),
+  // the standard service every rendezvous server registers: the status the
+  // server reports. The server does not check the bearer token or the job
+  // secret on it (they are sent anyway), so it answers load-balancer
+  // probes. Safe to repeat: retried as ListJobs is. A named service the
+  // server does not know is NOT_FOUND. Stubs from proto/health.proto.
+  absl::StatusOr<ServingStatus> CheckHealth(const std::string& service = "", CallOptions call = {});
 
   // ---- for streams and async callers (JobWatcher, the benchmark)
 

@@ -40,10 +40,11 @@ absl::Status ValidateListenAddress(const std::string& address) {
 
 absl::Status ValidateQuotas(const ServerOptions& options) {
   if (options.max_watch_streams == 0 || options.max_watch_streams_per_job == 0 ||
-      options.max_jobs_per_identity == 0 || options.metrics_max_connections < 1) {
+      options.max_waiters_per_job == 0 || options.max_jobs_per_identity == 0 ||
+      options.metrics_max_connections < 1) {
     return absl::InvalidArgumentError(
-        "max_watch_streams, max_watch_streams_per_job, max_jobs_per_identity "
-        "and metrics_max_connections must be at least 1");
+        "max_watch_streams, max_watch_streams_per_job, max_waiters_per_job, "
+        "max_jobs_per_identity and metrics_max_connections must be at least 1");
   }
   if (options.keepalive_time <= absl::ZeroDuration() ||
       options.keepalive_timeout <= absl::ZeroDuration()) {
@@ -119,6 +120,7 @@ absl::Status ServerImpl::Init() {
   service_options.state_file = state_file_ ? &*state_file_ : nullptr;
   service_options.max_watch_streams = options_.max_watch_streams;
   service_options.max_watch_streams_per_job = options_.max_watch_streams_per_job;
+  service_options.max_waiters_per_job = options_.max_waiters_per_job;
   service_options.max_jobs_per_identity = options_.max_jobs_per_identity;
   service_ = std::make_unique<RendezvousService>(std::move(service_options));
   absl::Status restored = service_->RestoreFromDisk();

@@ -51,10 +51,12 @@ struct ServerOptions {
   bool metrics_require_token = false;
 
   // Quotas per tenant, each RESOURCE_EXHAUSTED naming it when exceeded:
-  // open Watch streams on the server and on one job, and jobs created per
-  // caller identity (the job secret presented; see service.h).
+  // open Watch streams on the server and on one job, blocked Get and Wait
+  // calls on one job, and jobs created per caller identity (the job secret
+  // presented; see service.h).
   size_t max_watch_streams = 100000;
   size_t max_watch_streams_per_job = 10000;
+  size_t max_waiters_per_job = 10000;
   size_t max_jobs_per_identity = 1000;
 
   // The server pings each client connection after keepalive_time without

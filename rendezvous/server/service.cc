@@ -67,9 +67,9 @@ absl::Status RendezvousService::CheckJobQuota(const std::string& identity) {
   if (jobs->second.size() < options_.max_jobs_per_identity) return absl::OkStatus();
   return absl::ResourceExhaustedError(
       absl::StrCat("callers ", identity.empty() ? "without a job secret" : "with this job secret",
-                   " already have ", jobs->second.size(),
-                   " jobs, the quota of jobs per identity (--max-jobs-per-identity); "
-                   "close or finish one first"));
+                   " already have ", Counted(jobs->second.size(), "job"), "; per identity, ",
+                   DescribeLimit(options_.max_jobs_per_identity, "--max-jobs-per-identity"),
+                   "; close or finish one first"));
 }
 
 void RendezvousService::CountJob(const std::string& job_id, const std::string& identity,

@@ -57,7 +57,9 @@ struct ServiceOptions {
   // take them all); beyond either: RESOURCE_EXHAUSTED naming it.
   size_t max_watch_streams = 100000;
   size_t max_watch_streams_per_job = 10000;
-  size_t max_waiters_per_job = 10000;  // blocked Get/Wait per job
+  // Blocked Get (wait_ms > 0) and Wait calls on one job; one more gets
+  // RESOURCE_EXHAUSTED naming the limit.
+  size_t max_waiters_per_job = 10000;
   // Jobs that exist at once per caller identity (CallerIdentity, auth.h):
   // a Join that would create one more gets RESOURCE_EXHAUSTED naming the
   // quota. Joins of existing jobs are never refused by it.

@@ -81,8 +81,9 @@ grpc::ServerUnaryReactor* RendezvousService::StartWaiter(StoreWaiter* waiter,
       if (!outcome.has_value() && already != waiters_.end() &&
           already->second.size() >= options_.max_waiters_per_job) {
         outcome = absl::ResourceExhaustedError(
-            absl::StrCat("job '", waiter->job_id_, "' already has ", options_.max_waiters_per_job,
-                         " blocked store calls"));
+            absl::StrCat("job '", waiter->job_id_, "' already has ",
+                         Counted(already->second.size(), "blocked Get or Wait call"), "; ",
+                         DescribeLimit(options_.max_waiters_per_job, "--max-waiters-per-job")));
       }
       if (!outcome.has_value()) {
         RegisterWaiter(waiter);

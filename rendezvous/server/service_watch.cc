@@ -34,16 +34,16 @@ grpc::ServerWriteReactor<pb::JobState>* RendezvousService::Watch(
       if (shutting_down_) {
         status = absl::UnavailableError("rendezvous server is shutting down");
       } else if (open_watches_.load() >= options_.max_watch_streams) {
-        status = absl::ResourceExhaustedError(
-            absl::StrCat("server already has ", options_.max_watch_streams,
-                         " open Watch streams (--max-watch-streams)"));
+        status = absl::ResourceExhaustedError(absl::StrCat(
+            "the server already has ", Counted(open_watches_.load(), "open Watch stream"), "; ",
+            DescribeLimit(options_.max_watch_streams, "--max-watch-streams")));
       } else if (auto job = watchers_.find(request->job_id());
                  job != watchers_.end() &&
                  job->second.size() >= options_.max_watch_streams_per_job) {
-        status = absl::ResourceExhaustedError(absl::StrCat("job ", request->job_id(),
-                                                           " already has ", job->second.size(),
-                                                           " open Watch streams, the quota per job "
-                                                           "(--max-watch-streams-per-job)"));
+        status = absl::ResourceExhaustedError(absl::StrCat(
+            "job ", request->job_id(), " already has ",
+            Counted(job->second.size(), "open Watch stream"), "; per job, ",
+            DescribeLimit(options_.max_watch_streams_per_job, "--max-watch-streams-per-job")));
       } else {
         status = machine_.Authorize(request->job_id(), secret);
       }

@@ -92,10 +92,13 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(const pb::JoinRequest& reque
     }
     if (s.jobs.size() >= s.limits.max_jobs) {
       return absl::ResourceExhaustedError(absl::StrFormat(
-          "the server holds %d jobs, its limit; job %s cannot be created", s.jobs.size(), job_id));
+          "job %s cannot be created: the server holds %s; %s", job_id,
+          Counted(s.jobs.size(), "job"), DescribeLimit(s.limits.max_jobs, "--max-jobs")));
     }
     if (s.limits.max_members_per_job == 0) {
-      return absl::ResourceExhaustedError("max_members_per_job is 0");
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("job %s cannot be created: no member may join it; %s", job_id,
+                          DescribeLimit(0, "--max-members-per-job")));
     }
     MUSTER_RETURN_IF_ERROR(CheckJoinTimeout(request.config(), s.limits));
     auto created = std::make_unique<Job>();
@@ -121,7 +124,8 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(const pb::JoinRequest& reque
   if (member_id.empty()) {
     if (job->members.size() >= s.limits.max_members_per_job) {
       return absl::ResourceExhaustedError(
-          absl::StrFormat("job %s has %d members, the limit", job_id, job->members.size()));
+          absl::StrFormat("job %s has %s; %s", job_id, Counted(job->members.size(), "member"),
+                          DescribeLimit(s.limits.max_members_per_job, "--max-members-per-job")));
     }
   } else if (!job->members.contains(member_id)) {
     return UnknownMember(job_id, member_id);

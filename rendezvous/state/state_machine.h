@@ -96,6 +96,13 @@ size_t MaxUnrefusedJobBytes(const Limits& limits);
 // max_jobs * MaxUnrefusedJobBytes exceeds kMaxStateBytes.
 absl::Status ValidateLimits(const Limits& limits);
 
+// The end of every limit refusal, naming the value and the server flag that
+// sets it: DescribeLimit(4096, "--max-key-bytes") is
+// "the limit is 4096 (rendezvous --max-key-bytes)".
+std::string DescribeLimit(size_t limit, const char* flag);
+// A count and its noun, singular for 1: "1 key", "3 keys".
+std::string Counted(size_t count, const char* noun);
+
 class StateMachine {
  public:
   explicit StateMachine(Limits limits = Limits());

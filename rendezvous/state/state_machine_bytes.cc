@@ -7,6 +7,7 @@
 // counted with room for its tag and length, and every member id once for
 // each list it can appear in. The state machine tests check
 // Snapshot().ByteSizeLong() <= total_bytes().
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rendezvous/state/state_machine_impl.h"
 
@@ -26,11 +27,11 @@ constexpr size_t kJobOverhead = 256;
 // Failure records beside their strings.
 constexpr size_t kFailureOverhead = 64;
 
-absl::Status Exhausted(const char* what, const char* flag, size_t holds, size_t more,
+absl::Status Exhausted(const std::string& what, const char* flag, size_t holds, size_t more,
                        size_t limit) {
   return absl::ResourceExhaustedError(
-      absl::StrFormat("%s holds %d bytes; %d more would pass the limit of %d (%s)", what, holds,
-                      more, limit, flag));
+      absl::StrFormat("%s holds %s and this call would add %s; %s", what, Counted(holds, "byte"),
+                      Counted(more, "byte"), DescribeLimit(limit, flag)));
 }
 
 }  // namespace
@@ -83,12 +84,11 @@ void CountJobBytes(Job& job) {
 
 absl::Status StateMachine::Impl::CheckGrowth(const Job* job, size_t more) const {
   if (job != nullptr && job->bytes() + more > limits.max_job_bytes) {
-    return Exhausted(absl::StrFormat("job %s", job->id).c_str(), "max_job_bytes, --max-job-bytes",
-                     job->bytes(), more, limits.max_job_bytes);
+    return Exhausted(absl::StrCat("job ", job->id), "--max-job-bytes", job->bytes(), more,
+                     limits.max_job_bytes);
   }
   if (total_bytes + more > limits.max_total_bytes) {
-    return Exhausted("the server", "max_total_bytes, --max-total-bytes", total_bytes, more,
-                     limits.max_total_bytes);
+    return Exhausted("the server", "--max-total-bytes", total_bytes, more, limits.max_total_bytes);
   }
   return absl::OkStatus();
 }
@@ -98,10 +98,9 @@ absl::Status StateMachine::Impl::PutKey(Job& job, const std::string& key, std::s
   const size_t new_bytes = StoreEntryBytes(key, value);
   const size_t old_bytes = it == job.store.end() ? 0 : StoreEntryBytes(key, it->second);
   if (it == job.store.end() && job.store.size() >= limits.max_keys_per_job) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("round %d of job %s holds %d keys, the limit (max_keys_per_job, "
-                        "--max-keys-per-job)",
-                        job.round, job.id, job.store.size()));
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "round %d of job %s holds %s; %s", job.round, job.id, Counted(job.store.size(), "key"),
+        DescribeLimit(limits.max_keys_per_job, "--max-keys-per-job")));
   }
   if (new_bytes > old_bytes) {
     if (absl::Status room = CheckGrowth(&job, new_bytes - old_bytes); !room.ok()) {

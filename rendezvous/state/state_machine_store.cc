@@ -16,10 +16,9 @@ namespace {
 template <typename Keys>
 absl::Status ValidateKeys(const Keys& keys, const char* call, const Limits& limits) {
   if (static_cast<size_t>(keys.size()) > limits.max_keys_per_request) {
-    return absl::ResourceExhaustedError(
-        absl::StrFormat("%s names %d keys; the limit is %d (max_keys_per_request, "
-                        "--max-keys-per-request)",
-                        call, keys.size(), limits.max_keys_per_request));
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "%s names %s (a key named twice counts twice); %s", call, Counted(keys.size(), "key"),
+        DescribeLimit(limits.max_keys_per_request, "--max-keys-per-request")));
   }
   for (const std::string& key : keys) {
     if (auto status = ValidateKey(key, limits); !status.ok()) return status;
@@ -152,9 +151,8 @@ absl::StatusOr<pb::MultiGetResponse> StateMachine::MultiGet(
   }
   if (response_bytes > s.limits.max_response_bytes) {
     return absl::ResourceExhaustedError(
-        absl::StrFormat("MultiGet would return %d bytes of values; the limit is %d "
-                        "(max_response_bytes, --max-response-bytes)",
-                        response_bytes, s.limits.max_response_bytes));
+        absl::StrFormat("MultiGet would return %s of values; %s", Counted(response_bytes, "byte"),
+                        DescribeLimit(s.limits.max_response_bytes, "--max-response-bytes")));
   }
   pb::MultiGetResponse response;
   response.mutable_present()->Reserve(request.keys_size());

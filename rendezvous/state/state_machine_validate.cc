@@ -64,11 +64,19 @@ absl::Status ValidateJobConfig(const pb::JobConfig& config) {
   return absl::OkStatus();
 }
 
+std::string DescribeLimit(size_t limit, const char* flag) {
+  return absl::StrCat("the limit is ", limit, " (rendezvous ", flag, ")");
+}
+
+std::string Counted(size_t count, const char* noun) {
+  return absl::StrCat(count, " ", noun, count == 1 ? "" : "s");
+}
+
 absl::Status CheckJoinTimeout(const pb::JobConfig& config, const Limits& limits) {
   if (config.join_timeout_ms() > limits.max_join_timeout_ms) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.join_timeout_ms is ", config.join_timeout_ms(), "; it must be <= ",
-                     limits.max_join_timeout_ms, " (max_join_timeout_ms, --max-join-timeout-ms)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.join_timeout_ms is ", config.join_timeout_ms(),
+        "; it must be <= ", limits.max_join_timeout_ms, " (rendezvous --max-join-timeout-ms)"));
   }
   return absl::OkStatus();
 }
@@ -142,8 +150,8 @@ absl::Status ValidateKey(const std::string& key, const Limits& limits) {
   // Over a Limits cap is RESOURCE_EXHAUSTED (docs/rendezvous.md), malformed is
   // INVALID_ARGUMENT.
   if (key.size() > limits.max_key_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("key is ", key.size(), " bytes; the limit is ", limits.max_key_bytes));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "key is ", key.size(), " bytes; ", DescribeLimit(limits.max_key_bytes, "--max-key-bytes")));
   }
   return absl::OkStatus();
 }
@@ -151,7 +159,8 @@ absl::Status ValidateKey(const std::string& key, const Limits& limits) {
 absl::Status ValidateValue(const std::string& value, const Limits& limits) {
   if (value.size() > limits.max_value_bytes) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("value is ", value.size(), " bytes; the limit is ", limits.max_value_bytes));
+        absl::StrCat("value is ", value.size(), " bytes; ",
+                     DescribeLimit(limits.max_value_bytes, "--max-value-bytes")));
   }
   return absl::OkStatus();
 }

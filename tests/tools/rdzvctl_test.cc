@@ -52,7 +52,7 @@ TEST_CASE("rdzvctl lists, describes and closes a running job") {
 
   Output health = Rdzvctl(server->endpoint(), {"health"});
   CHECK(health.exit_code == 0);
-  CHECK(health.text.find("serving") != std::string::npos);
+  CHECK(health.text.find("SERVING (grpc.health.v1.Health)") != std::string::npos);
 
   Output list = Rdzvctl(server->endpoint(), {"list"});
   CHECK(list.exit_code == 0);
@@ -81,6 +81,33 @@ TEST_CASE("rdzvctl lists, describes and closes a running job") {
     CHECK(exit->ShellCode() == 1);
   }
   CHECK(ReadFile(dir.File("a.log")).find("maintenance") != std::string::npos);
+}
+
+TEST_CASE("rdzvctl health checks grpc.health.v1.Health, which needs no token") {
+  TempDir dir;
+  WriteFile(dir.File("token"), "ctl-token\n");
+  auto server = StartServer({"--token-file", dir.File("token")});
+
+  // The health service is not token-checked (load-balancer probes), while
+  // every Rendezvous call is: ListJobs could not stand in for it here.
+  Output health = Rdzvctl(server->endpoint(), {"health"});
+  INFO(health.text);
+  CHECK(health.exit_code == 0);
+  CHECK(health.text.find("SERVING (grpc.health.v1.Health)") != std::string::npos);
+  Output list = Rdzvctl(server->endpoint(), {"list"});
+  CHECK(list.exit_code == 1);
+  CHECK(list.text.find("UNAUTHENTICATED") != std::string::npos);
+  Output with_token = Rdzvctl(server->endpoint(), {"--token-file", dir.File("token"), "health"});
+  CHECK(with_token.exit_code == 0);
+
+  // A server that does not answer: exit 1, naming UNAVAILABLE.
+  const std::string endpoint = server->endpoint();
+  server.reset();
+  Output gone = Rdzvctl(endpoint, {"--timeout", "1", "health"});
+  INFO(gone.text);
+  CHECK(gone.exit_code == 1);
+  CHECK(gone.text.find("UNAVAILABLE") != std::string::npos);
+  CHECK(Rdzvctl(endpoint, {"health", "extra"}).exit_code == 2);
 }
 
 }  // namespace

@@ -89,6 +89,36 @@ TEST_CASE("Bearer token is sent from the token file", "[client]") {
   CHECK((*authorized)->ListJobs().ok());
 }
 
+TEST_CASE("CheckHealth asks grpc.health.v1.Health, which takes no token", "[client][health]") {
+  const std::string token_path = absl::StrCat(testing::TempDir(), "/client_test_health_token");
+  std::ofstream(token_path) << "health-token\n";
+  ServerOptions server_options;
+  server_options.token_file = token_path;
+  auto server = StartLocalServer(server_options);
+
+  // Without the token the Rendezvous service refuses, the health service
+  // answers: a load balancer's probe needs no token.
+  auto client = testing::ConnectTo(server->port());
+  CHECK(client->ListJobs().status().code() == absl::StatusCode::kUnauthenticated);
+  absl::StatusOr<ServingStatus> serving = client->CheckHealth();
+  INFO(serving.status().ToString());
+  REQUIRE(serving.ok());
+  CHECK(*serving == ServingStatus::kServing);
+  CHECK(ServingStatusName(*serving) == "SERVING");
+  // A named service goes on the wire: gRPC's default service knows only "".
+  CHECK(client->CheckHealth("no.such.Service").status().code() == absl::StatusCode::kNotFound);
+
+  // Nobody listening: UNAVAILABLE once the call's time is up.
+  const int port = server->port();
+  server->Shutdown(absl::Seconds(1));
+  server.reset();
+  auto orphan = testing::ConnectTo(port);
+  CallOptions short_call;
+  short_call.timeout = absl::Milliseconds(300);
+  CHECK(orphan->CheckHealth("", short_call).status().code() == absl::StatusCode::kUnavailable);
+  CHECK(ServingStatusName(static_cast<ServingStatus>(7)) == "UNRECOGNIZED(7)");
+}
+
 TEST_CASE("A rotated token file is read again: a refused call or watch goes again", "[client]") {
   const std::string dir =
       absl::StrCat(testing::TempDir(), "/client_rotation_", absl::ToUnixMicros(absl::Now()));
@@ -253,6 +283,41 @@ TEST_CASE(
   const absl::Time stop_started = absl::Now();
   keeper.Stop();
   CHECK(absl::Now() - stop_started < absl::Seconds(1));
+}
+
+TEST_CASE("LeaseKeeper renews at the interval asked for, never one the lease would not survive",
+          "[client][lease]") {
+  auto server = StartLocalServer();
+  auto client = testing::ConnectTo(server->port());
+  auto joined =
+      JoinAndWaitForRound(*client, JoinRequestFor("often", testing::Config(1, 1, 3000), 0, 1),
+                          nullptr, absl::Now() + absl::Seconds(10));
+  REQUIRE(joined.ok());
+  // A 3 s lease renewed every 100 ms: about 15 renewals in 1.5 s, where
+  // the default of ttl/3 would make one.
+  LeaseKeeper often(client.get(), "often", joined->member_id, absl::Seconds(3),
+                    absl::Milliseconds(100));
+  CHECK(often.WaitForFailure(absl::Now() + absl::Milliseconds(1500)).ok());
+  CHECK(often.renewals() >= 8);
+  often.Stop();
+
+  // An interval as long as the lease falls back to ttl/3, and the member
+  // survives five ttls.
+  auto short_lease =
+      JoinAndWaitForRound(*client, JoinRequestFor("short", testing::Config(1, 1, 300), 0, 1),
+                          nullptr, absl::Now() + absl::Seconds(10));
+  REQUIRE(short_lease.ok());
+  LeaseKeeper rare(client.get(), "short", short_lease->member_id, absl::Milliseconds(300),
+                   absl::Seconds(1));
+  JobWatcher watcher(client.get(), "short");
+  auto lost = watcher.WaitFor(
+      [&](const pb::JobState& state) {
+        return state.phase() != pb::RUNNING || state.round() != short_lease->state.round();
+      },
+      absl::Now() + absl::Milliseconds(1500));
+  CHECK(lost.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(rare.status().ok());
+  CHECK(rare.renewals() >= 8);
 }
 
 TEST_CASE("LeaseKeeper stops promptly while a renewal is far off", "[client][lease]") {

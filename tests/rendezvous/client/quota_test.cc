@@ -77,7 +77,9 @@ TEST_CASE("JobWatcher gives up on a refused stream and names the quota", "[clien
       refused.WaitFor([](const pb::JobState&) { return true; }, absl::Now() + absl::Seconds(8));
   INFO(state.status().ToString());
   CHECK(state.status().code() == absl::StatusCode::kResourceExhausted);
-  CHECK(absl::StrContains(state.status().message(), "Watch streams"));
+  CHECK(absl::StrContains(state.status().message(), "open Watch stream"));
+  CHECK(absl::StrContains(state.status().message(),
+                          "the limit is 1 (rendezvous --max-watch-streams)"));
   CHECK(absl::StrContains(state.status().message(), "crowded"));
   CHECK(refused.status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(absl::Now() - start < absl::Seconds(5));

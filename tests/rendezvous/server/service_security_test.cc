@@ -329,6 +329,7 @@ TEST_CASE("one identity cannot fill the server with jobs") {
   INFO(message);
   CHECK(message.find("2 jobs") != std::string::npos);
   CHECK(message.find("per identity") != std::string::npos);
+  CHECK(message.find("the limit is 2 (rendezvous --max-jobs-per-identity)") != std::string::npos);
   CHECK(message.find("tenant-a") == std::string::npos);  // never echo a secret
   // Joining a job that exists is not creating one.
   CHECK(CreateJob(*stub, "a-1", "tenant-a") == grpc::StatusCode::OK);

@@ -10,7 +10,7 @@
 #include <httplib.h>
 #include <catch2/catch.hpp>
 
-#include "tests/rendezvous/server/health.grpc.pb.h"
+#include "proto/health.grpc.pb.h"
 #include "tests/rendezvous/server/service_test_util.h"
 
 namespace muster::rdzv::testing {
@@ -160,6 +160,19 @@ TEST_CASE("blocking store calls wake on change, time out, and abort") {
     CHECK(status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
     CHECK(took >= absl::Milliseconds(280));
     CHECK(took < absl::Seconds(5));
+  }
+
+  SECTION("Wait with wait_ms 0 and an absent key is DEADLINE_EXCEEDED at once") {
+    pb::WaitRequest request;
+    request.set_job_id("job-store");
+    request.set_round(round);
+    request.add_keys("absent");
+    request.set_wait_ms(0);
+    pb::WaitResponse response;
+    absl::Time start = absl::Now();
+    grpc::Status status = stub->Wait(Context().get(), request, &response);
+    CHECK(status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+    CHECK(absl::Now() - start < absl::Seconds(2));
   }
 
   SECTION("Wait returns once every key exists") {
@@ -353,6 +366,8 @@ TEST_CASE(
   CHECK(third.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(third.status.error_message().find("job-greedy") != std::string::npos);
   CHECK(third.status.error_message().find("per job") != std::string::npos);
+  CHECK(third.status.error_message().find(
+            "the limit is 2 (rendezvous --max-watch-streams-per-job)") != std::string::npos);
 
   // The other job still gets a stream: one tenant did not starve it.
   held.push_back(HoldWatch(*stub, "job-modest"));
@@ -360,6 +375,108 @@ TEST_CASE(
   INFO(over.status.error_message());
   CHECK(over.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(over.status.error_message().find("server already has 3") != std::string::npos);
+  CHECK(over.status.error_message().find("the limit is 3 (rendezvous --max-watch-streams)") !=
+        std::string::npos);
+}
+
+// A refusal by a cap: RESOURCE_EXHAUSTED whose message names the limit's
+// value and the server flag that sets it.
+void CheckNamesLimit(const grpc::Status& status, const std::string& limit,
+                     const std::string& flag) {
+  INFO(status.error_message());
+  CHECK(status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(status.error_message().find("the limit is " + limit + " (rendezvous " + flag + ")") !=
+        std::string::npos);
+}
+
+TEST_CASE("every cap's refusal names the limit and the server flag that sets it") {
+  ServerOptions options = LocalOptions();
+  options.limits.max_key_bytes = 16;
+  options.limits.max_value_bytes = 64;
+  options.limits.max_keys_per_job = 2;
+  options.limits.max_keys_per_request = 3;
+  options.limits.max_response_bytes = 100;
+  options.limits.max_members_per_job = 1;
+  options.limits.max_jobs = 2;
+  options.max_waiters_per_job = 1;
+  std::unique_ptr<Server> server = StartOrFail(options);
+  std::unique_ptr<Stub> stub = StubFor(*server);
+  std::string member_id;
+  const uint64_t round = StartSingleNodeJob(*stub, "job-caps", &member_id);
+
+  CheckNamesLimit(SetKey(*stub, "job-caps", round, std::string(17, 'k'), "v"), "16",
+                  "--max-key-bytes");
+  CheckNamesLimit(SetKey(*stub, "job-caps", round, "k", std::string(65, 'v')), "64",
+                  "--max-value-bytes");
+  REQUIRE(SetKey(*stub, "job-caps", round, "a", std::string(64, 'a')).ok());
+  REQUIRE(SetKey(*stub, "job-caps", round, "b", std::string(64, 'b')).ok());
+  grpc::Status third_key = SetKey(*stub, "job-caps", round, "c", "v");
+  CheckNamesLimit(third_key, "2", "--max-keys-per-job");
+  CHECK(third_key.error_message().find("holds 2 keys") != std::string::npos);
+
+  auto multi_get = [&](std::vector<std::string> keys) {
+    pb::MultiGetRequest request;
+    request.set_job_id("job-caps");
+    request.set_round(round);
+    for (const std::string& key : keys) request.add_keys(key);
+    pb::MultiGetResponse response;
+    return stub->MultiGet(Context().get(), request, &response);
+  };
+  CheckNamesLimit(multi_get({"a", "a", "a", "a"}), "3", "--max-keys-per-request");
+  CheckNamesLimit(multi_get({"a", "b"}), "100", "--max-response-bytes");
+
+  pb::JoinResponse joined;
+  grpc::Status member = stub->Join(Context().get(), JoinRequestFor("job-caps", 1, 1), &joined);
+  CheckNamesLimit(member, "1", "--max-members-per-job");
+  CHECK(member.error_message().find("has 1 member;") != std::string::npos);
+
+  REQUIRE(stub->Join(Context().get(), JoinRequestFor("job-other", 1, 1), &joined).ok());
+  grpc::Status job = stub->Join(Context().get(), JoinRequestFor("job-third", 1, 1), &joined);
+  CheckNamesLimit(job, "2", "--max-jobs");
+  CHECK(job.error_message().find("holds 2 jobs") != std::string::npos);
+
+  // One blocked Get is the cap; a blocked Wait beside it is refused at once.
+  auto blocked = std::async(std::launch::async, [&] {
+    pb::GetRequest request;
+    request.set_job_id("job-caps");
+    request.set_round(round);
+    request.set_key("later");
+    request.set_wait_ms(20000);
+    pb::GetResponse response;
+    return stub->Get(Context().get(), request, &response);
+  });
+  REQUIRE(blocked.wait_for(milliseconds(200)) == std::future_status::timeout);
+  pb::WaitRequest wait;
+  wait.set_job_id("job-caps");
+  wait.set_round(round);
+  wait.add_keys("later");
+  wait.set_wait_ms(20000);
+  pb::WaitResponse waited;
+  grpc::Status waiter = stub->Wait(Context().get(), wait, &waited);
+  CheckNamesLimit(waiter, "1", "--max-waiters-per-job");
+  CHECK(waiter.error_message().find("1 blocked Get or Wait call;") != std::string::npos);
+
+  // The blocked Get still completes: make room for its key and set it.
+  pb::DeleteRequest drop;
+  drop.set_job_id("job-caps");
+  drop.set_round(round);
+  drop.set_key("a");
+  pb::DeleteResponse dropped;
+  REQUIRE(stub->Delete(Context().get(), drop, &dropped).ok());
+  REQUIRE(SetKey(*stub, "job-caps", round, "later", "v").ok());
+  REQUIRE(blocked.wait_for(kEventTimeout) == std::future_status::ready);
+  grpc::Status got = blocked.get();
+  INFO(got.error_message());
+  CHECK(got.ok());
+}
+
+TEST_CASE("Start refuses a blocked-call cap of 0") {
+  ServerOptions options = LocalOptions();
+  options.max_waiters_per_job = 0;
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+  REQUIRE(!server.ok());
+  CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(server.status().message()).find("max_waiters_per_job") != std::string::npos);
 }
 
 TEST_CASE("metrics and health endpoints answer") {

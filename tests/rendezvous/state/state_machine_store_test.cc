@@ -117,6 +117,14 @@ TEST_CASE("the store is scoped to the round and cleared when it ends") {
   REQUIRE_CODE(h.machine.Get("nope", 0, "k"), absl::StatusCode::kNotFound);
 }
 
+bool Mentions(const absl::Status& status, const std::string& text) {
+  return std::string(status.message()).find(text) != std::string::npos;
+}
+template <typename T>
+bool Mentions(const absl::StatusOr<T>& result, const std::string& text) {
+  return Mentions(result.status(), text);
+}
+
 TEST_CASE("store limits") {
   Limits limits;
   limits.max_keys_per_job = 3;
@@ -127,7 +135,11 @@ TEST_CASE("store limits") {
   REQUIRE_OK(h.Set("j1", 0, "k1", "v"));
   REQUIRE_OK(h.Set("j1", 0, "k2", "v"));
   REQUIRE_OK(job.Add("k3", 1));
-  REQUIRE_CODE(h.Set("j1", 0, "k4", "v"), absl::StatusCode::kResourceExhausted);
+  absl::Status fourth = h.Set("j1", 0, "k4", "v");
+  REQUIRE_CODE(fourth, absl::StatusCode::kResourceExhausted);
+  CHECK(Mentions(fourth,
+                 "round 0 of job j1 holds 3 keys; "
+                 "the limit is 3 (rendezvous --max-keys-per-job)"));
   REQUIRE_CODE(job.Add("k4", 1), absl::StatusCode::kResourceExhausted);
   REQUIRE_CODE(job.Cas("k4", true, "", "v"), absl::StatusCode::kResourceExhausted);
   REQUIRE_OK(h.Set("j1", 0, "k1", "overwrite"));  // existing keys are fine
@@ -140,19 +152,15 @@ TEST_CASE("oversized and empty keys and values are rejected") {
   RunningJob job(limits);
   Harness& h = job.h;
   REQUIRE_CODE(h.Set("j1", 0, "", "v"), absl::StatusCode::kInvalidArgument);
-  REQUIRE_CODE(h.Set("j1", 0, "123456789", "v"), absl::StatusCode::kResourceExhausted);
-  REQUIRE_CODE(h.Set("j1", 0, "k", std::string(17, 'x')), absl::StatusCode::kResourceExhausted);
+  absl::Status long_key = h.Set("j1", 0, "123456789", "v");
+  REQUIRE_CODE(long_key, absl::StatusCode::kResourceExhausted);
+  CHECK(Mentions(long_key, "key is 9 bytes; the limit is 8 (rendezvous --max-key-bytes)"));
+  absl::Status long_value = h.Set("j1", 0, "k", std::string(17, 'x'));
+  REQUIRE_CODE(long_value, absl::StatusCode::kResourceExhausted);
+  CHECK(Mentions(long_value, "value is 17 bytes; the limit is 16 (rendezvous --max-value-bytes)"));
   REQUIRE_OK(h.Set("j1", 0, "12345678", std::string(16, 'x')));
   REQUIRE_CODE(job.Cas("k", true, "", std::string(17, 'x')), absl::StatusCode::kResourceExhausted);
   REQUIRE_CODE(h.machine.Get("j1", 0, "123456789"), absl::StatusCode::kResourceExhausted);
-}
-
-bool Mentions(const absl::Status& status, const std::string& text) {
-  return std::string(status.message()).find(text) != std::string::npos;
-}
-template <typename T>
-bool Mentions(const absl::StatusOr<T>& result, const std::string& text) {
-  return Mentions(result.status(), text);
 }
 
 pb::MultiGetRequest MultiGetOf(const std::string& key, int times) {
@@ -207,7 +215,7 @@ TEST_CASE("a job's bytes are capped; shrinking or freeing is never refused") {
     if (!status.ok()) break;
   }
   REQUIRE_CODE(status, absl::StatusCode::kResourceExhausted);
-  CHECK(Mentions(status, "--max-job-bytes"));
+  CHECK(Mentions(status, "the limit is 8192 (rendezvous --max-job-bytes)"));
   CHECK(stored >= 5);
   REQUIRE(*h.machine.JobBytes("j1") <= limits.max_job_bytes);
   REQUIRE_CODE(job.Cas("fresh", true, "", std::string(1000, 'c')),
@@ -242,7 +250,7 @@ TEST_CASE("the bytes of all jobs are capped and bound the snapshot's size") {
     status = h.Set("j1", 0, "k" + std::to_string(i), std::string(1000, 'v'));
   }
   REQUIRE_CODE(status, absl::StatusCode::kResourceExhausted);
-  CHECK(Mentions(status, "--max-total-bytes"));
+  CHECK(Mentions(status, "the limit is 16384 (rendezvous --max-total-bytes)"));
   status = h.Set("j2", 0, "k", std::string(1000, 'v'));
   REQUIRE_CODE(status, absl::StatusCode::kResourceExhausted);
   REQUIRE(h.machine.total_bytes() <= limits.max_total_bytes);
@@ -350,11 +358,31 @@ TEST_CASE("jobs and members per job are capped") {
   auto config = Config(3, 3);
   h.Join("j1", config);
   h.Join("j1", config);
-  REQUIRE_CODE(h.TryJoin("j1", config), absl::StatusCode::kResourceExhausted);
+  auto third_member = h.TryJoin("j1", config);
+  REQUIRE_CODE(third_member, absl::StatusCode::kResourceExhausted);
+  CHECK(Mentions(third_member,
+                 "job j1 has 2 members; the limit is 2 (rendezvous --max-members-per-job)"));
   h.Join("j2", config);
-  REQUIRE_CODE(h.TryJoin("j3", config), absl::StatusCode::kResourceExhausted);
+  auto third_job = h.TryJoin("j3", config);
+  REQUIRE_CODE(third_job, absl::StatusCode::kResourceExhausted);
+  CHECK(Mentions(third_job,
+                 "job j3 cannot be created: the server holds 2 jobs; "
+                 "the limit is 2 (rendezvous --max-jobs)"));
   REQUIRE(h.machine.job_count() == 2);
   REQUIRE(h.machine.member_count() == 3);
+
+  Limits one;
+  one.max_members_per_job = 1;
+  Harness single(one);
+  single.Join("j1", Config(1, 2));
+  CHECK(Mentions(single.TryJoin("j1", Config(1, 2)), "job j1 has 1 member; the limit is 1"));
+  Limits none;
+  none.max_members_per_job = 0;
+  Harness empty(none);
+  auto refused = empty.TryJoin("j1", Config(1, 1));
+  REQUIRE_CODE(refused, absl::StatusCode::kResourceExhausted);
+  CHECK(Mentions(refused, "the limit is 0 (rendezvous --max-members-per-job)"));
+  CHECK(empty.machine.job_count() == 0);
 }
 
 TEST_CASE("job secrets") {
