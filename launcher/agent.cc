@@ -163,7 +163,8 @@ int Agent::Run() {
   }
   member_id_ = joined->member_id();
   keeper_ = std::make_unique<rdzv::LeaseKeeper>(&client, setup_.job_id, member_id_,
-                                                absl::Milliseconds(joined->lease_ttl_ms()));
+                                                absl::Milliseconds(joined->lease_ttl_ms()),
+                                                options_.rdzv_conf.keep_alive_interval);
   watcher_ = std::make_unique<rdzv::JobWatcher>(&client, setup_.job_id,
                                                 [this](const pb::JobState&) { wake_.Poke(); });
   signals_.Watch(watcher_.get());  // a signal ends every wait on it
@@ -565,8 +566,19 @@ int RunAgent(const LaunchOptions& options, const std::map<std::string, std::stri
     spdlog::error("{}", std::string(setup.status().message()));
     return 2;
   }
-  Agent agent(options, env, &signals, *std::move(setup));
-  return agent.Run();
+  // Without --log_dir the logs live in a directory of $TMPDIR made for
+  // this run. Once the agent is done, the directories in it that hold no
+  // file (every rank's, when no worker failed and nothing was redirected)
+  // go, so that runs do not pile up empty trees there; an error report or
+  // a log file keeps its directory, and the path the agent printed.
+  const std::string temporary_root = options.log_dir.empty() ? setup->log_root : "";
+  int code = 0;
+  {
+    Agent agent(options, env, &signals, *std::move(setup));
+    code = agent.Run();
+  }
+  if (!temporary_root.empty()) RemoveEmptyDirectories(temporary_root);
+  return code;
 }
 
 }  // namespace muster::launcher

@@ -47,13 +47,18 @@ namespace muster::launcher {
 
 // Runs the agent to the end and returns the process exit code:
 //   0        the job succeeded
-//   N        the first failed worker's exit code (128+signal if killed)
+//   N        the failed worker's exit code (128+signal if killed), of the
+//            newest failure: the one that spent the budget or that no
+//            restart can mend
 //   75       preempted: kPreemptedExitCode (worker_env.h); the workers saved
 //            their state, or none ran when SIGTERM (SIGUSR1) came
 //   128+S    the agent got signal S (one of options.signals_to_handle), and
 //            for a preemption signal, not every worker saved its state
-//   1        the job was closed by an administrator, or an agent error
-//   2        the rendezvous service could not be reached or refused us
+//   1        the job was closed by an administrator, failed without a
+//            worker's code (a lost node, a join timeout), a server limit
+//            refused the first join, or another agent error
+//   2        bad options, or the rendezvous service could not be reached
+//            or refused us (docs/launch.md, "Exit codes")
 // `signal_fd` is a non-blocking signalfd for options.signals_to_handle,
 // which the caller has blocked in every thread.
 int RunAgent(const LaunchOptions& options, const std::map<std::string, std::string>& env,

@@ -7,9 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -145,6 +147,21 @@ absl::StatusOr<std::string> MakeLogRoot(const LaunchOptions& options, const std:
 }
 
 }  // namespace
+
+void RemoveEmptyDirectories(const std::string& root) {
+  std::error_code error;
+  std::vector<std::string> directories = {root};
+  for (auto it = std::filesystem::recursive_directory_iterator(root, error);
+       !error && it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
+    if (it->is_directory(error) && !it->is_symlink(error)) directories.push_back(it->path());
+  }
+  // Deepest first: a directory is empty once its empty children are gone.
+  // rmdir(2) removes only an empty directory, so nothing with a file in it
+  // can go, whatever else writes there meanwhile.
+  std::sort(directories.begin(), directories.end(),
+            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  for (const std::string& directory : directories) rmdir(directory.c_str());
+}
 
 absl::StatusOr<int> PickFreePort() {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -36,6 +36,11 @@ struct RendezvousSetup {
 absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
                                                 rdzv::Cancellation* cancellation = nullptr);
 
+// Removes every directory under `root`, and `root`, that holds no file:
+// what is left of a log root once the files worth keeping are written.
+// Errors are ignored (a directory that cannot go stays).
+void RemoveEmptyDirectories(const std::string& root);
+
 // A TCP port that was free a moment ago on every interface. Racy by nature
 // (another process may take it before the worker binds it); the window is
 // the time to spawn rank 0.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <csignal>
 #include <functional>
+#include <set>
 
 #include <CLI/CLI.hpp>
 
@@ -88,7 +89,7 @@ absl::Status ParseNnodes(const std::string& text, int* min_nodes, int* max_nodes
 }
 
 absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf) {
-  if (absl::StripAsciiWhitespace(text).empty()) return absl::OkStatus();
+  std::set<std::string> given;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     std::pair<std::string, std::string> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     std::string key(absl::StripAsciiWhitespace(kv.first));
@@ -100,6 +101,7 @@ absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf) {
       return absl::OkStatus();
     };
     absl::Status status;
+    given.insert(key == "heartbeat_timeout" ? "lease_ttl" : key);
     if (key == "join_timeout") {
       status = set_duration(&conf->join_timeout);
     } else if (key == "last_call_timeout") {
@@ -148,8 +150,32 @@ absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf) {
     }
     if (!status.ok()) return status;
   }
+  // torchrun's keep-alive settings: a node renews every
+  // keep_alive_interval and is dead after keep_alive_max_attempt missed
+  // renewals. Here the lease is what dies, so without lease_ttl those
+  // two set it (interval x attempts), and without keep_alive_interval the
+  // lease is renewed keep_alive_max_attempt times a ttl.
+  const bool interval_given = given.count("keep_alive_interval") > 0;
+  const bool ttl_given = given.count("lease_ttl") > 0;
+  if (interval_given && conf->keep_alive_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--rdzv_conf keep_alive_interval: must be positive");
+  }
+  if (interval_given && !ttl_given) {
+    conf->lease_ttl = conf->keep_alive_interval * conf->keep_alive_max_attempt;
+  }
   if (conf->lease_ttl < absl::Milliseconds(100)) {
-    return absl::InvalidArgumentError("--rdzv_conf lease_ttl: must be at least 0.1 s");
+    return absl::InvalidArgumentError(
+        interval_given && !ttl_given
+            ? "--rdzv_conf keep_alive_interval x keep_alive_max_attempt, the lease ttl, must be "
+              "at least 0.1 s"
+            : "--rdzv_conf lease_ttl: must be at least 0.1 s");
+  }
+  if (!interval_given) conf->keep_alive_interval = conf->lease_ttl / conf->keep_alive_max_attempt;
+  if (conf->keep_alive_interval >= conf->lease_ttl) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rdzv_conf keep_alive_interval ", absl::FormatDuration(conf->keep_alive_interval),
+        " is not shorter than lease_ttl ", absl::FormatDuration(conf->lease_ttl),
+        ": the lease would lapse between renewals"));
   }
   if (conf->join_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--rdzv_conf join_timeout: must be positive");
@@ -283,7 +309,8 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   add_text("rdzv_id", "none", "Job id shared by every node of the job");
   add_text("rdzv_conf", "",
            "k=v,... : join_timeout, last_call_timeout, close_timeout, "
-           "lease_ttl, keep_alive_interval, token_file, tls_*, job_secret_file, is_host (c10d)");
+           "lease_ttl, keep_alive_interval, keep_alive_max_attempt, token_file, tls_*, "
+           "job_secret_file, is_host (c10d)");
   add_bool("standalone", &options.standalone, "Run an embedded rendezvous server");
   add_text("max_restarts", "0", "Job-wide failure restarts before giving up");
   add_text("monitor_interval", "0.1", "Seconds between worker health checks");
@@ -393,6 +420,20 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
     return absl::InvalidArgumentError(
         absl::StrCat("--rdzv_endpoint is required with --rdzv_backend ", options.rdzv_backend,
                      " (or use --standalone)"));
+  }
+  // The servers an agent embeds (--standalone, static, c10d) serve
+  // plaintext: a client speaking TLS to one fails its handshake with an
+  // SSL error that names neither cause nor cure.
+  const RdzvConf& conf = options.rdzv_conf;
+  if ((options.standalone || options.rdzv_backend != "grpc") &&
+      (!conf.tls_ca.empty() || !conf.tls_cert.empty() || !conf.tls_key.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--rdzv_conf tls_ca, tls_cert, tls_key: the rendezvous that ",
+        options.standalone ? std::string("--standalone")
+                           : absl::StrCat("--rdzv_backend ", options.rdzv_backend),
+        " runs inside an agent serves plaintext; for TLS, start the rendezvous service with "
+        "--tls-cert and --tls-key and give every node --rdzv_backend grpc --rdzv_endpoint "
+        "host:port"));
   }
   if (options.rdzv_backend == "static" && !options.standalone && !options.rdzv_endpoint.empty()) {
     // torchrun's static backend takes its master from the endpoint when

@@ -30,7 +30,10 @@ struct RdzvConf {
   absl::Duration close_timeout = absl::Seconds(30);
   // Our lease ttl. torchrun's `heartbeat_timeout` sets it too.
   absl::Duration lease_ttl = absl::Seconds(10);
-  // 0 means lease_ttl / 3 (as etcd does).
+  // torchrun's keep-alive: renew every keep_alive_interval, dead after
+  // keep_alive_max_attempt missed renewals. ParseRdzvConf resolves them
+  // with lease_ttl: given alone, interval x attempts is the ttl; not given,
+  // the interval is lease_ttl / keep_alive_max_attempt.
   absl::Duration keep_alive_interval = absl::ZeroDuration();
   int keep_alive_max_attempt = 3;
   std::string token_file;

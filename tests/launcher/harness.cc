@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "absl/strings/ascii.h"
@@ -185,9 +186,15 @@ launcher::Child StartLaunch(const std::vector<std::string>& args, const std::str
   launcher::SpawnSpec spec;
   spec.argv = {"/bin/sh", "-c", command, BinaryPath("launcher/launch")};
   spec.argv.insert(spec.argv.end(), args.begin(), args.end());
-  for (const auto& [key, value] : launcher::CurrentEnvironment())
-    spec.env.push_back(key + "=" + value);
-  spec.env.insert(spec.env.end(), extra_env.begin(), extra_env.end());
+  // `extra_env` replaces a variable of this process's environment of the
+  // same name (a variable given twice is read as the first by some
+  // programs and as the last by others).
+  std::map<std::string, std::string> env = launcher::CurrentEnvironment();
+  for (const std::string& entry : extra_env) {
+    const size_t equals = entry.find('=');
+    env[entry.substr(0, equals)] = equals == std::string::npos ? "" : entry.substr(equals + 1);
+  }
+  for (const auto& [key, value] : env) spec.env.push_back(key + "=" + value);
   absl::StatusOr<launcher::Child> child = launcher::Child::Spawn(spec);
   REQUIRE(child.ok());
   return std::move(*child);

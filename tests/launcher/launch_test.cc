@@ -415,6 +415,40 @@ TEST_CASE("--local_ranks_filter limits the console, not the log files") {
   CHECK(ReadFile(dir.File("logs") + "/filtered/attempt_0/0/stdout.log") == "line from 0\n");
 }
 
+TEST_CASE("without --log_dir, the run's directory in $TMPDIR keeps only what holds a file") {
+  TempDir dir;
+  const std::string tmp = dir.File("tmp");
+  std::filesystem::create_directories(tmp);
+  auto runs_left = [&tmp] {
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(tmp)) {
+      names.push_back(entry.path().filename().string());
+    }
+    return names;
+  };
+  // Nothing redirected and no failure: every rank's directory is empty.
+  Child quiet = StartLaunch(Concat({"--standalone", "--nproc_per_node=2", "--rdzv_id=quiet"},
+                                   ShellWorker("echo hi from $RANK")),
+                            dir.File("quiet.log"), {"TMPDIR=" + tmp});
+  INFO(ReadFile(dir.File("quiet.log")));
+  CHECK(ExitCodeWithin(quiet, absl::Seconds(30)) == 0);
+  CHECK(runs_left().empty());
+
+  // Rank 1's stdout went to a file: that file, and its directories, stay.
+  Child redirected = StartLaunch(
+      Concat({"--standalone", "--nproc_per_node=2", "--rdzv_id=kept", "--redirects", "1:1"},
+             ShellWorker("echo hi from $RANK")),
+      dir.File("kept.log"), {"TMPDIR=" + tmp});
+  INFO(ReadFile(dir.File("kept.log")));
+  CHECK(ExitCodeWithin(redirected, absl::Seconds(30)) == 0);
+  const std::vector<std::string> left = runs_left();
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].rfind("muster_kept_", 0) == 0);
+  const std::string run = tmp + "/" + left[0];
+  CHECK(ReadFile(run + "/attempt_0/1/stdout.log") == "hi from 1\n");
+  CHECK_FALSE(std::filesystem::exists(run + "/attempt_0/0"));
+}
+
 TEST_CASE("a job runs on while the rendezvous token is rotated, with no restart of anything") {
   TempDir dir;
   // The server's tokens, and the one the agent (and its workers) present.

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <csignal>
 
+#include "absl/strings/match.h"
+
 namespace muster::launcher {
 namespace {
 
@@ -134,6 +136,56 @@ TEST_CASE("rdzv_conf keys") {
   CHECK(options->rdzv_conf.lease_ttl == absl::Seconds(2));
   CHECK(options->rdzv_conf.token_file == "/t");
   CHECK(options->rdzv_conf.keep_alive_max_attempt == 4);
+}
+
+TEST_CASE("torchrun's keep-alive settings set the lease and its renewals") {
+  auto defaults = Parse({"--standalone", "t.yaml"});
+  REQUIRE(defaults.ok());
+  CHECK(defaults->rdzv_conf.lease_ttl == absl::Seconds(10));
+  CHECK(defaults->rdzv_conf.keep_alive_interval == absl::Seconds(10) / 3);
+
+  // Alone, as torchrun's: dead after interval x attempts.
+  auto alone = Parse(
+      {"--standalone", "--rdzv_conf=keep_alive_interval=2,keep_alive_max_attempt=4", "t.yaml"});
+  REQUIRE(alone.ok());
+  CHECK(alone->rdzv_conf.lease_ttl == absl::Seconds(8));
+  CHECK(alone->rdzv_conf.keep_alive_interval == absl::Seconds(2));
+
+  auto attempts =
+      Parse({"--standalone", "--rdzv_conf=lease_ttl=6,keep_alive_max_attempt=6", "t.yaml"});
+  REQUIRE(attempts.ok());
+  CHECK(attempts->rdzv_conf.keep_alive_interval == absl::Seconds(1));
+
+  auto both = Parse({"--standalone", "--rdzv_conf=lease_ttl=6,keep_alive_interval=0.5", "t.yaml"});
+  REQUIRE(both.ok());
+  CHECK(both->rdzv_conf.lease_ttl == absl::Seconds(6));
+  CHECK(both->rdzv_conf.keep_alive_interval == absl::Milliseconds(500));
+
+  auto lapses = Parse({"--standalone", "--rdzv_conf=lease_ttl=2,keep_alive_interval=3", "t.yaml"});
+  CHECK(absl::IsInvalidArgument(lapses.status()));
+  CHECK(lapses.status().message() ==
+        "--rdzv_conf keep_alive_interval 3s is not shorter than lease_ttl 2s: the lease would "
+        "lapse between renewals");
+  auto zero = Parse({"--standalone", "--rdzv_conf=keep_alive_interval=0", "t.yaml"});
+  CHECK(absl::IsInvalidArgument(zero.status()));
+}
+
+TEST_CASE("TLS settings for a rendezvous an agent embeds are refused, naming the way to TLS") {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"--standalone", "--rdzv_conf=tls_ca=/ca.pem", "t.yaml"},
+           {"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "--rdzv_conf=tls_ca=/ca.pem",
+            "t.yaml"},
+           {"--nnodes=2", "--node_rank=0", "--rdzv_conf=tls_cert=/c.pem,tls_key=/k.pem",
+            "t.yaml"}}) {
+    auto options = Parse(args);
+    INFO(args[0]);
+    CHECK(absl::IsInvalidArgument(options.status()));
+    CHECK(absl::StrContains(options.status().message(), "serves plaintext"));
+    CHECK(absl::StrContains(options.status().message(), "--rdzv_backend grpc --rdzv_endpoint"));
+  }
+  auto service = Parse({"--rdzv_endpoint=rdzv:29400", "--rdzv_conf=tls_ca=/ca.pem", "t.yaml"});
+  REQUIRE(service.ok());
+  CHECK(service->rdzv_conf.tls_ca == "/ca.pem");
 }
 
 TEST_CASE("redirects, tee and the local rank filter") {
