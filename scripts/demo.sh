@@ -6,7 +6,8 @@
 #   2. `launch --standalone --nproc_per_node=2 examples/tiny.yaml`: two
 #      workers train a 0.8M-parameter byte-level GPT data-parallel (DDP over
 #      Gloo) for 250 steps, logging loss, throughput and MFU, writing
-#      out/tiny/metrics.jsonl and sharded checkpoints (steps 100, 200, 250);
+#      out/tiny/metrics.jsonl and sharded checkpoints (steps 100, 200, 250;
+#      keep_last 2 leaves 200 and 250);
 #   3. `ckpt ls` and `ckpt verify` on those checkpoints;
 #   4. `worker generate --checkpoint`: samples text from the last one;
 #   5. scripts/demo_rendezvous.sh: two `launch` agents as two nodes against
