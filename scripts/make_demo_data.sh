@@ -2,8 +2,8 @@
 # Writes the demo data set: about 2.5 MB of English text (the fortune-cookie
 # collections of Debian's `fortunes` package, BSD-licensed) as byte-level
 # llm.c token shards, data/tiny/train_000000.bin and data/tiny/val_000000.bin
-# (the last 10% of the text), which examples/train.yaml's globs
-# data/tiny/train_*.bin and data/tiny/val_*.bin read. See docs/data.md.
+# (the last 10% of the text), which the globs of examples/tiny*.yaml,
+# data/tiny/train_*.bin and data/tiny/val_*.bin, read. See docs/data.md.
 #
 # Idempotent: installs `fortunes` only if missing; a rerun rewrites the same
 # bytes (for the same package version).

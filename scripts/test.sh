@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: installs what is missing, then `bazel test //...`, then,
 # when nvcc is on this machine, builds the CUDA path (--config=cuda) so CI
-# proves it compiles and links, and runs its one test that needs no GPU.
+# proves it compiles and links, and runs the CUDA-config tests that need
+# no GPU (the kernels under the CPU emulation, its race and memory checkers,
+# and the cuDNN descriptor test).
 # Exits non-zero on any failure.
 set -uo pipefail
 cd "$(dirname "$0")/.."
