@@ -115,8 +115,9 @@
 #   STEP_TIMEOUT  seconds per step (default 300)
 #   GPU_TARBALL   the bundle (default .gpu/muster-gpu.tar.xz)
 #   MUSTER_HOME   where it is unpacked (default /tmp/muster; replaced)
-#   GPU_RUN_DEVICE  cuda (default) or cpu: a dry run of curve, determinism
-#                 and resume on the CPU (fp32 wherever they would use bf16)
+#   GPU_RUN_DEVICE  cuda (default) or cpu: a dry run on the CPU (fp32
+#                 wherever a step would use bf16) of curve, determinism,
+#                 resume and the DDP and FSDP steps listed above
 #   CURVE_STEPS (300), CURVE_AFTER (50), CURVE_REL (0.01), DETERMINISM_STEPS
 #   (60), RESUME_STEPS (80), RESUME_MODEL (key=value overrides of the
 #   resume run's model and data; default on cuda "model.layers=8
@@ -1012,7 +1013,7 @@ pid_with_env() {
 }
 
 step_ddpkill() {
-  local pid line fifo out_fd found deadline rank0 rank1 killed_at gone_at rc waited
+  local pid line fifo out_fd found deadline rank0 rank1 killed_at gone_at rc waited took
   need bin/worker && need bin/launch && need_compare || return 127
   dry_run_note
   local -a common=(data.micro_batch=4 parallel.backend=gloo checkpoint.every=10
@@ -1042,9 +1043,11 @@ step_ddpkill() {
   # The rest of the output, in the background, until launch closes it.
   cat <&"$out_fd" >> out/ddpkill_b/launch.log &
   exec {out_fd}<&-
-  [ "$found" -eq 1 ] || { echo "FAIL: no step-10 checkpoint within 120 s"; kill -9 "$pid"; return 1; }
+  # On failure, SIGTERM lets launch stop its workers (SIGKILL would leave
+  # them running until the step's timeout kills the group).
+  [ "$found" -eq 1 ] || { echo "FAIL: no step-10 checkpoint within 120 s"; kill "$pid"; return 1; }
   rank0=$(pid_with_env "$pid" RANK=0) && rank1=$(pid_with_env "$pid" RANK=1) ||
-    { echo "FAIL: cannot find the two workers"; kill -9 "$pid"; return 1; }
+    { echo "FAIL: cannot find the two workers"; kill "$pid"; return 1; }
   killed_at=$(date +%s.%N)
   kill -9 "$rank1"
   # /proc announces no exit to a non-parent: poll it, for at most 10 s.
