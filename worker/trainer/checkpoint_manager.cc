@@ -625,6 +625,24 @@ absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) 
   // checkpoint to resume from.
   const std::string final_path = c.dir + "/" + StepDirName(step);
   const std::string aside = c.dir + "/.old_" + StepDirName(step);
+  // Unless it is another run's: a run forked from an earlier checkpoint
+  // into the same directory reaches a step the original saved. That one is
+  // not this run's to delete, so it is kept beside, under a name that no
+  // resume, listing or retention takes for a checkpoint.
+  if (env_->FileExists(final_path)) {
+    auto existing = ReadManifest(env_, final_path);
+    if (existing.ok() && existing->lineage != lineage_) {
+      std::string kept = absl::StrCat(final_path, ".lineage_", existing->lineage);
+      for (int n = 2; env_->FileExists(kept); ++n) {
+        kept = absl::StrCat(final_path, ".lineage_", existing->lineage, ".", n);
+      }
+      status = env_->RenameFile(final_path, kept);
+      if (!status.ok()) return absl::UnavailableError(status.message());
+      Log(absl::StrCat("kept ", final_path, ", another run's checkpoint (lineage ",
+                       existing->lineage, "), as ", kept, ": this run saves its own step ", step,
+                       " there"));
+    }
+  }
   status = env_->RemoveAll(aside);
   if (status.ok() && env_->FileExists(final_path)) status = env_->RenameFile(final_path, aside);
   if (status.ok()) status = env_->RenameFile(tmp, final_path);

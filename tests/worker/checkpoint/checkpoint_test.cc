@@ -501,6 +501,42 @@ TEST_CASE("retention deletes only this run's checkpoints, never the resume sourc
   CHECK(source_manifest->lineage.size() == 16);
 }
 
+TEST_CASE("a run forked into the same directory keeps the other run's checkpoint of a step") {
+  std::string dir = FreshDir("fork_collides");
+  WriteShard(dir);
+  TrainConfig original = TinyConfig(dir);  // steps 4, 8 and 12
+  REQUIRE(RunTrainer(original).status.ok());
+  const std::string ckpt = original.checkpoint.dir;
+  auto theirs = ReadManifest(Env::Default(), ckpt + "/step_00000008");
+  REQUIRE(theirs.ok());
+
+  // Back to step 4 with another learning rate, saving into the same
+  // directory: its steps 8 and 12 meet the original's.
+  TrainConfig fork = original;
+  fork.checkpoint.resume = ckpt + "/step_00000004";
+  fork.optim.lr = 2e-2;
+  RunResult result = RunTrainer(fork);
+  INFO(result.log);
+  REQUIRE(result.status.ok());
+  auto ours = ReadManifest(Env::Default(), ckpt + "/step_00000008");
+  REQUIRE(ours.ok());
+  CHECK(ours->lineage != theirs->lineage);
+  for (const std::string step : {"step_00000008", "step_00000012"}) {
+    const std::string kept = ckpt + "/" + step + ".lineage_" + theirs->lineage;
+    INFO(kept);
+    auto verified = VerifyCheckpoint(Env::Default(), kept);
+    REQUIRE(verified.ok());
+    CHECK(verified->lineage == theirs->lineage);
+    CHECK(absl::StrContains(result.log, "kept " + ckpt + "/" + step +
+                                            ", another run's checkpoint (lineage " +
+                                            theirs->lineage + "), as " + kept));
+  }
+  // The kept ones are not checkpoints to list, resume or retain.
+  auto listed = ListCheckpoints(Env::Default(), ckpt);
+  REQUIRE(listed.ok());
+  CHECK(listed->size() == 3);
+}
+
 TEST_CASE("retention counts only checkpoints that read: a torn one never pushes one out") {
   std::string dir = FreshDir("retention_torn");
   WriteShard(dir);
