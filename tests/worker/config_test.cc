@@ -272,6 +272,10 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
        "t.yaml:4: parallel.pp_split: expected a list of 32-bit integers, entry 1 '9999999999' is "
        "out of range"},
       // The checks against parallel.pp and model.layers (4 by default).
+      {train + "parallel:\n  microbatches: 4\n",
+       "t.yaml:4: parallel.microbatches: 4 sets a pipeline's micro-batches per step, which needs "
+       "parallel.pp above 1 (it is 1); without a pipeline the micro-batches per step are "
+       "data.grad_accumulation: set that, and leave this at 0"},
       {train + "parallel:\n  pp_split: [4]\n",
        "t.yaml:4: parallel.pp_split: [4] splits a pipeline, which needs parallel.pp above 1 (it is "
        "1)"},
@@ -905,11 +909,12 @@ TEST_CASE("every field: a changed value round-trips, and operator== sees it") {
     CHECK_THAT(yaml, Catch::Contains(key + ": " + field.get(changed) + "\n"));
     absl::StatusOr<TrainConfig> parsed = ParseConfig(yaml, changed.source, "");
     // A pipeline of 2 stages needs 2 micro-batches a step under 1f1b, and a
-    // split needs a pipeline (pp > 1): their checks name the field they
-    // look at.
+    // split and micro-batches need a pipeline (pp > 1): their checks name
+    // the field they look at.
     std::string named = field.path;
     if (field.path == "parallel.pp") named = "parallel.microbatches";
-    const bool refused = field.path == "parallel.pp" || field.path == "parallel.pp_split";
+    const bool refused = field.path == "parallel.pp" || field.path == "parallel.pp_split" ||
+                         field.path == "parallel.microbatches";
     if (field.words.size() == 1 || refused) {
       // No other valid value: the reader did read it, and the check named it.
       REQUIRE_FALSE(parsed.ok());

@@ -167,6 +167,18 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
           {"parallel.pp"});
     }
   }
+  // Ignored, it would change the global batch unseen (a pipeline's config
+  // run with pp: 1, or resumed without the pipeline).
+  if (p.pp < 2 && p.microbatches > 0) {
+    return fail("parallel.microbatches",
+                absl::StrCat(p.microbatches,
+                             " sets a pipeline's micro-batches per step, which needs parallel.pp "
+                             "above 1 (it is ",
+                             p.pp,
+                             "); without a pipeline the micro-batches per step are "
+                             "data.grad_accumulation: set that, and leave this at 0"),
+                {"parallel.pp"});
+  }
   if (!p.pp_split.empty()) {
     const std::string split = WriteScalar(p.pp_split);
     if (p.pp < 2) {
