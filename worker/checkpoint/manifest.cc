@@ -69,16 +69,17 @@ std::string ForkLineage(const Manifest& source) {
 std::string ManifestToJson(const Manifest& m) {
   std::string out = "{\n";
   // 64-bit values are strings: JSON readers commonly hold numbers in doubles.
-  absl::StrAppend(&out, "  \"format_version\": ", m.format_version, ",\n", "  \"step\": ", m.step,
-                  ",\n", "  \"optimizer_step\": ", m.optimizer_step, ",\n",
-                  "  \"sample_index\": \"", m.sample_index, "\",\n", "  \"data_seed\": \"",
-                  m.data_seed, "\",\n", "  \"data_windows\": \"", m.data_windows, "\",\n",
-                  absl::StrFormat("  \"config_hash\": \"%016" PRIx64 "\",\n", m.config_hash),
-                  "  \"model\": {\"layers\": ", m.model.layers, ", \"heads\": ", m.model.heads,
-                  ", \"dim\": ", m.model.dim, ", \"vocab\": ", m.model.vocab,
-                  ", \"seq_len\": ", m.model.seq_len, "},\n", "  \"world_size\": ", m.world_size,
-                  ",\n", "  \"strategy\": \"", m.strategy, "\",\n", "  \"lineage\": \"", m.lineage,
-                  "\",\n");
+  absl::StrAppend(
+      &out, "  \"format_version\": ", m.format_version, ",\n", "  \"step\": ", m.step, ",\n",
+      "  \"optimizer_step\": ", m.optimizer_step, ",\n", "  \"sample_index\": \"", m.sample_index,
+      "\",\n", "  \"data_seed\": \"", m.data_seed, "\",\n", "  \"data_windows\": \"",
+      m.data_windows, "\",\n", "  \"global_batch\": \"", m.global_batch, "\",\n",
+      "  \"val_samples\": \"", m.val_samples, "\",\n",
+      absl::StrFormat("  \"config_hash\": \"%016" PRIx64 "\",\n", m.config_hash),
+      "  \"model\": {\"layers\": ", m.model.layers, ", \"heads\": ", m.model.heads,
+      ", \"dim\": ", m.model.dim, ", \"vocab\": ", m.model.vocab,
+      ", \"seq_len\": ", m.model.seq_len, "},\n", "  \"world_size\": ", m.world_size, ",\n",
+      "  \"strategy\": \"", m.strategy, "\",\n", "  \"lineage\": \"", m.lineage, "\",\n");
   if (!m.training.empty()) {
     // Values are yaml scalars ("\"cosine\"", "3e-04"): escaped as JSON strings.
     auto quoted = [](const std::string& text) {
@@ -193,6 +194,8 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& json, const std::strin
     m.sample_index = p.Number<uint64_t>(root, "sample_index");
     m.data_seed = p.Number<uint64_t>(root, "data_seed");
     if (root["data_windows"]) m.data_windows = p.Number<uint64_t>(root, "data_windows");
+    if (root["global_batch"]) m.global_batch = p.Number<uint64_t>(root, "global_batch");
+    if (root["val_samples"]) m.val_samples = p.Number<uint64_t>(root, "val_samples");
     m.config_hash = p.Number<uint64_t>(root, "config_hash", 16);
     YAML::Node model = p.Field(root, "model");
     m.model.layers = p.Number<int>(model, "layers");

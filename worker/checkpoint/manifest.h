@@ -64,6 +64,11 @@ struct Manifest {
   // data.train's windows per epoch at save time, which the order depends
   // on too; 0 in manifests written before the field existed.
   uint64_t data_windows = 0;
+  // Samples an optimizer step read and a validation pass read at save time
+  // (TrainState); 0 in manifests written before the fields existed, and
+  // val_samples 0 for a run without validation.
+  uint64_t global_batch = 0;
+  uint64_t val_samples = 0;
   uint64_t config_hash = 0;  // ModelConfigHash(model)
   ModelConfig model;
   int world_size = 1;            // at save time

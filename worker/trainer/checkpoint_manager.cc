@@ -64,6 +64,14 @@ std::string ResumedLine(const std::string& path, const Manifest& manifest) {
                       manifest.world_size == 1 ? "" : "s", ")");
 }
 
+// "data.micro_batch 4 x 1 micro-steps x 2 data-parallel ranks".
+std::string GlobalBatchTerms(const TrainConfig& config, uint64_t global_batch) {
+  const uint64_t B = config.data.micro_batch, A = MicroSteps(config);
+  return absl::StrCat("data.micro_batch ", B, " x ", A, " micro-step", A == 1 ? "" : "s", " x ",
+                      global_batch / (A * B), " data-parallel rank",
+                      global_batch / (A * B) == 1 ? "" : "s");
+}
+
 }  // namespace
 
 std::string FormatBytes(uint64_t bytes) {
@@ -371,6 +379,24 @@ absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* op
         Log(absl::StrCat("this run's settings differ from those that saved step ", manifest->step,
                          ": ", changes));
       }
+      // Another world size, micro-batch, micro-steps or pipeline depth may
+      // change how many samples a step reads: legitimate (a resume at
+      // another scale), but the run is then no longer step for step the
+      // saved one's, and its validation passes may read other samples.
+      const uint64_t batch = manifest->global_batch, now = state->global_batch;
+      if (batch != 0 && now != 0 && batch != now) {
+        Log(absl::StrCat("note: the global batch changes from ", batch, " to ", now,
+                         " samples a step (", GlobalBatchTerms(config_, now),
+                         "): the run goes on, no longer step for step the saved one; ", batch,
+                         " again continues it exactly"));
+      }
+      const uint64_t val = manifest->val_samples, val_now = state->val_samples;
+      if (val != 0 && val_now != 0 && val != val_now) {
+        Log(absl::StrCat("note: a validation pass now reads ", val_now, " samples, ", val,
+                         " when step ", manifest->step,
+                         " was saved (train.eval_batches x data.micro_batch x data-parallel "
+                         "ranks): val losses from here on do not compare with the earlier ones"));
+      }
       // Sample i is window pi(i mod W) of a permutation over all W windows
       // (docs/data.md): with another W the order from here on is the new
       // data's, not a continuation. Legitimate (new data), but never silent.
@@ -517,6 +543,8 @@ absl::Status CheckpointManager::StartSave(const GptModel& model, const AdamW& op
   last_started_ = state.step;
   sample_index_ = state.sample_index;
   data_windows_ = state.data_windows;
+  global_batch_ = state.global_batch;
+  val_samples_ = state.val_samples;
   local_done_ = false;
   return absl::OkStatus();
 }
@@ -596,6 +624,8 @@ absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) 
   manifest.optimizer_step = step;
   manifest.sample_index = sample_index_;
   manifest.data_windows = data_windows_;
+  manifest.global_batch = global_batch_;
+  manifest.val_samples = val_samples_;
   manifest.data_seed = config_.train.seed;
   manifest.config_hash = ModelConfigHash(config_.model);
   manifest.model = config_.model;

@@ -65,6 +65,13 @@ struct TrainState {
   // the trainer: saved, and compared at resume, where another count means
   // the sample order is no longer the saved run's (0: not known).
   uint64_t data_windows = 0;
+  // Samples an optimizer step reads (micro-steps x dp x micro_batch) and a
+  // validation pass reads (0: no validation), set by the trainer: saved,
+  // and compared at resume, where another count means the run goes on at
+  // another global batch, or its val losses stop comparing with the
+  // earlier ones; said, never refused (0: not known).
+  uint64_t global_batch = 0;
+  uint64_t val_samples = 0;
 };
 
 // A size as the manager's messages give it: "812 KiB", "9.5 MiB", "1.42 GiB".
@@ -201,6 +208,8 @@ class CheckpointManager {
   bool local_done_ = false;
   uint64_t sample_index_ = 0;         // of the save in flight
   uint64_t data_windows_ = 0;         // of the save in flight
+  uint64_t global_batch_ = 0;         // of the save in flight
+  uint64_t val_samples_ = 0;          // of the save in flight
   std::vector<StateTensor> tensors_;  // the model's flat state
   // Rank 0's retention in flight. The thread writes the two fields below
   // and the trainer thread reads them only after joining it.

@@ -121,6 +121,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   trainer->checkpoints_ = std::make_unique<CheckpointManager>(
       config, trainer->strategy_, trainer->options_.log, trainer->options_.env);
   trainer->state_.data_windows = trainer->train_->samples_per_epoch();
+  {
+    const uint64_t dp = trainer->strategy_->dims().dp();
+    trainer->state_.global_batch = static_cast<uint64_t>(MicroSteps(config)) * dp * B;
+    trainer->state_.val_samples =
+        trainer->val_ != nullptr ? static_cast<uint64_t>(config.train.eval_batches) * B * dp : 0;
+  }
   auto resumed = trainer->checkpoints_->Resume(trainer->model_.get(), trainer->optimizer_.get(),
                                                &trainer->state_);
   if (!resumed.ok()) return resumed.status();

@@ -619,6 +619,49 @@ TEST_CASE("reshard: saved by 2 thread-ranks, resumed by 1 and by 3") {
   }
 }
 
+TEST_CASE("a resume at another global batch or validation pass says so; at the same, nothing") {
+  std::string dir = FreshDir("global_batch");
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  config.data.val = config.data.train;
+  config.train.eval_batches = 2;
+  config.train.eval_every = 4;
+  config.train.steps = 4;
+  RunResult two = RunWorld(config, 2);  // 2 ranks x 4 samples a step
+  REQUIRE(two.status.ok());
+  const std::string step4 = config.checkpoint.dir + "/step_00000004";
+  auto manifest = ReadManifest(Env::Default(), step4);
+  REQUIRE(manifest.ok());
+  CHECK(manifest->global_batch == 8);
+  CHECK(manifest->val_samples == 2 * 4 * 2);
+
+  TrainConfig resume = config;
+  resume.checkpoint.dir = dir + "/resumed";
+  resume.checkpoint.resume = step4;
+  resume.train.steps = 5;
+  SECTION("one rank of 8 samples: the same step and validation pass") {
+    resume.data.micro_batch = 8;
+    RunResult same = RunTrainer(resume);
+    INFO(same.log);
+    REQUIRE(same.status.ok());
+    CHECK(same.resumed_at.step == 4);
+    CHECK_FALSE(absl::StrContains(same.log, "note:"));
+  }
+  SECTION("one rank of 4 samples: both change") {
+    RunResult half = RunTrainer(resume);
+    INFO(half.log);
+    REQUIRE(half.status.ok());
+    CHECK(absl::StrContains(
+        half.log,
+        "note: the global batch changes from 8 to 4 samples a step (data.micro_batch 4 x 1 "
+        "micro-step x 1 data-parallel rank): the run goes on, no longer step for step the saved "
+        "one; 8 again continues it exactly"));
+    CHECK(absl::StrContains(half.log,
+                            "note: a validation pass now reads 8 samples, 16 when step 4 "
+                            "was saved"));
+  }
+}
+
 TEST_CASE("a corrupt or torn newest checkpoint is skipped with a message naming it") {
   std::string dir = FreshDir("corrupt");
   WriteShard(dir);
