@@ -481,6 +481,16 @@ int Train(const std::string& config_path, Env* env) {
   options.env = env;
   options.strategy = parallelism->strategy();
   options.stop_signal = [] { return static_cast<int>(stop_signal); };
+  // Under launch: the job and its round, which checkpoint.resume never
+  // reads to tell a restart of the run from a fresh start.
+  if (const char* job = std::getenv("MUSTER_JOB"); job != nullptr && *job != '\0') {
+    uint64_t round = 0;
+    const char* round_text = std::getenv("MUSTER_ROUND");
+    if (round_text != nullptr && absl::SimpleAtoi(round_text, &round)) {
+      options.run_job = job;
+      options.run_round = round;
+    }
+  }
   if (parallelism->nccl_log.has_value()) {
     // NCCL connects its channels in the first collectives: after step one
     // the log names every transport.

@@ -15,7 +15,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 #include "worker/checkpoint/dir_lock.h"
 #include "worker/checkpoint/files.h"
 #include "worker/checkpoint/layout.h"
@@ -282,12 +284,73 @@ void CheckpointManager::DiscardSave(const std::string& tmp, bool together) {
   if (control().rank() == 0) (void)env_->RemoveAll(tmp);
 }
 
+absl::StatusOr<std::string> CheckpointManager::NeverRunsOwn() {
+  const CheckpointConfig& c = config_.checkpoint;
+  const std::string marker = c.dir + "/RUN";
+  // 1: nothing of this run's to resume, step + 2: its checkpoint of that step.
+  int64_t choice = 1;
+  absl::Status rank0_status;
+  if (control().rank() == 0) {
+    std::string recorded;  // the lineage of this job's run, if its RUN file says so
+    if (run_round_ > 0) {
+      auto text = ReadSmallFile(env_, marker);
+      if (text.ok()) {
+        std::string job, lineage;
+        for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+          if (absl::ConsumePrefix(&line, "job ")) job = std::string(line);
+          if (absl::ConsumePrefix(&line, "lineage ")) lineage = std::string(line);
+        }
+        if (job == run_job_) recorded = lineage;
+      }
+    }
+    if (!recorded.empty()) {
+      lineage_ = recorded;
+      std::vector<std::string> skipped;
+      auto own = FindLatestValid(env_, c.dir, &skipped, [&](const Manifest& candidate) {
+        return candidate.lineage == recorded;
+      });
+      for (const std::string& why : skipped) Log("skipping " + why);
+      if (own.ok()) {
+        choice = own->step + 2;
+        Log(absl::StrCat("checkpoint.resume never started job ", run_job_,
+                         " at step 0; in its round ", run_round_,
+                         " it continues from the run's own ", own->path));
+      } else if (!absl::IsNotFound(own.status())) {
+        rank0_status = own.status();  // unlisted, the run's progress would be lost
+      }
+    } else {
+      // A fresh start: the RUN file tells this job's later rounds which
+      // checkpoints are the run's. Without it they start again at 0.
+      const std::string text = absl::StrCat("job ", run_job_, "\nlineage ", lineage_, "\n");
+      uint32_t crc = 0;
+      absl::Status written = WriteFileDurably(env_, marker, text.data(), text.size(), &crc);
+      if (!written.ok()) {
+        Log(absl::StrCat("warning: cannot record this run in ", marker, " (", written.message(),
+                         "): a restart of it will start again at step 0"));
+      }
+    }
+  }
+  if (absl::Status chosen = Agree(rank0_status, "choosing a checkpoint to resume"); !chosen.ok()) {
+    return chosen;
+  }
+  auto agreed = Broadcast(choice);
+  if (!agreed.ok()) return agreed.status();
+  if (*agreed < 2) return std::string();
+  return c.dir + "/" + StepDirName(static_cast<int>(*agreed - 2));
+}
+
 absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* optimizer,
                                                       TrainState* state) {
   const CheckpointConfig& c = config_.checkpoint;
-  if (c.resume == "never" || (c.resume == "auto" && c.dir.empty())) return false;
+  if (c.resume == "auto" && c.dir.empty()) return false;
   std::string path = c.resume;
-  if (c.resume == "auto") {
+  if (c.resume == "never") {
+    if (c.dir.empty() || run_job_.empty()) return false;
+    auto own = NeverRunsOwn();
+    if (!own.ok()) return own.status();
+    if (own->empty()) return false;
+    path = *own;
+  } else if (c.resume == "auto") {
     // 1: nothing to resume, step + 2: that step (rank 0's).
     int64_t choice = 1;
     absl::Status rank0_status;
@@ -347,7 +410,7 @@ absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* op
     if (!agreed.ok()) return agreed.status();
     if (*agreed >= 2) path = c.dir + "/" + StepDirName(static_cast<int>(*agreed - 2));
   }
-  const bool forks = c.resume != "auto" && path == c.resume;
+  const bool forks = c.resume != "auto" && c.resume != "never" && path == c.resume;
 
   auto load = [&]() -> absl::Status {
     auto manifest = ReadManifest(env_, path);

@@ -100,6 +100,16 @@ class CheckpointManager {
   // file-system call goes through `env` (nullptr: Env::Default()).
   CheckpointManager(const TrainConfig& config, ParallelStrategy* strategy, FILE* log, Env* env);
   ~CheckpointManager();  // waits for the retention in flight
+  // The launch job this process runs in and its round (MUSTER_JOB,
+  // MUSTER_ROUND), before Resume. With checkpoint.resume never, a later
+  // round of the same job (a restart after a failure, a node joining, a
+  // requeue after a preemption) continues the run's own progress, which
+  // its first round recorded in checkpoint.dir/RUN; by hand ("" job),
+  // every start is a fresh one.
+  void set_run(std::string job, uint64_t round) {
+    run_job_ = std::move(job);
+    run_round_ = round;
+  }
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
@@ -156,6 +166,10 @@ class CheckpointManager {
   absl::Status Commit(bool wait);
   // Resume after the directory is claimed: picks the checkpoint and loads it.
   absl::StatusOr<bool> ChooseAndLoad(GptModel* model, AdamW* optimizer, TrainState* state);
+  // checkpoint.resume never under launch: "" on the run's first round (a
+  // fresh start, which records the run in checkpoint.dir's RUN file), or
+  // on a later round the run's own newest checkpoint ("" if none yet).
+  absl::StatusOr<std::string> NeverRunsOwn();
   // Rank 0, once the directory is claimed: deletes leftovers of saves that
   // never committed, logging each.
   void RemoveUncommitted();
@@ -200,6 +214,8 @@ class CheckpointManager {
   std::unique_ptr<FileLock> dir_lock_;
   // This run's Manifest::lineage: new, or set by Resume.
   std::string lineage_;
+  std::string run_job_;  // set_run: the launch job, "" for a process run by hand
+  uint64_t run_round_ = 0;
   ShardWriter writer_;
   int pending_step_ = -1;  // save in flight, -1: none
   int last_started_ = -1;

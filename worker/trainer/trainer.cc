@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   }
   trainer->checkpoints_ = std::make_unique<CheckpointManager>(
       config, trainer->strategy_, trainer->options_.log, trainer->options_.env);
+  trainer->checkpoints_->set_run(trainer->options_.run_job, trainer->options_.run_round);
   trainer->state_.data_windows = trainer->train_->samples_per_epoch();
   {
     const uint64_t dp = trainer->strategy_->dims().dp();

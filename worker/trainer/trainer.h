@@ -64,6 +64,10 @@ struct TrainerOptions {
   // Called after every completed step and evaluation (tests, tools).
   std::function<void(const StepMetrics&)> on_step;
   std::function<void(const EvalMetrics&)> on_eval;
+  // The launch job this process runs in and its round (MUSTER_JOB,
+  // MUSTER_ROUND; "" by hand): CheckpointManager::set_run.
+  std::string run_job;
+  uint64_t run_round = 0;
 };
 
 class Trainer {

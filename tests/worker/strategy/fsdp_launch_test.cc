@@ -309,6 +309,48 @@ TEST_CASE("an FSDP rank SIGKILLed mid-run: the other leaves, launch restarts, th
   CheckRestartedExact(dir, "killed", killed, "reference", kSteps, kEvery, 2);
 }
 
+// checkpoint.resume never starts the run afresh, past another run's
+// checkpoint in the directory; a restart of the run (launch's next round)
+// continues the run's own progress, not the other run's and not step 0.
+TEST_CASE("resume: never, a rank SIGKILLed: the restart continues the run's own checkpoint") {
+  TempDir dir;
+  WriteCorpus(dir.path());
+  const int kSteps = 30, kEvery = 5;
+  Job job;
+  job.micro_batch = 3;
+  job.steps = kSteps;
+  job.timeout_s = 120;
+  job.checkpoint = CheckpointYaml(dir, "reference_ckpt", kSteps, "never");
+  REQUIRE(Train(dir, "reference", 2, job).size() == kSteps);
+  // Another run's checkpoint, newer than any the killed run saves before
+  // its last step: never must pass it over, at the start and the restart.
+  std::filesystem::create_directories(dir.File("killed_ckpt"));
+  std::filesystem::copy(dir.File("reference_ckpt/" + StepDir(kSteps)),
+                        dir.File("killed_ckpt/" + StepDir(kSteps)),
+                        std::filesystem::copy_options::recursive);
+
+  job.metrics = "killed.jsonl";
+  job.checkpoint = CheckpointYaml(dir, "killed_ckpt", kEvery, "never");
+  const KilledJob killed = KillRankMidRun(dir, "killed", 2, JobYaml(job), "neverkill", 1, kEvery);
+  INFO(killed.log);
+  REQUIRE(killed.exit_code == 0);
+  CHECK(absl::StrContains(killed.log,
+                          "checkpoint.resume never started job neverkill at step 0; "
+                          "in its round 1 it continues from the run's own"));
+  // The newest checkpoint at the kill was the other run's step 30, which
+  // is not this run's to resume: the bound is the run's own first save
+  // past the first (KillRankMidRun waits for it).
+  KilledJob own = killed;
+  own.saved_before = 2 * kEvery;
+  CheckRestartedExact(dir, "killed", own, "reference", kSteps, kEvery, 2);
+  // The other run's checkpoint was kept beside the run's own step 30.
+  int kept = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.File("killed_ckpt"))) {
+    if (entry.path().filename().string().rfind(StepDir(kSteps) + ".lineage_", 0) == 0) ++kept;
+  }
+  CHECK(kept == 1);
+}
+
 TEST_CASE("bad FSDP configs exit 2 naming the fields") {
   TempDir dir;
   WriteCorpus(dir.path());
