@@ -469,6 +469,15 @@ TEST_CASE("an explicit resume path starts a run; a restart continues the run's o
   CHECK(restarted.params == reference.params);
 }
 
+// The steps of the checkpoints ListCheckpoints finds in `dir`, oldest first.
+std::vector<int> ListedSteps(const std::string& dir) {
+  auto listed = ListCheckpoints(Env::Default(), dir);
+  REQUIRE(listed.ok());
+  std::vector<int> steps;
+  for (const CheckpointEntry& entry : *listed) steps.push_back(entry.step);
+  return steps;
+}
+
 TEST_CASE("retention deletes only this run's checkpoints, never the resume source") {
   std::string dir = FreshDir("retention_lineage");
   WriteShard(dir);
@@ -485,10 +494,7 @@ TEST_CASE("retention deletes only this run's checkpoints, never the resume sourc
   RunResult result = RunTrainer(rewound);
   INFO(result.log);
   REQUIRE(result.status.ok());
-  auto listed = ListCheckpoints(Env::Default(), abandoned.checkpoint.dir);
-  REQUIRE(listed.ok());
-  std::vector<int> steps;
-  for (const CheckpointEntry& entry : *listed) steps.push_back(entry.step);
+  const std::vector<int> steps = ListedSteps(abandoned.checkpoint.dir);
   // The source and the abandoned run's 8 and 12 are untouched; of this
   // run's 6, 9 and 11, only 11 is kept.
   CHECK(steps == std::vector<int>{4, 8, 11, 12});
@@ -532,9 +538,7 @@ TEST_CASE("a run forked into the same directory keeps the other run's checkpoint
                                             theirs->lineage + "), as " + kept));
   }
   // The kept ones are not checkpoints to list, resume or retain.
-  auto listed = ListCheckpoints(Env::Default(), ckpt);
-  REQUIRE(listed.ok());
-  CHECK(listed->size() == 3);
+  CHECK(ListedSteps(ckpt) == std::vector<int>{4, 8, 12});
 }
 
 TEST_CASE("retention counts only checkpoints that read: a torn one never pushes one out") {
@@ -557,10 +561,7 @@ TEST_CASE("retention counts only checkpoints that read: a torn one never pushes 
   INFO(result.log);
   REQUIRE(result.status.ok());
   CHECK(result.resumed_at.step == 8);
-  auto listed = ListCheckpoints(Env::Default(), ckpt);
-  REQUIRE(listed.ok());
-  std::vector<int> steps;
-  for (const CheckpointEntry& entry : *listed) steps.push_back(entry.step);
+  const std::vector<int> steps = ListedSteps(ckpt);
   // keep_last 2 keeps the two newest that read, 8 and 10; 4 goes, and so
   // does the torn 2 below them. The torn 12 and 16 above the run's newest
   // are left for a save of their step to replace.
