@@ -157,15 +157,17 @@ namespace {
 
 // The data backend's groups, made alike for the world (Connect) and for
 // sub-groups (NewDataGroup): an NCCL communicator of `size` ranks whose id
-// goes through `store`, and a Gloo (or self) group staged through pinned
-// host memory on the options' device.
+// goes through `store`, named in messages by `members`, and a Gloo (or
+// self) group staged through pinned host memory on the options' device.
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ConnectNccl(rdzv::Store* store, int rank, int size,
                                                           const CommunicatorOptions& options,
-                                                          absl::Duration timeout) {
+                                                          absl::Duration timeout,
+                                                          GroupMembers members) {
   NcclOptions nccl;
   nccl.device = options.cuda_device;
   nccl.timeout = timeout;
   nccl.compute_stream = options.compute_stream;
+  nccl.members = std::move(members);
   return CreateNcclGroup(store, rank, size, nccl);
 }
 
@@ -188,6 +190,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
   GlooOptions gloo;
   gloo.address = comm->local_address_;
   gloo.timeout = world.comm_timeout.value_or(options.timeout);
+  gloo.members.name = kWorldGroupName;  // group rank == global rank
   comm->timeout_ = gloo.timeout;
   comm->options_ = options;
 
@@ -225,7 +228,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> Communicator::Connect(
     case DataBackend::kNccl: {
       comm->nccl_store_ = std::make_unique<rdzv::PrefixStore>(comm->store_.get(), "nccl");
       absl::StatusOr<std::unique_ptr<ProcessGroup>> made =
-          ConnectNccl(comm->nccl_store_.get(), world.rank, world.world_size, options, gloo.timeout);
+          ConnectNccl(comm->nccl_store_.get(), world.rank, world.world_size, options, gloo.timeout,
+                      GroupMembers{kWorldNcclGroupName, {}});
       if (!made.ok()) {
         return absl::Status(made.status().code(),
                             absl::StrCat(where, ": creating the NCCL communicator on CUDA device ",
@@ -342,6 +346,8 @@ absl::StatusOr<ProcessGroup*> Communicator::CreateSubGroup(const std::string& na
   }
 
   const int size = static_cast<int>(ranks.size());
+  // Its messages name it and its members' global ranks.
+  const GroupMembers members{name, ranks};
   rdzv::PrefixStore store(store_.get(), absl::StrCat("group/", name));
   if (size > 1) {
     // Two layouts that name different groups alike would otherwise wait
@@ -362,18 +368,19 @@ absl::StatusOr<ProcessGroup*> Communicator::CreateSubGroup(const std::string& na
   if (backend == DataBackend::kNccl) {
     rdzv::PrefixStore nccl_store(store_.get(), absl::StrCat("nccl-group/", name));
     absl::StatusOr<std::unique_ptr<ProcessGroup>> connected =
-        ConnectNccl(&nccl_store, group_rank, size, options_, timeout_);
+        ConnectNccl(&nccl_store, group_rank, size, options_, timeout_, members);
     if (!connected.ok()) {
       return absl::Status(connected.status().code(),
                           absl::StrCat(where, " over NCCL: ", connected.status().message()));
     }
     made.group = *std::move(connected);
   } else if (size == 1) {
-    made.group = CreateSelfGroup(timeout_);
+    made.group = CreateSelfGroup(timeout_, members);
   } else {
     GlooOptions gloo;
     gloo.address = local_address_;
     gloo.timeout = timeout_;
+    gloo.members = members;
     absl::StatusOr<std::unique_ptr<ProcessGroup>> connected =
         CreateGlooGroup(&store, group_rank, size, gloo);
     if (!connected.ok()) {

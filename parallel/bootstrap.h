@@ -79,6 +79,13 @@ std::string LocalAddressToward(const std::string& host);
 absl::Status RoundStatus(const std::optional<rdzv::pb::JobState>& latest, const std::string& job_id,
                          uint64_t round);
 
+// What messages call the world's groups (process_group.h, "Names in
+// messages"; group rank == global rank): the Gloo group (group(), for
+// control messages) and, with DataBackend::kNccl, the NCCL data group.
+// A sub-group is called by the name NewGroup is given.
+inline constexpr char kWorldGroupName[] = "world";
+inline constexpr char kWorldNcclGroupName[] = "world.nccl";
+
 // Where gradients (device or host buffers) are reduced.
 enum class DataBackend {
   kGloo,        // the Gloo group itself (host memory)
@@ -132,7 +139,8 @@ class Communicator {
 
   // A Gloo group (host memory) among `ranks`: global ranks, listed in
   // group-rank order (ParallelDims::GroupRanks gives them), this rank among
-  // them. Every member calls this with the same name and ranks; it blocks
+  // them. Its messages name it `name` and its ranks by global rank
+  // (ProcessGroup::members()). Every member calls this with the same name and ranks; it blocks
   // until all have joined or the timeout passes. The group connects through
   // the round's store under "group/<name>/", with the world group's timeout
   // and local address; a sub-group of one rank (and any group of a world of

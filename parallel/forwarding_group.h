@@ -21,6 +21,7 @@ class ForwardingGroup : public ProcessGroup {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   absl::Duration timeout() const override { return inner_->timeout(); }
+  GroupMembers members() const override { return inner_->members(); }
   bool takes_host_memory() const override { return inner_->takes_host_memory(); }
   std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
     return inner_->AllReduce(data, op);

@@ -1,8 +1,10 @@
 #include "parallel/process_group.h"
 
 #include <numeric>
+#include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace muster::parallel {
 
@@ -45,6 +47,49 @@ absl::Status CheckPointToPoint(const char* what, int peer, int tag, int rank, in
     return absl::InvalidArgumentError(absl::StrCat("tag is ", tag, "; expected >= 0"));
   }
   return CheckPeer(what, peer, /*self_ok=*/false, rank, size);
+}
+
+int GroupMembers::Global(int rank) const {
+  if (rank < 0 || static_cast<size_t>(rank) >= global_ranks.size()) return rank;
+  return global_ranks[rank];
+}
+
+std::string GroupMembers::Peer(int rank) const {
+  return absl::StrCat("global rank ", Global(rank), " (rank ", rank, " of group ", name, ")");
+}
+
+std::string GroupMembers::Describe(const std::string& what, int peer, int64_t op, int rank,
+                                   int size) const {
+  const std::string on = op >= 0 ? absl::StrCat("op #", op, " on global rank ", Global(rank))
+                                 : absl::StrCat("on global rank ", Global(rank));
+  if (peer >= 0) {
+    return absl::StrCat(what, " global rank ", Global(peer), " (rank ", peer, " of group ", name,
+                        "; ", on, ")");
+  }
+  return absl::StrCat(what, " (group ", name, " of ", size, size == 1 ? " rank; " : " ranks; ", on,
+                      ")");
+}
+
+absl::Status CheckMembers(const char* who, const GroupMembers& members, int size) {
+  if (members.name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": the group has no name"));
+  }
+  if (members.global_ranks.empty()) return absl::OkStatus();
+  const std::string listed = absl::StrCat("group '", members.name, "' lists global ranks [",
+                                          absl::StrJoin(members.global_ranks, ","), "]");
+  if (members.global_ranks.size() != static_cast<size_t>(size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": ", listed, "; expected one per rank (", size, ")"));
+  }
+  std::set<int> seen;
+  for (int global : members.global_ranks) {
+    if (global < 0 || !seen.insert(global).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": ", listed, "; expected distinct ranks >= 0, but ", global,
+                       global < 0 ? " is negative" : " is listed twice"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 const char* ReduceOpName(ReduceOp op) {

@@ -26,6 +26,16 @@
 // operation, everything queued behind it and everything issued later fail
 // with the first error: no retry in place. The job's restart takes over.
 //
+// Names in messages. A rank belongs to several groups at once (the world,
+// its pipeline and data-parallel sub-groups), and a group rank means
+// nothing in a log without its group: messages name the group
+// (GroupMembers::name, "world" for the world group) and every process by
+// its GLOBAL rank, with its rank in the group beside it, all on one line:
+//   recv of 1024 floats with tag 0 from global rank 2 (rank 1 of group
+//   act.pp.0.0; op #19 on global rank 0): connection to global rank 2
+//   (rank 1 of group act.pp.0.0) at [10.0.0.3]:41234 failed (...): ...
+// An operation's arguments (a root, a peer, counts) stay group ranks.
+//
 // Thread-safety: a ProcessGroup may be used from several threads, but the
 // ORDER of issue must be the same on every rank, which in practice means
 // one thread issues (the training thread, or DDP's backward callback on
@@ -62,6 +72,37 @@ class Work {
   virtual bool Done() const = 0;
 };
 
+// Whom a group's messages name: the group, and its members' global ranks.
+struct GroupMembers {
+  // "world" for the world group; a sub-group's name otherwise, as
+  // Communicator::NewGroup was given it ("dp_shard.1", "act.pp.0.0").
+  std::string name = "world";
+  // global_ranks[r] is group rank r's global rank, in group-rank order;
+  // empty: group rank r is global rank r (the world group).
+  std::vector<int> global_ranks;
+
+  // Group rank -> global rank (the rank itself when the list does not
+  // cover it: an argument not checked yet).
+  int Global(int rank) const;
+  // "global rank 2 (rank 1 of group act.pp.0.0)".
+  std::string Peer(int rank) const;
+  // An operation's description, which its errors begin with. With a peer
+  // (peer >= 0), `what` ends with the word before it ("from", "to"):
+  //   "recv of 8 floats from global rank 2 (rank 1 of group act.pp.0.0;
+  //    op #19 on global rank 0)"
+  // without one (peer < 0), a collective of the whole group:
+  //   "allreduce (sum) of 8 floats (group dp_shard.1 of 2 ranks; op #5 on
+  //    global rank 2)"
+  // `op` < 0 leaves out "op #N " (a back end that does not number them);
+  // `rank` is this process's group rank, `size` the group's.
+  std::string Describe(const std::string& what, int peer, int64_t op, int rank, int size) const;
+};
+
+// INVALID_ARGUMENT unless `members` can name a group of `size` ranks: a
+// name, and global_ranks empty or `size` distinct ranks >= 0. `who` (e.g.
+// "CreateGlooGroup") begins the message.
+absl::Status CheckMembers(const char* who, const GroupMembers& members, int size);
+
 // What a watchdog (parallel/watchdog.h) sees of a group.
 struct GroupHealth {
   absl::Status error;                       // the sticky first error; OK if none
@@ -76,6 +117,10 @@ class ProcessGroup {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual absl::Duration timeout() const = 0;
+  // The group's name and its members' global ranks, as its messages name
+  // them (GroupMembers). The default is the world's: "world", and group
+  // rank r is global rank r.
+  virtual GroupMembers members() const { return {}; }
 
   // Whether the group's operations take host memory: Gloo and self groups
   // do, and a staged group does for the operations a device buffer cannot

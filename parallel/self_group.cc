@@ -12,11 +12,13 @@ namespace {
 
 class SelfGroup : public ProcessGroup {
  public:
-  explicit SelfGroup(absl::Duration timeout) : timeout_(timeout) {}
+  SelfGroup(absl::Duration timeout, GroupMembers members)
+      : timeout_(timeout), members_(std::move(members)) {}
 
   int rank() const override { return 0; }
   int size() const override { return 1; }
   absl::Duration timeout() const override { return timeout_; }
+  GroupMembers members() const override { return members_; }
 
   // Sum, mean, min and max over one rank are the value itself.
   std::shared_ptr<Work> AllReduce(absl::Span<float>, ReduceOp) override { return Done(); }
@@ -107,14 +109,15 @@ class SelfGroup : public ProcessGroup {
   }
 
   const absl::Duration timeout_;
+  const GroupMembers members_;
   mutable absl::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
 
-std::unique_ptr<ProcessGroup> CreateSelfGroup(absl::Duration timeout) {
-  return std::make_unique<SelfGroup>(timeout);
+std::unique_ptr<ProcessGroup> CreateSelfGroup(absl::Duration timeout, GroupMembers members) {
+  return std::make_unique<SelfGroup>(timeout, std::move(members));
 }
 
 }  // namespace muster::parallel

@@ -22,6 +22,9 @@
 namespace muster::parallel {
 
 // `timeout` is what timeout() reports (a watchdog reads it); nothing waits.
-std::unique_ptr<ProcessGroup> CreateSelfGroup(absl::Duration timeout = absl::Seconds(60));
+// `members` is what members() reports (a sub-group of one passes its name
+// and its one global rank).
+std::unique_ptr<ProcessGroup> CreateSelfGroup(absl::Duration timeout = absl::Seconds(60),
+                                              GroupMembers members = {});
 
 }  // namespace muster::parallel

@@ -23,11 +23,18 @@ absl::Status Decide(const WatchdogObservation& observation, absl::Duration limit
   return absl::OkStatus();
 }
 
-GroupHealth MergedHealth(const std::vector<ProcessGroup*>& groups) {
+namespace {
+
+// MergedHealth, and which group the error is from (nullptr: none).
+GroupHealth Merge(const std::vector<ProcessGroup*>& groups, ProcessGroup** failed) {
   GroupHealth merged;
+  *failed = nullptr;
   for (ProcessGroup* group : groups) {
     GroupHealth health = group->Health();
-    if (merged.error.ok() && !health.error.ok()) merged.error = health.error;
+    if (merged.error.ok() && !health.error.ok()) {
+      merged.error = health.error;
+      *failed = group;
+    }
     if (health.running_since.has_value() &&
         (!merged.running_since.has_value() || *health.running_since < *merged.running_since)) {
       merged.running_since = health.running_since;
@@ -35,6 +42,18 @@ GroupHealth MergedHealth(const std::vector<ProcessGroup*>& groups) {
     }
   }
   return merged;
+}
+
+}  // namespace
+
+GroupHealth MergedHealth(const std::vector<ProcessGroup*>& groups) {
+  ProcessGroup* failed = nullptr;
+  return Merge(groups, &failed);
+}
+
+absl::Status PassedOn(const absl::Status& error, const ProcessGroup& failed) {
+  return absl::Status(error.code(), absl::StrCat("aborted after an error in group ",
+                                                 failed.members().name, ": ", error.message()));
 }
 
 Watchdog::Watchdog(std::vector<ProcessGroup*> groups, RoundProbe round, OnStuck on_stuck,
@@ -57,15 +76,16 @@ void Watchdog::Start() {
 }
 
 void Watchdog::Watch(ProcessGroup* group) {
-  absl::Status cause;
+  absl::Status cause, passed_on;
   {
     absl::MutexLock lock(&mu_);
     groups_.push_back(group);
     cause = cause_;
+    passed_on = passed_on_;
   }
   // PollOnce aborts the groups it listed when it recorded the cause, under
   // the same lock: a group added later sees the cause here instead.
-  if (!cause.ok()) group->Abort(cause);
+  if (!cause.ok()) group->Abort(passed_on);
 }
 
 void Watchdog::Wake() {
@@ -86,11 +106,16 @@ absl::Status Watchdog::PollOnce() {
   }
   WatchdogObservation observation;
   observation.now = options_.now();
-  observation.health = MergedHealth(groups);
+  ProcessGroup* failed = nullptr;  // the group whose error this is
+  observation.health = Merge(groups, &failed);
   if (round_) observation.round = round_();
+  // Decide puts a group's error first; the other groups are then told which
+  // group it is from, whose names (its rank numbers) it uses.
+  const absl::Status group_error_passed_on =
+      failed != nullptr ? PassedOn(observation.health.error, *failed) : absl::OkStatus();
 
   enum class Act { kNothing, kAbort, kStuck } act = Act::kNothing;
-  absl::Status cause;
+  absl::Status cause, passed_on;
   {
     absl::MutexLock lock(&mu_);
     if (cause_.ok()) {
@@ -99,6 +124,7 @@ absl::Status Watchdog::PollOnce() {
       absl::Status found = Decide(observation, timeout + options_.timeout_slack);
       if (found.ok()) return found;
       cause_ = found;
+      passed_on_ = failed != nullptr ? group_error_passed_on : found;
       cause_since_ = observation.now;
       act = Act::kAbort;
       // Every group watched at this point, including one Watch() added
@@ -109,12 +135,13 @@ absl::Status Watchdog::PollOnce() {
       act = Act::kStuck;
     }
     cause = cause_;
+    passed_on = passed_on_;
   }
   // Outside the lock: ncclCommAbort may take a while, and on_stuck exits.
   if (act == Act::kAbort) {
     // When the cause is the group's own error the group has broken itself
     // already and keeps that first error; aborting again is harmless.
-    for (ProcessGroup* group : groups) group->Abort(cause);
+    for (ProcessGroup* group : groups) group->Abort(group == failed ? cause : passed_on);
   } else if (act == Act::kStuck && on_stuck_) {
     on_stuck_(cause);
   }

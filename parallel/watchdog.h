@@ -18,7 +18,11 @@
 //      `timeout_slack`) it is aborted with DEADLINE_EXCEEDED, in case the
 //      group's own bound did not fire (a thread stuck inside a transport
 //      call).
-// The first cause found wins; later ones are ignored.
+// The first cause found wins; later ones are ignored. A group's error
+// reaches the other groups as "aborted after an error in group <name>:
+// <error>" (<name> is ProcessGroup::members().name), so that the rank
+// numbers in it, which are that group's, are not read as the aborted
+// group's; the round's end and an overdue operation reach them as they are.
 //
 // After a cause, the training thread normally fails out of its next Wait()
 // and the process exits with the cause. If the process is still running
@@ -70,6 +74,10 @@ GroupHealth MergedHealth(const std::vector<ProcessGroup*>& groups);
 // end (ABORTED), then an operation older than `limit` (DEADLINE_EXCEEDED).
 absl::Status Decide(const WatchdogObservation& observation, absl::Duration limit);
 
+// What the other groups are aborted with when `failed` broke with `error`:
+// the same code, "aborted after an error in group <name>: <message>".
+absl::Status PassedOn(const absl::Status& error, const ProcessGroup& failed);
+
 class Watchdog {
  public:
   // OK while the round this process belongs to is running; otherwise the
@@ -92,8 +100,9 @@ class Watchdog {
   // Watches one more group from now on, as those given to the constructor
   // (a sub-group made after the watchdog started: Communicator::NewGroup).
   // Its error, like theirs, is a cause that aborts every group. If a cause
-  // was found already, `group` is aborted with it before this returns: a
-  // group joined after the round ended must not outlive it. Not owned; it
+  // was found already, `group` is aborted with it (passed on, as above)
+  // before this returns: a group joined after the round ended must not
+  // outlive it. Not owned; it
   // must outlive the watchdog. Any thread.
   void Watch(ProcessGroup* group);
 
@@ -106,7 +115,7 @@ class Watchdog {
   // (OK: none yet).
   absl::Status PollOnce();
 
-  // The first cause found (OK: none).
+  // The first cause found (OK: none), as the group that failed has it.
   absl::Status cause() const;
 
  private:
@@ -120,6 +129,9 @@ class Watchdog {
   // Grows (Watch), never shrinks: a group stays watched until the end.
   std::vector<ProcessGroup*> groups_ ABSL_GUARDED_BY(mu_);
   absl::Status cause_ ABSL_GUARDED_BY(mu_);
+  // What the other groups are aborted with: PassedOn(cause_) when it is a
+  // group's error, else cause_.
+  absl::Status passed_on_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Time> cause_since_ ABSL_GUARDED_BY(mu_);
   bool stuck_reported_ ABSL_GUARDED_BY(mu_) = false;
   bool wake_ ABSL_GUARDED_BY(mu_) = false;

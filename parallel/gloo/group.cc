@@ -35,37 +35,47 @@ Millis ToMillis(absl::Duration duration) {
 // apart on one listener and is noise for naming a peer.
 std::string WithoutSequence(std::string address) { return address.substr(0, address.find('$')); }
 
-// What a gloo exception message means, as process_group.h's codes.
-// `peer_addresses[r]` is rank r's listening address (may be empty).
-absl::Status StatusFromGlooError(absl::string_view message, absl::Duration timeout,
-                                 const std::vector<std::string>& peer_addresses) {
-  std::string lower = absl::AsciiStrToLower(message);
-  if (absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout")) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("timed out (timeout ", absl::FormatDuration(timeout), "): ", message));
-  }
-  // The side of a pair that accepted the connection knows its peer only by
-  // the peer's ephemeral port, so not every message can name a rank.
-  for (size_t peer = 0; peer < peer_addresses.size(); ++peer) {
-    if (!peer_addresses[peer].empty() && absl::StrContains(message, peer_addresses[peer])) {
-      return absl::UnavailableError(
-          absl::StrCat("connection to rank ", peer, " at ", peer_addresses[peer],
-                       " failed (that process died or closed the group): ", message));
-    }
-  }
-  return absl::UnavailableError(
-      absl::StrCat("a peer connection failed (a peer process died or closed "
-                   "the group): ",
-                   message));
-}
-
 // What a running operation needs, shared with it: a stuck operation may
 // outlive its GlooGroup (see WorkQueue's destructor).
 struct Shared {
   std::shared_ptr<gloo::rendezvous::Context> context;
+  // peer_addresses[r]: group rank r's listening address (may be empty).
   std::vector<std::string> peer_addresses;
   absl::Duration timeout;
+  GroupMembers members;
 };
+
+// What a gloo exception message means, as process_group.h's codes, naming
+// the peer by global rank and group rank (process_group.h, "Names in
+// messages") when the message or the group's shape tells which it is.
+absl::Status StatusFromGlooError(absl::string_view message, const Shared& shared) {
+  std::string lower = absl::AsciiStrToLower(message);
+  if (absl::StrContains(lower, "timed out") || absl::StrContains(lower, "timeout")) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("timed out (timeout ", absl::FormatDuration(shared.timeout), "): ", message));
+  }
+  // The side of a pair that accepted the connection knows its peer only by
+  // the peer's ephemeral port, so not every message names an address.
+  const std::vector<std::string>& addresses = shared.peer_addresses;
+  for (size_t peer = 0; peer < addresses.size(); ++peer) {
+    if (!addresses[peer].empty() && absl::StrContains(message, addresses[peer])) {
+      return absl::UnavailableError(absl::StrCat(
+          "connection to ", shared.members.Peer(static_cast<int>(peer)), " at ", addresses[peer],
+          " failed (that process died or closed the group): ", message));
+    }
+  }
+  // Two ranks have one connection: it is the other rank's.
+  const int size = shared.context != nullptr ? shared.context->size : 0;
+  if (size == 2) {
+    return absl::UnavailableError(
+        absl::StrCat("connection to ", shared.members.Peer(1 - shared.context->rank),
+                     " failed (that process died or closed the group): ", message));
+  }
+  return absl::UnavailableError(absl::StrCat("a peer connection in group ", shared.members.name,
+                                             " failed (a peer process died or closed "
+                                             "the group): ",
+                                             message));
+}
 
 // Runs gloo calls, mapping what they throw to process_group.h's codes.
 absl::Status RunGloo(const Shared& shared, const std::function<void()>& body) {
@@ -73,7 +83,7 @@ absl::Status RunGloo(const Shared& shared, const std::function<void()>& body) {
     body();
     return absl::OkStatus();
   } catch (const gloo::IoException& error) {
-    return StatusFromGlooError(error.what(), shared.timeout, shared.peer_addresses);
+    return StatusFromGlooError(error.what(), shared);
   } catch (const gloo::EnforceNotMet& error) {
     return absl::InternalError(absl::StrCat("gloo: ", error.what()));
   } catch (const std::exception& error) {
@@ -141,10 +151,11 @@ class GlooGroup : public ProcessGroup {
   int rank() const override { return context_->rank; }
   int size() const override { return context_->size; }
   absl::Duration timeout() const override { return shared_->timeout; }
+  GroupMembers members() const override { return shared_->members; }
 
   std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
     return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " floats"),
-                 [context = context_, data, op](uint32_t tag, Millis timeout) {
+                 kNoPeer, [context = context_, data, op](uint32_t tag, Millis timeout) {
                    if (!data.empty()) gloo_ops::AllReduce(context, data, op, tag, timeout);
                    if (op == ReduceOp::kAvg) Scale(data, context->size);
                  });
@@ -153,7 +164,7 @@ class GlooGroup : public ProcessGroup {
   std::shared_ptr<Work> AllReduceInt64(absl::Span<int64_t> data, ReduceOp op) override {
     if (absl::Status bad = CheckInt64Op(op); !bad.ok()) return WorkQueue::Finished(bad);
     return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " int64s"),
-                 [context = context_, data, op](uint32_t tag, Millis timeout) {
+                 kNoPeer, [context = context_, data, op](uint32_t tag, Millis timeout) {
                    if (!data.empty()) gloo_ops::AllReduce(context, data, op, tag, timeout);
                  });
   }
@@ -166,6 +177,7 @@ class GlooGroup : public ProcessGroup {
     }
     return Issue(
         absl::StrCat("reduce_scatter (", ReduceOpName(op), ") of ", input.size(), " floats"),
+        kNoPeer,
         [context = context_, input, output, counts = std::move(counts), op](uint32_t tag,
                                                                             Millis timeout) {
           gloo_ops::ReduceScatter(context, input, output, counts, op, tag, timeout);
@@ -187,7 +199,7 @@ class GlooGroup : public ProcessGroup {
     if (absl::Status bad = CheckPeer("broadcast root", root, /*self_ok=*/true); !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("broadcast of ", data.size(), " floats from rank ", root),
+    return Issue(absl::StrCat("broadcast of ", data.size(), " floats from"), root,
                  [context = context_, data, root](uint32_t tag, Millis timeout) {
                    if (!data.empty()) gloo_ops::Broadcast(context, data, root, tag, timeout);
                  });
@@ -197,7 +209,7 @@ class GlooGroup : public ProcessGroup {
     if (absl::Status bad = CheckPeer("broadcast root", root, /*self_ok=*/true); !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("broadcast of ", data.size(), " bytes from rank ", root),
+    return Issue(absl::StrCat("broadcast of ", data.size(), " bytes from"), root,
                  [context = context_, data, root](uint32_t tag, Millis timeout) {
                    if (!data.empty()) gloo_ops::Broadcast(context, data, root, tag, timeout);
                  });
@@ -207,26 +219,25 @@ class GlooGroup : public ProcessGroup {
     if (absl::Status bad = CheckPointToPoint("send destination", destination, tag); !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(
-        absl::StrCat("send of ", data.size(), " floats to rank ", destination, " with tag ", tag),
-        [context = context_, data, destination, tag](uint32_t, Millis timeout) {
-          gloo_ops::Send(context, data, destination, tag, timeout);
-        });
+    return Issue(absl::StrCat("send of ", data.size(), " floats with tag ", tag, " to"),
+                 destination,
+                 [context = context_, data, destination, tag](uint32_t, Millis timeout) {
+                   gloo_ops::Send(context, data, destination, tag, timeout);
+                 });
   }
 
   std::shared_ptr<Work> Recv(absl::Span<float> data, int source, int tag) override {
     if (absl::Status bad = CheckPointToPoint("recv source", source, tag); !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(
-        absl::StrCat("recv of ", data.size(), " floats from rank ", source, " with tag ", tag),
-        [context = context_, data, source, tag](uint32_t, Millis timeout) {
-          gloo_ops::Recv(context, data, source, tag, timeout);
-        });
+    return Issue(absl::StrCat("recv of ", data.size(), " floats with tag ", tag, " from"), source,
+                 [context = context_, data, source, tag](uint32_t, Millis timeout) {
+                   gloo_ops::Recv(context, data, source, tag, timeout);
+                 });
   }
 
   std::shared_ptr<Work> Barrier() override {
-    return Issue("barrier", [context = context_](uint32_t tag, Millis timeout) {
+    return Issue("barrier", kNoPeer, [context = context_](uint32_t tag, Millis timeout) {
       if (context->size > 1) gloo_ops::Barrier(context, tag, timeout);
     });
   }
@@ -249,7 +260,7 @@ class GlooGroup : public ProcessGroup {
         !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("allgather of ", output.size(), " ", unit),
+    return Issue(absl::StrCat("allgather of ", output.size(), " ", unit), kNoPeer,
                  [context = context_, input, output, counts = std::move(counts)](uint32_t tag,
                                                                                  Millis timeout) {
                    if (!output.empty()) {
@@ -264,12 +275,15 @@ class GlooGroup : public ProcessGroup {
   // keeps concurrent collectives apart (it is the same on every rank, since
   // every rank issues the same sequence).
   using Body = std::function<void(uint32_t tag, Millis timeout)>;
+  static constexpr int kNoPeer = -1;
 
-  std::shared_ptr<Work> Issue(std::string what, Body body) {
+  // `what` and `peer` (a group rank, or kNoPeer for a collective) as
+  // GroupMembers::Describe takes them.
+  std::shared_ptr<Work> Issue(const std::string& what, int peer, Body body) {
     absl::MutexLock lock(&issue_mu_);  // tag order == queue order
     uint32_t tag = next_tag_++;
     return queue_->Enqueue(
-        absl::StrCat(what, " (op #", tag, " on rank ", rank(), " of ", size(), ")"),
+        shared_->members.Describe(what, peer, tag, rank(), size()),
         [shared = shared_, tag, body = std::move(body)](absl::Time deadline) {
           absl::Duration left = deadline - absl::Now();
           if (left <= absl::ZeroDuration()) {
@@ -297,13 +311,18 @@ class GlooGroup : public ProcessGroup {
           // A pair also breaks when one of our own waits timed out on it
           // ("Application timeout caused pair closure"): that stays
           // DEADLINE_EXCEEDED.
-          absl::Status status = StatusFromGlooError(error.what(), shared_->timeout, {});
+          // The group's name is in the message: when the group is idle
+          // nothing else names it, and a watchdog passes this error on to
+          // the rank's other groups as their cause.
+          absl::Status status = StatusFromGlooError(error.what(), *shared_);
+          const std::string connection =
+              absl::StrCat("connection to ", shared_->members.Peer(peer));
           queue_->Fail(absl::Status(
               status.code(),
               status.code() == absl::StatusCode::kUnavailable
-                  ? absl::StrCat("connection to rank ", peer,
+                  ? absl::StrCat(connection,
                                  " failed (that process died or closed the group): ", error.what())
-                  : absl::StrCat("connection to rank ", peer, ": ", status.message())));
+                  : absl::StrCat(connection, ": ", status.message())));
           break;
         }
       }
@@ -378,9 +397,14 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(rdzv::Store* store
     return absl::InvalidArgumentError(absl::StrCat(
         "CreateGlooGroup: timeout must be positive, got ", absl::FormatDuration(options.timeout)));
   }
+  if (absl::Status bad = CheckMembers("CreateGlooGroup", options.members, size); !bad.ok()) {
+    return bad;
+  }
   IgnoreSigpipeIfDefault();
   const absl::Time deadline = absl::Now() + options.timeout;
-  const std::string where = absl::StrCat("connecting rank ", rank, " of ", size, ": ");
+  const std::string where =
+      absl::StrCat("connecting global rank ", options.members.Global(rank), " to group ",
+                   options.members.name, " as its rank ", rank, " of ", size, ": ");
 
   std::shared_ptr<gloo::transport::Device> device;
   try {
@@ -402,7 +426,10 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(rdzv::Store* store
     if (!store_error.ok()) {
       return absl::Status(store_error.code(), absl::StrCat(where, store_error.message()));
     }
-    absl::Status status = StatusFromGlooError(error.what(), options.timeout, {});
+    Shared naming;  // no addresses yet, nor a context to name the other rank by
+    naming.timeout = options.timeout;
+    naming.members = options.members;
+    absl::Status status = StatusFromGlooError(error.what(), naming);
     return absl::Status(status.code(), absl::StrCat(where, status.message()));
   }
 
@@ -415,6 +442,7 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(rdzv::Store* store
   shared->context = std::move(context);
   shared->peer_addresses = *std::move(addresses);
   shared->timeout = options.timeout;
+  shared->members = options.members;
   return std::unique_ptr<ProcessGroup>(new GlooGroup(std::move(shared)));
 }
 

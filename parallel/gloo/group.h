@@ -16,7 +16,9 @@
 // Failure: after a communication error the group also closes its
 // connections, so peers blocked on this rank fail at once (UNAVAILABLE)
 // instead of waiting out their timeout. UNAVAILABLE messages name the peer
-// rank whose connection failed when the transport's message identifies it.
+// whose connection failed when the transport's message identifies it (or
+// the group has two ranks), by its global rank and its rank in the group
+// (GlooOptions::members; process_group.h, "Names in messages").
 // A monitor thread probes the connections every 50 ms, because this gloo
 // does not wake a pending send when its connection fails.
 //
@@ -43,6 +45,11 @@ struct GlooOptions {
   std::string address = "127.0.0.1";
   // Bounds connecting the mesh and then each operation.
   absl::Duration timeout = absl::Seconds(60);
+  // What messages call the group and its ranks: the default is the world
+  // group ("world", group rank == global rank); a sub-group passes its
+  // name and its members' global ranks in group-rank order
+  // (Communicator::NewGroup does).
+  GroupMembers members;
 };
 
 // Joins `size` ranks through `store`. Every rank calls this with the same
@@ -51,10 +58,10 @@ struct GlooOptions {
 // Blocks until every peer is connected or options.timeout has passed.
 // `store` is used only during this call.
 //
-// Errors: INVALID_ARGUMENT for a bad rank, size, timeout or address (one
-// that cannot be bound); DEADLINE_EXCEEDED when the peers did not all show
-// up within the timeout; UNAVAILABLE when a connection failed; the store's
-// own codes (e.g. ABORTED: the rendezvous round is over).
+// Errors: INVALID_ARGUMENT for a bad rank, size, timeout, members (see
+// CheckMembers) or address (one that cannot be bound); DEADLINE_EXCEEDED when the peers did not all
+// show up within the timeout; UNAVAILABLE when a connection failed; the store's own codes (e.g.
+// ABORTED: the rendezvous round is over).
 absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateGlooGroup(rdzv::Store* store, int rank,
                                                               int size,
                                                               const GlooOptions& options = {});

@@ -157,6 +157,7 @@ class NcclGroup : public ProcessGroup {
   int size() const override { return size_; }
   bool takes_host_memory() const override { return false; }  // device memory only
   absl::Duration timeout() const override { return comm_->options.timeout; }
+  GroupMembers members() const override { return comm_->options.members; }
 
   std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
     return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " floats"),
@@ -220,7 +221,7 @@ class NcclGroup : public ProcessGroup {
         !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("broadcast of ", data.size(), " floats from rank ", root),
+    return Issue(absl::StrCat("broadcast of ", data.size(), " floats from"), root,
                  [=](ncclComm_t comm, cudaStream_t stream) {
                    return ncclBroadcast(data.data(), data.data(), data.size(), ncclFloat, root,
                                         comm, stream);
@@ -232,7 +233,7 @@ class NcclGroup : public ProcessGroup {
         !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("broadcast of ", data.size(), " bytes from rank ", root),
+    return Issue(absl::StrCat("broadcast of ", data.size(), " bytes from"), root,
                  [=](ncclComm_t comm, cudaStream_t stream) {
                    return ncclBroadcast(data.data(), data.data(), data.size(), ncclUint8, root,
                                         comm, stream);
@@ -244,7 +245,7 @@ class NcclGroup : public ProcessGroup {
         !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("send of ", data.size(), " floats to rank ", destination),
+    return Issue(absl::StrCat("send of ", data.size(), " floats to"), destination,
                  [=](ncclComm_t comm, cudaStream_t stream) {
                    return ncclSend(data.data(), data.size(), ncclFloat, destination, comm, stream);
                  });
@@ -254,7 +255,7 @@ class NcclGroup : public ProcessGroup {
     if (absl::Status bad = CheckPointToPoint("recv source", source, tag, rank_, size_); !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("recv of ", data.size(), " floats from rank ", source),
+    return Issue(absl::StrCat("recv of ", data.size(), " floats from"), source,
                  [=](ncclComm_t comm, cudaStream_t stream) {
                    return ncclRecv(data.data(), data.size(), ncclFloat, source, comm, stream);
                  });
@@ -343,8 +344,15 @@ class NcclGroup : public ProcessGroup {
   }
 
   // Records the compute stream's progress now (on the issuing thread) and
-  // queues `launch` to run after it on the group's stream.
-  std::shared_ptr<Work> Issue(std::string what, Launch launch) {
+  // queues `launch` to run after it on the group's stream. `what` and
+  // `peer` (a group rank; none for a collective) as GroupMembers::Describe
+  // takes them.
+  std::shared_ptr<Work> Issue(const std::string& what, Launch launch) {
+    return Issue(what, /*peer=*/-1, std::move(launch));
+  }
+  std::shared_ptr<Work> Issue(const std::string& what, int peer, Launch launch) {
+    const std::string described =
+        comm_->options.members.Describe(what, peer, /*op=*/-1, rank_, size_);
     cudaEvent_t event = nullptr;
     absl::Status recorded =
         CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreate");
@@ -363,19 +371,17 @@ class NcclGroup : public ProcessGroup {
       // CUDA itself failed: this rank skips a collective its peers issue,
       // so break the group now, which frees them, rather than let them
       // time out.
-      const absl::Status status(recorded.code(), absl::StrCat(what, " on rank ", rank_, " of ",
-                                                              size_, ": ", recorded.message()));
+      const absl::Status status(recorded.code(), absl::StrCat(described, ": ", recorded.message()));
       Abort(status);
       return WorkQueue::Finished(status);
     }
-    return queue_->Enqueue(
-        absl::StrCat(what, " on rank ", rank_, " of ", size_),
-        [comm = comm_, ready = std::move(ready), launch = std::move(launch)](absl::Time deadline) {
-          absl::Status status = Run(*comm, ready.get(), launch, deadline);
-          // Broken for good: aborting frees the peers blocked on us.
-          if (!status.ok()) comm->Abort(status);
-          return status;
-        });
+    return queue_->Enqueue(described, [comm = comm_, ready = std::move(ready),
+                                       launch = std::move(launch)](absl::Time deadline) {
+      absl::Status status = Run(*comm, ready.get(), launch, deadline);
+      // Broken for good: aborting frees the peers blocked on us.
+      if (!status.ok()) comm->Abort(status);
+      return status;
+    });
   }
 
   // On the communication thread: wait for `ready`, launch, then poll the
@@ -487,6 +493,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateNcclGroup(rdzv::Store* store
                                                    absl::FormatDuration(options.timeout),
                                                    "; expected a store, 0 <= rank < size and a "
                                                    "positive timeout"));
+  }
+  if (absl::Status bad = CheckMembers("CreateNcclGroup", options.members, size); !bad.ok()) {
+    return bad;
   }
   const absl::Time deadline = absl::Now() + options.timeout;
   if (absl::Status s = CudaStatus(cudaSetDevice(options.device), "cudaSetDevice"); !s.ok()) {

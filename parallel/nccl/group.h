@@ -57,6 +57,10 @@ struct NcclOptions {
   int device = 0;
   // Bounds creating the communicator and then each operation.
   absl::Duration timeout = absl::Seconds(60);
+  // What messages call the group and its ranks (process_group.h, "Names
+  // in messages"): the default is the world's, "world" with group rank ==
+  // global rank; a sub-group passes its name and members' global ranks.
+  GroupMembers members;
   // The cudaStream_t the caller's kernels run on (nullptr: the legacy
   // default stream). Operations wait for it at issue time.
   void* compute_stream = nullptr;
@@ -67,7 +71,8 @@ struct NcclOptions {
 std::string NcclVersionString();
 
 // Every rank calls this with the same `size` and a distinct `rank`, and a
-// store scoped to this group. Errors: INVALID_ARGUMENT for bad arguments;
+// store scoped to this group. Errors: INVALID_ARGUMENT for bad arguments
+// (options.members too: CheckMembers);
 // DEADLINE_EXCEEDED if the id or the peers did not arrive in time;
 // UNAVAILABLE / INTERNAL from NCCL and CUDA; FAILED_PRECONDITION in a build
 // without CUDA.

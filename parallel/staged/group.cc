@@ -312,6 +312,7 @@ class StagedGroup : public ProcessGroup {
         rank_(inner->rank()),
         size_(inner->size()),
         timeout_(inner->timeout() + kCopyMargin),
+        members_(inner->members()),
         staging_(std::move(staging)),
         queue_(std::make_unique<WorkQueue>(
             timeout_, [weak = std::weak_ptr<Staging>(staging_)](const absl::Status& cause) {
@@ -327,6 +328,8 @@ class StagedGroup : public ProcessGroup {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   absl::Duration timeout() const override { return timeout_; }
+  // The group it stages through: the same ranks, the same name.
+  GroupMembers members() const override { return members_; }
 
   std::shared_ptr<Work> AllReduce(absl::Span<float> data, ReduceOp op) override {
     return Issue(absl::StrCat("allreduce (", ReduceOpName(op), ") of ", data.size(), " floats"),
@@ -384,7 +387,7 @@ class StagedGroup : public ProcessGroup {
     }
     // Only the root's data is read, and only the others' written.
     const bool is_root = root == rank_;
-    return Issue(absl::StrCat("broadcast of ", data.size(), " floats from rank ", root),
+    return Issue(absl::StrCat("broadcast of ", data.size(), " floats from"), root,
                  {Buffer(data.data(), data.size(), is_root, !is_root)},
                  [root](ProcessGroup& inner, const HostViews& host) {
                    return inner.Broadcast(Floats(host[0]), root);
@@ -395,7 +398,7 @@ class StagedGroup : public ProcessGroup {
     if (absl::Status bad = CheckPeer("broadcast root", root, /*self_ok=*/true); !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(absl::StrCat("broadcast of ", data.size(), " bytes from rank ", root),
+    return Issue(absl::StrCat("broadcast of ", data.size(), " bytes from"), root,
                  {HostBuffer(data.data(), data.size())},
                  [data, root](ProcessGroup& inner, const HostViews&) {
                    return inner.BroadcastBytes(data, root);
@@ -406,24 +409,22 @@ class StagedGroup : public ProcessGroup {
     if (absl::Status bad = CheckPointToPoint("send destination", destination, tag); !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(
-        absl::StrCat("send of ", data.size(), " floats to rank ", destination, " with tag ", tag),
-        {Buffer(data.data(), data.size(), true, false)},
-        [destination, tag](ProcessGroup& inner, const HostViews& host) {
-          return inner.Send(Floats(host[0]), destination, tag);
-        });
+    return Issue(absl::StrCat("send of ", data.size(), " floats with tag ", tag, " to"),
+                 destination, {Buffer(data.data(), data.size(), true, false)},
+                 [destination, tag](ProcessGroup& inner, const HostViews& host) {
+                   return inner.Send(Floats(host[0]), destination, tag);
+                 });
   }
 
   std::shared_ptr<Work> Recv(absl::Span<float> data, int source, int tag) override {
     if (absl::Status bad = CheckPointToPoint("recv source", source, tag); !bad.ok()) {
       return WorkQueue::Finished(bad);
     }
-    return Issue(
-        absl::StrCat("recv of ", data.size(), " floats from rank ", source, " with tag ", tag),
-        {Buffer(data.data(), data.size(), false, true)},
-        [source, tag](ProcessGroup& inner, const HostViews& host) {
-          return inner.Recv(Floats(host[0]), source, tag);
-        });
+    return Issue(absl::StrCat("recv of ", data.size(), " floats with tag ", tag, " from"), source,
+                 {Buffer(data.data(), data.size(), false, true)},
+                 [source, tag](ProcessGroup& inner, const HostViews& host) {
+                   return inner.Recv(Floats(host[0]), source, tag);
+                 });
   }
 
   std::shared_ptr<Work> Barrier() override {
@@ -482,8 +483,15 @@ class StagedGroup : public ProcessGroup {
   }
 
   // Records the compute stream's progress now, on the issuing thread, and
-  // queues the staged operation to run after it.
-  std::shared_ptr<Work> Issue(std::string what, std::vector<Region> regions, Launch launch) {
+  // queues the staged operation to run after it. `what` and `peer` (a
+  // group rank; none for a collective) as GroupMembers::Describe takes them.
+  std::shared_ptr<Work> Issue(const std::string& what, std::vector<Region> regions, Launch launch) {
+    return Issue(what, /*peer=*/-1, std::move(regions), std::move(launch));
+  }
+  std::shared_ptr<Work> Issue(const std::string& what, int peer, std::vector<Region> regions,
+                              Launch launch) {
+    const std::string described =
+        absl::StrCat(members_.Describe(what, peer, /*op=*/-1, rank_, size_), " via host memory");
     std::shared_ptr<Event> ready;
     if (!regions.empty()) {
       DeviceScope scope(options_.device);
@@ -492,8 +500,8 @@ class StagedGroup : public ProcessGroup {
         if (status.ok()) status = Classify(region, options_.device);
       }
       if (absl::IsInvalidArgument(status)) {
-        return WorkQueue::Finished(absl::Status(
-            status.code(), absl::StrCat(what, " on rank ", rank_, ": ", status.message())));
+        return WorkQueue::Finished(
+            absl::Status(status.code(), absl::StrCat(described, ": ", status.message())));
       }
       if (status.ok()) {
         ready = std::make_shared<Event>();
@@ -508,16 +516,14 @@ class StagedGroup : public ProcessGroup {
       if (!status.ok()) {
         // CUDA itself failed: this rank cannot go on, so break the group
         // now, which frees the peers, rather than let them time out.
-        status = absl::Status(status.code(), absl::StrCat(what, " on rank ", rank_, " of ", size_,
-                                                          ": ", status.message()));
+        status = absl::Status(status.code(), absl::StrCat(described, ": ", status.message()));
         Abort(status);
         return WorkQueue::Finished(status);
       }
     }
     return queue_->Enqueue(
-        absl::StrCat(what, " via host memory (rank ", rank_, " of ", size_, ")"),
-        [staging = staging_, ready = std::move(ready), regions = std::move(regions),
-         launch = std::move(launch)](absl::Time deadline) {
+        described, [staging = staging_, ready = std::move(ready), regions = std::move(regions),
+                    launch = std::move(launch)](absl::Time deadline) {
           // A failure breaks the queue, whose on_break aborts the inner
           // group too, so that peers blocked on this rank fail now.
           return RunStaged(*staging, ready == nullptr ? nullptr : ready->event, regions, launch,
@@ -545,6 +551,7 @@ class StagedGroup : public ProcessGroup {
   const int rank_;
   const int size_;
   const absl::Duration timeout_;
+  const GroupMembers members_;
   const std::shared_ptr<Staging> staging_;
   std::unique_ptr<WorkQueue> queue_;
 };

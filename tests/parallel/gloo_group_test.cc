@@ -2,6 +2,7 @@
 // InMemoryStore, checked exactly (integer-valued floats make sums exact).
 #include <numeric>
 
+#include "absl/strings/match.h"
 #include "tests/parallel/group_test_util.h"
 
 namespace muster::parallel::testing {
@@ -13,6 +14,37 @@ TEST_CASE("EvenCounts splits as evenly as possible, the first chunks larger") {
   CHECK(EvenCounts(7, 3) == std::vector<size_t>{3, 2, 2});
   CHECK(EvenCounts(2, 3) == std::vector<size_t>{1, 1, 0});
   CHECK(EvenCounts(0, 2) == std::vector<size_t>{0, 0});
+}
+
+TEST_CASE("GroupMembers names a group's ranks by global rank and the group by name") {
+  const GroupMembers world;  // the default: group rank == global rank
+  CHECK(world.name == "world");
+  CHECK(world.Global(3) == 3);
+  CHECK(world.Peer(1) == "global rank 1 (rank 1 of group world)");
+  CHECK(world.Describe("barrier", -1, 4, 2, 8) ==
+        "barrier (group world of 8 ranks; op #4 on global rank 2)");
+
+  const GroupMembers pipe{"act.pp.0.0", {0, 2}};
+  CHECK(pipe.Global(0) == 0);
+  CHECK(pipe.Global(1) == 2);
+  CHECK(pipe.Global(5) == 5);  // not a member: left as it is
+  CHECK(pipe.Peer(1) == "global rank 2 (rank 1 of group act.pp.0.0)");
+  CHECK(pipe.Describe("recv of 1024 floats with tag 0 from", 1, 19, 0, 2) ==
+        "recv of 1024 floats with tag 0 from global rank 2 (rank 1 of group act.pp.0.0; op #19 "
+        "on global rank 0)");
+  const GroupMembers shard{"dp_shard.1", {2, 3}};
+  CHECK(shard.Describe("allreduce (sum) of 8 floats", -1, 5, 1, 2) ==
+        "allreduce (sum) of 8 floats (group dp_shard.1 of 2 ranks; op #5 on global rank 3)");
+  // A back end that does not number its operations (NCCL).
+  CHECK(shard.Describe("broadcast of 8 floats from", 0, -1, 1, 2) ==
+        "broadcast of 8 floats from global rank 2 (rank 0 of group dp_shard.1; on global rank 3)");
+
+  CHECK(CheckMembers("t", world, 4).ok());
+  CHECK(CheckMembers("t", pipe, 2).ok());
+  CHECK(absl::IsInvalidArgument(CheckMembers("t", pipe, 3)));               // one per rank
+  CHECK(absl::IsInvalidArgument(CheckMembers("t", {"twice", {1, 1}}, 2)));  // distinct
+  CHECK(absl::IsInvalidArgument(CheckMembers("t", {"neg", {0, -1}}, 2)));
+  CHECK(absl::IsInvalidArgument(CheckMembers("t", {"", {}}, 2)));  // a name
 }
 
 TEST_CASE("collectives give exact results for uneven and empty sizes") {
@@ -257,6 +289,23 @@ TEST_CASE("CreateGlooGroup rejects bad arguments") {
   options.address = "192.0.2.1";  // TEST-NET: not a local address
   CHECK(CreateGlooGroup(&store, 0, 1, options).status().code() ==
         absl::StatusCode::kInvalidArgument);
+  GlooOptions members;
+  members.members = {"pair", {4, 5, 6}};  // three global ranks for two
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> mismatched = CreateGlooGroup(&store, 0, 2, members);
+  CHECK(mismatched.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(mismatched.status().message(), "'pair'"));
+}
+
+TEST_CASE("a group reports the members it was given; by default it is the world") {
+  rdzv::InMemoryStore store;
+  CHECK(ConnectGroups(store, 1)[0]->members().name == "world");
+  GlooOptions options;
+  options.members = {"dp_shard.1", {2, 3}};
+  Groups groups = ConnectGroups(store, 2, options);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(groups[r]->members().name == "dp_shard.1");
+    CHECK(groups[r]->members().global_ranks == std::vector<int>{2, 3});
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "parallel/bootstrap.h"
@@ -244,12 +245,67 @@ TEST_CASE("the watchdog aborts the sub-groups when a group of the rank fails") {
   const absl::Duration took = absl::Now() - start;
   INFO(shard_status.ToString() << "; " << replicate_status.ToString());
   CHECK(absl::IsUnavailable(shard_status));
-  CHECK_THAT(std::string(shard_status.message()), Catch::Contains("rank 0's world group failed"));
+  // Each names its own group, then whose error it was.
+  CHECK(shard_status.message() ==
+        "barrier (group dp_shard.0 of 2 ranks; op #0 on global rank 0): aborted after an error "
+        "in group world: test: rank 0's world group failed");
   CHECK(absl::IsUnavailable(replicate_status));
-  CHECK_THAT(std::string(replicate_status.message()),
-             Catch::Contains("rank 0's world group failed"));
+  CHECK(replicate_status.message() ==
+        "barrier (group dp_replicate.0 of 2 ranks; op #0 on global rank 0): aborted after an "
+        "error in group world: test: rank 0's world group failed");
   CHECK(took < absl::Seconds(10));  // the groups' timeout is 20 s
   CHECK(world.comms[0]->watchdog()->cause() == cause);
+}
+
+TEST_CASE("a dead peer is named by its global rank and the sub-group's name") {
+  // The user's layout: pp 2 and FSDP shards of 2. Stage 0 is global ranks
+  // 0 and 1, stage 1 ranks 2 and 3; dp_shard.1 is {2, 3}; the activation
+  // channels from stage 0 to 1 are act.pp.0.0 {0, 2} and act.pp.1.0
+  // {1, 3}. No watchdog looks (interval 1 h, and the round stays RUNNING),
+  // so each failure below is the sub-group's own.
+  std::vector<CommunicatorOptions> options(4);
+  for (CommunicatorOptions& option : options) option.watchdog.interval = absl::Hours(1);
+  World world(4, options);
+  absl::StatusOr<ParallelDims> dims = ParallelDims::Create(4, 1, 2, 2);
+  REQUIRE(dims.ok());
+  std::vector<ProcessGroup*> shard = MakeGroups(world, *dims, Dim::kDpShard);
+  std::vector<absl::StatusOr<ProcessGroup*>> channel = OnEveryRank(4, [&](int rank) {
+    return world.comms[rank]->NewGroup(absl::StrCat("act.", dims->GroupName(Dim::kPp, rank), ".0"),
+                                       dims->GroupRanks(Dim::kPp, rank));
+  });
+  for (int rank = 0; rank < 4; ++rank) {
+    INFO("rank " << rank << ": " << channel[rank].status().ToString());
+    REQUIRE(channel[rank].ok());
+  }
+  CHECK((*channel[0])->members().name == "act.pp.0.0");
+  CHECK((*channel[0])->members().global_ranks == std::vector<int>{0, 2});
+  CHECK(world.comms[0]->group().members().name == "world");
+
+  // Global rank 0 waits on its channel's rank 1 (global rank 2), global
+  // rank 3 on its shard group's rank 0 (global rank 2 too).
+  std::vector<float> data(8);
+  std::shared_ptr<Work> recv = (*channel[0])->Recv(absl::MakeSpan(data), 1, 0);
+  std::shared_ptr<Work> barrier = shard[3]->Barrier();
+  world.comms[2].reset();  // global rank 2 dies
+  const absl::Status recv_status = recv->Wait();
+  const absl::Status barrier_status = barrier->Wait();
+  INFO(recv_status.ToString() << "\n" << barrier_status.ToString());
+
+  CHECK(absl::IsUnavailable(recv_status));
+  CHECK(absl::StartsWith(recv_status.message(),
+                         "recv of 8 floats with tag 0 from global rank 2 (rank 1 of group "
+                         "act.pp.0.0; op #0 on global rank 0): connection to global rank 2 (rank 1 "
+                         "of group act.pp.0.0) "));
+  CHECK(absl::IsUnavailable(barrier_status));
+  CHECK(absl::StartsWith(barrier_status.message(),
+                         "barrier (group dp_shard.1 of 2 ranks; op #0 on global rank 3): "
+                         "connection to global rank 2 (rank 0 of group dp_shard.1) "));
+  // Global ranks 0 and 1 are alive: no message blames them.
+  for (const absl::Status& status : {recv_status, barrier_status}) {
+    CHECK_FALSE(absl::StrContains(status.message(), "connection to global rank 0"));
+    CHECK_FALSE(absl::StrContains(status.message(), "connection to global rank 1"));
+    CHECK(std::string(status.message()).find('\n') == std::string::npos);
+  }
 }
 
 }  // namespace

@@ -19,9 +19,11 @@ namespace {
 // A group whose health the test sets and whose aborts it records.
 class FakeGroup : public ProcessGroup {
  public:
+  explicit FakeGroup(std::string name = "world") : name_(std::move(name)) {}
   int rank() const override { return 0; }
   int size() const override { return 2; }
   absl::Duration timeout() const override { return absl::Seconds(60); }
+  GroupMembers members() const override { return {name_, {}}; }
   std::shared_ptr<Work> AllReduce(absl::Span<float>, ReduceOp) override { return Nothing(); }
   std::shared_ptr<Work> ReduceScatter(absl::Span<const float>, absl::Span<float>,
                                       std::vector<size_t>, ReduceOp) override {
@@ -68,6 +70,7 @@ class FakeGroup : public ProcessGroup {
     // The watchdog issues no operation; none of these is called.
     return WorkQueue::Finished(absl::UnimplementedError("FakeGroup carries no data"));
   }
+  const std::string name_;
   mutable absl::Mutex mu_;
   GroupHealth health_;
   std::vector<absl::Status> aborts_;
@@ -249,7 +252,7 @@ namespace muster::parallel {
 namespace {
 
 TEST_CASE("several groups: the first error, the oldest operation, and a cause aborts all") {
-  FakeGroup nccl, gloo;
+  FakeGroup nccl("world.nccl"), gloo("world");
   FakeClock clock;
   WatchdogOptions options;
   options.now = [&] { return clock.now; };
@@ -265,9 +268,14 @@ TEST_CASE("several groups: the first error, the oldest operation, and a cause ab
   Watchdog dog({&nccl, &gloo}, nullptr, nullptr, options);
   absl::Status cause = dog.PollOnce();
   CHECK(absl::IsUnavailable(cause));
-  REQUIRE(nccl.aborts().size() == 1);  // the healthy group goes too
-  CHECK(nccl.aborts()[0] == cause);
-  CHECK(gloo.aborts().size() == 1);
+  CHECK(cause == broken.error);        // as the group that failed has it
+  REQUIRE(nccl.aborts().size() == 1);  // the healthy group goes too, told whose error it is
+  CHECK(nccl.aborts()[0] == PassedOn(cause, gloo));
+  CHECK(nccl.aborts()[0] ==
+        absl::UnavailableError(
+            "aborted after an error in group world: gloo: connection to rank 1 failed"));
+  REQUIRE(gloo.aborts().size() == 1);
+  CHECK(gloo.aborts()[0] == cause);  // its own error, as it is
 }
 
 }  // namespace
@@ -277,7 +285,7 @@ namespace muster::parallel {
 namespace {
 
 TEST_CASE("a group watched later is one of the groups: its error aborts all, and theirs it") {
-  FakeGroup world, sub;
+  FakeGroup world, sub("dp_shard.1");
   FakeClock clock;
   WatchdogOptions options;
   options.now = [&] { return clock.now; };
@@ -288,17 +296,20 @@ TEST_CASE("a group watched later is one of the groups: its error aborts all, and
   CHECK(dog.PollOnce().ok());
 
   GroupHealth broken;
-  broken.error = absl::UnavailableError("connection to rank 3 failed");
+  broken.error =
+      absl::UnavailableError("connection to global rank 3 (rank 1 of group dp_shard.1) failed");
   sub.SetHealth(broken);
   absl::Status cause = dog.PollOnce();
   CHECK(absl::IsUnavailable(cause));
   REQUIRE(world.aborts().size() == 1);
-  CHECK(world.aborts()[0] == cause);
+  CHECK(world.aborts()[0] ==
+        absl::UnavailableError("aborted after an error in group dp_shard.1: connection to global "
+                               "rank 3 (rank 1 of group dp_shard.1) failed"));
   CHECK(sub.aborts().size() == 1);
 }
 
 TEST_CASE("the world group's failure aborts a sub-group watched later") {
-  FakeGroup world, sub;
+  FakeGroup world, sub("act.pp.0.0");
   FakeClock clock;
   WatchdogOptions options;
   options.now = [&] { return clock.now; };
@@ -309,7 +320,15 @@ TEST_CASE("the world group's failure aborts a sub-group watched later") {
   world.SetHealth(broken);
   absl::Status cause = dog.PollOnce();
   REQUIRE(sub.aborts().size() == 1);
-  CHECK(sub.aborts()[0] == cause);
+  CHECK(sub.aborts()[0] == PassedOn(cause, world));
+  CHECK_THAT(std::string(sub.aborts()[0].message()),
+             Catch::StartsWith("aborted after an error in group world: "));
+
+  // One watched after the cause is told the same.
+  FakeGroup late("grad.pp.0.0");
+  dog.Watch(&late);
+  REQUIRE(late.aborts().size() == 1);
+  CHECK(late.aborts()[0] == PassedOn(cause, world));
 }
 
 TEST_CASE("a group watched after the cause is aborted with it at once") {
