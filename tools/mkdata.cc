@@ -7,7 +7,6 @@
 // Writes DIR/[NAME_]train_000000.bin ... and DIR/[NAME_]val_000000.bin ...
 // (llm.c's naming); validation takes the last val-fraction of the
 // concatenated text. Exit 0 on success, 2 on any error (one line on stderr).
-#include <glob.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -22,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "worker/data/data.h"
@@ -78,18 +78,35 @@ absl::StatusOr<std::vector<std::string>> WriteSplit(const std::vector<uint16_t>&
 // silently join this data set, so remove any this run did not write.
 std::vector<std::string> RemoveStaleShards(const std::string& dir, const std::string& prefix,
                                            const std::set<std::string>& written) {
-  std::vector<std::string> removed;
-  for (const char* split : {"train", "val"}) {
-    std::string pattern =
-        absl::StrCat(dir, "/", prefix, split, "_[0-9][0-9][0-9][0-9][0-9][0-9].bin");
-    glob_t matches;
-    if (::glob(pattern.c_str(), 0, nullptr, &matches) == 0) {
-      for (size_t i = 0; i < matches.gl_pathc; ++i) {
-        std::string path = matches.gl_pathv[i];
-        if (written.count(path) == 0 && std::remove(path.c_str()) == 0) removed.push_back(path);
+  // Names are compared as they are, not through glob(3): a directory or
+  // prefix holding '[', '*' or '?' would otherwise match other files, or
+  // none of its own.
+  std::set<std::string> kept;
+  for (const std::string& path : written) kept.insert(path.substr(path.rfind('/') + 1));
+  auto stale = [&](const std::string& name) {
+    for (const std::string split : {"train", "val"}) {
+      const std::string head = prefix + split + "_";
+      if (name.size() != head.size() + 6 + 4 || name.compare(0, head.size(), head) != 0 ||
+          name.compare(name.size() - 4, 4, ".bin") != 0) {
+        continue;
+      }
+      const std::string digits = name.substr(head.size(), 6);
+      if (std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) {
+        return kept.count(name) == 0;
       }
     }
-    ::globfree(&matches);
+    return false;
+  };
+  std::vector<std::string> removed;
+  std::error_code error;
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    const std::string path = dir + "/" + name;
+    if (stale(name) && std::remove(path.c_str()) == 0) removed.push_back(path);
   }
   return removed;
 }

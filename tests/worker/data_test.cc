@@ -360,6 +360,33 @@ TEST_CASE("mkdata turns text into byte-token shards: train first, validation fro
   CHECK(std::filesystem::exists(dir + "/named/tiny_val_000000.bin"));
 }
 
+// Names are matched as they are: glob characters in the directory or the
+// prefix neither hide a stale shard nor make another data set's look stale.
+TEST_CASE("mkdata's stale-shard cleanup takes names literally") {
+  std::string dir = FreshDir("mkdata_literal");
+  WriteBytes(dir + "/a.txt", "Hello, shards! Hello, shards!\n");
+  const std::string out = dir + "/d[1]";
+  Run run = Mkdata({"--out", out, "--shard-tokens", "10", dir + "/a.txt"}, dir);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  REQUIRE(std::filesystem::exists(out + "/train_000002.bin"));
+  run = Mkdata({"--out", out, dir + "/a.txt"}, dir);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK(Contains(run.output, "removed stale shard " + out + "/train_000002.bin"));
+  CHECK_FALSE(std::filesystem::exists(out + "/train_000001.bin"));
+  CHECK_FALSE(std::filesystem::exists(out + "/train_000002.bin"));
+
+  // A prefix of '*' leaves the shards of the prefix 'a_' alone.
+  run = Mkdata({"--out", dir + "/sx", "--name", "a", dir + "/a.txt"}, dir);
+  REQUIRE(run.exit_code == 0);
+  run = Mkdata({"--out", dir + "/sx", "--name", "*", dir + "/a.txt"}, dir);
+  INFO(run.output);
+  REQUIRE(run.exit_code == 0);
+  CHECK_FALSE(Contains(run.output, "removed stale shard"));
+  CHECK(std::filesystem::exists(dir + "/sx/a_train_000000.bin"));
+}
+
 TEST_CASE("mkdata fails with one line and exit code 2") {
   std::string dir = FreshDir("mkdata_errors");
   WriteBytes(dir + "/empty.txt", "");
