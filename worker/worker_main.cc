@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -545,6 +546,10 @@ struct GenerateArgs {
 int Generate(const GenerateArgs& args, Env* env) {
   auto config = LoadConfig(args.config);
   if (!config.ok()) return Fail(config.status());
+  // Before any data or checkpoint is read.
+  if (absl::Status checked = CheckGenerateOptions(config->model, args.sample); !checked.ok()) {
+    return Fail(checked);
+  }
   // Without --checkpoint the model is trained here first. Its log goes
   // to stderr so stdout carries only the text, and it writes no metrics
   // file (that belongs to the training run).
@@ -563,9 +568,20 @@ int Generate(const GenerateArgs& args, Env* env) {
     const int steps = config->train.steps;
     const TrainingSettings settings = TrainingSettingsOf(*config);
     std::vector<std::string> skipped;
+    std::optional<Manifest> other;  // the newest passed over for its settings
     auto latest = FindLatestValid(env, c.dir, &skipped, [&](const Manifest& m) {
-      return m.step <= steps && m.training == settings;
+      if (m.step > steps) return false;
+      if (m.training == settings) return true;
+      if (!other.has_value() || m.step > other->step) other = m;
+      return false;
     });
+    if (other.has_value() && (!latest.ok() || latest->step < other->step)) {
+      std::fprintf(stderr,
+                   "generate: passing over %s/%s: saved by a run with other training settings "
+                   "(%s), so not a step of the model asked for\n",
+                   c.dir.c_str(), StepDirName(other->step).c_str(),
+                   DescribeSettingChanges(other->training, *config, other->step).c_str());
+    }
     for (const std::string& why : skipped)
       std::fprintf(stderr, "generate: skipping %s\n", why.c_str());
     if (latest.ok()) {
@@ -613,11 +629,16 @@ int Main(int argc, char** argv, Env* env) {
   generate->add_option("--tokens", gen.sample.tokens, "Bytes to sample")->capture_default_str();
   generate->add_option("--temperature", gen.sample.temperature, "0: greedy")->capture_default_str();
   generate->add_option("--seed", gen.sample.seed, "Sampling seed")->capture_default_str();
-  generate->add_option("--steps-before", gen.steps_before,
-                       "Training steps before sampling (default: the config's train.steps)");
-  generate->add_option("--checkpoint", gen.checkpoint,
-                       "Sample from this checkpoint (a step_XXXXXXXX directory) instead of "
-                       "training first");
+  CLI::Option* steps_before =
+      generate
+          ->add_option("--steps-before", gen.steps_before,
+                       "Training steps before sampling (default: the config's train.steps)")
+          ->check(CLI::Range(0, std::numeric_limits<int>::max()));
+  generate
+      ->add_option("--checkpoint", gen.checkpoint,
+                   "Sample from this checkpoint (a step_XXXXXXXX directory) instead of "
+                   "training first")
+      ->excludes(steps_before);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {

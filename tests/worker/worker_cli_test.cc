@@ -369,6 +369,9 @@ TEST_CASE("generate samples the run's model from its checkpoints and writes noth
   INFO(shorter.err);
   REQUIRE(shorter.exit_code == 0);
   CHECK_FALSE(Contains(shorter.err, "resumed from"));
+  CHECK(Contains(shorter.err, "generate: passing over " + dir +
+                                  "/ck/step_00000003: saved by a run with other training "
+                                  "settings (train.steps 6 -> 4"));
   CHECK(shorter.out == shorter_scratch.out);
   CHECK(listing() == before);
 }
@@ -394,6 +397,24 @@ TEST_CASE("a resumed run logs its first step on the console, not in the metrics 
   CHECK(Contains(metrics, "{\"step\":3,"));
   CHECK_FALSE(Contains(metrics, "{\"step\":4,"));
   CHECK(Contains(metrics, "{\"step\":5,"));
+}
+
+TEST_CASE("generate refuses bad options before reading any data, naming them") {
+  std::string dir = FreshDir("generate_bad");
+  std::string config = WriteTinyJob(dir, 5);
+  std::filesystem::remove(dir + "/train_000.bin");  // no data: the check comes first
+  RunResult nan = RunWorker(dir, {"generate", config, "--temperature", "nan"});
+  CHECK(nan.exit_code == 2);
+  CHECK(Contains(nan.err, "--temperature nan: expected a finite number >= 0 (0: greedy)"));
+  RunResult inf = RunWorker(dir, {"generate", config, "--temperature", "inf"});
+  CHECK(inf.exit_code == 2);
+  RunResult negative = RunWorker(dir, {"generate", config, "--steps-before", "-7"});
+  CHECK(negative.exit_code == 2);
+  CHECK(Contains(negative.err, "--steps-before: Value -7 not in range"));
+  RunResult both =
+      RunWorker(dir, {"generate", config, "--steps-before", "3", "--checkpoint", dir + "/x"});
+  CHECK(both.exit_code == 2);
+  CHECK(Contains(both.err, "--steps-before excludes --checkpoint"));
 }
 
 // The directory of checkpoints given where one of them is meant: the

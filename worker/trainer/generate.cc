@@ -35,8 +35,7 @@ int SampleToken(const std::vector<float>& logits, int V, float temperature, doub
 
 }  // namespace
 
-absl::StatusOr<std::string> GenerateText(GptModel* model, const GenerateOptions& options) {
-  const ModelConfig& config = model->config();
+absl::Status CheckGenerateOptions(const ModelConfig& config, const GenerateOptions& options) {
   if (config.vocab != 256) {
     return absl::InvalidArgumentError(
         absl::StrCat("generate decodes bytes: it needs model.vocab 256, not ", config.vocab));
@@ -44,10 +43,16 @@ absl::StatusOr<std::string> GenerateText(GptModel* model, const GenerateOptions&
   if (options.tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--tokens ", options.tokens, " is negative"));
   }
-  if (!(options.temperature >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--temperature ", options.temperature, " is negative"));
+  if (!(options.temperature >= 0) || !std::isfinite(options.temperature)) {
+    return absl::InvalidArgumentError(absl::StrCat("--temperature ", options.temperature,
+                                                   ": expected a finite number >= 0 (0: greedy)"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> GenerateText(GptModel* model, const GenerateOptions& options) {
+  const ModelConfig& config = model->config();
+  if (absl::Status checked = CheckGenerateOptions(config, options); !checked.ok()) return checked;
   std::vector<int> tokens;
   for (unsigned char byte : options.prompt) tokens.push_back(byte);
   if (tokens.empty()) tokens.push_back('\n');

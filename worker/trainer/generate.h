@@ -25,5 +25,9 @@ struct GenerateOptions {
 // give the same text. INVALID_ARGUMENT unless model vocab is 256, or if
 // tokens < 0 or temperature < 0.
 absl::StatusOr<std::string> GenerateText(GptModel* model, const GenerateOptions& options);
+// GenerateText's checks of its input, before any model is built:
+// INVALID_ARGUMENT for a model.vocab other than 256, negative --tokens, and
+// a --temperature that is negative or not finite.
+absl::Status CheckGenerateOptions(const ModelConfig& config, const GenerateOptions& options);
 
 }  // namespace muster::worker
