@@ -293,8 +293,17 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
   call.cancellation = cancellation;
   absl::Status reached = setup.client->DescribeJob(probe, call).status();
   if (!reached.ok() && !absl::IsNotFound(reached)) {
-    return absl::Status(reached.code(), absl::StrCat("cannot use the rendezvous service at ",
-                                                     endpoint, ": ", reached.message()));
+    // gRPC reports a failed TLS handshake as no connection at all.
+    const bool tls = !conf.tls_ca.empty() || !conf.tls_cert.empty();
+    return absl::Status(
+        reached.code(),
+        absl::StrCat("cannot use the rendezvous service at ", endpoint, ": ", reached.message(),
+                     tls && absl::IsUnavailable(reached)
+                         ? "; with TLS this is also how a failed handshake shows (a "
+                           "certificate the other side does not trust, a key that is not the "
+                           "certificate's, or a server without TLS): the server's log names "
+                           "the cause"
+                         : ""));
   }
 
   setup.access.endpoint = endpoint;

@@ -150,6 +150,14 @@ absl::StatusOr<int> Metrics::StartHttp(const HttpOptions& options) {
         "metrics max_connections is ", options.max_connections, "; expected at least 1"));
   }
   auto http = std::make_unique<httplib::Server>();
+  // httplib's default sets SO_REUSEPORT, which lets a second server bind the
+  // same port: scrapes would then land on either at random, past the
+  // other's --metrics-require-token. SO_REUSEADDR alone still allows a
+  // quick restart over connections in TIME_WAIT, and a taken port fails.
+  http->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   const int threads = std::min(options.max_connections, kHttpThreads);
   const int max_connections = options.max_connections;
   http->new_task_queue = [threads, max_connections] {

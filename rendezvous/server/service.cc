@@ -69,7 +69,8 @@ absl::Status RendezvousService::CheckJobQuota(const std::string& identity) {
       absl::StrCat("callers ", identity.empty() ? "without a job secret" : "with this job secret",
                    " already have ", Counted(jobs->second.size(), "job"), "; per identity, ",
                    DescribeLimit(options_.max_jobs_per_identity, "--max-jobs-per-identity"),
-                   "; close or finish one first"));
+                   "; a job counts until the server drops it, --closed-retention after it "
+                   "finishes or is closed"));
 }
 
 void RendezvousService::CountJob(const std::string& job_id, const std::string& identity,

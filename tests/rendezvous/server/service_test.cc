@@ -509,6 +509,17 @@ TEST_CASE("metrics and health endpoints answer") {
   INFO(status.error_message());
   REQUIRE(status.ok());
   CHECK(response.status() == grpc::health::v1::HealthCheckResponse::SERVING);
+
+  // A second server cannot take the same metrics port (httplib's default
+  // SO_REUSEPORT would let it, and scrapes would reach either at random).
+  ServerOptions second = LocalOptions();
+  second.metrics_port = server->metrics_port();
+  second.metrics_address = "127.0.0.1";
+  absl::StatusOr<std::unique_ptr<Server>> clash = Server::Start(second);
+  INFO(clash.status().ToString());
+  CHECK_FALSE(clash.ok());
+  CHECK(std::string(clash.status().message()).find("cannot bind the metrics endpoint") !=
+        std::string::npos);
 }
 
 }  // namespace
