@@ -8,12 +8,19 @@ namespace {
 constexpr absl::Duration kRetryBackoff = absl::Milliseconds(200);
 }  // namespace
 
-GroupCommitter::GroupCommitter(const StateFile* file, SnapshotFn snapshot)
-    : file_(file), snapshot_(std::move(snapshot)) {}
+GroupCommitter::GroupCommitter(const StateFile* file, SnapshotFn snapshot, RollbackFn rollback)
+    : file_(file), snapshot_(std::move(snapshot)), rollback_(std::move(rollback)) {}
+
+absl::Status GroupCommitter::Undone() {
+  return absl::UnavailableError(
+      "change not durable: the state file could not be written, and the change was undone");
+}
 
 GroupCommitter::~GroupCommitter() { Stop().IgnoreError(); }
 
 void GroupCommitter::Start() {
+  // What the service starts from is what the disk holds (or nothing).
+  if (rollback_) last_durable_ = snapshot_().first;
   {
     absl::MutexLock lock(&mu_);
     started_ = true;
@@ -33,6 +40,9 @@ void GroupCommitter::RunWhenDurable(uint64_t seq, DurableCallback done) {
     if (seq > durable_seq_) {
       inline_status =
           absl::UnavailableError("server is shutting down; the change may not be durable");
+    }
+    for (const auto& [from, to] : undone_) {
+      if (seq > from && seq < to) inline_status = Undone();
     }
   }
   done(inline_status);
@@ -68,6 +78,27 @@ bool GroupCommitter::WriteOnce() {
     spdlog::error("rendezvous: could not persist state: {}", status.ToString());
     status = absl::UnavailableError(absl::StrCat("change not durable: ", status.message()));
   }
+  if (!status.ok() && rollback_) {
+    // Back to what the disk holds: every mutation since fails, including
+    // those after the snapshot, which were made on top of the undone ones.
+    const uint64_t restored = rollback_(last_durable_);
+    std::vector<DurableCallback> undone, restored_ready;
+    {
+      absl::MutexLock lock(&mu_);
+      undone_.emplace_back(durable_seq_, restored);
+      durable_seq_ = restored;
+      auto end = waiting_.upper_bound(restored);
+      for (auto it = waiting_.begin(); it != end; ++it) {
+        (it->first < restored ? undone : restored_ready).push_back(std::move(it->second));
+      }
+      waiting_.erase(waiting_.begin(), end);
+      if (requested_seq_ <= restored) requested_seq_ = durable_seq_;
+    }
+    for (DurableCallback& done : undone) done(status);
+    for (DurableCallback& done : restored_ready) done(absl::OkStatus());
+    return false;
+  }
+  if (status.ok() && rollback_) last_durable_ = std::move(snapshot.first);
   std::vector<DurableCallback> ready;
   {
     absl::MutexLock lock(&mu_);

@@ -193,6 +193,10 @@ class RendezvousService final : public pb::Rendezvous::CallbackService {
   void TimerLoop();
 
   std::pair<state::ServerState, uint64_t> SnapshotForCommit() ABSL_LOCKS_EXCLUDED(mu_);
+  // After a failed state write: the machine goes back to `durable`, the last
+  // state written, and watchers of the jobs that change back are told.
+  // Returns the mutation number of that restoring (GroupCommitter).
+  uint64_t RollBack(const state::ServerState& durable) ABSL_LOCKS_EXCLUDED(mu_);
 
   const ServiceOptions options_;
   Clock* const clock_;

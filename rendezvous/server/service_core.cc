@@ -1,5 +1,6 @@
 // RendezvousService: lifecycle, group commit plumbing, notification of
 // changed jobs, and the timer thread.
+#include <algorithm>
 #include <exception>
 
 #include "absl/strings/str_cat.h"
@@ -20,8 +21,9 @@ RendezvousService::RendezvousService(ServiceOptions options)
       machine_(options_.limits),
       events_(options_.metrics) {
   if (options_.state_file != nullptr) {
-    committer_ = std::make_unique<GroupCommitter>(options_.state_file,
-                                                  [this] { return SnapshotForCommit(); });
+    committer_ = std::make_unique<GroupCommitter>(
+        options_.state_file, [this] { return SnapshotForCommit(); },
+        [this](const state::ServerState& durable) { return RollBack(durable); });
   }
 }
 
@@ -107,6 +109,42 @@ std::pair<state::ServerState, uint64_t> RendezvousService::SnapshotForCommit() {
   return {machine_.Snapshot(clock_->Now()), mutation_sequence_};
 }
 
+uint64_t RendezvousService::RollBack(const state::ServerState& durable) {
+  std::vector<std::string> jobs;
+  uint64_t sequence = 0;
+  bool rolled_back = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const pb::ListJobsResponse before = machine_.ListJobs();
+    for (const pb::JobSummary& job : before.jobs()) jobs.push_back(job.job_id());
+    StateMachine restored(options_.limits);
+    absl::Status status = restored.Restore(durable, clock_->Now());
+    if (status.ok()) {
+      restored.TakeChangedJobs();
+      restored.TakeDirty();
+      machine_ = std::move(restored);
+      const pb::ListJobsResponse after = machine_.ListJobs();
+      for (const pb::JobSummary& job : after.jobs()) jobs.push_back(job.job_id());
+      rolled_back = true;
+    } else {
+      spdlog::error("rendezvous: cannot undo the changes a failed state write left: {}",
+                    status.ToString());
+    }
+    sequence = ++mutation_sequence_;
+    timer_wake_.Signal();  // the deadlines are the restored state's
+  }
+  if (rolled_back) {
+    spdlog::error(
+        "rendezvous: undid every change since the last state written to {}; calls that made "
+        "them failed UNAVAILABLE, and leases run from now",
+        options_.state_file->path());
+    std::sort(jobs.begin(), jobs.end());
+    jobs.erase(std::unique(jobs.begin(), jobs.end()), jobs.end());
+    NotifyJobs(jobs);  // watchers of a job that changed back see it
+  }
+  return sequence;
+}
+
 RendezvousService::Effects RendezvousService::TakeEffects(bool may_move_deadlines) {
   Effects effects;
   effects.changed_jobs = machine_.TakeChangedJobs();
@@ -138,9 +176,11 @@ void RendezvousService::AfterCommit(Effects effects, Reply reply) {
   }
   // Watchers and waiters only learn of a change once it is durable, so no
   // client acts on state a crash could take back.
+  // A change whose write failed was undone (RollBack), and watchers hear of
+  // the state it left instead.
   committer_->RunWhenDurable(effects.sequence, [this, jobs = std::move(effects.changed_jobs),
                                                 reply = std::move(reply)](absl::Status durable) {
-    if (!jobs.empty()) NotifyJobs(jobs);
+    if (!jobs.empty() && durable.ok()) NotifyJobs(jobs);
     if (reply) reply(durable);
   });
 }

@@ -77,6 +77,8 @@ MemberRecord NewMember(const pb::JoinRequest& request, const Job& job, const Lim
 StateMachine::StateMachine(Limits limits) : impl_(std::make_unique<Impl>(std::move(limits))) {}
 
 StateMachine::~StateMachine() = default;
+StateMachine::StateMachine(StateMachine&&) noexcept = default;
+StateMachine& StateMachine::operator=(StateMachine&&) noexcept = default;
 
 absl::StatusOr<pb::JoinResponse> StateMachine::Join(const pb::JoinRequest& request,
                                                     const std::string& secret, absl::Time now) {

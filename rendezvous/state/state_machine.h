@@ -110,6 +110,10 @@ class StateMachine {
 
   StateMachine(const StateMachine&) = delete;
   StateMachine& operator=(const StateMachine&) = delete;
+  // Moves replace the whole state (the server's rollback to its last
+  // durable state after a failed write).
+  StateMachine(StateMachine&&) noexcept;
+  StateMachine& operator=(StateMachine&&) noexcept;
 
   // ---- membership
 

@@ -193,7 +193,7 @@ std::string DrainFifo(int fd, absl::Time deadline) {
   return data;
 }
 
-TEST_CASE("a Get answers only with what is on disk") {
+TEST_CASE("a change whose state write fails is undone: nothing shows it, and none is written") {
   TempDir dir;
   ServerOptions options = LocalOptions();
   options.state_dir = dir.path();
@@ -204,7 +204,7 @@ TEST_CASE("a Get answers only with what is on disk") {
 
   // The next state write goes into a FIFO: the test sees the snapshot the
   // writer took, and the write fails (a FIFO cannot be fsynced), so the Set
-  // is in memory but never durable.
+  // reached memory but never the disk.
   const std::string temp = state_file + ".tmp";
   REQUIRE(mkfifo(temp.c_str(), 0600) == 0);
   int fifo = open(temp.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -219,17 +219,41 @@ TEST_CASE("a Get answers only with what is on disk") {
   grpc::Status set_status = set.get();
   INFO("Set: " << set_status.error_message());
   REQUIRE(set_status.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(set_status.error_message().find("change not durable") != std::string::npos);
 
-  // The key is in memory only. A Get that shows it must first have made it
-  // durable; one that cannot says UNAVAILABLE.
+  // The refused Set was undone: a Get does not see it, and the next write
+  // (the FIFO gone) does not save it either.
+  unlink(temp.c_str());  // the failed write may have removed it
   std::string value;
   grpc::Status got = GetKey(*stub, "job-g", round, "addr", &value);
   INFO("Get: " << got.error_message());
-  REQUIRE(got.ok());
-  CHECK(value == "10.0.0.7");
+  CHECK(got.error_code() == grpc::StatusCode::NOT_FOUND);
+  REQUIRE(SetKey(*stub, "job-g", round, "other", "1").ok());
   state::ServerState saved;
   REQUIRE(saved.ParseFromString(ReadFile(state_file)));
-  CHECK(SavedValue(saved, "job-g", "addr") == "10.0.0.7");
+  CHECK_FALSE(SavedValue(saved, "job-g", "addr").has_value());
+  CHECK(SavedValue(saved, "job-g", "other") == "1");
+
+  // A job a refused Join would have made is not there to fail a retry.
+  REQUIRE(mkfifo(temp.c_str(), 0600) == 0);
+  fifo = open(temp.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  REQUIRE(fifo >= 0);
+  auto join = std::async(std::launch::async, [&] {
+    pb::JoinResponse joined;
+    return stub->Join(Context().get(), JoinRequestFor("phantom", 1, 1), &joined);
+  });
+  DrainFifo(fifo, absl::Now() + absl::Seconds(10));
+  close(fifo);
+  REQUIRE(join.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(join.get().error_code() == grpc::StatusCode::UNAVAILABLE);
+  unlink(temp.c_str());  // the failed write may have removed it
+  pb::DescribeJobRequest describe;
+  describe.set_job_id("phantom");
+  pb::DescribeJobResponse described;
+  CHECK(stub->DescribeJob(Context().get(), describe, &described).error_code() ==
+        grpc::StatusCode::NOT_FOUND);
+  pb::JoinResponse joined;
+  CHECK(stub->Join(Context().get(), JoinRequestFor("phantom", 1, 1), &joined).ok());
 }
 
 TEST_CASE("the state file keeps working at the byte caps") {
