@@ -63,6 +63,18 @@ class EventFd {
   int fd_;
 };
 
+// Why a round ended, for the log: the server's reason, or, for a job that
+// ended with no round-end reason (closed by an administrator), its phase
+// and message.
+std::string RoundEndCause(const pb::JobState& state) {
+  if (state.last_end_reason() == pb::END_REASON_UNSPECIFIED &&
+      rdzv::IsTerminalPhase(state.phase())) {
+    return absl::StrCat("job ", pb::Phase_Name(state.phase()),
+                        state.status_message().empty() ? "" : ": ", state.status_message());
+  }
+  return pb::RoundEndReason_Name(state.last_end_reason());
+}
+
 // Exit code for a job that reached a terminal phase.
 int ExitCodeFor(const pb::JobState& state) {
   switch (state.phase()) {
@@ -451,7 +463,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
       std::optional<pb::JobState> now = watcher_->latest();
       if (now.has_value() && (now->round() != round || now->phase() != pb::RUNNING)) {
         spdlog::info("round {} ended ({}); this node's workers left it", round,
-                     pb::RoundEndReason_Name(now->last_end_reason()));
+                     RoundEndCause(*now));
         if (rdzv::IsTerminalPhase(now->phase())) {
           exit_code_ = ExitCodeFor(*now);
           return Outcome::kExit;
@@ -522,8 +534,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
                       latest->members_size() < static_cast<int>(latest->config().max_nodes());
       if (round_over || can_grow) {
         if (round_over) {
-          spdlog::info("round {} ended ({}); stopping workers", round,
-                       pb::RoundEndReason_Name(latest->last_end_reason()));
+          spdlog::info("round {} ended ({}); stopping workers", round, RoundEndCause(*latest));
         } else {
           spdlog::info("round {}: {} node(s) waiting; restarting to admit them", round,
                        latest->nodes_waiting());

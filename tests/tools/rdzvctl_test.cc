@@ -80,7 +80,12 @@ TEST_CASE("rdzvctl lists, describes and closes a running job") {
     REQUIRE(exit.has_value());
     CHECK(exit->ShellCode() == 1);
   }
-  CHECK(ReadFile(dir.File("a.log")).find("maintenance") != std::string::npos);
+  const std::string log = ReadFile(dir.File("a.log"));
+  INFO(log);
+  CHECK(log.find("maintenance") != std::string::npos);
+  // The round's end is said as the close, not as a reason left unset.
+  CHECK(log.find("END_REASON_UNSPECIFIED") == std::string::npos);
+  CHECK(log.find("ended (job CLOSED: maintenance)") != std::string::npos);
 }
 
 TEST_CASE("rdzvctl health checks grpc.health.v1.Health, which needs no token") {
