@@ -7,8 +7,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "grpc/support/log.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/security/tls_certificate_provider.h"
+#include "grpcpp/security/tls_certificate_verifier.h"
 #include "grpcpp/security/tls_credentials_options.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "rendezvous/common/watched_file.h"
 #include "spdlog/spdlog.h"
 
@@ -35,6 +43,66 @@ absl::Status ExpectPem(const std::string& contents, const std::string& marker,
         absl::StrCat(what, " file '", path, "' is not PEM; expected '", marker, "'"));
   }
   return absl::OkStatus();
+}
+
+// gRPC's log while the check below runs: the throwaway server's own
+// complaints ("Invalid private key", or that the client asked for a server
+// name the certificate lacks) are what the check turns into one error that
+// names the files, or noise when the pair is fine.
+void DropGrpcLog(gpr_log_func_args*) {}
+
+// Whether a TLS handshake can be made with this certificate and key: on a
+// throwaway server on the loopback interface, by a client that does not
+// check the certificate, only that the server proves it holds the key.
+// Why: gRPC, given a key that is not the certificate's, starts serving
+// anyway and fails every handshake after, logging "Invalid private key"
+// without the files' names; comparing the key with the certificate ourselves
+// needs OpenSSL's API, which is outside this project's libraries. A
+// loopback that cannot be bound skips the check rather than refuse a server
+// that may be fine. Bounded by `deadline`.
+absl::Status CheckKeyMatchesCertificate(const std::string& cert, const std::string& key,
+                                        const TlsFiles& files, absl::Duration deadline) {
+  // gRPC starts no server without a service; this one answers UNIMPLEMENTED.
+  grpc::CallbackGenericService no_service;
+  grpc::ServerBuilder builder;
+  builder.RegisterCallbackGenericService(&no_service);
+  auto provider = std::make_shared<grpc::experimental::StaticDataCertificateProvider>(
+      std::vector<grpc::experimental::IdentityKeyCertPair>{{key, cert}});
+  grpc::experimental::TlsServerCredentialsOptions server_options(provider);
+  server_options.watch_identity_key_cert_pairs();
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::experimental::TlsServerCredentials(server_options),
+                           &port);
+  gpr_set_log_function(DropGrpcLog);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  grpc_connectivity_state state = GRPC_CHANNEL_SHUTDOWN;
+  if (server != nullptr && port != 0) {
+    grpc::experimental::TlsChannelCredentialsOptions client_options;
+    client_options.set_verify_server_certs(false);
+    client_options.set_check_call_host(false);
+    client_options.set_certificate_verifier(
+        std::make_shared<grpc::experimental::NoOpCertificateVerifier>());
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", port), grpc::experimental::TlsCredentials(client_options));
+    const auto until = absl::ToChronoTime(absl::Now() + deadline);
+    state = channel->GetState(/*try_to_connect=*/true);
+    while (state != GRPC_CHANNEL_READY && state != GRPC_CHANNEL_TRANSIENT_FAILURE &&
+           channel->WaitForStateChange(state, until)) {
+      state = channel->GetState(/*try_to_connect=*/true);
+    }
+    server->Shutdown(absl::ToChronoTime(absl::Now()));
+  }
+  gpr_set_log_function(nullptr);  // gRPC's default again
+  if (server == nullptr || port == 0) {
+    spdlog::warn("could not check that TLS key '{}' matches certificate '{}': no loopback port",
+                 files.key_file, files.cert_file);
+    return absl::OkStatus();
+  }
+  if (state == GRPC_CHANNEL_READY) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "TLS key file '", files.key_file, "' and certificate file '", files.cert_file,
+      "' make no TLS handshake (tried on a loopback port before serving): is the key the "
+      "certificate's own?"));
 }
 
 }  // namespace
@@ -178,6 +246,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
     pem = ExpectPem(*client_ca, "BEGIN CERTIFICATE", "TLS client CA", files.client_ca_file);
     if (!pem.ok()) return pem;
   }
+  absl::Status pair = CheckKeyMatchesCertificate(*cert, *key, files, absl::Seconds(10));
+  if (!pair.ok()) return pair;
   // gRPC's own watcher, rather than a reload of ours: it re-reads the files
   // on its thread, checks that the key matches the certificate, and hands
   // new handshakes the new pair while connections made go on.

@@ -91,12 +91,14 @@ struct TlsFiles {
 
 // Insecure credentials when cert and key are empty; TLS otherwise, and mTLS
 // (REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY) with a client CA.
-// INVALID_ARGUMENT naming the file that cannot be read or is not PEM, or
-// when only one of cert and key is given. The files are then watched by
-// gRPC's FileWatcherCertificateProvider every `refresh` (whole seconds, at
-// least 1): new connections get the certificate and key, and are checked
-// against the client CA, that the files hold then. A pair that does not
-// match, or a file that does not parse, keeps the credentials before.
+// INVALID_ARGUMENT naming the file that cannot be read or is not PEM, when
+// only one of cert and key is given, or naming both when the key is not the
+// certificate's (one handshake on a loopback port tells). The files are
+// then watched by gRPC's FileWatcherCertificateProvider every `refresh`
+// (whole seconds, at least 1): new connections get the certificate and key,
+// and are checked against the client CA, that the files hold then. A pair
+// that does not match, or a file that does not parse, keeps the credentials
+// before.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
     const TlsFiles& files, absl::Duration refresh = absl::Seconds(60));
 

@@ -299,6 +299,12 @@ TEST_CASE("credential files that cannot be used fail Start, naming the file") {
     options.tls_key_file = dir.path() + "/no-such.key";
     WriteFile(options.tls_key_file, "-----BEGIN PRIVATE KEY-----\n");
   }
+  SECTION("a key that is not the certificate's") {
+    // gRPC would serve with it and fail every handshake after.
+    MakeCertificates(dir.path());
+    options.tls_cert_file = dir.path() + "/server.crt";
+    options.tls_key_file = dir.path() + "/client.key";
+  }
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
   REQUIRE(!server.ok());
   CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
