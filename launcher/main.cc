@@ -8,6 +8,7 @@
 #include "launcher/agent.h"
 #include "launcher/options.h"
 #include "launcher/worker_env.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 int main(int argc, char** argv) {
@@ -23,6 +24,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "launch: %s\n", std::string(options.status().message()).c_str());
     return 2;
   }
+  // The agent's own lines go to stderr, as torchrun's (Python's logging)
+  // do: stdout carries only what the workers print.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("launch"));
   spdlog::set_pattern("[launch %H:%M:%S.%e %^%l%$] %v");
 
   // The handled signals are read from a signalfd by the agent's signal

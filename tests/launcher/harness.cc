@@ -180,9 +180,11 @@ std::unique_ptr<tools::ServerProcess> StartServer(const std::vector<std::string>
 }
 
 launcher::Child StartLaunch(const std::vector<std::string>& args, const std::string& log_path,
-                            const std::vector<std::string>& extra_env) {
-  // `launch` runs through a shell only to send its output to a file.
-  std::string command = "exec \"$0\" \"$@\" >>" + log_path + " 2>&1";
+                            const std::vector<std::string>& extra_env,
+                            const std::string& stderr_path) {
+  // `launch` runs through a shell only to send its output to files.
+  std::string command =
+      "exec \"$0\" \"$@\" >>" + log_path + (stderr_path.empty() ? " 2>&1" : " 2>>" + stderr_path);
   launcher::SpawnSpec spec;
   spec.argv = {"/bin/sh", "-c", command, BinaryPath("launcher/launch")};
   spec.argv.insert(spec.argv.end(), args.begin(), args.end());

@@ -65,8 +65,10 @@ std::vector<int> LoggedSteps(const std::string& metrics_path);
 // A `rendezvous` server child on a free loopback port (REQUIREs it starts).
 std::unique_ptr<tools::ServerProcess> StartServer(const std::vector<std::string>& extra_args = {});
 
-// Starts `launch` with `args`; stdout and stderr go to `log_path`.
+// Starts `launch` with `args`; stdout and stderr go to `log_path`, or
+// stderr to `stderr_path` when that is given.
 launcher::Child StartLaunch(const std::vector<std::string>& args, const std::string& log_path,
-                            const std::vector<std::string>& extra_env = {});
+                            const std::vector<std::string>& extra_env = {},
+                            const std::string& stderr_path = "");
 
 }  // namespace muster::testing

@@ -402,6 +402,22 @@ TEST_CASE("c10d backend: the agent on the endpoint's machine hosts the rendezvou
   CHECK(ReadFile(dir.File("single.1")) == "1\n");
 }
 
+TEST_CASE("the agent logs on stderr: stdout carries only what the workers print") {
+  // As torchrun, whose agent logs through Python's logging (stderr): a
+  // job's stdout can be piped into a program that reads the workers' lines.
+  TempDir dir;
+  Child agent = StartLaunch(Concat({"--standalone", "--nproc_per_node=1", "--rdzv_id=streams"},
+                                   ShellWorker("echo out-line; echo err-line >&2")),
+                            dir.File("stdout"), {}, dir.File("stderr"));
+  CHECK(ExitCodeWithin(agent, absl::Seconds(30)) == 0);
+  const std::string stdout_text = ReadFile(dir.File("stdout"));
+  CHECK(absl::EndsWith(stdout_text, "rank0]: out-line\n"));  // the console's rank prefix
+  CHECK(stdout_text.find('\n') == stdout_text.size() - 1);   // and no other line
+  const std::string stderr_text = ReadFile(dir.File("stderr"));
+  CHECK(stderr_text.find("err-line") != std::string::npos);
+  CHECK(stderr_text.find("[launch ") != std::string::npos);
+}
+
 TEST_CASE("--local_ranks_filter limits the console, not the log files") {
   TempDir dir;
   Child agent = StartLaunch(Concat({"--standalone", "--nproc_per_node=2", "--local_ranks_filter=1",
