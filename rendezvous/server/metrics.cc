@@ -101,6 +101,13 @@ std::string Metrics::Render() const {
   std::string out;
   Header(&out, "muster_rdzv_jobs", "gauge", "Jobs the server holds.");
   absl::StrAppend(&out, "muster_rdzv_jobs ", gauges.jobs, "\n");
+  Header(&out, "muster_rdzv_jobs_by_phase", "gauge",
+         "Jobs the server holds, by phase; finished ones until they are dropped.");
+  for (const char* phase : {"gathering", "running", "succeeded", "failed", "closed"}) {
+    auto count = gauges.jobs_by_phase.find(phase);
+    absl::StrAppend(&out, "muster_rdzv_jobs_by_phase{phase=\"", phase, "\"} ",
+                    count == gauges.jobs_by_phase.end() ? 0 : count->second, "\n");
+  }
   Header(&out, "muster_rdzv_members", "gauge", "Members across all jobs.");
   absl::StrAppend(&out, "muster_rdzv_members ", gauges.members, "\n");
   Header(&out, "muster_rdzv_watch_streams", "gauge", "Open Watch streams.");

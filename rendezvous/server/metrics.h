@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -59,6 +60,10 @@ class Metrics {
   struct Gauges {
     int64_t jobs = 0;
     int64_t members = 0;
+    // Jobs by phase, "gathering", "running", "succeeded", "failed",
+    // "closed": a finished job is held (and counted in `jobs`) until it is
+    // dropped, so `jobs` alone does not tell how many are live.
+    std::map<std::string, int64_t> jobs_by_phase;
   };
 
   // `read_gauges` is called on every scrape (it may take the service lock

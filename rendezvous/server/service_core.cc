@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "rendezvous/server/service.h"
 #include "rendezvous/server/service_reactors.h"
@@ -101,6 +102,11 @@ Metrics::Gauges RendezvousService::ReadGauges() {
   Metrics::Gauges gauges;
   gauges.jobs = static_cast<int64_t>(machine_.job_count());
   gauges.members = static_cast<int64_t>(machine_.member_count());
+  const pb::ListJobsResponse jobs = machine_.ListJobs();
+  for (const pb::JobSummary& job : jobs.jobs()) {
+    std::string phase = absl::AsciiStrToLower(pb::Phase_Name(job.phase()));
+    ++gauges.jobs_by_phase[phase];
+  }
   return gauges;
 }
 

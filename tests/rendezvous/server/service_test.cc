@@ -497,6 +497,8 @@ TEST_CASE("metrics and health endpoints answer") {
   CHECK(scraped->status == 200);
   const std::string& body = scraped->body;
   CHECK(body.find("muster_rdzv_jobs 1") != std::string::npos);
+  CHECK(body.find("muster_rdzv_jobs_by_phase{phase=\"running\"} 1") != std::string::npos);
+  CHECK(body.find("muster_rdzv_jobs_by_phase{phase=\"succeeded\"} 0") != std::string::npos);
   CHECK(body.find("muster_rdzv_rpcs_total{method=\"Join\",code=\"OK\"} 1") != std::string::npos);
   CHECK(body.find("muster_rdzv_rpc_duration_seconds_bucket{method=\"Join\"") != std::string::npos);
   CHECK(body.find("muster_rdzv_rounds_total 1") != std::string::npos);
