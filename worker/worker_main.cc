@@ -600,6 +600,7 @@ int Generate(const GenerateArgs& args, Env* env) {
   options.log = stderr;
   options.progress_bar = isatty(STDERR_FILENO) == 1;
   options.env = env;
+  options.sample_only = !args.checkpoint.empty();  // no data read: data.train need not exist
   auto trainer = Trainer::Create(*config, options);
   if (!trainer.ok()) return Fail(trainer.status());
   PrintBanner(**trainer, "", stderr);

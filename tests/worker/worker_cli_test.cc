@@ -437,6 +437,16 @@ TEST_CASE("generate --checkpoint with checkpoint.dir itself names a checkpoint t
       dir, {"generate", config, "--checkpoint", dir + "/ck/step_00000005", "--tokens", "4"});
   INFO(right.err);
   CHECK(right.exit_code == 0);
+  // Sampling reads no data (a checkpoint copied to a machine without the
+  // training set), and says nothing of training settings it does not use.
+  CHECK_FALSE(Contains(right.err, "train.steps"));
+  std::filesystem::remove(dir + "/train_000.bin");
+  std::filesystem::remove(dir + "/val_000.bin");
+  RunResult without_data = RunWorker(
+      dir, {"generate", config, "--checkpoint", dir + "/ck/step_00000005", "--tokens", "4"});
+  INFO(without_data.err);
+  CHECK(without_data.exit_code == 0);
+  CHECK(without_data.out == right.out);
 }
 
 TEST_CASE("a world of more than one without the launcher's rendezvous exits 2") {

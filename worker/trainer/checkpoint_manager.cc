@@ -437,6 +437,7 @@ absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* op
       state->sample_index = manifest->sample_index;
       lineage_ = forks ? ForkLineage(*manifest) : manifest->lineage;
       Log(ResumedLine(path, *manifest));
+      if (sample_only_) return absl::OkStatus();
       const std::string changes = DescribeSettingChanges(manifest->training, config_, state->step);
       if (!changes.empty()) {
         Log(absl::StrCat("this run's settings differ from those that saved step ", manifest->step,

@@ -110,6 +110,11 @@ class CheckpointManager {
     run_job_ = std::move(job);
     run_round_ = round;
   }
+  // Before Resume: the checkpoint is loaded to sample from, not to train
+  // on (`worker generate --checkpoint`), so how this config's training
+  // settings, global batch or validation pass differ from the saved run's
+  // is not said: they are not used.
+  void set_sample_only(bool sample_only) { sample_only_ = sample_only; }
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
 
@@ -216,6 +221,7 @@ class CheckpointManager {
   std::string lineage_;
   std::string run_job_;  // set_run: the launch job, "" for a process run by hand
   uint64_t run_round_ = 0;
+  bool sample_only_ = false;  // set_sample_only
   ShardWriter writer_;
   int pending_step_ = -1;  // save in flight, -1: none
   int last_started_ = -1;

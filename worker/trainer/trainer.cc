@@ -43,12 +43,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   const ModelConfig& model = config.model;
   const int B = config.data.micro_batch, T = model.seq_len;
 
+  if (trainer->options_.sample_only && config.train.steps != 0) {
+    return absl::InvalidArgumentError("a trainer that only samples trains no steps");
+  }
   // Data first: a wrong glob is the most common mistake and the cheapest
   // to report.
-  auto train = TokenStream::Open(config.data.train, T, model.vocab, config.train.seed);
-  if (!train.ok()) return train.status();
-  trainer->train_ = *std::move(train);
-  if (!config.data.val.empty() && config.train.eval_every > 0) {
+  if (!trainer->options_.sample_only) {
+    auto train = TokenStream::Open(config.data.train, T, model.vocab, config.train.seed);
+    if (!train.ok()) return train.status();
+    trainer->train_ = *std::move(train);
+  }
+  if (!trainer->options_.sample_only && !config.data.val.empty() && config.train.eval_every > 0) {
     auto val = TokenStream::Open(config.data.val, T, model.vocab, config.train.seed);
     if (!val.ok()) return val.status();
     trainer->val_ = *std::move(val);
@@ -65,11 +70,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   if (!attention.ok()) return attention.status();
   // Every rank's config, and what this node made of it, must be rank 0's
   // before the first collective that depends on it (config_agreement.h).
-  std::vector<ConfigLine> resolved = {
-      {"device (resolved)", DeviceName(*device)},
-      {"precision (resolved)", PrecisionName(*precision)},
-      {"attention (resolved)", AttentionName(*attention)},
-      {"data.train (windows)", absl::StrCat(trainer->train_->samples_per_epoch())}};
+  std::vector<ConfigLine> resolved = {{"device (resolved)", DeviceName(*device)},
+                                      {"precision (resolved)", PrecisionName(*precision)},
+                                      {"attention (resolved)", AttentionName(*attention)}};
+  if (trainer->train_ != nullptr) {
+    resolved.push_back(
+        {"data.train (windows)", absl::StrCat(trainer->train_->samples_per_epoch())});
+  }
   if (trainer->val_ != nullptr) {
     resolved.push_back({"data.val (windows)", absl::StrCat(trainer->val_->samples_per_epoch())});
   }
@@ -121,7 +128,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   trainer->checkpoints_ = std::make_unique<CheckpointManager>(
       config, trainer->strategy_, trainer->options_.log, trainer->options_.env);
   trainer->checkpoints_->set_run(trainer->options_.run_job, trainer->options_.run_round);
-  trainer->state_.data_windows = trainer->train_->samples_per_epoch();
+  trainer->checkpoints_->set_sample_only(trainer->options_.sample_only);
+  trainer->state_.data_windows =
+      trainer->train_ != nullptr ? trainer->train_->samples_per_epoch() : 0;
   {
     const uint64_t dp = trainer->strategy_->dims().dp();
     trainer->state_.global_batch = static_cast<uint64_t>(MicroSteps(config)) * dp * B;
@@ -310,7 +319,7 @@ absl::Status Trainer::Run() {
   using Clock = std::chrono::steady_clock;
   const int total = config_.train.steps;
   const int first = state_.step;
-  if (first >= total && strategy_->rank() == 0) {
+  if (first >= total && strategy_->rank() == 0 && !options_.sample_only) {
     // A finished run started again, or train.steps lowered below a
     // checkpoint's step: say so rather than exit 0 without a word.
     std::fprintf(options_.log, "nothing to train: resumed at step %d, and train.steps is %d\n",

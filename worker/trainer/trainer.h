@@ -68,6 +68,11 @@ struct TrainerOptions {
   // MUSTER_ROUND; "" by hand): CheckpointManager::set_run.
   std::string run_job;
   uint64_t run_round = 0;
+  // The model is only loaded, to sample from (`worker generate
+  // --checkpoint`): train.steps must be 0, no data is read (data.train
+  // need not exist), and the resume says nothing of training settings
+  // (CheckpointManager::set_sample_only).
+  bool sample_only = false;
 };
 
 class Trainer {
