@@ -424,7 +424,7 @@ absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* op
           config_.model.layers, ", heads ", config_.model.heads, ", dim ", config_.model.dim,
           ", vocab ", config_.model.vocab, ", seq_len ", config_.model.seq_len));
     }
-    if (manifest->data_seed != config_.train.seed) {
+    if (manifest->data_seed != config_.train.seed && !sample_only_) {
       return absl::InvalidArgumentError(
           absl::StrCat(path, ": saved with train.seed ", manifest->data_seed, ", the config has ",
                        config_.train.seed, "; the data stream would not continue"));

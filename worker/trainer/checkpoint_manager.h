@@ -113,7 +113,7 @@ class CheckpointManager {
   // Before Resume: the checkpoint is loaded to sample from, not to train
   // on (`worker generate --checkpoint`), so how this config's training
   // settings, global batch or validation pass differ from the saved run's
-  // is not said: they are not used.
+  // is not said, and another train.seed is no error: none is used.
   void set_sample_only(bool sample_only) { sample_only_ = sample_only; }
   CheckpointManager(const CheckpointManager&) = delete;
   CheckpointManager& operator=(const CheckpointManager&) = delete;
