@@ -398,6 +398,9 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
 
   WorkerGroupSpec spec;
   spec.command = command_;
+  if (options_.target_kind == TargetKind::kYamlConfig) {
+    spec.blocked_signals.assign(kPreemptionSignals.begin(), kPreemptionSignals.end());
+  }
   spec.base_env = env_;
   spec.round.round = round;
   spec.round.group_rank = assignment.self.group_rank();

@@ -42,11 +42,12 @@ ExitInfo FromSiginfo(const siginfo_t& info) {
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The agent may have died between fork and prctl.
   if (getppid() != agent_pid) _exit(127);
-  // Start with the default signal dispositions and an empty mask: the agent
-  // blocks signals it reads through signalfd.
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, nullptr);
+  // Start with the default signal dispositions and the mask asked for (the
+  // agent blocks signals it reads through signalfd).
+  sigset_t mask;
+  sigemptyset(&mask);
+  for (int blocked : spec.blocked_signals) sigaddset(&mask, blocked);
+  sigprocmask(SIG_SETMASK, &mask, nullptr);
   for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD}) signal(sig, SIG_DFL);
   if (out_pipe_write >= 0) dup2(out_pipe_write, STDOUT_FILENO);
   if (err_pipe_write >= 0) dup2(err_pipe_write, STDERR_FILENO);
@@ -54,7 +55,6 @@ ExitInfo FromSiginfo(const siginfo_t& info) {
   int error = errno;
   ssize_t ignored = write(exec_error_write, &error, sizeof(error));
   (void)ignored;
-  (void)spec;
   _exit(127);
 }
 

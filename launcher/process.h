@@ -30,6 +30,9 @@ struct SpawnSpec {
   // (Child::stdout_fd / stderr_fd), or the agent's own stream.
   bool pipe_stdout = false;
   bool pipe_stderr = false;
+  // Signals the child starts with blocked (held pending, not lost, until it
+  // unblocks them); every other signal starts unblocked.
+  std::vector<int> blocked_signals;
 };
 
 struct ExitInfo {

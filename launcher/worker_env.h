@@ -2,6 +2,8 @@
 // unmodified PyTorch script runs, plus muster's own.
 #pragma once
 
+#include <array>
+#include <csignal>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -15,6 +17,13 @@ namespace muster::launcher {
 // reports such an exit as "preempted", not as a failure, and exits with
 // it itself so a Slurm or Kubernetes wrapper can requeue the job.
 inline constexpr int kPreemptedExitCode = 75;
+
+// The signals muster's worker answers that way (SIGTERM from a scheduler or
+// the agent, SIGUSR1 from schedulers that warn with it). It holds them
+// blocked from its first instruction until it handles them, and the agent
+// starts it with them blocked, so one that comes while it loads is
+// answered, never fatal.
+inline constexpr std::array<int, 2> kPreemptionSignals = {SIGTERM, SIGUSR1};
 
 // The exit code of a worker whose failure no restart can mend (a config or
 // input error, a full disk) and which could not say so in its error file

@@ -112,6 +112,7 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGrou
     process.argv = spec.command;
     process.env = WorkerEnvironment(spec.base_env, spec.round, spec.access, local_rank, error_file);
     process.pipe_stdout = process.pipe_stderr = true;
+    process.blocked_signals = spec.blocked_signals;
     absl::StatusOr<Child> child = Child::Spawn(process);
     if (!child.ok()) {
       group->Stop(absl::Seconds(5), SIGTERM);

@@ -37,6 +37,10 @@ struct WorkerGroupSpec {
   std::map<int, int> redirects;
   std::map<int, int> tee;
   std::vector<int> local_ranks_filter;  // empty: every rank on the console
+  // Started blocked in each worker (SpawnSpec::blocked_signals): muster's
+  // worker holds its preemption signals until it handles them, so one that
+  // comes while it loads is answered, not fatal.
+  std::vector<int> blocked_signals;
 };
 
 class WorkerGroup {

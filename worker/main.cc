@@ -3,6 +3,7 @@
 #include "worker/worker_main.h"
 
 int main(int argc, char** argv) {
+  muster::worker::HoldPreemptionSignals();
   muster::worker::WaitPassivelyUnlessChosen(argv);
   return muster::worker::WorkerMain(argc, argv, muster::worker::Env::Default());
 }

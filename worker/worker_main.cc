@@ -178,6 +178,21 @@ void ExitIfStillStarting(int) {
   _exit(launcher::kPreemptedExitCode);
 }
 
+sigset_t PreemptionSignalSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int signal_number : launcher::kPreemptionSignals) sigaddset(&set, signal_number);
+  return set;
+}
+
+// Unblocks what HoldPreemptionSignals blocked: a signal held meanwhile is
+// delivered now, to the handlers installed or, outside training, to the
+// default action.
+void ReleasePreemptionSignals() {
+  const sigset_t held = PreemptionSignalSet();
+  sigprocmask(SIG_UNBLOCK, &held, nullptr);
+}
+
 void HandlePreemptionSignals() {
   double grace_s = 30;
   if (const char* text = std::getenv("MUSTER_PREEMPT_GRACE_S")) {
@@ -189,9 +204,10 @@ void HandlePreemptionSignals() {
   action.sa_handler = RecordStopSignal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // reads, writes and waits carry on
-  for (int signal_number : {SIGTERM, SIGUSR1}) sigaction(signal_number, &action, nullptr);
+  for (int signal_number : launcher::kPreemptionSignals) sigaction(signal_number, &action, nullptr);
   action.sa_handler = ExitIfStillStarting;
   sigaction(SIGALRM, &action, nullptr);
+  ReleasePreemptionSignals();  // one held since the start is handled now
 }
 
 // Training begins: from now on a preemption signal is answered after a step.
@@ -646,6 +662,8 @@ int Main(int argc, char** argv, Env* env) {
     int code = app.exit(error);
     return code == 0 ? 0 : kExitUsage;
   }
+  // Only training answers a preemption signal; anything else ends on one.
+  if (generate->parsed() || config_path.empty() || print_config) ReleasePreemptionSignals();
 
   if (generate->parsed()) {
     auto world = parallel::WorldFromEnvironment();
@@ -669,6 +687,11 @@ int Main(int argc, char** argv, Env* env) {
 }
 
 }  // namespace
+
+void HoldPreemptionSignals() {
+  const sigset_t held = PreemptionSignalSet();
+  sigprocmask(SIG_BLOCK, &held, nullptr);
+}
 
 void WaitPassivelyUnlessChosen(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;

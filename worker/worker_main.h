@@ -8,6 +8,13 @@
 
 namespace muster::worker {
 
+// Blocks the preemption signals (launcher::kPreemptionSignals): one that
+// comes while the worker loads, re-execs or reads its config is held, and
+// answered once training handles it (a save after the first step, exit
+// 75), not fatal. Call it first in main(); the mask lasts through exec.
+// WorkerMain unblocks them again for every command but training.
+void HoldPreemptionSignals();
+
 // OpenMP's idle threads spin by default. Spinning threads of two processes
 // (or of a worker and its OpenBLAS threads) on shared cores slowed a step
 // 3x to 100x here, so the worker waits passively unless the user chose.

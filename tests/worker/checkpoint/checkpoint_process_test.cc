@@ -462,6 +462,26 @@ TEST_CASE(
   CheckFailedWithoutRestart(log);
 }
 
+// The agent starts muster's worker with its preemption signals blocked, and
+// the worker holds them until it handles them: a SIGTERM while the worker
+// is still loading (a job preempted as it starts or restarts) is answered
+// after the first step, not fatal (it was exit 143, "not clean", then).
+TEST_CASE("SIGTERM to launch as its workers start: they save step 1 and launch exits 75") {
+  TempDir dir;
+  WriteSetup(dir, "early", 40, 1000);
+  launcher::Child launch = StartLaunch(
+      {"--standalone", "--nproc_per_node=2", "--monitor_interval=0.05", dir.File("early.yaml")},
+      dir.File("early.log"), {"OMP_WAIT_POLICY=passive"});
+  // The moment the first worker process exists: it has not even loaded.
+  REQUIRE(WaitUntil([&] { return FindChild(launch.pid(), [](int) { return true; }) > 0; },
+                    absl::Seconds(30)));
+  REQUIRE(kill(launch.pid(), SIGTERM) == 0);
+  const int code = ExitCode(launch);
+  INFO(ReadFile(dir.File("early.log")));
+  CHECK(code == launcher::kPreemptedExitCode);
+  CHECK(NewestCheckpoint(dir.File("early_ckpt")) == 1);
+}
+
 TEST_CASE("SIGTERM before the first step: a start that cannot go on exits 75, losing nothing") {
   TempDir dir;
   WriteSetup(dir, "first", 20, 10);

@@ -163,6 +163,7 @@ int Main(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   // With the original arguments: the re-exec must see the flags too.
+  muster::worker::HoldPreemptionSignals();
   muster::worker::WaitPassivelyUnlessChosen(argv);
   return muster::worker::Main(argc, argv);
 }
