@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@ namespace {
 
 constexpr char kStateFileName[] = "state.pb";
 constexpr char kTempSuffix[] = ".tmp";
+constexpr char kLockFileName[] = "LOCK";
 
 absl::Status ErrnoError(const std::string& step, const std::string& path) {
   return absl::InternalError(absl::StrCat(step, " '", path, "': ", std::strerror(errno)));
@@ -77,7 +79,33 @@ absl::StatusOr<StateFile> StateFile::Open(const std::string& state_dir) {
   }
   absl::Status made = MakeDirectories(state_dir);
   if (!made.ok()) return made;
-  return StateFile(state_dir, absl::StrCat(state_dir, "/", kStateFileName));
+  // Why flock and not a pid file: the kernel lets go of it when the holder
+  // dies, even by SIGKILL, so a crashed server never locks its successor out.
+  const std::string lock_path = absl::StrCat(state_dir, "/", kLockFileName);
+  int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError("cannot open", lock_path);
+  auto lock = std::shared_ptr<const int>(new int(fd), [](const int* held) {
+    close(*held);
+    delete held;
+  });
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return ErrnoError("cannot lock", lock_path);
+    char holder[256] = {};
+    ssize_t got = pread(fd, holder, sizeof(holder) - 1, 0);
+    std::string who(holder, got > 0 ? static_cast<size_t>(got) : 0);
+    while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
+    return absl::FailedPreconditionError(
+        absl::StrCat("state dir '", state_dir, "' is in use by another rendezvous server (",
+                     who.empty() ? "holder unknown" : who,
+                     "); two servers on one directory would overwrite each other's state"));
+  }
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::string holder = absl::StrCat("pid ", getpid(), " on ", host, "\n");
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, holder.data(), holder.size(), 0) < 0) {
+    return ErrnoError("cannot write", lock_path);
+  }
+  return StateFile(state_dir, absl::StrCat(state_dir, "/", kStateFileName), std::move(lock));
 }
 
 absl::StatusOr<std::optional<state::ServerState>> StateFile::Load() const {

@@ -10,6 +10,7 @@
 // writer, shutdown).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -21,9 +22,13 @@ namespace muster::rdzv {
 
 class StateFile {
  public:
-  // Creates `state_dir` (mode 0700, parents as needed) if missing.
-  // INVALID_ARGUMENT naming the directory if it cannot be created or is not
-  // a directory.
+  // Creates `state_dir` (mode 0700, parents as needed) if missing, and
+  // holds an exclusive flock(2) on `<state_dir>/LOCK` (holding this pid and
+  // host) for as long as the StateFile or a copy of it lives: a second
+  // server on the same directory would overwrite the first's state with
+  // its own at its next write. INVALID_ARGUMENT naming the directory if it
+  // cannot be created or is not a directory; FAILED_PRECONDITION naming it
+  // and the holder when another process holds the lock.
   static absl::StatusOr<StateFile> Open(const std::string& state_dir);
 
   // The saved state, or nullopt when no state file exists yet. DATA_LOSS
@@ -39,11 +44,17 @@ class StateFile {
 
   const std::string& path() const { return path_; }
 
+  // Lets go of the directory's lock, once this server writes no more (its
+  // final write is done), so a successor can start before it is destroyed.
+  void ReleaseLock() { lock_.reset(); }
+
  private:
-  StateFile(std::string dir, std::string path) : dir_(std::move(dir)), path_(std::move(path)) {}
+  StateFile(std::string dir, std::string path, std::shared_ptr<const int> lock)
+      : dir_(std::move(dir)), path_(std::move(path)), lock_(std::move(lock)) {}
 
   std::string dir_;
   std::string path_;
+  std::shared_ptr<const int> lock_;  // the LOCK file's descriptor, closed by the last copy
 };
 
 }  // namespace muster::rdzv

@@ -204,6 +204,7 @@ void ServerImpl::Shutdown(absl::Duration grace) {
       spdlog::error("rendezvous: final state write failed: {}", saved.ToString());
     }
   }
+  if (state_file_) state_file_->ReleaseLock();  // nothing more is written
   if (metrics_) metrics_->StopHttp();
   absl::MutexLock lock(&mu_);
   shutdown_done_ = true;

@@ -193,6 +193,24 @@ std::string DrainFifo(int fd, absl::Time deadline) {
   return data;
 }
 
+// A second server on the same --state-dir would overwrite the first's
+// state at its next write (a blue-green restart on another port, a typo):
+// it is refused, naming the holder, until the first is gone.
+TEST_CASE("a state dir in use by a live server is refused; its end frees it") {
+  TempDir dir;
+  ServerOptions options = LocalOptions();
+  options.state_dir = dir.path();
+  std::unique_ptr<Server> first = StartOrFail(options);
+  absl::StatusOr<std::unique_ptr<Server>> second = Server::Start(options);
+  REQUIRE_FALSE(second.ok());
+  CHECK(second.status().code() == absl::StatusCode::kFailedPrecondition);
+  const std::string message(second.status().message());
+  CHECK(message.find("state dir '" + dir.path() + "' is in use by another rendezvous server (pid " +
+                     std::to_string(getpid())) != std::string::npos);
+  first.reset();
+  CHECK(Server::Start(options).ok());
+}
+
 TEST_CASE("a change whose state write fails is undone: nothing shows it, and none is written") {
   TempDir dir;
   ServerOptions options = LocalOptions();
