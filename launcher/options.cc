@@ -1,5 +1,7 @@
 #include "launcher/options.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <csignal>
 #include <functional>
@@ -63,8 +65,16 @@ TargetKind KindOf(const LaunchOptions& options) {
   if (absl::EndsWith(options.target, ".yaml") || absl::EndsWith(options.target, ".yml")) {
     return TargetKind::kYamlConfig;
   }
-  if (absl::EndsWith(options.target, ".py")) return TargetKind::kPythonScript;
-  return TargetKind::kExecutable;
+  // An executable file runs as it is (torchrun would hand it to python,
+  // which runs an executable script the same and fails on a binary);
+  // anything else is a Python program, as torchrun has it: a script without
+  // the .py suffix, a zipapp, a directory with __main__.py.
+  struct stat info;
+  if (stat(options.target.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
+      (info.st_mode & 0111) != 0) {
+    return TargetKind::kExecutable;
+  }
+  return TargetKind::kPythonScript;
 }
 
 }  // namespace
@@ -275,6 +285,9 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   CLI::App app("launch: start and supervise a distributed job's workers on this node", "launch");
   app.prefix_command();  // the first unknown argument is the target
   app.set_help_flag("-h,--help", "Show this help and exit");
+  // A flag given twice takes its last value, as torchrun's argparse does:
+  // wrappers append overrides to a default command line.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   // PET_<FLAG> defaults, read from `env` rather than the real environment
   // so tests control them.
@@ -343,12 +356,18 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   }
 
   std::vector<std::string> rest = app.remaining();
+  // `launch [flags] -- script.py args`: "--" ends the flags, as with argparse.
+  if (!rest.empty() && rest[0] == "--") rest.erase(rest.begin());
   if (rest.empty()) {
     return absl::InvalidArgumentError(
         "missing target: expected a train.yaml, a script.py, or (with --no_python) a program");
   }
   if (absl::StartsWith(rest[0], "-")) {
     return absl::InvalidArgumentError(absl::StrCat("unknown flag ", rest[0]));
+  }
+  if (options.no_python && options.run_module) {
+    return absl::InvalidArgumentError(
+        "--no_python and --module exclude each other: a module is run by python");
   }
   options.target = rest[0];
   options.target_args.assign(rest.begin() + 1, rest.end());

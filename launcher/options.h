@@ -19,8 +19,8 @@ namespace muster::launcher {
 // What the target names, and so how workers are started.
 enum class TargetKind {
   kYamlConfig,    // *.yaml / *.yml: our `worker` binary with that config
-  kPythonScript,  // *.py (or -m module): python3 -u
-  kExecutable,    // --no_python: the target itself
+  kPythonScript,  // -m module, or any other file that is not executable: python3 -u
+  kExecutable,    // --no_python, or an executable file: the target itself
 };
 
 // --rdzv_conf k=v,... with torchrun's keys and ours.

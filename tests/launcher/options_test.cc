@@ -125,6 +125,32 @@ TEST_CASE("arguments after the target pass through untouched") {
   CHECK(options->min_nodes == 1);
 }
 
+TEST_CASE("torchrun's command-line habits: a repeated flag, --, and any target run by python") {
+  // Wrappers append overrides to a default command line: the last wins.
+  auto repeated =
+      Parse({"--nproc_per_node=1", "--nproc_per_node=2", "--standalone", "--standalone", "x.py"});
+  REQUIRE(repeated.ok());
+  CHECK(repeated->nproc_per_node == "2");
+  // "--" ends the flags.
+  auto dashes = Parse({"--standalone", "--", "x.py", "--", "a"});
+  REQUIRE(dashes.ok());
+  CHECK(dashes->target == "x.py");
+  CHECK(dashes->target_args == std::vector<std::string>{"--", "a"});
+  // A script without .py (or a zipapp, or a directory with __main__.py) is
+  // still Python's; an executable file, or --no_python, runs as it is.
+  for (const char* target : {"trainscript", "app.pyz", "/tmp"}) {
+    auto python = Parse({"--standalone", target});
+    REQUIRE(python.ok());
+    CHECK(python->target_kind == TargetKind::kPythonScript);
+  }
+  auto program = Parse({"--standalone", "/bin/echo"});
+  REQUIRE(program.ok());
+  CHECK(program->target_kind == TargetKind::kExecutable);
+  auto both = Parse({"--no_python", "-m", "pkg.train"});
+  REQUIRE_FALSE(both.ok());
+  CHECK(std::string(both.status().message()).find("--no_python and --module") != std::string::npos);
+}
+
 TEST_CASE("rdzv_conf keys") {
   auto options = Parse({"--standalone",
                         "--rdzv_conf=join_timeout=5,last_call_timeout=0.5,lease_ttl=2s,"
