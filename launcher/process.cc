@@ -38,7 +38,7 @@ ExitInfo FromSiginfo(const siginfo_t& info) {
 [[noreturn]] void ExecChild(const SpawnSpec& spec, char* const* argv, char* const* envp,
                             pid_t agent_pid, int out_pipe_write, int err_pipe_write,
                             int exec_error_write) {
-  setpgid(0, 0);
+  if (spec.own_process_group) setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The agent may have died between fork and prctl.
   if (getppid() != agent_pid) _exit(127);
@@ -101,7 +101,7 @@ absl::StatusOr<Child> Child::Spawn(const SpawnSpec& spec) {
   }
   // Also set the group from the parent, so signalling it cannot race the
   // child's own setpgid.
-  setpgid(pid, pid);
+  if (spec.own_process_group) setpgid(pid, pid);
   CloseFd(out_pipe[1]);
   CloseFd(err_pipe[1]);
   CloseFd(exec_error[1]);
@@ -199,7 +199,8 @@ std::optional<ExitInfo> Child::WaitFor(absl::Duration timeout) {
 
 void Child::SignalGroup(int signal) {
   if (pid_ <= 0 || reaped_) return;
-  // The group outlives its leader while the worker's own children run.
+  // The group outlives its leader while the worker's own children run. A
+  // child in the agent's group has no group of its own (ESRCH): it alone.
   if (kill(-pid_, signal) != 0 && running()) kill(pid_, signal);
 }
 

@@ -1,7 +1,8 @@
 // Worker processes: spawn, signal, reap.
 //
 // Every worker runs in its own process group (so a signal reaches the
-// worker's own children too) with PR_SET_PDEATHSIG=SIGKILL, so it dies when
+// worker's own children too; SpawnSpec::own_process_group says when not)
+// with PR_SET_PDEATHSIG=SIGKILL, so it dies when
 // its agent dies, even by SIGKILL. Exits are noticed through a pidfd, which
 // callers poll alongside their other events: nothing sleeps waiting for a
 // child.
@@ -33,6 +34,11 @@ struct SpawnSpec {
   // Signals the child starts with blocked (held pending, not lost, until it
   // unblocks them); every other signal starts unblocked.
   std::vector<int> blocked_signals;
+  // false: the child stays in the agent's process group, so that it can
+  // read the terminal the agent is the foreground of (a process group in
+  // the background is stopped by SIGTTIN when it reads it); SignalGroup
+  // then reaches the child alone, not its own children.
+  bool own_process_group = true;
 };
 
 struct ExitInfo {

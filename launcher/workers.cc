@@ -35,6 +35,17 @@ int OpenLog(const std::string& path) {
   return open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 }
 
+// Whether the agent runs in the foreground of the terminal its stdin is: a
+// user at a shell. Workers then stay in the agent's process group, as
+// torchrun's do, so one can read that terminal (input(), pdb at rank 0);
+// in a group of their own they would be stopped by SIGTTIN when they read
+// it, and the job would hang without a word.
+bool AtTheTerminal() {
+  if (isatty(STDIN_FILENO) != 1) return false;
+  const pid_t foreground = tcgetpgrp(STDIN_FILENO);
+  return foreground > 0 && foreground == getpgrp();
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::string>> WorkerCommand(
@@ -113,6 +124,7 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGrou
     process.env = WorkerEnvironment(spec.base_env, spec.round, spec.access, local_rank, error_file);
     process.pipe_stdout = process.pipe_stderr = true;
     process.blocked_signals = spec.blocked_signals;
+    process.own_process_group = !AtTheTerminal();
     absl::StatusOr<Child> child = Child::Spawn(process);
     if (!child.ok()) {
       group->Stop(absl::Seconds(5), SIGTERM);

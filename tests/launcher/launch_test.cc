@@ -1,8 +1,11 @@
 // `launch` as users run it: real agents, real workers (shell scripts), a
 // real `rendezvous` server, all on 127.0.0.1. Processes are killed for
 // real and /proc is checked for leftovers.
+#include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -416,6 +419,56 @@ TEST_CASE("the agent logs on stderr: stdout carries only what the workers print"
   const std::string stderr_text = ReadFile(dir.File("stderr"));
   CHECK(stderr_text.find("err-line") != std::string::npos);
   CHECK(stderr_text.find("[launch ") != std::string::npos);
+}
+
+// As a user at a shell runs it, launch in the foreground of a terminal: a
+// worker can read that terminal (input(), pdb at rank 0), as under torchrun.
+// In a process group of its own it was stopped by SIGTTIN on its first read,
+// and the job hung without a word.
+TEST_CASE("a worker reads the terminal that launch runs at") {
+  std::vector<std::string> args = {BinaryPath("launcher/launch"),
+                                   "--standalone",
+                                   "--nproc_per_node=1",
+                                   "--rdzv_id=tty",
+                                   "--no_python",
+                                   "/bin/sh",
+                                   "-c",
+                                   "read line; echo got:$line"};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  int terminal = -1;
+  const pid_t pid = forkpty(&terminal, nullptr, nullptr, nullptr);
+  REQUIRE(pid >= 0);
+  if (pid == 0) {  // a session of its own, the terminal's foreground
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  // Typed at once: the terminal holds the line until the worker reads it.
+  REQUIRE(write(terminal, "hello\n", 6) == 6);
+  std::string shown;
+  int status = 0;
+  bool exited = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!exited && absl::Now() < deadline) {
+    pollfd readable{terminal, POLLIN, 0};
+    if (poll(&readable, 1, 50) > 0) {
+      char buffer[4096];
+      const ssize_t got = read(terminal, buffer, sizeof(buffer));
+      if (got > 0) shown.append(buffer, static_cast<size_t>(got));
+    }
+    exited = waitpid(pid, &status, WNOHANG) == pid;
+  }
+  if (!exited) {
+    kill(pid, SIGKILL);  // its worker follows (PR_SET_PDEATHSIG)
+    waitpid(pid, &status, 0);
+  }
+  close(terminal);
+  INFO(shown);
+  REQUIRE(exited);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(shown.find("got:hello") != std::string::npos);
 }
 
 TEST_CASE("--local_ranks_filter limits the console, not the log files") {
