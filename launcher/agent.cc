@@ -7,11 +7,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "launcher/endpoint.h"
 #include "launcher/signal_watch.h"
 #include "launcher/workers.h"
@@ -150,7 +153,39 @@ class Agent {
   int exit_code_ = 0;
 };
 
+// Whether `dir` holds a regular file anywhere below it (a log or an error
+// report).
+bool HoldsAFile(const std::filesystem::path& dir) {
+  std::error_code error;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, error);
+       !error && it != std::filesystem::recursive_directory_iterator(); it.increment(error)) {
+    if (it->is_regular_file(error)) return true;
+  }
+  return false;
+}
+
+// The attempt number after the last one in `log_root` that holds a file: a
+// rerun with the same --log_dir and run id appends to none of an earlier
+// run's files and overwrites none of them (torchrun makes a fresh directory
+// for every run instead; this keeps the documented layout).
+int FirstUnusedAttempt(const std::string& log_root) {
+  int next = 0;
+  std::error_code error;
+  for (auto it = std::filesystem::directory_iterator(log_root, error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    int number = 0;
+    if (absl::StartsWith(name, "attempt_") &&
+        absl::SimpleAtoi(absl::StripPrefix(name, "attempt_"), &number) && number >= next &&
+        HoldsAFile(it->path())) {
+      next = number + 1;
+    }
+  }
+  return next;
+}
+
 int Agent::Run() {
+  attempt_ = FirstUnusedAttempt(setup_.log_root);
   absl::StatusOr<std::vector<std::string>> command = WorkerCommand(options_, env_);
   if (!command.ok()) {
     spdlog::error("{}", command.status().ToString());
@@ -591,7 +626,13 @@ int RunAgent(const LaunchOptions& options, const std::map<std::string, std::stri
     Agent agent(options, env, &signals, *std::move(setup));
     code = agent.Run();
   }
-  if (!temporary_root.empty()) RemoveEmptyDirectories(temporary_root);
+  if (!temporary_root.empty()) {
+    RemoveEmptyDirectories(temporary_root);
+    std::error_code error;
+    if (std::filesystem::exists(temporary_root, error)) {
+      spdlog::info("this run's logs are kept in {}", temporary_root);
+    }
+  }
   return code;
 }
 

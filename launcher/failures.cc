@@ -42,14 +42,23 @@ std::string FormatFailureTable(const std::vector<WorkerFailure>& failures) {
     // First line of the message only: tracebacks belong in the log files.
     std::string message = failure.message.substr(0, failure.message.find('\n'));
     if (message.empty()) {
-      message = failure.stderr_log.empty()
-                    ? "(no error file; see the worker's stderr)"
-                    : absl::StrCat("(no error file; see its stderr in ", failure.stderr_log, ")");
+      if (!failure.stderr_log.empty()) {
+        message = absl::StrCat("(no error file; see its stderr in ", failure.stderr_log, ")");
+      } else if (failure.on_console) {
+        message = "(no error file; see the worker's stderr)";
+      } else {
+        message =
+            "(no error file; its stderr was neither shown, for --local_ranks_filter, nor "
+            "redirected to a file)";
+      }
     }
     table += absl::StrFormat(
         "%-24s %-20s %6d %-22s %8d  %s\n",
         absl::FormatTime("%Y-%m-%d %H:%M:%E3S", failure.time, absl::LocalTimeZone()), failure.host,
         failure.global_rank, failure.exit.Describe(), failure.pid, message);
+    if (!failure.error_file.empty()) {
+      table += absl::StrFormat("%-24s %-20s %6s error file: %s\n", "", "", "", failure.error_file);
+    }
   }
   return table;
 }

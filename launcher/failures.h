@@ -26,6 +26,12 @@ struct WorkerFailure {
   // The file the worker's stderr went to (--redirects, --tee), or "": where
   // the table sends the reader when the worker left no error file.
   std::string stderr_log;
+  // Its error report, when it wrote one: the table names it under the row,
+  // as torchrun's summary does (the message shown is its first line).
+  std::string error_file;
+  // False when --local_ranks_filter kept the worker's console lines, and so
+  // its stderr unless redirected, off the console.
+  bool on_console = true;
 };
 
 // What a worker's torch-style error file says:

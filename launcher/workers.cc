@@ -163,7 +163,7 @@ absl::StatusOr<std::unique_ptr<WorkerGroup>> WorkerGroup::Start(const WorkerGrou
       pump->Add(fd, std::move(sink));
     }
     group->workers_.push_back(
-        Worker{std::move(*child), local_rank, global_rank, error_file, stderr_log});
+        Worker{std::move(*child), local_rank, global_rank, error_file, stderr_log, on_console});
   }
   return group;
 }
@@ -188,9 +188,11 @@ void WorkerGroup::CollectExits() {
     if (report.message.empty() && exit->signal == 0 && exit->exit_code == kNotRestartableExitCode) {
       report.restartable = false;
     }
+    const std::string error_file = report.message.empty() ? "" : worker.error_file;
     failures_.push_back(WorkerFailure{absl::Now(), host_, worker.global_rank, worker.local_rank,
                                       worker.child.pid(), *exit, std::move(report.message),
-                                      report.restartable, worker.stderr_log});
+                                      report.restartable, worker.stderr_log, error_file,
+                                      worker.on_console});
   }
 }
 

@@ -84,6 +84,7 @@ class WorkerGroup {
     int global_rank;
     std::string error_file;
     std::string stderr_log;  // the file its stderr goes to (--redirects, --tee), or ""
+    bool on_console = true;  // false: --local_ranks_filter keeps it off the console
     bool reported = false;
   };
   std::vector<Worker> workers_;

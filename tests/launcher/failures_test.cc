@@ -68,6 +68,21 @@ TEST_CASE("the failure table names rank, host, exit and message") {
   signalled.stderr_log = "/logs/job/attempt_0/3/stderr.log";
   CHECK(absl::StrContains(FormatFailureTable({signalled}),
                           "(no error file; see its stderr in /logs/job/attempt_0/3/stderr.log)"));
+
+  // Kept off the console by --local_ranks_filter and not in a file: the
+  // table does not send the reader to a stderr nobody saw.
+  WorkerFailure hidden = signalled;
+  hidden.stderr_log.clear();
+  hidden.on_console = false;
+  CHECK(absl::StrContains(FormatFailureTable({hidden}),
+                          "(no error file; its stderr was neither shown, for --local_ranks_filter, "
+                          "nor redirected to a file)"));
+
+  // A report's path under its row, as torchrun's summary gives it.
+  failed.error_file = "/logs/job/attempt_0/0/error.json";
+  const std::string with_file = FormatFailureTable({failed});
+  CHECK(absl::StrContains(with_file, "Boom\n"));
+  CHECK(absl::StrContains(with_file, "error file: /logs/job/attempt_0/0/error.json\n"));
 }
 
 }  // namespace

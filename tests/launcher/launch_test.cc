@@ -516,6 +516,26 @@ TEST_CASE("without --log_dir, the run's directory in $TMPDIR keeps only what hol
   const std::string run = tmp + "/" + left[0];
   CHECK(ReadFile(run + "/attempt_0/1/stdout.log") == "hi from 1\n");
   CHECK_FALSE(std::filesystem::exists(run + "/attempt_0/0"));
+  // And the agent says where, at its end.
+  CHECK(absl::StrContains(ReadFile(dir.File("kept.log")), "this run's logs are kept in " + run));
+}
+
+// torchrun makes a fresh directory in --log_dir for every run; here a rerun
+// with the same run id goes on counting attempts, so it neither appends to
+// an earlier run's files nor overwrites them.
+TEST_CASE("a rerun with the same --log_dir and run id leaves the earlier run's logs as they were") {
+  TempDir dir;
+  auto run = [&](const std::string& name) {
+    Child agent = StartLaunch(Concat({"--standalone", "--nproc_per_node=1", "--rdzv_id=again",
+                                      "--log_dir", dir.File("logs"), "--redirects=1"},
+                                     ShellWorker("echo " + name)),
+                              dir.File(name + ".log"));
+    CHECK(ExitCodeWithin(agent, absl::Seconds(30)) == 0);
+  };
+  run("first");
+  run("second");
+  CHECK(ReadFile(dir.File("logs") + "/again/attempt_0/0/stdout.log") == "first\n");
+  CHECK(ReadFile(dir.File("logs") + "/again/attempt_1/0/stdout.log") == "second\n");
 }
 
 TEST_CASE("a job runs on while the rendezvous token is rotated, with no restart of anything") {
@@ -595,9 +615,10 @@ TEST_CASE("a log file that cannot be written is given up with a warning, not the
 
 TEST_CASE("a log directory that cannot be made costs the rank its log files, not the job") {
   TempDir dir;
-  // A file where rank 0's directory would go: mkdir fails, as on a full disk.
+  // Something where rank 0's directory would go: mkdir fails, as on a full
+  // disk. A FIFO, not a file: a file would make attempt_0 an earlier run's.
   std::filesystem::create_directories(dir.File("logs") + "/nodir/attempt_0");
-  WriteFile(dir.File("logs") + "/nodir/attempt_0/0", "in the way\n");
+  REQUIRE(mkfifo((dir.File("logs") + "/nodir/attempt_0/0").c_str(), 0600) == 0);
   Child agent = StartLaunch(Concat({"--standalone", "--nproc_per_node=1", "--redirects=1",
                                     "--log_dir", dir.File("logs"), "--rdzv_id=nodir"},
                                    ShellWorker("echo hello; exit 3")),
