@@ -687,6 +687,76 @@ TEST_CASE("relative paths resolve against the yaml file's directory") {
   CHECK(loaded->data.train == (std::filesystem::absolute(dir) / "shards/train_*.bin").string());
 }
 
+// A fresh directory of this test's own, made absolute.
+std::filesystem::path TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::filesystem::path dir =
+      std::filesystem::absolute(std::filesystem::path(tmp ? tmp : "/tmp") / name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// LoadConfig's error for `yaml` written to dir/train.yaml.
+std::string LoadError(const std::filesystem::path& dir, const std::string& yaml) {
+  std::ofstream(dir / "train.yaml") << yaml;
+  absl::StatusOr<TrainConfig> config = LoadConfig((dir / "train.yaml").string());
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == absl::StatusCode::kInvalidArgument);
+  return std::string(config.status().message());
+}
+
+// A run from step 0 truncates train.metrics_file: pointed at a shard, the
+// config or the checkpoints' LOCK, it destroyed them.
+TEST_CASE("train.metrics_file may not name the config, a shard or anything in checkpoint.dir") {
+  const std::filesystem::path dir = TestDir("config_test_metrics_file");
+  std::filesystem::create_directories(dir / "d");
+  std::filesystem::create_directories(dir / "ck");
+  std::ofstream(dir / "d/train_000.bin") << "shard";
+  std::ofstream(dir / "d/val_000.bin") << "shard";
+  std::ofstream(dir / "ck/LOCK") << "lock";
+  const std::string head = "data:\n  train: d/train_*.bin\n  val: d/val_*.bin\n";
+  const std::string file = (dir / "train.yaml").string();
+  struct Case {
+    std::string metrics_file, tail, message;
+  };
+  const std::vector<Case> cases = {
+      {"train.yaml", "",
+       "train.yaml:5: train.metrics_file: '" + file +
+           "' is the config file itself; the metrics file would overwrite it"},
+      // Another spelling of the same file.
+      {"d/../train.yaml", "", "' is the config file itself"},
+      {"d/train_000.bin", "",
+       "train.metrics_file: '" + (dir / "d/train_000.bin").string() +
+           "' is a shard of data.train ('" + (dir / "d/train_*.bin").string() +
+           "'); the metrics file would overwrite it"},
+      {"d/val_000.bin", "", "' is a shard of data.val ('"},
+      {"d/train_999.bin", "",
+       "matches data.train ('" + (dir / "d/train_*.bin").string() +
+           "'); the run would read its own metrics file as a shard"},
+      {"ck/LOCK", "checkpoint:\n  dir: ck\n",
+       "train.metrics_file: '" + (dir / "ck/LOCK").string() + "' is inside checkpoint.dir ('" +
+           (dir / "ck").string() + "')"},
+      {"ck/new/metrics.jsonl", "checkpoint:\n  dir: ck/\n", "' is inside checkpoint.dir"},
+      {"ck", "checkpoint:\n  dir: ck\n", "' is checkpoint.dir itself"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.metrics_file);
+    CHECK_THAT(LoadError(dir, head + "train:\n  metrics_file: " + c.metrics_file + "\n" + c.tail),
+               Catch::Contains(c.message));
+  }
+  // A symbolic link to a shard is the shard.
+  std::filesystem::create_symlink(dir / "d/train_000.bin", dir / "link.jsonl");
+  CHECK_THAT(LoadError(dir, head + "train:\n  metrics_file: link.jsonl\n"),
+             Catch::Contains("' is a shard of data.train"));
+  // Beside them all is fine, and so is a checkpoint.dir named like it.
+  std::ofstream(dir / "train.yaml")
+      << head << "train:\n  metrics_file: ck.jsonl\ncheckpoint:\n  dir: ck\n";
+  absl::StatusOr<TrainConfig> fine = LoadConfig((dir / "train.yaml").string());
+  INFO(fine.status().ToString());
+  CHECK(fine.ok());
+}
+
 TEST_CASE("ModelConfigHash is stable and covers exactly the model's shape") {
   ModelConfig base;
   // FNV-1a 64 over (4, 4, 256, 256, 128) as little-endian int32: fixed for

@@ -302,6 +302,48 @@ TEST_CASE("a 5-step run exits 0 and writes its metrics") {
   CHECK(Contains(metrics, "{\"step\":5,\"val_loss\":"));
 }
 
+// Replaces the first `from` in the file at `path` with `to`.
+void EditFile(const std::string& path, const std::string& from, const std::string& to) {
+  std::string text = ReadAll(path);
+  const size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  WriteAll(path, text);
+}
+
+// A run from step 0 starts its metrics file afresh: a path naming another
+// file by mistake lost that file (a shard: the worker then died of SIGBUS).
+TEST_CASE("train.metrics_file naming a shard or a file that is not metrics exits 2, keeping it") {
+  std::string dir = FreshDir("metrics_clash");
+  std::string config = WriteTinyJob(dir, 2);
+  const std::string shard = ReadAll(dir + "/train_000.bin");
+  EditFile(config, "out/metrics.jsonl", "train_000.bin");
+  RunResult run = RunWorker(dir, {config});
+  INFO(run.err);
+  CHECK(run.exit_code == 2);
+  CHECK(run.err == "worker: " + config + ":18: train.metrics_file: '" + dir +
+                       "/train_000.bin' is a shard of data.train ('" + dir +
+                       "/train_*.bin'); the metrics file would overwrite it\n");
+  CHECK(ReadAll(dir + "/train_000.bin") == shard);
+
+  WriteAll(dir + "/notes.txt", "my notes\n");
+  EditFile(config, "train_000.bin\n", "notes.txt\n");
+  RunResult notes = RunWorker(dir, {config});
+  INFO(notes.err);
+  CHECK(notes.exit_code == 2);
+  CHECK(notes.err == "worker: train.metrics_file: '" + dir +
+                         "/notes.txt' is not a metrics file (it does not start with '{'); "
+                         "refusing to overwrite it: name another file, or remove this one\n");
+  CHECK(ReadAll(dir + "/notes.txt") == "my notes\n");
+
+  // A metrics file of an earlier run is started afresh, as before.
+  WriteAll(dir + "/notes.txt", "{\"step\":1}\n");
+  RunResult again = RunWorker(dir, {config});
+  INFO(again.err);
+  CHECK(again.exit_code == 0);
+  CHECK(Contains(ReadAll(dir + "/notes.txt"), "{\"step\":2,"));
+}
+
 TEST_CASE("generate trains, then prints the prompt and sampled bytes") {
   std::string dir = FreshDir("generate");
   std::string config = WriteTinyJob(dir, 5);

@@ -33,10 +33,10 @@ std::string Resolve(const std::string& base_dir, const std::string& path) {
   return (std::filesystem::path(base_dir) / path).lexically_normal().string();
 }
 
-}  // namespace
-
-absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text, const std::string& name,
-                                        const std::string& base_dir) {
+// ParseConfig, and with `config_file` (LoadConfig's) the checks of the
+// resolved paths against the file system too.
+absl::StatusOr<TrainConfig> Parse(const std::string& yaml_text, const std::string& name,
+                                  const std::string& base_dir, const std::string* config_file) {
   ConfigReader reader(name);
   YAML::Node root;
   try {
@@ -58,7 +58,18 @@ absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text, const std:
       }
     }
   });
+  if (config_file != nullptr) {
+    status = config_detail::ValidatePaths(config, reader, *config_file);
+    if (!status.ok()) return status;
+  }
   return config;
+}
+
+}  // namespace
+
+absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text, const std::string& name,
+                                        const std::string& base_dir) {
+  return Parse(yaml_text, name, base_dir, nullptr);
 }
 
 absl::StatusOr<TrainConfig> LoadConfig(const std::string& path) {
@@ -71,7 +82,7 @@ absl::StatusOr<TrainConfig> LoadConfig(const std::string& path) {
   std::error_code ignored;
   std::filesystem::path base =
       std::filesystem::absolute(std::filesystem::path(path), ignored).parent_path();
-  return ParseConfig(text.str(), path, base.string());
+  return Parse(text.str(), path, base.string(), &path);
 }
 
 std::string ConfigToYaml(const TrainConfig& config) {

@@ -148,9 +148,13 @@ int MicroSteps(const TrainConfig& config);
 int VirtualStages(const ParallelConfig& parallel);
 
 // Reads and validates a yaml file. Relative data globs and paths resolve
-// against the yaml file's directory.
+// against the yaml file's directory. Then checks the resolved paths on the
+// file system: train.metrics_file, which a run from step 0 truncates, may
+// not be the config file itself, a file data.train or data.val matches, or
+// checkpoint.dir or anything in it.
 absl::StatusOr<TrainConfig> LoadConfig(const std::string& path);
-// The same from text; `name` is used in messages.
+// The same from text, without the checks on the file system; `name` is
+// used in messages.
 absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text, const std::string& name,
                                         const std::string& base_dir);
 

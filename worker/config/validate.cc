@@ -1,7 +1,14 @@
 #include "worker/config/validate.h"
 
+#include <fnmatch.h>
+#include <glob.h>
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +16,99 @@
 #include "worker/config/walk.h"
 
 namespace muster::worker::config_detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One file by any spelling: the same inode where both exist (hard and
+// symbolic links, "..", another relative form), else the same path once
+// symbolic links and ".." are resolved.
+bool SameFile(const std::string& a, const std::string& b) {
+  struct stat info_a, info_b;
+  if (stat(a.c_str(), &info_a) == 0 && stat(b.c_str(), &info_b) == 0) {
+    return info_a.st_dev == info_b.st_dev && info_a.st_ino == info_b.st_ino;
+  }
+  std::error_code error_a, error_b;
+  const fs::path canonical_a = fs::weakly_canonical(a, error_a);
+  const fs::path canonical_b = fs::weakly_canonical(b, error_b);
+  return !error_a && !error_b && canonical_a == canonical_b;
+}
+
+// A path with symbolic links and ".." resolved, and no trailing separator.
+std::optional<fs::path> Canonical(const std::string& path) {
+  std::error_code error;
+  fs::path canonical = fs::weakly_canonical(path, error).lexically_normal();
+  if (error) return std::nullopt;
+  if (canonical.filename().empty() && canonical.has_parent_path()) {
+    canonical = canonical.parent_path();
+  }
+  return canonical;
+}
+
+// `path` is `dir` or lies somewhere under it.
+bool WithinDir(const std::string& path, const std::string& dir) {
+  const std::optional<fs::path> inner = Canonical(path), outer = Canonical(dir);
+  if (!inner || !outer) return false;
+  auto at = inner->begin();
+  for (const fs::path& part : *outer) {
+    if (at == inner->end() || *at != part) return false;
+    ++at;
+  }
+  return true;
+}
+
+// Whether `pattern` matches `path`: by name (a file not written yet that a
+// later run would read as a shard), or as one of the files it matches now.
+bool GlobMatches(const std::string& pattern, const std::string& path) {
+  if (pattern.empty()) return false;
+  if (fnmatch(pattern.c_str(), path.c_str(), FNM_PATHNAME) == 0) return true;
+  glob_t matches;
+  bool found = false;
+  if (::glob(pattern.c_str(), 0, nullptr, &matches) == 0) {
+    for (size_t i = 0; i < matches.gl_pathc && !found; ++i) {
+      found = SameFile(path, matches.gl_pathv[i]);
+    }
+  }
+  ::globfree(&matches);
+  return found;
+}
+
+}  // namespace
+
+absl::Status ValidatePaths(const TrainConfig& config, const ConfigReader& reader,
+                           const std::string& config_file) {
+  const std::string& metrics = config.train.metrics_file;
+  if (metrics.empty()) return absl::OkStatus();
+  auto fail = [&](const std::string& what) {
+    return reader.Error(reader.LineFor({"train.metrics_file"}), "train.metrics_file",
+                        absl::StrCat("'", metrics, "' ", what));
+  };
+  if (!config_file.empty() && SameFile(metrics, config_file)) {
+    return fail("is the config file itself; the metrics file would overwrite it");
+  }
+  for (const auto& [field, pattern] :
+       {std::pair<const char*, const std::string&>{"data.train", config.data.train},
+        std::pair<const char*, const std::string&>{"data.val", config.data.val}}) {
+    if (!GlobMatches(pattern, metrics)) continue;
+    std::error_code error;
+    if (fs::exists(metrics, error)) {
+      return fail(absl::StrCat("is a shard of ", field, " ('", pattern,
+                               "'); the metrics file would overwrite it"));
+    }
+    return fail(absl::StrCat("matches ", field, " ('", pattern,
+                             "'); the run would read its own metrics file as a shard"));
+  }
+  const std::string& dir = config.checkpoint.dir;
+  if (!dir.empty() && WithinDir(metrics, dir)) {
+    if (WithinDir(dir, metrics)) {
+      return fail("is checkpoint.dir itself; keep the metrics file outside it");
+    }
+    return fail(absl::StrCat("is inside checkpoint.dir ('", dir,
+                             "'), whose files are the checkpoints' and their LOCK; the metrics "
+                             "file would overwrite one, so keep it outside"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
   auto fail = [&](const std::string& path, const std::string& what,

@@ -4,6 +4,8 @@
 // set the first of them.
 #pragma once
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "worker/config/config.h"
 #include "worker/config/reader.h"
@@ -16,5 +18,13 @@ namespace muster::worker::config_detail {
 // fields see values that are each possible, heads > 0 among them).
 // INVALID_ARGUMENT from `reader`'s Error for the first one found.
 absl::Status Validate(const TrainConfig& config, const ConfigReader& reader);
+
+// The checks that read the file system, on the resolved paths: a
+// train.metrics_file that is `config_file` itself (may be empty: none), a
+// file data.train or data.val matches, or checkpoint.dir or a file in it.
+// The metrics file is truncated when a run starts, so any of these would
+// destroy what it names (a shard, the config, the LOCK).
+absl::Status ValidatePaths(const TrainConfig& config, const ConfigReader& reader,
+                           const std::string& config_file);
 
 }  // namespace muster::worker::config_detail

@@ -101,6 +101,23 @@ absl::Status TrimAfter(const std::string& path, int resumed_step, MetricsTrim* t
   return absl::OkStatus();
 }
 
+// A file that is there and not empty must look like a metrics file (each
+// line a JSON object) before it is truncated or appended to: a path that
+// names another file by mistake (a shard, a config, a LOCK) loses it
+// otherwise.
+absl::Status CheckLooksLikeMetrics(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) return absl::OkStatus();
+  std::ifstream in(path, std::ios::binary);
+  char first = 0;
+  if (!in.get(first)) return absl::OkStatus();  // empty (or unreadable: fopen says why)
+  if (first == '{') return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("train.metrics_file: '", path,
+                   "' is not a metrics file (it does not start with '{'); refusing to overwrite "
+                   "it: name another file, or remove this one"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::string& path,
@@ -110,6 +127,7 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
   std::error_code ignored;
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
+  if (absl::Status checked = CheckLooksLikeMetrics(path); !checked.ok()) return checked;
   if (resumed_step.has_value()) {
     if (absl::Status cut = TrimAfter(path, *resumed_step, trimmed); !cut.ok()) return cut;
   }

@@ -71,6 +71,9 @@ class MetricsWriter {
   // step; lines that name none before it are kept. `trimmed` (may be null)
   // says what was cut.
   //
+  // Either way, an existing file that is not empty must start with '{' as a
+  // metrics file does: anything else is INVALID_ARGUMENT, and left alone.
+  //
   // INVALID_ARGUMENT naming the path and the OS's reason if it cannot be
   // opened or cut; RESOURCE_EXHAUSTED (IsNoSpace) if the disk is full.
   static absl::StatusOr<std::unique_ptr<MetricsWriter>> Open(
