@@ -99,7 +99,9 @@ int ExitCodeFor(const pb::JobState& state) {
 }
 
 // What ended one attempt.
-enum class Outcome { kRejoin, kExit };
+// kJoinAgain: the server forgot this node (its lease lapsed while the agent
+// was paused or cut off); it joins again as a new node.
+enum class Outcome { kRejoin, kJoinAgain, kExit };
 
 class Agent {
  public:
@@ -116,6 +118,11 @@ class Agent {
   // Waits for the round a first join put us in. nullopt if it formed
   // without us or the job ended: the joining loop handles both.
   std::optional<rdzv::RoundAssignment> AwaitJoinedRound(uint64_t round, int64_t lease_ttl_ms);
+  // Joins as a new member (`join` without a member id): sets member_id_,
+  // starts the lease keeper (and the watcher, the first time), and returns
+  // the round joined when it formed at once. On failure, the agent's exit
+  // code.
+  absl::StatusOr<std::optional<rdzv::RoundAssignment>> JoinAsNewMember(pb::JoinRequest join);
   // A signal came while the workers ran: forward it, give them the grace
   // (preemption) or the shutdown timeout, leave, and pick the exit code.
   Outcome StopForSignal(WorkerGroup& group, int signal_number, uint64_t round);
@@ -194,30 +201,9 @@ int Agent::Run() {
   command_ = *std::move(command);
   Client& client = *setup_.client;
   pb::JoinRequest join = setup_.join;
-  // The first join creates the job if needed, so the watch that follows
-  // finds it. Later joins name our member id and keep our place.
-  rdzv::CallOptions first_join;
-  first_join.timeout = options_.rdzv_conf.join_timeout;
-  first_join.cancellation = signals_.cancellation();
-  absl::StatusOr<pb::JoinResponse> joined = client.Join(join, first_join);
-  if (!joined.ok()) {
-    // Not a member we know of: if the join got through, the lease lapses.
-    if (signals_.received() != 0) return ExitForSignal("joining");
-    spdlog::error("cannot join job {}: {}", setup_.job_id, joined.status().ToString());
-    return absl::IsFailedPrecondition(joined.status()) || absl::IsInvalidArgument(joined.status())
-               ? 2
-               : 1;
-  }
-  member_id_ = joined->member_id();
-  keeper_ = std::make_unique<rdzv::LeaseKeeper>(&client, setup_.job_id, member_id_,
-                                                absl::Milliseconds(joined->lease_ttl_ms()),
-                                                options_.rdzv_conf.keep_alive_interval);
-  watcher_ = std::make_unique<rdzv::JobWatcher>(&client, setup_.job_id,
-                                                [this](const pb::JobState&) { wake_.Poke(); });
-  signals_.Watch(watcher_.get());  // a signal ends every wait on it
-  // The round we joined may form without another join from us.
-  std::optional<rdzv::RoundAssignment> first =
-      AwaitJoinedRound(joined->round(), joined->lease_ttl_ms());
+  absl::StatusOr<std::optional<rdzv::RoundAssignment>> joined = JoinAsNewMember(join);
+  if (!joined.ok()) return exit_code_;
+  std::optional<rdzv::RoundAssignment> first = *std::move(joined);
   for (;;) {
     if (signals_.received() != 0) return ExitForSignal("waiting for a round");
     join.set_member_id(member_id_);
@@ -229,6 +215,18 @@ int Agent::Run() {
     if (!assignment.ok()) {
       if (signals_.received() != 0) return ExitForSignal("waiting for a round");
       std::optional<pb::JobState> latest = watcher_->latest();
+      if (absl::IsNotFound(assignment.status()) &&
+          (!latest.has_value() || !rdzv::IsTerminalPhase(latest->phase()))) {
+        // The server forgot us (the lease lapsed while this agent was
+        // paused or cut off): join again as a new node, as a node that
+        // was never here would.
+        spdlog::warn("job {} no longer has this node ({}); joining it again as a new node",
+                     setup_.job_id, assignment.status().ToString());
+        joined = JoinAsNewMember(join);
+        if (!joined.ok()) return exit_code_;
+        first = *std::move(joined);
+        continue;
+      }
       if ((!latest.has_value() || !rdzv::IsTerminalPhase(latest->phase())) &&
           absl::IsFailedPrecondition(assignment.status())) {
         // The join saw the job closed before the watch stream delivered the
@@ -256,7 +254,48 @@ int Agent::Run() {
     pump_.WaitDrained(absl::Seconds(2));
     if (outcome == Outcome::kExit) return exit_code_;
     ++attempt_;
+    if (outcome == Outcome::kJoinAgain) {
+      joined = JoinAsNewMember(join);
+      if (!joined.ok()) return exit_code_;
+      first = *std::move(joined);
+    }
   }
+}
+
+absl::StatusOr<std::optional<rdzv::RoundAssignment>> Agent::JoinAsNewMember(pb::JoinRequest join) {
+  Client& client = *setup_.client;
+  // The first join creates the job if needed, so the watch that follows
+  // finds it. Later joins name our member id and keep our place.
+  join.clear_member_id();
+  if (keeper_ != nullptr) keeper_->Stop();
+  rdzv::CallOptions first_join;
+  first_join.timeout = options_.rdzv_conf.join_timeout;
+  first_join.cancellation = signals_.cancellation();
+  absl::StatusOr<pb::JoinResponse> joined = client.Join(join, first_join);
+  if (!joined.ok()) {
+    // Not a member we know of: if the join got through, the lease lapses.
+    if (signals_.received() != 0) {
+      exit_code_ = ExitForSignal("joining");
+    } else {
+      spdlog::error("cannot join job {}: {}", setup_.job_id, joined.status().ToString());
+      exit_code_ =
+          absl::IsFailedPrecondition(joined.status()) || absl::IsInvalidArgument(joined.status())
+              ? 2
+              : 1;
+    }
+    return joined.status();
+  }
+  member_id_ = joined->member_id();
+  keeper_ = std::make_unique<rdzv::LeaseKeeper>(&client, setup_.job_id, member_id_,
+                                                absl::Milliseconds(joined->lease_ttl_ms()),
+                                                options_.rdzv_conf.keep_alive_interval);
+  if (watcher_ == nullptr) {
+    watcher_ = std::make_unique<rdzv::JobWatcher>(&client, setup_.job_id,
+                                                  [this](const pb::JobState&) { wake_.Poke(); });
+    signals_.Watch(watcher_.get());  // a signal ends every wait on it
+  }
+  // The round we joined may form without another join from us.
+  return AwaitJoinedRound(joined->round(), joined->lease_ttl_ms());
 }
 
 std::optional<rdzv::RoundAssignment> Agent::AwaitJoinedRound(uint64_t round, int64_t lease_ttl_ms) {
@@ -586,8 +625,17 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
       }
     }
     if (absl::Status lease = keeper_->status(); !lease.ok()) {
-      spdlog::error("lost the rendezvous lease: {}", lease.ToString());
       group.Stop(options_.shutdown_timeout, SIGTERM);
+      std::optional<pb::JobState> now = watcher_->latest();
+      if (absl::IsNotFound(lease) && (!now.has_value() || !rdzv::IsTerminalPhase(now->phase()))) {
+        // The server forgot this node: its lease lapsed while the agent was
+        // paused or cut off for longer than the ttl, and the job went on
+        // without it. It can still take part, as a node that joins now.
+        spdlog::warn("lost the rendezvous lease ({}); joining job {} again as a new node",
+                     lease.ToString(), setup_.job_id);
+        return Outcome::kJoinAgain;
+      }
+      spdlog::error("lost the rendezvous lease: {}", lease.ToString());
       exit_code_ = 1;
       return Outcome::kExit;
     }

@@ -293,6 +293,22 @@ TEST_CASE("elastic membership: nodes join and leave a running job") {
     CHECK(ExitCodeWithin(a, absl::Seconds(30)) == 0);
     CHECK(ExitCodeWithin(b, absl::Seconds(30)) == 0);
   }
+  SECTION("an agent paused past its lease joins again as a new node, and the job grows back") {
+    // A VM paused, or a network cut, for longer than the lease: the job
+    // goes on without the node, and the node comes back as a new one
+    // rather than exiting 1 while the job has room for it.
+    Child c = StartLaunch(command, dir.File("c.log"));
+    REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 6) == 6; }, absl::Seconds(30)));
+    REQUIRE(kill(c.pid(), SIGSTOP) == 0);
+    REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 4) == 8; }, absl::Seconds(15)));
+    REQUIRE(kill(c.pid(), SIGCONT) == 0);
+    REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 6) == 12; }, absl::Seconds(30)));
+    CHECK(absl::StrContains(ReadFile(dir.File("c.log")), "again as a new node"));
+    WriteFile(dir.File("stop"), "");
+    CHECK(ExitCodeWithin(a, absl::Seconds(30)) == 0);
+    CHECK(ExitCodeWithin(b, absl::Seconds(30)) == 0);
+    CHECK(ExitCodeWithin(c, absl::Seconds(30)) == 0);
+  }
 }
 
 TEST_CASE("an unmodified PyTorch gloo DDP script runs under 2 agents x 2 workers") {
