@@ -32,6 +32,8 @@ constexpr char kMasterPortKey[] = "muster/master_port";
 // Leaving is best effort: if the service does not answer within this, the
 // lease lapses instead.
 constexpr absl::Duration kLeaveTimeout = absl::Seconds(1);
+// What a preempted agent keeps of its grace to exit after leaving.
+constexpr absl::Duration kExitMargin = absl::Seconds(2);
 
 // The signals a scheduler preempts with: the workers get --preempt_grace
 // to save their state. Other handled signals (an operator's SIGINT) get
@@ -144,7 +146,13 @@ class Agent {
   // close").
   int ExitForSignalWhenDone(const char* when);
   // Stops renewing and leaves the job, best effort.
+  // Leaves the job: once, or, for a preemption (leave_retry_until_ set),
+  // again while the service is unreachable until shortly before the grace
+  // ends.
   void LeaveRendezvous();
+  // When the grace of a preemption being handled ends; InfinitePast when
+  // none is.
+  absl::Time leave_retry_until_ = absl::InfinitePast();
 
   const LaunchOptions& options_;
   const std::map<std::string, std::string>& env_;
@@ -375,15 +383,36 @@ void Agent::LeaveRendezvous() {
   leave.set_member_id(member_id_);
   rdzv::CallOptions call;  // not signals_.cancellation(): it has fired
   call.timeout = kLeaveTimeout;
-  absl::Status left = setup_.client->Leave(leave, call).status();
-  if (!left.ok() && !absl::IsNotFound(left) && !absl::IsFailedPrecondition(left)) {
-    spdlog::warn("could not leave job {} (its lease will lapse): {}", setup_.job_id,
-                 left.ToString());
+  // A preempted node that cannot reach the service (restarting, say) keeps
+  // trying until shortly before its grace ends: a lease that lapses instead
+  // counts as a lost node, charged to the job's restart budget, and a job
+  // with none left fails and refuses its own requeue.
+  const absl::Time retry_until = leave_retry_until_ - kExitMargin;
+  bool said = false;
+  for (absl::Duration backoff = absl::Milliseconds(100);;
+       backoff = std::min(backoff * 2, absl::Seconds(1))) {
+    absl::Status left = setup_.client->Leave(leave, call).status();
+    if (left.ok() || absl::IsNotFound(left) || absl::IsFailedPrecondition(left)) {
+      if (said) spdlog::info("left job {}", setup_.job_id);
+      return;
+    }
+    const bool transient = absl::IsUnavailable(left) || absl::IsDeadlineExceeded(left);
+    if (!transient || absl::Now() + backoff >= retry_until) {
+      spdlog::warn("could not leave job {} (its lease will lapse): {}", setup_.job_id,
+                   left.ToString());
+      return;
+    }
+    if (!std::exchange(said, true)) {
+      spdlog::warn("could not leave job {} yet ({}); trying again for up to {}", setup_.job_id,
+                   left.ToString(), absl::FormatDuration(retry_until - absl::Now()));
+    }
+    absl::SleepFor(backoff);  // a retry's backoff: no event tells when the service is back
   }
 }
 
 int Agent::ExitForSignal(const char* waiting_for) {
   int signal_number = signals_.received();
+  if (IsPreemptionSignal(signal_number)) leave_retry_until_ = absl::Now() + options_.preempt_grace;
   LeaveRendezvous();
   if (IsPreemptionSignal(signal_number)) {
     spdlog::warn(
@@ -416,6 +445,7 @@ int Agent::ExitForSignalWhenDone(const char* when) {
 Outcome Agent::StopForSignal(WorkerGroup& group, int signal_number, uint64_t round) {
   const bool preemption = IsPreemptionSignal(signal_number);
   const absl::Duration grace = preemption ? options_.preempt_grace : options_.shutdown_timeout;
+  if (preemption) leave_retry_until_ = absl::Now() + grace;
   spdlog::warn("got {}; forwarding it to the workers, SIGKILL after {}{}",
                SignalName(signal_number), absl::FormatDuration(grace),
                preemption ? " (--preempt_grace)" : "");
@@ -530,6 +560,7 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
         if (failure.exit.signal != 0 || failure.exit.exit_code != kPreemptedExitCode) continue;
         spdlog::warn("rank {} exited {} (preempted); preempting this node's other workers",
                      failure.global_rank, kPreemptedExitCode);
+        leave_retry_until_ = absl::Now() + options_.preempt_grace;
         group.Stop(options_.preempt_grace, SIGTERM);
         return FinishPreemption(group, SIGTERM, round);
       }

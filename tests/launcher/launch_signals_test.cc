@@ -269,5 +269,49 @@ TEST_CASE("SIGTERM while a static node waits for node 0's service") {
   CHECK(TerminateAndTime(agent, dir.File("agent.log")) < kPromptExit);
 }
 
+// A preemption while the service restarts: the agent keeps trying to leave
+// until shortly before its grace ends, so its node does not become a lost
+// node when the lease lapses (a restart charged to the job; with a budget
+// of 0 the job failed and refused its own requeue).
+TEST_CASE("SIGTERM while the service is down: the agent leaves once it is back, then exits 75") {
+  TempDir dir;
+  auto start_server = [&](int port) {
+    tools::ServerProcessOptions options;
+    options.binary = BinaryPath("rendezvous/rendezvous");
+    options.listen = absl::StrCat("127.0.0.1:", port);
+    options.extra_args = {"--log-level", "warn", "--state-dir", dir.File("state")};
+    auto server = tools::ServerProcess::Start(options);
+    INFO(server.status().ToString());
+    REQUIRE(server.ok());
+    return *std::move(server);
+  };
+  auto server = start_server(0);
+  const int port = server->port();
+  const std::string endpoint = server->endpoint();
+  Child agent = StartLaunch(
+      {"--nnodes=1", "--nproc_per_node=1", "--rdzv_endpoint", endpoint, "--rdzv_id=outage",
+       "--rdzv_conf=lease_ttl=60", "--preempt_grace=20", "--no_python", "/bin/sh", "-c",
+       "trap 'exit 75' TERM; echo up > " + dir.File("up") + "; while :; do sleep 0.05; done"},
+      dir.File("agent.log"));
+  REQUIRE(WaitUntil([&] { return ReadFile(dir.File("up")) == "up\n"; }, absl::Seconds(30)));
+  REQUIRE(server->Kill(SIGKILL).ok());
+  REQUIRE(server->Wait(absl::Now() + absl::Seconds(10)).ok());
+  REQUIRE(kill(agent.pid(), SIGTERM) == 0);
+  REQUIRE(Logged(dir.File("agent.log"), "could not leave job outage yet"));
+  server = start_server(port);
+  auto exit = agent.WaitFor(absl::Seconds(30));
+  const std::string log = ReadFile(dir.File("agent.log"));
+  INFO(log);
+  REQUIRE(exit.has_value());
+  CHECK(exit->ShellCode() == launcher::kPreemptedExitCode);
+  CHECK(absl::StrContains(log, "left job outage"));
+  // Gone by its Leave (the lease had a minute left), so nothing is charged.
+  auto client = Connect(endpoint);
+  pb::JobState state = Describe(*client, "outage");
+  CHECK(state.members_size() == 0);
+  CHECK(state.restart_count() == 0);
+  CHECK(state.phase() != pb::FAILED);
+}
+
 }  // namespace
 }  // namespace muster::testing
