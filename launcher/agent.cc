@@ -32,6 +32,9 @@ constexpr char kMasterPortKey[] = "muster/master_port";
 // Leaving is best effort: if the service does not answer within this, the
 // lease lapses instead.
 constexpr absl::Duration kLeaveTimeout = absl::Seconds(1);
+// How long workers get to exit on their own after another node left the
+// round (at most --shutdown_timeout), before they are signalled.
+constexpr absl::Duration kOwnExitWait = absl::Seconds(5);
 // What a preempted agent keeps of its grace to exit after leaving.
 constexpr absl::Duration kExitMargin = absl::Seconds(2);
 
@@ -150,6 +153,12 @@ class Agent {
   // again while the service is unreachable until shortly before the grace
   // ends.
   void LeaveRendezvous();
+  // A worker saved its state and exited kPreemptedExitCode on its own: the
+  // scheduler signalled it (or a rank elsewhere was preempted, and every
+  // rank stopped after the same step) before or instead of this agent. That
+  // is this node's preemption, not a failure to restart from: the other
+  // workers are stopped with the grace, and the agent exits 75.
+  std::optional<Outcome> PreemptIfAWorkerSaved(WorkerGroup& group, uint64_t round);
   // When the grace of a preemption being handled ends; InfinitePast when
   // none is.
   absl::Time leave_retry_until_ = absl::InfinitePast();
@@ -410,6 +419,18 @@ void Agent::LeaveRendezvous() {
   }
 }
 
+std::optional<Outcome> Agent::PreemptIfAWorkerSaved(WorkerGroup& group, uint64_t round) {
+  for (const WorkerFailure& failure : group.failures()) {
+    if (failure.exit.signal != 0 || failure.exit.exit_code != kPreemptedExitCode) continue;
+    spdlog::warn("rank {} exited {} (preempted); preempting this node's other workers",
+                 failure.global_rank, kPreemptedExitCode);
+    leave_retry_until_ = absl::Now() + options_.preempt_grace;
+    group.Stop(options_.preempt_grace, SIGTERM);
+    return FinishPreemption(group, SIGTERM, round);
+  }
+  return std::nullopt;
+}
+
 int Agent::ExitForSignal(const char* waiting_for) {
   int signal_number = signals_.received();
   if (IsPreemptionSignal(signal_number)) leave_retry_until_ = absl::Now() + options_.preempt_grace;
@@ -553,16 +574,8 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
 
     group.CollectExits();
     if (!group.failures().empty()) {
-      // A worker saved its state and exited kPreemptedExitCode on its own:
-      // the scheduler signalled it before (or instead of) this agent. That
-      // is this node's preemption, not a failure to restart from.
-      for (const WorkerFailure& failure : group.failures()) {
-        if (failure.exit.signal != 0 || failure.exit.exit_code != kPreemptedExitCode) continue;
-        spdlog::warn("rank {} exited {} (preempted); preempting this node's other workers",
-                     failure.global_rank, kPreemptedExitCode);
-        leave_retry_until_ = absl::Now() + options_.preempt_grace;
-        group.Stop(options_.preempt_grace, SIGTERM);
-        return FinishPreemption(group, SIGTERM, round);
+      if (std::optional<Outcome> preempted = PreemptIfAWorkerSaved(group, round)) {
+        return *preempted;
       }
       group.Stop(options_.shutdown_timeout, SIGTERM);
       // A worker's watchdog leaves a round that ended elsewhere as soon as
@@ -641,6 +654,17 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
       bool can_grow = latest->nodes_waiting() > 0 &&
                       latest->members_size() < static_cast<int>(latest->config().max_nodes());
       if (round_over || can_grow) {
+        if (round_over && latest->last_end_reason() == pb::MEMBER_LEFT && group.running() > 0) {
+          // A node left: when it was preempted, every rank stops after the
+          // same step and saves it, so this node's workers may be saving
+          // right now and about to exit kPreemptedExitCode on their own.
+          // A SIGTERM from here would hide that (muster's worker answers
+          // it the same way): give them a moment to say it themselves.
+          group.AwaitExits(absl::Now() + std::min(options_.shutdown_timeout, kOwnExitWait));
+          if (std::optional<Outcome> preempted = PreemptIfAWorkerSaved(group, round)) {
+            return *preempted;
+          }
+        }
         if (round_over) {
           spdlog::info("round {} ended ({}); stopping workers", round, RoundEndCause(*latest));
         } else {

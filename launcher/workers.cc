@@ -196,6 +196,15 @@ void WorkerGroup::CollectExits() {
   }
 }
 
+void WorkerGroup::AwaitExits(absl::Time deadline) {
+  for (Worker& worker : workers_) {
+    if (worker.child.running()) {
+      worker.child.WaitFor(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    }
+  }
+  CollectExits();
+}
+
 int WorkerGroup::running() const {
   return static_cast<int>(std::count_if(workers_.begin(), workers_.end(),
                                         [](const Worker& w) { return w.child.running(); }));

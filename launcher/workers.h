@@ -75,6 +75,10 @@ class WorkerGroup {
   // SIGTERM (or `signal`) to every worker, SIGKILL after `timeout`.
   void Stop(absl::Duration timeout, int signal);
 
+  // Waits, signalling none, until every worker has exited or `deadline`
+  // passes; then CollectExits.
+  void AwaitExits(absl::Time deadline);
+
  private:
   WorkerGroup() = default;
 

@@ -176,5 +176,45 @@ TEST_CASE("a worker preempted directly (the scheduler signalled it) preempts its
   CHECK_THAT(log, Catch::Contains("preempted"));
 }
 
+// One node of two preempted: every rank stops after the same step and
+// saves it, so the other node's workers exit 75 on their own, maybe after
+// the preempted node has left. Which the other agent heard of first, the
+// round's end or its workers' exits, decided between rejoining (and
+// waiting up to join_timeout for a node that was gone) and exiting 75.
+TEST_CASE("one node preempted: the other node's workers save and exit 75, and so does its agent") {
+  TempDir dir;
+  auto server = StartServer();
+  const std::string stopping = dir.File("stopping");
+  // Node A's worker: on SIGTERM it "saves" at once and tells the other
+  // node's to stop. Node B's then takes a second to save, and ignores
+  // SIGTERM meanwhile, as muster's worker finishing a save does. Each writes
+  // its pid once its trap is set.
+  const std::string pid = "echo $$ > " + dir.File("pid.$RANK");
+  const std::string node_a =
+      "trap 'touch " + stopping + "; exit 75' TERM; " + pid + "; while :; do sleep 0.05; done";
+  const std::string node_b = "trap '' TERM; " + pid + "; while [ ! -e " + stopping +
+                             " ]; do sleep 0.05; done; sleep 1; exit 75";
+  auto agent = [&](const std::string& name, const std::string& script) {
+    return StartLaunch(
+        {"--nnodes=2", "--nproc_per_node=1", "--rdzv_endpoint", server->endpoint(),
+         "--rdzv_id=partial", "--max_restarts=3", "--rdzv_conf=lease_ttl=60,join_timeout=60",
+         "--no_python", "/bin/sh", "-c", script},
+        dir.File("agent_" + name + ".log"));
+  };
+  Child a = agent("a", node_a);
+  Child b = agent("b", node_b);
+  Pids(dir, 2);
+  REQUIRE(kill(a.pid(), SIGTERM) == 0);
+  auto a_exit = a.WaitFor(absl::Seconds(30));
+  REQUIRE(a_exit.has_value());
+  CHECK(a_exit->ShellCode() == kPreemptedExitCode);
+  auto b_exit = b.WaitFor(absl::Seconds(30));
+  const std::string log = ReadFile(dir.File("agent_b.log"));
+  INFO(log);
+  REQUIRE(b_exit.has_value());
+  CHECK(b_exit->ShellCode() == kPreemptedExitCode);
+  CHECK_THAT(log, Catch::Contains("exited 75 (preempted)"));
+}
+
 }  // namespace
 }  // namespace muster::testing
