@@ -25,6 +25,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -700,6 +701,25 @@ void WaitPassivelyUnlessChosen(char** argv) {
   // exec failed: carry on with spinning threads.
 }
 
-int WorkerMain(int argc, char** argv, Env* env) { return Main(argc, argv, env); }
+int WorkerMain(int argc, char** argv, Env* env) {
+  // Ops::Alloc reports the model's own buffers that do not fit; anything
+  // else the worker allocates (per-layer tables, the data's index, a
+  // string) throws std::bad_alloc, which would abort with a message of the
+  // C++ runtime's and no error file. It fails as Ops::Alloc's does instead:
+  // exit 1, restartable (the memory may be there after a restart).
+  try {
+    return Main(argc, argv, env);
+  } catch (const std::bad_alloc&) {
+    try {
+      return Fail(kExitFailure,
+                  "out of host memory: an allocation failed (std::bad_alloc); lower "
+                  "data.micro_batch or model.seq_len, or the model's size");
+    } catch (const std::bad_alloc&) {
+      // Not even the message fits: what needs no allocation.
+      std::fputs("worker: out of host memory: an allocation failed (std::bad_alloc)\n", stderr);
+      return kExitFailure;
+    }
+  }
+}
 
 }  // namespace muster::worker

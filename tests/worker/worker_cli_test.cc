@@ -59,11 +59,15 @@ std::string WorkerBinary() {
 // Runs `worker args...` with this test's environment plus `extra_env`
 // (minus the launcher's variables), stdout and stderr captured in files
 // under `dir`. Bounded: a worker that hangs fails the test after 60 s.
+// `shell` runs in the shell before the worker starts (a ulimit).
 RunResult RunWorker(const std::string& dir, const std::vector<std::string>& args,
-                    const std::vector<std::string>& extra_env = {}) {
+                    const std::vector<std::string>& extra_env = {}, const std::string& shell = "") {
   launcher::SpawnSpec spec;
   // The shell only redirects; "$0" "$@" pass the arguments unquoted-safe.
-  spec.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >\"$CLI_OUT\" 2>\"$CLI_ERR\"", WorkerBinary()};
+  spec.argv = {
+      "/bin/sh", "-c",
+      shell + (shell.empty() ? "" : "; ") + "exec \"$0\" \"$@\" >\"$CLI_OUT\" 2>\"$CLI_ERR\"",
+      WorkerBinary()};
   spec.argv.insert(spec.argv.end(), args.begin(), args.end());
   for (char** var = environ; *var != nullptr; ++var) {
     std::string entry = *var;
@@ -116,6 +120,15 @@ device: cpu
   std::string path = dir + "/tiny.yaml";
   WriteAll(path, yaml);
   return path;
+}
+
+// Replaces the first `from` in the file at `path` with `to`.
+void EditFile(const std::string& path, const std::string& from, const std::string& to) {
+  std::string text = ReadAll(path);
+  const size_t at = text.find(from);
+  REQUIRE(at != std::string::npos);
+  text.replace(at, from.size(), to);
+  WriteAll(path, text);
 }
 
 std::string WithoutComments(const std::string& yaml) {
@@ -219,6 +232,22 @@ TEST_CASE("a batch that cannot fit in memory exits 1 naming the bytes asked for 
         std::ifstream("/proc/meminfo").good());
 }
 
+// Allocations outside Ops::Alloc (the model's tables of 100000 layers)
+// throw std::bad_alloc under a small address space: the worker aborted
+// with the C++ runtime's message (exit 134) and wrote no error file.
+TEST_CASE("an allocation that fails anywhere exits 1 with one line and the error file") {
+  std::string dir = FreshDir("bad_alloc");
+  std::string config = WriteTinyJob(dir, 1);
+  EditFile(config, "layers: 2", "layers: 100000");
+  RunResult run = RunWorker(dir, {config}, {"TORCHELASTIC_ERROR_FILE=" + dir + "/error.json"},
+                            "ulimit -v 300000");
+  INFO(run.err);
+  CHECK(run.exit_code == 1);
+  CHECK(run.err.rfind("worker: out of host memory: ", 0) == 0);
+  CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
+  CHECK(Contains(ReadAll(dir + "/error.json"), "out of host memory"));
+}
+
 TEST_CASE("data that is not there exits 2") {
   std::string dir = FreshDir("nodata");
   std::string config = WriteTinyJob(dir, 5);
@@ -300,15 +329,6 @@ TEST_CASE("a 5-step run exits 0 and writes its metrics") {
   std::string metrics = ReadAll(dir + "/out/metrics.jsonl");
   CHECK(std::count(metrics.begin(), metrics.end(), '\n') == 5 + 1);
   CHECK(Contains(metrics, "{\"step\":5,\"val_loss\":"));
-}
-
-// Replaces the first `from` in the file at `path` with `to`.
-void EditFile(const std::string& path, const std::string& from, const std::string& to) {
-  std::string text = ReadAll(path);
-  const size_t at = text.find(from);
-  REQUIRE(at != std::string::npos);
-  text.replace(at, from.size(), to);
-  WriteAll(path, text);
 }
 
 // A run from step 0 starts its metrics file afresh: a path naming another
