@@ -121,6 +121,13 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {"# only a comment\n", "t.yaml:1: empty file"},
       {"- model\n- data\n", "t.yaml:1: expected a map of sections at the top level, got a list"},
       {"model: [1,\n", "t.yaml:2: invalid yaml"},
+      // A second document was ignored, whatever it held.
+      {train + "---\nmodel: {layers: 8}\n",
+       "t.yaml:3: a second yaml document; a train.yaml is one document: remove the '---' and what "
+       "follows, or merge it into the first"},
+      {"---\n" + train + "---\n", "t.yaml:4: a second yaml document"},
+      {"# a comment\n---\n" + train + "--- # more\n{not: [valid\n", "t.yaml:7: invalid yaml"},
+      {train + "...\nmodel: {}\n", "t.yaml:4: a second yaml document"},
       {train + "model:\n  layer: 4\n",
        "t.yaml:4: model.layer: unknown key; did you mean 'layers'?"},
       {train + "model:\n  colour: 4\n",

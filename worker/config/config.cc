@@ -7,10 +7,12 @@
 #include <fstream>
 #include <sstream>
 #include <type_traits>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "worker/config/reader.h"
+#include "worker/config/scalars.h"
 #include "worker/config/validate.h"
 #include "worker/config/walk.h"
 
@@ -33,18 +35,45 @@ std::string Resolve(const std::string& base_dir, const std::string& path) {
   return (std::filesystem::path(base_dir) / path).lexically_normal().string();
 }
 
+// Where the second document of `text` starts: the first '---' line after
+// some content of the first, else (a document after '...') its own line.
+int SecondDocumentLine(const std::string& text, const YAML::Node& second) {
+  std::istringstream lines(text);
+  bool content = false;
+  int number = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++number;
+    const bool marker = line.rfind("---", 0) == 0 &&
+                        (line.size() == 3 || line[3] == ' ' || line[3] == '\t' || line[3] == '\r');
+    if (marker && content) return number;
+    const size_t first = line.find_first_not_of(" \t\r");
+    if (!marker && first != std::string::npos && line[first] != '#' && line[first] != '%') {
+      content = true;
+    }
+  }
+  return config_detail::LineOf(second, 1);
+}
+
 // ParseConfig, and with `config_file` (LoadConfig's) the checks of the
 // resolved paths against the file system too.
 absl::StatusOr<TrainConfig> Parse(const std::string& yaml_text, const std::string& name,
                                   const std::string& base_dir, const std::string* config_file) {
   ConfigReader reader(name);
-  YAML::Node root;
+  std::vector<YAML::Node> documents;
   try {
-    root = YAML::Load(yaml_text);
+    // Every document, not just the first: YAML::Load stops after it, and
+    // whatever followed a '---' was silently ignored, even invalid text.
+    documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& error) {
     return reader.Error(std::max(1, error.mark.line + 1), "",
                         absl::StrCat("invalid yaml: ", error.msg));
   }
+  if (documents.size() > 1) {
+    return reader.Error(SecondDocumentLine(yaml_text, documents[1]), "",
+                        "a second yaml document; a train.yaml is one document: remove the '---' "
+                        "and what follows, or merge it into the first");
+  }
+  YAML::Node root = documents.empty() ? YAML::Node() : documents.front();
   TrainConfig config;
   config.source = name;
   absl::Status status = reader.Read(root, &config);
