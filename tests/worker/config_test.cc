@@ -164,10 +164,34 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
        "t.yaml:3: data.grad_accumulation: must be > 0"},
       {train + "model:\n  vocab: 65537\n", "t.yaml:4: model.vocab: 65537 is more than 65536"},
       {train + "optim:\n  lr: 0\n", "t.yaml:4: optim.lr: must be > 0, got 0"},
+      // Numbers are quoted as written, not as read: 1e-400 reads as 0.
+      {train + "optim:\n  lr: 1e-400\n", "t.yaml:4: optim.lr: must be > 0, got 1e-400"},
+      // The optimizer computes in 32-bit floats: an lr of 1e-50 trained with 0.
+      {train + "optim:\n  lr: 1e-50\n",
+       "t.yaml:4: optim.lr: 1e-50 is 0 as the 32-bit float the optimizer computes in; the "
+       "smallest positive one is about 1.4e-45"},
+      {train + "optim:\n  grad_clip: 1e-46\n",
+       "t.yaml:4: optim.grad_clip: 1e-46 is 0 as the 32-bit float"},
+      {train + "optim:\n  lr: 1e39\n",
+       "t.yaml:4: optim.lr: 1e39 is beyond the largest 32-bit float, which the optimizer "
+       "computes in (about 3.4e38)"},
+      {train + "optim:\n  beta2: 0.99999999999\n",
+       "t.yaml:4: optim.beta2: 0.99999999999 is 1 as the 32-bit float the optimizer computes in; "
+       "expected a value in [0, 1)"},
+      // parallel.timeout_s: 1e10 s overflowed into a timeout at the first
+      // collective; 0.0004 s failed there with internal text.
+      {train + "parallel:\n  timeout_s: 1e10\n",
+       "t.yaml:4: parallel.timeout_s: 1e10 is more than 1000000, about 11.6 days; a longer bound "
+       "is none"},
+      {train + "parallel:\n  timeout_s: 0.0004\n",
+       "t.yaml:4: parallel.timeout_s: 0.0004 is less than 0.01, a bound that healthy collectives "
+       "would miss"},
+      {train + "parallel:\n  timeout_s: 1e-300\n", "parallel.timeout_s: 1e-300 is less than 0.01"},
+      {train + "parallel:\n  timeout_s: 0\n", "parallel.timeout_s: must be > 0, got 0"},
       {train + "optim:\n  lr: 1e-4\n  min_lr: 1e-3\n",
        "t.yaml:5: optim.min_lr: 0.001 is above optim.lr 0.0001"},
       {train + "optim:\n  beta1: 1.0\n",
-       "t.yaml:4: optim.beta1: expected a value in [0, 1), got 1"},
+       "t.yaml:4: optim.beta1: expected a value in [0, 1), got 1.0"},
       {train + "optim:\n  beta2: -0.1\n", "t.yaml:4: optim.beta2: expected a value in [0, 1)"},
       {train + "optim:\n  eps: 0\n", "t.yaml:4: optim.eps: must be > 0, got 0"},
       {train + "optim:\n  schedule: linear\n",
@@ -550,6 +574,17 @@ TEST_CASE("with several errors, a field's own checks come before those across fi
              Catch::Contains("t.yaml:5: model.layers: must be > 0, got 0"));
 }
 
+TEST_CASE("parallel.timeout_s: 0.01 to 1e6 seconds; optim's smallest 32-bit floats") {
+  for (const char* value : {"0.01", "30", "300.0", "1e6", "1000000"}) {
+    INFO(value);
+    CHECK(
+        ParseConfig(std::string(kMinimal) + "parallel:\n  timeout_s: " + value + "\n", "t.yaml", "")
+            .ok());
+  }
+  CHECK(
+      ParseConfig(std::string(kMinimal) + "optim:\n  lr: 1e-44\n  min_lr: 0\n", "t.yaml", "").ok());
+}
+
 TEST_CASE("keep_last below 2 is fine while checkpoints are off") {
   std::string yaml = std::string(kMinimal) + "checkpoint:\n  keep_last: 1\n";
   CHECK(ParseConfig(yaml, "t.yaml", "").ok());
@@ -569,7 +604,7 @@ TEST_CASE("ConfigToYaml parses back to an equal config") {
   odd.data.train = "*.bin";
   odd.data.val = "va\"l \\ #x: y";
   odd.optim.lr = 0.1 + 0.2;
-  odd.optim.min_lr = 1e-300;
+  odd.optim.min_lr = 1e-30;  // 1e-300 would be 0 as the optimizer's float
   odd.optim.eps = 1.0 / 3.0;
   odd.optim.schedule = "constant";
   odd.train.seed = 18446744073709551615ull;

@@ -32,6 +32,11 @@ struct Rule {
   Bound bound = Bound::kNone;
   int64_t at_most = 0;  // > 0: the largest value allowed, and why
   absl::string_view at_most_why;
+  double at_least = 0;  // > 0: the smallest value allowed, and why
+  absl::string_view at_least_why;
+  // The value is used as a 32-bit float (the optimizer's): it must not
+  // round to 0 (unless it is 0), to 1 (a fraction) or to infinity.
+  bool fp32 = false;
   absl::string_view words;        // a string's allowed words, "cosine|constant"; empty: any
   absl::string_view or_else;      // what else the string may be, any non-empty one
   absl::string_view noun, nouns;  // "unknown strategy 'x'; known strategies: ..."
@@ -42,6 +47,17 @@ struct Rule {
     Rule rule = *this;
     rule.at_most = max;
     rule.at_most_why = why;
+    return rule;
+  }
+  constexpr Rule AtLeast(double min, absl::string_view why) const {
+    Rule rule = *this;
+    rule.at_least = min;
+    rule.at_least_why = why;
+    return rule;
+  }
+  constexpr Rule Fp32() const {
+    Rule rule = *this;
+    rule.fp32 = true;
     return rule;
   }
   constexpr Rule OneOf(absl::string_view allowed) const {
@@ -138,17 +154,17 @@ template <>
 struct Table<OptimConfig> {
   using O = OptimConfig;
   static constexpr Field<O> kFields[] = {
-      {"lr", &O::lr, "the peak learning rate", Positive()},
+      {"lr", &O::lr, "the peak learning rate", Positive().Fp32()},
       {"warmup_steps", &O::warmup_steps, "linear warmup to lr", NonNegative()},
       {"schedule", &O::schedule, "cosine decays to min_lr at the last step",
        OneOf("cosine|constant")},
-      {"min_lr", &O::min_lr, "where cosine decays to; at most lr", NonNegative()},
+      {"min_lr", &O::min_lr, "where cosine decays to; at most lr", NonNegative().Fp32()},
       {"weight_decay", &O::weight_decay, "decoupled; not on biases, LayerNorm or wpe",
-       NonNegative()},
-      {"beta1", &O::beta1, "AdamW's first-moment decay", Fraction()},
-      {"beta2", &O::beta2, "AdamW's second-moment decay", Fraction()},
-      {"eps", &O::eps, "AdamW's epsilon", Positive()},
-      {"grad_clip", &O::grad_clip, "global-norm clip; 0 disables", NonNegative()},
+       NonNegative().Fp32()},
+      {"beta1", &O::beta1, "AdamW's first-moment decay", Fraction().Fp32()},
+      {"beta2", &O::beta2, "AdamW's second-moment decay", Fraction().Fp32()},
+      {"eps", &O::eps, "AdamW's epsilon", Positive().Fp32()},
+      {"grad_clip", &O::grad_clip, "global-norm clip; 0 disables", NonNegative().Fp32()},
   };
 };
 
@@ -193,7 +209,9 @@ struct Table<ParallelConfig> {
        OneOf("auto|nccl|gloo")},
       {"bucket_mb", &P::bucket_mb, "gradient all-reduce bucket, MiB", Positive()},
       {"timeout_s", &P::timeout_s, "bound on joining the peers and on every collective",
-       Positive()},
+       Positive()
+           .AtLeast(0.01, "a bound that healthy collectives would miss")
+           .AtMost(1000000, "about 11.6 days; a longer bound is none")},
       {"dp_replicate", &P::dp_replicate,
        "replicas of the model; 0: the rest of the world, world / (dp_shard x pp)", NonNegative()},
       {"dp_shard", &P::dp_shard,

@@ -84,6 +84,7 @@ absl::Status ConfigReader::ReadMap(const YAML::Node& map, const std::string& pre
           if constexpr (kIsSection<Pointee<decltype(member)>>) {
             return ReadMap(value, path, value_line, &(out->*member));
           } else {
+            if (value.IsScalar()) texts_[path] = value.Scalar();
             std::optional<std::string> what = ReadScalar(value, &(out->*member));
             return what ? Error(value_line, path, *what) : absl::OkStatus();
           }

@@ -44,6 +44,13 @@ class ConfigReader {
     return 1;
   }
 
+  // The text the file wrote for `path`'s scalar value ("1e-400", which
+  // reads as 0), or "" when the file did not set it.
+  std::string TextFor(const std::string& path) const {
+    auto it = texts_.find(path);
+    return it == texts_.end() ? std::string() : it->second;
+  }
+
   absl::Status Read(const YAML::Node& root, TrainConfig* config);
 
  private:
@@ -51,7 +58,8 @@ class ConfigReader {
   absl::Status ReadMap(const YAML::Node& map, const std::string& prefix, int line, S* out);
 
   std::string name_;
-  std::map<std::string, int> lines_;  // key path -> 1-based line of its value
+  std::map<std::string, int> lines_;          // key path -> 1-based line of its value
+  std::map<std::string, std::string> texts_;  // key path -> its scalar value as written
 };
 
 }  // namespace muster::worker::config_detail

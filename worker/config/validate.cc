@@ -120,7 +120,9 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
   absl::Status own = absl::OkStatus();
   ForEachScalar(config, "", [&](const std::string& path, const Rule& rule, const auto& value) {
     if (!own.ok()) return;
-    if (std::optional<std::string> what = CheckValue(rule, value)) own = fail(path, *what);
+    if (std::optional<std::string> what = CheckValue(rule, value, reader.TextFor(path))) {
+      own = fail(path, *what);
+    }
   });
   if (!own.ok()) return own;
 

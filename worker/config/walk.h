@@ -6,6 +6,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -68,9 +69,12 @@ inline std::string JoinOr(const std::vector<std::string>& items) {
   return absl::StrCat(absl::StrJoin(items.begin(), items.end() - 1, ", "), " or ", items.back());
 }
 
-// What is wrong with a field's own value, or nothing.
+// What is wrong with a field's own value, or nothing. `written` is the
+// value as the file wrote it ("" if it did not), which messages quote: a
+// number read as another ("1e-400" is 0) is shown as the user wrote it.
 template <typename T>
-std::optional<std::string> CheckValue(const Rule& rule, const T& value) {
+std::optional<std::string> CheckValue(const Rule& rule, const T& value,
+                                      const std::string& written) {
   if constexpr (std::is_same_v<T, std::string>) {
     if (!rule.required.empty() && value.empty()) {
       return absl::StrCat("missing; expected ", rule.required);
@@ -90,23 +94,47 @@ std::optional<std::string> CheckValue(const Rule& rule, const T& value) {
     return std::nullopt;  // parallel.pp_split: its checks involve other fields (Validate)
   } else {
     const double number = static_cast<double>(value);
+    const std::string shown = written.empty() ? absl::StrCat(value) : written;
     switch (rule.bound) {
       case Rule::Bound::kNone:
         break;
       case Rule::Bound::kPositive:
-        if (!(number > 0)) return absl::StrCat("must be > 0, got ", number);
+        if (!(number > 0)) return absl::StrCat("must be > 0, got ", shown);
         break;
       case Rule::Bound::kNonNegative:
-        if (!(number >= 0)) return absl::StrCat("must be >= 0, got ", number);
+        if (!(number >= 0)) return absl::StrCat("must be >= 0, got ", shown);
         break;
       case Rule::Bound::kFraction:
         if (number < 0 || number >= 1) {
-          return absl::StrCat("expected a value in [0, 1), got ", number);
+          return absl::StrCat("expected a value in [0, 1), got ", shown);
         }
         break;
     }
+    if (rule.at_least > 0 && number < rule.at_least) {
+      return absl::StrCat(shown, " is less than ", rule.at_least, ", ", rule.at_least_why);
+    }
     if (rule.at_most > 0 && number > static_cast<double>(rule.at_most)) {
-      return absl::StrCat(value, " is more than ", rule.at_most, ", ", rule.at_most_why);
+      return absl::StrCat(shown, " is more than ", rule.at_most, ", ", rule.at_most_why);
+    }
+    if (rule.fp32) {
+      // What the optimizer computes with: a value that the 32-bit float
+      // does not hold would train with another (an lr of 1e-50 is 0).
+      const float single = static_cast<float>(number);
+      if (number != 0 && single == 0) {
+        return absl::StrCat(shown,
+                            " is 0 as the 32-bit float the optimizer computes in; the smallest "
+                            "positive one is about 1.4e-45");
+      }
+      if (std::isinf(single)) {
+        return absl::StrCat(shown,
+                            " is beyond the largest 32-bit float, which the optimizer computes "
+                            "in (about 3.4e38)");
+      }
+      if (rule.bound == Rule::Bound::kFraction && single >= 1) {
+        return absl::StrCat(shown,
+                            " is 1 as the 32-bit float the optimizer computes in; expected a "
+                            "value in [0, 1)");
+      }
     }
     return std::nullopt;
   }
