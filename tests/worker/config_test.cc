@@ -273,6 +273,11 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {"data:\n  train: x.bin\n  grad_accumulation: 2\nparallel:\n  pp: 2\n  microbatches: 4\n",
        "data.grad_accumulation: 2 with parallel.microbatches 4"},
       {train + "parallel:\n  pp: 0\n", "t.yaml:4: parallel.pp: must be > 0, got 0"},
+      // pp x virtual_stages wrapped negative in 32 bits, and passed.
+      {train + "parallel:\n  schedule: interleaved_1f1b\n  pp: 2\n  virtual_stages: 1073741824\n"
+               "  microbatches: 2\n",
+       "t.yaml:5: parallel.pp: 2147483648 pipeline stages (2 ranks x 1073741824 virtual stages) "
+       "for 4 blocks (model.layers)"},
       {train + "parallel:\n  zero: 0\n", "t.yaml:4: parallel.zero: must be > 0, got 0"},
       {train + "parallel:\n  strategy: fsdp\n  zero: 4\n",
        "t.yaml:5: parallel.zero: 4 is more than 3, the ZeRO stages are 1, 2 and 3"},

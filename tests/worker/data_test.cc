@@ -127,6 +127,9 @@ TEST_CASE("a glob that matches nothing is NOT_FOUND; too-short shards are INVALI
   auto short_stream = TokenStream::Open(dir + "/train_*.bin", 4, 256, 1);
   CHECK(short_stream.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(Contains(std::string(short_stream.status().message()), "5 tokens"));
+  // seq_len + 1 in 64 bits: the largest seq_len said -2147483648 tokens.
+  auto longest = TokenStream::Open(dir + "/train_*.bin", 2147483647, 256, 1);
+  CHECK(Contains(std::string(longest.status().message()), "seq_len + 1 = 2147483648 tokens"));
 
   // A bad shard among the matches fails the whole stream, naming that shard.
   WriteBytes(dir + "/train_000001.bin", ShardBytes(123, 1, 0, {}));

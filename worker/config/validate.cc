@@ -234,11 +234,14 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                              "interleaved_1f1b"),
                 {"parallel.schedule"});
   }
+  // In 64 bits: pp x virtual_stages of two 32-bit fields wrapped negative
+  // (and then passed, to fail later with a false message).
+  const int64_t stages = static_cast<int64_t>(p.pp) * V;
   if (p.pp > 1) {
-    if (p.pp * V > config.model.layers) {
+    if (stages > config.model.layers) {
       return fail("parallel.pp",
                   absl::StrCat(
-                      p.pp * V, " pipeline stages",
+                      stages, " pipeline stages",
                       V > 1 ? absl::StrCat(" (", p.pp, " ranks x ", V, " virtual stages)") : "",
                       " for ", config.model.layers, " blocks (model.layers): each stage needs one"),
                   {"model.layers", "parallel.virtual_stages"});
@@ -289,7 +292,7 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                                p.pp, "); leave it empty ([])"),
                   {"parallel.pp"});
     }
-    if (static_cast<int>(p.pp_split.size()) != p.pp * V) {
+    if (static_cast<int64_t>(p.pp_split.size()) != stages) {
       return fail("parallel.pp_split",
                   absl::StrCat(split, " has ", p.pp_split.size(),
                                " entries; expected one per pipeline stage, parallel.pp ", p.pp,

@@ -277,9 +277,10 @@ absl::StatusOr<std::unique_ptr<TokenStream>> TokenStream::Open(const std::string
     windows += shard_windows;
   }
   if (windows == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", pattern, "': no shard holds a window of seq_len + 1 = ", seq_len + 1,
-                     " tokens (largest of ", files.size(), " holds ", largest, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", pattern,
+        "': no shard holds a window of seq_len + 1 = ", static_cast<int64_t>(seq_len) + 1,
+        " tokens (largest of ", files.size(), " holds ", largest, ")"));
   }
   impl->permutation = WindowPermutation(windows, seed);
 
