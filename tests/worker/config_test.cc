@@ -152,6 +152,15 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "model:\n  layers: 2\n  layers: 3\n",
        "t.yaml:5: model.layers: duplicate key (first set on line 4)"},
       {train + "model: {}\nmodel: {}\n", "t.yaml:4: model: duplicate key (first set on line 3)"},
+      // A dotted key is unknown, not a duplicate of the field it spells.
+      {train + "optim:\n  lr: 0.1\noptim.lr: 0.2\n",
+       "t.yaml:5: optim.lr: unknown key; a key is one name, not a dotted path: write 'lr:' under "
+       "'optim:' (known keys: model, data, optim, train, device, precision, attention, parallel, "
+       "checkpoint)"},
+      {train + "optim.lr: 0.2\n", "t.yaml:3: optim.lr: unknown key; a key is one name"},
+      {train + "model:\n  a.b: 1\n",
+       "t.yaml:4: model.a.b: unknown key; a key is one name, not a dotted path: write 'b:' under "
+       "'a:' (known keys in model: layers"},
       {train + "model:\n  dim: 768\n  heads: 5\n",
        "t.yaml:5: model.heads: 5 does not divide model.dim 768"},
       // heads left at its default: the line is the one that set dim.

@@ -46,14 +46,27 @@ absl::Status ConfigReader::ReadMap(const YAML::Node& map, const std::string& pre
       return Error(key_line, prefix, absl::StrCat("expected a key, got ", Describe(key)));
     }
     const std::string path = prefix.empty() ? key.Scalar() : prefix + "." + key.Scalar();
-    auto [seen, inserted] = lines_.emplace(path, key_line);
-    if (!inserted) {
-      return Error(key_line, path,
-                   absl::StrCat("duplicate key (first set on line ", seen->second, ")"));
-    }
     const Field<S>* field = nullptr;
     for (const Field<S>& candidate : Table<S>::kFields) {
       if (candidate.key == key.Scalar()) field = &candidate;
+    }
+    // Unknown before duplicate: a dotted key ("optim.lr" at the top) has
+    // the path of a real field, and was called a duplicate of it.
+    if (field == nullptr && key.Scalar().find('.') != std::string::npos) {
+      const std::string& dotted = key.Scalar();
+      const size_t dot = dotted.rfind('.');
+      return Error(key_line, path,
+                   absl::StrCat("unknown key; a key is one name, not a dotted path: write '",
+                                dotted.substr(dot + 1), ":' under '", dotted.substr(0, dot),
+                                ":' (known keys", prefix.empty() ? "" : " in " + prefix, ": ",
+                                absl::StrJoin(known, ", "), ")"));
+    }
+    if (field != nullptr) {
+      auto [seen, inserted] = lines_.emplace(path, key_line);
+      if (!inserted) {
+        return Error(key_line, path,
+                     absl::StrCat("duplicate key (first set on line ", seen->second, ")"));
+      }
     }
     if (field == nullptr) {
       std::string what = "unknown key";
