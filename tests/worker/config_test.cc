@@ -110,6 +110,34 @@ TEST_CASE("a missing file is NOT_FOUND naming it") {
   CHECK_THAT(std::string(config.status().message()), Catch::Contains("/nonexistent/train.yaml"));
 }
 
+// A fresh directory of this test's own, made absolute.
+std::filesystem::path TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::filesystem::path dir =
+      std::filesystem::absolute(std::filesystem::path(tmp ? tmp : "/tmp") / name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// A directory read as "empty file"; /dev/zero was read forever.
+TEST_CASE("a directory, or a file of more than 1 MiB, is not a config") {
+  const std::filesystem::path dir = TestDir("config_test_not_a_file");
+  absl::StatusOr<TrainConfig> directory = LoadConfig(dir.string());
+  REQUIRE_FALSE(directory.ok());
+  CHECK(directory.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(directory.status().message() ==
+        dir.string() + ": a directory, not a config file; name the train.yaml in it");
+  absl::StatusOr<TrainConfig> zero = LoadConfig("/dev/zero");
+  REQUIRE_FALSE(zero.ok());
+  CHECK(zero.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(zero.status().message() ==
+        "/dev/zero: more than 1 MiB, too large for a config file (is it the right file?)");
+  // A comment makes a valid config of just over 1 MiB.
+  std::ofstream(dir / "big.yaml") << kMinimal << "# " << std::string(1 << 20, 'x') << "\n";
+  CHECK_FALSE(LoadConfig((dir / "big.yaml").string()).ok());
+}
+
 TEST_CASE("errors name the file, the line, the key path and what was expected") {
   struct Case {
     std::string yaml;
@@ -741,16 +769,6 @@ TEST_CASE("relative paths resolve against the yaml file's directory") {
   REQUIRE(loaded.ok());
   CHECK(loaded->source == (dir / "train.yaml").string());
   CHECK(loaded->data.train == (std::filesystem::absolute(dir) / "shards/train_*.bin").string());
-}
-
-// A fresh directory of this test's own, made absolute.
-std::filesystem::path TestDir(const std::string& name) {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  std::filesystem::path dir =
-      std::filesystem::absolute(std::filesystem::path(tmp ? tmp : "/tmp") / name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
 }
 
 // LoadConfig's error for `yaml` written to dir/train.yaml.

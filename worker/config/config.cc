@@ -29,6 +29,9 @@ using config_detail::ConfigReader;
 using config_detail::PathKind;
 using config_detail::Rule;
 
+// A train.yaml is a few KiB: anything past this is not one.
+constexpr size_t kMaxConfigBytes = 1 << 20;
+
 // A relative path or glob names a place next to the yaml file.
 std::string Resolve(const std::string& base_dir, const std::string& path) {
   if (path.empty() || base_dir.empty() || path.front() == '/') return path;
@@ -102,16 +105,29 @@ absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text, const std:
 }
 
 absl::StatusOr<TrainConfig> LoadConfig(const std::string& path) {
-  std::ifstream in(path);
+  // A directory opens, and reads as nothing ("empty file"); a device such
+  // as /dev/zero reads forever. A pipe (`worker <(...)`) is a config.
+  std::error_code error;
+  if (std::filesystem::is_directory(path, error)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": a directory, not a config file; name the train.yaml in it"));
+  }
+  std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read the config file"));
-  std::stringstream text;
-  text << in.rdbuf();
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > kMaxConfigBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": more than ", kMaxConfigBytes / (1 << 20),
+                     " MiB, too large for a config file (is it the right file?)"));
+  }
   // An absolute base makes the resolved paths independent of the working
   // directory, so ConfigToYaml's output means the same from anywhere.
   std::error_code ignored;
   std::filesystem::path base =
       std::filesystem::absolute(std::filesystem::path(path), ignored).parent_path();
-  return Parse(text.str(), path, base.string(), &path);
+  return Parse(text, path, base.string(), &path);
 }
 
 std::string ConfigToYaml(const TrainConfig& config) {
