@@ -364,6 +364,21 @@ TEST_CASE("train.metrics_file naming a shard or a file that is not metrics exits
   CHECK(Contains(ReadAll(dir + "/notes.txt"), "{\"step\":2,"));
 }
 
+// A directory that cannot be made (EACCES, or here a dangling symbolic
+// link on the way) said "cannot open ... for writing: No such file or
+// directory", hiding why.
+TEST_CASE("a metrics directory that cannot be made is named with the reason") {
+  std::string dir = FreshDir("metrics_dir");
+  std::string config = WriteTinyJob(dir, 1);
+  std::filesystem::create_symlink(dir + "/gone", dir + "/out");
+  RunResult run = RunWorker(dir, {config});
+  INFO(run.err);
+  CHECK(run.exit_code == 2);
+  CHECK(Contains(run.err, "worker: train.metrics_file: cannot create the directory " + dir +
+                              "/out for " + dir + "/out/metrics.jsonl: "));
+  CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
+}
+
 TEST_CASE("generate trains, then prints the prompt and sampled bytes") {
   std::string dir = FreshDir("generate");
   std::string config = WriteTinyJob(dir, 5);

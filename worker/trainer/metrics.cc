@@ -124,18 +124,25 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
                                                                    std::optional<int> resumed_step,
                                                                    MetricsTrim* trimmed) {
   // The yaml may name a directory no one made yet (out/tiny/...).
-  std::error_code ignored;
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  if (!parent.empty()) std::filesystem::create_directories(parent, ignored);
+  std::error_code made;
+  if (!parent.empty()) std::filesystem::create_directories(parent, made);
   if (absl::Status checked = CheckLooksLikeMetrics(path); !checked.ok()) return checked;
   if (resumed_step.has_value()) {
     if (absl::Status cut = TrimAfter(path, *resumed_step, trimmed); !cut.ok()) return cut;
   }
   FILE* file = std::fopen(path.c_str(), resumed_step.has_value() ? "a" : "w");
   if (file == nullptr) {
-    const int error = errno;
-    const std::string message = absl::StrCat("train.metrics_file: cannot open ", path,
-                                             " for writing: ", std::strerror(error));
+    int error = errno;
+    std::string message = absl::StrCat("train.metrics_file: cannot open ", path,
+                                       " for writing: ", std::strerror(error));
+    // The directory that could not be made (EACCES) is why: fopen would
+    // only say that it is not there.
+    if (error == ENOENT && made) {
+      error = made.value();
+      message = absl::StrCat("train.metrics_file: cannot create the directory ", parent.string(),
+                             " for ", path, ": ", made.message());
+    }
     // A full disk is not the config's fault; anything else (a directory
     // not writable, a path through a file) is the path's.
     if (error == ENOSPC || error == EDQUOT) return FileSystemError(error, message);
