@@ -646,7 +646,10 @@ int Main(int argc, char** argv, Env* env) {
   generate->add_option("--prompt", gen.sample.prompt, "Text to continue");
   generate->add_option("--tokens", gen.sample.tokens, "Bytes to sample")->capture_default_str();
   generate->add_option("--temperature", gen.sample.temperature, "0: greedy")->capture_default_str();
-  generate->add_option("--seed", gen.sample.seed, "Sampling seed")->capture_default_str();
+  // Read as text: CLI11 saturates an unsigned value out of range ("-1" and
+  // 99999999999999999999 were both 2^64 - 1) instead of refusing it.
+  std::string seed_text = absl::StrCat(gen.sample.seed);
+  generate->add_option("--seed", seed_text, "Sampling seed, 0 to 2^64 - 1")->capture_default_str();
   CLI::Option* steps_before =
       generate
           ->add_option("--steps-before", gen.steps_before,
@@ -667,6 +670,12 @@ int Main(int argc, char** argv, Env* env) {
   if (generate->parsed() || config_path.empty() || print_config) ReleasePreemptionSignals();
 
   if (generate->parsed()) {
+    if (!absl::SimpleAtoi(seed_text, &gen.sample.seed) || seed_text.empty() ||
+        seed_text[0] == '+' || seed_text[0] == '-') {
+      return Fail(kExitUsage,
+                  absl::StrCat("--seed '", seed_text, "': expected an integer from 0 to ",
+                               std::numeric_limits<uint64_t>::max()));
+    }
     auto world = parallel::WorldFromEnvironment();
     if (!world.ok()) return Fail(world.status());
     if (world->world_size > 1) {

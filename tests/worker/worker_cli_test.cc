@@ -488,6 +488,14 @@ TEST_CASE("generate refuses bad options before reading any data, naming them") {
   RunResult negative = RunWorker(dir, {"generate", config, "--steps-before", "-7"});
   CHECK(negative.exit_code == 2);
   CHECK(Contains(negative.err, "--steps-before: Value -7 not in range"));
+  // --seed was saturated: -1 and 99999999999999999999 were both 2^64 - 1.
+  for (const std::string& seed : {"-1", "99999999999999999999", "12x", ""}) {
+    RunResult bad_seed = RunWorker(dir, {"generate", config, "--seed", seed});
+    INFO(bad_seed.err);
+    CHECK(bad_seed.exit_code == 2);
+    CHECK(bad_seed.err ==
+          "worker: --seed '" + seed + "': expected an integer from 0 to 18446744073709551615\n");
+  }
   RunResult both =
       RunWorker(dir, {"generate", config, "--steps-before", "3", "--checkpoint", dir + "/x"});
   CHECK(both.exit_code == 2);
