@@ -488,10 +488,23 @@ void PrintBanner(Trainer& trainer, const std::string& parallelism, FILE* out) {
   std::fflush(out);
 }
 
+// A config that is valid but most likely not what was meant: a warning
+// line, not an error (a short trial run of a long recipe is legitimate).
+void WarnAboutSchedule(const TrainConfig& config) {
+  const int warmup = config.optim.warmup_steps, steps = config.train.steps;
+  if (warmup < steps) return;
+  std::fprintf(stderr, "worker: warning: optim.warmup_steps %d is not below train.steps %d: %s\n",
+               warmup, steps,
+               warmup > steps ? "the run ends within its warmup and never reaches optim.lr"
+                              : "the run reaches optim.lr only at its last step, with no decay");
+  std::fflush(stderr);
+}
+
 int Train(const std::string& config_path, Env* env) {
   HandlePreemptionSignals();
   auto config = LoadConfig(config_path);
   if (!config.ok()) return Fail(config.status());
+  WarnAboutSchedule(*config);
   auto parallelism = JoinPeers(*config);
   if (!parallelism.ok()) return FailToStart(parallelism.status());
   TrainerOptions options;

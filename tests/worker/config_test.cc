@@ -284,6 +284,13 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "parallel:\n  virtual_stages: 2\n",
        "t.yaml:4: parallel.virtual_stages: 2 with parallel.schedule 1f1b, which runs one "
        "pipeline stage per rank"},
+      // Without a pipeline, as parallel.microbatches: refused, not ignored.
+      {train + "parallel:\n  schedule: interleaved_1f1b\n",
+       "t.yaml:4: parallel.schedule: interleaved_1f1b runs 2 pipeline stages per rank, which needs "
+       "parallel.pp above 1 (it is 1); without a pipeline leave parallel.schedule and "
+       "parallel.virtual_stages unset"},
+      {train + "parallel:\n  pp: 1\n  virtual_stages: 3\n  schedule: interleaved_1f1b\n",
+       "t.yaml:6: parallel.schedule: interleaved_1f1b runs 3 pipeline stages per rank"},
       {train + "parallel:\n  virtual_stages: -1\n",
        "t.yaml:4: parallel.virtual_stages: must be >= 0, got -1"},
       {train + "parallel:\n  pp: 2\n  schedule: interleaved_1f1b\n  microbatches: 3\n",

@@ -379,6 +379,19 @@ TEST_CASE("a metrics directory that cannot be made is named with the reason") {
   CHECK(std::count(run.err.begin(), run.err.end(), '\n') == 1);
 }
 
+// Valid, but the run never reaches optim.lr: a warning, then training.
+TEST_CASE("a warmup as long as the run is a warning at start") {
+  std::string dir = FreshDir("warmup");
+  std::string config = WriteTinyJob(dir, 2);
+  EditFile(config, "optim:\n", "optim:\n  warmup_steps: 10\n");
+  RunResult run = RunWorker(dir, {config});
+  INFO(run.err);
+  CHECK(run.exit_code == 0);
+  CHECK(run.err.rfind("worker: warning: optim.warmup_steps 10 is not below train.steps 2: the run "
+                      "ends within its warmup and never reaches optim.lr\n",
+                      0) == 0);
+}
+
 TEST_CASE("generate trains, then prints the prompt and sampled bytes") {
   std::string dir = FreshDir("generate");
   std::string config = WriteTinyJob(dir, 5);

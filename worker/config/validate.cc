@@ -234,6 +234,17 @@ absl::Status Validate(const TrainConfig& config, const ConfigReader& reader) {
                              "interleaved_1f1b"),
                 {"parallel.schedule"});
   }
+  // Ignored without a pipeline, as parallel.microbatches would be (below):
+  // refused alike, rather than run as something else unseen.
+  if (interleaved && p.pp < 2) {
+    return fail(
+        "parallel.schedule",
+        absl::StrCat("interleaved_1f1b runs ", V,
+                     " pipeline stages per rank, which needs parallel.pp above 1 (it is ", p.pp,
+                     "); without a pipeline leave parallel.schedule and "
+                     "parallel.virtual_stages unset"),
+        {"parallel.pp", "parallel.virtual_stages"});
+  }
   // In 64 bits: pp x virtual_stages of two 32-bit fields wrapped negative
   // (and then passed, to fail later with a false message).
   const int64_t stages = static_cast<int64_t>(p.pp) * V;
