@@ -188,6 +188,10 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(const pb::JoinRequest& reque
       s.MarkViewChanged(*job);
     }
   } else if (member.queue != MemberRecord::Queue::kPending) {
+    // The first node to wait starts the join timeout: a round nobody
+    // waited for (every node left it, as a preempted job's do until its
+    // requeue) has no clock running.
+    if (job->pending.empty()) job->gather_start = now;
     s.EnqueuePending(*job, member);
     s.MarkViewChanged(*job);
   }

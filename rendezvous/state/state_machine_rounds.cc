@@ -50,6 +50,7 @@ absl::Time StateMachine::Impl::JobDeadline(const Job& job) const {
   if (job.pending.size() >= job.config.min_nodes() && job.last_call_start) {
     return *job.last_call_start + absl::Milliseconds(job.config.last_call_timeout_ms());
   }
+  if (job.pending.empty()) return absl::InfiniteFuture();  // nobody waits: no join timeout
   return job.gather_start + absl::Milliseconds(job.config.join_timeout_ms());
 }
 
@@ -126,7 +127,7 @@ void StateMachine::Impl::EvaluateGathering(Job& job, absl::Time now) {
     if (pending >= job.config.max_nodes() ||
         (pending >= min_nodes && (last_call_over || everyone_back))) {
       CloseRound(job, now);
-    } else if (pending < min_nodes &&
+    } else if (pending > 0 && pending < min_nodes &&
                // Like every deadline, it applies at the instant it is reached.
                now >= job.gather_start + absl::Milliseconds(job.config.join_timeout_ms())) {
       FinishJob(job, pb::FAILED,

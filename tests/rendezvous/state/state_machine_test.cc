@@ -261,6 +261,37 @@ TEST_CASE("a restarted round below min fails join_timeout after it began") {
   REQUIRE_THAT(state.status_message(), Catch::Contains("1 of min_nodes 2"));
 }
 
+// A job every node left (a preempted job, waiting for its requeue) has no
+// node waiting for a round: no join timeout runs until one joins again, and
+// then from that join. It used to fail at join_timeout after the round
+// began, and the requeue was refused: "job is closed".
+TEST_CASE("a round nobody waits for does not time out; the first joiner starts the clock") {
+  Harness h;
+  auto config = Config(2, 2);
+  config.set_join_timeout_ms(5000);
+  config.set_lease_ttl_ms(60'000);
+  std::string a = h.Join("j1", config);
+  std::string b = h.Join("j1", config);
+  REQUIRE(h.State("j1").phase() == pb::RUNNING);
+  for (const std::string& member : {a, b}) {
+    pb::LeaveRequest leave;
+    leave.set_job_id("j1");
+    leave.set_member_id(member);
+    REQUIRE_OK(h.machine.Leave(leave, h.now));
+  }
+  REQUIRE(h.State("j1").phase() == pb::GATHERING);
+  REQUIRE(h.machine.NextDeadline() == absl::InfiniteFuture());
+  h.Advance(absl::Hours(2));
+  REQUIRE(h.State("j1").phase() == pb::GATHERING);
+  // The requeue: one node back starts the 5 s; both back form the round.
+  h.Join("j1", config);
+  REQUIRE(h.machine.NextDeadline() == h.now + absl::Seconds(5));
+  h.Advance(absl::Seconds(4));
+  REQUIRE(h.State("j1").phase() == pb::GATHERING);
+  h.Join("j1", config);
+  REQUIRE(h.State("j1").phase() == pb::RUNNING);
+}
+
 TEST_CASE("only the last 32 failures are kept") {
   Harness h;
   auto config = Config(1, 1, 0, /*max_restarts=*/100);
