@@ -550,6 +550,35 @@ TEST_CASE("generate --checkpoint with checkpoint.dir itself names a checkpoint t
   CHECK(without_data.out == right.out);
 }
 
+// A requeue whose job the service no longer has (an agent's embedded one, or
+// one that dropped it) starts it again at round 0 with the same id: with
+// checkpoint.resume never that is still the run's restart, not a fresh run.
+TEST_CASE("resume never under a job id: the job's round 0 again continues the run's own") {
+  std::string dir = FreshDir("never_requeue");
+  std::string yaml = ReadAll(WriteTinyJob(dir, 6));
+  yaml += "checkpoint:\n  dir: ck\n  every: 3\n  resume: never\n";
+  WriteAll(dir + "/six.yaml", yaml);
+  yaml.replace(yaml.find("steps: 6"), 8, "steps: 9");
+  WriteAll(dir + "/nine.yaml", yaml);
+  const std::vector<std::string> job = {"MUSTER_JOB=requeued", "MUSTER_ROUND=0"};
+  RunResult first = RunWorker(dir, {dir + "/six.yaml"}, job);
+  INFO(first.out << first.err);
+  REQUIRE(first.exit_code == 0);
+  RunResult requeued = RunWorker(dir, {dir + "/nine.yaml"}, job);
+  INFO(requeued.out << requeued.err);
+  REQUIRE(requeued.exit_code == 0);
+  CHECK(Contains(requeued.out,
+                 "checkpoint.resume never started job requeued at step 0; in its "
+                 "round 0 it continues from the run's own " +
+                     dir + "/ck/step_00000006"));
+  CHECK_FALSE(Contains(requeued.out, "step 1/9"));
+  // Another job id is another run: a fresh start.
+  RunResult other = RunWorker(dir, {dir + "/nine.yaml"}, {"MUSTER_JOB=other", "MUSTER_ROUND=0"});
+  INFO(other.out << other.err);
+  REQUIRE(other.exit_code == 0);
+  CHECK(Contains(other.out, "step 1/9"));
+}
+
 TEST_CASE("a world of more than one without the launcher's rendezvous exits 2") {
   std::string dir = FreshDir("world");
   std::string config = WriteTinyJob(dir, 5);

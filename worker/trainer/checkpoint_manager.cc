@@ -291,8 +291,12 @@ absl::StatusOr<std::string> CheckpointManager::NeverRunsOwn() {
   int64_t choice = 1;
   absl::Status rank0_status;
   if (control().rank() == 0) {
-    std::string recorded;  // the lineage of this job's run, if its RUN file says so
-    if (run_round_ > 0) {
+    // The lineage of this job's run, if its RUN file says so: in any round,
+    // the first too, since a requeue may find the job gone from the service
+    // (an agent's embedded one, or one that dropped it) and start it anew
+    // with the same id.
+    std::string recorded;
+    {
       auto text = ReadSmallFile(env_, marker);
       if (text.ok()) {
         std::string job, lineage;
