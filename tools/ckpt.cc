@@ -1,7 +1,7 @@
 // ckpt: inspect, check and convert muster checkpoints
 // (docs/checkpoint-format.md).
 //
-//   ckpt ls DIR                      every checkpoint in DIR, oldest first
+//   ckpt ls DIR                      every checkpoint in DIR, oldest first, with its lineage
 //   ckpt verify PATH                 manifest and every file's size and CRC-32
 //   ckpt consolidate PATH -o FILE    the weights as one llm.c model file (v3, fp32)
 //   ckpt diff A B                    the largest |a - b| of every tensor
@@ -45,22 +45,33 @@ uint64_t TotalBytes(const Manifest& manifest) {
 }
 
 int List(Env* env, const std::string& dir) {
+  std::error_code error;
+  if (std::filesystem::exists(std::filesystem::path(dir) / "manifest.json", error)) {
+    std::fprintf(stderr,
+                 "ckpt: %s is one checkpoint (it has a manifest.json), not a directory of them: "
+                 "`ckpt ls %s` lists it with the others, `ckpt verify %s` checks it\n",
+                 dir.c_str(), std::filesystem::path(dir).parent_path().c_str(), dir.c_str());
+    return kExitUsage;
+  }
   auto entries = ListCheckpoints(env, dir);
   if (!entries.ok()) return Fail(entries.status());
-  std::printf("%-14s %8s %12s %6s %10s  %s\n", "CHECKPOINT", "STEP", "SAMPLE", "WORLD", "MiB",
-              "STATE");
+  // The lineage tells runs apart in one directory (a run forked from another
+  // run's step, or started afresh with resume: never); its first 8 digits.
+  std::printf("%-14s %8s %12s %6s %10s %-8s  %s\n", "CHECKPOINT", "STEP", "SAMPLE", "WORLD", "MiB",
+              "LINEAGE", "STATE");
   for (const CheckpointEntry& entry : *entries) {
     const std::string name = std::filesystem::path(entry.path).filename().string();
     auto manifest = ReadManifest(env, entry.path);
     if (!manifest.ok()) {
-      std::printf("%-14s %8d %12s %6s %10s  %s\n", name.c_str(), entry.step, "-", "-", "-",
-                  std::string(manifest.status().message()).c_str());
+      std::printf("%-14s %8d %12s %6s %10s %-8s  %s\n", name.c_str(), entry.step, "-", "-", "-",
+                  "-", std::string(manifest.status().message()).c_str());
       continue;
     }
-    std::printf("%-14s %8d %12llu %6d %10.1f  committed (ckpt verify checks the data)\n",
+    const std::string lineage = manifest->lineage.empty() ? "-" : manifest->lineage.substr(0, 8);
+    std::printf("%-14s %8d %12llu %6d %10.1f %-8s  committed (ckpt verify checks the data)\n",
                 name.c_str(), manifest->step,
                 static_cast<unsigned long long>(manifest->sample_index), manifest->world_size,
-                TotalBytes(*manifest) / 1048576.0);
+                TotalBytes(*manifest) / 1048576.0, lineage.c_str());
   }
   if (entries->empty()) std::printf("(no checkpoints)\n");
   return 0;

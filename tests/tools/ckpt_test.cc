@@ -11,6 +11,7 @@
 #include "launcher/worker_env.h"
 #include "tests/launcher/harness.h"
 #include "tests/worker/thread_ranks.h"
+#include "worker/checkpoint/reader.h"
 #include "worker/data/data.h"
 #include "worker/trainer/trainer.h"
 
@@ -84,6 +85,16 @@ TEST_CASE("ckpt ls, verify, consolidate and diff") {
   Result missing = RunCkpt(dir, {"ls", dir.File("nowhere")});
   CHECK(missing.exit_code == 1);
   CHECK(absl::StrContains(missing.err, dir.File("nowhere")));
+  // Each checkpoint's lineage, which tells runs in one directory apart.
+  auto manifest = worker::ReadManifest(worker::Env::Default(), step8);
+  REQUIRE(manifest.ok());
+  REQUIRE(manifest->lineage.size() >= 8);
+  CHECK(absl::StrContains(ls.out, "LINEAGE"));
+  CHECK(absl::StrContains(ls.out, manifest->lineage.substr(0, 8)));
+  // One checkpoint where a directory of them is meant: said so, exit 2.
+  Result one = RunCkpt(dir, {"ls", step8});
+  CHECK(one.exit_code == 2);
+  CHECK(absl::StrContains(one.err, step8 + " is one checkpoint"));
 
   Result verify = RunCkpt(dir, {"verify", step8});
   INFO(verify.err);
