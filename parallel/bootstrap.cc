@@ -77,7 +77,15 @@ absl::StatusOr<WorldInfo> WorldFromEnvironment(const Env& env) {
     }
     world.comm_timeout = absl::Seconds(seconds);
   }
-  if (world.world_size == 1) return world;  // needs nothing else
+  if (world.world_size == 1) {  // needs nothing else, and RANK, when set, is 0
+    absl::StatusOr<int> rank = ParseInt<int>(env, "RANK", 0);
+    if (!rank.ok()) return rank.status();
+    if (*rank != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RANK=", *rank, " is outside [0, WORLD_SIZE=1)"));
+    }
+    return world;
+  }
 
   absl::StatusOr<int> rank = ParseInt<int>(env, "RANK", -1);
   if (!rank.ok()) return rank.status();

@@ -683,6 +683,17 @@ int Main(int argc, char** argv, Env* env) {
   if (generate->parsed() || config_path.empty() || print_config) ReleasePreemptionSignals();
 
   if (generate->parsed()) {
+    // `worker a.yaml generate b.yaml` or `worker --print-config generate
+    // b.yaml`: what comes before the word generate would not be used.
+    if (!config_path.empty() || print_config) {
+      return Fail(kExitUsage,
+                  absl::StrCat(print_config ? "--print-config" : config_path,
+                               " before `generate` is not used: generate takes its config after "
+                               "it (`worker generate CONFIG.yaml`)"));
+    }
+    if (generate->count("--checkpoint") > 0 && gen.checkpoint.empty()) {
+      return Fail(kExitUsage, "--checkpoint '': expected a step_XXXXXXXX checkpoint directory");
+    }
     if (!absl::SimpleAtoi(seed_text, &gen.sample.seed) || seed_text.empty() ||
         seed_text[0] == '+' || seed_text[0] == '-') {
       return Fail(kExitUsage,

@@ -51,12 +51,17 @@ TEST_CASE("launch's environment gives the world and the round") {
 }
 
 TEST_CASE("no WORLD_SIZE, or WORLD_SIZE=1, is a world of one that needs nothing else") {
-  for (const Env& env : {Env{}, Env{{"WORLD_SIZE", "1"}}}) {
+  for (const Env& env :
+       {Env{}, Env{{"WORLD_SIZE", "1"}}, Env{{"WORLD_SIZE", "1"}, {"RANK", "0"}}}) {
     absl::StatusOr<WorldInfo> world = WorldFromEnvironment(env);
     REQUIRE(world.ok());
     CHECK(world->world_size == 1);
     CHECK(world->rank == 0);
   }
+  // A rank that a world of one cannot have is a launcher's mistake, not a
+  // run to start as rank 0.
+  CheckRejected(Env{{"WORLD_SIZE", "1"}, {"RANK", "3"}}, "RANK=3 is outside [0, WORLD_SIZE=1)");
+  CheckRejected(Env{{"RANK", "x"}}, "RANK");
 }
 
 TEST_CASE("malformed or missing variables are named") {

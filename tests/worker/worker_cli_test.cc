@@ -509,6 +509,17 @@ TEST_CASE("generate refuses bad options before reading any data, naming them") {
     CHECK(bad_seed.err ==
           "worker: --seed '" + seed + "': expected an integer from 0 to 18446744073709551615\n");
   }
+  // What comes before the word generate would not be used; nor would an
+  // empty --checkpoint (it used to mean: train the config first).
+  RunResult before = RunWorker(dir, {config, "generate", config});
+  CHECK(before.exit_code == 2);
+  CHECK(Contains(before.err, " before `generate` is not used"));
+  RunResult printed = RunWorker(dir, {"--print-config", "generate", config});
+  CHECK(printed.exit_code == 2);
+  CHECK(Contains(printed.err, "--print-config before `generate` is not used"));
+  RunResult empty = RunWorker(dir, {"generate", config, "--checkpoint", ""});
+  CHECK(empty.exit_code == 2);
+  CHECK(Contains(empty.err, "--checkpoint '': expected a step_XXXXXXXX checkpoint directory"));
   RunResult both =
       RunWorker(dir, {"generate", config, "--steps-before", "3", "--checkpoint", dir + "/x"});
   CHECK(both.exit_code == 2);
@@ -577,6 +588,21 @@ TEST_CASE("resume never under a job id: the job's round 0 again continues the ru
   INFO(other.out << other.err);
   REQUIRE(other.exit_code == 0);
   CHECK(Contains(other.out, "step 1/9"));
+}
+
+TEST_CASE("a resume that names a file, or a miswritten word of the field, says so") {
+  std::string dir = FreshDir("resume_words");
+  std::string yaml = ReadAll(WriteTinyJob(dir, 2));
+  WriteAll(dir + "/auto.yaml", yaml + "checkpoint:\n  dir: ck\n  resume: Auto\n");
+  RunResult word = RunWorker(dir, {dir + "/auto.yaml"});
+  INFO(word.err);
+  CHECK(word.exit_code != 0);
+  CHECK(Contains(word.err, "/Auto: no such checkpoint directory (did you mean `auto`?"));
+  RunResult file =
+      RunWorker(dir, {"generate", dir + "/tiny.yaml", "--checkpoint", dir + "/tiny.yaml"});
+  INFO(file.err);
+  CHECK(file.exit_code != 0);
+  CHECK(Contains(file.err, "tiny.yaml: a file, not a checkpoint (a step_XXXXXXXX directory)"));
 }
 
 TEST_CASE("a world of more than one without the launcher's rendezvous exits 2") {

@@ -1,8 +1,10 @@
 #include "worker/checkpoint/reader.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -62,6 +64,20 @@ absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(Env* env, const std
 absl::StatusOr<Manifest> ReadManifest(Env* env, const std::string& path) {
   const std::string file = path + "/" + kManifestName;
   if (!env->IsDirectory(path)) {
+    if (env->FileExists(path)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": a file, not a checkpoint (a step_XXXXXXXX directory)"));
+    }
+    // checkpoint.resume: Auto, NEVER: a word of the field's, miswritten,
+    // read as a path.
+    const std::string name = std::filesystem::path(path).filename().string();
+    for (const char* word : {"auto", "never"}) {
+      if (absl::EqualsIgnoreCase(name, word) && name != word) {
+        return absl::NotFoundError(absl::StrCat(path,
+                                                ": no such checkpoint directory (did you mean `",
+                                                word, "`? the words are lower case)"));
+      }
+    }
     return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint directory"));
   }
   if (!env->FileExists(file)) {
