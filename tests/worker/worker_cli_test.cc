@@ -590,6 +590,16 @@ TEST_CASE("resume never under a job id: the job's round 0 again continues the ru
   CHECK(Contains(other.out, "step 1/9"));
 }
 
+TEST_CASE("a data error names the field whose glob it came from") {
+  std::string dir = FreshDir("data_field");
+  std::string config = WriteTinyJob(dir, 2);
+  std::filesystem::remove(dir + "/val_000.bin");
+  RunResult run = RunWorker(dir, {config});
+  INFO(run.err);
+  CHECK(run.exit_code == 2);
+  CHECK(Contains(run.err, "data.val: no token shards match '"));
+}
+
 TEST_CASE("a resume that names a file, or a miswritten word of the field, says so") {
   std::string dir = FreshDir("resume_words");
   std::string yaml = ReadAll(WriteTinyJob(dir, 2));

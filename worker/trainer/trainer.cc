@@ -37,6 +37,16 @@ Trainer::Trainer(const TrainConfig& config, TrainerOptions options)
 
 Trainer::~Trainer() { progress_.Clear(); }
 
+namespace {
+
+// A data error names the field whose glob it came from: data.train and
+// data.val fail alike ("no token shards match '...'").
+absl::Status NameField(const char* field, const absl::Status& status) {
+  return absl::Status(status.code(), absl::StrCat(field, ": ", status.message()));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& config,
                                                          TrainerOptions options) {
   std::unique_ptr<Trainer> trainer(new Trainer(config, std::move(options)));
@@ -50,12 +60,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   // to report.
   if (!trainer->options_.sample_only) {
     auto train = TokenStream::Open(config.data.train, T, model.vocab, config.train.seed);
-    if (!train.ok()) return train.status();
+    if (!train.ok()) return NameField("data.train", train.status());
     trainer->train_ = *std::move(train);
   }
   if (!trainer->options_.sample_only && !config.data.val.empty() && config.train.eval_every > 0) {
     auto val = TokenStream::Open(config.data.val, T, model.vocab, config.train.seed);
-    if (!val.ok()) return val.status();
+    if (!val.ok()) return NameField("data.val", val.status());
     trainer->val_ = *std::move(val);
   }
 
