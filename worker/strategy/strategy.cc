@@ -117,7 +117,11 @@ absl::StatusOr<parallel::ParallelDims> ParallelDimsFor(const ParallelConfig& con
       return absl::InvalidArgumentError(absl::StrCat(
           "parallel.dp_replicate (", shown(replicate), ") x parallel.dp_shard (", shown(shard),
           ") x parallel.pp (", pp, ") cannot cover the world: ", world_size,
-          world_size == 1 ? " rank is" : " ranks are", " not a multiple of ", known));
+          world_size == 1 ? " rank is" : " ranks are", " not a multiple of ", known,
+          "; under launch the world is the round's nodes x --nproc_per_node, so a node that "
+          "joins or is lost can make it one: choose --nnodes and --nproc_per_node so that every "
+          "world the range allows is a multiple of ",
+          known));
     }
     (replicate == 0 ? replicate : shard) = static_cast<int>(world_size / known);
   }

@@ -31,6 +31,15 @@ std::string Resolved(const ParallelConfig& config, int world_size) {
          std::to_string(dims->pp);
 }
 
+// What the message adds to "... not a multiple of N": how a round of launch
+// comes to such a world, and what to choose instead.
+std::string UnderLaunch(int known) {
+  return "; under launch the world is the round's nodes x --nproc_per_node, so a node that joins "
+         "or is lost can make it one: choose --nnodes and --nproc_per_node so that every world "
+         "the range allows is a multiple of " +
+         std::to_string(known);
+}
+
 TEST_CASE("the defaults are what a file that sets nothing gets") {
   ParallelConfig defaults;
   CHECK(defaults.strategy == "ddp");
@@ -74,10 +83,12 @@ TEST_CASE("fsdp: one auto degree is the rest of the world (HSDP)") {
 TEST_CASE("fsdp: degrees that cannot cover the world name the three fields") {
   CHECK(Resolved(Config("fsdp", 0, 2), 3) ==
         "parallel.dp_replicate (auto) x parallel.dp_shard (2) x parallel.pp (1) cannot cover the "
-        "world: 3 ranks are not a multiple of 2");
+        "world: 3 ranks are not a multiple of 2" +
+            UnderLaunch(2));
   CHECK(Resolved(Config("fsdp", 2, 0), 1) ==
         "parallel.dp_replicate (2) x parallel.dp_shard (auto) x parallel.pp (1) cannot cover the "
-        "world: 1 rank is not a multiple of 2");
+        "world: 1 rank is not a multiple of 2" +
+            UnderLaunch(2));
   CHECK(Resolved(Config("fsdp", 2, 2), 8) ==
         "parallel.dp_replicate (2) x parallel.dp_shard (2) x parallel.pp (1) = 4, but the world "
         "has 8 ranks");
@@ -89,7 +100,8 @@ TEST_CASE("pp (planned at load) divides the world before the auto degrees take t
   CHECK(Resolved(Config("fsdp", 2, 0, 2), 8) == "2 x 2 x 2");
   CHECK(Resolved(Config("ddp", 0, 0, 2), 3) ==
         "parallel.dp_replicate (auto) x parallel.dp_shard (1) x parallel.pp (2) cannot cover the "
-        "world: 3 ranks are not a multiple of 2");
+        "world: 3 ranks are not a multiple of 2" +
+            UnderLaunch(2));
 }
 
 TEST_CASE("a degree below its range, only possible from code, is Create's error naming it") {
