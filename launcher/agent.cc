@@ -35,6 +35,9 @@ constexpr absl::Duration kLeaveTimeout = absl::Seconds(1);
 // How long workers get to exit on their own after another node left the
 // round (at most --shutdown_timeout), before they are signalled.
 constexpr absl::Duration kOwnExitWait = absl::Seconds(5);
+// Joins as a new node that may follow each other with no round between
+// (the server forgetting this node again at once) before the agent gives up.
+constexpr int kMaxJoinsWithoutARound = 3;
 // What a preempted agent keeps of its grace to exit after leaving.
 constexpr absl::Duration kExitMargin = absl::Seconds(2);
 
@@ -148,8 +151,7 @@ class Agent {
   // `when` says when the signal came ("while waiting for the job to
   // close").
   int ExitForSignalWhenDone(const char* when);
-  // Stops renewing and leaves the job, best effort.
-  // Leaves the job: once, or, for a preemption (leave_retry_until_ set),
+  // Stops renewing and leaves the job: once, or, for a preemption (leave_retry_until_ set),
   // again while the service is unreachable until shortly before the grace
   // ends.
   void LeaveRendezvous();
@@ -221,6 +223,7 @@ int Agent::Run() {
   absl::StatusOr<std::optional<rdzv::RoundAssignment>> joined = JoinAsNewMember(join);
   if (!joined.ok()) return exit_code_;
   std::optional<rdzv::RoundAssignment> first = *std::move(joined);
+  int joins_without_a_round = 0;  // joins as a new node since the last round
   for (;;) {
     if (signals_.received() != 0) return ExitForSignal("waiting for a round");
     join.set_member_id(member_id_);
@@ -233,7 +236,8 @@ int Agent::Run() {
       if (signals_.received() != 0) return ExitForSignal("waiting for a round");
       std::optional<pb::JobState> latest = watcher_->latest();
       if (absl::IsNotFound(assignment.status()) &&
-          (!latest.has_value() || !rdzv::IsTerminalPhase(latest->phase()))) {
+          (!latest.has_value() || !rdzv::IsTerminalPhase(latest->phase())) &&
+          ++joins_without_a_round <= kMaxJoinsWithoutARound) {
         // The server forgot us (the lease lapsed while this agent was
         // paused or cut off): join again as a new node, as a node that
         // was never here would.
@@ -265,6 +269,7 @@ int Agent::Run() {
                  ? 2
                  : 1;
     }
+    joins_without_a_round = 0;
     Outcome outcome = RunAttempt(*assignment);
     // The workers are gone; let the pump write what they left in the pipes
     // (bounded: a worker's orphaned child may hold a pipe open).
