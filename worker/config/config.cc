@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "worker/config/reader.h"
 #include "worker/config/scalars.h"
@@ -57,6 +58,28 @@ int SecondDocumentLine(const std::string& text, const YAML::Node& second) {
   return config_detail::LineOf(second, 1);
 }
 
+// yaml-cpp's message for text it cannot parse, made printable (it may quote
+// the byte it stopped at), and what most often causes it when it does not
+// say: a tab in an indentation ("illegal map value") or a file that is not
+// text at all.
+std::string InvalidYaml(const std::string& text, const YAML::Exception& error) {
+  std::string message = absl::CEscape(error.msg);
+  if (text.find('\0') != std::string::npos) {
+    return absl::StrCat("invalid yaml: ", message, " (the file holds a NUL byte: it is not text)");
+  }
+  std::istringstream lines(text);
+  int number = 0;
+  for (std::string line; std::getline(lines, line) && number <= error.mark.line;) {
+    ++number;
+    const size_t indent_end = line.find_first_not_of(" \t");
+    if (line.substr(0, indent_end).find('\t') != std::string::npos) {
+      return absl::StrCat("invalid yaml: ", message, " (line ", number,
+                          " indents with a tab; yaml indents with spaces only)");
+    }
+  }
+  return absl::StrCat("invalid yaml: ", message);
+}
+
 // ParseConfig, and with `config_file` (LoadConfig's) the checks of the
 // resolved paths against the file system too.
 absl::StatusOr<TrainConfig> Parse(const std::string& yaml_text, const std::string& name,
@@ -68,8 +91,7 @@ absl::StatusOr<TrainConfig> Parse(const std::string& yaml_text, const std::strin
     // whatever followed a '---' was silently ignored, even invalid text.
     documents = YAML::LoadAll(yaml_text);
   } catch (const YAML::Exception& error) {
-    return reader.Error(std::max(1, error.mark.line + 1), "",
-                        absl::StrCat("invalid yaml: ", error.msg));
+    return reader.Error(std::max(1, error.mark.line + 1), "", InvalidYaml(yaml_text, error));
   }
   if (documents.size() > 1) {
     return reader.Error(SecondDocumentLine(yaml_text, documents[1]), "",
