@@ -149,6 +149,9 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {"# only a comment\n", "t.yaml:1: empty file"},
       {"- model\n- data\n", "t.yaml:1: expected a map of sections at the top level, got a list"},
       {"model: [1,\n", "t.yaml:2: invalid yaml"},
+      // A value's newline is escaped: an error is one line.
+      {train + "device: \"cpu\\n\"\n",
+       "t.yaml:3: device: expected cpu, cuda or auto, got 'cpu\\n'"},
       // yaml-cpp does not say why for these two; the message does.
       {"model:\n\tlayers: 4\n", "indents with a tab; yaml indents with spaces only)"},
       {std::string("model: \"a\0b\\\0\"\n", 14), "(the file holds a NUL byte: it is not text)"},

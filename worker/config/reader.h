@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "worker/config/config.h"
 
@@ -26,9 +27,19 @@ class ConfigReader {
  public:
   explicit ConfigReader(std::string name) : name_(std::move(name)) {}
 
+  // Control characters a value brought into `what` (a quoted "cpu\n", a
+  // block scalar) are escaped: an error is one line.
   absl::Status Error(int line, const std::string& path, const std::string& what) const {
+    std::string one_line;
+    for (char ch : what) {
+      if (static_cast<unsigned char>(ch) < 0x20) {
+        one_line += absl::CEscape(std::string(1, ch));
+      } else {
+        one_line += ch;
+      }
+    }
     return absl::InvalidArgumentError(
-        absl::StrCat(name_, ":", line, ": ", path.empty() ? "" : path + ": ", what));
+        absl::StrCat(name_, ":", line, ": ", path.empty() ? "" : path + ": ", one_line));
   }
 
   // The line of the first of `paths` the file set, else of its section.
