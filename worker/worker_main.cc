@@ -555,7 +555,16 @@ int Train(const std::string& config_path, Env* env) {
   auto trainer = Trainer::Create(*config, options);
   if (!trainer.ok()) return FailToStart(trainer.status());
   started = trainer->get();
-  if (options.strategy == nullptr || options.strategy->rank() == 0) {
+  const bool speaks = options.strategy == nullptr || options.strategy->rank() == 0;
+  if (speaks && !options.run_job.empty() && config->checkpoint.dir.empty()) {
+    // Under launch every restart starts the workers again: a failure, a
+    // node joining or leaving, a preemption.
+    std::fprintf(stdout,
+                 "worker: warning: no checkpoint.dir, so a restart of job %s (a failure, a node "
+                 "joining or leaving, a preemption) starts again at step 0\n",
+                 options.run_job.c_str());
+  }
+  if (speaks) {
     if (parallelism->description.empty() && options.strategy != nullptr) {
       parallelism->description = absl::StrCat(options.strategy->dims().world(), " rank(s), ",
                                               options.strategy->Describe());

@@ -588,6 +588,15 @@ TEST_CASE("resume never under a job id: the job's round 0 again continues the ru
                  "round 0 it continues from the run's own " +
                      dir + "/ck/step_00000006"));
   CHECK_FALSE(Contains(requeued.out, "step 1/9"));
+  // Without checkpoint.dir a restart under launch starts again at 0: said.
+  CHECK_FALSE(Contains(requeued.out, "no checkpoint.dir"));
+  RunResult bare = RunWorker(dir, {dir + "/tiny.yaml"}, job);
+  INFO(bare.out << bare.err);
+  REQUIRE(bare.exit_code == 0);
+  CHECK(Contains(bare.out,
+                 "worker: warning: no checkpoint.dir, so a restart of job requeued (a "
+                 "failure, a node joining or leaving, a preemption) starts again at "
+                 "step 0\n"));
   // Another job id is another run: a fresh start.
   RunResult other = RunWorker(dir, {dir + "/nine.yaml"}, {"MUSTER_JOB=other", "MUSTER_ROUND=0"});
   INFO(other.out << other.err);
