@@ -57,6 +57,10 @@ int List(Client& client) {
                 absl::StrCat(job.restart_count(), "/", job.max_restarts()).c_str());
   }
   if (jobs->jobs().empty()) std::printf("(no jobs)\n");
+  if (jobs->hidden() > 0) {
+    std::printf("(%u more job%s with a job secret not presented: --job-secret-file)\n",
+                jobs->hidden(), jobs->hidden() == 1 ? "" : "s");
+  }
   return 0;
 }
 

@@ -205,11 +205,19 @@ grpc::ServerUnaryReactor* RendezvousService::MultiGet(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* RendezvousService::ListJobs(grpc::CallbackServerContext* context,
                                                       const pb::ListJobsRequest* /*request*/,
                                                       pb::ListJobsResponse* response) {
-  return RunUnary(context, Rpc::kListJobs, false,
-                  [&](const std::string& /*secret*/) -> absl::Status {
-                    *response = machine_.ListJobs();
-                    return absl::OkStatus();
-                  });
+  return RunUnary(context, Rpc::kListJobs, false, [&](const std::string& secret) -> absl::Status {
+    // A job secret keeps a job to those who hold it, its name and shape
+    // included: the bearer token is one for every tenant of the server.
+    pb::ListJobsResponse all = machine_.ListJobs();
+    for (pb::JobSummary& job : *all.mutable_jobs()) {
+      if (machine_.Authorize(job.job_id(), secret).ok()) {
+        *response->add_jobs() = std::move(job);
+      } else {
+        response->set_hidden(response->hidden() + 1);
+      }
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* RendezvousService::DescribeJob(grpc::CallbackServerContext* context,

@@ -133,6 +133,21 @@ TEST_CASE("TLS with a bearer token and job secrets") {
   CHECK(describe_code(WithToken(kToken, "not-the-pass")) == grpc::StatusCode::PERMISSION_DENIED);
   CHECK(describe_code(WithToken(kToken, "job-pass")) == grpc::StatusCode::OK);
 
+  // The listing shows a job with a secret only to callers holding it; the
+  // others learn how many they do not see.
+  auto listed = [&](const CallOptions& call) {
+    pb::ListJobsResponse jobs;
+    REQUIRE(stub->ListJobs(Context(call).get(), pb::ListJobsRequest(), &jobs).ok());
+    return jobs;
+  };
+  pb::ListJobsResponse without = listed(WithToken(kToken));
+  CHECK(without.jobs_size() == 0);
+  CHECK(without.hidden() == 1);
+  pb::ListJobsResponse with = listed(WithToken(kToken, "job-pass"));
+  REQUIRE(with.jobs_size() == 1);
+  CHECK(with.jobs(0).job_id() == "job-sec");
+  CHECK(with.hidden() == 0);
+
   auto any_state = [](const pb::JobState&) { return true; };
   WatchResult unauthenticated = WatchUntil(*stub, "job-sec", any_state, WithToken(""));
   CHECK(unauthenticated.status.error_code() == grpc::StatusCode::UNAUTHENTICATED);
