@@ -507,7 +507,7 @@ TEST_CASE("generate refuses bad options before reading any data, naming them") {
   CHECK(negative.exit_code == 2);
   CHECK(Contains(negative.err, "--steps-before: Value -7 not in range"));
   // --seed was saturated: -1 and 99999999999999999999 were both 2^64 - 1.
-  for (const std::string& seed : {"-1", "99999999999999999999", "12x", ""}) {
+  for (const std::string seed : {"-1", "99999999999999999999", "12x", ""}) {
     RunResult bad_seed = RunWorker(dir, {"generate", config, "--seed", seed});
     INFO(bad_seed.err);
     CHECK(bad_seed.exit_code == 2);
