@@ -240,7 +240,12 @@ class RendezvousService final : public pb::Rendezvous::CallbackService {
   std::thread timer_;
 };
 
-// absl::Status -> grpc::Status, same code and message.
+// The most bytes of a status message a reply carries; the middle of a
+// longer one is cut.
+inline constexpr size_t kMaxStatusMessageBytes = 1024;
+
+// absl::Status -> grpc::Status, same code, and the message cut to
+// kMaxStatusMessageBytes.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace muster::rdzv

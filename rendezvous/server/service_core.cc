@@ -12,7 +12,19 @@
 namespace muster::rdzv {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // The message travels as the grpc-message trailer, and clients refuse
+  // metadata over 8-16 KiB: a longer one reached them as "metadata size
+  // exceeds limit" (RESOURCE_EXHAUSTED) instead of the real code, and could
+  // fail other calls on the same connection. Messages quote request
+  // fields (a 70 kB job id in "job ... not found"), so the cut is here,
+  // where every reply passes, keeping both ends of the text.
+  std::string message(status.message());
+  if (message.size() > kMaxStatusMessageBytes) {
+    const size_t keep = kMaxStatusMessageBytes / 2;
+    message = absl::StrCat(message.substr(0, keep), " [", message.size() - 2 * keep, " bytes cut] ",
+                           message.substr(message.size() - keep));
+  }
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::move(message));
 }
 
 RendezvousService::RendezvousService(ServiceOptions options)
