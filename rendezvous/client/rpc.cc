@@ -51,6 +51,22 @@ int PositiveMs(absl::Duration duration) {
       std::clamp<int64_t>(absl::ToInt64Milliseconds(duration), 1, std::numeric_limits<int>::max()));
 }
 
+// gRPC's last connection error on `channel` ("" when it names none). A
+// wait_for_ready call that times out says only "Deadline Exceeded"; a
+// fail-fast call on a channel in TRANSIENT_FAILURE fails at once with the
+// reason (a refused connect, a failed TLS handshake). Still CONNECTING: no
+// attempt has failed yet, and the call would wait for one.
+std::string LastConnectionError(const std::shared_ptr<grpc::Channel>& channel) {
+  if (channel->GetState(false) != GRPC_CHANNEL_TRANSIENT_FAILURE) return "";
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  grpc::health::v1::HealthCheckRequest request;
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status =
+      grpc::health::v1::Health::NewStub(channel)->Check(&context, request, &response);
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ? status.error_message() : "";
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- Client
@@ -117,9 +133,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (!job_secret.ok()) return job_secret.status();
 
   std::shared_ptr<grpc::ChannelCredentials> credentials;
-  const bool tls = options.use_tls || !options.tls_ca_file.empty() ||
-                   !options.tls_cert_file.empty() || !options.tls_key_file.empty();
-  if (tls) {
+  if (UsesTls(options)) {
     if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
       return absl::InvalidArgumentError("tls_cert_file and tls_key_file must be given together");
     }
@@ -227,10 +241,11 @@ absl::StatusOr<Response> Client::Call(const char* method, bool retry_unavailable
     }
     if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
         channel_->GetState(false) != GRPC_CHANNEL_READY) {
-      // The call never got a connection: say "unreachable", not "slow".
-      return absl::UnavailableError(
-          absl::StrCat(method, ": no connection to the rendezvous server at ", options_.endpoint,
-                       " within ", absl::FormatDuration(timeout + extra_wait)));
+      // The call never got a connection: say "unreachable" or why the
+      // connection failed (a TLS handshake), not "slow".
+      return absl::UnavailableError(absl::StrCat(
+          method, ": ",
+          NoConnectionMessage(LastConnectionError(channel_), options_, timeout + extra_wait)));
     }
     const bool exhausted = status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     if (!retry_unavailable ||

@@ -15,8 +15,10 @@
 // soon as the channel reconnects, within the call's deadline. (Fail-fast
 // calls are worse here: gRPC 1.51 keeps failing them for seconds after the
 // server is back.) A call that never got a connection before its deadline
-// returns UNAVAILABLE ("no connection to the rendezvous server at ...")
-// rather than DEADLINE_EXCEEDED.
+// returns UNAVAILABLE rather than DEADLINE_EXCEEDED: "no connection to the
+// rendezvous server at ...", or, when the connection was made but its setup
+// failed, what failed and why, e.g. "TLS handshake with ... failed: ...
+// certificate verify failed ..." (see NoConnectionMessage).
 //
 // Keepalive. Every channel pings the server after keepalive.time without
 // activity and closes the connection when a ping is not answered within
@@ -275,6 +277,19 @@ class Client {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pb::Rendezvous::Stub> stub_;
 };
+
+// Whether `options` ask for TLS: use_tls or any tls_* file.
+bool UsesTls(const ClientOptions& options);
+
+// What a call that got no connection to the server within `waited` says
+// (after its method's name), from `last_error`: gRPC's message for a call
+// failed at once on the channel ("failed to connect to all addresses; last
+// error: ..."; "" when there is none). A failed TLS handshake, or a server
+// that closed the connection as one does to a client without TLS, is named
+// with its likely cause and the option that mends it; else "no connection
+// to the rendezvous server at ENDPOINT within ...", with gRPC's reason.
+std::string NoConnectionMessage(const std::string& last_error, const ClientOptions& options,
+                                absl::Duration waited);
 
 // "host:port" for gRPC from "host[:port]"; INVALID_ARGUMENT if malformed.
 absl::StatusOr<std::string> NormalizeEndpoint(const std::string& endpoint);

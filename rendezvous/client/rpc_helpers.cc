@@ -1,5 +1,6 @@
 // Client helpers that need no channel: endpoint parsing, file reading,
-// backoff and Cancellation (declared in rpc.h).
+// backoff, the words for a failed connection and Cancellation (declared in
+// rpc.h).
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -31,7 +32,79 @@ absl::Status CheckPort(const std::string& endpoint, absl::string_view port) {
   return absl::OkStatus();
 }
 
+// The name the server's certificate must list: tls_server_name, else the
+// endpoint's host.
+std::string CheckedName(const ClientOptions& options) {
+  if (!options.tls_server_name.empty()) return options.tls_server_name;
+  absl::StatusOr<std::string> target = NormalizeEndpoint(options.endpoint);
+  if (!target.ok() || absl::StartsWith(*target, "unix:")) return options.endpoint;
+  std::string host = target->substr(0, target->rfind(':'));
+  if (host.size() > 1 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  return host;
+}
+
 }  // namespace
+
+bool UsesTls(const ClientOptions& options) {
+  return options.use_tls || !options.tls_ca_file.empty() || !options.tls_cert_file.empty() ||
+         !options.tls_key_file.empty();
+}
+
+// The phrases matched are gRPC 1.51's (with OpenSSL 3) for each failure,
+// seen against a real server: tests/rendezvous/client/tls_test.cc.
+std::string NoConnectionMessage(const std::string& last_error, const ClientOptions& options,
+                                absl::Duration waited) {
+  absl::string_view cause = last_error;
+  const absl::string_view marker = "last error: ";
+  if (size_t at = cause.find(marker); at != absl::string_view::npos) {
+    cause.remove_prefix(at + marker.size());
+  }
+  auto has = [&](absl::string_view phrase) { return absl::StrContains(cause, phrase); };
+  const std::string server = absl::StrCat("the rendezvous server at ", options.endpoint);
+  const std::string handshake = absl::StrCat("TLS handshake with ", server, " failed: ");
+  const std::string grpc_said = absl::StrCat(" (gRPC: ", cause, ")");
+  if (has("certificate verify failed")) {
+    return absl::StrCat(
+        handshake, "its certificate did not verify (certificate verify failed): ",
+        options.tls_ca_file.empty()
+            ? "no tls_ca is given, so it must chain to a CA this system trusts; give tls_ca, "
+              "the CA that signed the server's certificate"
+            : "is tls_ca the CA that signed the server's certificate, and is that "
+              "certificate within its dates?",
+        grpc_said);
+  }
+  if (has("wrong version number")) {
+    return absl::StrCat(handshake,
+                        "the server answered without TLS (wrong version number): it serves "
+                        "plaintext; give no tls_ca, tls_cert or tls_key, or start it with "
+                        "--tls-cert and --tls-key",
+                        grpc_said);
+  }
+  if (has("Hostname Verification Check failed") || has("is not in peer certificate")) {
+    return absl::StrCat(handshake, "its certificate does not name \"", CheckedName(options),
+                        "\": connect by a name or address that the certificate lists", grpc_said);
+  }
+  // The server hung up. Under TLS 1.3 that is how it refuses the client's
+  // certificate (or its absence), after the client's side of the handshake
+  // is done; without TLS, how a TLS server answers a plaintext client.
+  if (has("Socket closed")) {
+    const char* why =
+        !UsesTls(options)
+            ? "before speaking gRPC: it likely serves TLS, which this client does not; "
+              "give tls_ca, the CA that signed the server's certificate"
+        : options.tls_cert_file.empty()
+            ? "during the TLS handshake: it likely requires a client certificate (mTLS); give "
+              "tls_cert and tls_key"
+            : "during the TLS handshake: it likely does not trust this client's certificate; "
+              "is tls_cert signed by the CA that the server's --tls-client-ca names?";
+    return absl::StrCat(server, " closed the connection ", why, grpc_said);
+  }
+  if (has("Tls handshake failed") || has("Ssl handshake failed")) {
+    return absl::StrCat(handshake, cause);
+  }
+  return absl::StrCat("no connection to ", server, " within ", absl::FormatDuration(waited),
+                      cause.empty() ? "" : absl::StrCat(" (", cause, ")"));
+}
 
 absl::Duration JitteredBackoff(const BackoffOptions& backoff, int attempt) {
   thread_local absl::BitGen random;
