@@ -90,6 +90,17 @@ RunResult RunTrainer(const TrainConfig& config, ParallelStrategy* parallel = nul
   return result;
 }
 
+// TinyConfig's run, in a fresh directory `name` with the shard, trained to
+// its end (REQUIREd): its checkpoints of steps 4, 8 and 12 are in the
+// returned config's checkpoint.dir.
+TrainConfig TrainedTinyConfig(const std::string& name) {
+  const std::string dir = FreshDir(name);
+  WriteShard(dir);
+  TrainConfig config = TinyConfig(dir);
+  REQUIRE(RunTrainer(config).status.ok());
+  return config;
+}
+
 TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refused") {
   Manifest m;
   m.step = 7;
@@ -479,10 +490,7 @@ std::vector<int> ListedSteps(const std::string& dir) {
 }
 
 TEST_CASE("retention deletes only this run's checkpoints, never the resume source") {
-  std::string dir = FreshDir("retention_lineage");
-  WriteShard(dir);
-  TrainConfig abandoned = TinyConfig(dir);  // steps 4, 8 and 12 in dir/ckpt
-  REQUIRE(RunTrainer(abandoned).status.ok());
+  TrainConfig abandoned = TrainedTinyConfig("retention_lineage");
   const std::string source = abandoned.checkpoint.dir + "/step_00000004";
 
   // Rewind to step 4 in the same directory, keeping only the newest one.
@@ -508,10 +516,7 @@ TEST_CASE("retention deletes only this run's checkpoints, never the resume sourc
 }
 
 TEST_CASE("a run forked into the same directory keeps the other run's checkpoint of a step") {
-  std::string dir = FreshDir("fork_collides");
-  WriteShard(dir);
-  TrainConfig original = TinyConfig(dir);  // steps 4, 8 and 12
-  REQUIRE(RunTrainer(original).status.ok());
+  TrainConfig original = TrainedTinyConfig("fork_collides");
   const std::string ckpt = original.checkpoint.dir;
   auto theirs = ReadManifest(Env::Default(), ckpt + "/step_00000008");
   REQUIRE(theirs.ok());
@@ -542,10 +547,7 @@ TEST_CASE("a run forked into the same directory keeps the other run's checkpoint
 }
 
 TEST_CASE("retention counts only checkpoints that read: a torn one never pushes one out") {
-  std::string dir = FreshDir("retention_torn");
-  WriteShard(dir);
-  TrainConfig config = TinyConfig(dir);  // steps 4, 8 and 12
-  REQUIRE(RunTrainer(config).status.ok());
+  TrainConfig config = TrainedTinyConfig("retention_torn");
   const std::string ckpt = config.checkpoint.dir;
   // Step 12's manifest is not one, step 16 has none, and neither does an
   // older step 2: the resume skips 16 and 12 and starts from 8.
@@ -664,10 +666,7 @@ TEST_CASE("a resume at another global batch or validation pass says so; at the s
 }
 
 TEST_CASE("a corrupt or torn newest checkpoint is skipped with a message naming it") {
-  std::string dir = FreshDir("corrupt");
-  WriteShard(dir);
-  TrainConfig config = TinyConfig(dir);
-  REQUIRE(RunTrainer(config).status.ok());
+  TrainConfig config = TrainedTinyConfig("corrupt");
   const std::string data = config.checkpoint.dir + "/step_00000012/rank_00000.bin";
   {
     std::fstream file(data, std::ios::in | std::ios::out | std::ios::binary);
