@@ -656,8 +656,14 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
     std::optional<pb::JobState> latest = watcher_->latest();
     if (latest.has_value()) {
       bool round_over = latest->round() != round || latest->phase() != pb::RUNNING;
-      bool can_grow = latest->nodes_waiting() > 0 &&
-                      latest->members_size() < static_cast<int>(latest->config().max_nodes());
+      // Under a world_size_multiple the server says how many waiting nodes a
+      // new round would take: a spare that cannot make a fitting world
+      // must not restart the job again and again.
+      bool can_grow =
+          latest->config().world_size_multiple() > 1
+              ? latest->nodes_admittable() > 0
+              : latest->nodes_waiting() > 0 &&
+                    latest->members_size() < static_cast<int>(latest->config().max_nodes());
       if (round_over || can_grow) {
         if (round_over && latest->last_end_reason() == pb::MEMBER_LEFT && group.running() > 0) {
           // A node left: when it was preempted, every rank stops after the

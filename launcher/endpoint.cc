@@ -10,13 +10,17 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <numeric>
 #include <random>
+#include <sstream>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "spdlog/spdlog.h"
+#include "worker/config/config.h"
 
 namespace muster::launcher {
 namespace {
@@ -203,6 +207,52 @@ std::string LocalAddressToward(const std::string& host) {
   return result;
 }
 
+absl::StatusOr<uint32_t> WorldSizeMultipleFor(const LaunchOptions& options, int nproc) {
+  uint32_t multiple = options.rdzv_conf.world_size_multiple;
+  std::string source = absl::StrCat("--rdzv_conf world_size_multiple=", multiple);
+  if (options.target_kind == TargetKind::kYamlConfig) {
+    // Parsed without LoadConfig's file-system checks, and a config that
+    // does not parse constrains nothing here: the worker reports it, with
+    // its line, in the first round.
+    std::ifstream file(options.target);
+    std::stringstream text;
+    text << file.rdbuf();
+    absl::StatusOr<worker::TrainConfig> config =
+        file ? worker::ParseConfig(text.str(), options.target, ".")
+             : absl::NotFoundError(options.target);
+    const int64_t needed = config.ok() ? worker::WorldSizeMultiple(config->parallel) : 1;
+    const worker::ParallelConfig* parallel = config.ok() ? &config->parallel : nullptr;
+    if (needed > 1 && multiple == 0) {
+      multiple = static_cast<uint32_t>(needed);
+      source =
+          absl::StrCat(options.target, "'s parallel layout (dp_replicate ", parallel->dp_replicate,
+                       " x dp_shard ", parallel->dp_shard, " x pp ", parallel->pp, ", 0 is auto)");
+    } else if (needed > 1 && multiple % needed != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, " would allow worlds that ", options.target, "'s parallel layout cannot use: ",
+          "it needs multiples of ", needed, "; give a multiple of ", needed, " or leave it out"));
+    }
+  }
+  if (multiple <= 1) return 0;
+  // nodes x nproc is a multiple of it exactly when nodes is a multiple of
+  // `step`: the smallest such count from --nnodes's minimum up must fit.
+  const uint64_t step = multiple / std::gcd(uint64_t{multiple}, static_cast<uint64_t>(nproc));
+  const uint64_t first = (options.min_nodes + step - 1) / step * step;
+  if (first > static_cast<uint64_t>(options.max_nodes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, " needs a world that is a multiple of ", multiple, ", but with --nproc_per_node ",
+        nproc, " no node count in --nnodes ", options.min_nodes, ":", options.max_nodes,
+        " makes one; the smallest that does is ", first, " node", first == 1 ? "" : "s"));
+  }
+  if (options.min_nodes != options.max_nodes) {
+    spdlog::info(
+        "rounds take only worlds that are a multiple of {} ({}): nodes beyond the largest such "
+        "world wait as spares",
+        multiple, source);
+  }
+  return multiple;
+}
+
 absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
                                                 rdzv::Cancellation* cancellation) {
   RendezvousSetup setup;
@@ -293,17 +343,9 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
   call.cancellation = cancellation;
   absl::Status reached = setup.client->DescribeJob(probe, call).status();
   if (!reached.ok() && !absl::IsNotFound(reached)) {
-    // gRPC reports a failed TLS handshake as no connection at all.
-    const bool tls = !conf.tls_ca.empty() || !conf.tls_cert.empty();
-    return absl::Status(
-        reached.code(),
-        absl::StrCat("cannot use the rendezvous service at ", endpoint, ": ", reached.message(),
-                     tls && absl::IsUnavailable(reached)
-                         ? "; with TLS this is also how a failed handshake shows (a "
-                           "certificate the other side does not trust, a key that is not the "
-                           "certificate's, or a server without TLS): the server's log names "
-                           "the cause"
-                         : ""));
+    // The client's message names a failed TLS handshake and its cause.
+    return absl::Status(reached.code(), absl::StrCat("cannot use the rendezvous service at ",
+                                                     endpoint, ": ", reached.message()));
   }
 
   setup.access.endpoint = endpoint;
@@ -338,6 +380,9 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
   config->set_last_call_timeout_ms(absl::ToInt64Milliseconds(conf.last_call_timeout));
   config->set_lease_ttl_ms(absl::ToInt64Milliseconds(conf.lease_ttl));
   config->set_max_restarts(options.max_restarts);
+  absl::StatusOr<uint32_t> multiple = WorldSizeMultipleFor(options, *nproc);
+  if (!multiple.ok()) return multiple.status();
+  config->set_world_size_multiple(*multiple);
 
   absl::StatusOr<std::string> log_root = MakeLogRoot(options, setup.job_id);
   if (!log_root.ok()) return log_root.status();

@@ -36,6 +36,14 @@ struct RendezvousSetup {
 absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
                                                 rdzv::Cancellation* cancellation = nullptr);
 
+// The JobConfig.world_size_multiple this node asks for: --rdzv_conf
+// world_size_multiple, or what a train.yaml target's parallel layout needs
+// (worker::WorldSizeMultiple); 0 when nothing constrains the world.
+// INVALID_ARGUMENT, naming the flags, when no node count in --nnodes makes
+// such a world at `nproc` per node, or when the given value is not a
+// multiple of the layout's.
+absl::StatusOr<uint32_t> WorldSizeMultipleFor(const LaunchOptions& options, int nproc);
+
 // Removes every directory under `root`, and `root`, that holds no file:
 // what is left of a log root once the files worth keeping are written.
 // Errors are ignored (a directory that cannot go stays).

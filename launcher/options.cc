@@ -138,6 +138,11 @@ absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf) {
       conf->tls_key = value;
     } else if (key == "job_secret_file") {
       conf->job_secret_file = value;
+    } else if (key == "world_size_multiple") {
+      if (!absl::SimpleAtoi(value, &conf->world_size_multiple) || conf->world_size_multiple < 1) {
+        status = absl::InvalidArgumentError(
+            absl::StrCat("--rdzv_conf world_size_multiple=", value, ": expected an integer >= 1"));
+      }
     } else if (key == "read_timeout") {
       // torchrun's TCPStore settings (c10d): checked, then without effect,
       // as the muster service is no TCPStore.
@@ -156,7 +161,8 @@ absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf) {
           "--rdzv_conf: unknown key '", key,
           "'; known keys: join_timeout, last_call_timeout, close_timeout, lease_ttl, "
           "heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt, token_file, "
-          "tls_ca, tls_cert, tls_key, job_secret_file, is_host, read_timeout, use_libuv"));
+          "tls_ca, tls_cert, tls_key, job_secret_file, world_size_multiple, is_host, "
+          "read_timeout, use_libuv"));
     }
     if (!status.ok()) return status;
   }
@@ -323,7 +329,7 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   add_text("rdzv_conf", "",
            "k=v,... : join_timeout, last_call_timeout, close_timeout, "
            "lease_ttl, keep_alive_interval, keep_alive_max_attempt, token_file, tls_*, "
-           "job_secret_file, is_host (c10d)");
+           "job_secret_file, world_size_multiple, is_host (c10d)");
   add_bool("standalone", &options.standalone, "Run an embedded rendezvous server");
   add_text("max_restarts", "0", "Job-wide failure restarts before giving up");
   add_text("monitor_interval", "0.1", "Seconds between worker health checks");

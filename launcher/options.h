@@ -41,6 +41,9 @@ struct RdzvConf {
   std::string tls_cert;
   std::string tls_key;
   std::string job_secret_file;
+  // Rounds only of worlds that are a multiple of this (ours; torchrun has
+  // none). 0: what a train.yaml target's parallel layout needs, else any.
+  uint32_t world_size_multiple = 0;
   // c10d backend: whether this agent hosts the rendezvous (torchrun's
   // `is_host`); unset: it does when the endpoint's host is this machine.
   std::optional<bool> is_host;

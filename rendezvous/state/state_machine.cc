@@ -7,6 +7,9 @@
 // service's timer has not fired yet.
 #include "rendezvous/state/state_machine.h"
 
+#include <algorithm>
+#include <numeric>
+
 #include "absl/strings/str_format.h"
 #include "rendezvous/state/state_machine_impl.h"
 
@@ -47,6 +50,18 @@ absl::Status ValidateJoin(const pb::JoinRequest& request, const Limits& limits) 
       request.hostname().size() > limits.max_id_bytes) {
     return absl::InvalidArgumentError(
         absl::StrFormat("address or hostname is longer than %d bytes", limits.max_id_bytes));
+  }
+  if (const uint64_t multiple = request.config().world_size_multiple(); multiple > 1) {
+    // nodes * nproc is a multiple of it exactly when nodes is a multiple
+    // of `step`; the smallest such count from min_nodes up must fit max.
+    const uint64_t step = multiple / std::gcd(multiple, uint64_t{request.nproc()});
+    const uint64_t min_nodes = request.config().min_nodes();
+    if ((min_nodes + step - 1) / step * step > request.config().max_nodes()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "config.world_size_multiple is %d, but no node count from min_nodes %d to max_nodes %d "
+          "at nproc %d per node makes a world that is a multiple of it",
+          multiple, min_nodes, request.config().max_nodes(), request.nproc()));
+    }
   }
   if (request.requested_rank() < -1) {
     return absl::InvalidArgumentError(absl::StrFormat(

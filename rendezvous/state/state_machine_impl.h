@@ -142,6 +142,14 @@ struct StateMachine::Impl {
   // timeout. Idempotent; call after anything that could change either.
   void EvaluateGathering(Job& job, absl::Time now);
   void CloseRound(Job& job, absl::Time now);
+  // The pending nodes in the order a round takes them: join order; under a
+  // world_size_multiple, the previous round's nodes first, so a spare that
+  // joined while they ran does not displace them.
+  std::vector<std::string> GatherOrder(const Job& job) const;
+  // How many of `order` (from the front) a round takes: at most max_nodes,
+  // and under a world_size_multiple, the longest prefix whose nproc sum is
+  // a multiple of it (0 if none is).
+  size_t FittingNodes(const Job& job, const std::vector<std::string>& order) const;
   // Takes the members out of the RUNNING round (they remember their rank as
   // previous_group_rank) and clears the round's store.
   void ReleaseRoundMembers(Job& job, absl::Time now);

@@ -47,7 +47,7 @@ void StateMachine::Impl::RenewLease(Job& job, MemberRecord& member, absl::Time n
 absl::Time StateMachine::Impl::JobDeadline(const Job& job) const {
   if (job.finished()) return job.finished_at + limits.closed_retention;
   if (job.phase != pb::GATHERING) return absl::InfiniteFuture();
-  if (job.pending.size() >= job.config.min_nodes() && job.last_call_start) {
+  if (job.last_call_start && FittingNodes(job, GatherOrder(job)) >= job.config.min_nodes()) {
     return *job.last_call_start + absl::Milliseconds(job.config.last_call_timeout_ms());
   }
   if (job.pending.empty()) return absl::InfiniteFuture();  // nobody waits: no join timeout
@@ -109,11 +109,46 @@ void StateMachine::Impl::RemoveMember(Job& job, const std::string& member_id) {
   MarkDurableChanged(job);
 }
 
+std::vector<std::string> StateMachine::Impl::GatherOrder(const Job& job) const {
+  std::vector<std::string> order;
+  order.reserve(job.pending.size());
+  if (job.config.world_size_multiple() > 1) {
+    for (const std::string& id : job.previous_round_members) {
+      auto it = job.members.find(id);
+      if (it != job.members.end() && it->second.queue == MemberRecord::Queue::kPending) {
+        order.push_back(id);
+      }
+    }
+  }
+  const absl::flat_hash_set<std::string> first(order.begin(), order.end());
+  for (const auto& [seq, id] : job.pending) {
+    if (!first.contains(id)) order.push_back(id);
+  }
+  return order;
+}
+
+size_t StateMachine::Impl::FittingNodes(const Job& job,
+                                        const std::vector<std::string>& order) const {
+  const size_t cap = std::min<size_t>(order.size(), job.config.max_nodes());
+  const uint64_t multiple = job.config.world_size_multiple();
+  if (multiple <= 1) return cap;
+  size_t fitting = 0;
+  uint64_t world = 0;
+  for (size_t n = 1; n <= cap; ++n) {
+    world += job.members.at(order[n - 1]).nproc;
+    if (world % multiple == 0) fitting = n;
+  }
+  return fitting;
+}
+
 void StateMachine::Impl::EvaluateGathering(Job& job, absl::Time now) {
   if (job.phase == pb::GATHERING) {
     const size_t pending = job.pending.size();
     const size_t min_nodes = job.config.min_nodes();
-    if (pending >= min_nodes && !job.last_call_start) {
+    // Under a world_size_multiple only the nodes that make a fitting world
+    // count towards min_nodes; without one, every pending node does.
+    const size_t fitting = FittingNodes(job, GatherOrder(job));
+    if (fitting >= min_nodes && !job.last_call_start) {
       // The window starts the first time min is reached in this round and is
       // not restarted if the count dips below min and recovers.
       job.last_call_start = now;
@@ -124,30 +159,38 @@ void StateMachine::Impl::EvaluateGathering(Job& job, absl::Time now) {
     // After a restart nobody beyond the job's live members is expected, so
     // once all of them are back there is no point waiting out last call.
     bool everyone_back = job.round > 0 && pending == job.members.size();
-    if (pending >= job.config.max_nodes() ||
-        (pending >= min_nodes && (last_call_over || everyone_back))) {
+    if (fitting >= min_nodes &&
+        (pending >= job.config.max_nodes() || last_call_over || everyone_back)) {
       CloseRound(job, now);
-    } else if (pending > 0 && pending < min_nodes &&
+    } else if (pending > 0 && fitting < min_nodes &&
                // Like every deadline, it applies at the instant it is reached.
                now >= job.gather_start + absl::Milliseconds(job.config.join_timeout_ms())) {
-      FinishJob(job, pb::FAILED,
-                absl::StrFormat("join timeout: only %d of min_nodes %d nodes "
-                                "joined round %d within %d ms",
-                                pending, min_nodes, job.round, job.config.join_timeout_ms()),
-                now);
+      std::string message = pending < min_nodes
+                                ? absl::StrFormat(
+                                      "join timeout: only %d of min_nodes %d nodes joined round %d "
+                                      "within %d ms",
+                                      pending, min_nodes, job.round, job.config.join_timeout_ms())
+                                : absl::StrFormat(
+                                      "join timeout: %d nodes joined round %d within %d ms, but no "
+                                      "%d or more of them (at most max_nodes %d) make a world that "
+                                      "is a multiple of world_size_multiple %d",
+                                      pending, job.round, job.config.join_timeout_ms(), min_nodes,
+                                      job.config.max_nodes(), job.config.world_size_multiple());
+      FinishJob(job, pb::FAILED, std::move(message), now);
     }
   }
   ReindexJob(job);
 }
 
 void StateMachine::Impl::CloseRound(Job& job, absl::Time now) {
-  // The first max_nodes joiners form the round; later ones stay as spares.
-  std::vector<std::string> selected;
-  const size_t max_nodes = job.config.max_nodes();
+  // The first max_nodes joiners (GatherOrder), or as many of them as make
+  // a fitting world, form the round; the others stay as spares.
+  std::vector<std::string> selected = GatherOrder(job);
+  selected.resize(FittingNodes(job, selected));
+  const absl::flat_hash_set<std::string> taken(selected.begin(), selected.end());
   std::map<uint64_t, std::string> spares;
   for (auto& [seq, id] : job.pending) {
-    if (selected.size() < max_nodes) {
-      selected.push_back(id);
+    if (taken.contains(id)) {
       job.members.at(id).queue = MemberRecord::Queue::kNone;
     } else {
       spares.emplace(seq, id);

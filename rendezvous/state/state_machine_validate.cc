@@ -2,6 +2,8 @@
 #include <openssl/crypto.h>
 #include <openssl/sha.h>
 
+#include <algorithm>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -142,6 +144,10 @@ absl::Status CheckSameConfig(const std::string& job_id, const pb::JobConfig& job
     return conflict("lease_ttl_ms", job_config.lease_ttl_ms(), requested.lease_ttl_ms());
   if (job_config.max_restarts() != requested.max_restarts())
     return conflict("max_restarts", job_config.max_restarts(), requested.max_restarts());
+  // 0 and 1 both mean any world.
+  const uint32_t have = std::max(job_config.world_size_multiple(), 1u);
+  const uint32_t asked = std::max(requested.world_size_multiple(), 1u);
+  if (have != asked) return conflict("world_size_multiple", have, asked);
   return absl::OkStatus();
 }
 

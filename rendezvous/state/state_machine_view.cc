@@ -36,6 +36,15 @@ pb::JobState StateMachine::Impl::BuildState(const Job& job) const {
   }
   state.set_status_message(job.status_message);
   state.set_nodes_done(job.nodes_done);
+  if (job.phase == pb::RUNNING && !job.waiting.empty()) {
+    // The next round's order when every member comes back: they first
+    // (GatherOrder puts the previous round first), then the spares.
+    std::vector<std::string> order = job.round_members;
+    for (const auto& [seq, id] : job.waiting) order.push_back(id);
+    const size_t fitting = FittingNodes(job, order);
+    const size_t running = job.round_members.size();
+    state.set_nodes_admittable(fitting > running ? fitting - running : 0);
+  }
   return state;
 }
 
@@ -121,6 +130,11 @@ absl::Status StateMachine::CheckInvariants(absl::Time now) const {
                                            job.config.min_nodes(), job.config.max_nodes()));
       }
       if (!job.pending.empty()) return Broken(job, "RUNNING with pending");
+      if (job.config.world_size_multiple() > 1 &&
+          job.world_size % job.config.world_size_multiple() != 0) {
+        return Broken(job, absl::StrFormat("RUNNING with world %d; world_size_multiple %d",
+                                           job.world_size, job.config.world_size_multiple()));
+      }
     }
     if (job.phase == pb::GATHERING && (n != 0 || !job.waiting.empty())) {
       return Broken(job, "GATHERING with round members or waiting nodes");

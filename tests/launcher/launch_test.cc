@@ -311,6 +311,41 @@ TEST_CASE("elastic membership: nodes join and leave a running job") {
   }
 }
 
+TEST_CASE("world_size_multiple: rounds take only fitting worlds; a spare that cannot fit waits") {
+  TempDir dir;
+  auto server = StartServer();
+  std::vector<std::string> command =
+      Concat({"--nnodes=1:4", "--nproc_per_node=1", "--rdzv_endpoint", server->endpoint(),
+              "--rdzv_id=multiple", "--rdzv_conf=last_call_timeout=0.3,world_size_multiple=2",
+              "--shutdown_timeout=2"},
+             ShellWorker(ElasticWorker(dir)));
+  auto logged = [&](const std::string& log, const std::string& text) {
+    return WaitUntil([&] { return absl::StrContains(ReadFile(dir.File(log)), text); },
+                     absl::Seconds(20));
+  };
+  Child a = StartLaunch(command, dir.File("a.log"));
+  // One node is --nnodes's minimum, but a world of 1 is not a multiple of 2.
+  REQUIRE(logged("a.log", "waiting for round 0"));
+  Child b = StartLaunch(command, dir.File("b.log"));
+  REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 2) == 2; }, absl::Seconds(30)));
+  // A third node cannot make a fitting world: it waits for round 1, and
+  // the running nodes do not restart for it (before, they would have,
+  // round after round, each new round leaving it out again).
+  Child c = StartLaunch(command, dir.File("c.log"));
+  REQUIRE(logged("c.log", "waiting for round 1"));
+  // A fourth one makes 4: everyone restarts into round 1, the first restart.
+  Child d = StartLaunch(command, dir.File("d.log"));
+  REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 4) == 4; }, absl::Seconds(30)));
+  for (const std::string& line : ReadLines(dir.path(), "rounds.")) {
+    INFO(line);
+    CHECK((line == "0 2" || line == "1 4"));
+  }
+  CHECK(ReadFile(dir.File("a.log")).find("nodes beyond the largest such world wait as spares") !=
+        std::string::npos);
+  WriteFile(dir.File("stop"), "");
+  for (Child* agent : {&a, &b, &c, &d}) CHECK(ExitCodeWithin(*agent, absl::Seconds(30)) == 0);
+}
+
 TEST_CASE("an unmodified PyTorch gloo DDP script runs under 2 agents x 2 workers") {
   // Debian's python3-torch lives under /usr/bin/python3 (scripts/test.sh
   // installs it); the pyenv python3 on PATH has no torch.
@@ -703,6 +738,19 @@ TEST_CASE("bad command lines and unreachable services fail fast with exit 2") {
       {{"--rdzv_endpoint", "127.0.0.1:1", "--rdzv_conf", "join_timeout=1", "--no_python", "true"},
        "cannot use the rendezvous service at 127.0.0.1:1"},
   };
+  // A layout no world of the --nnodes range can hold: refused before any
+  // worker starts, naming the yaml's layout and the flags.
+  WriteFile(dir.File("pp2.yaml"),
+            "data:\n  train: none_*.bin\n  grad_accumulation: 2\nparallel:\n  pp: 2\n");
+  cases.push_back({{"--standalone", "--nproc_per_node=3", dir.File("pp2.yaml")},
+                   "pp2.yaml's parallel layout (dp_replicate 0 x dp_shard 0 x pp 2, 0 is auto) "
+                   "needs a world that is a multiple of 2, but with --nproc_per_node 3 no node "
+                   "count in --nnodes 1:1 makes one; the smallest that does is 2 nodes"});
+  cases.push_back({{"--standalone", "--rdzv_conf=world_size_multiple=3", "--nproc_per_node=2",
+                    dir.File("pp2.yaml")},
+                   "--rdzv_conf world_size_multiple=3 would allow worlds that"});
+  cases.push_back({{"--standalone", "--rdzv_conf=world_size_multiple=0", "--no_python", "true"},
+                   "world_size_multiple=0: expected an integer >= 1"});
   for (size_t i = 0; i < cases.size(); ++i) {
     INFO(cases[i].message);
     std::string log = dir.File(absl::StrCat("case", i, ".log"));

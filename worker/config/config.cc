@@ -126,6 +126,12 @@ absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text, const std:
   return Parse(yaml_text, name, base_dir, nullptr);
 }
 
+int64_t WorldSizeMultiple(const ParallelConfig& parallel) {
+  // dp_shard is 1 under ddp whatever it says (LoadConfig refuses more).
+  const int64_t shard = parallel.strategy == "fsdp" ? std::max(parallel.dp_shard, 1) : 1;
+  return int64_t{std::max(parallel.dp_replicate, 1)} * shard * std::max(parallel.pp, 1);
+}
+
 absl::StatusOr<TrainConfig> LoadConfig(const std::string& path) {
   // A directory opens, and reads as nothing ("empty file"); a device such
   // as /dev/zero reads forever. A pipe (`worker <(...)`) is a config.

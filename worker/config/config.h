@@ -158,6 +158,13 @@ absl::StatusOr<TrainConfig> LoadConfig(const std::string& path);
 absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text, const std::string& name,
                                         const std::string& base_dir);
 
+// What every world size must be a multiple of under this layout:
+// dp_replicate x dp_shard x pp, an auto degree (0) counting as 1, so 1
+// under plain DDP (ParallelDimsFor in worker/strategy resolves the auto
+// degree against such a world). launch asks the rendezvous for rounds of
+// these worlds only.
+int64_t WorldSizeMultiple(const ParallelConfig& parallel);
+
 // The resolved config, every field, as yaml (worker --print-config).
 std::string ConfigToYaml(const TrainConfig& config);
 

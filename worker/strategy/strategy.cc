@@ -118,10 +118,11 @@ absl::StatusOr<parallel::ParallelDims> ParallelDimsFor(const ParallelConfig& con
           "parallel.dp_replicate (", shown(replicate), ") x parallel.dp_shard (", shown(shard),
           ") x parallel.pp (", pp, ") cannot cover the world: ", world_size,
           world_size == 1 ? " rank is" : " ranks are", " not a multiple of ", known,
-          "; under launch the world is the round's nodes x --nproc_per_node, so a node that "
-          "joins or is lost can make it one: choose --nnodes and --nproc_per_node so that every "
-          "world the range allows is a multiple of ",
-          known));
+          "; launch, given this train.yaml as its target, forms only rounds whose world is a "
+          "multiple of ",
+          known,
+          " (--rdzv_conf world_size_multiple otherwise); started another way, choose "
+          "the world size"));
     }
     (replicate == 0 ? replicate : shard) = static_cast<int>(world_size / known);
   }

@@ -31,13 +31,14 @@ std::string Resolved(const ParallelConfig& config, int world_size) {
          std::to_string(dims->pp);
 }
 
-// What the message adds to "... not a multiple of N": how a round of launch
-// comes to such a world, and what to choose instead.
+// What the message adds to "... not a multiple of N": that launch would not
+// have formed such a world, and what to choose instead.
 std::string UnderLaunch(int known) {
-  return "; under launch the world is the round's nodes x --nproc_per_node, so a node that joins "
-         "or is lost can make it one: choose --nnodes and --nproc_per_node so that every world "
-         "the range allows is a multiple of " +
-         std::to_string(known);
+  return "; launch, given this train.yaml as its target, forms only rounds whose world is a "
+         "multiple of " +
+         std::to_string(known) +
+         " (--rdzv_conf world_size_multiple otherwise); started another way, choose the world "
+         "size";
 }
 
 TEST_CASE("the defaults are what a file that sets nothing gets") {
@@ -107,6 +108,30 @@ TEST_CASE("pp (planned at load) divides the world before the auto degrees take t
 TEST_CASE("a degree below its range, only possible from code, is Create's error naming it") {
   CHECK(Resolved(Config("fsdp", -1, 0), 4) == "parallel.dp_replicate is -1; expected at least 1");
   CHECK(Resolved(Config("fsdp", 0, 0, 0), 4) == "parallel.pp is 0; expected at least 1");
+}
+
+// launch asks the rendezvous for worlds that are multiples of
+// WorldSizeMultiple (worker/config): every such world must resolve, and
+// every other one must not.
+TEST_CASE("WorldSizeMultiple is what ParallelDimsFor needs of the world") {
+  const ParallelConfig layouts[] = {Config("ddp", 0, 0),     Config("ddp", 0, 0, 2),
+                                    Config("ddp", 0, 1, 3),  Config("fsdp", 0, 0),
+                                    Config("fsdp", 0, 2),    Config("fsdp", 2, 0),
+                                    Config("fsdp", 0, 2, 2), Config("fsdp", 3, 0, 2)};
+  const int64_t expected[] = {1, 2, 3, 1, 2, 2, 4, 6};
+  for (size_t i = 0; i < std::size(layouts); ++i) {
+    const int64_t multiple = WorldSizeMultiple(layouts[i]);
+    INFO(layouts[i].strategy << " " << layouts[i].dp_replicate << " x " << layouts[i].dp_shard
+                             << " x " << layouts[i].pp);
+    CHECK(multiple == expected[i]);
+    for (int world = 1; world <= 12; ++world) {
+      INFO("world " << world);
+      CHECK(ParallelDimsFor(layouts[i], world).ok() == (world % multiple == 0));
+    }
+  }
+  // Both degrees given: the world is fixed, and the multiple is that world.
+  CHECK(WorldSizeMultiple(Config("fsdp", 2, 2)) == 4);
+  CHECK(ParallelDimsFor(Config("fsdp", 2, 2), 4).ok());
 }
 
 }  // namespace
