@@ -11,6 +11,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "proto/health.grpc.pb.h"
+#include "rendezvous/common/credentials.h"
+#include "spdlog/spdlog.h"
 
 namespace muster::rdzv {
 namespace {
@@ -30,7 +32,11 @@ absl::Status ResourceExhaustedAfter(const char* method, int attempts, const grpc
 // trimmed), not both; an empty file is an error.
 absl::StatusOr<std::string> SecretFromFile(const std::string& value, const std::string& file,
                                            const char* what, const char* file_what) {
-  if (file.empty()) return value;
+  if (file.empty()) {
+    absl::Status sendable = CheckHeaderValue(value, absl::StrCat("the ", what));
+    if (!sendable.ok()) return sendable;
+    return value;
+  }
   if (!value.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("give the ", what, " or a ", file_what, ", not both"));
@@ -42,7 +48,18 @@ absl::StatusOr<std::string> SecretFromFile(const std::string& value, const std::
     return absl::InvalidArgumentError(
         absl::StrCat(file_what, " \"", file, "\" is empty; expected a ", what));
   }
+  absl::Status sendable = CheckHeaderValue(secret, absl::StrCat(file_what, " \"", file, "\""));
+  if (!sendable.ok()) return sendable;
   return secret;
+}
+
+// The token a client sends from its token file: the first one the file
+// holds, read by the server's rules (ParseTokenFile), so that comments, a
+// second token for a rotation, or the server's own file all work.
+absl::StatusOr<std::string> TokenFromFile(const std::string& contents, const std::string& path) {
+  absl::StatusOr<std::vector<std::string>> tokens = ParseTokenFile(contents, path);
+  if (!tokens.ok()) return tokens.status();
+  return tokens->front();
 }
 
 // Whole milliseconds for a channel argument, at least 1.
@@ -125,8 +142,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     token_file.emplace(options.token_file, options.credentials_refresh);
     (void)token_file->Read("token file");
   }
-  absl::StatusOr<std::string> token =
-      SecretFromFile(options.token, options.token_file, "bearer token", "token file");
+  absl::StatusOr<std::string> token = options.token;
+  if (!options.token_file.empty()) {
+    if (!options.token.empty()) {
+      return absl::InvalidArgumentError("give the bearer token or a token file, not both");
+    }
+    absl::StatusOr<std::string> contents = ReadFileToString(options.token_file, "token file");
+    if (!contents.ok()) return contents.status();
+    token = TokenFromFile(*contents, options.token_file);
+  } else if (absl::Status sendable = CheckHeaderValue(options.token, "the bearer token");
+             !sendable.ok()) {
+    return sendable;
+  }
   if (!token.ok()) return token.status();
   absl::StatusOr<std::string> job_secret =
       SecretFromFile(options.job_secret, options.job_secret_file, "job secret", "job secret file");
@@ -192,8 +219,15 @@ std::string Client::Token(bool now) const {
   if (!token_file_.has_value()) return token_;
   std::optional<absl::StatusOr<std::string>> changed = token_file_->Changed("token file", now);
   if (changed.has_value() && changed->ok()) {
-    std::string token(absl::StripAsciiWhitespace(**changed));
-    if (!token.empty()) token_ = std::move(token);  // emptied: keep the one before
+    // A file emptied, or holding what cannot be sent, keeps the token
+    // before, as the server keeps its tokens on a bad change.
+    absl::StatusOr<std::string> token = TokenFromFile(**changed, token_file_->path());
+    if (token.ok()) {
+      token_ = *std::move(token);
+    } else {
+      spdlog::warn("{} (changed); still sending the token read before",
+                   std::string(token.status().message()));
+    }
   }
   return token_;
 }

@@ -17,6 +17,7 @@
 #include "grpcpp/security/tls_credentials_options.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "rendezvous/common/credentials.h"
 #include "rendezvous/common/watched_file.h"
 #include "spdlog/spdlog.h"
 
@@ -133,21 +134,6 @@ struct TokenChecker::Source {
     return tokens;
   }
 };
-
-absl::StatusOr<std::vector<std::string>> ParseTokenFile(const std::string& contents,
-                                                        const std::string& path) {
-  std::vector<std::string> tokens;
-  for (absl::string_view line : absl::StrSplit(contents, '\n')) {
-    line = absl::StripAsciiWhitespace(line);
-    if (line.empty() || absl::StartsWith(line, "#")) continue;
-    tokens.emplace_back(line);
-  }
-  if (tokens.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token file '", path, "' holds no token; expected a bearer token a line"));
-  }
-  return tokens;
-}
 
 absl::StatusOr<std::string> ReadFileForServer(const std::string& path, const std::string& what) {
   return ReadWholeFile(path, what + " file");

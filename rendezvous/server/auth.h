@@ -28,13 +28,6 @@ inline constexpr char kJobSecretMetadata[] = "x-muster-job-secret";
 // cannot be read.
 absl::StatusOr<std::string> ReadFileForServer(const std::string& path, const std::string& what);
 
-// The tokens a token file holds: one per line, surrounding whitespace
-// trimmed, empty lines and lines starting with '#' skipped. Several lines
-// let a rotation accept the old token and the new one at once.
-// INVALID_ARGUMENT naming the file when it holds none.
-absl::StatusOr<std::vector<std::string>> ParseTokenFile(const std::string& contents,
-                                                        const std::string& path);
-
 // Checks "authorization: Bearer <token>" against the tokens of a file.
 // Copies share the file and what was read from it. Thread-safe: any thread
 // may call Check concurrently.

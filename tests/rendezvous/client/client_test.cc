@@ -89,6 +89,67 @@ TEST_CASE("Bearer token is sent from the token file", "[client]") {
   CHECK((*authorized)->ListJobs().ok());
 }
 
+TEST_CASE("A token file is read by the server's rules; what cannot be a header is refused",
+          "[client]") {
+  const std::string dir =
+      absl::StrCat(testing::TempDir(), "/client_token_rules_", absl::ToUnixMicros(absl::Now()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    const std::string path = dir + "/" + name;
+    std::ofstream(path + ".new") << text;
+    REQUIRE(std::rename((path + ".new").c_str(), path.c_str()) == 0);
+    return path;
+  };
+  const std::string server_file = write("server", "# the tokens\n\ntok-B\n  tok-C  \n");
+  ServerOptions server_options;
+  server_options.token_file = server_file;
+  auto server = StartLocalServer(server_options);
+  ClientOptions options;
+  options.endpoint = absl::StrCat("127.0.0.1:", server->port());
+  options.credentials_refresh = absl::Milliseconds(1);
+
+  // The server's own file, and one with a comment: the first token goes.
+  // (Before, the whole file went, newlines included, and gRPC aborted the
+  // client: rdzvctl and launch exited 134.)
+  for (const std::string& path : {server_file, write("commented", "# my token\ntok-C\n")}) {
+    INFO(path);
+    options.token_file = path;
+    auto client = Client::Connect(options);
+    REQUIRE(client.ok());
+    CHECK((*client)->ListJobs().ok());
+  }
+
+  // Bytes no header may hold: refused at Connect, naming the line.
+  for (const std::string& text : {std::string("t\xc3\xb6k\n"), std::string("tok\tB\n")}) {
+    options.token_file = write("unsendable", "# fine\n" + text);
+    auto refused = Client::Connect(options);
+    INFO(refused.status().ToString());
+    CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(absl::StrContains(refused.status().message(), "line 2"));
+    CHECK(absl::StrContains(refused.status().message(), "printable ASCII on one line"));
+  }
+  ClientOptions direct = options;
+  direct.token_file.clear();
+  direct.token = "two\nlines";
+  CHECK(Client::Connect(direct).status().code() == absl::StatusCode::kInvalidArgument);
+  ClientOptions secret = options;
+  secret.token_file.clear();
+  secret.job_secret_file = write("secret", "line one\nline two\n");
+  CHECK(Client::Connect(secret).status().code() == absl::StatusCode::kInvalidArgument);
+
+  // A rotation to a file that cannot be sent keeps the token before, and
+  // calls go on (before: the client aborted about one refresh later).
+  const std::string rotated = write("rotated", "tok-B\n");
+  options.token_file = rotated;
+  auto client = Client::Connect(options);
+  REQUIRE(client.ok());
+  REQUIRE((*client)->ListJobs().ok());
+  write("rotated", "# rotated\nt\xc3\xb6k\n");
+  for (int i = 0; i < 3; ++i) CHECK((*client)->ListJobs().ok());
+  write("rotated", "# rotated\ntok-C\n");
+  CHECK((*client)->ListJobs().ok());
+}
+
 TEST_CASE("CheckHealth asks grpc.health.v1.Health, which takes no token", "[client][health]") {
   const std::string token_path = absl::StrCat(testing::TempDir(), "/client_test_health_token");
   std::ofstream(token_path) << "health-token\n";
