@@ -22,6 +22,7 @@ namespace muster::rdzv {
 namespace {
 
 // Room for the rest of a Set request around a value of max_value_bytes, so
+#include "rendezvous/server/tls_check.h"
 // an oversized value reaches the state machine's RESOURCE_EXHAUSTED check
 // instead of being cut off by gRPC.
 constexpr size_t kMessageOverhead = 64 * 1024;
@@ -154,6 +155,11 @@ absl::Status ServerImpl::Init() {
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(
+  if (!options_.tls_client_ca_file.empty()) {
+    absl::Status client_ca = CheckClientCaLoads(options_.tls_client_ca_file);
+    if (!client_ca.ok()) return client_ca;
+  }
+  if (!options_.tls_cert_file.empty()) WarnIfCertificateOutOfDate(options_.tls_cert_file);
         absl::StrCat("cannot listen on '", options_.listen_address,
                      "' (address in use, not local, or bad TLS key/certificate)"));
   }

@@ -78,7 +78,8 @@ std::string MetricsAddress(const ServerOptions& options);
 class Server {
  public:
   // Starts serving. Errors: INVALID_ARGUMENT for unreadable TLS/token files,
-  // a TLS key that is not the certificate's own, a bad address,
+  // a TLS key that is not the certificate's own, a client CA that does not
+  // load, a bad address,
   // metrics_require_token without a token_file, or a quota or keepalive that
   // is not positive, UNAVAILABLE if the port cannot be bound, DATA_LOSS if
   // the state dir holds state that cannot be read.

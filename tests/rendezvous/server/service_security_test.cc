@@ -320,10 +320,57 @@ TEST_CASE("credential files that cannot be used fail Start, naming the file") {
     options.tls_cert_file = dir.path() + "/server.crt";
     options.tls_key_file = dir.path() + "/client.key";
   }
+  SECTION("a client CA that does not load") {
+    // gRPC would serve and refuse every client, naming no file.
+    MakeCertificates(dir.path());
+    options.tls_cert_file = dir.path() + "/server.crt";
+    options.tls_key_file = dir.path() + "/server.key";
+    options.tls_client_ca_file = dir.path() + "/corrupt-ca.crt";
+    WriteFile(options.tls_client_ca_file,
+              ReadFile(dir.path() + "/ca.crt").substr(0, 300) + "\n-----END CERTIFICATE-----\n");
+  }
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
   REQUIRE(!server.ok());
   CHECK(server.status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(server.status().message().find(dir.path()) != std::string::npos);
+}
+
+TEST_CASE("a server certificate out of its validity dates is served with a warning") {
+  TempDir dir;
+  MakeCertificates(dir.path());
+  // `openssl ca` is the CLI that sets both dates; x509 -req only counts days from now.
+  const std::string script =
+      "set -e; cd '" + dir.path() +
+      "'; mkdir db; touch db/index; echo 01 > db/serial;"
+      "printf "
+      "'[ca]\\ndefault_ca=c\\n[c]\\ndatabase=db/index\\nnew_certs_dir=db\\nunique_subject=no\\n"
+      "serial=db/serial\\ndefault_md=sha256\\npolicy=p\\n[p]\\ncommonName=supplied\\n' > ca.cnf;"
+      "openssl ca -batch -config ca.cnf -cert ca.crt -keyfile ca.key -in server.csr "
+      "-out old.crt -startdate 20000101000000Z -enddate 20010101000000Z;"
+      "openssl ca -batch -config ca.cnf -cert ca.crt -keyfile ca.key -in server.csr "
+      "-out future.crt -startdate 20990101000000Z -enddate 21000101000000Z;";
+  REQUIRE(std::system(("sh -c \"" + script + "\" >/dev/null 2>&1").c_str()) == 0);
+  ServerOptions options = LocalOptions();
+  options.tls_key_file = dir.path() + "/server.key";
+  std::string expected;
+  SECTION("expired") {
+    options.tls_cert_file = dir.path() + "/old.crt";
+    expected = "' expired on Jan  1 00:00:00 2001 GMT";
+  }
+  SECTION("not valid yet") {
+    options.tls_cert_file = dir.path() + "/future.crt";
+    expected = "' is not valid until Jan  1 00:00:00 2099 GMT";
+  }
+  SECTION("valid") { options.tls_cert_file = dir.path() + "/server.crt"; }
+  CapturedLog log;
+  std::unique_ptr<Server> server = StartOrFail(options);
+  INFO(log.Text());
+  if (expected.empty()) {
+    CHECK(log.Text().find("TLS certificate") == std::string::npos);
+  } else {
+    CHECK(log.Text().find("TLS certificate '" + options.tls_cert_file + expected) !=
+          std::string::npos);
+  }
 }
 
 grpc::StatusCode CreateJob(Stub& stub, const std::string& job_id, const std::string& secret,
