@@ -109,13 +109,26 @@ absl::StatusOr<StateFile> StateFile::Open(const std::string& state_dir) {
 }
 
 absl::StatusOr<std::optional<state::ServerState>> StateFile::Load() const {
-  std::ifstream in(path_, std::ios::binary);
-  if (!in) {
-    if (access(path_.c_str(), F_OK) != 0 && errno == ENOENT) {
-      return std::optional<state::ServerState>();
-    }
+  struct stat info;
+  if (stat(path_.c_str(), &info) != 0) {
+    if (errno == ENOENT) return std::optional<state::ServerState>();
     return ErrnoError("cannot read state file", path_);
   }
+  // A directory reads as no bytes, which parse as no jobs: the server would
+  // claim a restore and then fail every write (the rename over it).
+  if (!S_ISREG(info.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state file '", path_, "' is not a regular file; move it away to start empty"));
+  }
+  // Every state written holds its format_version, so it is never empty.
+  if (info.st_size == 0) {
+    return absl::DataLossError(absl::StrCat(
+        "state file '", path_,
+        "' is empty, and no server writes an empty one (a copy or restore cut short?); "
+        "restore it, or remove it to start empty"));
+  }
+  std::ifstream in(path_, std::ios::binary);
+  if (!in) return ErrnoError("cannot read state file", path_);
   std::ostringstream contents;
   contents << in.rdbuf();
   if (in.bad()) return ErrnoError("cannot read state file", path_);
@@ -143,7 +156,10 @@ absl::Status StateFile::Write(const state::ServerState& snapshot) const {
   std::string temp_path = path_ + kTempSuffix;
   int fd = open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoError("cannot create", temp_path);
-  absl::Status status = WriteAll(fd, data, temp_path);
+  // A stale temp file (a crash mid-write, a copy) keeps its own mode through
+  // O_TRUNC, and would pass it on to state.pb.
+  absl::Status status = fchmod(fd, 0600) == 0 ? absl::OkStatus() : ErrnoError("chmod", temp_path);
+  if (status.ok()) status = WriteAll(fd, data, temp_path);
   if (status.ok() && fsync(fd) != 0) status = ErrnoError("fsync", temp_path);
   if (close(fd) != 0 && status.ok()) status = ErrnoError("close", temp_path);
   if (!status.ok()) {

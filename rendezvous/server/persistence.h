@@ -32,8 +32,9 @@ class StateFile {
   static absl::StatusOr<StateFile> Open(const std::string& state_dir);
 
   // The saved state, or nullopt when no state file exists yet. DATA_LOSS
-  // naming the file when it exists but cannot be parsed; INTERNAL when it
-  // cannot be read.
+  // naming the file when it exists but is empty or cannot be parsed;
+  // INVALID_ARGUMENT when it is not a regular file; INTERNAL when it cannot
+  // be read.
   absl::StatusOr<std::optional<state::ServerState>> Load() const;
 
   // Replaces the saved state atomically (see above); the file is mode 0600.

@@ -372,5 +372,39 @@ TEST_CASE("an unparseable state file stops Start with DATA_LOSS and is kept") {
   CHECK(ReadFile(dir.path() + "/state.pb") == garbage);
 }
 
+TEST_CASE("a state file that is a directory or empty stops Start, naming it") {
+  TempDir dir;
+  const std::string state_file = dir.path() + "/state.pb";
+  absl::StatusCode expected;
+  SECTION("a directory") {
+    // It read as no jobs, and then every write failed to rename over it.
+    REQUIRE(mkdir(state_file.c_str(), 0700) == 0);
+    expected = absl::StatusCode::kInvalidArgument;
+  }
+  SECTION("empty") {
+    // It read as no jobs; no server writes one, so it is a botched restore.
+    std::ofstream(state_file, std::ios::binary).flush();
+    expected = absl::StatusCode::kDataLoss;
+  }
+  ServerOptions options = LocalOptions();
+  options.state_dir = dir.path();
+  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+  REQUIRE(!server.ok());
+  INFO(server.status().ToString());
+  CHECK(server.status().code() == expected);
+  CHECK(server.status().message().find("'" + state_file + "'") != std::string::npos);
+}
+
+TEST_CASE("a stale state.pb.tmp does not pass its mode to state.pb") {
+  TempDir dir;
+  const std::string temp = dir.path() + "/state.pb.tmp";
+  std::ofstream(temp, std::ios::binary) << "stale";
+  REQUIRE(chmod(temp.c_str(), 0644) == 0);
+  ServerOptions options = LocalOptions();
+  options.state_dir = dir.path();
+  StartOrFail(options)->Shutdown();  // the last write makes state.pb
+  CHECK(ModeOf(dir.path() + "/state.pb") == 0600);
+}
+
 }  // namespace
 }  // namespace muster::rdzv::testing
