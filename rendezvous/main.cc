@@ -1,4 +1,5 @@
 // The `rendezvous` binary: one rendezvous server until SIGTERM or SIGINT.
+// SIGHUP, SIGUSR1 and SIGUSR2 are logged and ignored.
 //
 // Prints "rendezvous: listening on <host>:<port>" once it serves (tools and
 // tests wait for that line). Exit codes: 0 after a graceful shutdown, 2 for
@@ -8,6 +9,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <cstring>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -143,13 +145,18 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
 
-  // Block the stop signals in every thread (gRPC's threads inherit this
-  // mask) so that this thread alone receives them through sigwait.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Block the signals handled here in every thread (gRPC's threads inherit
+  // this mask) so that this thread alone receives them through sigwait.
+  // HUP, USR1 and USR2 would otherwise kill the server without a word (a
+  // closed SSH session, a reload by habit); there is nothing to reload, as
+  // credentials are read again when their files change, so they are
+  // logged and ignored.
+  sigset_t handled_signals;
+  sigemptyset(&handled_signals);
+  for (int signal_number : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) {
+    sigaddset(&handled_signals, signal_number);
+  }
+  pthread_sigmask(SIG_BLOCK, &handled_signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<muster::rdzv::Server>> server =
       muster::rdzv::Server::Start(options);
@@ -166,8 +173,14 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
 
   int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
-  spdlog::info("rendezvous: signal {} received, shutting down", signal_number);
+  while (sigwait(&handled_signals, &signal_number) == 0 && signal_number != SIGTERM &&
+         signal_number != SIGINT) {
+    spdlog::info(
+        "rendezvous: SIG{} received and ignored (credentials are read again when their files "
+        "change; SIGTERM or SIGINT stops the server)",
+        sigabbrev_np(signal_number));
+  }
+  spdlog::info("rendezvous: SIG{} received, shutting down", sigabbrev_np(signal_number));
   (*server)->Shutdown(absl::Seconds(2));
   return 0;
 }
