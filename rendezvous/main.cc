@@ -7,12 +7,15 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <cmath>
 #include <cstdio>
-#include <iostream>
 #include <cstring>
+#include <iostream>
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "rendezvous/server/server.h"
 #include "spdlog/spdlog.h"
@@ -20,6 +23,24 @@
 namespace {
 
 constexpr int kExitUsage = 2;
+
+// A number above (or, with `or_equal`, at least) `bound`: CLI11's
+// PositiveNumber and NonNegativeNumber print their range with a 310-digit
+// maximum and the bound they exclude ("0 not in range 0 to 1797..."), and
+// let NaN through.
+CLI::Validator Above(double bound, bool or_equal = false) {
+  const std::string wanted = absl::StrCat(or_equal ? ">= " : "> ", bound);
+  return CLI::Validator(
+      [bound, or_equal, wanted](std::string& text) -> std::string {
+        double value = 0;
+        if (absl::SimpleAtod(text, &value) && std::isfinite(value) &&
+            (or_equal ? value >= bound : value > bound)) {
+          return "";
+        }
+        return absl::StrCat("must be a number ", wanted, ", not '", text, "'");
+      },
+      wanted);
+}
 
 // The host part of host:port, as the listening line shows it.
 std::string HostOf(const std::string& listen_address) {
@@ -52,7 +73,7 @@ int main(int argc, char** argv) {
                  "seconds between looks at the token and TLS files for a change, which takes "
                  "effect without a restart (TLS: whole seconds, at least 1)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--metrics-port", options.metrics_port, "port for Prometheus /metrics (0: off)")
       ->capture_default_str()
       ->check(CLI::Range(0, 65535));
@@ -68,64 +89,64 @@ int main(int argc, char** argv) {
   app.add_option("--max-watch-streams", options.max_watch_streams,
                  "open Watch streams on this server")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-watch-streams-per-job", options.max_watch_streams_per_job,
                  "open Watch streams on one job")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-waiters-per-job", options.max_waiters_per_job,
                  "blocked Get and Wait calls on one job")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-jobs-per-identity", options.max_jobs_per_identity,
                  "jobs that callers presenting one job secret (or none) may "
                  "have at once")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error|critical|off")
       ->capture_default_str()
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
   app.add_option("--max-value-bytes", options.limits.max_value_bytes, "largest store value")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-key-bytes", options.limits.max_key_bytes, "largest store key")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-keys-per-job", options.limits.max_keys_per_job,
                  "keys in one job's round store")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-members-per-job", options.limits.max_members_per_job, "members of one job")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-jobs", options.limits.max_jobs, "jobs on this server")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-keys-per-request", options.limits.max_keys_per_request,
                  "keys one MultiGet or Wait may name")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-response-bytes", options.limits.max_response_bytes,
                  "bytes of values one MultiGet may return (>= --max-value-bytes)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-job-bytes", options.limits.max_job_bytes,
                  "bytes one job may hold: store keys and values, members, "
                  "records")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-total-bytes", options.limits.max_total_bytes,
                  "bytes all jobs together may hold (bounds the state file)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--max-join-timeout-ms", options.limits.max_join_timeout_ms,
                  "longest join_timeout_ms a new job may ask for")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(Above(0));
   app.add_option("--closed-retention", closed_retention_s,
                  "seconds a finished job is kept before it is dropped")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(Above(0, /*or_equal=*/true));
 
   try {
     app.parse(argc, argv);

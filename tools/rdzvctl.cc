@@ -10,6 +10,7 @@
 // Exit codes: 0 success (health: the server reports SERVING); 1 the call
 // failed (one line: status code name and message) or the server reports
 // another health status; 2 bad usage or unusable options.
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -18,6 +19,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -149,9 +151,17 @@ int Main(int argc, char** argv) {
   app.add_option("--tls-cert", options.tls_cert_file, "client cert (mTLS)");
   app.add_option("--tls-key", options.tls_key_file, "client key (mTLS)");
   app.add_option("--job-secret-file", job_secret_file, "the job's secret");
+  // Not CLI::PositiveNumber: it lets NaN through (a call without a
+  // deadline) and words a refusal as "0 not in range 0 to <310 digits>".
   app.add_option("--timeout", timeout_seconds, "seconds per call")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            double value = 0;
+            if (absl::SimpleAtod(text, &value) && std::isfinite(value) && value > 0) return "";
+            return absl::StrCat("must be a number of seconds > 0, not '", text, "'");
+          },
+          "> 0"));
 
   std::string job_id, reason = "closed by rdzvctl";
   CLI::App* list = app.add_subcommand("list", "list jobs");

@@ -115,5 +115,20 @@ TEST_CASE("rdzvctl health checks grpc.health.v1.Health, which needs no token") {
   CHECK(Rdzvctl(endpoint, {"health", "extra"}).exit_code == 2);
 }
 
+TEST_CASE("rdzvctl refuses unusable options with exit 2 and one line") {
+  // No server is needed: each is refused before a call.
+  const std::string endpoint = "127.0.0.1:1";
+  for (const std::string timeout : {"0", "-1", "nan", "inf"}) {
+    Output refused = Rdzvctl(endpoint, {"--timeout", timeout, "list"});
+    INFO(refused.text);
+    CHECK(refused.exit_code == 2);
+    // CLI11's own range check printed "0 not in range 0.000000 to 1797...",
+    // and let NaN through: a call with no deadline.
+    CHECK(refused.text.find("--timeout: must be a number of seconds > 0, not '" + timeout + "'") !=
+          std::string::npos);
+    CHECK(refused.text.find("1797") == std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace muster::testing

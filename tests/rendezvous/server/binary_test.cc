@@ -1,9 +1,12 @@
 // The `rendezvous` binary itself, as an operator runs it: the signals it
-// takes.
+// takes, and the one line and exit 2 of a start it refuses.
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,49 @@
 
 namespace muster::testing {
 namespace {
+
+struct Output {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs `rendezvous` with `args` to its end, which a refused start reaches
+// at once; one that serves is killed after 30 s and fails the test.
+Output RunRendezvous(const std::vector<std::string>& args) {
+  launcher::SpawnSpec spec;
+  spec.argv = {BinaryPath("rendezvous/rendezvous")};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.pipe_stdout = spec.pipe_stderr = true;
+  absl::StatusOr<launcher::Child> child = launcher::Child::Spawn(spec);
+  REQUIRE(child.ok());
+  Output output;
+  pollfd fds[2] = {{child->TakeStdout(), POLLIN, 0}, {child->TakeStderr(), POLLIN, 0}};
+  std::string* texts[2] = {&output.out, &output.err};
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while ((fds[0].fd >= 0 || fds[1].fd >= 0) && absl::Now() < deadline) {
+    if (poll(fds, 2, 100) <= 0) continue;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
+      char buffer[4096];
+      ssize_t got = read(fds[i].fd, buffer, sizeof(buffer));
+      if (got > 0) {
+        texts[i]->append(buffer, got);
+      } else {
+        close(fds[i].fd);
+        fds[i].fd = -1;  // poll skips it
+      }
+    }
+  }
+  for (const pollfd& fd : fds) {
+    if (fd.fd >= 0) close(fd.fd);
+  }
+  std::optional<launcher::ExitInfo> exit = child->WaitFor(absl::Seconds(1));
+  if (!exit.has_value()) child->KillGroupAndReap(absl::Seconds(5));
+  REQUIRE(exit.has_value());
+  output.exit_code = exit->ShellCode();
+  return output;
+}
 
 TEST_CASE("SIGHUP, SIGUSR1 and SIGUSR2 are logged and ignored; SIGTERM still stops it") {
   TempDir dir;
@@ -34,6 +80,29 @@ TEST_CASE("SIGHUP, SIGUSR1 and SIGUSR2 are logged and ignored; SIGTERM still sto
   CHECK(WIFEXITED(*status));
   CHECK(WEXITSTATUS(*status) == 0);
   CHECK(server->output().find("SIGTERM received, shutting down") != std::string::npos);
+}
+
+TEST_CASE("a flag out of its range says the bound, in one line") {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  // CLI11's range check printed "Value 0 not in range 0.000000 to 1797..."
+  // (310 digits), and let NaN through.
+  for (const Case& c : std::vector<Case>{
+           {{"--max-jobs", "0"}, "--max-jobs: must be a number > 0, not '0'"},
+           {{"--credentials-refresh", "0"}, "--credentials-refresh: must be a number > 0"},
+           {{"--credentials-refresh", "nan"}, "--credentials-refresh: must be a number > 0"},
+           {{"--closed-retention", "-1"}, "--closed-retention: must be a number >= 0, not '-1'"},
+           {{"--closed-retention", "nan"}, "--closed-retention: must be a number >= 0"},
+           {{"--max-join-timeout-ms", "0"}, "--max-join-timeout-ms: must be a number > 0"}}) {
+    Output refused = RunRendezvous(c.args);
+    INFO(refused.err);
+    CHECK(refused.exit_code == 2);
+    CHECK(refused.err.find(c.expected) != std::string::npos);
+    CHECK(refused.err.find("1797") == std::string::npos);
+    CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
+  }
 }
 
 }  // namespace
