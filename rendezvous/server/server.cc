@@ -2,8 +2,14 @@
 // metrics and health checking into one grpc::Server.
 #include "rendezvous/server/server.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <optional>
 
 #include "absl/strings/numbers.h"
@@ -16,13 +22,13 @@
 #include "rendezvous/server/metrics.h"
 #include "rendezvous/server/persistence.h"
 #include "rendezvous/server/service.h"
+#include "rendezvous/server/tls_check.h"
 #include "spdlog/spdlog.h"
 
 namespace muster::rdzv {
 namespace {
 
 // Room for the rest of a Set request around a value of max_value_bytes, so
-#include "rendezvous/server/tls_check.h"
 // an oversized value reaches the state machine's RESOURCE_EXHAUSTED check
 // instead of being cut off by gRPC.
 constexpr size_t kMessageOverhead = 64 * 1024;
@@ -37,6 +43,47 @@ absl::Status ValidateListenAddress(const std::string& address) {
         absl::StrCat("listen address '", address, "' is not host:port (port 0..65535)"));
   }
   return absl::OkStatus();
+}
+
+// gRPC reports a port it cannot bind only in a multi-line log entry and a
+// null server, with no cause it returns; binding the address once here
+// first gets the cause (errno, or the resolver's) for a one-line error. A
+// host that resolves to several addresses needs one of them, as gRPC does.
+absl::Status ProbeListenAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  std::string host = address.substr(0, colon);
+  const std::string port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on '", address, "': cannot resolve '", host,
+                     "': ", rc == EAI_SYSTEM ? strerror(errno) : gai_strerror(rc)));
+  }
+  std::string first_error;
+  bool bound = false;
+  for (addrinfo* candidate = found; candidate != nullptr && !bound;
+       candidate = candidate->ai_next) {
+    int fd =
+        socket(candidate->ai_family, candidate->ai_socktype | SOCK_CLOEXEC, candidate->ai_protocol);
+    if (fd >= 0) {
+      // As gRPC binds: a port left in TIME_WAIT by a server before is free.
+      int one = 1;
+      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      bound = bind(fd, candidate->ai_addr, candidate->ai_addrlen) == 0;
+    }
+    if (!bound && first_error.empty()) first_error = strerror(errno);
+    if (fd >= 0) close(fd);
+  }
+  freeaddrinfo(found);
+  if (bound) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("cannot listen on '", address, "': ", first_error));
 }
 
 absl::Status ValidateQuotas(const ServerOptions& options) {
@@ -96,6 +143,8 @@ absl::Status ServerImpl::Init() {
   if (!address_ok.ok()) return address_ok;
   absl::Status quotas_ok = ValidateQuotas(options_);
   if (!quotas_ok.ok()) return quotas_ok;
+  absl::Status bindable = ProbeListenAddress(options_.listen_address);
+  if (!bindable.ok()) return bindable;
   if (options_.credentials_refresh <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("credentials_refresh must be positive");
   }
@@ -106,6 +155,11 @@ absl::Status ServerImpl::Init() {
       {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file},
       options_.credentials_refresh);
   if (!credentials.ok()) return credentials.status();
+  if (!options_.tls_client_ca_file.empty()) {
+    absl::Status client_ca = CheckClientCaLoads(options_.tls_client_ca_file);
+    if (!client_ca.ok()) return client_ca;
+  }
+  if (!options_.tls_cert_file.empty()) WarnIfCertificateOutOfDate(options_.tls_cert_file);
   if (!options_.state_dir.empty()) {
     absl::StatusOr<StateFile> file = StateFile::Open(options_.state_dir);
     if (!file.ok()) return file.status();
@@ -155,13 +209,9 @@ absl::Status ServerImpl::Init() {
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(
-  if (!options_.tls_client_ca_file.empty()) {
-    absl::Status client_ca = CheckClientCaLoads(options_.tls_client_ca_file);
-    if (!client_ca.ok()) return client_ca;
-  }
-  if (!options_.tls_cert_file.empty()) WarnIfCertificateOutOfDate(options_.tls_cert_file);
         absl::StrCat("cannot listen on '", options_.listen_address,
-                     "' (address in use, not local, or bad TLS key/certificate)"));
+                     "' (bound by another process since it was tried, or TLS credentials gRPC "
+                     "refused; see gRPC's log above)"));
   }
   if (grpc::HealthCheckServiceInterface* health = grpc_server_->GetHealthCheckService()) {
     health->SetServingStatus(true);

@@ -1,7 +1,9 @@
 // The `rendezvous` binary itself, as an operator runs it: the signals it
 // takes, and the one line and exit 2 of a start it refuses.
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -103,6 +105,39 @@ TEST_CASE("a flag out of its range says the bound, in one line") {
     CHECK(refused.err.find("1797") == std::string::npos);
     CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
   }
+}
+
+TEST_CASE("a --listen that cannot be bound is one line with its cause") {
+  int taken = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(taken >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(taken, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  REQUIRE(listen(taken, 1) == 0);
+  socklen_t length = sizeof(address);
+  REQUIRE(getsockname(taken, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  const std::string in_use = absl::StrCat("127.0.0.1:", ntohs(address.sin_port));
+
+  struct Case {
+    std::string listen;
+    std::string expected;
+  };
+  // gRPC's multi-line log entry came first, then a guess at the cause.
+  for (const Case& c : std::vector<Case>{
+           {in_use, "cannot listen on '" + in_use + "': Address already in use"},
+           // TEST-NET-3: an address no interface here holds.
+           {"203.0.113.7:0", "cannot listen on '203.0.113.7:0': Cannot assign requested address"},
+           {"no-such-host.invalid:0",
+            "cannot listen on 'no-such-host.invalid:0': cannot resolve "
+            "'no-such-host.invalid': "}}) {
+    Output refused = RunRendezvous({"--listen", c.listen});
+    INFO(refused.err);
+    CHECK(refused.exit_code == 2);
+    CHECK(refused.err.find("rendezvous: cannot start: " + c.expected) == 0);
+    CHECK(std::count(refused.err.begin(), refused.err.end(), '\n') == 1);
+  }
+  close(taken);
 }
 
 }  // namespace
