@@ -82,6 +82,11 @@ struct Limits {
   // Closed, succeeded and failed jobs are dropped after this long; until
   // then they answer joins with FAILED_PRECONDITION ("job ... is closed").
   absl::Duration closed_retention = absl::Minutes(10);
+  // A job every member has left (preempted and not requeued, or given up)
+  // is dropped after this long without one: until then it keeps its place
+  // in --max-jobs and its caller's quota. A requeue after that starts the
+  // job afresh at round 0, which muster's worker resumes all the same.
+  absl::Duration idle_retention = absl::Hours(24);
 };
 
 // The most a snapshot may take: protobuf cannot serialize 2 GiB or more;

@@ -93,6 +93,7 @@ struct Job {
   absl::Time gather_start;                               // gathering of `round` began
   std::optional<absl::Time> last_call_start;             // pending first reached min
   absl::Time finished_at;                                // phase became terminal
+  std::optional<absl::Time> idle_since;                  // the last member went
   absl::Time indexed_deadline = absl::InfiniteFuture();  // in job_deadlines
 
   bool finished() const {

@@ -46,6 +46,7 @@ void StateMachine::Impl::RenewLease(Job& job, MemberRecord& member, absl::Time n
 
 absl::Time StateMachine::Impl::JobDeadline(const Job& job) const {
   if (job.finished()) return job.finished_at + limits.closed_retention;
+  if (job.idle_since) return *job.idle_since + limits.idle_retention;
   if (job.phase != pb::GATHERING) return absl::InfiniteFuture();
   if (job.last_call_start && FittingNodes(job, GatherOrder(job)) >= job.config.min_nodes()) {
     return *job.last_call_start + absl::Milliseconds(job.config.last_call_timeout_ms());
@@ -142,6 +143,13 @@ size_t StateMachine::Impl::FittingNodes(const Job& job,
 }
 
 void StateMachine::Impl::EvaluateGathering(Job& job, absl::Time now) {
+  // Called after every change of membership, so it is where the job
+  // notices it has none left (or again has some).
+  if (job.members.empty() && !job.finished()) {
+    if (!job.idle_since) job.idle_since = now;
+  } else {
+    job.idle_since.reset();
+  }
   if (job.phase == pb::GATHERING) {
     const size_t pending = job.pending.size();
     const size_t min_nodes = job.config.min_nodes();
@@ -400,7 +408,8 @@ void StateMachine::Impl::TickUntil(absl::Time now) {
         job_deadlines.erase(job_deadlines.begin());  // stale; cannot happen
         continue;
       }
-      if (job->finished()) {
+      if (job->finished() || (job->idle_since && job->members.empty())) {
+        // Retention over: a finished job's, or an idle one's.
         DropJob(key.second);
         continue;
       }

@@ -98,15 +98,7 @@ TEST_CASE("a lost node lets a spare make the world fit again") {
   REQUIRE(h.State("j1").phase() == pb::RUNNING);
   REQUIRE(h.State("j1").nodes_waiting() == 1);
   // a's node is gone for good: b and c make a world of 2.
-  REQUIRE_OK(h.machine.Leave(
-      [&] {
-        pb::LeaveRequest request;
-        request.set_job_id("j1");
-        request.set_member_id(a);
-        return request;
-      }(),
-      h.now));
-  h.Check();
+  REQUIRE_OK(h.Leave("j1", a));
   h.Rejoin("j1", config, b);
   h.Advance(absl::Seconds(1));
   pb::JobState state = h.State("j1");

@@ -273,14 +273,10 @@ TEST_CASE("a round nobody waits for does not time out; the first joiner starts t
   std::string a = h.Join("j1", config);
   std::string b = h.Join("j1", config);
   REQUIRE(h.State("j1").phase() == pb::RUNNING);
-  for (const std::string& member : {a, b}) {
-    pb::LeaveRequest leave;
-    leave.set_job_id("j1");
-    leave.set_member_id(member);
-    REQUIRE_OK(h.machine.Leave(leave, h.now));
-  }
+  for (const std::string& member : {a, b}) REQUIRE_OK(h.Leave("j1", member));
   REQUIRE(h.State("j1").phase() == pb::GATHERING);
-  REQUIRE(h.machine.NextDeadline() == absl::InfiniteFuture());
+  // No join timeout; only the idle retention (24 h) runs.
+  REQUIRE(h.machine.NextDeadline() == h.now + Limits().idle_retention);
   h.Advance(absl::Hours(2));
   REQUIRE(h.State("j1").phase() == pb::GATHERING);
   // The requeue: one node back starts the 5 s; both back form the round.
@@ -290,6 +286,43 @@ TEST_CASE("a round nobody waits for does not time out; the first joiner starts t
   REQUIRE(h.State("j1").phase() == pb::GATHERING);
   h.Join("j1", config);
   REQUIRE(h.State("j1").phase() == pb::RUNNING);
+}
+
+TEST_CASE("a job every member left is dropped after idle_retention, unless one comes back") {
+  Limits limits;
+  limits.idle_retention = absl::Hours(1);
+  Harness h(limits);
+  auto config = Config(1, 2);
+  config.set_lease_ttl_ms(7'200'000);  // outlives every step below
+  std::string a = h.Join("j1", config);
+  h.Advance(absl::Seconds(1));
+  REQUIRE(h.State("j1").phase() == pb::RUNNING);
+  REQUIRE_OK(h.Leave("j1", a));
+  h.Advance(absl::Minutes(59));
+  REQUIRE(h.State("j1").phase() == pb::GATHERING);
+  // A requeue within the hour keeps the job, and its clock starts again
+  // only when the last member goes again.
+  std::string b = h.Join("j1", config);
+  h.Advance(absl::Minutes(30));
+  REQUIRE(h.State("j1").phase() == pb::RUNNING);
+  REQUIRE_OK(h.Leave("j1", b));
+  h.Advance(absl::Minutes(59));
+  REQUIRE(h.machine.State("j1").ok());
+  h.Advance(absl::Minutes(1));
+  REQUIRE_CODE(h.machine.State("j1"), absl::StatusCode::kNotFound);
+  REQUIRE(h.machine.job_count() == 0);
+  // The id is free: a requeue after that is a new job at round 0.
+  h.Join("j1", config);
+  REQUIRE(h.State("j1").round() == 0);
+
+  // A lease that lapses makes a job idle the same way.
+  config.set_lease_ttl_ms(600'000);
+  h.Join("j2", config);
+  h.Advance(absl::Milliseconds(600'000));
+  REQUIRE(h.machine.State("j2").ok());
+  REQUIRE(h.State("j2").members_size() == 0);
+  h.Advance(absl::Hours(1));
+  REQUIRE_CODE(h.machine.State("j2"), absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("only the last 32 failures are kept") {
@@ -315,11 +348,7 @@ TEST_CASE("a requested rank is free again once its member is gone") {
   wants1.requested_rank = 1;
   std::string a = h.Join("j1", config, wants1);
   REQUIRE_CODE(h.TryJoin("j1", config, wants1), absl::StatusCode::kFailedPrecondition);
-  pb::LeaveRequest leave;
-  leave.set_job_id("j1");
-  leave.set_member_id(a);
-  REQUIRE_OK(h.machine.Leave(leave, h.now));
-  h.Check();
+  REQUIRE_OK(h.Leave("j1", a));
   h.Join("j1", config, wants1);
   REQUIRE(h.State("j1").nodes_pending() == 1);
 }
@@ -527,21 +556,15 @@ TEST_CASE("leaving ends the round without a restart") {
   std::string a = h.Join("j1", config);
   REQUIRE(h.State("j1").phase() == pb::RUNNING);
   std::string b = h.Join("j1", config);  // waiting
-  pb::LeaveRequest leave;
-  leave.set_job_id("j1");
-  leave.set_member_id(b);
-  REQUIRE_OK(h.machine.Leave(leave, h.now));
-  h.Check();
+  REQUIRE_OK(h.Leave("j1", b));
   REQUIRE(h.State("j1").nodes_waiting() == 0);
-  leave.set_member_id(a);
-  REQUIRE_OK(h.machine.Leave(leave, h.now));
-  h.Check();
+  REQUIRE_OK(h.Leave("j1", a));
   pb::JobState state = h.State("j1");
   REQUIRE(state.phase() == pb::GATHERING);
   REQUIRE(state.last_end_reason() == pb::MEMBER_LEFT);
   REQUIRE(state.restart_count() == 0);
   REQUIRE(h.machine.member_count() == 0);
-  REQUIRE_CODE(h.machine.Leave(leave, h.now), absl::StatusCode::kNotFound);
+  REQUIRE_CODE(h.Leave("j1", a), absl::StatusCode::kNotFound);
 }
 
 TEST_CASE("versions, dirtiness and change notifications") {

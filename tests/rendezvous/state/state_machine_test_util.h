@@ -102,6 +102,15 @@ class Harness {
     return response;
   }
 
+  absl::Status Leave(const std::string& job, const std::string& member) {
+    pb::LeaveRequest request;
+    request.set_job_id(job);
+    request.set_member_id(member);
+    absl::Status status = machine.Leave(request, now);
+    Check();
+    return status;
+  }
+
   absl::StatusOr<pb::JobState> ReportFailure(const std::string& job, uint64_t round,
                                              const std::string& member, int exit_code = 1,
                                              bool permanent = false) {
