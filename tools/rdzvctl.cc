@@ -18,7 +18,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -143,14 +142,15 @@ int Main(int argc, char** argv) {
   CLI::App app{"Inspect and administer a muster rendezvous server"};
   app.require_subcommand(1);
   ClientOptions options;
-  std::string job_secret_file;
   double timeout_seconds = 5;
   app.add_option("--endpoint", options.endpoint, "server host[:port]")->capture_default_str();
   app.add_option("--token-file", options.token_file, "bearer token file");
   app.add_option("--tls-ca", options.tls_ca_file, "CA to verify the server");
   app.add_option("--tls-cert", options.tls_cert_file, "client cert (mTLS)");
   app.add_option("--tls-key", options.tls_key_file, "client key (mTLS)");
-  app.add_option("--job-secret-file", job_secret_file, "the job's secret");
+  // The client reads it as launch does: an empty file is refused, not
+  // taken for no secret.
+  app.add_option("--job-secret-file", options.job_secret_file, "the job's secret");
   // Not CLI::PositiveNumber: it lets NaN through (a call without a
   // deadline) and words a refusal as "0 not in range 0 to <310 digits>".
   app.add_option("--timeout", timeout_seconds, "seconds per call")
@@ -181,11 +181,6 @@ int Main(int argc, char** argv) {
   }
 
   options.rpc_timeout = absl::Seconds(timeout_seconds);
-  if (!job_secret_file.empty()) {
-    absl::StatusOr<std::string> secret = ReadFileToString(job_secret_file, "job secret file");
-    if (!secret.ok()) return Fail(secret.status(), kExitUsage);
-    options.job_secret = std::string(absl::StripAsciiWhitespace(*secret));
-  }
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(options);
   if (!client.ok()) return Fail(client.status(), kExitUsage);
 

@@ -116,6 +116,7 @@ TEST_CASE("rdzvctl health checks grpc.health.v1.Health, which needs no token") {
 }
 
 TEST_CASE("rdzvctl refuses unusable options with exit 2 and one line") {
+  TempDir dir;
   // No server is needed: each is refused before a call.
   const std::string endpoint = "127.0.0.1:1";
   for (const std::string timeout : {"0", "-1", "nan", "inf"}) {
@@ -128,7 +129,15 @@ TEST_CASE("rdzvctl refuses unusable options with exit 2 and one line") {
           std::string::npos);
     CHECK(refused.text.find("1797") == std::string::npos);
   }
+  // Launch refuses an empty job secret file; rdzvctl took it for none.
+  WriteFile(dir.File("empty-secret"), " \n");
+  Output empty = Rdzvctl(endpoint, {"--job-secret-file", dir.File("empty-secret"), "list"});
+  INFO(empty.text);
+  CHECK(empty.exit_code == 2);
+  CHECK(empty.text.find("job secret file \"" + dir.File("empty-secret") +
+                        "\" is empty; expected a job secret") != std::string::npos);
 }
+
 
 }  // namespace
 }  // namespace muster::testing
