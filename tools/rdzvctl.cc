@@ -70,8 +70,13 @@ void PrintState(const pb::JobState& state) {
   std::printf("phase:      %s\n", PhaseName(state.phase()).c_str());
   std::printf("round:      %llu (version %llu)\n", static_cast<unsigned long long>(state.round()),
               static_cast<unsigned long long>(state.version()));
-  std::printf("nodes:      %d of min %u, max %u; world size %u\n", state.members_size(),
-              state.config().min_nodes(), state.config().max_nodes(), state.world_size());
+  // As `list` counts them: a gathering round has no members yet, so its
+  // nodes are those joined so far (pending).
+  const bool gathering = state.phase() == pb::GATHERING;
+  std::printf("nodes:      %u%s of min %u, max %u; world size %u\n",
+              gathering ? state.nodes_pending() : static_cast<uint32_t>(state.members_size()),
+              gathering ? " joined" : "", state.config().min_nodes(), state.config().max_nodes(),
+              state.world_size());
   std::printf("restarts:   %d/%d\n", state.restart_count(), state.config().max_restarts());
   if (state.last_end_reason() != pb::END_REASON_UNSPECIFIED) {
     std::printf("last end:   %s\n", pb::RoundEndReason_Name(state.last_end_reason()).c_str());

@@ -1,6 +1,8 @@
 // rdzvctl against a real server holding a real job: two `launch` agents.
 #include <unistd.h>
 
+#include <sstream>
+
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
@@ -138,6 +140,36 @@ TEST_CASE("rdzvctl refuses unusable options with exit 2 and one line") {
                         "\" is empty; expected a job secret") != std::string::npos);
 }
 
+TEST_CASE("rdzvctl list and describe count a gathering job's nodes alike") {
+  TempDir dir;
+  auto server = StartServer();
+  // One agent of two: the round gathers, with one node joined.
+  launcher::Child agent =
+      StartLaunch({"--nnodes=2", "--nproc_per_node=1", "--rdzv_endpoint", server->endpoint(),
+                   "--rdzv_id=gather", "--no_python", "/bin/true"},
+                  dir.File("agent.log"));
+  Output list;
+  // No event says the join landed; ask until it shows.
+  REQUIRE(WaitUntil(
+      [&] {
+        list = Rdzvctl(server->endpoint(), {"list"});
+        return list.text.find("gather") != std::string::npos;
+      },
+      absl::Seconds(30)));
+  INFO(list.text);
+  // JOB PHASE ROUND NODES WORLD WAITING RESTARTS
+  std::istringstream row(list.text.substr(list.text.find("gather")));
+  std::string job, phase, round, nodes, world, waiting;
+  row >> job >> phase >> round >> nodes >> world >> waiting;
+  CHECK(phase == "GATHERING");
+  CHECK(nodes == "1");
+  CHECK(waiting == "0");
+  Output describe = Rdzvctl(server->endpoint(), {"describe", "gather"});
+  INFO(describe.text);
+  CHECK(describe.text.find("nodes:      1 joined of min 2") != std::string::npos);
+  CHECK(describe.text.find("(0 waiting, 1 pending)") != std::string::npos);
+  agent.KillGroupAndReap(absl::Seconds(10));
+}
 
 }  // namespace
 }  // namespace muster::testing
