@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "launcher/worker_env.h"
 #include "tests/launcher/harness.h"
 #include "tests/worker/thread_ranks.h"
+#include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/reader.h"
 #include "worker/data/data.h"
 #include "worker/trainer/trainer.h"
@@ -145,6 +148,91 @@ TEST_CASE("ckpt ls, verify, consolidate and diff") {
   CHECK(absl::StrContains(corrupt.err, data + ": CRC-32"));
   Result usage = RunCkpt(dir, {"frobnicate"});
   CHECK(usage.exit_code == 2);
+}
+
+// The tensor of `manifest` named `name`.
+worker::TensorRecord& TensorNamed(worker::Manifest& manifest, const std::string& name) {
+  for (worker::TensorRecord& tensor : manifest.tensors) {
+    if (tensor.name == name) return tensor;
+  }
+  FAIL("no tensor " << name);
+  throw std::logic_error("unreachable");
+}
+
+// Copies checkpoint `from` to `to` with its manifest changed by `edit`;
+// the data files are copied as they are.
+void CopyWithManifest(const std::string& from, const std::string& to,
+                      const std::function<void(worker::Manifest&)>& edit) {
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+  auto manifest = worker::ReadManifest(worker::Env::Default(), from);
+  REQUIRE(manifest.ok());
+  edit(*manifest);
+  std::ofstream(to + "/manifest.json", std::ios::trunc) << worker::ManifestToJson(*manifest);
+}
+
+TEST_CASE("ckpt refuses a manifest that contradicts itself or its model, blaming no data file") {
+  TempDir dir;
+  TrainTwoRanks(dir);
+  const std::string step8 = dir.File("ckpt/step_00000008");
+  struct Damage {
+    const char* what;
+    std::function<void(worker::Manifest&)> edit;
+    const char* says;
+  };
+  // Each passed `ckpt verify` before, and consolidate wrote wrong weights.
+  const std::vector<Damage> damages = {
+      {"a slice moved to the other file",
+       [](worker::Manifest& m) { TensorNamed(m, "params/block0.ln1w").slices[0].file = 1; },
+       "file rank_00000.bin: bytes 34816 to 34944 belong to no tensor's slice"},
+      {"a slice's offset moved",
+       [](worker::Manifest& m) { TensorNamed(m, "params/block0.ln1w").slices[0].offset -= 4; },
+       "file rank_00000.bin: tensor params/block0.ln1w's slice at byte 34812 overlaps tensor "
+       "params/embedding.wpe's"},
+      {"a tensor left out", [](worker::Manifest& m) { m.tensors.erase(m.tensors.begin() + 5); },
+       "belong to no tensor's slice"},
+      {"a tensor listed twice", [](worker::Manifest& m) { m.tensors.push_back(m.tensors[5]); },
+       "is listed twice"},
+      {"a tensor renamed",
+       [](worker::Manifest& m) { TensorNamed(m, "params/block0.ln1w").name = "params/block0.x"; },
+       "no tensor params/block0.ln1w, which its model (layers 2, heads 2, dim 32, vocab 256, "
+       "seq_len 16) has"},
+      {"a shape transposed",
+       [](worker::Manifest& m) {
+         TensorNamed(m, "params/block0.qkvw").shape = {32, 96};
+       },
+       "tensor params/block0.qkvw has shape [32, 96]; its model"},
+      {"a model dim changed", [](worker::Manifest& m) { m.model.seq_len = 17; },
+       "config_hash does not match its model (layers 2, heads 2, dim 32, vocab 256, seq_len 17)"},
+      {"a world size that is not the file count", [](worker::Manifest& m) { m.world_size = 5; },
+       "world_size 5 but 2 files"},
+  };
+  for (size_t i = 0; i < damages.size(); ++i) {
+    const Damage& damage = damages[i];
+    INFO(damage.what);
+    const std::string bad = dir.File(absl::StrCat("bad", i));
+    CopyWithManifest(step8, bad, damage.edit);
+    Result verify = RunCkpt(dir, {"verify", bad});
+    CHECK(verify.exit_code == 1);
+    CHECK(absl::StrContains(verify.err, bad + "/manifest.json: "));
+    CHECK(absl::StrContains(verify.err, damage.says));
+    Result consolidate = RunCkpt(dir, {"consolidate", bad, "-o", dir.File("model.bin")});
+    CHECK(consolidate.exit_code == 1);
+    CHECK(consolidate.err == verify.err);
+    CHECK_FALSE(std::filesystem::exists(dir.File("model.bin")));
+    // The data files are intact: no load may say their CRC is wrong.
+    Result diff = RunCkpt(dir, {"diff", step8, bad});
+    CHECK(diff.exit_code == 1);
+    CHECK(diff.err == verify.err);
+  }
+
+  // A directory named for another step than its manifest's: resume and
+  // retention order by the name.
+  CopyWithManifest(step8, dir.File("ckpt/step_00000050"), [](worker::Manifest&) {});
+  Result renamed = RunCkpt(dir, {"verify", dir.File("ckpt/step_00000050")});
+  CHECK(renamed.exit_code == 1);
+  CHECK(absl::StrContains(renamed.err, dir.File("ckpt/step_00000050") +
+                                           "/manifest.json: step 8, but the directory is "
+                                           "named for step 50"));
 }
 
 }  // namespace

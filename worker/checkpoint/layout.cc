@@ -1,8 +1,13 @@
 #include "worker/checkpoint/layout.h"
 
 #include <algorithm>
+#include <limits>
+#include <map>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "parallel/process_group.h"
+#include "worker/model/model_layout.h"
 
 namespace muster::worker {
 
@@ -29,6 +34,44 @@ uint64_t StateFloats(const std::vector<StateTensor>& tensors) {
   uint64_t end = 0;
   for (const StateTensor& t : tensors) end = std::max(end, t.flat_begin + t.count);
   return end;
+}
+
+absl::Status CheckModelTensors(const Manifest& manifest) {
+  const ModelConfig& model = manifest.model;
+  const std::string dims =
+      absl::StrCat("layers ", model.layers, ", heads ", model.heads, ", dim ", model.dim,
+                   ", vocab ", model.vocab, ", seq_len ", model.seq_len);
+  if (manifest.config_hash != ModelConfigHash(model)) {
+    return absl::DataLossError(absl::StrCat("config_hash does not match its model (", dims, ")"));
+  }
+  // Shapes are ints (4C, Vp): dims that overflow them, or that would plan
+  // more tensors than the manifest lists, are not the writer's.
+  constexpr int kLargest = std::numeric_limits<int>::max() / 4;
+  constexpr uint64_t kStageTensors = 12, kEdgeTensors = 4;  // per block; embedding + head
+  const uint64_t expected_count =
+      3 * (kEdgeTensors + kStageTensors * static_cast<uint64_t>(std::max(model.layers, 0)));
+  if (model.layers < 1 || model.heads < 1 || model.dim < 1 || model.vocab < 1 ||
+      model.seq_len < 1 || model.dim > kLargest || model.vocab > kLargest ||
+      model.seq_len > kLargest || expected_count != manifest.tensors.size()) {
+    return absl::DataLossError(absl::StrCat("its model (", dims, ") has ", expected_count,
+                                            " tensors with AdamW's moments; the manifest lists ",
+                                            manifest.tensors.size()));
+  }
+  std::map<std::string, const TensorRecord*> listed;
+  for (const TensorRecord& record : manifest.tensors) listed[record.name] = &record;
+  for (const StateTensor& tensor : StateTensors(layout::PlanStages(model))) {
+    auto found = listed.find(tensor.name);
+    if (found == listed.end()) {
+      return absl::DataLossError(
+          absl::StrCat("no tensor ", tensor.name, ", which its model (", dims, ") has"));
+    }
+    if (found->second->shape != tensor.shape) {
+      return absl::DataLossError(absl::StrCat(
+          "tensor ", tensor.name, " has shape [", absl::StrJoin(found->second->shape, ", "),
+          "]; its model (", dims, ") gives [", absl::StrJoin(tensor.shape, ", "), "]"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::vector<StateTensor> ManifestStateTensors(const Manifest& manifest) {

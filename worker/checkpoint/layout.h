@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/model/model.h"
 
@@ -33,6 +34,13 @@ struct StateTensor {
 // The flat state of a model with these stages (params, m, v).
 std::vector<StateTensor> StateTensors(const std::vector<Stage>& stages);
 uint64_t StateFloats(const std::vector<StateTensor>& tensors);
+
+// Whether `manifest`'s tensors are exactly those its `model` implies (the
+// parameters, then AdamW's m and v, of GptModel with those dims), each in
+// the model's shape, and its config_hash is that model's: DATA_LOSS
+// naming the first difference otherwise. Plans the stages; allocates no
+// model.
+absl::Status CheckModelTensors(const Manifest& manifest);
 
 // A manifest's tensors laid end to end in its order: a flat state to load
 // a checkpoint whole without a model (tools).

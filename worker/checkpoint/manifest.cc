@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <limits>
 #include <random>
+#include <set>
 #include <stdexcept>
 
 #include "absl/strings/ascii.h"
@@ -139,11 +140,74 @@ struct Parser {
   }
 };
 
+// A byte range of a file that a tensor slice claims.
+struct Claim {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  const std::string* tensor = nullptr;
+};
+
+// Each file must be exactly its claims laid end to end: SliceTensors lays
+// a rank's ranges densely from byte 0. A slice moved to another file or
+// offset by a damaged manifest overlaps or leaves a gap, and would load
+// other floats than it names (and read a file out of order for its CRC).
+absl::Status CheckFilesTiled(const Manifest& m, std::vector<std::vector<Claim>>& claims) {
+  for (size_t f = 0; f < m.files.size(); ++f) {
+    std::vector<Claim>& in_file = claims[f];
+    std::sort(in_file.begin(), in_file.end(),
+              [](const Claim& a, const Claim& b) { return a.offset < b.offset; });
+    const FileRecord& file = m.files[f];
+    uint64_t at = 0;
+    const std::string* previous = nullptr;
+    for (const Claim& claim : in_file) {
+      if (claim.offset < at) {
+        return absl::DataLossError(absl::StrCat("file ", file.name, ": tensor ", *claim.tensor,
+                                                "'s slice at byte ", claim.offset,
+                                                " overlaps tensor ", *previous, "'s"));
+      }
+      if (claim.offset > at) {
+        return absl::DataLossError(absl::StrCat("file ", file.name, ": bytes ", at, " to ",
+                                                claim.offset, " belong to no tensor's slice"));
+      }
+      at = claim.offset + claim.bytes;
+      previous = claim.tensor;
+    }
+    if (at != file.bytes) {
+      return absl::DataLossError(absl::StrCat("file ", file.name, ": bytes ", at, " to ",
+                                              file.bytes, " belong to no tensor's slice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckConsistent(const Manifest& m) {
+  // One file per rank (ReadSidecar per rank in the writer).
+  if (m.world_size < 1 || static_cast<size_t>(m.world_size) != m.files.size()) {
+    return absl::DataLossError(absl::StrCat("world_size ", m.world_size, " but ", m.files.size(),
+                                            " files (one per rank)"));
+  }
+  std::set<std::string> file_names, tensor_names;
+  for (const FileRecord& file : m.files) {
+    if (!file_names.insert(file.name).second) {
+      return absl::DataLossError(absl::StrCat("file ", file.name, " is listed twice"));
+    }
+  }
+  std::vector<std::vector<Claim>> claims(m.files.size());
   for (const TensorRecord& tensor : m.tensors) {
+    if (!tensor_names.insert(tensor.name).second) {
+      return absl::DataLossError(absl::StrCat("tensor ", tensor.name, " is listed twice"));
+    }
     if (tensor.dtype != "f32") {
       return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": dtype ", tensor.dtype,
                                               "; only f32 is supported"));
+    }
+    uint64_t elements = 1;
+    for (int64_t dim : tensor.shape) {
+      if (dim < 0 || __builtin_mul_overflow(elements, static_cast<uint64_t>(dim), &elements)) {
+        return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": shape [",
+                                                absl::StrJoin(tensor.shape, ", "),
+                                                "] is not a valid shape"));
+      }
     }
     std::vector<TensorSlice> slices = tensor.slices;
     std::sort(slices.begin(), slices.end(),
@@ -160,19 +224,24 @@ absl::Status CheckConsistent(const Manifest& m) {
         return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": slice names file ",
                                                 slice.file, " of ", m.files.size()));
       }
-      if (slice.offset + slice.count * sizeof(float) > m.files[slice.file].bytes) {
+      const uint64_t file_bytes = m.files[slice.file].bytes;
+      if (slice.count > file_bytes / sizeof(float) ||
+          slice.offset > file_bytes - slice.count * sizeof(float)) {
         return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": a slice ends past the ",
-                                                m.files[slice.file].bytes, " bytes of ",
+                                                file_bytes, " bytes of ",
                                                 m.files[slice.file].name));
+      }
+      if (slice.count > 0) {
+        claims[slice.file].push_back({slice.offset, slice.count * sizeof(float), &tensor.name});
       }
       covered += slice.count;
     }
-    if (covered != tensor.elements()) {
+    if (covered != elements) {
       return absl::DataLossError(absl::StrCat("tensor ", tensor.name, ": slices cover ", covered,
-                                              " of ", tensor.elements(), " elements"));
+                                              " of ", elements, " elements"));
     }
   }
-  return absl::OkStatus();
+  return CheckFilesTiled(m, claims);
 }
 
 }  // namespace

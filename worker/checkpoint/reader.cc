@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,17 @@
 
 namespace muster::worker {
 namespace {
+
+// The same words from verify and from a load, so either names the file's
+// real size and the manifest's.
+absl::Status SizeMismatch(const std::string& path, uint64_t bytes, const FileRecord& record) {
+  return absl::DataLossError(
+      absl::StrCat(path, ": ", bytes, " bytes, the manifest says ", record.bytes));
+}
+absl::Status CrcMismatch(const std::string& path, uint32_t crc, const FileRecord& record) {
+  return absl::DataLossError(
+      absl::StrFormat("%s: CRC-32 is %08x, the manifest says %08x", path, crc, record.crc32));
+}
 
 // Reads `spans` (sorted, covering the file exactly) and checks the CRC.
 absl::Status ReadFileChecked(Env* env, const std::string& path, const FileRecord& record,
@@ -31,10 +43,9 @@ absl::Status ReadFileChecked(Env* env, const std::string& path, const FileRecord
     return absl::DataLossError(
         absl::StrCat(path, ": longer than the manifest's ", record.bytes, " bytes"));
   }
-  if (crc != record.crc32) {
-    return absl::DataLossError(
-        absl::StrFormat("%s: CRC-32 is %08x, the manifest says %08x", path, crc, record.crc32));
-  }
+  // The spans cover the file in order (the manifest's slices tile it), so
+  // this is the CRC-32 of the whole file, as the manifest's is.
+  if (crc != record.crc32) return CrcMismatch(path, crc, record);
   return absl::OkStatus();
 }
 
@@ -94,25 +105,31 @@ absl::StatusOr<Manifest> ReadManifest(Env* env, const std::string& path) {
   }
   auto text = ReadSmallFile(env, file);
   if (!text.ok()) return text.status();
-  return ParseManifest(*text, file);
+  auto manifest = ParseManifest(*text, file);
+  if (!manifest.ok()) return manifest.status();
+  if (absl::Status model = CheckModelTensors(*manifest); !model.ok()) {
+    return absl::DataLossError(absl::StrCat(file, ": ", model.message()));
+  }
+  return manifest;
 }
 
 absl::StatusOr<Manifest> VerifyCheckpoint(Env* env, const std::string& path) {
   auto manifest = ReadManifest(env, path);
   if (!manifest.ok()) return manifest.status();
+  // Resume and retention order checkpoints by their names: one named for
+  // another step than it holds would be taken out of turn.
+  const std::string name = std::filesystem::path(path).filename().string();
+  if (std::optional<int> named = ParseStepDirName(name); named && *named != manifest->step) {
+    return absl::DataLossError(absl::StrCat(path, "/", kManifestName, ": step ", manifest->step,
+                                            ", but the directory is named for step ", *named));
+  }
   for (const FileRecord& record : manifest->files) {
     const std::string file = path + "/" + record.name;
     uint32_t crc = 0;
     uint64_t bytes = 0;
     if (absl::Status status = FileCrc(env, file, &crc, &bytes); !status.ok()) return status;
-    if (bytes != record.bytes) {
-      return absl::DataLossError(
-          absl::StrCat(file, ": ", bytes, " bytes, the manifest says ", record.bytes));
-    }
-    if (crc != record.crc32) {
-      return absl::DataLossError(
-          absl::StrFormat("%s: CRC-32 is %08x, the manifest says %08x", file, crc, record.crc32));
-    }
+    if (bytes != record.bytes) return SizeMismatch(file, bytes, record);
+    if (crc != record.crc32) return CrcMismatch(file, crc, record);
   }
   return manifest;
 }
@@ -212,6 +229,10 @@ absl::Status LoadFlatRanges(Env* env, const std::string& path, const Manifest& m
     std::vector<FileSpan> all;
     uint64_t at = 0;
     for (const FileSpan& piece : pieces) {
+      if (piece.offset < at) {  // ParseManifest refuses such a manifest
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, "/", record.name, ": the manifest's slices overlap at byte ", piece.offset));
+      }
       if (piece.offset > at) all.push_back({at, piece.offset - at, nullptr});
       all.push_back(piece);
       at = piece.offset + piece.bytes;

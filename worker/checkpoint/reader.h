@@ -1,9 +1,10 @@
 // Finding, verifying and loading checkpoints (docs/checkpoint-format.md).
 //
 // Errors: NOT_FOUND for a missing directory or manifest (a torn checkpoint
-// has no manifest), DATA_LOSS for a manifest that does not parse or a data
-// file whose size or CRC-32 differs from the manifest's, UNAVAILABLE for
-// I/O errors. Every message names the file. All I/O goes through `env`.
+// has no manifest), DATA_LOSS for a manifest that does not parse or is not
+// self-consistent or a data file whose size or CRC-32 differs from the
+// manifest's, the Env's code (UNAVAILABLE, PERMISSION_DENIED, ...) for a
+// manifest or file that cannot be read. Every message names the file. All I/O goes through `env`.
 // Thread-safe: no shared state.
 #pragma once
 
@@ -31,10 +32,12 @@ struct CheckpointEntry {
 // that it is not taken for an empty directory.
 absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(Env* env, const std::string& dir);
 
-// Reads and parses path/manifest.json.
+// Reads and parses path/manifest.json, and checks that its tensors are
+// its model's (CheckModelTensors).
 absl::StatusOr<Manifest> ReadManifest(Env* env, const std::string& path);
 
-// Reads the manifest and every data file in full, checking sizes and CRCs.
+// Reads the manifest and every data file in full, checking sizes and CRCs,
+// and that a step_N directory's manifest says step N.
 absl::StatusOr<Manifest> VerifyCheckpoint(Env* env, const std::string& path);
 
 // The newest checkpoint in `dir` that verifies and that `accept` (when

@@ -1,7 +1,9 @@
 // The model's memory layout: where each tensor lives, and the activations
 // of the forward pass. Internal to the model library and to the optimizer
 // (//worker/optim, which walks the stage buffers with StageOffsets and
-// ForEachStagePiece); nothing else should include it.
+// ForEachStagePiece), and to the checkpoint layout, which checks a
+// manifest's tensors against PlanStages without allocating a model;
+// nothing else should include it.
 #pragma once
 
 #include <cstddef>

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -149,6 +150,40 @@ TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refus
   CHECK(absl::StrContains(bad.status().message(), "rank_00001.bin"));
   CHECK(ParseManifest("{\"format_version\": 1", "cut").status().code() ==
         absl::StatusCode::kDataLoss);
+
+  // Each file is its slices end to end, as SliceTensors lays them, and
+  // nothing is listed twice: a damaged slice would load other floats.
+  struct Damage {
+    const char* what;
+    std::function<void(Manifest&)> edit;
+    const char* says;
+  };
+  for (const Damage& damage : std::vector<Damage>{
+           {"a slice moved into the other file",
+            [](Manifest& d) { d.tensors[0].slices[1].file = 0; },
+            "file rank_00000.bin: tensor params/a's slice at byte 0 overlaps tensor params/a's"},
+           {"a slice that starts past a gap",
+            [](Manifest& d) {
+              d.files[0].bytes = 16;
+              d.tensors[0].slices[0].offset = 4;
+            },
+            "file rank_00000.bin: bytes 0 to 4 belong to no tensor's slice"},
+           {"a file longer than its slices", [](Manifest& d) { d.files[1].bytes = 16; },
+            "file rank_00001.bin: bytes 12 to 16 belong to no tensor's slice"},
+           {"a tensor listed twice", [](Manifest& d) { d.tensors.push_back(d.tensors[0]); },
+            "tensor params/a is listed twice"},
+           {"a file listed twice", [](Manifest& d) { d.files[1].name = d.files[0].name; },
+            "file rank_00000.bin is listed twice"},
+           {"a world size that is not the file count", [](Manifest& d) { d.world_size = 5; },
+            "world_size 5 but 2 files (one per rank)"},
+       }) {
+    INFO(damage.what);
+    Manifest damaged = m;
+    damage.edit(damaged);
+    auto refused = ParseManifest(ManifestToJson(damaged), "damaged");
+    CHECK(refused.status().code() == absl::StatusCode::kDataLoss);
+    CHECK(refused.status().message() == absl::StrCat("damaged: ", damage.says));
+  }
   CHECK(ParseStepDirName("step_00000012") == 12);
   CHECK_FALSE(ParseStepDirName(".tmp_step_00000012").has_value());
   CHECK_FALSE(ParseStepDirName("step_12").has_value());

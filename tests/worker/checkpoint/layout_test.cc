@@ -73,8 +73,9 @@ TEST_CASE("SliceTensors: a file of several ranges holds them end to end, in its 
   CHECK(records[2].slices == c);
 
   // The slices are what ParseManifest accepts: every tensor covered once,
-  // every slice inside its file.
+  // every slice inside its file, each file its slices end to end.
   Manifest manifest;
+  manifest.world_size = static_cast<int>(files.size());
   for (size_t file = 0; file < files.size(); ++file) {
     uint64_t floats = 0;
     for (const FlatRange& range : files[file]) floats += range.count;
