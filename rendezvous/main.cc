@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   double credentials_refresh_s = absl::ToDoubleSeconds(options.credentials_refresh);
   app.add_option("--credentials-refresh", credentials_refresh_s,
                  "seconds between looks at the token and TLS files for a change, which takes "
-                 "effect without a restart (TLS: whole seconds, at least 1)")
+                 "effect without a restart (the TLS files: rounded up to whole seconds)")
       ->capture_default_str()
       ->check(Above(0));
   app.add_option("--metrics-port", options.metrics_port, "port for Prometheus /metrics (0: off)")

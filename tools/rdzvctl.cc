@@ -36,6 +36,18 @@ int Fail(const absl::Status& status, int exit_code) {
   return exit_code;
 }
 
+// A call on one job that failed, with what the server's message leaves
+// out: that no secret was given (it says "wrong secret" either way).
+int FailOnJob(const absl::Status& status, bool secret_given) {
+  if (status.code() == absl::StatusCode::kPermissionDenied && !secret_given) {
+    return Fail(absl::Status(status.code(), absl::StrCat(status.message(),
+                                                         " (none given: the job has a job "
+                                                         "secret; pass --job-secret-file)")),
+                kExitCallFailed);
+  }
+  return Fail(status, kExitCallFailed);
+}
+
 std::string PhaseName(pb::Phase phase) {
   std::string name = pb::Phase_Name(phase);
   return name.empty() ? absl::StrCat(static_cast<int>(phase)) : name;
@@ -102,9 +114,10 @@ void PrintState(const pb::JobState& state) {
   if (state.failures_size() > 0) {
     std::printf("\nfailures (%d):\n", state.failures_size());
     for (const pb::Failure& failure : state.failures()) {
-      std::printf("  round %llu member %s exit %d: %s\n",
+      std::printf("  round %llu member %s exit %d%s%s\n",
                   static_cast<unsigned long long>(failure.round()), failure.member_id().c_str(),
-                  failure.exit_code(), failure.message().c_str());
+                  failure.exit_code(), failure.message().empty() ? "" : ": ",
+                  failure.message().c_str());
     }
   }
 }
@@ -113,7 +126,8 @@ int Describe(Client& client, const std::string& job_id) {
   pb::DescribeJobRequest request;
   request.set_job_id(job_id);
   absl::StatusOr<pb::DescribeJobResponse> response = client.DescribeJob(request);
-  if (!response.ok()) return Fail(response.status(), kExitCallFailed);
+  if (!response.ok())
+    return FailOnJob(response.status(), !client.options().job_secret_file.empty());
   PrintState(response->state());
   return 0;
 }
@@ -123,7 +137,15 @@ int Close(Client& client, const std::string& job_id, const std::string& reason) 
   request.set_job_id(job_id);
   request.set_reason(reason);
   absl::StatusOr<pb::CloseJobResponse> response = client.CloseJob(request);
-  if (!response.ok()) return Fail(response.status(), kExitCallFailed);
+  // A finished job cannot be closed, and exits 1 so that a script learns
+  // the job ended some other way; the server's message names how.
+  if (response.status().code() == absl::StatusCode::kFailedPrecondition) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+                    response.status().message(), ": it has already finished; nothing to close")),
+                kExitCallFailed);
+  }
+  if (!response.ok())
+    return FailOnJob(response.status(), !client.options().job_secret_file.empty());
   std::printf("job %s: %s\n", job_id.c_str(), PhaseName(response->state().phase()).c_str());
   return 0;
 }
@@ -168,7 +190,7 @@ int Main(int argc, char** argv) {
           },
           "> 0"));
 
-  std::string job_id, reason = "closed by rdzvctl";
+  std::string job_id, reason;
   CLI::App* list = app.add_subcommand("list", "list jobs");
   CLI::App* describe = app.add_subcommand("describe", "show one job");
   describe->add_option("JOB", job_id, "job id")->required();
@@ -191,7 +213,8 @@ int Main(int argc, char** argv) {
 
   if (*list) return List(**client);
   if (*describe) return Describe(**client, job_id);
-  if (*close) return Close(**client, job_id, reason);
+  // `--reason ""` reads as no reason, not as the server's own default.
+  if (*close) return Close(**client, job_id, reason.empty() ? "closed by rdzvctl" : reason);
   if (*health) return Health(**client);
   return kExitUsage;
 }

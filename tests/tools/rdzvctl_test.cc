@@ -88,6 +88,12 @@ TEST_CASE("rdzvctl lists, describes and closes a running job") {
   // The round's end is said as the close, not as a reason left unset.
   CHECK(log.find("END_REASON_UNSPECIFIED") == std::string::npos);
   CHECK(log.find("ended (job CLOSED: maintenance)") != std::string::npos);
+
+  // A finished job is not closed again; exit 1 says it ended before.
+  Output again = Rdzvctl(server->endpoint(), {"close", "ctl"});
+  INFO(again.text);
+  CHECK(again.exit_code == 1);
+  CHECK(again.text.find("it has already finished; nothing to close") != std::string::npos);
 }
 
 TEST_CASE("rdzvctl health checks grpc.health.v1.Health, which needs no token") {
