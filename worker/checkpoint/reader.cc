@@ -91,7 +91,10 @@ absl::StatusOr<Manifest> ReadManifest(Env* env, const std::string& path) {
     }
     return absl::NotFoundError(absl::StrCat(path, ": no such checkpoint directory"));
   }
-  if (!env->FileExists(file)) {
+  // Opened, not stat'ed first: a directory we may not read (EACCES) must
+  // not pass for a torn one, which retention deletes.
+  auto text = ReadSmallFile(env, file);
+  if (!text.ok() && text.status().code() == absl::StatusCode::kNotFound) {
     // A checkpoint.dir given where one of its step_N is meant (generate
     // --checkpoint, checkpoint.resume): name what it holds.
     auto held = ListCheckpoints(env, path);
@@ -103,7 +106,6 @@ absl::StatusOr<Manifest> ReadManifest(Env* env, const std::string& path) {
     return absl::NotFoundError(
         absl::StrCat(path, ": no ", kManifestName, " (a torn or unfinished checkpoint)"));
   }
-  auto text = ReadSmallFile(env, file);
   if (!text.ok()) return text.status();
   auto manifest = ParseManifest(*text, file);
   if (!manifest.ok()) return manifest.status();

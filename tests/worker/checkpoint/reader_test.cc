@@ -3,6 +3,7 @@
 // the floats exactly, each touched file read once and checked in full,
 // and wanted ranges that are not sorted and disjoint refused.
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -16,6 +17,7 @@
 #include "worker/checkpoint/layout.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/reader.h"
+#include "worker/checkpoint/retention.h"
 
 namespace muster::worker {
 namespace {
@@ -172,6 +174,50 @@ TEST_CASE("LoadFlatRanges refuses ranges that are not sorted and disjoint, openi
     CHECK(absl::StrContains(status.message(), bad.says));
   }
   CHECK(env.opens().empty());
+}
+
+// A directory we may not read (mode 000, another user's), as POSIX shows
+// it: stat of the directory works, stat or open of anything in it fails
+// with EACCES.
+class UnreadableDirEnv : public EnvWrapper {
+ public:
+  explicit UnreadableDirEnv(std::string dir) : EnvWrapper(Env::Default()), dir_(std::move(dir)) {}
+  bool FileExists(const std::string& path) override {
+    return !Inside(path) && EnvWrapper::FileExists(path);
+  }
+  bool IsDirectory(const std::string& path) override {
+    return !Inside(path) && EnvWrapper::IsDirectory(path);
+  }
+  absl::StatusOr<std::unique_ptr<RandomAccessFile>> NewRandomAccessFile(
+      const std::string& path) override {
+    if (Inside(path)) return absl::PermissionDeniedError(path + ": cannot open: Permission denied");
+    return EnvWrapper::NewRandomAccessFile(path);
+  }
+  absl::StatusOr<std::vector<std::string>> GetChildren(const std::string& dir) override {
+    if (dir == dir_) return absl::PermissionDeniedError(dir + ": cannot list: Permission denied");
+    return EnvWrapper::GetChildren(dir);
+  }
+
+ private:
+  bool Inside(const std::string& path) const { return absl::StartsWith(path, dir_ + "/"); }
+  const std::string dir_;
+};
+
+TEST_CASE("a step directory that cannot be read is reported as such, not as torn") {
+  const std::string dir = testing::FreshDir("reader_test", "unreadable");
+  const std::string step = dir + "/" + StepDirName(4);
+  std::filesystem::create_directories(step);
+  WriteCheckpoint(step);
+  UnreadableDirEnv env(step);
+  auto manifest = ReadManifest(&env, step);
+  CHECK(manifest.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(absl::StrContains(manifest.status().message(), "Permission denied"));
+  CHECK_FALSE(absl::StrContains(manifest.status().message(), "torn"));
+  // Retention leaves it alone: torn ones may be deleted.
+  auto found = LineageSteps(&env, dir, "any");
+  REQUIRE(found.ok());
+  CHECK(found->torn.empty());
+  CHECK(found->committed.empty());
 }
 
 }  // namespace
