@@ -43,20 +43,21 @@ Result RunCkpt(const TempDir& dir, const std::vector<std::string>& args,
   return {exit->ShellCode(), ReadFile(dir.File("out")), ReadFile(dir.File("err"))};
 }
 
-// Trains 8 steps at world 2 with checkpoints at 4 and 8; returns the final
-// parameters.
-std::vector<float> TrainTwoRanks(const TempDir& dir) {
+// Trains 8 steps at world 2 with checkpoints at 4 and 8 in dir/`ckpt`, of
+// a model of width `dim`; returns the final parameters.
+std::vector<float> TrainTwoRanks(const TempDir& dir, int dim = 32,
+                                 const std::string& ckpt = "ckpt") {
   std::vector<uint16_t> tokens;
   for (int i = 0; i < 4000; ++i) tokens.push_back("abcdefghijklm"[i % 13]);
   REQUIRE(worker::WriteTokenShard(dir.File("train_000.bin"), tokens).ok());
   worker::TrainConfig config;
-  config.model = {2, 2, 32, 256, 16};
+  config.model = {2, 2, dim, 256, 16};
   config.data.train = dir.File("train_*.bin");
   config.data.micro_batch = 4;
   config.train.steps = 8;
   config.train.log_every = 1000;
   config.device = "cpu";
-  config.checkpoint.dir = dir.File("ckpt");
+  config.checkpoint.dir = dir.File(ckpt);
   config.checkpoint.every = 4;
   std::vector<std::vector<float>> params(2);
   std::vector<absl::Status> statuses(2);
@@ -131,6 +132,18 @@ TEST_CASE("ckpt ls, verify, consolidate and diff") {
   Result differ = RunCkpt(dir, {"diff", step4, step8});
   CHECK(differ.exit_code == 0);
   CHECK_FALSE(absl::StrContains(differ.out, "(all)                                         0\n"));
+  // Checkpoints of another width: no tensor compares, which is neither 0
+  // nor success.
+  TrainTwoRanks(dir, 64, "wide");
+  Result other = RunCkpt(dir, {"diff", step8, dir.File("wide/step_00000008")});
+  CHECK(other.exit_code == 1);
+  CHECK(absl::StrContains(other.out,
+                          "params/block1.qkvw                shapes differ [96,32] vs "
+                          "[192,64]\n"));
+  CHECK(absl::StrContains(other.out, "(all)                             shapes differ\n"));
+  CHECK(other.err == "ckpt: " + step8 + " and " + dir.File("wide/step_00000008") +
+                         " are checkpoints of different models: 84 tensors differ in shape, 0 "
+                         "are in only one\n");
 
   // Flip one byte of rank 1's file.
   const std::string data = step8 + "/rank_00001.bin";
