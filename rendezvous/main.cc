@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   muster::rdzv::Limits defaults;
   std::string log_level = "info";
   double closed_retention_s = absl::ToDoubleSeconds(defaults.closed_retention);
+  double idle_retention_s = absl::ToDoubleSeconds(defaults.idle_retention);
 
   CLI::App app("muster rendezvous server", "rendezvous");
   app.add_option("--listen", options.listen_address,
@@ -147,6 +148,10 @@ int main(int argc, char** argv) {
                  "seconds a finished job is kept before it is dropped")
       ->capture_default_str()
       ->check(Above(0, /*or_equal=*/true));
+  app.add_option("--idle-retention", idle_retention_s,
+                 "seconds a job that every member has left is kept before it is dropped")
+      ->capture_default_str()
+      ->check(Above(0, /*or_equal=*/true));
 
   try {
     app.parse(argc, argv);
@@ -160,6 +165,7 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(spdlog::level::from_str(log_level));
   options.limits.closed_retention = absl::Seconds(closed_retention_s);
+  options.limits.idle_retention = absl::Seconds(idle_retention_s);
   options.credentials_refresh = absl::Seconds(credentials_refresh_s);
   if (absl::Status limits = muster::rdzv::ValidateLimits(options.limits); !limits.ok()) {
     std::cerr << "rendezvous: " << limits.message() << " (see --help)\n";

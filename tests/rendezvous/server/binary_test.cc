@@ -97,6 +97,7 @@ TEST_CASE("a flag out of its range says the bound, in one line") {
            {{"--credentials-refresh", "nan"}, "--credentials-refresh: must be a number > 0"},
            {{"--closed-retention", "-1"}, "--closed-retention: must be a number >= 0, not '-1'"},
            {{"--closed-retention", "nan"}, "--closed-retention: must be a number >= 0"},
+           {{"--idle-retention", "-1"}, "--idle-retention: must be a number >= 0, not '-1'"},
            {{"--max-join-timeout-ms", "0"}, "--max-join-timeout-ms: must be a number > 0"}}) {
     Output refused = RunRendezvous(c.args);
     INFO(refused.err);
