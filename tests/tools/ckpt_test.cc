@@ -159,6 +159,24 @@ TEST_CASE("ckpt ls, verify, consolidate and diff") {
   Result corrupt = RunCkpt(dir, {"verify", step8});
   CHECK(corrupt.exit_code == 1);
   CHECK(absl::StrContains(corrupt.err, data + ": CRC-32"));
+  // A cut file: every command names its size and the manifest's.
+  const std::string cut_dir = dir.File("cut");
+  std::filesystem::copy(step4, cut_dir);
+  const std::string cut_file = cut_dir + "/rank_00000.bin";  // consolidate reads it too
+  const auto full = std::filesystem::file_size(cut_file);
+  std::filesystem::resize_file(cut_file, 1000);
+  const std::string says =
+      absl::StrCat("ckpt: ", cut_file, ": 1000 bytes, the manifest says ", full, "\n");
+  for (const char* command : {"verify", "diff", "consolidate"}) {
+    INFO(command);
+    std::vector<std::string> args = {command, cut_dir};
+    if (command == std::string("diff")) args = {command, step4, cut_dir};
+    if (command == std::string("consolidate")) args = {command, cut_dir, "-o", dir.File("m2")};
+    Result cut_result = RunCkpt(dir, args);
+    CHECK(cut_result.exit_code == 1);
+    CHECK(cut_result.err == says);
+  }
+
   Result usage = RunCkpt(dir, {"frobnicate"});
   CHECK(usage.exit_code == 2);
 }

@@ -32,16 +32,14 @@ absl::Status ReadFileChecked(Env* env, const std::string& path, const FileRecord
   if (!file.ok()) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open checkpoint data file"));
   }
+  // The size first: a read that ran out part-way would name neither the
+  // file's size nor the manifest's.
+  auto size = (*file)->Size();
+  if (!size.ok()) return size.status();
+  if (*size != record.bytes) return SizeMismatch(path, *size, record);
   uint32_t crc = 0;
   if (absl::Status status = ReadChecksummed(**file, path, spans, &crc); !status.ok()) {
     return status;
-  }
-  char extra;
-  auto beyond = (*file)->Read(record.bytes, 1, &extra);
-  if (!beyond.ok()) return beyond.status();
-  if (*beyond > 0) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": longer than the manifest's ", record.bytes, " bytes"));
   }
   // The spans cover the file in order (the manifest's slices tile it), so
   // this is the CRC-32 of the whole file, as the manifest's is.
