@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -129,7 +130,11 @@ struct Parser {
   }
   template <typename T>
   T Number(const YAML::Node& node, const char* key, int base = 10) const {
-    std::string text = Field(node, key).as<std::string>();
+    YAML::Node field = Field(node, key);
+    if (!field.IsScalar()) {
+      throw std::runtime_error(absl::StrCat("field \"", key, "\" is not a number"));
+    }
+    std::string text = field.as<std::string>();
     uint64_t value = 0;
     bool ok = base == 16 ? absl::SimpleHexAtoi(text, &value) : absl::SimpleAtoi(text, &value);
     if (!ok || value > static_cast<uint64_t>(std::numeric_limits<T>::max())) {
@@ -308,6 +313,19 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& json, const std::strin
       }
       m.tensors.push_back(std::move(record));
     }
+  } catch (const YAML::ParserException& error) {
+    // The parser is an implementation detail: the file is JSON to its reader.
+    return absl::DataLossError(absl::StrCat(source, ": not valid JSON at line ",
+                                            error.mark.line + 1, ", column ", error.mark.column + 1,
+                                            ": ", absl::CEscape(error.msg)));
+  } catch (const YAML::Exception& error) {
+    // A value of the wrong kind (an object where a number belongs, ...).
+    std::string where;
+    if (!error.mark.is_null()) {
+      where = absl::StrCat(" at line ", error.mark.line + 1, ", column ", error.mark.column + 1);
+    }
+    return absl::DataLossError(absl::StrCat(source, ": not a valid checkpoint manifest", where,
+                                            ": ", absl::CEscape(error.msg)));
   } catch (const std::exception& error) {
     return absl::DataLossError(
         absl::StrCat(source, ": not a valid checkpoint manifest: ", error.what()));

@@ -148,8 +148,16 @@ TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refus
   past_end.files[1].bytes = 8;
   auto bad = ParseManifest(ManifestToJson(past_end), "past_end");
   CHECK(absl::StrContains(bad.status().message(), "rank_00001.bin"));
-  CHECK(ParseManifest("{\"format_version\": 1", "cut").status().code() ==
-        absl::StatusCode::kDataLoss);
+  auto cut = ParseManifest("{\"format_version\": 1", "cut");
+  CHECK(cut.status().code() == absl::StatusCode::kDataLoss);
+  // JSON to its reader: the parser underneath is not named.
+  CHECK(absl::StrContains(cut.status().message(), "cut: not valid JSON at line 1, column"));
+  CHECK_FALSE(absl::StrContains(cut.status().message(), "yaml"));
+  auto kind = ParseManifest("{\"format_version\": {\"a\": 1}}", "kind");
+  CHECK(kind.status().code() == absl::StatusCode::kDataLoss);
+  CHECK_FALSE(absl::StrContains(kind.status().message(), "yaml"));
+  CHECK(kind.status().message() ==
+        "kind: not a valid checkpoint manifest: field \"format_version\" is not a number");
 
   // Each file is its slices end to end, as SliceTensors lays them, and
   // nothing is listed twice: a damaged slice would load other floats.
