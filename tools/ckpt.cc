@@ -219,7 +219,13 @@ int Main(int argc, char** argv) {
   Env* env = Env::Default();
   if (ls->parsed()) return List(env, dir);
   if (verify->parsed()) return Verify(env, path);
-  if (consolidate->parsed()) return Consolidate(env, path, out);
+  if (consolidate->parsed()) {
+    if (out.empty()) {
+      std::fprintf(stderr, "ckpt: -o is empty: name the model file to write\n");
+      return kExitUsage;
+    }
+    return Consolidate(env, path, out);
+  }
   return Diff(env, a, b);
 }
 

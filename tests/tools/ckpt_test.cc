@@ -177,6 +177,9 @@ TEST_CASE("ckpt ls, verify, consolidate and diff") {
     CHECK(cut_result.err == says);
   }
 
+  Result no_output = RunCkpt(dir, {"consolidate", step8, "-o", ""});
+  CHECK(no_output.exit_code == 2);
+  CHECK(no_output.err == "ckpt: -o is empty: name the model file to write\n");
   Result usage = RunCkpt(dir, {"frobnicate"});
   CHECK(usage.exit_code == 2);
 }
