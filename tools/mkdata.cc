@@ -10,10 +10,10 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <set>
 #include <string>
 #include <system_error>
@@ -37,18 +37,36 @@ int Fail(const std::string& message) {
 
 absl::Status AppendFile(const std::string& path, std::vector<uint16_t>* tokens) {
   std::error_code error;
-  if (!std::filesystem::is_regular_file(path, error)) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot read ", path, ": ",
-                     std::filesystem::exists(path, error) ? "not a regular file" : "no such file"));
+  const std::filesystem::file_status status = std::filesystem::status(path, error);
+  if (error) {  // the reason itself: missing, or a directory on the way we may not search
+    return absl::NotFoundError(absl::StrCat("cannot read ", path, ": ", error.message()));
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::PermissionDeniedError(absl::StrCat("cannot open ", path));
+  if (!std::filesystem::is_regular_file(status)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read ", path, ": not a regular file"));
+  }
+  std::FILE* in = std::fopen(path.c_str(), "rb");
+  if (in == nullptr) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
   // Byte-level tokenizer: each byte is its own token.
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
-  for (char byte : bytes) tokens->push_back(static_cast<unsigned char>(byte));
+  char buffer[1 << 16];
+  size_t got;
+  while ((got = std::fread(buffer, 1, sizeof(buffer), in)) > 0) {
+    for (size_t i = 0; i < got; ++i) tokens->push_back(static_cast<unsigned char>(buffer[i]));
+  }
+  const bool failed = std::ferror(in) != 0;
+  const int reason = errno;
+  std::fclose(in);
+  if (failed) {
+    return absl::DataLossError(absl::StrCat("error reading ", path, ": ", std::strerror(reason)));
+  }
   return absl::OkStatus();
+}
+
+// "1 token", "2 tokens".
+std::string Count(size_t n, const char* noun) {
+  return absl::StrCat(n, " ", noun, n == 1 ? "" : "s");
 }
 
 std::string ShardPath(const std::string& dir, const std::string& prefix, const std::string& split,
@@ -136,6 +154,14 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : kExitError;
   }
 
+  if (out_dir.empty()) return Fail("--out is empty: name the directory to write the shards to");
+  // The prefix is part of a file name: a '/' or '..' would write (and sweep
+  // stale shards) outside --out.
+  if (name.find('/') != std::string::npos || name.find("..") != std::string::npos) {
+    return Fail(
+        absl::StrCat("--name \"", name, "\" is a file name prefix: it may not hold '/' or '..'"));
+  }
+
   std::vector<uint16_t> tokens;
   for (const std::string& input : inputs) {
     absl::Status read = AppendFile(input, &tokens);
@@ -167,14 +193,23 @@ int main(int argc, char** argv) {
   for (const std::string& path : RemoveStaleShards(out_dir, prefix, written)) {
     std::printf("removed stale shard %s\n", path.c_str());
   }
-  std::printf("%zu tokens (vocab 256, one per byte) from %zu file(s)\n", total, inputs.size());
-  std::printf("train: %zu tokens in %zu shard(s): %s%s\n", train_tokens, train->size(),
-              train->front().c_str(), train->size() > 1 ? " ..." : "");
+  std::printf("%s (vocab 256, one per byte) from %zu file(s)\n", Count(total, "token").c_str(),
+              inputs.size());
+  std::printf("train: %s in %zu shard(s): %s%s\n", Count(train_tokens, "token").c_str(),
+              train->size(), train->front().c_str(), train->size() > 1 ? " ..." : "");
   if (val->empty()) {
     std::printf("val: 0 tokens (no shard written)\n");
   } else {
-    std::printf("val: %zu tokens in %zu shard(s): %s%s\n", val_tokens, val->size(),
+    std::printf("val: %s in %zu shard(s): %s%s\n", Count(val_tokens, "token").c_str(), val->size(),
                 val->front().c_str(), val->size() > 1 ? " ..." : "");
+  }
+  // A window is seq_len + 1 tokens of one shard, and seq_len is at least 1.
+  const size_t largest = std::min(train_tokens, static_cast<size_t>(shard_tokens));
+  if (largest < 2) {
+    std::fprintf(stderr,
+                 "mkdata: warning: no train shard holds more than %s: training needs shards of "
+                 "at least seq_len + 1 tokens\n",
+                 Count(largest, "token").c_str());
   }
   return 0;
 }

@@ -413,5 +413,52 @@ TEST_CASE("mkdata fails with one line and exit code 2") {
   }
 }
 
+TEST_CASE("mkdata refuses a --name or --out that would write elsewhere, naming why") {
+  std::string dir = FreshDir("mkdata_names");
+  WriteBytes(dir + "/a.txt", "Hello, shards!\n");
+  std::filesystem::create_directories(dir + "/out");
+  for (const std::string name : {"../escape", "a/b", "x..y"}) {
+    INFO(name);
+    Run run = Mkdata({"--out", dir + "/out", "--name", name, dir + "/a.txt"}, dir);
+    CHECK(run.exit_code == 2);
+    CHECK(run.output ==
+          "mkdata: --name \"" + name + "\" is a file name prefix: it may not hold '/' or '..'\n");
+  }
+  CHECK_FALSE(std::filesystem::exists(dir + "/escape_train_000000.bin"));
+  Run empty = Mkdata({"--out", "", dir + "/a.txt"}, dir);
+  CHECK(empty.exit_code == 2);
+  CHECK(empty.output == "mkdata: --out is empty: name the directory to write the shards to\n");
+
+  // A file we may not open says so. A write-only sysctl refuses reading
+  // even to root (whom a mode of 000 would not stop).
+  std::string unreadable = "/proc/sys/vm/compact_memory";
+  if (!std::filesystem::exists(unreadable)) {
+    unreadable = dir + "/secret.txt";
+    WriteBytes(unreadable, "x");
+    std::filesystem::permissions(unreadable, std::filesystem::perms::none);
+  }
+  Run denied = Mkdata({"--out", dir + "/out", unreadable}, dir);
+  CHECK(denied.exit_code == 2);
+  CHECK(denied.output == "mkdata: cannot open " + unreadable + ": Permission denied\n");
+}
+
+TEST_CASE("mkdata counts one token in the singular and warns when no shard can train") {
+  std::string dir = FreshDir("mkdata_one");
+  WriteBytes(dir + "/one.txt", "x");
+  Run run = Mkdata({"--out", dir + "/out", "--val-fraction", "0", dir + "/one.txt"}, dir);
+  INFO(run.output);
+  CHECK(run.exit_code == 0);
+  CHECK(Contains(run.output, "1 token (vocab 256, one per byte) from 1 file(s)\n"));
+  CHECK(Contains(run.output, "train: 1 token in 1 shard(s)"));
+  CHECK(Contains(run.output,
+                 "mkdata: warning: no train shard holds more than 1 token: training needs "
+                 "shards of at least seq_len + 1 tokens\n"));
+  run = Mkdata({"--out", dir + "/out", "--val-fraction", "0", "--shard-tokens", "2",
+                dir + "/one.txt", dir + "/one.txt"},
+               dir);
+  CHECK(run.exit_code == 0);
+  CHECK_FALSE(Contains(run.output, "warning"));
+}
+
 }  // namespace
 }  // namespace muster::worker
