@@ -259,6 +259,19 @@ TEST_CASE("ckpt refuses a manifest that contradicts itself or its model, blaming
     CHECK(diff.err == verify.err);
   }
 
+  // A field no consistency check can tell, changed in the text: the
+  // manifest's own checksum catches it.
+  const std::string edited = dir.File("edited");
+  std::filesystem::copy(step8, edited);
+  std::string text = ReadFile(edited + "/manifest.json");
+  const size_t sample = text.find("\"sample_index\": \"");
+  REQUIRE(sample != std::string::npos);
+  text.insert(sample + 17, "1");  // sample_index N reads as 1N
+  std::ofstream(edited + "/manifest.json", std::ios::trunc) << text;
+  Result changed = RunCkpt(dir, {"verify", edited});
+  CHECK(changed.exit_code == 1);
+  CHECK(absl::StrContains(changed.err, edited + "/manifest.json: manifest_crc32 is "));
+
   // A directory named for another step than its manifest's: resume and
   // retention order by the name.
   CopyWithManifest(step8, dir.File("ckpt/step_00000050"), [](worker::Manifest&) {});

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "worker/checkpoint/files.h"
 
 namespace muster::worker {
 
@@ -68,8 +69,30 @@ std::string ForkLineage(const Manifest& source) {
   return absl::StrFormat("%016" PRIx64, hash);
 }
 
+namespace {
+
+// The manifest's own checksum: zlib's CRC-32 of the file's bytes with its
+// 8 hex digits read as 0s. The writer puts it on the second line.
+constexpr char kChecksumKey[] = "\"manifest_crc32\": \"";
+constexpr char kZeroChecksum[] = "00000000";
+constexpr size_t kChecksumDigits = sizeof(kZeroChecksum) - 1;
+
+// Where the checksum's digits start in `json`; npos if it has none.
+size_t ChecksumAt(const std::string& json) {
+  const size_t key = json.find(kChecksumKey);
+  if (key == std::string::npos) return key;
+  return key + sizeof(kChecksumKey) - 1;
+}
+
+uint32_t ManifestCrc(std::string json, size_t at) {
+  json.replace(at, kChecksumDigits, kZeroChecksum);
+  return Crc32(0, json.data(), json.size());
+}
+
+}  // namespace
+
 std::string ManifestToJson(const Manifest& m) {
-  std::string out = "{\n";
+  std::string out = absl::StrCat("{\n  ", kChecksumKey, kZeroChecksum, "\",\n");
   // 64-bit values are strings: JSON readers commonly hold numbers in doubles.
   absl::StrAppend(
       &out, "  \"format_version\": ", m.format_version, ",\n", "  \"step\": ", m.step, ",\n",
@@ -113,6 +136,8 @@ std::string ManifestToJson(const Manifest& m) {
     absl::StrAppend(&out, "]}", i + 1 < m.tensors.size() ? ",\n" : "\n");
   }
   absl::StrAppend(&out, "  ]\n}\n");
+  const size_t at = ChecksumAt(out);
+  out.replace(at, kChecksumDigits, absl::StrFormat("%08x", ManifestCrc(out, at)));
   return out;
 }
 
@@ -262,6 +287,22 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& json, const std::strin
       return absl::DataLossError(absl::StrCat(source, ": format_version ", m.format_version,
                                               "; this build reads version ",
                                               kCheckpointFormatVersion));
+    }
+    // Absent in manifests written before it existed: those are read as
+    // they are, checked by the consistency checks alone.
+    if (root["manifest_crc32"]) {
+      const uint32_t recorded = p.Number<uint32_t>(root, "manifest_crc32", 16);
+      const size_t at = ChecksumAt(json);
+      if (at == std::string::npos || at + kChecksumDigits > json.size()) {
+        throw std::runtime_error("field \"manifest_crc32\" is not written as the writer does");
+      }
+      const uint32_t actual = ManifestCrc(json, at);
+      if (actual != recorded) {
+        return absl::DataLossError(absl::StrFormat(
+            "%s: manifest_crc32 is %08x but the manifest's CRC-32 is %08x: it was changed or "
+            "damaged after it was written",
+            source, recorded, actual));
+      }
     }
     m.step = p.Number<int>(root, "step");
     m.optimizer_step = p.Number<int>(root, "optimizer_step");

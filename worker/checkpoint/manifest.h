@@ -95,13 +95,17 @@ std::string NewLineage();
 // computes the same one and finds the checkpoints it already wrote.
 std::string ForkLineage(const Manifest& source);
 
-// One JSON object; tensors one per line.
+// One JSON object; tensors one per line. Its second line is
+// "manifest_crc32": zlib's CRC-32 of the text with those 8 hex digits
+// read as 0s.
 std::string ManifestToJson(const Manifest& manifest);
 
 // Parses and checks a manifest: DATA_LOSS naming `source` and the field if
-// it is not JSON, lacks a field, has another format version, or is not
-// self-consistent (each tensor's slices cover it exactly once, each slice
-// lies inside its file).
+// it is not JSON, lacks a field, has another format version, does not
+// match its manifest_crc32 (when it has one: older manifests do not), or is
+// not self-consistent (world_size files, no file or tensor twice, each
+// tensor's slices cover it exactly once, each file is its slices end to
+// end).
 absl::StatusOr<Manifest> ParseManifest(const std::string& json, const std::string& source);
 
 }  // namespace muster::worker

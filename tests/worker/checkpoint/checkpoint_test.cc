@@ -127,8 +127,23 @@ TEST_CASE("a manifest round-trips through JSON and inconsistent slices are refus
   CHECK(parsed->tensors[0].slices[1].offset == 0);
   CHECK(parsed->tensors[0].slices[1].start == 3);
   CHECK(ManifestToJson(*parsed) == ManifestToJson(m));
-  // A manifest from before data_windows existed reads as 0 (not known).
+  // The manifest's own checksum catches a change to a field no other
+  // check can tell (here the sample index, 1099511627776 -> ...7).
+  std::string changed = ManifestToJson(m);
+  const size_t sample = changed.find("1099511627776");
+  REQUIRE(sample != std::string::npos);
+  changed[sample + 12] = '7';
+  auto refused_change = ParseManifest(changed, "changed");
+  CHECK(refused_change.status().code() == absl::StatusCode::kDataLoss);
+  CHECK(absl::StartsWith(refused_change.status().message(), "changed: manifest_crc32 is "));
+  CHECK(absl::StrContains(refused_change.status().message(),
+                          "it was changed or damaged after it was written"));
+  // A manifest from before the checksum existed is read without one...
   std::string older = ManifestToJson(m);
+  const size_t checksum = older.find("  \"manifest_crc32\"");
+  REQUIRE(checksum == 2);  // the second line
+  older.erase(checksum, older.find('\n', checksum) + 1 - checksum);
+  // ... one from before data_windows existed reads it as 0 (not known).
   const size_t line = older.find("  \"data_windows\"");
   REQUIRE(line != std::string::npos);
   older.erase(line, older.find('\n', line) + 1 - line);
