@@ -753,6 +753,26 @@ TEST_CASE("a corrupt or torn newest checkpoint is skipped with a message naming 
   CHECK(absl::StrContains(result.log, "skipping " + data + ": CRC-32"));
 }
 
+// Its files intact and its checksum right, but one tensor's entry gone:
+// it verified, so resume picked it and then failed the job on the load.
+TEST_CASE("a newest checkpoint whose manifest lacks a tensor is skipped, not loaded") {
+  TrainConfig config = TrainedTinyConfig("lacking");
+  const std::string newest = config.checkpoint.dir + "/step_00000012";
+  auto manifest = ReadManifest(Env::Default(), newest);
+  REQUIRE(manifest.ok());
+  manifest->tensors.erase(manifest->tensors.begin() + 5);
+  std::ofstream(newest + "/manifest.json", std::ios::trunc) << ManifestToJson(*manifest);
+
+  TrainConfig resume = config;
+  resume.train.steps = 14;
+  RunResult result = RunTrainer(resume);
+  INFO(result.log);
+  REQUIRE(result.status.ok());
+  CHECK(result.resumed_at.step == 8);
+  CHECK(absl::StrContains(result.log,
+                          "skipping " + newest + "/manifest.json: file rank_00000.bin: bytes "));
+}
+
 TEST_CASE("bad input gets a clear error and deletes nothing") {
   std::string dir = FreshDir("bad");
   WriteShard(dir);
