@@ -723,6 +723,18 @@ TEST_CASE("a resume at another global batch or validation pass says so; at the s
   }
 }
 
+// Resumes `config`'s finished run (checkpoints 4, 8, 12) to step 14 and
+// checks that it started from step 8: the newer ones are damaged.
+RunResult ResumeFromStep8(const TrainConfig& config) {
+  TrainConfig resume = config;
+  resume.train.steps = 14;
+  RunResult result = RunTrainer(resume);
+  INFO(result.log);
+  REQUIRE(result.status.ok());
+  CHECK(result.resumed_at.step == 8);
+  return result;
+}
+
 TEST_CASE("a corrupt or torn newest checkpoint is skipped with a message naming it") {
   TrainConfig config = TrainedTinyConfig("corrupt");
   const std::string data = config.checkpoint.dir + "/step_00000012/rank_00000.bin";
@@ -742,12 +754,8 @@ TEST_CASE("a corrupt or torn newest checkpoint is skipped with a message naming 
   fs::create_directories(config.checkpoint.dir + "/step_00000016");
   std::ofstream(config.checkpoint.dir + "/step_00000016/rank_00000.bin") << "partial";
 
-  TrainConfig resume = config;
-  resume.train.steps = 14;
-  RunResult result = RunTrainer(resume);
+  RunResult result = ResumeFromStep8(config);
   INFO(result.log);
-  REQUIRE(result.status.ok());
-  CHECK(result.resumed_at.step == 8);
   CHECK(absl::StrContains(
       result.log, "skipping " + config.checkpoint.dir + "/step_00000016: no manifest.json"));
   CHECK(absl::StrContains(result.log, "skipping " + data + ": CRC-32"));
@@ -763,12 +771,8 @@ TEST_CASE("a newest checkpoint whose manifest lacks a tensor is skipped, not loa
   manifest->tensors.erase(manifest->tensors.begin() + 5);
   std::ofstream(newest + "/manifest.json", std::ios::trunc) << ManifestToJson(*manifest);
 
-  TrainConfig resume = config;
-  resume.train.steps = 14;
-  RunResult result = RunTrainer(resume);
+  RunResult result = ResumeFromStep8(config);
   INFO(result.log);
-  REQUIRE(result.status.ok());
-  CHECK(result.resumed_at.step == 8);
   CHECK(absl::StrContains(result.log,
                           "skipping " + newest + "/manifest.json: file rank_00000.bin: bytes "));
 }
