@@ -69,10 +69,14 @@ int List(Env* env, const std::string& dir) {
       continue;
     }
     const std::string lineage = manifest->lineage.empty() ? "-" : manifest->lineage.substr(0, 8);
-    std::printf("%-14s %8d %12llu %6d %10.1f %-8s  committed (ckpt verify checks the data)\n",
-                name.c_str(), manifest->step,
+    // Resume orders by the name, so VerifyCheckpoint refuses a mismatch.
+    const std::string state = manifest->step == entry.step
+                                  ? "committed (ckpt verify checks the data)"
+                                  : absl::StrCat("named for step ", entry.step, ", holds step ",
+                                                 manifest->step, ": resume skips it");
+    std::printf("%-14s %8d %12llu %6d %10.1f %-8s  %s\n", name.c_str(), manifest->step,
                 static_cast<unsigned long long>(manifest->sample_index), manifest->world_size,
-                TotalBytes(*manifest) / 1048576.0, lineage.c_str());
+                TotalBytes(*manifest) / 1048576.0, lineage.c_str(), state.c_str());
   }
   if (entries->empty()) std::printf("(no checkpoints)\n");
   return 0;

@@ -280,6 +280,9 @@ TEST_CASE("ckpt refuses a manifest that contradicts itself or its model, blaming
   CHECK(absl::StrContains(renamed.err, dir.File("ckpt/step_00000050") +
                                            "/manifest.json: step 8, but the directory is "
                                            "named for step 50"));
+  Result listed = RunCkpt(dir, {"ls", dir.File("ckpt")});
+  CHECK(listed.exit_code == 0);
+  CHECK(absl::StrContains(listed.out, "named for step 50, holds step 8: resume skips it\n"));
 }
 
 }  // namespace
