@@ -207,7 +207,15 @@ std::string LocalAddressToward(const std::string& host) {
   return result;
 }
 
-absl::StatusOr<uint32_t> WorldSizeMultipleFor(const LaunchOptions& options, int nproc) {
+absl::StatusOr<RoundWorld> RoundWorldFor(const LaunchOptions& options, int nproc) {
+  RoundWorld world;
+  world.min_nodes = options.min_nodes;
+  world.max_nodes = options.max_nodes;
+  // An embedded server is this node's alone: no other node can join it.
+  const int reachable_max = options.standalone ? 1 : options.max_nodes;
+  const std::string nodes_flag =
+      options.standalone ? std::string("--standalone (one node)")
+                         : absl::StrCat("--nnodes ", options.min_nodes, ":", options.max_nodes);
   uint32_t multiple = options.rdzv_conf.world_size_multiple;
   std::string source = absl::StrCat("--rdzv_conf world_size_multiple=", multiple);
   if (options.target_kind == TargetKind::kYamlConfig) {
@@ -222,27 +230,52 @@ absl::StatusOr<uint32_t> WorldSizeMultipleFor(const LaunchOptions& options, int 
              : absl::NotFoundError(options.target);
     const int64_t needed = config.ok() ? worker::WorldSizeMultiple(config->parallel) : 1;
     const worker::ParallelConfig* parallel = config.ok() ? &config->parallel : nullptr;
+    const std::string layout =
+        parallel == nullptr
+            ? ""
+            : absl::StrCat(options.target, "'s parallel layout (dp_replicate ",
+                           parallel->dp_replicate, " x dp_shard ", parallel->dp_shard, " x pp ",
+                           parallel->pp, ", 0 is auto)");
+    if (parallel != nullptr && worker::WorldSizeFixed(*parallel) && needed > 1) {
+      // No auto degree: the world is the product, exactly; no multiple of
+      // it will do, so every round takes the one node count that makes it.
+      const int64_t nodes = needed / nproc;
+      if (needed % nproc != 0 || nodes < options.min_nodes || nodes > reachable_max) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(layout, " fixes the world at ", needed, " ranks, which ", nodes_flag,
+                         " at --nproc_per_node ", nproc, " cannot make",
+                         needed % nproc == 0 ? absl::StrCat(" (it takes ", nodes, " nodes)") : "",
+                         "; or set a degree to 0 (auto) to let the world grow and shrink"));
+      }
+      world.min_nodes = world.max_nodes = static_cast<int>(nodes);
+      if (options.min_nodes != options.max_nodes) {
+        spdlog::info(
+            "{} fixes the world at {} ranks: rounds take exactly {} nodes, and more wait "
+            "as spares",
+            layout, needed, nodes);
+      }
+      world.multiple = static_cast<uint32_t>(needed);
+      return world;
+    }
     if (needed > 1 && multiple == 0) {
       multiple = static_cast<uint32_t>(needed);
-      source =
-          absl::StrCat(options.target, "'s parallel layout (dp_replicate ", parallel->dp_replicate,
-                       " x dp_shard ", parallel->dp_shard, " x pp ", parallel->pp, ", 0 is auto)");
+      source = layout;
     } else if (needed > 1 && multiple % needed != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           source, " would allow worlds that ", options.target, "'s parallel layout cannot use: ",
           "it needs multiples of ", needed, "; give a multiple of ", needed, " or leave it out"));
     }
   }
-  if (multiple <= 1) return 0;
+  if (multiple <= 1) return world;
   // nodes x nproc is a multiple of it exactly when nodes is a multiple of
   // `step`: the smallest such count from --nnodes's minimum up must fit.
   const uint64_t step = multiple / std::gcd(uint64_t{multiple}, static_cast<uint64_t>(nproc));
   const uint64_t first = (options.min_nodes + step - 1) / step * step;
-  if (first > static_cast<uint64_t>(options.max_nodes)) {
+  if (first > static_cast<uint64_t>(reachable_max)) {
     return absl::InvalidArgumentError(absl::StrCat(
         source, " needs a world that is a multiple of ", multiple, ", but with --nproc_per_node ",
-        nproc, " no node count in --nnodes ", options.min_nodes, ":", options.max_nodes,
-        " makes one; the smallest that does is ", first, " node", first == 1 ? "" : "s"));
+        nproc, " no node count of ", nodes_flag, " makes one; the node counts that do are ",
+        step == 1 ? "all" : absl::StrCat("the multiples of ", step)));
   }
   if (options.min_nodes != options.max_nodes) {
     spdlog::info(
@@ -250,13 +283,24 @@ absl::StatusOr<uint32_t> WorldSizeMultipleFor(const LaunchOptions& options, int 
         "world wait as spares",
         multiple, source);
   }
-  return multiple;
+  world.multiple = multiple;
+  return world;
 }
 
 absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
                                                 rdzv::Cancellation* cancellation) {
   RendezvousSetup setup;
   const RdzvConf& conf = options.rdzv_conf;
+  // Only gpu and auto need the count, and counting initialises the CUDA
+  // driver (a fraction of a second): a plain number skips it. Both checks come
+  // before the service is reached: a bad layout is told at once.
+  const bool needs_gpus = options.nproc_per_node == "gpu" || options.nproc_per_node == "auto";
+  absl::StatusOr<int> nproc =
+      ResolveNprocPerNode(options.nproc_per_node, needs_gpus ? VisibleGpuCount() : 0,
+                          static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))));
+  if (!nproc.ok()) return nproc.status();
+  absl::StatusOr<RoundWorld> world = RoundWorldFor(options, *nproc);
+  if (!world.ok()) return world.status();
   std::string endpoint = options.rdzv_endpoint;
   setup.job_id = options.rdzv_id;
 
@@ -356,14 +400,6 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
   setup.access.job_secret_file = conf.job_secret_file;
   setup.hostname = Hostname();
 
-  // Only gpu and auto need the count, and counting initialises the CUDA
-  // driver (a fraction of a second): a plain number skips it.
-  const bool needs_gpus = options.nproc_per_node == "gpu" || options.nproc_per_node == "auto";
-  absl::StatusOr<int> nproc =
-      ResolveNprocPerNode(options.nproc_per_node, needs_gpus ? VisibleGpuCount() : 0,
-                          static_cast<int>(std::max(1L, sysconf(_SC_NPROCESSORS_ONLN))));
-  if (!nproc.ok()) return nproc.status();
-
   rendezvous::v1::JoinRequest& join = setup.join;
   join.set_job_id(setup.job_id);
   join.set_hostname(setup.hostname);
@@ -374,15 +410,13 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
   join.set_nproc(static_cast<uint32_t>(*nproc));
   join.set_requested_rank(options.rdzv_backend == "static" ? std::max(options.node_rank, 0) : -1);
   rendezvous::v1::JobConfig* config = join.mutable_config();
-  config->set_min_nodes(options.min_nodes);
-  config->set_max_nodes(options.max_nodes);
+  config->set_min_nodes(world->min_nodes);
+  config->set_max_nodes(world->max_nodes);
+  config->set_world_size_multiple(world->multiple);
   config->set_join_timeout_ms(absl::ToInt64Milliseconds(conf.join_timeout));
   config->set_last_call_timeout_ms(absl::ToInt64Milliseconds(conf.last_call_timeout));
   config->set_lease_ttl_ms(absl::ToInt64Milliseconds(conf.lease_ttl));
   config->set_max_restarts(options.max_restarts);
-  absl::StatusOr<uint32_t> multiple = WorldSizeMultipleFor(options, *nproc);
-  if (!multiple.ok()) return multiple.status();
-  config->set_world_size_multiple(*multiple);
 
   absl::StatusOr<std::string> log_root = MakeLogRoot(options, setup.job_id);
   if (!log_root.ok()) return log_root.status();

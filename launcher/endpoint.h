@@ -36,13 +36,21 @@ struct RendezvousSetup {
 absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
                                                 rdzv::Cancellation* cancellation = nullptr);
 
-// The JobConfig.world_size_multiple this node asks for: --rdzv_conf
-// world_size_multiple, or what a train.yaml target's parallel layout needs
-// (worker::WorldSizeMultiple); 0 when nothing constrains the world.
-// INVALID_ARGUMENT, naming the flags, when no node count in --nnodes makes
-// such a world at `nproc` per node, or when the given value is not a
-// multiple of the layout's.
-absl::StatusOr<uint32_t> WorldSizeMultipleFor(const LaunchOptions& options, int nproc);
+// The worlds this node's job may form rounds of, at `nproc` per node.
+struct RoundWorld {
+  // JobConfig.world_size_multiple: --rdzv_conf world_size_multiple, or what
+  // a train.yaml target's parallel layout needs (worker::WorldSizeMultiple);
+  // 0 when nothing constrains the world.
+  uint32_t multiple = 0;
+  // --nnodes, narrowed to the one node count that makes the world when the
+  // layout fixes it (worker::WorldSizeFixed: no degree is auto).
+  int min_nodes = 1;
+  int max_nodes = 1;
+};
+// INVALID_ARGUMENT, naming the flags, when no node count that --nnodes (or
+// --standalone, one node) allows makes such a world, or when the given
+// multiple is not a multiple of the layout's.
+absl::StatusOr<RoundWorld> RoundWorldFor(const LaunchOptions& options, int nproc);
 
 // Removes every directory under `root`, and `root`, that holds no file:
 // what is left of a log root once the files worth keeping are written.

@@ -202,12 +202,13 @@ absl::StatusOr<pb::JoinResponse> StateMachine::Join(const pb::JoinRequest& reque
       s.EnqueueWaiting(*job, member);
       s.MarkViewChanged(*job);
     }
-  } else if (member.queue != MemberRecord::Queue::kPending) {
+  } else if (member.queue != MemberRecord::Queue::kPending || member.carried_spare) {
     // The first node to wait starts the join timeout: a round nobody
     // waited for (every node left it, as a preempted job's do until its
-    // requeue) has no clock running.
-    if (job->pending.empty()) job->gather_start = now;
-    s.EnqueuePending(*job, member);
+    // requeue, spares aside) has no clock running.
+    if (!s.JoinClockRuns(*job)) job->gather_start = now;
+    member.carried_spare = false;
+    if (member.queue != MemberRecord::Queue::kPending) s.EnqueuePending(*job, member);
     s.MarkViewChanged(*job);
   }
   s.EvaluateGathering(*job, now);

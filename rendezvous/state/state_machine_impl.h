@@ -51,6 +51,10 @@ struct MemberRecord {
   enum class Queue { kNone, kPending, kWaiting };
   Queue queue = Queue::kNone;
   uint64_t queue_seq = 0;  // key in the job's pending/waiting map
+  // A spare carried into a round that every member left (MEMBER_LEFT, a
+  // preemption): it does not start the join timeout (JoinClockRuns).
+  // Not persisted: after a restore it counts as a joiner.
+  bool carried_spare = false;
 
   absl::Time lease_deadline;
   absl::Time last_renewal;
@@ -151,6 +155,10 @@ struct StateMachine::Impl {
   // and under a world_size_multiple, the longest prefix whose nproc sum is
   // a multiple of it (0 if none is).
   size_t FittingNodes(const Job& job, const std::vector<std::string>& order) const;
+  // Whether the join timeout runs: a pending node waits that is not a spare
+  // carried into a round every member left. Spares alone wait for the
+  // preempted job's requeue with no deadline, as a job nobody waits for.
+  bool JoinClockRuns(const Job& job) const;
   // Takes the members out of the RUNNING round (they remember their rank as
   // previous_group_rank) and clears the round's store.
   void ReleaseRoundMembers(Job& job, absl::Time now);

@@ -51,7 +51,7 @@ absl::Time StateMachine::Impl::JobDeadline(const Job& job) const {
   if (job.last_call_start && FittingNodes(job, GatherOrder(job)) >= job.config.min_nodes()) {
     return *job.last_call_start + absl::Milliseconds(job.config.last_call_timeout_ms());
   }
-  if (job.pending.empty()) return absl::InfiniteFuture();  // nobody waits: no join timeout
+  if (!JoinClockRuns(job)) return absl::InfiniteFuture();  // nobody waits: no join timeout
   return job.gather_start + absl::Milliseconds(job.config.join_timeout_ms());
 }
 
@@ -128,6 +128,13 @@ std::vector<std::string> StateMachine::Impl::GatherOrder(const Job& job) const {
   return order;
 }
 
+bool StateMachine::Impl::JoinClockRuns(const Job& job) const {
+  for (const auto& [seq, id] : job.pending) {
+    if (!job.members.at(id).carried_spare) return true;
+  }
+  return false;
+}
+
 size_t StateMachine::Impl::FittingNodes(const Job& job,
                                         const std::vector<std::string>& order) const {
   const size_t cap = std::min<size_t>(order.size(), job.config.max_nodes());
@@ -170,20 +177,22 @@ void StateMachine::Impl::EvaluateGathering(Job& job, absl::Time now) {
     if (fitting >= min_nodes &&
         (pending >= job.config.max_nodes() || last_call_over || everyone_back)) {
       CloseRound(job, now);
-    } else if (pending > 0 && fitting < min_nodes &&
+    } else if (JoinClockRuns(job) && fitting < min_nodes &&
                // Like every deadline, it applies at the instant it is reached.
                now >= job.gather_start + absl::Milliseconds(job.config.join_timeout_ms())) {
-      std::string message = pending < min_nodes
-                                ? absl::StrFormat(
-                                      "join timeout: only %d of min_nodes %d nodes joined round %d "
-                                      "within %d ms",
-                                      pending, min_nodes, job.round, job.config.join_timeout_ms())
-                                : absl::StrFormat(
-                                      "join timeout: %d nodes joined round %d within %d ms, but no "
-                                      "%d or more of them (at most max_nodes %d) make a world that "
-                                      "is a multiple of world_size_multiple %d",
-                                      pending, job.round, job.config.join_timeout_ms(), min_nodes,
-                                      job.config.max_nodes(), job.config.world_size_multiple());
+      std::string message =
+          pending < min_nodes
+              ? absl::StrFormat(
+                    "join timeout: only %d of min_nodes %d nodes joined round %d "
+                    "within %d ms",
+                    pending, min_nodes, job.round, job.config.join_timeout_ms())
+              : absl::StrFormat(
+                    "join timeout: %d nodes joined round %d within %d ms, but taken in "
+                    "order (the previous round's first, then by join time), no "
+                    "first %d to %d of them make a world that is a multiple of "
+                    "world_size_multiple %d",
+                    pending, job.round, job.config.join_timeout_ms(), min_nodes,
+                    job.config.max_nodes(), job.config.world_size_multiple());
       FinishJob(job, pb::FAILED, std::move(message), now);
     }
   }
@@ -198,6 +207,7 @@ void StateMachine::Impl::CloseRound(Job& job, absl::Time now) {
   const absl::flat_hash_set<std::string> taken(selected.begin(), selected.end());
   std::map<uint64_t, std::string> spares;
   for (auto& [seq, id] : job.pending) {
+    job.members.at(id).carried_spare = false;
     if (taken.contains(id)) {
       job.members.at(id).queue = MemberRecord::Queue::kNone;
     } else {
@@ -298,8 +308,13 @@ void StateMachine::Impl::EndRound(Job& job, pb::RoundEndReason reason, absl::Tim
   job.gather_start = now;
   job.last_call_start.reset();
   // Waiting members are pending for the new round, in their join order.
+  // When the round ended because a member left (a preemption), they are
+  // carried spares: if every member left, only a requeue can go on, and
+  // they alone do not start the join timeout.
   for (auto& [seq, id] : job.waiting) {
-    job.members.at(id).queue = MemberRecord::Queue::kPending;
+    MemberRecord& member = job.members.at(id);
+    member.queue = MemberRecord::Queue::kPending;
+    member.carried_spare = reason == pb::MEMBER_LEFT;
   }
   job.pending = std::move(job.waiting);
   job.waiting.clear();

@@ -745,7 +745,19 @@ TEST_CASE("bad command lines and unreachable services fail fast with exit 2") {
   cases.push_back({{"--standalone", "--nproc_per_node=3", dir.File("pp2.yaml")},
                    "pp2.yaml's parallel layout (dp_replicate 0 x dp_shard 0 x pp 2, 0 is auto) "
                    "needs a world that is a multiple of 2, but with --nproc_per_node 3 no node "
-                   "count in --nnodes 1:1 makes one; the smallest that does is 2 nodes"});
+                   "count of --standalone (one node) makes one; the node counts that do are the "
+                   "multiples of 2"});
+  // --standalone is one node, whatever --nnodes says.
+  cases.push_back({{"--standalone", "--nnodes=1:2", dir.File("pp2.yaml")},
+                   "no node count of --standalone (one node) makes one"});
+  // No auto degree: the world is exactly dp_replicate x pp, not a multiple.
+  WriteFile(dir.File("fixed.yaml"),
+            "data:\n  train: none_*.bin\n  grad_accumulation: 2\nparallel:\n  pp: 2\n"
+            "  dp_replicate: 1\n");
+  cases.push_back({{"--rdzv_endpoint", "127.0.0.1:1", "--nnodes=3:4", dir.File("fixed.yaml")},
+                   "fixed.yaml's parallel layout (dp_replicate 1 x dp_shard 0 x pp 2, 0 is auto) "
+                   "fixes the world at 2 ranks, which --nnodes 3:4 at --nproc_per_node 1 cannot "
+                   "make (it takes 2 nodes)"});
   cases.push_back({{"--standalone", "--rdzv_conf=world_size_multiple=3", "--nproc_per_node=2",
                     dir.File("pp2.yaml")},
                    "--rdzv_conf world_size_multiple=3 would allow worlds that"});

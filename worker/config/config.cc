@@ -132,6 +132,10 @@ int64_t WorldSizeMultiple(const ParallelConfig& parallel) {
   return int64_t{std::max(parallel.dp_replicate, 1)} * shard * std::max(parallel.pp, 1);
 }
 
+bool WorldSizeFixed(const ParallelConfig& parallel) {
+  return parallel.dp_replicate > 0 && (parallel.strategy != "fsdp" || parallel.dp_shard > 0);
+}
+
 absl::StatusOr<TrainConfig> LoadConfig(const std::string& path) {
   // A directory opens, and reads as nothing ("empty file"); a device such
   // as /dev/zero reads forever. A pipe (`worker <(...)`) is a config.

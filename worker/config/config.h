@@ -164,6 +164,9 @@ absl::StatusOr<TrainConfig> ParseConfig(const std::string& yaml_text, const std:
 // degree against such a world). launch asks the rendezvous for rounds of
 // these worlds only.
 int64_t WorldSizeMultiple(const ParallelConfig& parallel);
+// Whether no degree is auto, so that the world must be WorldSizeMultiple
+// exactly rather than any multiple of it.
+bool WorldSizeFixed(const ParallelConfig& parallel);
 
 // The resolved config, every field, as yaml (worker --print-config).
 std::string ConfigToYaml(const TrainConfig& config);

@@ -265,11 +265,17 @@ TEST_CASE("a restarted round below min fails join_timeout after it began") {
 // node waiting for a round: no join timeout runs until one joins again, and
 // then from that join. It used to fail at join_timeout after the round
 // began, and the requeue was refused: "job is closed".
+// A job of two nodes with a 5 s join timeout, as the preemption tests use.
+pb::JobConfig PairConfig(int64_t lease_ttl_ms) {
+  pb::JobConfig config = Config(2, 2);
+  config.set_join_timeout_ms(5000);
+  config.set_lease_ttl_ms(lease_ttl_ms);
+  return config;
+}
+
 TEST_CASE("a round nobody waits for does not time out; the first joiner starts the clock") {
   Harness h;
-  auto config = Config(2, 2);
-  config.set_join_timeout_ms(5000);
-  config.set_lease_ttl_ms(60'000);
+  auto config = PairConfig(60'000);
   std::string a = h.Join("j1", config);
   std::string b = h.Join("j1", config);
   REQUIRE(h.State("j1").phase() == pb::RUNNING);
@@ -286,6 +292,50 @@ TEST_CASE("a round nobody waits for does not time out; the first joiner starts t
   REQUIRE(h.State("j1").phase() == pb::GATHERING);
   h.Join("j1", config);
   REQUIRE(h.State("j1").phase() == pb::RUNNING);
+}
+
+TEST_CASE("a spare left alone by a preemption does not start the join timeout") {
+  Harness h;
+  auto config = PairConfig(36'000'000);
+  std::string a = h.Join("j1", config);
+  std::string b = h.Join("j1", config);
+  std::string spare = h.Join("j1", config);  // beyond max_nodes: waits
+  REQUIRE(h.State("j1").nodes_waiting() == 1);
+  // Both members are preempted (they leave); the spare is now pending for
+  // round 1, alone. Before, it started the 5 s join timeout, the job
+  // FAILED, and its requeue got "job is closed".
+  for (const std::string& member : {a, b}) REQUIRE_OK(h.Leave("j1", member));
+  REQUIRE(h.State("j1").nodes_pending() == 1);
+  REQUIRE(h.machine.NextDeadline() > h.now + absl::Hours(9));  // the spare's lease only
+  h.Advance(absl::Hours(2));
+  REQUIRE(h.State("j1").phase() == pb::GATHERING);
+  // The requeue's first node makes two: the round forms.
+  h.Join("j1", config);
+  pb::JobState state = h.State("j1");
+  REQUIRE(state.phase() == pb::RUNNING);  // the spare and the requeued node
+  REQUIRE(state.members_size() == 2);
+
+  // A spare left by members that were lost (not a preemption) still
+  // times out: nobody will requeue dead nodes.
+  Harness lost;
+  config.set_lease_ttl_ms(1000);
+  config.set_max_restarts(5);
+  lost.Join("j2", config);
+  lost.Join("j2", config);
+  std::string kept = lost.Join("j2", config);
+  for (int i = 0; i < 3; ++i) {
+    lost.Advance(absl::Milliseconds(400));
+    REQUIRE_OK(lost.KeepAlive("j2", kept));
+  }
+  REQUIRE(lost.State("j2").phase() == pb::GATHERING);
+  REQUIRE(lost.State("j2").last_end_reason() == pb::MEMBER_LOST);
+  for (int i = 0; i < 13; ++i) {
+    lost.Advance(absl::Milliseconds(400));
+    if (lost.State("j2").phase() != pb::GATHERING) break;
+    REQUIRE_OK(lost.KeepAlive("j2", kept));
+  }
+  REQUIRE(lost.State("j2").phase() == pb::FAILED);
+  REQUIRE_THAT(lost.State("j2").status_message(), Catch::Contains("join timeout"));
 }
 
 TEST_CASE("a job every member left is dropped after idle_retention, unless one comes back") {

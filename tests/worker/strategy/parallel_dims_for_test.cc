@@ -111,27 +111,30 @@ TEST_CASE("a degree below its range, only possible from code, is Create's error 
 }
 
 // launch asks the rendezvous for worlds that are multiples of
-// WorldSizeMultiple (worker/config): every such world must resolve, and
-// every other one must not.
-TEST_CASE("WorldSizeMultiple is what ParallelDimsFor needs of the world") {
-  const ParallelConfig layouts[] = {Config("ddp", 0, 0),     Config("ddp", 0, 0, 2),
-                                    Config("ddp", 0, 1, 3),  Config("fsdp", 0, 0),
-                                    Config("fsdp", 0, 2),    Config("fsdp", 2, 0),
-                                    Config("fsdp", 0, 2, 2), Config("fsdp", 3, 0, 2)};
-  const int64_t expected[] = {1, 2, 3, 1, 2, 2, 4, 6};
+// WorldSizeMultiple (worker/config), or exactly that world when
+// WorldSizeFixed: every such world must resolve, and every other one must
+// not.
+TEST_CASE("WorldSizeMultiple and WorldSizeFixed are what ParallelDimsFor needs of the world") {
+  const ParallelConfig layouts[] = {
+      Config("ddp", 0, 0),     Config("ddp", 0, 0, 2),  Config("ddp", 0, 1, 3),
+      Config("fsdp", 0, 0),    Config("fsdp", 0, 2),    Config("fsdp", 2, 0),
+      Config("fsdp", 0, 2, 2), Config("fsdp", 3, 0, 2), Config("ddp", 1, 0, 2),
+      Config("ddp", 2, 0),     Config("fsdp", 1, 2),    Config("fsdp", 2, 2, 2)};
+  const int64_t expected[] = {1, 2, 3, 1, 2, 2, 4, 6, 2, 2, 2, 8};
+  const bool fixed[] = {false, false, false, false, false, false,
+                        false, false, true,  true,  true,  true};
   for (size_t i = 0; i < std::size(layouts); ++i) {
     const int64_t multiple = WorldSizeMultiple(layouts[i]);
     INFO(layouts[i].strategy << " " << layouts[i].dp_replicate << " x " << layouts[i].dp_shard
                              << " x " << layouts[i].pp);
     CHECK(multiple == expected[i]);
+    CHECK(WorldSizeFixed(layouts[i]) == fixed[i]);
     for (int world = 1; world <= 12; ++world) {
       INFO("world " << world);
-      CHECK(ParallelDimsFor(layouts[i], world).ok() == (world % multiple == 0));
+      CHECK(ParallelDimsFor(layouts[i], world).ok() ==
+            (fixed[i] ? world == multiple : world % multiple == 0));
     }
   }
-  // Both degrees given: the world is fixed, and the multiple is that world.
-  CHECK(WorldSizeMultiple(Config("fsdp", 2, 2)) == 4);
-  CHECK(ParallelDimsFor(Config("fsdp", 2, 2), 4).ok());
 }
 
 }  // namespace
