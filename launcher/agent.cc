@@ -316,6 +316,14 @@ absl::StatusOr<std::optional<rdzv::RoundAssignment>> Agent::JoinAsNewMember(pb::
                                                   [this](const pb::JobState&) { wake_.Poke(); });
     signals_.Watch(watcher_.get());  // a signal ends every wait on it
   }
+  if (joined->state().phase() == pb::RUNNING && joined->state().round() < joined->round()) {
+    // The job runs without this node: it is a spare until a round admits it.
+    spdlog::info(
+        "job {} is running round {} without this node ({} node(s), world {}): waiting as a "
+        "spare",
+        setup_.job_id, joined->state().round(), joined->state().members_size(),
+        joined->state().world_size());
+  }
   // The round we joined may form without another join from us.
   return AwaitJoinedRound(joined->round(), joined->lease_ttl_ms());
 }

@@ -89,6 +89,10 @@ void PrintState(const pb::JobState& state) {
               gathering ? state.nodes_pending() : static_cast<uint32_t>(state.members_size()),
               gathering ? " joined" : "", state.config().min_nodes(), state.config().max_nodes(),
               state.world_size());
+  if (state.config().world_size_multiple() > 1) {
+    std::printf("worlds:     multiples of %u; %u waiting node(s) a new round would admit\n",
+                state.config().world_size_multiple(), state.nodes_admittable());
+  }
   std::printf("restarts:   %d/%d\n", state.restart_count(), state.config().max_restarts());
   if (state.last_end_reason() != pb::END_REASON_UNSPECIFIED) {
     std::printf("last end:   %s\n", pb::RoundEndReason_Name(state.last_end_reason()).c_str());

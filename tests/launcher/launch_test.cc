@@ -333,6 +333,9 @@ TEST_CASE("world_size_multiple: rounds take only fitting worlds; a spare that ca
   // round after round, each new round leaving it out again).
   Child c = StartLaunch(command, dir.File("c.log"));
   REQUIRE(logged("c.log", "waiting for round 1"));
+  CHECK(logged("c.log",
+               "is running round 0 without this node (2 node(s), world 2): waiting as a "
+               "spare"));
   // A fourth one makes 4: everyone restarts into round 1, the first restart.
   Child d = StartLaunch(command, dir.File("d.log"));
   REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 4) == 4; }, absl::Seconds(30)));

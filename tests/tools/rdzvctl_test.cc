@@ -150,10 +150,10 @@ TEST_CASE("rdzvctl list and describe count a gathering job's nodes alike") {
   TempDir dir;
   auto server = StartServer();
   // One agent of two: the round gathers, with one node joined.
-  launcher::Child agent =
-      StartLaunch({"--nnodes=2", "--nproc_per_node=1", "--rdzv_endpoint", server->endpoint(),
-                   "--rdzv_id=gather", "--no_python", "/bin/true"},
-                  dir.File("agent.log"));
+  launcher::Child agent = StartLaunch(
+      {"--nnodes=2", "--nproc_per_node=1", "--rdzv_endpoint", server->endpoint(),
+       "--rdzv_id=gather", "--rdzv_conf=world_size_multiple=2", "--no_python", "/bin/true"},
+      dir.File("agent.log"));
   Output list;
   // No event says the join landed; ask until it shows.
   REQUIRE(WaitUntil(
@@ -174,6 +174,9 @@ TEST_CASE("rdzvctl list and describe count a gathering job's nodes alike") {
   INFO(describe.text);
   CHECK(describe.text.find("nodes:      1 joined of min 2") != std::string::npos);
   CHECK(describe.text.find("(0 waiting, 1 pending)") != std::string::npos);
+  // The job's world multiple, and how many waiting nodes a round would add.
+  CHECK(describe.text.find("worlds:     multiples of 2; 0 waiting node(s) a new round would "
+                           "admit") != std::string::npos);
   agent.KillGroupAndReap(absl::Seconds(10));
 }
 
