@@ -155,6 +155,8 @@ struct StateMachine::Impl {
   // and under a world_size_multiple, the longest prefix whose nproc sum is
   // a multiple of it (0 if none is).
   size_t FittingNodes(const Job& job, const std::vector<std::string>& order) const;
+  // FittingNodes of the pending nodes in GatherOrder.
+  size_t FittingPending(const Job& job) const;
   // Whether the join timeout runs: a pending node waits that is not a spare
   // carried into a round every member left. Spares alone wait for the
   // preempted job's requeue with no deadline, as a job nobody waits for.

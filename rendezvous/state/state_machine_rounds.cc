@@ -48,7 +48,7 @@ absl::Time StateMachine::Impl::JobDeadline(const Job& job) const {
   if (job.finished()) return job.finished_at + limits.closed_retention;
   if (job.idle_since) return *job.idle_since + limits.idle_retention;
   if (job.phase != pb::GATHERING) return absl::InfiniteFuture();
-  if (job.last_call_start && FittingNodes(job, GatherOrder(job)) >= job.config.min_nodes()) {
+  if (job.last_call_start && FittingPending(job) >= job.config.min_nodes()) {
     return *job.last_call_start + absl::Milliseconds(job.config.last_call_timeout_ms());
   }
   if (!JoinClockRuns(job)) return absl::InfiniteFuture();  // nobody waits: no join timeout
@@ -128,6 +128,15 @@ std::vector<std::string> StateMachine::Impl::GatherOrder(const Job& job) const {
   return order;
 }
 
+size_t StateMachine::Impl::FittingPending(const Job& job) const {
+  // Every change of a job asks this: without a multiple, the count alone
+  // answers, with no order to build.
+  if (job.config.world_size_multiple() <= 1) {
+    return std::min<size_t>(job.pending.size(), job.config.max_nodes());
+  }
+  return FittingNodes(job, GatherOrder(job));
+}
+
 bool StateMachine::Impl::JoinClockRuns(const Job& job) const {
   for (const auto& [seq, id] : job.pending) {
     if (!job.members.at(id).carried_spare) return true;
@@ -162,7 +171,7 @@ void StateMachine::Impl::EvaluateGathering(Job& job, absl::Time now) {
     const size_t min_nodes = job.config.min_nodes();
     // Under a world_size_multiple only the nodes that make a fitting world
     // count towards min_nodes; without one, every pending node does.
-    const size_t fitting = FittingNodes(job, GatherOrder(job));
+    const size_t fitting = FittingPending(job);
     if (fitting >= min_nodes && !job.last_call_start) {
       // The window starts the first time min is reached in this round and is
       // not restarted if the count dips below min and recovers.
