@@ -90,6 +90,7 @@ std::string RoundEndCause(const pb::JobState& state) {
 int ExitCodeFor(const pb::JobState& state) {
   switch (state.phase()) {
     case pb::SUCCEEDED:
+      spdlog::info("job {} succeeded", state.job_id());
       return 0;
     case pb::FAILED: {
       spdlog::error("job {} failed: {}", state.job_id(), state.status_message());
@@ -248,6 +249,18 @@ int Agent::Run() {
         first = *std::move(joined);
         continue;
       }
+      if (absl::IsDeadlineExceeded(assignment.status()) && absl::Now() >= deadline &&
+          latest.has_value() && !rdzv::IsTerminalPhase(latest->phase())) {
+        // This agent's own wait ran out, and the service still answers for
+        // a job that is alive. The service decides when a round has taken
+        // too long (join_timeout from when the job began to gather; it then
+        // fails the job, and this loop exits with its reason): a spare
+        // waits as long as the job runs without it, and a node carried
+        // over a preemption as long as the requeue takes. So wait again.
+        spdlog::info("still waiting for a round of job {} (it is {} round {})", setup_.job_id,
+                     pb::Phase_Name(latest->phase()), latest->round());
+        continue;
+      }
       if ((!latest.has_value() || !rdzv::IsTerminalPhase(latest->phase())) &&
           absl::IsFailedPrecondition(assignment.status())) {
         // The join saw the job closed before the watch stream delivered the
@@ -259,10 +272,18 @@ int Agent::Run() {
         if (terminal.ok()) latest = *terminal;
       }
       if (latest.has_value() && rdzv::IsTerminalPhase(latest->phase())) {
+        if (latest->phase() == pb::SUCCEEDED) {
+          spdlog::info("this node waited as a spare and ran no worker in the job's last round");
+        }
         return ExitCodeFor(*latest);
       }
-      spdlog::error("rendezvous for job {} failed: {}", setup_.job_id,
-                    assignment.status().ToString());
+      if (absl::IsDeadlineExceeded(assignment.status())) {
+        spdlog::error("the rendezvous service did not answer for job {} in time: {}", setup_.job_id,
+                      assignment.status().ToString());
+      } else {
+        spdlog::error("rendezvous for job {} failed: {}", setup_.job_id,
+                      assignment.status().ToString());
+      }
       return absl::IsUnavailable(assignment.status()) ||
                      absl::IsPermissionDenied(assignment.status()) ||
                      absl::IsUnauthenticated(assignment.status())

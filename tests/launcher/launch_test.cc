@@ -349,6 +349,63 @@ TEST_CASE("world_size_multiple: rounds take only fitting worlds; a spare that ca
   for (Child* agent : {&a, &b, &c, &d}) CHECK(ExitCodeWithin(*agent, absl::Seconds(30)) == 0);
 }
 
+TEST_CASE("a spare waits past join_timeout while the job runs, and exits 0 when it succeeds") {
+  // join_timeout bounds how long a round may take to gather, on the
+  // service. A spare of a running job is not gathering: it used to give up
+  // after twice its own join_timeout (exit 1, DEADLINE_EXCEEDED), 20
+  // minutes with the defaults, so a job lost its spares.
+  TempDir dir;
+  auto server = StartServer();
+  std::vector<std::string> command =
+      Concat({"--nnodes=1:1", "--nproc_per_node=1", "--rdzv_endpoint", server->endpoint(),
+              "--rdzv_id=spare", "--rdzv_conf=last_call_timeout=0.1,join_timeout=1",
+              "--shutdown_timeout=2"},
+             ShellWorker(ElasticWorker(dir)));
+  Child a = StartLaunch(command, dir.File("a.log"));
+  REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 1) == 1; }, absl::Seconds(20)));
+  Child spare = StartLaunch(command, dir.File("spare.log"));
+  auto times_logged = [&](const std::string& text) {
+    std::string log = ReadFile(dir.File("spare.log"));
+    size_t count = 0;
+    for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++count;
+    return count;
+  };
+  // Three of its own join_timeouts pass, the service still answering.
+  REQUIRE(WaitUntil([&] { return times_logged("still waiting for a round of job spare") >= 3; },
+                    absl::Seconds(30)));
+  CHECK(times_logged("waiting as a spare") == 1);
+  CHECK(!spare.WaitFor(absl::ZeroDuration()).has_value());
+  WriteFile(dir.File("stop"), "");
+  CHECK(ExitCodeWithin(a, absl::Seconds(30)) == 0);
+  CHECK(ExitCodeWithin(spare, absl::Seconds(30)) == 0);
+  std::string log = ReadFile(dir.File("spare.log"));
+  CHECK(absl::StrContains(log, "this node waited as a spare and ran no worker"));
+  CHECK(absl::StrContains(log, "job spare succeeded"));
+}
+
+TEST_CASE("a restart that cannot gather min_nodes fails with the service's reason on every node") {
+  // Some agents used to print their own DEADLINE_EXCEEDED instead, as
+  // their wait ran out at about the moment the service failed the job.
+  TempDir dir;
+  auto server = StartServer();
+  std::vector<std::string> command = Concat(
+      {"--nnodes=2:3", "--nproc_per_node=1", "--rdzv_endpoint", server->endpoint(),
+       "--rdzv_id=short", "--max_restarts=3",
+       "--rdzv_conf=last_call_timeout=0.1,lease_ttl=1,join_timeout=2", "--shutdown_timeout=2"},
+      ShellWorker(ElasticWorker(dir)));
+  Child a = StartLaunch(command, dir.File("a.log"));
+  Child b = StartLaunch(command, dir.File("b.log"));
+  REQUIRE(WaitUntil([&] { return WorkersInWorld(dir, 2) == 2; }, absl::Seconds(20)));
+  kill(b.pid(), SIGKILL);
+  b.WaitFor(absl::Seconds(10));
+  CHECK(ExitCodeWithin(a, absl::Seconds(30)) == 1);
+  std::string log = ReadFile(dir.File("a.log"));
+  INFO(log);
+  CHECK(absl::StrContains(log, "job short failed: join timeout: only 1 of min_nodes 2"));
+  CHECK(!absl::StrContains(log, "DEADLINE_EXCEEDED"));
+  WriteFile(dir.File("stop"), "");
+}
+
 TEST_CASE("an unmodified PyTorch gloo DDP script runs under 2 agents x 2 workers") {
   // Debian's python3-torch lives under /usr/bin/python3 (scripts/test.sh
   // installs it); the pyenv python3 on PATH has no torch.
