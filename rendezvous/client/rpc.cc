@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/health.grpc.pb.h"
 #include "rendezvous/common/credentials.h"
+#include "rendezvous/common/watched_file.h"
 #include "spdlog/spdlog.h"
 
 namespace muster::rdzv {
@@ -41,7 +42,7 @@ absl::StatusOr<std::string> SecretFromFile(const std::string& value, const std::
     return absl::InvalidArgumentError(
         absl::StrCat("give the ", what, " or a ", file_what, ", not both"));
   }
-  absl::StatusOr<std::string> contents = ReadFileToString(file, file_what);
+  absl::StatusOr<std::string> contents = ReadWholeFile(file, file_what);
   if (!contents.ok()) return contents.status();
   std::string secret(absl::StripAsciiWhitespace(*contents));
   if (secret.empty()) {
@@ -147,7 +148,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     if (!options.token.empty()) {
       return absl::InvalidArgumentError("give the bearer token or a token file, not both");
     }
-    absl::StatusOr<std::string> contents = ReadFileToString(options.token_file, "token file");
+    absl::StatusOr<std::string> contents = ReadWholeFile(options.token_file, "token file");
     if (!contents.ok()) return contents.status();
     token = TokenFromFile(*contents, options.token_file);
   } else if (absl::Status sendable = CheckHeaderValue(options.token, "the bearer token");
@@ -174,7 +175,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
                  {options.tls_key_file, &ssl.pem_private_key, "TLS key"}};
     for (auto& file : files) {
       if (file.path.empty()) continue;
-      absl::StatusOr<std::string> pem = ReadFileToString(file.path, file.what);
+      absl::StatusOr<std::string> pem = ReadWholeFile(file.path, file.what);
       if (!pem.ok()) return pem.status();
       *file.out = *std::move(pem);
     }

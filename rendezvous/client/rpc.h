@@ -294,8 +294,4 @@ std::string NoConnectionMessage(const std::string& last_error, const ClientOptio
 // "host:port" for gRPC from "host[:port]"; INVALID_ARGUMENT if malformed.
 absl::StatusOr<std::string> NormalizeEndpoint(const std::string& endpoint);
 
-// Reads a whole file; INVALID_ARGUMENT naming `what` and the path if it
-// cannot be read.
-absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what);
-
 }  // namespace muster::rdzv

@@ -2,8 +2,6 @@
 // backoff, the words for a failed connection and Cancellation (declared in
 // rpc.h).
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 
 #include <grpcpp/grpcpp.h>
 
@@ -150,20 +148,6 @@ absl::StatusOr<std::string> NormalizeEndpoint(const std::string& endpoint) {
   absl::Status port = CheckPort(endpoint, endpoint.substr(colon + 1));
   if (!port.ok()) return port;
   return endpoint;
-}
-
-absl::StatusOr<std::string> ReadFileToString(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read ", what, " \"", path, "\": expected a readable file"));
-  }
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) {
-    return absl::InvalidArgumentError(absl::StrCat("error reading ", what, " \"", path, "\""));
-  }
-  return contents.str();
 }
 
 // ---------------------------------------------------------------- Cancellation

@@ -1,11 +1,14 @@
 #include "rendezvous/common/watched_file.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,16 +36,35 @@ unsigned int WatcherSeconds(absl::Duration refresh) {
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read ", what, " '", path, "'"));
+  // POSIX calls rather than an ifstream, which loses errno: the reason
+  // (Permission denied, No such file or directory, Is a directory) is what
+  // an operator needs to fix a credential file.
+  auto failed = [&](const char* doing, int error) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(doing, " ", what, " '", path, "': ", std::strerror(error)));
+  };
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return failed("cannot read", errno);
+  std::string contents;
+  struct stat info;
+  if (::fstat(fd, &info) == 0 && S_ISDIR(info.st_mode)) {
+    ::close(fd);
+    return failed("cannot read", EISDIR);
   }
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) {
-    return absl::InvalidArgumentError(absl::StrCat("error reading ", what, " '", path, "'"));
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t got = ::read(fd, buffer, sizeof(buffer));
+    if (got == 0) break;
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      ::close(fd);
+      return failed("error reading", error);
+    }
+    contents.append(buffer, static_cast<size_t>(got));
   }
-  return contents.str();
+  ::close(fd);
+  return contents;
 }
 
 absl::StatusOr<std::string> WatchedFile::Read(const std::string& what) {

@@ -20,8 +20,9 @@
 
 namespace muster::rdzv {
 
-// Reads a whole file. INVALID_ARGUMENT naming it (as `what`: "cannot read
-// token file '/etc/muster/token'") when it cannot be read.
+// Reads a whole file. INVALID_ARGUMENT naming it (as `what`) and the reason
+// when it cannot be read: "cannot read token file '/etc/muster/token':
+// Permission denied".
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, const std::string& what);
 
 // `refresh` as the whole seconds, at least 1, that gRPC's

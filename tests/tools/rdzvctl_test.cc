@@ -144,6 +144,15 @@ TEST_CASE("rdzvctl refuses unusable options with exit 2 and one line") {
   CHECK(empty.exit_code == 2);
   CHECK(empty.text.find("job secret file \"" + dir.File("empty-secret") +
                         "\" is empty; expected a job secret") != std::string::npos);
+  // A file that cannot be read says why.
+  Output missing = Rdzvctl(endpoint, {"--token-file", dir.File("no-such-token"), "list"});
+  CHECK(missing.exit_code == 2);
+  CHECK(missing.text.find("cannot read token file '" + dir.File("no-such-token") +
+                          "': No such file or directory") != std::string::npos);
+  Output directory = Rdzvctl(endpoint, {"--token-file", dir.path(), "list"});
+  CHECK(directory.exit_code == 2);
+  CHECK(directory.text.find("cannot read token file '" + dir.path() + "': Is a directory") !=
+        std::string::npos);
 }
 
 TEST_CASE("rdzvctl list and describe count a gathering job's nodes alike") {
