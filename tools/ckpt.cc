@@ -19,6 +19,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -79,6 +80,25 @@ int List(Env* env, const std::string& dir) {
                 TotalBytes(*manifest) / 1048576.0, lineage.c_str(), state.c_str());
   }
   if (entries->empty()) std::printf("(no checkpoints)\n");
+  // What resume and retention pass over, named so that a listing accounts
+  // for the directory's disk use (docs/checkpoint-format.md).
+  std::vector<std::pair<std::string, const char*>> aside;
+  for (auto it = std::filesystem::directory_iterator(dir, error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    const std::string name = it->path().filename().string();
+    if (absl::StartsWith(name, ".tmp_step_")) {
+      aside.emplace_back(name, "a save in progress, or left by a crash: the next run removes it");
+    } else if (absl::StartsWith(name, ".old_step_")) {
+      aside.emplace_back(
+          name, "a checkpoint being replaced, or left by a crash then: the next run removes it");
+    } else if (absl::StartsWith(name, "step_") && absl::StrContains(name, ".lineage_")) {
+      aside.emplace_back(name,
+                         "another run's checkpoint kept aside: never resumed from or deleted; "
+                         "`ckpt verify` takes it");
+    }
+  }
+  std::sort(aside.begin(), aside.end());
+  for (const auto& [name, what] : aside) std::printf("also %s: %s\n", name.c_str(), what);
   return 0;
 }
 

@@ -99,6 +99,17 @@ TEST_CASE("ckpt ls, verify, consolidate and diff") {
   Result one = RunCkpt(dir, {"ls", step8});
   CHECK(one.exit_code == 2);
   CHECK(absl::StrContains(one.err, step8 + " is one checkpoint"));
+  // What resume passes over is named, not hidden: its disk use is accounted.
+  std::filesystem::create_directory(dir.File("ckpt/.tmp_step_00000012"));
+  std::filesystem::copy(step4, dir.File("ckpt/step_00000004.lineage_59cb0000"),
+                        std::filesystem::copy_options::recursive);
+  Result aside = RunCkpt(dir, {"ls", dir.File("ckpt")});
+  CHECK(aside.exit_code == 0);
+  CHECK(absl::StrContains(aside.out, "also .tmp_step_00000012: a save in progress"));
+  CHECK(absl::StrContains(aside.out,
+                          "also step_00000004.lineage_59cb0000: another run's checkpoint kept"));
+  std::filesystem::remove_all(dir.File("ckpt/.tmp_step_00000012"));
+  std::filesystem::remove_all(dir.File("ckpt/step_00000004.lineage_59cb0000"));
 
   Result verify = RunCkpt(dir, {"verify", step8});
   INFO(verify.err);
