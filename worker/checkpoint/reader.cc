@@ -134,9 +134,10 @@ absl::StatusOr<Manifest> VerifyCheckpoint(Env* env, const std::string& path) {
   return manifest;
 }
 
-absl::StatusOr<CheckpointEntry> FindLatestValid(
-    Env* env, const std::string& dir, std::vector<std::string>* skipped,
-    const std::function<bool(const Manifest&)>& accept) {
+absl::StatusOr<CheckpointEntry> FindLatestValid(Env* env, const std::string& dir,
+                                                std::vector<std::string>* skipped,
+                                                const std::function<bool(const Manifest&)>& accept,
+                                                std::vector<int>* skipped_steps) {
   auto entries = ListCheckpoints(env, dir);
   if (!entries.ok()) return entries.status();
   for (auto it = entries->rbegin(); it != entries->rend(); ++it) {
@@ -146,7 +147,8 @@ absl::StatusOr<CheckpointEntry> FindLatestValid(
     }
     auto verified = VerifyCheckpoint(env, it->path);
     if (verified.ok()) return *it;
-    skipped->push_back(std::string(verified.status().message()));
+    if (skipped != nullptr) skipped->push_back(std::string(verified.status().message()));
+    if (skipped_steps != nullptr) skipped_steps->push_back(it->step);
   }
   return absl::NotFoundError(absl::StrCat("no checkpoint in ", dir, " verifies"));
 }

@@ -42,11 +42,12 @@ absl::StatusOr<Manifest> VerifyCheckpoint(Env* env, const std::string& path);
 
 // The newest checkpoint in `dir` that verifies and that `accept` (when
 // set) accepts. Each newer accepted one that does not verify is appended
-// to *skipped as "<path>: <why>". NOT_FOUND if none does (or `dir` is
-// missing).
+// to *skipped as "<path>: <why>", and its step to *skipped_steps (when
+// set). NOT_FOUND if none does (or `dir` is missing).
 absl::StatusOr<CheckpointEntry> FindLatestValid(
     Env* env, const std::string& dir, std::vector<std::string>* skipped,
-    const std::function<bool(const Manifest&)>& accept = nullptr);
+    const std::function<bool(const Manifest&)>& accept = nullptr,
+    std::vector<int>* skipped_steps = nullptr);
 
 // Loads the floats of `ranges` of the flat state `tensors` from the
 // checkpoint at `path`: `where(i)` is the address of flat element i,

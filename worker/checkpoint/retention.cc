@@ -37,12 +37,14 @@ absl::StatusOr<LineageCheckpoints> LineageSteps(Env* env, const std::string& dir
 
 absl::Status ApplyRetention(Env* env, const std::string& dir, int keep_last, int keep_every,
                             int protect, const std::string& lineage,
-                            std::vector<std::string>* deleted) {
+                            const std::vector<int>& unverified, std::vector<std::string>* deleted) {
   auto found = LineageSteps(env, dir, lineage);
   if (!found.ok()) return found.status();
   std::vector<int> counted;
   for (int step : found->committed) {
-    if (step <= protect) counted.push_back(step);
+    const bool skipped = step != protect &&
+                         std::find(unverified.begin(), unverified.end(), step) != unverified.end();
+    if (step <= protect && !skipped) counted.push_back(step);
   }
   std::vector<int> doomed = StepsToDelete(counted, keep_last, keep_every);
   for (int step : found->torn) {

@@ -35,12 +35,15 @@ absl::StatusOr<LineageCheckpoints> LineageSteps(Env* env, const std::string& dir
 // `protect` (the one just committed, never touched), and deletes the torn
 // ones older than it. A checkpoint of the lineage newer than `protect` is
 // one the resume skipped (it did not verify): it is neither counted nor
-// deleted, and a save of its step replaces it. Other runs' checkpoints,
-// among them the one an explicit resume path started this run from, are
-// neither counted nor deleted. Returns the first error but tries every
-// deletion; names deleted directories in *deleted.
+// deleted, and a save of its step replaces it. So are the `unverified`
+// steps, older ones the resume skipped (a CRC mismatch in a preemption's
+// save, say): counted, they would push out the checkpoint the run resumed
+// from, leaving one that loads where keep_last promised more. Other runs'
+// checkpoints, among them the one an explicit resume path started this
+// run from, are neither counted nor deleted. Returns the first error but
+// tries every deletion; names deleted directories in *deleted.
 absl::Status ApplyRetention(Env* env, const std::string& dir, int keep_last, int keep_every,
                             int protect, const std::string& lineage,
-                            std::vector<std::string>* deleted);
+                            const std::vector<int>& unverified, std::vector<std::string>* deleted);
 
 }  // namespace muster::worker

@@ -284,6 +284,14 @@ void CheckpointManager::DiscardSave(const std::string& tmp, bool together) {
   if (control().rank() == 0) (void)env_->RemoveAll(tmp);
 }
 
+absl::StatusOr<CheckpointEntry> CheckpointManager::FindNewestVerified(
+    const std::function<bool(const Manifest&)>& accept) {
+  std::vector<std::string> skipped;
+  auto found = FindLatestValid(env_, config_.checkpoint.dir, &skipped, accept, &unverified_steps_);
+  for (const std::string& why : skipped) Log("skipping " + why);
+  return found;
+}
+
 absl::StatusOr<std::string> CheckpointManager::NeverRunsOwn() {
   const CheckpointConfig& c = config_.checkpoint;
   const std::string marker = c.dir + "/RUN";
@@ -309,11 +317,8 @@ absl::StatusOr<std::string> CheckpointManager::NeverRunsOwn() {
     }
     if (!recorded.empty()) {
       lineage_ = recorded;
-      std::vector<std::string> skipped;
-      auto own = FindLatestValid(env_, c.dir, &skipped, [&](const Manifest& candidate) {
-        return candidate.lineage == recorded;
-      });
-      for (const std::string& why : skipped) Log("skipping " + why);
+      auto own = FindNewestVerified(
+          [&](const Manifest& candidate) { return candidate.lineage == recorded; });
       if (own.ok()) {
         choice = own->step + 2;
         Log(absl::StrCat("checkpoint.resume never started job ", run_job_,
@@ -359,9 +364,7 @@ absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* op
     int64_t choice = 1;
     absl::Status rank0_status;
     if (control().rank() == 0) {
-      std::vector<std::string> skipped;
-      auto latest = FindLatestValid(env_, c.dir, &skipped);
-      for (const std::string& why : skipped) Log("skipping " + why);
+      auto latest = FindNewestVerified(nullptr);
       if (latest.ok()) {
         choice = latest->step + 2;
       } else if (absl::IsNotFound(latest.status())) {
@@ -391,11 +394,9 @@ absl::StatusOr<bool> CheckpointManager::ChooseAndLoad(GptModel* model, AdamW* op
       auto source = ReadManifest(env_, path);  // an error is reported by the load below
       if (source.ok()) {
         const std::string fork = ForkLineage(*source);
-        std::vector<std::string> skipped;
-        auto own = FindLatestValid(env_, c.dir, &skipped, [&](const Manifest& candidate) {
+        auto own = FindNewestVerified([&](const Manifest& candidate) {
           return candidate.lineage == fork && candidate.step > source->step;
         });
-        for (const std::string& why : skipped) Log("skipping " + why);
         if (own.ok()) {
           choice = own->step + 2;
           Log(absl::StrCat("checkpoint.resume ", path, " started this run at step ", source->step,
@@ -757,9 +758,9 @@ absl::Status CheckpointManager::WriteManifest(int step, const std::string& tmp) 
   // beside the training steps that follow.
   if (status = JoinRetention(); !status.ok()) return status;  // none in flight, normally
   retention_ = std::thread([this, dir = c.dir, keep_last = c.keep_last, keep_every = c.keep_every,
-                            step, lineage = lineage_] {
-    retention_status_ =
-        ApplyRetention(env_, dir, keep_last, keep_every, step, lineage, &retention_deleted_);
+                            step, lineage = lineage_, unverified = unverified_steps_] {
+    retention_status_ = ApplyRetention(env_, dir, keep_last, keep_every, step, lineage, unverified,
+                                       &retention_deleted_);
   });
   return absl::OkStatus();
 }

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -48,6 +49,7 @@
 #include "absl/status/statusor.h"
 #include "worker/checkpoint/env.h"
 #include "worker/checkpoint/layout.h"
+#include "worker/checkpoint/reader.h"
 #include "worker/checkpoint/writer.h"
 #include "worker/config/config.h"
 #include "worker/model/model.h"
@@ -175,6 +177,10 @@ class CheckpointManager {
   // fresh start, which records the run in checkpoint.dir's RUN file), or
   // on a later round the run's own newest checkpoint ("" if none yet).
   absl::StatusOr<std::string> NeverRunsOwn();
+  // Rank 0: FindLatestValid in checkpoint.dir, logging each checkpoint it
+  // skips and noting its step in unverified_steps_ for retention.
+  absl::StatusOr<CheckpointEntry> FindNewestVerified(
+      const std::function<bool(const Manifest&)>& accept);
   // Rank 0, once the directory is claimed: deletes leftovers of saves that
   // never committed, logging each.
   void RemoveUncommitted();
@@ -219,6 +225,9 @@ class CheckpointManager {
   std::unique_ptr<FileLock> dir_lock_;
   // This run's Manifest::lineage: new, or set by Resume.
   std::string lineage_;
+  // Steps the resume passed over because they did not verify: retention
+  // does not count them.
+  std::vector<int> unverified_steps_;
   std::string run_job_;  // set_run: the launch job, "" for a process run by hand
   uint64_t run_round_ = 0;
   bool sample_only_ = false;  // set_sample_only

@@ -631,6 +631,35 @@ TEST_CASE("retention counts only checkpoints that read: a torn one never pushes 
   CHECK(absl::StrContains(result.log, "deleted " + ckpt + "/step_00000002 (retention)"));
 }
 
+TEST_CASE("retention does not count a checkpoint the resume found corrupt") {
+  TrainConfig config = TrainedTinyConfig("retention_corrupt");
+  const std::string ckpt = config.checkpoint.dir;
+  // A flipped bit in step 12's data: its manifest reads, its CRC does not
+  // match, and the resume starts from 8.
+  const std::string data = ckpt + "/step_00000012/rank_00000.bin";
+  {
+    std::fstream file(data, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(100);
+    char byte = 0;
+    file.get(byte);
+    file.seekp(100);
+    file.put(static_cast<char>(byte ^ 1));
+  }
+  TrainConfig resumed = config;
+  resumed.train.steps = 14;
+  resumed.checkpoint.every = 7;  // saves 14 only
+  resumed.checkpoint.keep_last = 2;
+  RunResult result = RunTrainer(resumed);
+  INFO(result.log);
+  REQUIRE(result.status.ok());
+  CHECK(result.resumed_at.step == 8);
+  CHECK(absl::StrContains(result.log, "skipping " + data));
+  // keep_last 2 keeps 8, the one the run resumed from, and 14. Counted,
+  // the corrupt 12 pushed 8 out and left one checkpoint that loads.
+  CHECK(ListedSteps(ckpt) == std::vector<int>{8, 12, 14});
+  CHECK(VerifyCheckpoint(Env::Default(), ckpt + "/step_00000008").ok());
+}
+
 TEST_CASE("reshard: saved by 2 thread-ranks, resumed by 1 and by 3") {
   std::string dir = FreshDir("reshard");
   WriteShard(dir);
