@@ -87,6 +87,9 @@ int main(int argc, char** argv) {
   app.add_flag("--metrics-require-token", options.metrics_require_token,
                "/metrics requires 'Authorization: Bearer <token>' "
                "(the --token-file token), else 401");
+  app.add_flag("--metrics-plaintext", options.metrics_plaintext,
+               "serve /metrics over plain HTTP even with --tls-cert (a scraper on this host); "
+               "not with --metrics-require-token");
   app.add_option("--max-watch-streams", options.max_watch_streams,
                  "open Watch streams on this server")
       ->capture_default_str()
@@ -194,8 +197,8 @@ int main(int argc, char** argv) {
   std::printf("rendezvous: listening on %s:%d\n", HostOf(options.listen_address).c_str(),
               (*server)->port());
   if ((*server)->metrics_port() != 0) {
-    std::printf("rendezvous: metrics on %s:%d/metrics\n",
-                muster::rdzv::MetricsAddress(options).c_str(), (*server)->metrics_port());
+    std::printf("rendezvous: metrics on %s\n",
+                muster::rdzv::MetricsUrl(options, (*server)->metrics_port()).c_str());
   }
   std::fflush(stdout);
 

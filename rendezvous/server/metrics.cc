@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "rendezvous/server/https_credentials.h"
 
 namespace muster::rdzv {
 namespace {
@@ -156,7 +157,20 @@ absl::StatusOr<int> Metrics::StartHttp(const HttpOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics max_connections is ", options.max_connections, "; expected at least 1"));
   }
-  auto http = std::make_unique<httplib::Server>();
+  std::unique_ptr<httplib::Server> http;
+  if (options.https != nullptr) {
+    // httplib makes the context and runs each connection's handshake on the
+    // thread that serves it (or, over the cap, on the accepting thread);
+    // each wait there for the client's bytes ends after the read timeout
+    // set below, so a client that sends no ClientHello frees its place.
+    http = std::make_unique<httplib::SSLServer>(
+        [https = options.https.get()](SSL_CTX& context) { return https->Configure(context); });
+    if (!http->is_valid()) {
+      return absl::InternalError("OpenSSL refused the TLS settings of the metrics endpoint");
+    }
+  } else {
+    http = std::make_unique<httplib::Server>();
+  }
   // httplib's default sets SO_REUSEPORT, which lets a second server bind the
   // same port: scrapes would then land on either at random, past the
   // other's --metrics-require-token. SO_REUSEADDR alone still allows a
@@ -206,6 +220,7 @@ absl::StatusOr<int> Metrics::StartHttp(const HttpOptions& options) {
     return absl::UnavailableError(
         absl::StrCat("cannot bind the metrics endpoint to ", options.address, ":", options.port));
   }
+  https_ = options.https;
   http_ = std::move(http);
   http_thread_ = std::thread([server = http_.get()] { server->listen_after_bind(); });
   // stop() is a no-op until listen has begun, so StopHttp right after this
@@ -221,6 +236,7 @@ void Metrics::StopHttp() {
   if (http_) http_->stop();
   if (http_thread_.joinable()) http_thread_.join();
   http_.reset();
+  https_.reset();
 }
 
 }  // namespace muster::rdzv

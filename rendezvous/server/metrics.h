@@ -1,6 +1,6 @@
 // Prometheus metrics of the rendezvous server (text format 0.0.4), served
-// on GET /metrics by a small cpp-httplib server with a connection cap and
-// an optional bearer token (HttpOptions).
+// on GET /metrics by a small cpp-httplib server, over HTTP or HTTPS, with a
+// connection cap and an optional bearer token (HttpOptions).
 //
 //   muster_rdzv_jobs, muster_rdzv_members           gauges (read on scrape)
 //   muster_rdzv_watch_streams                       gauge
@@ -32,6 +32,8 @@ class Server;
 }
 
 namespace muster::rdzv {
+
+class HttpsCredentials;
 
 // The RPCs of pb::Rendezvous, as metric label values.
 enum class Rpc {
@@ -98,11 +100,16 @@ class Metrics {
     // Set: called with each request's Authorization header (empty if
     // absent); false answers 401. Must be safe to call from any thread.
     std::function<bool(const std::string& authorization)> authorize;
+    // Set: HTTPS with these credentials (and client certificates required
+    // when they hold a client CA); a connection whose handshake fails is
+    // closed and counts no more. Null: plain HTTP. Kept until StopHttp.
+    std::shared_ptr<HttpsCredentials> https;
   };
 
   // Serves GET /metrics in a background thread; returns the bound port.
   // UNAVAILABLE naming the address if it cannot bind; INVALID_ARGUMENT if
-  // max_connections < 1. REQUIRES: not serving already.
+  // max_connections < 1; INTERNAL if OpenSSL refuses the HTTPS settings.
+  // REQUIRES: not serving already.
   absl::StatusOr<int> StartHttp(const HttpOptions& options);
   void StopHttp();
 
@@ -123,7 +130,9 @@ class Metrics {
   std::atomic<int64_t> rounds_total_{0};
   std::atomic<int64_t> restarts_total_{0};
 
-  std::unique_ptr<httplib::Server> http_;  // a CappedHttpServer (metrics.cc)
+  // Declared before http_, so that it outlives every handshake there.
+  std::shared_ptr<HttpsCredentials> https_;
+  std::unique_ptr<httplib::Server> http_;  // an httplib::SSLServer with https_
   std::thread http_thread_;
 };
 

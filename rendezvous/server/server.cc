@@ -19,6 +19,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "rendezvous/server/auth.h"
+#include "rendezvous/server/https_credentials.h"
 #include "rendezvous/server/metrics.h"
 #include "rendezvous/server/persistence.h"
 #include "rendezvous/server/service.h"
@@ -97,6 +98,12 @@ absl::Status ValidateQuotas(const ServerOptions& options) {
   if (options.keepalive_time <= absl::ZeroDuration() ||
       options.keepalive_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("keepalive_time and keepalive_timeout must be positive");
+  }
+  if (options.metrics_require_token && options.metrics_plaintext) {
+    return absl::InvalidArgumentError(
+        "metrics_require_token (--metrics-require-token) with metrics_plaintext "
+        "(--metrics-plaintext) would send the bearer token over plain HTTP, in clear text; "
+        "drop one of them");
   }
   if (options.metrics_require_token && options.token_file.empty()) {
     return absl::InvalidArgumentError(
@@ -227,6 +234,13 @@ absl::Status ServerImpl::Init() {
         return tokens.CheckAuthorization(authorization).ok();
       };
     }
+    if (MetricsUseTls(options_)) {
+      absl::StatusOr<std::unique_ptr<HttpsCredentials>> https = HttpsCredentials::Load(
+          {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file},
+          options_.credentials_refresh);
+      if (!https.ok()) return https.status();
+      http.https = *std::move(https);
+    }
     absl::StatusOr<int> bound = metrics_->StartHttp(http);
     if (!bound.ok()) return bound.status();
     metrics_port_ = *bound;
@@ -275,6 +289,17 @@ std::string MetricsAddress(const ServerOptions& options) {
     host = host.substr(1, host.size() - 2);
   }
   return host;
+}
+
+bool MetricsUseTls(const ServerOptions& options) {
+  return !options.tls_cert_file.empty() && !options.metrics_plaintext;
+}
+
+std::string MetricsUrl(const ServerOptions& options, int port) {
+  std::string host = MetricsAddress(options);
+  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+  return absl::StrCat(MetricsUseTls(options) ? "https" : "http", "://", host, ":", port,
+                      "/metrics");
 }
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(ServerOptions options) {

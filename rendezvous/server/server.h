@@ -37,18 +37,26 @@ struct ServerOptions {
   std::string tls_client_ca_file;
   absl::Duration credentials_refresh = absl::Seconds(60);
 
-  // Prometheus text format on http://<metrics_address>:<metrics_port>/metrics.
-  // 0 disables it; a negative port picks a free one (see metrics_port()).
-  // An empty metrics_address means the host of listen_address, so a server
-  // listening on loopback does not publish its metrics to the network.
-  // At most metrics_max_connections connections are served or queued at
-  // once; beyond that a connection is answered 503 and closed. With
-  // metrics_require_token (needs token_file), a scrape must send
-  // "Authorization: Bearer <token>" or gets 401.
+  // Prometheus text format on <metrics_address>:<metrics_port>/metrics
+  // (MetricsUrl). 0 disables it; a negative port picks a free one (see
+  // metrics_port()). An empty metrics_address means the host of
+  // listen_address, so a server listening on loopback does not publish its
+  // metrics to the network. At most metrics_max_connections connections
+  // are served or queued at once; beyond that a connection is answered 503
+  // and closed. With metrics_require_token (needs token_file), a scrape
+  // must send "Authorization: Bearer <token>" or gets 401.
+  //
+  // With TLS it is HTTPS with the gRPC port's certificate and key, and with
+  // tls_client_ca_file a client certificate signed by that CA is required,
+  // as on the gRPC port; the files are followed every credentials_refresh
+  // as there (HttpsCredentials). metrics_plaintext keeps plain HTTP under
+  // TLS (a scraper on the same host); it cannot go with
+  // metrics_require_token, whose token would then travel in clear text.
   int metrics_port = 0;
   std::string metrics_address;
   int metrics_max_connections = 16;
   bool metrics_require_token = false;
+  bool metrics_plaintext = false;
 
   // Quotas per tenant, each RESOURCE_EXHAUSTED naming it when exceeded:
   // open Watch streams on the server and on one job, blocked Get and Wait
@@ -75,14 +83,22 @@ struct ServerOptions {
 // listen_address ("[::1]:29400" gives "::1").
 std::string MetricsAddress(const ServerOptions& options);
 
+// Whether /metrics is served over HTTPS: TLS is on and metrics_plaintext
+// is not.
+bool MetricsUseTls(const ServerOptions& options);
+
+// Where /metrics is served when bound to `port`:
+// "https://[::1]:9400/metrics", or "http://..." (MetricsUseTls).
+std::string MetricsUrl(const ServerOptions& options, int port);
+
 class Server {
  public:
   // Starts serving. Errors: INVALID_ARGUMENT for unreadable TLS/token files,
   // a TLS key that is not the certificate's own, a client CA that does not
-  // load, a bad address,
-  // metrics_require_token without a token_file, or a quota or keepalive that
-  // is not positive, UNAVAILABLE if the port cannot be bound, DATA_LOSS if
-  // the state dir holds state that cannot be read.
+  // load, a bad address, metrics_require_token without a token_file or with
+  // metrics_plaintext, or a quota or keepalive that is not positive,
+  // UNAVAILABLE if the port cannot be bound, DATA_LOSS if the state dir
+  // holds state that cannot be read.
   static absl::StatusOr<std::unique_ptr<Server>> Start(ServerOptions options);
 
   virtual ~Server() = default;
