@@ -374,6 +374,81 @@ TEST_CASE("a resumed run's metrics file is cut back to the step it resumed from"
   }
 }
 
+TEST_CASE("a metrics file of another run's lineage is kept whole, not cut or truncated") {
+  // A run forked from step 20 of another (checkpoint.resume: a path), then
+  // the original resumed from its step 30: the fork used to cut the
+  // original's steps 21..30 for good, and the original appended 31.. after
+  // the fork's 21..25.
+  std::string dir = FreshDir("metrics_lineage");
+  const std::string path = dir + "/metrics.jsonl";
+  auto read = [](const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto lines = [](const char* run, int first, int last) {
+    std::string text;
+    for (int step = first; step <= last; ++step) {
+      absl::StrAppend(&text, "{\"step\":", step, ",\"run\":\"", run, "\"}\n");
+    }
+    return text;
+  };
+  auto write = [&](MetricsWriter& writer, const char* run, int first, int last) {
+    for (int step = first; step <= last; ++step) {
+      REQUIRE(writer.Write(absl::StrCat("{\"step\":", step, ",\"run\":\"", run, "\"}")).ok());
+    }
+  };
+  {
+    auto original = MetricsWriter::Open(path, std::nullopt, nullptr, "aaaa");
+    REQUIRE(original.ok());
+    write(**original, "a", 1, 30);
+  }
+  const std::string aside_a = dir + "/metrics.lineage_aaaa.jsonl";
+  const std::string aside_b = dir + "/metrics.lineage_bbbb.jsonl";
+  CHECK(MetricsAsidePath(path, "aaaa") == aside_a);
+  {
+    MetricsTrim trimmed;
+    auto fork = MetricsWriter::Open(path, 20, &trimmed, "bbbb");
+    REQUIRE(fork.ok());
+    CHECK(trimmed.set_aside == aside_a);
+    CHECK(trimmed.set_aside_lineage == "aaaa");
+    CHECK(trimmed.restored.empty());
+    CHECK(read(aside_a) == lines("a", 1, 30));  // whole
+    CHECK(read(path) == lines("a", 1, 20));     // the fork's history
+    write(**fork, "b", 21, 25);
+  }
+  {
+    MetricsTrim trimmed;
+    auto back = MetricsWriter::Open(path, 30, &trimmed, "aaaa");
+    REQUIRE(back.ok());
+    CHECK(trimmed.set_aside == aside_b);
+    CHECK(trimmed.restored == aside_a);
+    CHECK(trimmed.lines == 0);
+    write(**back, "a", 31, 32);
+  }
+  CHECK(read(path) == lines("a", 1, 32));
+  CHECK(read(aside_b) == lines("a", 1, 20) + lines("b", 21, 25));
+  CHECK(!std::filesystem::exists(aside_a));
+
+  SECTION("a fresh start keeps the previous run's file instead of truncating it") {
+    REQUIRE(MetricsWriter::Open(path, std::nullopt, nullptr, "cccc").ok());
+    CHECK(read(path).empty());
+    CHECK(read(aside_a) == lines("a", 1, 32));
+  }
+  SECTION("the same run starting again from step 0 truncates its own file") {
+    REQUIRE(MetricsWriter::Open(path, std::nullopt, nullptr, "aaaa").ok());
+    CHECK(read(path).empty());
+    CHECK(!std::filesystem::exists(aside_a));
+  }
+  SECTION("a file with no record of its lineage is taken as the run's own") {
+    std::filesystem::remove(path + ".lineage");
+    MetricsTrim trimmed;
+    REQUIRE(MetricsWriter::Open(path, 30, &trimmed, "dddd").ok());
+    CHECK(trimmed.set_aside.empty());
+    CHECK(trimmed.lines == 2);
+    CHECK(read(path) == lines("a", 1, 30));
+  }
+}
+
 TEST_CASE("sampling is reproducible and byte-level only") {
   std::string dir = FreshDir("generate");
   WritePatternShards(dir);

@@ -166,6 +166,8 @@ class CheckpointManager {
   // error on every rank. A collective: every rank calls it.
   absl::Status WaitForRetention();
 
+  // This run's lineage (docs/checkpoint-format.md), once Resume returned.
+  const std::string& lineage() const { return lineage_; }
   bool enabled() const { return !config_.checkpoint.dir.empty() && config_.checkpoint.every > 0; }
   int last_committed_step() const { return last_committed_; }
 

@@ -118,18 +118,96 @@ absl::Status CheckLooksLikeMetrics(const std::string& path) {
                    "it: name another file, or remove this one"));
 }
 
+absl::Status MetricsFileError(const std::string& what, const std::error_code& error) {
+  const std::string message = absl::StrCat("train.metrics_file: ", what, ": ", error.message());
+  if (error.value() == ENOSPC || error.value() == EDQUOT) {
+    return FileSystemError(error.value(), message);
+  }
+  return absl::InvalidArgumentError(message);
+}
+
+// The lineage recorded beside `path` ("" if none is).
+std::string RecordedLineage(const std::string& path) {
+  std::ifstream in(path + ".lineage");
+  std::string lineage;
+  std::getline(in, lineage);
+  return lineage;
+}
+
+// Records `lineage` beside `path`, replacing the record whole.
+absl::Status RecordLineage(const std::string& path, const std::string& lineage) {
+  const std::string record = path + ".lineage", temporary = record + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << lineage << "\n";
+    out.flush();
+    if (!out) {
+      return MetricsFileError(absl::StrCat("cannot write ", temporary),
+                              std::error_code(errno != 0 ? errno : EIO, std::generic_category()));
+    }
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, record, error);
+  if (error) return MetricsFileError(absl::StrCat("cannot rename ", temporary), error);
+  return absl::OkStatus();
+}
+
+// Open's handling of a file that another lineage recorded (see Open).
+absl::Status SetAsideOtherRuns(const std::string& path, const std::string& lineage,
+                               std::optional<int> resumed_step, MetricsTrim* trimmed) {
+  const std::string owner = RecordedLineage(path);
+  std::error_code error;
+  if (owner.empty() || owner == lineage || !std::filesystem::exists(path, error)) {
+    return absl::OkStatus();
+  }
+  const std::string aside = MetricsAsidePath(path, owner);
+  std::filesystem::rename(path, aside, error);
+  if (error) return MetricsFileError(absl::StrCat("cannot move ", path, " to ", aside), error);
+  trimmed->set_aside = aside;
+  trimmed->set_aside_lineage = owner;
+  const std::string own = MetricsAsidePath(path, lineage);
+  if (std::filesystem::exists(own, error)) {
+    std::filesystem::rename(own, path, error);
+    if (error) return MetricsFileError(absl::StrCat("cannot move ", own, " to ", path), error);
+    trimmed->restored = own;
+  } else if (resumed_step.has_value()) {
+    // A fork: its history up to the step it resumed is the other run's.
+    std::filesystem::copy_file(aside, path, error);
+    if (error) return MetricsFileError(absl::StrCat("cannot copy ", aside, " to ", path), error);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::string MetricsAsidePath(const std::string& path, const std::string& lineage) {
+  const std::filesystem::path file(path);
+  return (file.parent_path() /
+          absl::StrCat(file.stem().string(), ".lineage_", lineage, file.extension().string()))
+      .string();
+}
 
 absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::string& path,
                                                                    std::optional<int> resumed_step,
-                                                                   MetricsTrim* trimmed) {
+                                                                   MetricsTrim* trimmed,
+                                                                   const std::string& lineage) {
   // The yaml may name a directory no one made yet (out/tiny/...).
   std::filesystem::path parent = std::filesystem::path(path).parent_path();
   std::error_code made;
   if (!parent.empty()) std::filesystem::create_directories(parent, made);
   if (absl::Status checked = CheckLooksLikeMetrics(path); !checked.ok()) return checked;
+  MetricsTrim unused;
+  if (trimmed == nullptr) trimmed = &unused;
+  if (!lineage.empty()) {
+    absl::Status moved = SetAsideOtherRuns(path, lineage, resumed_step, trimmed);
+    if (!moved.ok()) return moved;
+  }
   if (resumed_step.has_value()) {
-    if (absl::Status cut = TrimAfter(path, *resumed_step, trimmed); !cut.ok()) return cut;
+    MetricsTrim cut;
+    if (absl::Status status = TrimAfter(path, *resumed_step, &cut); !status.ok()) return status;
+    trimmed->lines = cut.lines;
+    trimmed->first_step = cut.first_step;
+    trimmed->last_step = cut.last_step;
   }
   FILE* file = std::fopen(path.c_str(), resumed_step.has_value() ? "a" : "w");
   if (file == nullptr) {
@@ -147,6 +225,12 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
     // not writable, a path through a file) is the path's.
     if (error == ENOSPC || error == EDQUOT) return FileSystemError(error, message);
     return absl::InvalidArgumentError(message);
+  }
+  if (!lineage.empty() && RecordedLineage(path) != lineage) {
+    if (absl::Status recorded = RecordLineage(path, lineage); !recorded.ok()) {
+      std::fclose(file);
+      return recorded;
+    }
   }
   return std::unique_ptr<MetricsWriter>(new MetricsWriter(file, path));
 }

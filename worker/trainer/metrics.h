@@ -49,12 +49,23 @@ std::string FormatEvalLine(const EvalMetrics& metrics);
 std::string StepJson(const StepMetrics& metrics);
 std::string EvalJson(const EvalMetrics& metrics);
 
-// What opening a resumed run's metrics file cut from its end.
+// What opening a run's metrics file did to what was there.
 struct MetricsTrim {
   int lines = 0;       // lines dropped, a torn last line included
   int first_step = 0;  // the first and last step those lines name; 0 when
   int last_step = 0;   // none names one (a torn line)
+  // Another run's file, moved here whole ("" when the file was this run's),
+  // and that run's lineage.
+  std::string set_aside;
+  std::string set_aside_lineage;
+  // This run's own file, set aside by another run earlier and moved back
+  // from here ("" when there was none).
+  std::string restored;
 };
+
+// Where a metrics file `path` of another run (its lineage) is kept:
+// "out/metrics.jsonl" -> "out/metrics.lineage_<lineage>.jsonl".
+std::string MetricsAsidePath(const std::string& path, const std::string& lineage);
 
 // Appends one JSON object per line to a file, flushed after every line so
 // a killed run keeps what it logged. An empty path writes nothing.
@@ -71,6 +82,15 @@ class MetricsWriter {
   // step; lines that name none before it are kept. `trimmed` (may be null)
   // says what was cut.
   //
+  // `lineage` (the run's checkpoint lineage; "" when unknown, as without
+  // checkpoint.dir) is recorded in `path`.lineage. A file recorded as
+  // another lineage's is another run's history (the run this one forked
+  // from, or an earlier fresh start): it is moved whole to
+  // MetricsAsidePath rather than cut or truncated, and this run takes back
+  // its own file if one was set aside so, or else, resuming, starts from
+  // a copy of the other's lines up to `resumed_step` (the history it
+  // forked from). A file with no record is taken as this run's.
+  //
   // Either way, an existing file that is not empty must start with '{' as a
   // metrics file does: anything else is INVALID_ARGUMENT, and left alone.
   //
@@ -78,7 +98,7 @@ class MetricsWriter {
   // opened or cut; RESOURCE_EXHAUSTED (IsNoSpace) if the disk is full.
   static absl::StatusOr<std::unique_ptr<MetricsWriter>> Open(
       const std::string& path, std::optional<int> resumed_step = std::nullopt,
-      MetricsTrim* trimmed = nullptr);
+      MetricsTrim* trimmed = nullptr, const std::string& lineage = "");
   ~MetricsWriter();
   // Appends the line and flushes it. A failure names the path and the
   // OS's reason, as worker/checkpoint/env.h's errors do: on a full disk

@@ -155,11 +155,27 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
   // ranks, and one metrics file has one writer.
   if (!config.train.metrics_file.empty() && trainer->strategy_->rank() == 0) {
     MetricsTrim trimmed;
+    // The lineage tells this run's file from another's: without checkpoints
+    // every start is a fresh run of the one file.
     auto writer = MetricsWriter::Open(
         config.train.metrics_file,
-        *resumed ? std::optional<int>(trainer->state_.step) : std::nullopt, &trimmed);
+        *resumed ? std::optional<int>(trainer->state_.step) : std::nullopt, &trimmed,
+        config.checkpoint.dir.empty() ? std::string() : trainer->checkpoints_->lineage());
     if (!writer.ok()) return writer.status();
-    if (trimmed.lines > 0) {
+    if (!trimmed.set_aside.empty()) {
+      std::string line =
+          absl::StrFormat("metrics: %s held another run's steps (lineage %s): kept it whole as %s",
+                          config.train.metrics_file, trimmed.set_aside_lineage, trimmed.set_aside);
+      if (!trimmed.restored.empty()) {
+        absl::StrAppend(&line, "; this run's own file is back from ", trimmed.restored);
+      } else if (*resumed) {
+        absl::StrAppend(&line, "; this run's file starts with its lines up to step ",
+                        trainer->state_.step);
+      }
+      std::fprintf(trainer->options_.log, "%s\n", line.c_str());
+    }
+    // A fork's cut is of its copy: the other run's file keeps those lines.
+    if (trimmed.lines > 0 && (trimmed.set_aside.empty() || !trimmed.restored.empty())) {
       std::string steps = trimmed.first_step == 0 ? std::string("a torn line")
                           : trimmed.first_step == trimmed.last_step
                               ? absl::StrCat("step ", trimmed.first_step)
