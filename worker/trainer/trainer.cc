@@ -376,6 +376,9 @@ absl::Status Trainer::Run() {
       absl::Status logged = LogEval(eval);
       if (!logged.ok()) return logged;
     }
+    // A save's lines ("checkpoint: saved ...") take the bar's place, as the
+    // step lines do; it is drawn again below.
+    progress_.Clear();
     absl::Status saved = checkpoints_->AfterStep(*model_, *optimizer_, state_);
     if (!saved.ok()) return saved;
     if (stop_signal_ != 0 && state_.step < total) return Preempt(Clock::now());
