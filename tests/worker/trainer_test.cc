@@ -289,7 +289,7 @@ TEST_CASE(
                                           "/plain/metrics.jsonl for writing: Not a directory");
 }
 
-TEST_CASE("validation data smaller than one pass says so when the trainer starts") {
+TEST_CASE("validation or training data smaller than one pass or step says so at the start") {
   std::string dir = FreshDir("small_val");
   WritePatternShards(dir);  // val: 2000 tokens, (2000 - 1) / 16 = 124 windows
   TrainConfig config = TinyConfig(dir);
@@ -310,6 +310,16 @@ TEST_CASE("validation data smaller than one pass says so when the trainer starts
         "samples a validation pass reads (train.eval_batches 40 x data.micro_batch 4 x 1 replica), "
         "so each pass reads some more than once; train.eval_batches 31 reads each at most once\n");
   CHECK(created_log(31).empty());  // 124 samples: each window once
+
+  // Training data smaller than one optimizer step: train holds (8000 - 1) / 16 = 499 windows.
+  config.data.val.clear();
+  config.data.grad_accumulation = 125;  // 500 samples a step
+  CHECK(created_log(0) ==
+        "data: warning: data.train holds 499 windows of seq_len + 1 tokens, fewer than the 500 "
+        "samples one optimizer step reads (125 micro-batches of data.micro_batch 4, x 1 replica), "
+        "so every step reads some more than once\n");
+  config.data.grad_accumulation = 124;
+  CHECK(created_log(0).empty());
 }
 
 TEST_CASE("a resumed run's metrics file is cut back to the step it resumed from") {

@@ -115,6 +115,24 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
       std::fflush(trainer->options_.log);
     }
   }
+  // Likewise a training set smaller than one optimizer step's samples: every
+  // step then reads some windows more than once (an epoch is shorter than a
+  // step), which a smoke test may want and a real run never does.
+  if (trainer->train_ != nullptr && trainer->strategy_->rank() == 0) {
+    const uint64_t dp = trainer->strategy_->dims().dp();
+    const uint64_t step = static_cast<uint64_t>(MicroSteps(config)) * B * dp;
+    const uint64_t windows = trainer->train_->samples_per_epoch();
+    if (windows < step) {
+      std::fprintf(trainer->options_.log,
+                   "data: warning: data.train holds %llu windows of seq_len + 1 tokens, fewer "
+                   "than the %llu samples one optimizer step reads (%d micro-batches of "
+                   "data.micro_batch %d, x %llu replica%s), so every step reads some more than "
+                   "once\n",
+                   static_cast<unsigned long long>(windows), static_cast<unsigned long long>(step),
+                   MicroSteps(config), B, static_cast<unsigned long long>(dp), dp == 1 ? "" : "s");
+      std::fflush(trainer->options_.log);
+    }
+  }
   // The strategy builds the model's storage and the optimizer over this
   // rank's parameters, with weights agreed over ranks.
   BuildSpec spec;
