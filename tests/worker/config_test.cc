@@ -1,17 +1,22 @@
 #include "worker/config/config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -103,11 +108,12 @@ TEST_CASE("every example file loads") {
   CHECK(MicroSteps(*pipeline) == 4);
 }
 
-TEST_CASE("a missing file is NOT_FOUND naming it") {
+TEST_CASE("a missing file is NOT_FOUND naming it and the reason") {
   absl::StatusOr<TrainConfig> config = LoadConfig("/nonexistent/train.yaml");
   REQUIRE_FALSE(config.ok());
   CHECK(config.status().code() == absl::StatusCode::kNotFound);
-  CHECK_THAT(std::string(config.status().message()), Catch::Contains("/nonexistent/train.yaml"));
+  CHECK(config.status().message() ==
+        "/nonexistent/train.yaml: cannot read the config file: No such file or directory");
 }
 
 // A fresh directory of this test's own, made absolute.
@@ -121,7 +127,7 @@ std::filesystem::path TestDir(const std::string& name) {
 }
 
 // A directory read as "empty file"; /dev/zero was read forever.
-TEST_CASE("a directory, or a file of more than 1 MiB, is not a config") {
+TEST_CASE("a directory, a device, or a file of more than 1 MiB, is not a config") {
   const std::filesystem::path dir = TestDir("config_test_not_a_file");
   absl::StatusOr<TrainConfig> directory = LoadConfig(dir.string());
   REQUIRE_FALSE(directory.ok());
@@ -131,11 +137,79 @@ TEST_CASE("a directory, or a file of more than 1 MiB, is not a config") {
   absl::StatusOr<TrainConfig> zero = LoadConfig("/dev/zero");
   REQUIRE_FALSE(zero.ok());
   CHECK(zero.status().code() == absl::StatusCode::kInvalidArgument);
-  CHECK(zero.status().message() ==
-        "/dev/zero: more than 1 MiB, too large for a config file (is it the right file?)");
+  CHECK(zero.status().message() == "/dev/zero: a character device, not a config file");
   // A comment makes a valid config of just over 1 MiB.
   std::ofstream(dir / "big.yaml") << kMinimal << "# " << std::string(1 << 20, 'x') << "\n";
-  CHECK_FALSE(LoadConfig((dir / "big.yaml").string()).ok());
+  absl::StatusOr<TrainConfig> big = LoadConfig((dir / "big.yaml").string());
+  REQUIRE_FALSE(big.ok());
+  CHECK(big.status().message() == (dir / "big.yaml").string() +
+                                      ": more than 1 MiB, too large for a config file (is it the "
+                                      "right file?)");
+}
+
+TEST_CASE("a symlink loop is NOT_FOUND naming the reason") {
+  const std::filesystem::path dir = TestDir("config_test_loop");
+  std::filesystem::create_symlink(dir / "loop.yaml", dir / "loop.yaml");
+  absl::StatusOr<TrainConfig> config = LoadConfig((dir / "loop.yaml").string());
+  REQUIRE_FALSE(config.ok());
+  CHECK(config.status().code() == absl::StatusCode::kNotFound);
+  CHECK(config.status().message() == (dir / "loop.yaml").string() +
+                                         ": cannot read the config file: Too many levels of "
+                                         "symbolic links");
+}
+
+// LoadConfig in a thread, waited for at most 20 s: a FIFO's open(2) for
+// reading waited for a writer forever. If it is still waiting, a writer
+// that opens and closes the FIFO releases it, and the test fails.
+absl::StatusOr<TrainConfig> LoadConfigWithin20s(const std::string& path) {
+  std::future<absl::StatusOr<TrainConfig>> loaded =
+      std::async(std::launch::async, [path] { return LoadConfig(path); });
+  if (loaded.wait_for(std::chrono::seconds(20)) != std::future_status::ready) {
+    const int writer = open(path.c_str(), O_WRONLY | O_NONBLOCK);
+    if (writer >= 0) close(writer);
+    FAIL_CHECK("LoadConfig(" << path << ") still waits after 20 s");
+  }
+  return loaded.get();
+}
+
+// `mkfifo f.yaml; worker f.yaml` waited forever for a writer.
+TEST_CASE("a FIFO that nothing writes to is refused at once; a pipe being written is read") {
+  const std::filesystem::path dir = TestDir("config_test_fifo");
+  const std::string fifo = (dir / "fifo.yaml").string();
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  absl::StatusOr<TrainConfig> unwritten = LoadConfigWithin20s(fifo);
+  REQUIRE_FALSE(unwritten.ok());
+  CHECK(unwritten.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(unwritten.status().message() ==
+        fifo + ": a FIFO that nothing writes to, not a config file");
+
+  // `worker <(sed ... train.yaml)`: a pipe whose writer is there, by a
+  // /dev/fd path. It writes only after the reader has started (or not:
+  // either way the reader waits for its end).
+  int ends[2];
+  REQUIRE(pipe(ends) == 0);
+  const std::string pipe_path = "/proc/self/fd/" + std::to_string(ends[0]);
+  std::future<absl::StatusOr<TrainConfig>> loaded =
+      std::async(std::launch::async, [&] { return LoadConfig(pipe_path); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const std::string text = kMinimal;
+  REQUIRE(write(ends[1], text.data(), text.size()) == static_cast<ssize_t>(text.size()));
+  close(ends[1]);  // the end of the file: the reader cannot wait past it
+  absl::StatusOr<TrainConfig> piped = loaded.get();
+  close(ends[0]);
+  INFO(piped.status().ToString());
+  REQUIRE(piped.ok());
+  CHECK_THAT(piped->data.train, Catch::EndsWith("/shards/train_*.bin"));
+
+  // A pipe whose writer went without writing: nothing to read, ever.
+  REQUIRE(pipe(ends) == 0);
+  close(ends[1]);
+  const std::string closed_path = "/proc/self/fd/" + std::to_string(ends[0]);
+  absl::StatusOr<TrainConfig> closed = LoadConfigWithin20s(closed_path);
+  close(ends[0]);
+  REQUIRE_FALSE(closed.ok());
+  CHECK(closed.status().message() ==
+        closed_path + ": a FIFO that nothing writes to, not a config file");
 }
 
 TEST_CASE("errors name the file, the line, the key path and what was expected") {
@@ -178,6 +252,30 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "model:\n  layers:\n", "t.yaml:4: model.layers: expected an integer, got nothing"},
       {train + "optim:\n  lr: fast\n", "t.yaml:4: optim.lr: expected a number, got 'fast'"},
       {train + "optim:\n  lr: .nan\n", "t.yaml:4: optim.lr: expected a number"},
+      // A quoted or !!str value is a string in yaml, whatever it spells.
+      {train + "model:\n  layers: \"2\"\n",
+       "t.yaml:4: model.layers: expected an integer, got the string '2'"},
+      {train + "train:\n  steps: '30'\n",
+       "t.yaml:4: train.steps: expected an integer, got the string '30'"},
+      {train + "train:\n  steps: !!str 30\n",
+       "t.yaml:4: train.steps: expected an integer, got '30' tagged !!str"},
+      {train + "model:\n  layers: !!float 2\n",
+       "t.yaml:4: model.layers: expected an integer, got '2' tagged !!float"},
+      {train + "train:\n  seed: \"7\"\n",
+       "t.yaml:4: train.seed: expected a non-negative integer, got the string '7'"},
+      {train + "optim:\n  lr: \"0.1\"\n",
+       "t.yaml:4: optim.lr: expected a number, got the string '0.1'"},
+      {train + "optim:\n  lr: !unknown 0.1\n",
+       "t.yaml:4: optim.lr: expected a number, got '0.1' tagged !unknown"},
+      {train + "parallel:\n  reshard_after_forward: \"false\"\n",
+       "t.yaml:4: parallel.reshard_after_forward: expected true or false, got the string 'false'"},
+      {train + "parallel:\n  pp_split: [2, \"2\"]\n",
+       "t.yaml:4: parallel.pp_split: expected a list of integers, got the string '2' at entry 2"},
+      // A number is decimal, as an integer is: 0x10 read as 16.
+      {train + "optim:\n  lr: 0x10\n", "t.yaml:4: optim.lr: expected a number, got '0x10'"},
+      {train + "optim:\n  lr: 0x1p-10\n", "t.yaml:4: optim.lr: expected a number, got '0x1p-10'"},
+      {train + "optim:\n  lr: 0o20\n", "t.yaml:4: optim.lr: expected a number, got '0o20'"},
+      {train + "model:\n  layers: 0x2\n", "t.yaml:4: model.layers: expected an integer, got '0x2'"},
       {train + "train:\n  seed: -1\n",
        "t.yaml:4: train.seed: expected a non-negative integer, got '-1'"},
       {"data:\n  train: {a: 1}\n", "t.yaml:2: data.train: expected a string, got a map"},
@@ -185,6 +283,11 @@ TEST_CASE("errors name the file, the line, the key path and what was expected") 
       {train + "optim:\n  learning_rate: 1\n", "t.yaml:4: optim.learning_rate: unknown key (known"},
       {train + "model:\n  layers: 2\n  layers: 3\n",
        "t.yaml:5: model.layers: duplicate key (first set on line 4)"},
+      // yaml-cpp gives an alias its anchor's line: the value's is the alias's.
+      {train + "train:\n  &k steps: 30\n  log_every: 1\n  *k : 40\n",
+       "t.yaml:6: train.steps: duplicate key, an alias of the key first set on line 4"},
+      {train + "train:\n  &k steps: 30\n  *k :\n",
+       "t.yaml:4: train.steps: duplicate key, an alias of the key first set on line 4"},
       {train + "model: {}\nmodel: {}\n", "t.yaml:4: model: duplicate key (first set on line 3)"},
       // A dotted key is unknown, not a duplicate of the field it spells.
       {train + "optim:\n  lr: 0.1\noptim.lr: 0.2\n",
@@ -967,6 +1070,46 @@ TEST_CASE("ConfigFields: unique paths, defaults as ConfigToYaml writes them, typ
   CHECK(bad.message() == "model.layers: expected an integer, got 'four'");
   CHECK(layers->set("[1,", &config).message().find("model.layers: invalid yaml") == 0);
   CHECK(config.model.layers == 4);
+}
+
+// yaml-schema.md's number: an integer or a decimal, nothing else absl
+// reads (0x10 was 16); a value tagged with its field's own type reads.
+TEST_CASE("a number is any decimal spelling; a tag of the field's own type reads") {
+  std::map<std::string, const ConfigField*> by_path;
+  for (const ConfigField& field : ConfigFields()) by_path[field.path] = &field;
+  TrainConfig config;
+  const ConfigField& lr = *by_path.at("optim.lr");
+  const std::vector<std::pair<std::string, double>> numbers = {
+      {"6e-4", 6e-4}, {"6E-4", 6e-4},         {".5", 0.5},     {"5.", 5.0},
+      {"+1", 1.0},    {"-0.5", -0.5},         {"1", 1.0},      {"1.5e+2", 150.0},
+      {"007", 7.0},   {"!!float 0.25", 0.25}, {"!!int 3", 3.0}};
+  for (const auto& [text, value] : numbers) {
+    INFO(text);
+    REQUIRE(lr.set(text, &config).ok());
+    CHECK(config.optim.lr == value);
+  }
+  for (const char* text : {"0x10",  "0x1p-10", "0o20",     "0b1",   ".inf",    "-.inf",   ".nan",
+                           "inf",   "nan",     "infinity", "1e",    "e5",      ".",       "+",
+                           "1.2.3", "1_000",   "1e400",    "\"1\"", "!!str 1", "!!bool 1"}) {
+    INFO(text);
+    absl::Status refused = lr.set(text, &config);
+    CHECK(refused.code() == absl::StatusCode::kInvalidArgument);
+    CHECK_THAT(std::string(refused.message()),
+               Catch::StartsWith("optim.lr: expected a number, got"));
+  }
+  const ConfigField& layers = *by_path.at("model.layers");
+  REQUIRE(layers.set("!!int 8", &config).ok());
+  CHECK(config.model.layers == 8);
+  REQUIRE(layers.set("+6", &config).ok());
+  CHECK(config.model.layers == 6);
+  CHECK(layers.set("'6'", &config).message() ==
+        "model.layers: expected an integer, got the string '6'");
+  CHECK(layers.set("|\n  6\n", &config).message() ==
+        "model.layers: expected an integer, got the string '6\n'");
+  REQUIRE(by_path.at("parallel.reshard_after_forward")->set("!!bool false", &config).ok());
+  CHECK_FALSE(config.parallel.reshard_after_forward);
+  REQUIRE(by_path.at("parallel.pp_split")->set("[!!int 2, 2]", &config).ok());
+  CHECK(config.parallel.pp_split == std::vector<int>{2, 2});
 }
 
 TEST_CASE("ConfigFields: the parallel fields' types, defaults, words and typed set") {

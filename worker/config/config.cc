@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <type_traits>
 #include <vector>
@@ -12,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "worker/config/config_file.h"
 #include "worker/config/reader.h"
 #include "worker/config/scalars.h"
 #include "worker/config/validate.h"
@@ -29,9 +29,6 @@ namespace {
 using config_detail::ConfigReader;
 using config_detail::PathKind;
 using config_detail::Rule;
-
-// A train.yaml is a few KiB: anything past this is not one.
-constexpr size_t kMaxConfigBytes = 1 << 20;
 
 // A relative path or glob names a place next to the yaml file.
 std::string Resolve(const std::string& base_dir, const std::string& path) {
@@ -137,29 +134,14 @@ bool WorldSizeFixed(const ParallelConfig& parallel) {
 }
 
 absl::StatusOr<TrainConfig> LoadConfig(const std::string& path) {
-  // A directory opens, and reads as nothing ("empty file"); a device such
-  // as /dev/zero reads forever. A pipe (`worker <(...)`) is a config.
-  std::error_code error;
-  if (std::filesystem::is_directory(path, error)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": a directory, not a config file; name the train.yaml in it"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read the config file"));
-  std::string text(kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  if (text.size() > kMaxConfigBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": more than ", kMaxConfigBytes / (1 << 20),
-                     " MiB, too large for a config file (is it the right file?)"));
-  }
+  absl::StatusOr<std::string> text = config_detail::ReadConfigFile(path);
+  if (!text.ok()) return text.status();
   // An absolute base makes the resolved paths independent of the working
   // directory, so ConfigToYaml's output means the same from anywhere.
   std::error_code ignored;
   std::filesystem::path base =
       std::filesystem::absolute(std::filesystem::path(path), ignored).parent_path();
-  return Parse(text, path, base.string(), &path);
+  return Parse(*text, path, base.string(), &path);
 }
 
 std::string ConfigToYaml(const TrainConfig& config) {

@@ -151,7 +151,10 @@ int VirtualStages(const ParallelConfig& parallel);
 // against the yaml file's directory. Then checks the resolved paths on the
 // file system: train.metrics_file, which a run from step 0 truncates, may
 // not be the config file itself, a file data.train or data.val matches, or
-// checkpoint.dir or anything in it.
+// checkpoint.dir or anything in it. The file is a regular one or a pipe
+// being written; NOT_FOUND with the reason when it cannot be read,
+// INVALID_ARGUMENT when it is not a config file (a directory, a device, a
+// FIFO that nothing writes to, more than 1 MiB) or its config is wrong.
 absl::StatusOr<TrainConfig> LoadConfig(const std::string& path);
 // The same from text, without the checks on the file system; `name` is
 // used in messages.

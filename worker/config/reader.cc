@@ -28,6 +28,15 @@ size_t EditDistance(const std::string& a, const std::string& b) {
 
 bool ByLength(const std::string& a, const std::string& b) { return a.size() < b.size(); }
 
+// Whether the key at `entry` is the very node of a key before it in `map`:
+// an alias (`*k`) of that key's anchor (`&k steps: 30`).
+bool IsAliasOfEarlierKey(const YAML::Node& map, YAML::const_iterator entry) {
+  for (auto it = map.begin(); it != entry; ++it) {
+    if (it->first.is(entry->first)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 template <typename S>
@@ -63,6 +72,14 @@ absl::Status ConfigReader::ReadMap(const YAML::Node& map, const std::string& pre
     }
     if (field != nullptr) {
       auto [seen, inserted] = lines_.emplace(path, key_line);
+      if (!inserted && IsAliasOfEarlierKey(map, it)) {
+        // yaml-cpp gives an alias (`*k : 40`) its anchor's position: the
+        // value's, when it has one of its own, is where the alias is.
+        const int value_line = LineOf(it->second, seen->second);
+        return Error(
+            value_line > seen->second ? value_line : key_line, path,
+            absl::StrCat("duplicate key, an alias of the key first set on line ", seen->second));
+      }
       if (!inserted) {
         return Error(key_line, path,
                      absl::StrCat("duplicate key (first set on line ", seen->second, ")"));

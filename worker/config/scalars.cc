@@ -3,7 +3,11 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <initializer_list>
+#include <string_view>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -38,13 +42,66 @@ std::string Quoted(const std::string& text) {
   return out + "\"";
 }
 
+// yaml-cpp's tag of a scalar: "?" for a plain one, whose type is the
+// reader's to decide; "!" for a quoted or block one, a string; else the
+// explicit tag, the core schema's in full ("tag:yaml.org,2002:str").
+constexpr char kPlainTag[] = "?";
+constexpr char kStringTag[] = "!";
+constexpr char kCoreTagPrefix[] = "tag:yaml.org,2002:";
+
+// A plain scalar, or one tagged with one of the core schema's `types`
+// ("int", "float"): a quoted "4" or a `!!str 4` is a string, whatever it
+// spells.
+bool IsScalarOf(const YAML::Node& node, std::initializer_list<const char*> types) {
+  if (!node.IsScalar()) return false;
+  const std::string& tag = node.Tag();
+  if (tag == kPlainTag) return true;
+  for (const char* type : types) {
+    if (tag == absl::StrCat(kCoreTagPrefix, type)) return true;
+  }
+  return false;
+}
+
+// YAML 1.2's core schema number in decimal: [-+]? (.D+ | D+(.D*)?)
+// ([eE][-+]?D+)?. Not hex (0x10, 0x1p-10), octal (0o20), .inf or .nan,
+// which absl::SimpleAtod would read.
+bool IsDecimal(std::string_view text) {
+  size_t at = 0;
+  auto digits = [&] {
+    const size_t start = at;
+    while (at < text.size() && absl::ascii_isdigit(static_cast<unsigned char>(text[at]))) ++at;
+    return at - start;
+  };
+  if (at < text.size() && (text[at] == '-' || text[at] == '+')) ++at;
+  size_t mantissa = digits();
+  if (at < text.size() && text[at] == '.') {
+    ++at;
+    mantissa += digits();
+  }
+  if (mantissa == 0) return false;
+  if (at < text.size() && (text[at] == 'e' || text[at] == 'E')) {
+    ++at;
+    if (at < text.size() && (text[at] == '-' || text[at] == '+')) ++at;
+    if (digits() == 0) return false;
+  }
+  return at == text.size();
+}
+
 }  // namespace
 
 // How a value looks in a message: the scalar itself, or its kind.
 std::string Describe(const YAML::Node& node) {
   switch (node.Type()) {
-    case YAML::NodeType::Scalar:
-      return absl::StrCat("'", node.Scalar(), "'");
+    case YAML::NodeType::Scalar: {
+      const std::string quoted = absl::StrCat("'", node.Scalar(), "'");
+      const std::string& tag = node.Tag();
+      if (tag == kPlainTag) return quoted;
+      if (tag == kStringTag) return absl::StrCat("the string ", quoted);
+      if (absl::StartsWith(tag, kCoreTagPrefix)) {
+        return absl::StrCat(quoted, " tagged !!", tag.substr(sizeof(kCoreTagPrefix) - 1));
+      }
+      return absl::StrCat(quoted, " tagged ", tag);
+    }
     case YAML::NodeType::Sequence:
       return "a list";
     case YAML::NodeType::Map:
@@ -63,19 +120,21 @@ int LineOf(const YAML::Node& node, int fallback) {
 
 // Each scalar type's reader: what was wrong, or nothing.
 std::optional<std::string> ReadScalar(const YAML::Node& node, int* out) {
-  if (node.IsScalar() && absl::SimpleAtoi(node.Scalar(), out)) return std::nullopt;
+  const bool integer = IsScalarOf(node, {"int"});
+  if (integer && absl::SimpleAtoi(node.Scalar(), out)) return std::nullopt;
   int64_t wide;
-  if (node.IsScalar() && absl::SimpleAtoi(node.Scalar(), &wide)) {
+  if (integer && absl::SimpleAtoi(node.Scalar(), &wide)) {
     return absl::StrCat("expected a 32-bit integer, ", Describe(node), " is out of range");
   }
   return absl::StrCat("expected an integer, got ", Describe(node));
 }
 std::optional<std::string> ReadScalar(const YAML::Node& node, uint64_t* out) {
-  if (node.IsScalar() && absl::SimpleAtoi(node.Scalar(), out)) return std::nullopt;
+  if (IsScalarOf(node, {"int"}) && absl::SimpleAtoi(node.Scalar(), out)) return std::nullopt;
   return absl::StrCat("expected a non-negative integer, got ", Describe(node));
 }
 std::optional<std::string> ReadScalar(const YAML::Node& node, double* out) {
-  if (node.IsScalar() && absl::SimpleAtod(node.Scalar(), out) && std::isfinite(*out)) {
+  if (IsScalarOf(node, {"float", "int"}) && IsDecimal(node.Scalar()) &&
+      absl::SimpleAtod(node.Scalar(), out) && std::isfinite(*out)) {
     return std::nullopt;
   }
   return absl::StrCat("expected a number, got ", Describe(node));
@@ -83,7 +142,7 @@ std::optional<std::string> ReadScalar(const YAML::Node& node, double* out) {
 // YAML 1.2's booleans only: yes/no/on/off (YAML 1.1) are refused rather
 // than guessed at.
 std::optional<std::string> ReadScalar(const YAML::Node& node, bool* out) {
-  if (node.IsScalar()) {
+  if (IsScalarOf(node, {"bool"})) {
     const std::string& text = node.Scalar();
     if (text == "true" || text == "True" || text == "TRUE") {
       *out = true;
@@ -120,13 +179,14 @@ std::optional<std::string> ReadScalar(const YAML::Node& node, std::vector<int>* 
   std::vector<int> values;
   for (size_t i = 0; i < node.size(); ++i) {
     const YAML::Node item = node[i];
+    const bool integer = IsScalarOf(item, {"int"});
     int value;
-    if (item.IsScalar() && absl::SimpleAtoi(item.Scalar(), &value)) {
+    if (integer && absl::SimpleAtoi(item.Scalar(), &value)) {
       values.push_back(value);
       continue;
     }
     int64_t wide;
-    if (item.IsScalar() && absl::SimpleAtoi(item.Scalar(), &wide)) {
+    if (integer && absl::SimpleAtoi(item.Scalar(), &wide)) {
       return absl::StrCat("expected a list of 32-bit integers, entry ", i + 1, " ", Describe(item),
                           " is out of range");
     }

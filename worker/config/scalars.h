@@ -15,16 +15,21 @@
 
 namespace muster::worker::config_detail {
 
-// How a value looks in a message: the scalar itself, or its kind.
+// How a value looks in a message: the scalar itself ('4'; a quoted one as
+// "the string '4'", a tagged one with its tag, "'4' tagged !!str"), or its
+// kind.
 std::string Describe(const YAML::Node& node);
 
 // One line of yaml-cpp's position, 1-based; a null value's mark points past
 // it, so callers pass the key's line as the fallback.
 int LineOf(const YAML::Node& node, int fallback);
 
-// Each scalar type's reader: what was wrong, or nothing.
+// Each scalar type's reader: what was wrong, or nothing. An integer, a
+// number and a boolean are plain scalars (or tagged !!int, !!float,
+// !!bool): a quoted "4" or a `!!str 4` is a string, which they refuse.
 //   int, uint64_t   decimal, in range;
-//   double          finite;
+//   double          decimal ([-+]? digits, a point, an exponent: 6e-4,
+//                   .5, 1), finite: not 0x10, 0x1p-10, .inf or .nan;
 //   bool            YAML 1.2's true/false only (yes/no/on/off are refused
 //                   rather than guessed at);
 //   std::string     a null value (`key:` with nothing after it) is "";
