@@ -11,8 +11,11 @@ namespace muster::worker {
 // Blocks the preemption signals (launcher::kPreemptionSignals): one that
 // comes while the worker loads, re-execs or reads its config is held, and
 // answered once training handles it (a save after the first step, exit
-// 75), not fatal. Call it first in main(); the mask lasts through exec.
-// WorkerMain unblocks them again for every command but training.
+// 75), not fatal. The mask lasts through exec. WorkerMain unblocks them
+// again for every command but training.
+// Async-signal-safe, and needs nothing initialised: worker/main.cc calls it
+// from the executable's .preinit_array, before any static initialiser; a
+// binary without that hook calls it first in main().
 void HoldPreemptionSignals();
 
 // OpenMP's idle threads spin by default. Spinning threads of two processes
