@@ -352,16 +352,33 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   add_text("signals_to_handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
            "Signals forwarded to workers before exiting");
 
-  std::vector<std::string> args(argv.rbegin(), argv.rend() - 1);  // CLI11 wants reversed
+  // `--flag=` gives the flag an empty value, as argparse does. CLI11 takes
+  // an empty value as none and would take the next word instead, so that
+  // `--rdzv_id=$UNSET --nnodes=2` ran a one-node job named "--nnodes=2". A
+  // stand-in value goes through CLI11 and is turned back into "" (in a
+  // flag) or "--flag=" (in the target's arguments, which are kept as given).
+  const std::string kEmpty = "\x01launch-empty-value\x01";
+  std::vector<std::string> args;
+  for (auto it = argv.rbegin(); it != argv.rend() - 1; ++it) {  // CLI11 wants them reversed
+    const bool empty_value =
+        absl::StartsWith(*it, "-") && absl::EndsWith(*it, "=") && it->find('=') == it->size() - 1;
+    args.push_back(empty_value ? *it + kEmpty : *it);
+  }
   try {
     app.parse(args);
   } catch (const CLI::CallForHelp&) {
     return absl::CancelledError(app.help());
   } catch (const CLI::ParseError& error) {
-    return absl::InvalidArgumentError(error.what());
+    return absl::InvalidArgumentError(absl::StrReplaceAll(error.what(), {{kEmpty, ""}}));
   }
 
+  for (auto& [flag, value] : text) {
+    if (value == kEmpty) value.clear();
+  }
   std::vector<std::string> rest = app.remaining();
+  for (std::string& arg : rest) {
+    if (absl::EndsWith(arg, "=" + kEmpty)) arg.resize(arg.size() - kEmpty.size());
+  }
   // `launch [flags] -- script.py args`: "--" ends the flags, as with argparse.
   if (!rest.empty() && rest[0] == "--") rest.erase(rest.begin());
   if (rest.empty()) {
@@ -425,6 +442,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   options.rdzv_backend = text["rdzv_backend"];
   options.rdzv_endpoint = text["rdzv_endpoint"];
   options.rdzv_id = text["rdzv_id"];
+  if (options.rdzv_id.empty()) {
+    return absl::InvalidArgumentError(
+        "--rdzv_id is empty: expected the id every node of the job gives (or leave the flag out)");
+  }
   options.role = text["role"];
   options.log_dir = text["log_dir"];
   options.local_addr = text["local_addr"];

@@ -45,6 +45,29 @@ TEST_CASE("both spellings of a flag, and = or space") {
   CHECK(dashed->target_kind == TargetKind::kPythonScript);
 }
 
+TEST_CASE("--flag= is an empty value, never the next word") {
+  // `--rdzv_id=$UNSET --nnodes=2` used to run a one-node job with the id
+  // "--nnodes=2"; `--role= --nproc_per_node=2` lost the worker count.
+  auto role = Parse({"--standalone", "--role=", "--nproc_per_node=2", "x.py", "--out=", "y"});
+  REQUIRE(role.ok());
+  CHECK(role->role.empty());
+  CHECK(role->nproc_per_node == "2");
+  CHECK(role->target == "x.py");
+  CHECK(role->target_args == std::vector<std::string>{"--out=", "y"});  // as given
+  auto conf = Parse({"--standalone", "--rdzv_conf=", "--log_dir=", "x.py"});
+  REQUIRE(conf.ok());
+  CHECK(conf->target == "x.py");
+  auto id = Parse({"--rdzv_id=", "--nnodes=2", "x.py"});
+  CHECK(absl::IsInvalidArgument(id.status()));
+  CHECK(absl::StrContains(id.status().message(), "--rdzv_id is empty"));
+  auto nproc = Parse({"--standalone", "--nproc_per_node=", "2", "x.py"});
+  CHECK(absl::IsInvalidArgument(nproc.status()));
+  CHECK(absl::IsInvalidArgument(Parse({"--standalone", "--max_restarts=", "x.py"}).status()));
+  auto flag = Parse({"--standalone=", "x.py"});
+  CHECK(absl::IsInvalidArgument(flag.status()));
+  CHECK(!absl::StrContains(flag.status().message(), "\x01"));
+}
+
 TEST_CASE("the rendezvous backend as torchrun picks it") {
   // Nothing given: static, node 0 hosting at master_addr:master_port.
   auto bare = Parse({"t.yaml"});
