@@ -84,7 +84,13 @@ absl::StatusOr<std::vector<std::string>> WorkerCommand(
       break;
     }
     case TargetKind::kExecutable:
-      command = {options.target};
+      // Without --no_python the target is the file of that name here (it
+      // was found so): named as a path, or the exec would search PATH and
+      // run /usr/bin/test for ./test. --no_python names a program as
+      // torchrun's does, found on PATH.
+      command = {options.no_python || options.target.find('/') != std::string::npos
+                     ? options.target
+                     : "./" + options.target};
       break;
   }
   if (options.target_kind != TargetKind::kExecutable && !options.run_module &&

@@ -99,7 +99,9 @@ class WorkerGroup {
 // Finds the program that runs the target: our `worker` binary for a yaml
 // config (next to `launch`, in bazel-bin's ../worker/, or on PATH),
 // python3 -u (or $PYTHON_EXEC) for a script or module, the target itself
-// with --no_python. NOT_FOUND names what is missing.
+// with --no_python (on PATH when it has no '/'), and an executable file
+// given without --no_python as a path ("./test"). NOT_FOUND names what is
+// missing.
 absl::StatusOr<std::vector<std::string>> WorkerCommand(
     const LaunchOptions& options, const std::map<std::string, std::string>& env);
 
