@@ -423,6 +423,17 @@ absl::StatusOr<LaunchOptions> ParseLaunchOptions(const std::vector<std::string>&
   for (const auto& check : checks) {
     if (absl::Status status = check(); !status.ok()) return status;
   }
+  // --standalone's service listens on a loopback port of its own choosing:
+  // no other node can find it, so the job is this one node. A minimum above
+  // 1 would wait out join_timeout for nodes that never come, a maximum
+  // above 1 last_call_timeout before every round.
+  if (options.standalone && options.min_nodes > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nnodes ", text["nnodes"],
+        " with --standalone: a standalone job is one node (its rendezvous is on a loopback port "
+        "no other node can reach); for more, run a rendezvous service and give --rdzv_endpoint"));
+  }
+  if (options.standalone) options.max_nodes = 1;
   if (options.master_port > 65535) {
     return absl::InvalidArgumentError("--master_port: expected a port in 0..65535");
   }

@@ -68,6 +68,16 @@ TEST_CASE("--flag= is an empty value, never the next word") {
   CHECK(!absl::StrContains(flag.status().message(), "\x01"));
 }
 
+TEST_CASE("--standalone is one node: --nnodes above 1 is refused, a range capped") {
+  auto two = Parse({"--standalone", "--nnodes=2", "x.py"});
+  CHECK(absl::IsInvalidArgument(two.status()));
+  CHECK(absl::StrContains(two.status().message(), "--nnodes 2 with --standalone"));
+  auto range = Parse({"--standalone", "--nnodes=1:3", "x.py"});
+  REQUIRE(range.ok());
+  CHECK(range->min_nodes == 1);
+  CHECK(range->max_nodes == 1);
+}
+
 TEST_CASE("the rendezvous backend as torchrun picks it") {
   // Nothing given: static, node 0 hosting at master_addr:master_port.
   auto bare = Parse({"t.yaml"});
@@ -127,13 +137,15 @@ TEST_CASE("torchrun's --start_method and --run_path are accepted") {
 
 TEST_CASE("PET_ variables are defaults that flags override") {
   std::map<std::string, std::string> env = {
-      {"PET_NNODES", "2:4"}, {"PET_MAX_RESTARTS", "3"}, {"PET_STANDALONE", "1"}};
+      {"PET_NNODES", "2:4"}, {"PET_MAX_RESTARTS", "3"}, {"PET_RDZV_ENDPOINT", "h:1"}};
   auto from_env = Parse({"t.yaml"}, env);
   REQUIRE(from_env.ok());
   CHECK(from_env->min_nodes == 2);
   CHECK(from_env->max_nodes == 4);
   CHECK(from_env->max_restarts == 3);
-  CHECK(from_env->standalone);
+  auto standalone = Parse({"t.yaml"}, {{"PET_STANDALONE", "1"}});
+  REQUIRE(standalone.ok());
+  CHECK(standalone->standalone);
   auto overridden = Parse({"--max_restarts", "5", "t.yaml"}, env);
   REQUIRE(overridden.ok());
   CHECK(overridden->max_restarts == 5);
