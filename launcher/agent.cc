@@ -97,7 +97,9 @@ int ExitCodeFor(const pb::JobState& state) {
       // The failure that spent the budget is the newest one.
       if (state.failures_size() > 0) {
         int code = state.failures(state.failures_size() - 1).exit_code();
-        return code > 0 ? code : 1;
+        // A failed job is not one to requeue: 75 says "preempted" to a
+        // scheduler.
+        return code > 0 && code != kPreemptedExitCode ? code : 1;
       }
       return 1;
     }
@@ -460,6 +462,15 @@ std::optional<Outcome> Agent::PreemptIfAWorkerSaved(WorkerGroup& group, uint64_t
                  failure.global_rank, kPreemptedExitCode);
     leave_retry_until_ = absl::Now() + options_.preempt_grace;
     group.Stop(options_.preempt_grace, SIGTERM);
+    if (!group.preempted() && !group.all_succeeded()) {
+      // Not a preemption that every worker took part in (a script that
+      // exits 75 for its own reasons, whose peers die of the SIGTERM): this
+      // agent got no signal, so it is a failure like any other, for the
+      // restart budget to answer, not an exit 143 no scheduler requeues.
+      spdlog::warn("not every worker saved its state ({}); taking rank {}'s exit {} as a failure",
+                   group.DescribeExits(), failure.global_rank, kPreemptedExitCode);
+      return std::nullopt;
+    }
     return FinishPreemption(group, SIGTERM, round);
   }
   return std::nullopt;

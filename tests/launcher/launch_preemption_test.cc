@@ -176,6 +176,28 @@ TEST_CASE("a worker preempted directly (the scheduler signalled it) preempts its
   CHECK_THAT(log, Catch::Contains("preempted"));
 }
 
+TEST_CASE("a worker's exit 75 that its peers do not follow is a failure, and the job restarts") {
+  // A script that exits 75 (EX_TEMPFAIL) for its own reasons, its peer
+  // dying of the SIGTERM that followed: the agent got no signal, yet it
+  // reported "preemption (SIGTERM) not clean" and exited 143 with its
+  // restart budget unused. torchrun restarts such a job.
+  TempDir dir;
+  std::string script = "echo run >> " + dir.path() + "/runs.$RANK; [ $RANK = 1 ] && exit 75; " +
+                       "while :; do sleep 0.05; done";
+  Child agent = StartLaunch({"--standalone", "--nproc_per_node=2", "--max_restarts=1",
+                             "--no_python", "/bin/sh", "-c", script},
+                            dir.File("agent.log"));
+  auto exit = agent.WaitFor(absl::Seconds(30));
+  std::string log = ReadFile(dir.File("agent.log"));
+  INFO(log);
+  REQUIRE(exit.has_value());
+  CHECK(exit->ShellCode() == 1);  // failed, not "preempted" for a scheduler to requeue
+  CHECK(ReadFile(dir.File("runs.0")) == "run\nrun\n");  // restarted once
+  CHECK_THAT(log, Catch::Contains("taking rank 1's exit 75 as a failure"));
+  CHECK_THAT(log, Catch::Contains("restart budget of 1 spent"));
+  CHECK_THAT(log, !Catch::Contains("not clean"));
+}
+
 // One node of two preempted: every rank stops after the same step and
 // saves it, so the other node's workers exit 75 on their own, maybe after
 // the preempted node has left. Which the other agent heard of first, the
