@@ -378,12 +378,26 @@ absl::StatusOr<RendezvousSetup> SetUpRendezvous(const LaunchOptions& options,
   setup.client = *std::move(connected);
 
   // One cheap call proves the service is there and takes our credentials.
-  // It waits (bounded) for a service still starting, as node 0's may be.
-  spdlog::info("connecting to the rendezvous service at {}", endpoint);
+  // It waits (bounded) for a service still starting. A shared service
+  // should be up: a wrong endpoint fails within 30 s. One that another
+  // node's agent hosts (static, c10d) starts when that agent does, which
+  // may be minutes later (an image pull, a staggered start): it is waited
+  // for up to join_timeout, as torchrun's nodes wait for node 0's store.
+  const bool hosted_elsewhere = setup.server == nullptr && (options.rdzv_backend == "static" ||
+                                                            options.rdzv_backend == "c10d");
+  rdzv::CallOptions call;
+  call.timeout =
+      hosted_elsewhere ? conf.join_timeout : std::min(conf.join_timeout, absl::Seconds(30));
+  if (hosted_elsewhere) {
+    spdlog::info(
+        "connecting to the rendezvous service at {} (hosted by another node's agent: "
+        "waiting up to {} for it)",
+        endpoint, absl::FormatDuration(call.timeout));
+  } else {
+    spdlog::info("connecting to the rendezvous service at {}", endpoint);
+  }
   rendezvous::v1::DescribeJobRequest probe;
   probe.set_job_id(setup.job_id);
-  rdzv::CallOptions call;
-  call.timeout = std::min(conf.join_timeout, absl::Seconds(30));
   call.cancellation = cancellation;
   absl::Status reached = setup.client->DescribeJob(probe, call).status();
   if (!reached.ok() && !absl::IsNotFound(reached)) {

@@ -112,7 +112,7 @@ absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf) {
     };
     absl::Status status;
     given.insert(key == "heartbeat_timeout" ? "lease_ttl" : key);
-    if (key == "join_timeout") {
+    if (key == "join_timeout" || key == "timeout") {  // timeout: torchrun's static backend's
       status = set_duration(&conf->join_timeout);
     } else if (key == "last_call_timeout") {
       status = set_duration(&conf->last_call_timeout);
@@ -159,7 +159,7 @@ absl::Status ParseRdzvConf(const std::string& text, RdzvConf* conf) {
     } else {
       status = absl::InvalidArgumentError(absl::StrCat(
           "--rdzv_conf: unknown key '", key,
-          "'; known keys: join_timeout, last_call_timeout, close_timeout, lease_ttl, "
+          "'; known keys: join_timeout (or timeout), last_call_timeout, close_timeout, lease_ttl, "
           "heartbeat_timeout, keep_alive_interval, keep_alive_max_attempt, token_file, "
           "tls_ca, tls_cert, tls_key, job_secret_file, world_size_multiple, is_host, "
           "read_timeout, use_libuv"));
