@@ -197,6 +197,10 @@ TEST_CASE("rdzv_conf keys") {
   CHECK(options->rdzv_conf.lease_ttl == absl::Seconds(2));
   CHECK(options->rdzv_conf.token_file == "/t");
   CHECK(options->rdzv_conf.keep_alive_max_attempt == 4);
+  // torchrun's static backend calls it timeout.
+  auto torchrun = Parse({"--standalone", "--rdzv_conf=timeout=900", "t.yaml"});
+  REQUIRE(torchrun.ok());
+  CHECK(torchrun->rdzv_conf.join_timeout == absl::Seconds(900));
 }
 
 TEST_CASE("torchrun's keep-alive settings set the lease and its renewals") {
