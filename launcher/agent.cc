@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 
@@ -122,6 +123,11 @@ class Agent {
   ~Agent() { signals_.Watch(nullptr); }  // before the watcher goes
 
   int Run();
+  // After Run: a job that failed is reported in the TORCHELASTIC_ERROR_FILE
+  // that whoever runs launch set (failures.h, ParentErrorReport): this
+  // node's last worker failure, or the job's status when it failed
+  // elsewhere.
+  void WriteParentErrorFile(int code);
 
  private:
   Outcome RunAttempt(const rdzv::RoundAssignment& assignment);
@@ -180,6 +186,11 @@ class Agent {
   std::string member_id_;
   int attempt_ = 0;
   int exit_code_ = 0;
+  // The last failure of this node's workers: the worker's error file and a
+  // line, for the agent's own TORCHELASTIC_ERROR_FILE (WriteParentErrorFile).
+  uint64_t failure_round_ = 0;
+  std::string failure_error_file_;
+  std::string failure_message_;
 };
 
 // Whether `dir` holds a regular file anywhere below it (a log or an error
@@ -661,6 +672,11 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
       report.set_exit_code(first.exit.ShellCode());
       report.set_message(first.message);
       report.set_permanent(!first.restartable);
+      failure_round_ = round;
+      failure_error_file_ = first.error_file;
+      failure_message_ = absl::StrCat("rank ", first.global_rank, " on ", setup_.hostname,
+                                      " failed (", first.exit.Describe(), ")",
+                                      first.message.empty() ? "" : ": ", first.message);
       absl::StatusOr<pb::ReportFailureResponse> reported = client.ReportFailure(report);
       if (!reported.ok() && !absl::IsAborted(reported.status()) &&
           !absl::IsFailedPrecondition(reported.status())) {
@@ -750,6 +766,34 @@ Outcome Agent::RunAttempt(const rdzv::RoundAssignment& assignment) {
 
 }  // namespace
 
+void Agent::WriteParentErrorFile(int code) {
+  auto path = env_.find("TORCHELASTIC_ERROR_FILE");
+  if (path == env_.end() || path->second.empty()) return;
+  // Success, and a preemption that saved everything, are no errors.
+  if (code == 0 || code == kPreemptedExitCode) return;
+  std::string message = failure_message_;
+  std::string worker_file = failure_error_file_;
+  std::optional<pb::JobState> latest = watcher_ != nullptr ? watcher_->latest() : std::nullopt;
+  // This node's failure is the job's when it came in the job's last round;
+  // an older one was restarted from, and the job then failed elsewhere.
+  const bool ours = !message.empty() && (!latest.has_value() || latest->round() == failure_round_);
+  if (!ours) {
+    worker_file.clear();
+    message = latest.has_value() && rdzv::IsTerminalPhase(latest->phase()) &&
+                      !latest->status_message().empty()
+                  ? absl::StrCat("job ", setup_.job_id, " ", pb::Phase_Name(latest->phase()), ": ",
+                                 latest->status_message())
+                  : "";
+  }
+  if (message.empty()) message = absl::StrCat("launch exited ", code, " (see its log)");
+  std::ofstream out(path->second, std::ios::trunc);
+  out << ParentErrorReport(worker_file, message, absl::Now());
+  out.flush();
+  if (!out) {
+    spdlog::warn("cannot write the error report to TORCHELASTIC_ERROR_FILE {}", path->second);
+  }
+}
+
 int RunAgent(const LaunchOptions& options, const std::map<std::string, std::string>& env,
              int signal_fd) {
   SignalWatch signals(signal_fd);
@@ -779,6 +823,7 @@ int RunAgent(const LaunchOptions& options, const std::map<std::string, std::stri
   {
     Agent agent(options, env, &signals, *std::move(setup));
     code = agent.Run();
+    agent.WriteParentErrorFile(code);
   }
   if (!temporary_root.empty()) {
     RemoveEmptyDirectories(temporary_root);

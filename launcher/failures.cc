@@ -35,6 +35,51 @@ ErrorReport ReadErrorFile(const std::string& path) {
   return {absl::StrCat("(unreadable error file ", path, ")"), true};
 }
 
+namespace {
+
+// `text` as a JSON string. Our own: absl has no JSON writer, and yaml-cpp's
+// emitter writes YAML's escapes (\x01), which JSON does not take.
+std::string JsonQuoted(absl::string_view text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          absl::StrAppendFormat(&out, "\\u%04x", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+std::string ParentErrorReport(const std::string& worker_error_file, const std::string& message,
+                              absl::Time when) {
+  if (!worker_error_file.empty()) {
+    std::ifstream in(worker_error_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (in && !absl::StripAsciiWhitespace(text.str()).empty()) return text.str();
+  }
+  return absl::StrCat("{\"message\": {\"message\": ", JsonQuoted(message),
+                      ", \"extraInfo\": {\"timestamp\": \"", absl::ToUnixSeconds(when), "\"}}}\n");
+}
+
 std::string FormatFailureTable(const std::vector<WorkerFailure>& failures) {
   std::string table = absl::StrFormat("%-24s %-20s %6s %-22s %8s  %s\n", "time", "host", "rank",
                                       "exit", "pid", "message");

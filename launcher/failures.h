@@ -48,6 +48,15 @@ struct ErrorReport {
 };
 ErrorReport ReadErrorFile(const std::string& path);
 
+// What launch writes to its own TORCHELASTIC_ERROR_FILE (set by whoever
+// runs it, as TorchX and other schedulers do for torchrun) when the job
+// fails: the error file of the failure behind it when a worker left one,
+// copied as it is, as torchrun does, else torch's shape with `message`
+// and a timestamp: {"message": {"message": "...", "extraInfo":
+// {"timestamp": "<unix seconds>"}}}.
+std::string ParentErrorReport(const std::string& worker_error_file, const std::string& message,
+                              absl::Time when);
+
 // A fixed-width table: time, host, global rank, exit, pid, message.
 std::string FormatFailureTable(const std::vector<WorkerFailure>& failures);
 

@@ -37,6 +37,22 @@ TEST_CASE("torch's error file shapes") {
   CHECK(ReadErrorFile("/nonexistent/error.json").restartable);
 }
 
+TEST_CASE("launch's own error report: the worker's file as it is, else torch's shape") {
+  const std::string worker = WriteTemp(R"({"message": {"message": "ValueError: boom"}})");
+  CHECK(ParentErrorReport(worker, "unused", absl::FromUnixSeconds(5)) ==
+        R"({"message": {"message": "ValueError: boom"}})");
+  std::remove(worker.c_str());
+  // No file (or an empty one): the line, escaped for JSON, which our reader takes back.
+  const std::string line = "rank 1 on vm failed (exit code 3): \"quoted\"\\ \n\x01";
+  const std::string report = ParentErrorReport("", line, absl::FromUnixSeconds(5));
+  CHECK(report ==
+        "{\"message\": {\"message\": \"rank 1 on vm failed (exit code 3): \\\"quoted\\\"\\\\ "
+        "\\n\\u0001\", \"extraInfo\": {\"timestamp\": \"5\"}}}\n");
+  const std::string written = WriteTemp(report);
+  CHECK(ReadErrorFile(written).message == line);
+  std::remove(written.c_str());
+}
+
 TEST_CASE("an error file may say that no restart can mend the failure") {
   std::string permanent = WriteTemp(
       R"({"message": {"message": "t.yaml:3: model.layer: unknown key", "extraInfo": {"restartable": "false"}}})");

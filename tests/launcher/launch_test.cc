@@ -406,6 +406,32 @@ TEST_CASE("a restart that cannot gather min_nodes fails with the service's reaso
   WriteFile(dir.File("stop"), "");
 }
 
+TEST_CASE("a failed job is reported in launch's own TORCHELASTIC_ERROR_FILE, as torchrun does") {
+  // Schedulers that run torchrun (TorchX and others) set the variable and
+  // read why the job failed from it.
+  TempDir dir;
+  const std::string parent = dir.File("parent.json");
+  Child failed = StartLaunch(
+      Concat({"--standalone", "--nproc_per_node=2"},
+             ShellWorker("[ $RANK = 1 ] || exec sleep 30; printf '{\"message\": \"ValueError: "
+                         "boom\"}' > $TORCHELASTIC_ERROR_FILE; exit 3")),
+      dir.File("failed.log"), {"TORCHELASTIC_ERROR_FILE=" + parent});
+  CHECK(ExitCodeWithin(failed, absl::Seconds(30)) == 3);
+  CHECK(ReadFile(parent) == "{\"message\": \"ValueError: boom\"}");
+  // No error file from the worker: the failure in torch's shape.
+  Child bare = StartLaunch(Concat({"--standalone"}, ShellWorker("exit 4")), dir.File("bare.log"),
+                           {"TORCHELASTIC_ERROR_FILE=" + parent});
+  CHECK(ExitCodeWithin(bare, absl::Seconds(30)) == 4);
+  CHECK(absl::StartsWith(ReadFile(parent), "{\"message\": {\"message\": \"rank 0 on "));
+  CHECK(absl::StrContains(ReadFile(parent), "failed (exit code 4)"));
+  // A job that succeeds writes nothing there.
+  std::remove(parent.c_str());
+  Child fine = StartLaunch(Concat({"--standalone"}, ShellWorker("true")), dir.File("fine.log"),
+                           {"TORCHELASTIC_ERROR_FILE=" + parent});
+  CHECK(ExitCodeWithin(fine, absl::Seconds(30)) == 0);
+  CHECK(!std::filesystem::exists(parent));
+}
+
 TEST_CASE("an unmodified PyTorch gloo DDP script runs under 2 agents x 2 workers") {
   // Debian's python3-torch lives under /usr/bin/python3 (scripts/test.sh
   // installs it); the pyenv python3 on PATH has no torch.
