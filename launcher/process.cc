@@ -10,8 +10,12 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
+#include <fstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace muster::launcher {
 namespace {
@@ -202,6 +206,31 @@ void Child::SignalGroup(int signal) {
   // The group outlives its leader while the worker's own children run. A
   // child in the agent's group has no group of its own (ESRCH): it alone.
   if (kill(-pid_, signal) != 0 && running()) kill(pid_, signal);
+}
+
+std::vector<pid_t> Child::OthersInGroup() const {
+  std::vector<pid_t> others;
+  if (pid_ <= 0 || reaped_) return others;
+  std::error_code error;
+  for (auto it = std::filesystem::directory_iterator("/proc", error);
+       !error && it != std::filesystem::directory_iterator(); it.increment(error)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(it->path().filename().string(), &pid) || pid == pid_) continue;
+    // /proc/PID/stat: "pid (comm) state ppid pgrp ..."; comm may hold
+    // spaces and parentheses, so the fields are counted after its last ')'.
+    std::ifstream in(it->path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::vector<std::string> fields =
+        absl::StrSplit(stat.substr(close + 1), ' ', absl::SkipEmpty());
+    pid_t group = 0;
+    if (fields.size() > 2 && absl::SimpleAtoi(fields[2], &group) && group == pid_) {
+      others.push_back(pid);
+    }
+  }
+  return others;
 }
 
 void Child::KillGroupAndReap(absl::Duration timeout) {

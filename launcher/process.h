@@ -88,6 +88,11 @@ class Child {
   // the child is reaped: its group id may belong to another process then.
   void SignalGroup(int signal);
 
+  // The processes other than the child in its process group (its own
+  // children it left running), from /proc; none once it is reaped, or when
+  // it runs in the agent's group.
+  std::vector<pid_t> OthersInGroup() const;
+
   // SIGKILLs the child's process group (the child, if still running, and
   // whatever of its own children are left in it), waits up to `timeout`
   // for the child to die, and reaps it.

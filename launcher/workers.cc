@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "spdlog/spdlog.h"
 
@@ -247,6 +248,19 @@ std::string WorkerGroup::DescribeExits() const {
 }
 
 void WorkerGroup::Stop(absl::Duration timeout, int signal) {
+  // A worker that has ended takes what it left running in its process
+  // group with it (docs/launch.md): say so, or a background uploader is
+  // lost without a word.
+  for (Worker& worker : workers_) {
+    if (worker.child.running() || worker.warned_leftovers) continue;
+    std::vector<pid_t> left = worker.child.OthersInGroup();
+    if (left.empty()) continue;
+    worker.warned_leftovers = true;
+    spdlog::warn(
+        "rank {} ended with {} process(es) of its own still running (pid {}); they end with it "
+        "(a background job must finish before its worker exits)",
+        worker.global_rank, left.size(), absl::StrJoin(left, ", "));
+  }
   std::vector<Child*> children;
   for (Worker& worker : workers_) children.push_back(&worker.child);
   StopAll(children, timeout, signal);

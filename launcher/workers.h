@@ -90,6 +90,7 @@ class WorkerGroup {
     std::string stderr_log;  // the file its stderr goes to (--redirects, --tee), or ""
     bool on_console = true;  // false: --local_ranks_filter keeps it off the console
     bool reported = false;
+    bool warned_leftovers = false;  // Stop named what it left running
   };
   std::vector<Worker> workers_;
   std::vector<WorkerFailure> failures_;

@@ -432,6 +432,19 @@ TEST_CASE("a failed job is reported in launch's own TORCHELASTIC_ERROR_FILE, as 
   CHECK(!std::filesystem::exists(parent));
 }
 
+TEST_CASE("what a worker leaves running ends with it, and the agent says so") {
+  TempDir dir;
+  Child agent = StartLaunch(
+      Concat({"--standalone"}, ShellWorker("sleep 60 & echo $! > " + dir.File("bg.pid"))),
+      dir.File("agent.log"));
+  CHECK(ExitCodeWithin(agent, absl::Seconds(30)) == 0);
+  const std::string pid = std::string(absl::StripAsciiWhitespace(ReadFile(dir.File("bg.pid"))));
+  CHECK_THAT(ReadFile(dir.File("agent.log")),
+             Catch::Contains("rank 0 ended with 1 process(es) of its own still running (pid " +
+                             pid + ")"));
+  CHECK(!std::filesystem::exists("/proc/" + pid + "/stat"));
+}
+
 TEST_CASE("an unmodified PyTorch gloo DDP script runs under 2 agents x 2 workers") {
   // Debian's python3-torch lives under /usr/bin/python3 (scripts/test.sh
   // installs it); the pyenv python3 on PATH has no torch.
