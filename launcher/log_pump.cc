@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -61,6 +62,26 @@ struct Stream {
                  then);
   }
 
+  // A console write failed (a reader that closed the pipe: `launch ... |
+  // head`): the job goes on and its console output is dropped, which the
+  // agent says once per console stream.
+  void ConsoleFailed(int error) {
+    static absl::Mutex mu;
+    static std::set<int>* said = new std::set<int>;  // console fds warned of; never freed
+    const int fd = sink.console_fd;
+    {
+      absl::MutexLock lock(&mu);
+      if (!said->insert(fd).second) return;
+    }
+    spdlog::warn(
+        "cannot write the workers' output to {}: {}; it is dropped from here on, and the job "
+        "goes on (--log_dir with --redirects or --tee keeps it in files)",
+        fd == 1   ? "stdout"
+        : fd == 2 ? "stderr"
+                  : "the console",
+        std::strerror(error));
+  }
+
   void Consume(const char* data, size_t size) {
     if (sink.file_fd >= 0 && !WriteFully(sink.file_fd, data, size)) FileFailed(errno);
     if (sink.console_fd < 0) return;
@@ -86,13 +107,15 @@ struct Stream {
       data = ended_by_data ? line_end + 1 : line_end;
     }
     partial_line.append(data, end);
-    if (!out.empty()) (void)WriteFully(sink.console_fd, out.data(), out.size());
+    if (!out.empty() && !WriteFully(sink.console_fd, out.data(), out.size())) {
+      ConsoleFailed(errno);
+    }
   }
 
   void Finish() {
     if (sink.console_fd >= 0 && !partial_line.empty()) {
       std::string out = sink.prefix + partial_line + "\n";
-      (void)WriteFully(sink.console_fd, out.data(), out.size());
+      if (!WriteFully(sink.console_fd, out.data(), out.size())) ConsoleFailed(errno);
     }
     close(read_fd);
     if (sink.file_fd >= 0) {

@@ -1,6 +1,7 @@
 #include "launcher/log_pump.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -169,6 +170,30 @@ TEST_CASE("a log file that fails is given up with one warning, and the console s
         "console instead"}) {
     CHECK(absl::StrContains(warnings, want));
   }
+}
+
+TEST_CASE("a console whose reader is gone: the output is dropped, with one warning") {
+  // `launch ... | head`: the pump goes on, the job too, and says so once.
+  signal(SIGPIPE, SIG_IGN);  // as launch's main does
+  CapturedLog log;
+  int console[2], worker[2];
+  REQUIRE(pipe(console) == 0);
+  REQUIRE(pipe(worker) == 0);
+  close(console[0]);
+  {
+    LogPump pump;
+    pump.Add(worker[0], LogSink{-1, console[1], "[n rank0]: ", ""});
+    Write(worker[1], "one\n");
+    Write(worker[1], "two\n");
+    close(worker[1]);
+    REQUIRE(pump.WaitDrained(absl::Seconds(10)));
+  }
+  close(console[1]);
+  std::vector<std::string> warned = absl::StrSplit(log.text.str(), '\n', absl::SkipEmpty());
+  REQUIRE(warned.size() == 1);
+  CHECK(absl::StrContains(warned[0],
+                          "cannot write the workers' output to the console: Broken "
+                          "pipe; it is dropped from here on, and the job goes on"));
 }
 
 TEST_CASE("a carriage return ends a console line: progress bars keep their prefix") {
