@@ -377,10 +377,12 @@ TEST_CASE("a resumed run's metrics file is cut back to the step it resumed from"
     CHECK(trimmed.lines == 0);
     CHECK(std::filesystem::exists(dir + "/new/metrics.jsonl"));
   }
-  SECTION("a run from step 0 starts the file afresh") {
+  SECTION("a run from step 0 starts the file afresh, and counts what it dropped") {
     write(kept);
-    REQUIRE(MetricsWriter::Open(path).ok());
+    MetricsTrim trimmed;
+    REQUIRE(MetricsWriter::Open(path, std::nullopt, &trimmed).ok());
     CHECK(read().empty());
+    CHECK(trimmed.dropped_lines == 6);
   }
 }
 
@@ -448,6 +450,18 @@ TEST_CASE("a metrics file of another run's lineage is kept whole, not cut or tru
     REQUIRE(MetricsWriter::Open(path, std::nullopt, nullptr, "aaaa").ok());
     CHECK(read(path).empty());
     CHECK(!std::filesystem::exists(aside_a));
+  }
+  SECTION("a device is no run's file: nothing is recorded beside it, nothing read from it") {
+    for (int resumed : {0, 1}) {
+      auto null = MetricsWriter::Open("/dev/null", resumed ? std::optional<int>(5) : std::nullopt,
+                                      nullptr, "aaaa");
+      REQUIRE(null.ok());
+      auto full = MetricsWriter::Open("/dev/full", resumed ? std::optional<int>(5) : std::nullopt,
+                                      nullptr, "aaaa");  // reads zeros for ever
+      REQUIRE(full.ok());
+    }
+    CHECK(!std::filesystem::exists("/dev/null.lineage"));
+    CHECK(!std::filesystem::exists("/dev/full.lineage"));
   }
   SECTION("a file with no record of its lineage is taken as the run's own") {
     std::filesystem::remove(path + ".lineage");

@@ -68,6 +68,9 @@ std::optional<int> StepOfLine(absl::string_view line) {
 // Cuts `path` after its last line of a step <= `resumed_step` (see Open).
 // A missing file has nothing to cut.
 absl::Status TrimAfter(const std::string& path, int resumed_step, MetricsTrim* trimmed) {
+  // Only a regular file has lines to keep (/dev/full reads zeros for ever).
+  std::error_code regular_error;
+  if (!std::filesystem::is_regular_file(path, regular_error)) return absl::OkStatus();
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::OkStatus();
   // Lines are read one at a time: a long run's file need not fit in memory.
@@ -157,7 +160,7 @@ absl::Status SetAsideOtherRuns(const std::string& path, const std::string& linea
                                std::optional<int> resumed_step, MetricsTrim* trimmed) {
   const std::string owner = RecordedLineage(path);
   std::error_code error;
-  if (owner.empty() || owner == lineage || !std::filesystem::exists(path, error)) {
+  if (owner.empty() || owner == lineage || !std::filesystem::is_regular_file(path, error)) {
     return absl::OkStatus();
   }
   const std::string aside = MetricsAsidePath(path, owner);
@@ -198,7 +201,7 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
   if (absl::Status checked = CheckLooksLikeMetrics(path); !checked.ok()) return checked;
   MetricsTrim unused;
   if (trimmed == nullptr) trimmed = &unused;
-  if (!lineage.empty()) {
+  if (!lineage.empty()) {  // a file's: not /dev/null's, say
     absl::Status moved = SetAsideOtherRuns(path, lineage, resumed_step, trimmed);
     if (!moved.ok()) return moved;
   }
@@ -208,6 +211,16 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
     trimmed->lines = cut.lines;
     trimmed->first_step = cut.first_step;
     trimmed->last_step = cut.last_step;
+  }
+  std::error_code regular_error;
+  if (!resumed_step.has_value() && std::filesystem::is_regular_file(path, regular_error)) {
+    // What a fresh start drops: said, since nothing keeps it. (Only a
+    // regular file: /dev/full reads zeros for ever.)
+    std::ifstream in(path, std::ios::binary);
+    trimmed->dropped_lines =
+        in ? static_cast<int>(std::count(std::istreambuf_iterator<char>(in),
+                                         std::istreambuf_iterator<char>(), '\n'))
+           : 0;
   }
   FILE* file = std::fopen(path.c_str(), resumed_step.has_value() ? "a" : "w");
   if (file == nullptr) {
@@ -226,7 +239,9 @@ absl::StatusOr<std::unique_ptr<MetricsWriter>> MetricsWriter::Open(const std::st
     if (error == ENOSPC || error == EDQUOT) return FileSystemError(error, message);
     return absl::InvalidArgumentError(message);
   }
-  if (!lineage.empty() && RecordedLineage(path) != lineage) {
+  std::error_code kind_error;
+  if (!lineage.empty() && std::filesystem::is_regular_file(path, kind_error) &&
+      RecordedLineage(path) != lineage) {
     if (absl::Status recorded = RecordLineage(path, lineage); !recorded.ok()) {
       std::fclose(file);
       return recorded;

@@ -61,6 +61,9 @@ struct MetricsTrim {
   // This run's own file, set aside by another run earlier and moved back
   // from here ("" when there was none).
   std::string restored;
+  // A run from step 0: the lines of the file it started afresh (not set
+  // aside: the same run's, or one without a lineage).
+  int dropped_lines = 0;
 };
 
 // Where a metrics file `path` of another run (its lineage) is kept:

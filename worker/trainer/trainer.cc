@@ -192,6 +192,15 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainConfig& conf
       }
       std::fprintf(trainer->options_.log, "%s\n", line.c_str());
     }
+    if (trimmed.dropped_lines > 0) {
+      std::fprintf(trainer->options_.log,
+                   "metrics: %s starts afresh with this run from step 0; it held %d line(s) "
+                   "of an earlier start%s\n",
+                   config.train.metrics_file.c_str(), trimmed.dropped_lines,
+                   config.checkpoint.dir.empty()
+                       ? " (without checkpoint.dir every start is step 0 of the one file)"
+                       : "");
+    }
     // A fork's cut is of its copy: the other run's file keeps those lines.
     if (trimmed.lines > 0 && (trimmed.set_aside.empty() || !trimmed.restored.empty())) {
       std::string steps = trimmed.first_step == 0 ? std::string("a torn line")
