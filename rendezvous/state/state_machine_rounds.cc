@@ -332,9 +332,18 @@ void StateMachine::Impl::EndRound(Job& job, pb::RoundEndReason reason, absl::Tim
 
 void StateMachine::Impl::FailRound(Job& job, pb::RoundEndReason reason, pb::Failure failure,
                                    absl::Time now, bool permanent) {
-  std::string description =
-      absl::StrFormat("member %s in round %d: exit code %d", failure.member_id(), failure.round(),
-                      failure.exit_code());
+  // The node's rank and host first: a member id ("vm-1") reads as node 1
+  // of host vm, which it need not be.
+  std::string description;
+  auto member = job.members.find(failure.member_id());
+  if (member != job.members.end() && member->second.group_rank >= 0) {
+    description = absl::StrFormat("node %d (host %s, member %s) in round %d: exit code %d",
+                                  member->second.group_rank, member->second.hostname,
+                                  failure.member_id(), failure.round(), failure.exit_code());
+  } else {
+    description = absl::StrFormat("member %s in round %d: exit code %d", failure.member_id(),
+                                  failure.round(), failure.exit_code());
+  }
   if (!failure.message().empty()) absl::StrAppend(&description, ": ", failure.message());
   job.failures.push_back(std::move(failure));
   while (job.failures.size() > kMaxFailuresKept) job.failures.pop_front();
