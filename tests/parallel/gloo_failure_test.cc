@@ -44,13 +44,18 @@ TEST_CASE("a destroyed peer makes the others fail with UNAVAILABLE at once, nami
   CHECK(status1.code() == absl::StatusCode::kUnavailable);
   CHECK(elapsed < absl::Seconds(5));
   // The message names the connection (by rank when the address is known)
-  // and the operation, by group and global rank.
+  // and the operation, by group and global rank; or, when the group's
+  // connection monitor saw the closed pair before the operation did (under
+  // load), the connection alone, by rank and group.
   for (const absl::Status& status : {status0, status1}) {
+    INFO(status.message());
     CHECK(absl::StrContains(status.message(), "by peer"));
     CHECK(absl::StrContains(status.message(), "[127.0.0.1]:"));
-    CHECK(absl::StartsWith(status.message(),
-                           "allreduce (sum) of 1000 floats (group world of 3 "
-                           "ranks; op #1 on global rank "));
+    CHECK((absl::StartsWith(status.message(),
+                            "allreduce (sum) of 1000 floats (group world of 3 "
+                            "ranks; op #1 on global rank ") ||
+           absl::StartsWith(status.message(),
+                            "connection to global rank 2 (rank 2 of group world) failed")));
   }
 
   // Sticky: the op queued behind and every later op fail with the first error.
