@@ -423,11 +423,33 @@ void Agent::ReportDone(uint64_t round) {
   done.set_round(round);
   done.set_member_id(member_id_);
   // Not signals_.cancellation(), which may have fired: the report must
-  // go through even after a signal.
-  absl::Status reported = setup_.client->ReportDone(done).status();
-  if (!reported.ok() && !absl::IsAborted(reported) && !absl::IsFailedPrecondition(reported)) {
-    spdlog::warn("could not report this node's workers done in job {}: {}", setup_.job_id,
-                 reported.ToString());
+  // go through even after a signal. A refusal the service may get over
+  // (UNAVAILABLE: restarting, or a change it could not make durable on a
+  // full disk) is tried again for up to close_timeout, the lease kept
+  // meanwhile: unreported, a finished node counts as lost when its agent
+  // exits, and the job restarts instead of succeeding.
+  const absl::Time give_up = absl::Now() + options_.rdzv_conf.close_timeout;
+  bool said = false;
+  for (absl::Duration backoff = absl::Milliseconds(100);;
+       backoff = std::min(backoff * 2, absl::Seconds(1))) {
+    absl::Status reported = setup_.client->ReportDone(done).status();
+    if (reported.ok() || absl::IsAborted(reported) || absl::IsFailedPrecondition(reported)) {
+      if (said) spdlog::info("reported this node's workers done in job {}", setup_.job_id);
+      return;
+    }
+    const bool transient = absl::IsUnavailable(reported) || absl::IsDeadlineExceeded(reported);
+    if (!transient || absl::Now() + backoff >= give_up) {
+      spdlog::warn("could not report this node's workers done in job {}: {}", setup_.job_id,
+                   reported.ToString());
+      return;
+    }
+    if (!std::exchange(said, true)) {
+      spdlog::warn(
+          "could not report this node's workers done in job {} yet ({}); trying again "
+          "for up to {}",
+          setup_.job_id, reported.ToString(), absl::FormatDuration(give_up - absl::Now()));
+    }
+    absl::SleepFor(backoff);  // a retry's backoff: no event tells when the service is back
   }
 }
 

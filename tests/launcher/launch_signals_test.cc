@@ -313,5 +313,49 @@ TEST_CASE("SIGTERM while the service is down: the agent leaves once it is back, 
   CHECK(state.phase() != pb::FAILED);
 }
 
+// Workers that finish while the service restarts: the agent reports them
+// done once it is back (it gave up at once, exited 0, and the server later
+// counted the node lost and restarted a finished job).
+TEST_CASE("workers done while the service is down: the report goes through once it is back") {
+  TempDir dir;
+  auto start_server = [&](int port) {
+    tools::ServerProcessOptions options;
+    options.binary = BinaryPath("rendezvous/rendezvous");
+    options.listen = absl::StrCat("127.0.0.1:", port);
+    options.extra_args = {"--log-level", "warn", "--state-dir", dir.File("state")};
+    auto server = tools::ServerProcess::Start(options);
+    INFO(server.status().ToString());
+    REQUIRE(server.ok());
+    return *std::move(server);
+  };
+  auto server = start_server(0);
+  const int port = server->port();
+  const std::string endpoint = server->endpoint();
+  Child agent = StartLaunch(
+      {"--nnodes=1", "--nproc_per_node=1", "--rdzv_endpoint", endpoint, "--rdzv_id=done_outage",
+       "--rdzv_conf=lease_ttl=60", "--no_python", "/bin/sh", "-c",
+       "echo up > " + dir.File("up") + "; while [ ! -e " + dir.File("go") +
+           " ]; do sleep 0.05; done"},
+      dir.File("agent.log"));
+  REQUIRE(WaitUntil([&] { return ReadFile(dir.File("up")) == "up\n"; }, absl::Seconds(30)));
+  REQUIRE(server->Kill(SIGKILL).ok());
+  REQUIRE(server->Wait(absl::Now() + absl::Seconds(10)).ok());
+  WriteFile(dir.File("go"), "");
+  REQUIRE(Logged(dir.File("agent.log"),
+                 "could not report this node's workers done in job "
+                 "done_outage yet"));
+  server = start_server(port);
+  auto exit = agent.WaitFor(absl::Seconds(30));
+  const std::string log = ReadFile(dir.File("agent.log"));
+  INFO(log);
+  REQUIRE(exit.has_value());
+  CHECK(exit->ShellCode() == 0);
+  CHECK(absl::StrContains(log, "reported this node's workers done in job done_outage"));
+  auto client = Connect(endpoint);
+  pb::JobState state = Describe(*client, "done_outage");
+  CHECK(state.phase() == pb::SUCCEEDED);
+  CHECK(state.restart_count() == 0);
+}
+
 }  // namespace
 }  // namespace muster::testing
