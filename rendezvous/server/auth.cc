@@ -206,7 +206,8 @@ std::string CallerIdentity(const grpc::ServerContextBase& context) {
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
-    const TlsFiles& files, absl::Duration refresh) {
+    const TlsFiles& files, absl::Duration refresh,
+    const std::function<absl::StatusOr<TlsFiles>()>& watched) {
   if (files.cert_file.empty() && files.key_file.empty()) {
     if (!files.client_ca_file.empty()) {
       return absl::InvalidArgumentError("a TLS client CA needs a TLS certificate and key as well");
@@ -234,11 +235,18 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
   }
   absl::Status pair = CheckKeyMatchesCertificate(*cert, *key, files, absl::Seconds(10));
   if (!pair.ok()) return pair;
-  // gRPC's own watcher, rather than a reload of ours: it re-reads the files
-  // on its thread, checks that the key matches the certificate, and hands
-  // new handshakes the new pair while connections made go on.
+  // gRPC's own watcher re-reads the files on its thread and hands new
+  // handshakes the new pair while connections made go on; given copies
+  // that only ever hold a set that loaded (TlsMirror), a bad change to the
+  // files keeps the set before.
+  TlsFiles read = files;
+  if (watched) {
+    absl::StatusOr<TlsFiles> copies = watched();
+    if (!copies.ok()) return copies.status();
+    read = *std::move(copies);
+  }
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      files.key_file, files.cert_file, files.client_ca_file, WatcherSeconds(refresh));
+      read.key_file, read.cert_file, read.client_ca_file, WatcherSeconds(refresh));
   grpc::experimental::TlsServerCredentialsOptions options(provider);
   options.watch_identity_key_cert_pairs();
   if (!files.client_ca_file.empty()) {

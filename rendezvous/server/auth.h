@@ -9,6 +9,7 @@
 // attached to insecure credentials.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -92,7 +93,12 @@ struct TlsFiles {
 // and are checked against the client CA, that the files hold then. A pair
 // that does not match, or a file that does not parse, keeps the credentials
 // before.
+//
+// `watched`, when set, is called once the files passed these checks and
+// returns the files gRPC is to watch instead (TlsMirror's copies); its
+// error is returned.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> BuildServerCredentials(
-    const TlsFiles& files, absl::Duration refresh = absl::Seconds(60));
+    const TlsFiles& files, absl::Duration refresh = absl::Seconds(60),
+    const std::function<absl::StatusOr<TlsFiles>()>& watched = nullptr);
 
 }  // namespace muster::rdzv

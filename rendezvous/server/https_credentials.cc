@@ -72,23 +72,31 @@ absl::StatusOr<std::vector<OpenSslPtr<X509>>> ParseCertificates(const std::strin
 }  // namespace
 
 struct HttpsCredentials::Parsed {
+  std::string cert_pem, key_pem, client_ca_pem;  // what was parsed
+  uint64_t generation = 0;                       // set by HttpsCredentials
   OpenSslPtr<X509> cert;
   OpenSslPtr<STACK_OF(X509)> chain;  // the certificates after the first; may be empty
   OpenSslPtr<EVP_PKEY> key;
   OpenSslPtr<X509_STORE> client_ca;  // null without a client CA
   OpenSslPtr<STACK_OF(X509_NAME)> client_ca_names;
 
-  // The three files' contents parsed; the errors of HttpsCredentials::Load.
+  // The three files' contents parsed, as set `generation`; the errors of
+  // HttpsCredentials::Load.
   static absl::StatusOr<std::shared_ptr<const Parsed>> From(const TlsFiles& files,
                                                             const std::string& cert_pem,
                                                             const std::string& key_pem,
-                                                            const std::string& client_ca_pem);
+                                                            const std::string& client_ca_pem,
+                                                            uint64_t generation);
 };
 
 absl::StatusOr<std::shared_ptr<const HttpsCredentials::Parsed>> HttpsCredentials::Parsed::From(
     const TlsFiles& files, const std::string& cert_pem, const std::string& key_pem,
-    const std::string& client_ca_pem) {
+    const std::string& client_ca_pem, uint64_t generation) {
   auto parsed = std::make_shared<Parsed>();
+  parsed->generation = generation;
+  parsed->cert_pem = cert_pem;
+  parsed->key_pem = key_pem;
+  parsed->client_ca_pem = client_ca_pem;
   absl::StatusOr<std::vector<OpenSslPtr<X509>>> certs =
       ParseCertificates(cert_pem, "TLS certificate", files.cert_file);
   if (!certs.ok()) return certs.status();
@@ -151,7 +159,7 @@ absl::StatusOr<std::unique_ptr<HttpsCredentials>> HttpsCredentials::Load(const T
   if (!files.client_ca_file.empty()) client_ca = credentials->client_ca_file_.Read("TLS client CA");
   if (!client_ca.ok()) return client_ca.status();
   absl::StatusOr<std::shared_ptr<const Parsed>> parsed =
-      Parsed::From(files, *cert, *key, *client_ca);
+      Parsed::From(files, *cert, *key, *client_ca, /*generation=*/1);
   if (!parsed.ok()) return parsed.status();
   credentials->cert_pem_ = *std::move(cert);
   credentials->key_pem_ = *std::move(key);
@@ -179,17 +187,30 @@ std::shared_ptr<const HttpsCredentials::Parsed> HttpsCredentials::Current() {
   look(key_file_, "TLS key", &key_pem_);
   if (!files_.client_ca_file.empty()) look(client_ca_file_, "TLS client CA", &client_ca_pem_);
   if (!changed) return current_;
+  // Written again as it was (a `cp` of the same file): nothing to say.
+  if (read_error.ok() && cert_pem_ == current_->cert_pem && key_pem_ == current_->key_pem &&
+      client_ca_pem_ == current_->client_ca_pem) {
+    return current_;
+  }
   absl::StatusOr<std::shared_ptr<const Parsed>> parsed =
-      read_error.ok() ? Parsed::From(files_, cert_pem_, key_pem_, client_ca_pem_) : read_error;
+      read_error.ok()
+          ? Parsed::From(files_, cert_pem_, key_pem_, client_ca_pem_, current_->generation + 1)
+          : read_error;
   if (!parsed.ok()) {
-    spdlog::warn("rendezvous: /metrics keeps the TLS credentials it had: {}",
+    spdlog::warn("rendezvous: the gRPC port and /metrics keep the TLS credentials they had: {}",
                  std::string(parsed.status().message()));
     return current_;
   }
-  spdlog::info("rendezvous: /metrics serves the TLS files '{}' and '{}' as they are now",
-               files_.cert_file, files_.key_file);
+  spdlog::info(
+      "rendezvous: the gRPC port and /metrics serve the TLS files '{}' and '{}' as they are now",
+      files_.cert_file, files_.key_file);
   current_ = *std::move(parsed);
   return current_;
+}
+
+HttpsCredentials::Accepted HttpsCredentials::Now() {
+  std::shared_ptr<const Parsed> parsed = Current();
+  return {parsed->generation, parsed->cert_pem, parsed->key_pem, parsed->client_ca_pem};
 }
 
 int HttpsCredentials::OnHandshake(SSL* ssl, void* self) {

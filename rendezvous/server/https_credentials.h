@@ -54,6 +54,16 @@ class HttpsCredentials {
   // outlives every connection made with `context`.
   bool Configure(SSL_CTX& context);
 
+  // The files' contents of the set handed out now (after a look at the
+  // files when it is time for one), and a number that changes with it.
+  struct Accepted {
+    uint64_t generation = 0;
+    std::string cert_pem;
+    std::string key_pem;
+    std::string client_ca_pem;  // "" without a client CA
+  };
+  Accepted Now();
+
  private:
   struct Parsed;  // OpenSSL objects; immutable once built
 

@@ -24,6 +24,7 @@
 #include "rendezvous/server/persistence.h"
 #include "rendezvous/server/service.h"
 #include "rendezvous/server/tls_check.h"
+#include "rendezvous/server/tls_mirror.h"
 #include "spdlog/spdlog.h"
 
 namespace muster::rdzv {
@@ -134,6 +135,11 @@ class ServerImpl final : public Server {
  private:
   ServerOptions options_;
   std::optional<StateFile> state_file_;
+  // With TLS: the operator's files as last loaded, and the copies of them
+  // the gRPC port reads (tls_mirror.h); declared before grpc_server_ and
+  // metrics_, which read them, so they go after those.
+  std::shared_ptr<HttpsCredentials> tls_source_;
+  std::unique_ptr<TlsMirror> tls_mirror_;
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<RendezvousService> service_;
   std::unique_ptr<grpc::Server> grpc_server_;
@@ -158,9 +164,22 @@ absl::Status ServerImpl::Init() {
   absl::StatusOr<TokenChecker> tokens =
       TokenChecker::FromFile(options_.token_file, options_.credentials_refresh);
   if (!tokens.ok()) return tokens.status();
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = BuildServerCredentials(
-      {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file},
-      options_.credentials_refresh);
+  const TlsFiles tls_files = {options_.tls_cert_file, options_.tls_key_file,
+                              options_.tls_client_ca_file};
+  // gRPC watches copies of the files that loaded, not the files (tls_mirror.h).
+  auto mirror = [&]() -> absl::StatusOr<TlsFiles> {
+    absl::StatusOr<std::unique_ptr<HttpsCredentials>> loaded =
+        HttpsCredentials::Load(tls_files, options_.credentials_refresh);
+    if (!loaded.ok()) return loaded.status();
+    tls_source_ = *std::move(loaded);
+    absl::StatusOr<std::unique_ptr<TlsMirror>> started = TlsMirror::Start(
+        tls_source_, options_.credentials_refresh, !options_.tls_client_ca_file.empty());
+    if (!started.ok()) return started.status();
+    tls_mirror_ = *std::move(started);
+    return tls_mirror_->files();
+  };
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      BuildServerCredentials(tls_files, options_.credentials_refresh, mirror);
   if (!credentials.ok()) return credentials.status();
   if (!options_.tls_client_ca_file.empty()) {
     absl::Status client_ca = CheckClientCaLoads(options_.tls_client_ca_file);
@@ -234,13 +253,7 @@ absl::Status ServerImpl::Init() {
         return tokens.CheckAuthorization(authorization).ok();
       };
     }
-    if (MetricsUseTls(options_)) {
-      absl::StatusOr<std::unique_ptr<HttpsCredentials>> https = HttpsCredentials::Load(
-          {options_.tls_cert_file, options_.tls_key_file, options_.tls_client_ca_file},
-          options_.credentials_refresh);
-      if (!https.ok()) return https.status();
-      http.https = *std::move(https);
-    }
+    if (MetricsUseTls(options_)) http.https = tls_source_;  // the gRPC port's files
     absl::StatusOr<int> bound = metrics_->StartHttp(http);
     if (!bound.ok()) return bound.status();
     metrics_port_ = *bound;

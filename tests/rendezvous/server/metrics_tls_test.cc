@@ -25,6 +25,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "launcher/process.h"
 #include "spdlog/sinks/ringbuffer_sink.h"
 #include "spdlog/spdlog.h"
@@ -292,7 +294,7 @@ TEST_CASE("/metrics serves a rotated certificate without a restart") {
   // Half a rotation: B's certificate beside A's key. The server looks at
   // the files when a handshake comes, so each poll makes one; it keeps A
   // and says so once.
-  const std::string kept = "/metrics keeps the TLS credentials it had";
+  const std::string kept = "the gRPC port and /metrics keep the TLS credentials they had";
   Install(certificates.File("b", "server.crt"), live_cert);
   REQUIRE(harness::WaitUntil(
       [&] {
@@ -308,7 +310,51 @@ TEST_CASE("/metrics serves a rotated certificate without a restart") {
   Install(certificates.File("b", "server.key"), live_key);
   REQUIRE(harness::WaitUntil([&] { return trusting("b") == 200; }, absl::Seconds(10)));
   CHECK(trusting("a") == -1);
-  CHECK(log.Count("/metrics serves the TLS files '" + live_cert + "'") == 1);
+  CHECK(log.Count("the gRPC port and /metrics serve the TLS files '" + live_cert + "'") == 1);
+}
+
+// Whether a gRPC client trusting `ca_file` completes a TLS handshake with
+// the server's gRPC port.
+bool GrpcHandshakes(int port, const std::string& ca_file) {
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = harness::ReadFile(ca_file);
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::SslCredentials(ssl));
+  return channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(3)));
+}
+
+TEST_CASE("the gRPC port keeps its TLS credentials through a bad change, an empty file too") {
+  // gRPC's file watcher took the files as they were: an empty one (a `cp`
+  // caught between its truncate and its write) aborted the server, and a
+  // certificate beside its old key failed every handshake until fixed.
+  LogLines log;
+  Certificates certificates;
+  const std::string live_cert = certificates.dir.File("live.crt");
+  const std::string live_key = certificates.dir.File("live.key");
+  Install(certificates.File("a", "server.crt"), live_cert);
+  Install(certificates.File("a", "server.key"), live_key);
+  ServerOptions options = LocalOptions();
+  options.tls_cert_file = live_cert;
+  options.tls_key_file = live_key;
+  options.credentials_refresh = absl::Milliseconds(100);
+  std::unique_ptr<Server> server = StartOrFail(options);
+  const int port = server->port();
+  CHECK(GrpcHandshakes(port, certificates.File("a", "ca.crt")));
+  const std::string kept = "the gRPC port and /metrics keep the TLS credentials they had";
+
+  harness::WriteFile(live_cert, "");  // truncated in place
+  REQUIRE(harness::WaitUntil([&] { return log.Count(kept) == 1; }, absl::Seconds(10)));
+  absl::SleepFor(absl::Seconds(2));  // gRPC's watcher looks once a second: let it look
+  CHECK(GrpcHandshakes(port, certificates.File("a", "ca.crt")));
+
+  Install(certificates.File("b", "server.crt"), live_cert);  // half a rotation
+  REQUIRE(harness::WaitUntil([&] { return log.Count(kept) == 2; }, absl::Seconds(10)));
+  absl::SleepFor(absl::Seconds(2));
+  CHECK(GrpcHandshakes(port, certificates.File("a", "ca.crt")));
+
+  Install(certificates.File("b", "server.key"), live_key);  // the rest of it
+  REQUIRE(harness::WaitUntil([&] { return GrpcHandshakes(port, certificates.File("b", "ca.crt")); },
+                             absl::Seconds(15)));
+  CHECK(!GrpcHandshakes(port, certificates.File("a", "ca.crt")));
 }
 
 TEST_CASE("over TLS, the connection cap and the read timeout hold, a silent client included") {
