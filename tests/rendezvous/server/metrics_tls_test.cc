@@ -271,11 +271,11 @@ void Install(const std::string& from, const std::string& to) {
   REQUIRE(std::rename((to + ".new").c_str(), to.c_str()) == 0);
 }
 
-TEST_CASE("/metrics serves a rotated certificate without a restart") {
-  LogLines log;
-  Certificates certificates;
-  const std::string live_cert = certificates.dir.File("live.crt");
-  const std::string live_key = certificates.dir.File("live.key");
+// A server on set A installed at `live_cert` and `live_key`, looking at
+// them every 100 ms, with /metrics.
+std::unique_ptr<Server> StartOnLiveFiles(const Certificates& certificates,
+                                         const std::string& live_cert,
+                                         const std::string& live_key) {
   Install(certificates.File("a", "server.crt"), live_cert);
   Install(certificates.File("a", "server.key"), live_key);
   ServerOptions options = LocalOptions();
@@ -283,7 +283,15 @@ TEST_CASE("/metrics serves a rotated certificate without a restart") {
   options.tls_key_file = live_key;
   options.metrics_port = -1;
   options.credentials_refresh = absl::Milliseconds(100);
-  std::unique_ptr<Server> server = StartOrFail(options);
+  return StartOrFail(options);
+}
+
+TEST_CASE("/metrics serves a rotated certificate without a restart") {
+  LogLines log;
+  Certificates certificates;
+  const std::string live_cert = certificates.dir.File("live.crt");
+  const std::string live_key = certificates.dir.File("live.key");
+  std::unique_ptr<Server> server = StartOnLiveFiles(certificates, live_cert, live_key);
   const int port = server->metrics_port();
   auto trusting = [&](const char* set) {
     return HttpsStatus(port, {certificates.File(set, "ca.crt")});
@@ -330,13 +338,7 @@ TEST_CASE("the gRPC port keeps its TLS credentials through a bad change, an empt
   Certificates certificates;
   const std::string live_cert = certificates.dir.File("live.crt");
   const std::string live_key = certificates.dir.File("live.key");
-  Install(certificates.File("a", "server.crt"), live_cert);
-  Install(certificates.File("a", "server.key"), live_key);
-  ServerOptions options = LocalOptions();
-  options.tls_cert_file = live_cert;
-  options.tls_key_file = live_key;
-  options.credentials_refresh = absl::Milliseconds(100);
-  std::unique_ptr<Server> server = StartOrFail(options);
+  std::unique_ptr<Server> server = StartOnLiveFiles(certificates, live_cert, live_key);
   const int port = server->port();
   CHECK(GrpcHandshakes(port, certificates.File("a", "ca.crt")));
   const std::string kept = "the gRPC port and /metrics keep the TLS credentials they had";
