@@ -255,8 +255,21 @@ absl::Status ServerImpl::Init() {
     }
     if (MetricsUseTls(options_)) http.https = tls_source_;  // the gRPC port's files
     absl::StatusOr<int> bound = metrics_->StartHttp(http);
-    if (!bound.ok()) return bound.status();
+    if (!bound.ok()) {
+      // httplib says only that it could not bind; a bind of our own says why.
+      absl::Status why =
+          ProbeListenAddress(absl::StrCat(http.address, ":", std::max(http.port, 0)));
+      if (!why.ok()) {
+        return absl::UnavailableError(absl::StrCat("cannot serve /metrics: ", why.message()));
+      }
+      return bound.status();
+    }
     metrics_port_ = *bound;
+  } else if (options_.metrics_require_token || options_.metrics_plaintext ||
+             !options_.metrics_address.empty()) {
+    spdlog::warn(
+        "rendezvous: --metrics-require-token, --metrics-plaintext and --metrics-address do "
+        "nothing without --metrics-port");
   }
   return absl::OkStatus();
 }
@@ -296,8 +309,10 @@ void ServerImpl::Shutdown(absl::Duration grace) {
 }  // namespace
 
 std::string MetricsAddress(const ServerOptions& options) {
-  if (!options.metrics_address.empty()) return options.metrics_address;
-  std::string host = options.listen_address.substr(0, options.listen_address.rfind(':'));
+  std::string host = !options.metrics_address.empty()
+                         ? options.metrics_address
+                         : options.listen_address.substr(0, options.listen_address.rfind(':'));
+  // "[::1]", as --listen writes an IPv6 host, is "::1" to bind.
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
