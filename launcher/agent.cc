@@ -328,16 +328,31 @@ absl::StatusOr<std::optional<rdzv::RoundAssignment>> Agent::JoinAsNewMember(pb::
   first_join.timeout = options_.rdzv_conf.join_timeout;
   first_join.cancellation = signals_.cancellation();
   absl::StatusOr<pb::JoinResponse> joined = client.Join(join, first_join);
+  // A service that answers UNAVAILABLE (it could not make the join durable:
+  // a full disk; or it is shutting down) may take it a moment later; the
+  // change was undone, so a retry is a join like the first.
+  const absl::Time retry_until =
+      absl::Now() + std::min(options_.rdzv_conf.join_timeout, absl::Seconds(30));
+  for (absl::Duration backoff = absl::Milliseconds(200);
+       absl::IsUnavailable(joined.status()) && signals_.received() == 0 &&
+       absl::Now() + backoff < retry_until;
+       backoff = std::min(backoff * 2, absl::Seconds(2))) {
+    spdlog::warn("cannot join job {} yet ({}); trying again", setup_.job_id,
+                 joined.status().ToString());
+    absl::SleepFor(backoff);  // a retry's backoff: no event tells when the service can
+    joined = client.Join(join, first_join);
+  }
   if (!joined.ok()) {
     // Not a member we know of: if the join got through, the lease lapses.
     if (signals_.received() != 0) {
       exit_code_ = ExitForSignal("joining");
     } else {
       spdlog::error("cannot join job {}: {}", setup_.job_id, joined.status().ToString());
-      exit_code_ =
-          absl::IsFailedPrecondition(joined.status()) || absl::IsInvalidArgument(joined.status())
-              ? 2
-              : 1;
+      exit_code_ = absl::IsFailedPrecondition(joined.status()) ||
+                           absl::IsInvalidArgument(joined.status()) ||
+                           absl::IsUnavailable(joined.status())
+                       ? 2
+                       : 1;
     }
     return joined.status();
   }
