@@ -269,6 +269,17 @@ absl::StatusOr<Response> Client::Call(const char* method, bool retry_unavailable
     grpc::Status status = attempt(&context, &response, deadline, timeout);
     if (call.cancellation != nullptr) call.cancellation->Unregister(&context);
     if (status.ok()) return response;
+    // A call this client did not cancel was cancelled by the server: it is
+    // shutting down (a graceful stop cancels what is in flight) and a
+    // restart may follow. That is UNAVAILABLE, to retry as such, not a
+    // final CANCELLED: a lease keeper took it as a lost lease, and its
+    // agent exited 1 on every rolling restart of the service.
+    if (status.error_code() == grpc::StatusCode::CANCELLED &&
+        (call.cancellation == nullptr || !call.cancellation->cancelled())) {
+      status =
+          grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                       "the server cancelled the call (shutting down?): " + status.error_message());
+    }
     // A token rotated since it was read: the file holds another one now.
     // Refused before the server acted, so any call may go again, at once.
     if (status.error_code() == grpc::StatusCode::UNAUTHENTICATED && TokenRotatedFrom(token)) {

@@ -357,5 +357,54 @@ TEST_CASE("workers done while the service is down: the report goes through once 
   CHECK(state.restart_count() == 0);
 }
 
+// A rolling restart of the service (SIGTERM, then a new server on the same
+// state): a graceful stop cancels the calls in flight, and a lease renewal
+// cancelled so was taken as a lost lease (exit 1, the node lost).
+TEST_CASE("graceful restarts of the service leave a running job alone") {
+  TempDir dir;
+  auto start_server = [&](int port) {
+    tools::ServerProcessOptions options;
+    options.binary = BinaryPath("rendezvous/rendezvous");
+    options.listen = absl::StrCat("127.0.0.1:", port);
+    options.extra_args = {"--log-level", "warn", "--state-dir", dir.File("state")};
+    auto server = tools::ServerProcess::Start(options);
+    INFO(server.status().ToString());
+    REQUIRE(server.ok());
+    return *std::move(server);
+  };
+  auto server = start_server(0);
+  const int port = server->port();
+  const std::string endpoint = server->endpoint();
+  std::vector<Child> agents;
+  for (int node = 0; node < 2; ++node) {
+    agents.push_back(
+        StartLaunch({"--nnodes=2", "--nproc_per_node=1", "--rdzv_endpoint", endpoint,
+                     "--rdzv_id=rolling", "--rdzv_conf=lease_ttl=3", "--no_python", "/bin/sh", "-c",
+                     "echo up >> " + dir.File("up") + "; while [ ! -e " + dir.File("go") +
+                         " ]; do sleep 0.05; done"},
+                    dir.File(absl::StrCat("agent", node, ".log"))));
+  }
+  REQUIRE(WaitUntil([&] { return ReadFile(dir.File("up")) == "up\nup\n"; }, absl::Seconds(30)));
+  for (int restart = 0; restart < 6; ++restart) {
+    REQUIRE(server->Kill(SIGTERM).ok());
+    REQUIRE(server->Wait(absl::Now() + absl::Seconds(10)).ok());
+    server = start_server(port);
+    // Renewals every second (ttl 3): each restart has some in flight.
+    absl::SleepFor(absl::Milliseconds(700));
+  }
+  WriteFile(dir.File("go"), "");
+  for (int node = 0; node < 2; ++node) {
+    auto exit = agents[node].WaitFor(absl::Seconds(30));
+    INFO(ReadFile(dir.File(absl::StrCat("agent", node, ".log"))));
+    REQUIRE(exit.has_value());
+    CHECK(exit->ShellCode() == 0);
+  }
+  CHECK(ReadFile(dir.File("up")) == "up\nup\n");  // never restarted
+  auto client = Connect(endpoint);
+  pb::JobState state = Describe(*client, "rolling");
+  CHECK(state.phase() == pb::SUCCEEDED);
+  CHECK(state.restart_count() == 0);
+}
+
 }  // namespace
 }  // namespace muster::testing
