@@ -357,6 +357,15 @@ absl::StatusOr<std::optional<rdzv::RoundAssignment>> Agent::JoinAsNewMember(pb::
     return joined.status();
   }
   member_id_ = joined->member_id();
+  if (watcher_ != nullptr) {
+    // Joining again as a new node: the job may be a new one of the same id
+    // (a service restarted without its state dropped the old, which ended
+    // the watch for good, and a join made it anew). Watch it afresh: its
+    // states must not be read against the old job's, whose round 0 may
+    // hold this node's new member id (ids start again too).
+    signals_.Watch(nullptr);
+    watcher_.reset();
+  }
   keeper_ = std::make_unique<rdzv::LeaseKeeper>(&client, setup_.job_id, member_id_,
                                                 absl::Milliseconds(joined->lease_ttl_ms()),
                                                 options_.rdzv_conf.keep_alive_interval);

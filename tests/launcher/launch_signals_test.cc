@@ -406,5 +406,50 @@ TEST_CASE("graceful restarts of the service leave a running job alone") {
   CHECK(state.restart_count() == 0);
 }
 
+// The service restarted without its state: every node has lost its lease
+// and joins the job, made anew, as a new node. The agents read the new
+// job's states against the old one's (whose round 0 held their new member
+// ids) and failed "cannot agree on MASTER_PORT".
+TEST_CASE("a service restarted without its state: the nodes form the job again") {
+  TempDir dir;
+  auto start_server = [&](int port) {
+    tools::ServerProcessOptions options;
+    options.binary = BinaryPath("rendezvous/rendezvous");
+    options.listen = absl::StrCat("127.0.0.1:", port);
+    options.extra_args = {"--log-level", "warn"};
+    auto server = tools::ServerProcess::Start(options);
+    INFO(server.status().ToString());
+    REQUIRE(server.ok());
+    return *std::move(server);
+  };
+  auto server = start_server(0);
+  const int port = server->port();
+  const std::string endpoint = server->endpoint();
+  std::vector<Child> agents;
+  for (int node = 0; node < 2; ++node) {
+    agents.push_back(StartLaunch(
+        {"--nnodes=2", "--nproc_per_node=1", "--rdzv_endpoint", endpoint, "--rdzv_id=amnesia",
+         "--max_restarts=3", "--rdzv_conf=lease_ttl=2", "--no_python", "/bin/sh", "-c",
+         "echo up >> " + dir.File("up") + "; while [ ! -e " + dir.File("go") +
+             " ]; do sleep 0.05; done"},
+        dir.File(absl::StrCat("agent", node, ".log"))));
+  }
+  REQUIRE(WaitUntil([&] { return ReadFile(dir.File("up")) == "up\nup\n"; }, absl::Seconds(30)));
+  REQUIRE(server->Kill(SIGKILL).ok());
+  REQUIRE(server->Wait(absl::Now() + absl::Seconds(10)).ok());
+  server = start_server(port);
+  REQUIRE(
+      WaitUntil([&] { return ReadFile(dir.File("up")) == "up\nup\nup\nup\n"; }, absl::Seconds(30)));
+  WriteFile(dir.File("go"), "");
+  for (int node = 0; node < 2; ++node) {
+    auto exit = agents[node].WaitFor(absl::Seconds(30));
+    const std::string log = ReadFile(dir.File(absl::StrCat("agent", node, ".log")));
+    INFO(log);
+    REQUIRE(exit.has_value());
+    CHECK(exit->ShellCode() == 0);
+    CHECK(absl::StrContains(log, "joining job amnesia again as a new node"));
+  }
+}
+
 }  // namespace
 }  // namespace muster::testing
