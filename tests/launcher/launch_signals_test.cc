@@ -269,22 +269,29 @@ TEST_CASE("SIGTERM while a static node waits for node 0's service") {
   CHECK(TerminateAndTime(agent, dir.File("agent.log")) < kPromptExit);
 }
 
+// The `rendezvous` binary on 127.0.0.1:`port` (0: any), with its state in
+// `state_dir` ("" keeps it in memory), for tests that stop and start it.
+std::unique_ptr<tools::ServerProcess> StartServerOn(int port, const std::string& state_dir) {
+  tools::ServerProcessOptions options;
+  options.binary = BinaryPath("rendezvous/rendezvous");
+  options.listen = absl::StrCat("127.0.0.1:", port);
+  options.extra_args = {"--log-level", "warn"};
+  if (!state_dir.empty()) {
+    options.extra_args.insert(options.extra_args.end(), {"--state-dir", state_dir});
+  }
+  auto server = tools::ServerProcess::Start(options);
+  INFO(server.status().ToString());
+  REQUIRE(server.ok());
+  return *std::move(server);
+}
+
 // A preemption while the service restarts: the agent keeps trying to leave
 // until shortly before its grace ends, so its node does not become a lost
 // node when the lease lapses (a restart charged to the job; with a budget
 // of 0 the job failed and refused its own requeue).
 TEST_CASE("SIGTERM while the service is down: the agent leaves once it is back, then exits 75") {
   TempDir dir;
-  auto start_server = [&](int port) {
-    tools::ServerProcessOptions options;
-    options.binary = BinaryPath("rendezvous/rendezvous");
-    options.listen = absl::StrCat("127.0.0.1:", port);
-    options.extra_args = {"--log-level", "warn", "--state-dir", dir.File("state")};
-    auto server = tools::ServerProcess::Start(options);
-    INFO(server.status().ToString());
-    REQUIRE(server.ok());
-    return *std::move(server);
-  };
+  auto start_server = [&](int port) { return StartServerOn(port, dir.File("state")); };
   auto server = start_server(0);
   const int port = server->port();
   const std::string endpoint = server->endpoint();
@@ -318,16 +325,7 @@ TEST_CASE("SIGTERM while the service is down: the agent leaves once it is back, 
 // counted the node lost and restarted a finished job).
 TEST_CASE("workers done while the service is down: the report goes through once it is back") {
   TempDir dir;
-  auto start_server = [&](int port) {
-    tools::ServerProcessOptions options;
-    options.binary = BinaryPath("rendezvous/rendezvous");
-    options.listen = absl::StrCat("127.0.0.1:", port);
-    options.extra_args = {"--log-level", "warn", "--state-dir", dir.File("state")};
-    auto server = tools::ServerProcess::Start(options);
-    INFO(server.status().ToString());
-    REQUIRE(server.ok());
-    return *std::move(server);
-  };
+  auto start_server = [&](int port) { return StartServerOn(port, dir.File("state")); };
   auto server = start_server(0);
   const int port = server->port();
   const std::string endpoint = server->endpoint();
@@ -362,16 +360,7 @@ TEST_CASE("workers done while the service is down: the report goes through once 
 // cancelled so was taken as a lost lease (exit 1, the node lost).
 TEST_CASE("graceful restarts of the service leave a running job alone") {
   TempDir dir;
-  auto start_server = [&](int port) {
-    tools::ServerProcessOptions options;
-    options.binary = BinaryPath("rendezvous/rendezvous");
-    options.listen = absl::StrCat("127.0.0.1:", port);
-    options.extra_args = {"--log-level", "warn", "--state-dir", dir.File("state")};
-    auto server = tools::ServerProcess::Start(options);
-    INFO(server.status().ToString());
-    REQUIRE(server.ok());
-    return *std::move(server);
-  };
+  auto start_server = [&](int port) { return StartServerOn(port, dir.File("state")); };
   auto server = start_server(0);
   const int port = server->port();
   const std::string endpoint = server->endpoint();
@@ -412,16 +401,7 @@ TEST_CASE("graceful restarts of the service leave a running job alone") {
 // ids) and failed "cannot agree on MASTER_PORT".
 TEST_CASE("a service restarted without its state: the nodes form the job again") {
   TempDir dir;
-  auto start_server = [&](int port) {
-    tools::ServerProcessOptions options;
-    options.binary = BinaryPath("rendezvous/rendezvous");
-    options.listen = absl::StrCat("127.0.0.1:", port);
-    options.extra_args = {"--log-level", "warn"};
-    auto server = tools::ServerProcess::Start(options);
-    INFO(server.status().ToString());
-    REQUIRE(server.ok());
-    return *std::move(server);
-  };
+  auto start_server = [&](int port) { return StartServerOn(port, ""); };
   auto server = start_server(0);
   const int port = server->port();
   const std::string endpoint = server->endpoint();
