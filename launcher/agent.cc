@@ -327,12 +327,14 @@ absl::StatusOr<std::optional<rdzv::RoundAssignment>> Agent::JoinAsNewMember(pb::
   rdzv::CallOptions first_join;
   first_join.timeout = options_.rdzv_conf.join_timeout;
   first_join.cancellation = signals_.cancellation();
-  absl::StatusOr<pb::JoinResponse> joined = client.Join(join, first_join);
   // A service that answers UNAVAILABLE (it could not make the join durable:
   // a full disk; or it is shutting down) may take it a moment later; the
-  // change was undone, so a retry is a join like the first.
+  // change was undone, so a retry is a join like the first. Counted from
+  // the first try: one that waited out an unreachable service is not tried
+  // again.
   const absl::Time retry_until =
       absl::Now() + std::min(options_.rdzv_conf.join_timeout, absl::Seconds(30));
+  absl::StatusOr<pb::JoinResponse> joined = client.Join(join, first_join);
   for (absl::Duration backoff = absl::Milliseconds(200);
        absl::IsUnavailable(joined.status()) && signals_.received() == 0 &&
        absl::Now() + backoff < retry_until;
