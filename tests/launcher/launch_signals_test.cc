@@ -355,6 +355,37 @@ TEST_CASE("workers done while the service is down: the report goes through once 
   CHECK(state.restart_count() == 0);
 }
 
+// `count` agents of a job at `endpoint`, each with one worker that says
+// "up" in dir/up and then runs until dir/go exists; returns once all are up.
+std::vector<Child> StartNodesUntilGo(const TempDir& dir, const std::string& endpoint, int count,
+                                     const std::vector<std::string>& flags) {
+  std::vector<Child> agents;
+  for (int node = 0; node < count; ++node) {
+    std::vector<std::string> args = {absl::StrCat("--nnodes=", count), "--nproc_per_node=1",
+                                     "--rdzv_endpoint", endpoint};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), {"--no_python", "/bin/sh", "-c",
+                             "echo up >> " + dir.File("up") + "; while [ ! -e " + dir.File("go") +
+                                 " ]; do sleep 0.05; done"});
+    agents.push_back(StartLaunch(args, dir.File(absl::StrCat("agent", node, ".log"))));
+  }
+  std::string all_up;
+  for (int node = 0; node < count; ++node) all_up += "up\n";
+  REQUIRE(WaitUntil([&] { return ReadFile(dir.File("up")) == all_up; }, absl::Seconds(30)));
+  return agents;
+}
+
+// Lets StartNodesUntilGo's workers finish; every agent exits 0.
+void GoAndExpectSuccess(const TempDir& dir, std::vector<Child>& agents) {
+  WriteFile(dir.File("go"), "");
+  for (size_t node = 0; node < agents.size(); ++node) {
+    auto exit = agents[node].WaitFor(absl::Seconds(30));
+    INFO(ReadFile(dir.File(absl::StrCat("agent", node, ".log"))));
+    REQUIRE(exit.has_value());
+    CHECK(exit->ShellCode() == 0);
+  }
+}
+
 // A rolling restart of the service (SIGTERM, then a new server on the same
 // state): a graceful stop cancels the calls in flight, and a lease renewal
 // cancelled so was taken as a lost lease (exit 1, the node lost).
@@ -364,16 +395,8 @@ TEST_CASE("graceful restarts of the service leave a running job alone") {
   auto server = start_server(0);
   const int port = server->port();
   const std::string endpoint = server->endpoint();
-  std::vector<Child> agents;
-  for (int node = 0; node < 2; ++node) {
-    agents.push_back(
-        StartLaunch({"--nnodes=2", "--nproc_per_node=1", "--rdzv_endpoint", endpoint,
-                     "--rdzv_id=rolling", "--rdzv_conf=lease_ttl=3", "--no_python", "/bin/sh", "-c",
-                     "echo up >> " + dir.File("up") + "; while [ ! -e " + dir.File("go") +
-                         " ]; do sleep 0.05; done"},
-                    dir.File(absl::StrCat("agent", node, ".log"))));
-  }
-  REQUIRE(WaitUntil([&] { return ReadFile(dir.File("up")) == "up\nup\n"; }, absl::Seconds(30)));
+  std::vector<Child> agents =
+      StartNodesUntilGo(dir, endpoint, 2, {"--rdzv_id=rolling", "--rdzv_conf=lease_ttl=3"});
   for (int restart = 0; restart < 6; ++restart) {
     REQUIRE(server->Kill(SIGTERM).ok());
     REQUIRE(server->Wait(absl::Now() + absl::Seconds(10)).ok());
@@ -381,13 +404,7 @@ TEST_CASE("graceful restarts of the service leave a running job alone") {
     // Renewals every second (ttl 3): each restart has some in flight.
     absl::SleepFor(absl::Milliseconds(700));
   }
-  WriteFile(dir.File("go"), "");
-  for (int node = 0; node < 2; ++node) {
-    auto exit = agents[node].WaitFor(absl::Seconds(30));
-    INFO(ReadFile(dir.File(absl::StrCat("agent", node, ".log"))));
-    REQUIRE(exit.has_value());
-    CHECK(exit->ShellCode() == 0);
-  }
+  GoAndExpectSuccess(dir, agents);
   CHECK(ReadFile(dir.File("up")) == "up\nup\n");  // never restarted
   auto client = Connect(endpoint);
   pb::JobState state = Describe(*client, "rolling");
@@ -405,29 +422,17 @@ TEST_CASE("a service restarted without its state: the nodes form the job again")
   auto server = start_server(0);
   const int port = server->port();
   const std::string endpoint = server->endpoint();
-  std::vector<Child> agents;
-  for (int node = 0; node < 2; ++node) {
-    agents.push_back(StartLaunch(
-        {"--nnodes=2", "--nproc_per_node=1", "--rdzv_endpoint", endpoint, "--rdzv_id=amnesia",
-         "--max_restarts=3", "--rdzv_conf=lease_ttl=2", "--no_python", "/bin/sh", "-c",
-         "echo up >> " + dir.File("up") + "; while [ ! -e " + dir.File("go") +
-             " ]; do sleep 0.05; done"},
-        dir.File(absl::StrCat("agent", node, ".log"))));
-  }
-  REQUIRE(WaitUntil([&] { return ReadFile(dir.File("up")) == "up\nup\n"; }, absl::Seconds(30)));
+  std::vector<Child> agents = StartNodesUntilGo(
+      dir, endpoint, 2, {"--rdzv_id=amnesia", "--max_restarts=3", "--rdzv_conf=lease_ttl=2"});
   REQUIRE(server->Kill(SIGKILL).ok());
   REQUIRE(server->Wait(absl::Now() + absl::Seconds(10)).ok());
   server = start_server(port);
   REQUIRE(
       WaitUntil([&] { return ReadFile(dir.File("up")) == "up\nup\nup\nup\n"; }, absl::Seconds(30)));
-  WriteFile(dir.File("go"), "");
+  GoAndExpectSuccess(dir, agents);
   for (int node = 0; node < 2; ++node) {
-    auto exit = agents[node].WaitFor(absl::Seconds(30));
-    const std::string log = ReadFile(dir.File(absl::StrCat("agent", node, ".log")));
-    INFO(log);
-    REQUIRE(exit.has_value());
-    CHECK(exit->ShellCode() == 0);
-    CHECK(absl::StrContains(log, "joining job amnesia again as a new node"));
+    CHECK(absl::StrContains(ReadFile(dir.File(absl::StrCat("agent", node, ".log"))),
+                            "joining job amnesia again as a new node"));
   }
 }
 
